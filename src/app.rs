@@ -1,0 +1,194 @@
+//! Wires one sidecar: binds the listeners, starts the background tasks, and drains on shutdown.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::{Admin, Status};
+use crate::config::{spawn_watcher, ConfigStore};
+use crate::http::{client, server};
+use crate::inbound::Inbound;
+use crate::metrics::Metrics;
+use crate::outbound::Outbound;
+use crate::registry::Registry;
+
+/// The sidecar could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot bind the {listener} listener on {addr}: {source}")]
+    Bind {
+        listener: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// The addresses the listeners actually bound (useful with port 0).
+#[derive(Clone, Copy, Debug)]
+pub struct BoundAddrs {
+    pub outbound: SocketAddr,
+    pub inbound: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+/// A running sidecar.
+#[derive(Debug)]
+pub struct Sidecar {
+    pub addrs: BoundAddrs,
+    store: Arc<ConfigStore>,
+    admin: Arc<Admin>,
+    ready: Arc<AtomicBool>,
+    /// Stops the traffic listeners (outbound, inbound).
+    stop_traffic: CancellationToken,
+    /// Stops the admin listener and background tasks, after the drain.
+    stop_rest: CancellationToken,
+    traffic: Vec<JoinHandle<()>>,
+    rest: Vec<JoinHandle<()>>,
+}
+
+impl Sidecar {
+    /// Binds every listener and starts serving. Must run inside a tokio runtime.
+    pub async fn start(store: Arc<ConfigStore>) -> Result<Self, StartError> {
+        let snapshot = store.snapshot();
+        let listen = snapshot.bootstrap.listen.clone();
+        let limits = snapshot.bootstrap.limits.clone();
+        let outbound_listener = bind("outbound", listen.outbound).await?;
+        let inbound_listener = bind("inbound", listen.inbound).await?;
+        let admin_listener = bind("admin", listen.admin).await?;
+        let addrs = BoundAddrs {
+            outbound: local_addr(&outbound_listener, listen.outbound),
+            inbound: local_addr(&inbound_listener, listen.inbound),
+            admin: local_addr(&admin_listener, listen.admin),
+        };
+
+        let metrics = Arc::new(Metrics::new(snapshot.bootstrap.agent.name.as_str()));
+        let client = client::build(&snapshot.policy);
+        let registry = Arc::new(Registry);
+        let inbound = Arc::new(Inbound::new(store.clone(), metrics.clone(), client.clone()));
+        let outbound = Arc::new(Outbound::new(
+            store.clone(),
+            metrics.clone(),
+            client,
+            registry.clone(),
+        ));
+        let ready = Arc::new(AtomicBool::new(false));
+        let admin = Arc::new(Admin {
+            store: store.clone(),
+            metrics: metrics.clone(),
+            inbound: inbound.clone(),
+            registry,
+            ready: ready.clone(),
+        });
+
+        let stop_traffic = CancellationToken::new();
+        let stop_rest = CancellationToken::new();
+        let drain = limits.drain_timeout.get();
+        let traffic = vec![
+            tokio::spawn(server::serve(
+                "outbound",
+                outbound_listener,
+                move |req, remote| outbound.clone().handle(req, remote),
+                limits.clone(),
+                metrics.clone(),
+                stop_traffic.clone(),
+                drain,
+            )),
+            tokio::spawn(server::serve(
+                "inbound",
+                inbound_listener,
+                move |req, remote| inbound.clone().handle(req, remote),
+                limits.clone(),
+                metrics.clone(),
+                stop_traffic.clone(),
+                drain,
+            )),
+        ];
+        let admin_handler = admin.clone();
+        let rest = vec![
+            tokio::spawn(server::serve(
+                "admin",
+                admin_listener,
+                move |req, remote| admin_handler.clone().handle(req, remote),
+                limits,
+                metrics.clone(),
+                stop_rest.clone(),
+                Duration::from_secs(1),
+            )),
+            spawn_watcher(store.clone(), metrics.clone(), stop_rest.clone()),
+            spawn_upkeep(metrics, stop_rest.clone()),
+        ];
+        ready.store(true, Ordering::Release);
+        tracing::info!(
+            agent = %snapshot.bootstrap.agent.name,
+            outbound = %addrs.outbound, inbound = %addrs.inbound, admin = %addrs.admin,
+            "agent-reach sidecar started"
+        );
+        Ok(Self {
+            addrs,
+            store,
+            admin,
+            ready,
+            stop_traffic,
+            stop_rest,
+            traffic,
+            rest,
+        })
+    }
+
+    pub fn store(&self) -> &Arc<ConfigStore> {
+        &self.store
+    }
+
+    /// What `/status` would answer now.
+    pub fn status(&self) -> Status {
+        self.admin.status()
+    }
+
+    /// Graceful shutdown: report not-ready, stop accepting, let in-flight requests finish (bounded
+    /// by the drain timeout), then stop the admin listener and background tasks.
+    pub async fn shutdown(self) {
+        tracing::info!("draining");
+        self.ready.store(false, Ordering::Release);
+        self.stop_traffic.cancel();
+        for task in self.traffic {
+            let _ = task.await;
+        }
+        self.stop_rest.cancel();
+        for task in self.rest {
+            let _ = task.await;
+        }
+        tracing::info!("drained; stopped");
+    }
+}
+
+async fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind {
+            listener,
+            addr,
+            source,
+        })
+}
+
+fn local_addr(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {
+    listener.local_addr().unwrap_or(fallback)
+}
+
+/// Folds histogram samples into buckets every few seconds so memory stays flat between scrapes.
+fn spawn_upkeep(metrics: Arc<Metrics>, stop: CancellationToken) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => metrics.run_upkeep(),
+            }
+        }
+    })
+}

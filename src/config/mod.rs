@@ -1,0 +1,218 @@
+//! Configuration: the bootstrap and policy types, strict loading, and the one hot-swapped snapshot.
+
+mod bootstrap;
+mod duration;
+mod policy;
+mod watch;
+mod yaml;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::registry::Peer;
+
+pub use bootstrap::{
+    AgentProfile, Bootstrap, Capability, HeaderBytes, HostPort, Limits, Listen, Name,
+    PositiveCount, ProbeSpec, Proficiency, QueueConfig, StaticPeer,
+};
+pub use duration::{format_duration, parse_duration, HumanDuration};
+pub use policy::{Policy, Pool, Timeouts};
+pub use watch::spawn_watcher;
+
+/// A config file that could not be read or is not valid.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid {
+        path: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+}
+
+/// Which of the two config files a document is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    Bootstrap,
+    Policy,
+}
+
+impl FileKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FileKind::Bootstrap => "bootstrap",
+            FileKind::Policy => "policy",
+        }
+    }
+}
+
+/// Tells a bootstrap file (it has an `agent`) from a policy file.
+pub fn detect_kind(path: &Path, text: &str) -> Result<FileKind, ConfigError> {
+    let keys = yaml::top_level_keys(path, text)?;
+    let bootstrap_only = ["agent", "listen", "peers", "limits", "watch_interval"];
+    if keys.iter().any(|k| bootstrap_only.contains(&k.as_str())) {
+        Ok(FileKind::Bootstrap)
+    } else {
+        Ok(FileKind::Policy)
+    }
+}
+
+pub fn parse_bootstrap(path: &Path, text: &str) -> Result<Bootstrap, ConfigError> {
+    yaml::parse(path, text)
+}
+
+pub fn parse_policy(path: &Path, text: &str) -> Result<Policy, ConfigError> {
+    yaml::parse(path, text)
+}
+
+pub fn read_file(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+pub fn load_bootstrap(path: &Path) -> Result<Bootstrap, ConfigError> {
+    parse_bootstrap(path, &read_file(path)?)
+}
+
+pub fn load_policy(path: &Path) -> Result<Policy, ConfigError> {
+    parse_policy(path, &read_file(path)?)
+}
+
+/// Validates one file of either kind; what `agent-reach check` runs.
+pub fn check_file(path: &Path) -> Result<FileKind, ConfigError> {
+    let text = read_file(path)?;
+    let kind = detect_kind(path, &text)?;
+    match kind {
+        FileKind::Bootstrap => parse_bootstrap(path, &text).map(|_| kind),
+        FileKind::Policy => parse_policy(path, &text).map(|_| kind),
+    }
+}
+
+/// Everything a request needs from config, loaded once per request from one `ArcSwap`.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub bootstrap: Bootstrap,
+    pub policy: Policy,
+    /// The static peers, and capability name → those serving it: built once per load, not per request.
+    static_peers: Vec<Arc<Peer>>,
+    static_index: HashMap<String, Vec<Arc<Peer>>>,
+    /// Bumped on every accepted reload.
+    pub generation: u64,
+}
+
+impl Snapshot {
+    pub fn new(bootstrap: Bootstrap, policy: Policy, generation: u64) -> Self {
+        let static_peers: Vec<Arc<Peer>> = bootstrap
+            .peers
+            .iter()
+            .map(|p| Arc::new(Peer::from_static(p)))
+            .collect();
+        let mut static_index: HashMap<String, Vec<Arc<Peer>>> = HashMap::new();
+        for peer in &static_peers {
+            for cap in &peer.capabilities {
+                static_index
+                    .entry(cap.clone())
+                    .or_default()
+                    .push(peer.clone());
+            }
+        }
+        Self {
+            bootstrap,
+            policy,
+            static_peers,
+            static_index,
+            generation,
+        }
+    }
+
+    /// Static peers that serve `capability`.
+    pub fn static_peers(&self, capability: &str) -> impl Iterator<Item = &Arc<Peer>> {
+        self.static_index.get(capability).into_iter().flatten()
+    }
+
+    pub fn all_static_peers(&self) -> &[Arc<Peer>] {
+        &self.static_peers
+    }
+
+    /// The local agent's timeout for `capability`, or the policy default.
+    pub fn capability_timeout(&self, capability: Option<&str>) -> std::time::Duration {
+        capability
+            .and_then(|c| self.bootstrap.agent.capability(c))
+            .and_then(|c| c.timeout)
+            .unwrap_or(self.policy.timeouts.request)
+            .get()
+    }
+}
+
+/// Where the running config came from, so the watcher can re-read it.
+#[derive(Clone, Debug, Default)]
+pub struct ConfigPaths {
+    pub bootstrap: Option<PathBuf>,
+    pub policy: Option<PathBuf>,
+}
+
+/// The live configuration: one atomically swapped snapshot.
+#[derive(Debug)]
+pub struct ConfigStore {
+    current: ArcSwap<Snapshot>,
+    pub paths: ConfigPaths,
+}
+
+impl ConfigStore {
+    pub fn new(bootstrap: Bootstrap, policy: Policy, paths: ConfigPaths) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(Snapshot::new(bootstrap, policy, 1)),
+            paths,
+        }
+    }
+
+    /// Loads both files (a missing policy path means all defaults).
+    pub fn load(paths: ConfigPaths) -> Result<Self, ConfigError> {
+        let bootstrap = match &paths.bootstrap {
+            Some(p) => load_bootstrap(p)?,
+            None => {
+                return Err(ConfigError::Invalid {
+                    path: "<none>".to_owned(),
+                    line: 1,
+                    column: 1,
+                    message: "a bootstrap file is required (--config or AGENT_REACH_CONFIG)"
+                        .to_owned(),
+                })
+            }
+        };
+        let policy = match &paths.policy {
+            Some(p) => load_policy(p)?,
+            None => Policy::default(),
+        };
+        Ok(Self::new(bootstrap, policy, paths))
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Replaces the running snapshot; listener addresses and limits keep their start-up values.
+    pub fn replace(&self, mut bootstrap: Bootstrap, policy: Policy) {
+        let old = self.current.load();
+        if bootstrap.listen != old.bootstrap.listen || bootstrap.limits != old.bootstrap.limits {
+            tracing::warn!(
+                "listener addresses or limits changed: they take effect after a restart"
+            );
+            bootstrap.listen = old.bootstrap.listen.clone();
+            bootstrap.limits = old.bootstrap.limits.clone();
+        }
+        let next = Snapshot::new(bootstrap, policy, old.generation + 1);
+        self.current.store(Arc::new(next));
+    }
+}

@@ -1,0 +1,113 @@
+//! Hot reload: polls the config files and swaps in each valid new version.
+//!
+//! Why polling and not inotify: Kubernetes updates a mounted ConfigMap by swapping the `..data`
+//! symlink, so a watch on the file's old inode never fires; re-reading the path (which follows the
+//! symlinks anew) sees in-place writes, rename-over and symlink swaps alike, for a few small reads
+//! a second.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{parse_bootstrap, parse_policy, ConfigStore, FileKind};
+use crate::metrics::Metrics;
+
+/// The content hash of what the watcher last read from one file (`None`: unreadable).
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    hash: Option<u64>,
+}
+
+/// Starts the watcher; it stops when `stop` is cancelled.
+pub fn spawn_watcher(
+    store: Arc<ConfigStore>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut seen_bootstrap = Seen {
+            hash: hash_of(store.paths.bootstrap.as_deref()).await,
+        };
+        let mut seen_policy = Seen {
+            hash: hash_of(store.paths.policy.as_deref()).await,
+        };
+        loop {
+            let interval = store.snapshot().bootstrap.watch_interval.get();
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            if let Some(path) = store.paths.bootstrap.clone() {
+                poll(
+                    &store,
+                    &metrics,
+                    &path,
+                    FileKind::Bootstrap,
+                    &mut seen_bootstrap,
+                )
+                .await;
+            }
+            if let Some(path) = store.paths.policy.clone() {
+                poll(&store, &metrics, &path, FileKind::Policy, &mut seen_policy).await;
+            }
+        }
+    })
+}
+
+async fn poll(
+    store: &ConfigStore,
+    metrics: &Metrics,
+    path: &Path,
+    kind: FileKind,
+    seen: &mut Seen,
+) {
+    let text = match tokio::fs::read_to_string(path).await {
+        Ok(text) => text,
+        Err(err) => {
+            // Reported once per disappearance, not on every poll.
+            if seen.hash.take().is_some() {
+                tracing::warn!(file = %path.display(), %err, "config file unreadable; keeping the running config");
+                metrics.config_reload(kind.as_str(), false);
+            }
+            return;
+        }
+    };
+    let hash = hash_text(&text);
+    if seen.hash == Some(hash) {
+        return;
+    }
+    seen.hash = Some(hash);
+    let current = store.snapshot();
+    let result = match kind {
+        FileKind::Bootstrap => parse_bootstrap(path, &text)
+            .map(|bootstrap| store.replace(bootstrap, current.policy.clone())),
+        FileKind::Policy => {
+            parse_policy(path, &text).map(|policy| store.replace(current.bootstrap.clone(), policy))
+        }
+    };
+    match result {
+        Ok(()) => {
+            tracing::info!(file = %path.display(), kind = kind.as_str(), generation = store.snapshot().generation, "config reloaded");
+            metrics.config_reload(kind.as_str(), true);
+        }
+        Err(err) => {
+            tracing::error!(%err, kind = kind.as_str(), "config reload rejected; the running config stays");
+            metrics.config_reload(kind.as_str(), false);
+        }
+    }
+}
+
+async fn hash_of(path: Option<&Path>) -> Option<u64> {
+    let text = tokio::fs::read_to_string(path?).await.ok()?;
+    Some(hash_text(&text))
+}
+
+fn hash_text(text: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}

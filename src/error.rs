@@ -1,0 +1,131 @@
+//! Errors the sidecar itself answers with, and the one place they become HTTP responses.
+
+use std::time::Duration;
+
+use http::{header, Response, StatusCode};
+
+use crate::config::format_duration;
+use crate::http::{body, headers, ReachBody};
+
+/// Why the sidecar answered a request itself instead of passing on an agent's response.
+#[derive(Debug, thiserror::Error)]
+pub enum ReachError {
+    #[error("the request names no capability: set the `reach-capability` header or call http://<capability>.reach/")]
+    MissingCapability,
+    #[error(
+        "`{host}` is not a capability authority: this listener routes only to `<capability>.reach`"
+    )]
+    ForeignHost { host: String },
+    #[error("no agent known to this sidecar serves capability `{capability}`")]
+    UnknownCapability { capability: String },
+    #[error("no peer can take capability `{capability}` right now")]
+    NoAvailableInstance { capability: String },
+    #[error("agent `{agent}` is at its concurrency limit and its queue is full")]
+    Saturated {
+        agent: String,
+        retry_after: Duration,
+    },
+    #[error("this sidecar is shutting down and takes no new work")]
+    Draining,
+    #[error("cannot connect to {target}: {message}")]
+    UpstreamConnect { target: String, message: String },
+    #[error("{target} failed: {message}")]
+    Upstream { target: String, message: String },
+    #[error("{target} did not answer within {}", format_duration(*after))]
+    Timeout { target: String, after: Duration },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("no such endpoint: {0}")]
+    NotFound(String),
+}
+
+impl ReachError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ReachError::MissingCapability | ReachError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ReachError::ForeignHost { .. } => StatusCode::FORBIDDEN,
+            ReachError::UnknownCapability { .. } | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
+            ReachError::NoAvailableInstance { .. }
+            | ReachError::Saturated { .. }
+            | ReachError::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            ReachError::UpstreamConnect { .. } | ReachError::Upstream { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            ReachError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The machine-readable code: the JSON `error` field and the `reach-reason` header.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ReachError::MissingCapability => "missing_capability",
+            ReachError::ForeignHost { .. } => "forbidden_host",
+            ReachError::UnknownCapability { .. } => "unknown_capability",
+            ReachError::NoAvailableInstance { .. } => "no_available_instance",
+            ReachError::Saturated { .. } => "saturated",
+            ReachError::Draining => "draining",
+            ReachError::UpstreamConnect { .. } => "upstream_connect_failed",
+            ReachError::Upstream { .. } => "upstream_failed",
+            ReachError::Timeout { .. } => "timeout",
+            ReachError::BadRequest(_) => "bad_request",
+            ReachError::NotFound(_) => "not_found",
+        }
+    }
+
+    /// The `outcome` label this error gives a request in metrics.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            ReachError::Timeout { .. } => "timeout",
+            ReachError::UpstreamConnect { .. } | ReachError::Upstream { .. } => "failure",
+            _ => "rejected",
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ReachError::Saturated { retry_after, .. } => Some(*retry_after),
+            ReachError::Draining | ReachError::NoAvailableInstance { .. } => {
+                Some(Duration::from_secs(1))
+            }
+            _ => None,
+        }
+    }
+
+    pub fn into_response(self) -> Response<ReachBody> {
+        let body = serde_json::json!({ "error": self.code(), "message": self.to_string() });
+        let mut response = Response::new(body::full(body.to_string()));
+        *response.status_mut() = self.status();
+        let h = response.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        h.insert(
+            headers::REASON,
+            header::HeaderValue::from_static(self.code()),
+        );
+        if let Some(after) = self.retry_after() {
+            // Whole seconds, at least 1: RFC 9110's delay-seconds.
+            let secs = after.as_secs_f64().ceil().max(1.0) as u64;
+            h.insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saturated_is_503_with_reason_and_retry_after() {
+        let r = ReachError::Saturated {
+            agent: "a".into(),
+            retry_after: Duration::from_millis(200),
+        }
+        .into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[headers::REASON], "saturated");
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+}

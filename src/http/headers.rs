@@ -1,0 +1,83 @@
+//! Header names agent-reach speaks, and hop-by-hop handling (RFC 9110 §7.6.1).
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// Names the capability a call is for (outbound), or was routed as (inbound).
+pub const CAPABILITY: HeaderName = HeaderName::from_static("reach-capability");
+/// Why the sidecar itself answered: the error code of its JSON body.
+pub const REASON: HeaderName = HeaderName::from_static("reach-reason");
+/// The agent that served the request.
+pub const AGENT: HeaderName = HeaderName::from_static("reach-agent");
+/// The agent whose sidecar sent the request.
+pub const CALLER: HeaderName = HeaderName::from_static("reach-caller");
+
+/// Headers that describe one connection and must not be forwarded.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers, including every header the `Connection` header names.
+/// `te: trailers` survives: it is end-to-end in practice (gRPC needs it).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    let keep_te = headers
+        .get(header::TE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    if !keep_te {
+        headers.remove(header::TE);
+    }
+}
+
+/// A header value from a string we produced; falls back to an empty value rather than panicking.
+pub fn value(text: &str) -> HeaderValue {
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::TE, HeaderValue::from_static("gzip"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn keeps_te_trailers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        strip_hop_by_hop(&mut h);
+        assert!(h.contains_key(header::TE));
+    }
+}

@@ -1,0 +1,126 @@
+//! The accept loop every listener runs: HTTP/1.1 and h2c, connection and header limits, graceful drain.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::body::{self, ReachBody};
+use crate::config::Limits;
+use crate::metrics::Metrics;
+
+/// Serves `handler` on `listener` until `stop` is cancelled, then lets open requests finish for up
+/// to `drain` before returning.
+pub async fn serve<H, F>(
+    name: &'static str,
+    listener: TcpListener,
+    handler: H,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+    drain: Duration,
+) where
+    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ReachBody>> + Send + 'static,
+{
+    let builder = Arc::new(builder(&limits));
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let first_byte_timeout = limits.header_read_timeout.get();
+    loop {
+        // Past the connection limit we stop accepting; clients wait in the kernel backlog.
+        let permit = tokio::select! {
+            _ = stop.cancelled() => break,
+            permit = slots.clone().acquire_owned() => match permit { Ok(p) => p, Err(_) => break },
+        };
+        let (stream, remote) = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(err) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(listener = name, %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let response = handler(req, remote);
+            async move { Ok::<_, Infallible>(response.await) }
+        });
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let metrics = metrics.clone();
+        metrics.connection_opened(name);
+        tokio::spawn(async move {
+            // hyper's header-read timeout starts only once the protocol is known; a client that
+            // connects and sends nothing must not hold a connection slot either.
+            if wait_first_byte(&stream, first_byte_timeout).await {
+                let conn = builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .into_owned();
+                if let Err(err) = watcher.watch(conn).await {
+                    tracing::debug!(listener = name, %remote, err = %err, "connection ended with an error");
+                }
+            }
+            metrics.connection_closed(name);
+            drop(permit);
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(drain) => {
+            tracing::warn!(listener = name, "drain timeout reached; closing remaining connections");
+        }
+    }
+}
+
+fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout.get())
+        .max_buf_size(limits.max_header_bytes.get())
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(limits.max_header_bytes.get() as u32)
+        .keep_alive_interval(Some(Duration::from_secs(20)));
+    builder
+}
+
+async fn wait_first_byte(stream: &TcpStream, timeout: Duration) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(tokio::time::timeout(timeout, stream.peek(&mut byte)).await, Ok(Ok(n)) if n > 0)
+}
+
+/// A plain-text response, for the admin endpoints.
+pub fn text(
+    status: StatusCode,
+    content_type: &'static str,
+    text: impl Into<bytes::Bytes>,
+) -> Response<ReachBody> {
+    let mut response = Response::new(body::full(text));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    response
+}

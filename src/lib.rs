@@ -1,0 +1,22 @@
+//! agent-reach: a sidecar proxy that knows whether an AI agent can take a task right now, and
+//! routes each capability call to the peer best able to serve it.
+//!
+//! Start a sidecar in-process with [`Sidecar::start`]; the binary's `run` command does the same.
+
+#![warn(missing_debug_implementations)]
+
+pub mod admin;
+pub mod app;
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod http;
+pub mod inbound;
+pub mod metrics;
+pub mod mock_agent;
+pub mod outbound;
+pub mod registry;
+
+pub use app::{BoundAddrs, Sidecar, StartError};
+pub use config::{Bootstrap, ConfigStore, Policy};
+pub use error::ReachError;

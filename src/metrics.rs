@@ -1,0 +1,194 @@
+//! Metric names, help texts and buckets in one place, recorded into this sidecar's own registry.
+//!
+//! Each sidecar owns its recorder instead of installing a process-global one, so several sidecars
+//! in one process (tests, `agent-reach demo`) keep separate `/metrics`.
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram, Recorder, Unit};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+pub const REQUESTS_TOTAL: &str = "reach_requests_total";
+pub const REQUEST_DURATION: &str = "reach_request_duration_seconds";
+pub const INBOUND_TTFB: &str = "reach_inbound_time_to_first_byte_seconds";
+pub const INBOUND_IN_FLIGHT: &str = "reach_inbound_in_flight";
+pub const INBOUND_QUEUE_DEPTH: &str = "reach_inbound_queue_depth";
+pub const NO_CANDIDATE_TOTAL: &str = "reach_no_candidate_total";
+pub const CONFIG_RELOADS_TOTAL: &str = "reach_config_reloads_total";
+pub const CONNECTIONS_OPEN: &str = "reach_connections_open";
+pub const CONNECTIONS_TOTAL: &str = "reach_connections_total";
+pub const INFO: &str = "reach_info";
+
+/// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0,
+];
+
+/// Which way a request crossed the sidecar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Inbound,
+    Outbound,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Inbound => "inbound",
+            Direction::Outbound => "outbound",
+        }
+    }
+}
+
+/// One sidecar's metrics registry.
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    pub fn new(agent: &str) -> Self {
+        let builder = PrometheusBuilder::new();
+        // Real histograms, not summaries: Prometheus can aggregate them across the fleet.
+        let builder = match builder.set_buckets(SECONDS_BUCKETS) {
+            Ok(b) => b,
+            Err(_) => PrometheusBuilder::new(),
+        };
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        let metrics = Self { recorder, handle };
+        metrics.describe();
+        let agent = agent.to_owned();
+        metrics.with(|| {
+            gauge!(INFO, "agent" => agent, "version" => env!("CARGO_PKG_VERSION")).set(1.0)
+        });
+        metrics
+    }
+
+    fn describe(&self) {
+        let r = &self.recorder;
+        let d = |name: &'static str, help: &'static str| (name.into(), help.into());
+        for (name, help) in [
+            d(
+                REQUESTS_TOTAL,
+                "Requests through the sidecar by direction, capability, peer and outcome.",
+            ),
+            d(
+                NO_CANDIDATE_TOTAL,
+                "Outbound calls that found no peer able to serve the capability.",
+            ),
+            d(
+                CONFIG_RELOADS_TOTAL,
+                "Config file reloads by file and result (ok or error).",
+            ),
+            d(CONNECTIONS_TOTAL, "Connections accepted by listener."),
+        ] {
+            r.describe_counter(name, None, help);
+        }
+        for (name, help) in [
+            d(
+                INBOUND_IN_FLIGHT,
+                "Requests the local agent is working on now.",
+            ),
+            d(
+                INBOUND_QUEUE_DEPTH,
+                "Requests waiting for a concurrency slot of the local agent.",
+            ),
+            d(CONNECTIONS_OPEN, "Open connections by listener."),
+            d(
+                INFO,
+                "Always 1; labels name the agent and the sidecar version.",
+            ),
+        ] {
+            r.describe_gauge(name, None, help);
+        }
+        for (name, help) in [
+            d(
+                REQUEST_DURATION,
+                "Request duration until the response body ended, by direction and capability.",
+            ),
+            d(
+                INBOUND_TTFB,
+                "Time from admission to the local agent's response headers.",
+            ),
+        ] {
+            r.describe_histogram(name, Some(Unit::Seconds), help);
+        }
+    }
+
+    /// Runs `f` with this sidecar's recorder behind the `metrics` macros.
+    pub fn with<T>(&self, f: impl FnOnce() -> T) -> T {
+        metrics::with_local_recorder(&self.recorder, f)
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    /// Drains histogram samples into buckets; called periodically so memory stays flat between scrapes.
+    pub fn run_upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
+    pub fn request_finished(
+        &self,
+        direction: Direction,
+        capability: &str,
+        peer: &str,
+        outcome: &'static str,
+        duration: Duration,
+    ) {
+        let (capability, peer) = (capability.to_owned(), peer.to_owned());
+        self.with(|| {
+            counter!(REQUESTS_TOTAL, "direction" => direction.as_str(), "capability" => capability.clone(), "peer" => peer, "outcome" => outcome)
+                .increment(1);
+            histogram!(REQUEST_DURATION, "direction" => direction.as_str(), "capability" => capability, "outcome" => outcome)
+                .record(duration.as_secs_f64());
+        });
+    }
+
+    pub fn inbound_first_byte(&self, capability: &str, ttfb: Duration) {
+        let capability = capability.to_owned();
+        self.with(|| {
+            histogram!(INBOUND_TTFB, "capability" => capability).record(ttfb.as_secs_f64())
+        });
+    }
+
+    pub fn inbound_load(&self, in_flight: usize, queued: usize) {
+        self.with(|| {
+            gauge!(INBOUND_IN_FLIGHT).set(in_flight as f64);
+            gauge!(INBOUND_QUEUE_DEPTH).set(queued as f64);
+        });
+    }
+
+    pub fn no_candidate(&self, capability: &str) {
+        let capability = capability.to_owned();
+        self.with(|| counter!(NO_CANDIDATE_TOTAL, "capability" => capability).increment(1));
+    }
+
+    pub fn config_reload(&self, file: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.with(|| {
+            counter!(CONFIG_RELOADS_TOTAL, "file" => file, "result" => result).increment(1)
+        });
+    }
+
+    pub fn connection_opened(&self, listener: &'static str) {
+        self.with(|| {
+            counter!(CONNECTIONS_TOTAL, "listener" => listener).increment(1);
+            gauge!(CONNECTIONS_OPEN, "listener" => listener).increment(1.0);
+        });
+    }
+
+    pub fn connection_closed(&self, listener: &'static str) {
+        self.with(|| gauge!(CONNECTIONS_OPEN, "listener" => listener).decrement(1.0));
+    }
+}

@@ -1,0 +1,456 @@
+//! A mock AI agent with the seeds' fault modes, for tests, examples and the demo.
+//!
+//! Business calls (any path but the ones below) behave by mode; `/healthz` answers 200 in every
+//! mode, which is exactly what makes an agent "fake online". `PUT /admin/mode` switches the mode
+//! at run time so a scenario can break and heal an agent.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Channel};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{format_duration, parse_duration};
+use crate::http::{body, ReachBody};
+
+/// How business calls behave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Answers after the configured latency; fails at the configured failure rate.
+    Normal,
+    /// Business calls get 429 with `retry-after` while `/healthz` stays 200 ("fake online").
+    RateLimited,
+    /// A dependency got slow: every business call takes `slow_latency`.
+    Slow,
+    /// A workspace lock: one business call at a time, the rest wait.
+    Locked,
+    /// Accepts and reads the request, never answers.
+    Hang,
+    /// Serves N more business calls, then the process "dies": the port closes, connections drop.
+    CrashAfter(u64),
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        match text {
+            "normal" | "healthy" => Ok(Mode::Normal),
+            "rate-limited" => Ok(Mode::RateLimited),
+            "slow" => Ok(Mode::Slow),
+            "locked" => Ok(Mode::Locked),
+            "hang" => Ok(Mode::Hang),
+            _ => match text.strip_prefix("crash-after") {
+                Some(n) => n
+                    .trim_start_matches(['=', ' ', ':'])
+                    .parse()
+                    .map(Mode::CrashAfter)
+                    .map_err(|_| format!("`{text}`: crash-after needs a count, e.g. crash-after=5")),
+                None => Err(format!(
+                    "unknown mode `{text}` (normal, rate-limited, slow, locked, hang, crash-after=N)"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Normal => f.write_str("normal"),
+            Mode::RateLimited => f.write_str("rate-limited"),
+            Mode::Slow => f.write_str("slow"),
+            Mode::Locked => f.write_str("locked"),
+            Mode::Hang => f.write_str("hang"),
+            Mode::CrashAfter(n) => write!(f, "crash-after={n}"),
+        }
+    }
+}
+
+/// A latency: fixed (`50ms`) or uniform over a range (`20ms..80ms`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Latency {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+impl Latency {
+    pub const fn fixed(d: Duration) -> Self {
+        Self { min: d, max: d }
+    }
+
+    pub fn sample(&self) -> Duration {
+        if self.max <= self.min {
+            return self.min;
+        }
+        let span = (self.max - self.min).as_secs_f64();
+        self.min + Duration::from_secs_f64(span * rand::random::<f64>())
+    }
+}
+
+impl FromStr for Latency {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.split_once("..") {
+            Some((lo, hi)) => {
+                let (min, max) = (parse_duration(lo)?, parse_duration(hi)?);
+                if max < min {
+                    return Err(format!("latency range `{text}` ends before it starts"));
+                }
+                Ok(Self { min, max })
+            }
+            None => parse_duration(text).map(Self::fixed),
+        }
+    }
+}
+
+/// How a mock agent starts.
+#[derive(Clone, Debug)]
+pub struct MockConfig {
+    pub name: String,
+    pub latency: Latency,
+    /// Share of normal business calls that fail with 500, 0..1.
+    pub failure_rate: f64,
+    pub mode: Mode,
+    pub slow_latency: Duration,
+    pub sse_events: u32,
+    pub sse_interval: Duration,
+}
+
+impl MockConfig {
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            latency: Latency::fixed(Duration::from_millis(5)),
+            failure_rate: 0.0,
+            mode: Mode::Normal,
+            slow_latency: Duration::from_secs(3),
+            sse_events: 5,
+            sse_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Counts of what the mock agent has seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MockStats {
+    pub business: u64,
+    pub health: u64,
+    pub in_flight: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    config: MockConfig,
+    mode: Mutex<Mode>,
+    lock: tokio::sync::Mutex<()>,
+    business: AtomicU64,
+    health: AtomicU64,
+    in_flight: AtomicU64,
+    /// Business calls served since the current crash-after mode was set.
+    since_mode: AtomicU64,
+    crashed: CancellationToken,
+}
+
+/// A running mock agent.
+#[derive(Debug)]
+pub struct MockAgent {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MockAgent {
+    /// Binds `listen` (port 0 for any) and serves until stopped or crashed.
+    pub async fn start(listen: SocketAddr, config: MockConfig) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            mode: Mutex::new(config.mode),
+            config,
+            lock: tokio::sync::Mutex::new(()),
+            business: AtomicU64::new(0),
+            health: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            since_mode: AtomicU64::new(0),
+            crashed: CancellationToken::new(),
+        });
+        let task = tokio::spawn(serve(listener, state.clone()));
+        Ok(Self { addr, state, task })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.state.config.name
+    }
+
+    pub fn set_mode(&self, mode: Mode) {
+        self.state.set_mode(mode);
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.state.mode()
+    }
+
+    pub fn stats(&self) -> MockStats {
+        self.state.stats()
+    }
+
+    /// Resolves when the agent has crashed (or was stopped).
+    pub async fn crashed(&self) {
+        self.state.crashed.cancelled().await;
+    }
+
+    /// Kills the agent: the port closes and open connections drop, as when a process dies.
+    pub fn kill(&self) {
+        self.state.crashed.cancel();
+    }
+
+    /// Kills the agent and waits until its port is closed.
+    pub async fn stop(self) {
+        self.kill();
+        let _ = self.task.await;
+    }
+}
+
+impl State {
+    fn set_mode(&self, mode: Mode) {
+        *self.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+        self.since_mode.store(0, Ordering::SeqCst);
+    }
+
+    fn mode(&self) -> Mode {
+        *self.mode.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stats(&self) -> MockStats {
+        MockStats {
+            business: self.business.load(Ordering::Relaxed),
+            health: self.health.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+        }
+    }
+}
+
+async fn serve(listener: TcpListener, state: Arc<State>) {
+    let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
+    loop {
+        let stream = tokio::select! {
+            _ = state.crashed.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+        };
+        let (builder, state) = (builder.clone(), state.clone());
+        tokio::spawn(async move {
+            let service_state = state.clone();
+            let service = hyper::service::service_fn(move |req| {
+                let state = service_state.clone();
+                async move { Ok::<_, Infallible>(handle(state, req).await) }
+            });
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            // A crash drops every connection mid-flight, like a dying process.
+            tokio::select! {
+                _ = conn => {}
+                _ = state.crashed.cancelled() => {}
+            }
+        });
+    }
+}
+
+async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ReachBody> {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/healthz") => {
+            state.health.fetch_add(1, Ordering::Relaxed);
+            json(
+                StatusCode::OK,
+                serde_json::json!({ "status": "ok", "agent": state.config.name }),
+            )
+        }
+        (&Method::GET, "/admin/mode") => json(
+            StatusCode::OK,
+            serde_json::json!({ "mode": state.mode().to_string() }),
+        ),
+        (&Method::PUT, "/admin/mode") => {
+            let text = match req.into_body().collect().await {
+                Ok(b) => String::from_utf8_lossy(&b.to_bytes()).into_owned(),
+                Err(_) => String::new(),
+            };
+            // Accept `rate-limited` or `{"mode": "rate-limited"}`.
+            let wanted = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v.get("mode").and_then(|m| m.as_str()).map(str::to_owned))
+                .unwrap_or(text);
+            match wanted.parse::<Mode>() {
+                Ok(mode) => {
+                    state.set_mode(mode);
+                    json(
+                        StatusCode::OK,
+                        serde_json::json!({ "mode": mode.to_string() }),
+                    )
+                }
+                Err(message) => json(
+                    StatusCode::BAD_REQUEST,
+                    serde_json::json!({ "error": message }),
+                ),
+            }
+        }
+        (&Method::GET, "/admin/stats") => json(StatusCode::OK, serde_json::json!(state.stats())),
+        (&Method::GET, "/sse") => sse(&state),
+        _ => business(state, req).await,
+    }
+}
+
+async fn business(state: Arc<State>, req: Request<Incoming>) -> Response<ReachBody> {
+    state.business.fetch_add(1, Ordering::Relaxed);
+    state.in_flight.fetch_add(1, Ordering::Relaxed);
+    let response = business_inner(&state, req).await;
+    state.in_flight.fetch_sub(1, Ordering::Relaxed);
+    response
+}
+
+async fn business_inner(state: &State, req: Request<Incoming>) -> Response<ReachBody> {
+    let path = req.uri().path().to_owned();
+    let received = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes().len())
+        .unwrap_or(0);
+    let name = &state.config.name;
+    match state.mode() {
+        Mode::RateLimited => {
+            let mut r = json(
+                StatusCode::TOO_MANY_REQUESTS,
+                serde_json::json!({ "error": "rate_limited", "message": "model backend quota exhausted", "agent": name }),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return r;
+        }
+        Mode::Hang => {
+            state.crashed.cancelled().await;
+            return json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({ "error": "stopped" }),
+            );
+        }
+        Mode::CrashAfter(n) => {
+            if state.since_mode.fetch_add(1, Ordering::SeqCst) >= n {
+                state.crashed.cancel();
+                return json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    serde_json::json!({ "error": "crashed" }),
+                );
+            }
+        }
+        Mode::Slow => {
+            tokio::time::sleep(state.config.slow_latency).await;
+            return ok(name, &path, received);
+        }
+        Mode::Locked => {
+            let _held = state.lock.lock().await;
+            tokio::time::sleep(state.config.latency.sample()).await;
+            return ok(name, &path, received);
+        }
+        Mode::Normal => {}
+    }
+    tokio::time::sleep(state.config.latency.sample()).await;
+    if state.config.failure_rate > 0.0 && rand::random::<f64>() < state.config.failure_rate {
+        return json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            serde_json::json!({ "error": "injected failure", "agent": name }),
+        );
+    }
+    ok(name, &path, received)
+}
+
+fn ok(name: &str, path: &str, received: usize) -> Response<ReachBody> {
+    json(
+        StatusCode::OK,
+        serde_json::json!({ "ok": true, "agent": name, "path": path, "received_bytes": received }),
+    )
+}
+
+/// Server-sent events, one every `sse_interval`, so a test can see the first before the last.
+fn sse(state: &State) -> Response<ReachBody> {
+    let (count, interval, name) = (
+        state.config.sse_events,
+        state.config.sse_interval,
+        state.config.name.clone(),
+    );
+    let (mut tx, channel) = Channel::<Bytes, Infallible>::new(4);
+    tokio::spawn(async move {
+        for n in 0..count {
+            if n > 0 {
+                tokio::time::sleep(interval).await;
+            }
+            let event = format!("id: {n}\ndata: {{\"n\":{n},\"agent\":\"{name}\"}}\n\n");
+            if tx.send_data(Bytes::from(event)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut r = Response::new(body::boxed(channel));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
+    r
+}
+
+fn json(status: StatusCode, value: serde_json::Value) -> Response<ReachBody> {
+    let mut r = Response::new(body::full(value.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The `Duration` shown for a latency in logs.
+pub fn describe_latency(l: &Latency) -> String {
+    if l.min == l.max {
+        format_duration(l.min)
+    } else {
+        format!("{}..{}", format_duration(l.min), format_duration(l.max))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_modes_and_latencies() {
+        assert_eq!("rate-limited".parse::<Mode>(), Ok(Mode::RateLimited));
+        assert_eq!("crash-after=3".parse::<Mode>(), Ok(Mode::CrashAfter(3)));
+        assert!("sleepy".parse::<Mode>().is_err());
+        let l: Latency = "20ms..80ms"
+            .parse()
+            .unwrap_or(Latency::fixed(Duration::ZERO));
+        assert_eq!(
+            (l.min, l.max),
+            (Duration::from_millis(20), Duration::from_millis(80))
+        );
+        let s = l.sample();
+        assert!(s >= l.min && s <= l.max);
+    }
+}

@@ -1,0 +1,184 @@
+//! Which capability an outbound request is for, and the refusals that keep the outbound listener
+//! from ever acting as an open proxy.
+
+use std::net::IpAddr;
+
+use http::{Method, Request, Version};
+
+use crate::config::Name;
+use crate::error::ReachError;
+use crate::http::headers;
+
+/// The authority suffix that names a capability: `code-review.reach`.
+const SUFFIX: &str = ".reach";
+
+/// Resolves the capability from the `reach-capability` header or a `<capability>.reach` authority.
+pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
+    if req.method() == Method::CONNECT {
+        let host = req
+            .uri()
+            .authority()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        return Err(ReachError::ForeignHost { host });
+    }
+    let from_header = match req.headers().get(headers::CAPABILITY) {
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| Name::parse(v.trim()).ok())
+                .ok_or_else(|| {
+                    ReachError::BadRequest(
+                        "the `reach-capability` header is not a valid capability name".to_owned(),
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    // An absolute-form URI (what HTTP_PROXY clients send) or an h2 `:authority`, else the Host header.
+    let absolute = req.version() < Version::HTTP_2 && req.uri().authority().is_some();
+    let host = match req.uri().host() {
+        Some(host) => Some(host.to_owned()),
+        None => req
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(|h| strip_port(h).to_owned()),
+    };
+    let host = host.map(|h| h.to_ascii_lowercase());
+
+    if let Some(name) = host.as_deref().and_then(|h| h.strip_suffix(SUFFIX)) {
+        let from_host = Name::parse(name).map_err(ReachError::BadRequest)?;
+        if from_header.as_ref().is_some_and(|h| *h != from_host) {
+            return Err(ReachError::BadRequest(format!(
+                "the `reach-capability` header and the authority `{name}{SUFFIX}` name different capabilities"
+            )));
+        }
+        return Ok(from_host);
+    }
+    let host_is_local = host.as_deref().is_none_or(is_loopback);
+    match from_header {
+        // A proxy-style request to some other host is refused even with the header: we never
+        // connect to the host a client names.
+        Some(_) if absolute && !host_is_local => Err(ReachError::ForeignHost {
+            host: host.unwrap_or_default(),
+        }),
+        Some(name) => Ok(name),
+        None if host_is_local => Err(ReachError::MissingCapability),
+        None => Err(ReachError::ForeignHost {
+            host: host.unwrap_or_default(),
+        }),
+    }
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host
+            .split(']')
+            .next()
+            .map(|h| h.trim_start_matches('['))
+            .unwrap_or(host);
+    }
+    host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host)
+}
+
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(uri: &str, host: Option<&str>, cap: Option<&str>) -> Request<()> {
+        let mut b = Request::builder().uri(uri);
+        if let Some(h) = host {
+            b = b.header("host", h);
+        }
+        if let Some(c) = cap {
+            b = b.header("reach-capability", c);
+        }
+        b.body(()).unwrap_or_default()
+    }
+
+    fn code(r: Result<Name, ReachError>) -> String {
+        match r {
+            Ok(n) => n.to_string(),
+            Err(e) => e.code().to_owned(),
+        }
+    }
+
+    #[test]
+    fn names_the_capability_by_header_or_authority() {
+        assert_eq!(
+            code(capability_of(&req(
+                "/x",
+                Some("127.0.0.1:4140"),
+                Some("code-review")
+            ))),
+            "code-review"
+        );
+        assert_eq!(
+            code(capability_of(&req("/x", Some("code-review.reach"), None))),
+            "code-review"
+        );
+        assert_eq!(
+            code(capability_of(&req(
+                "http://code-review.reach/x",
+                None,
+                None
+            ))),
+            "code-review"
+        );
+        assert_eq!(
+            code(capability_of(&req("/x", Some("localhost"), Some("search")))),
+            "search"
+        );
+    }
+
+    #[test]
+    fn is_never_an_open_proxy() {
+        assert_eq!(
+            code(capability_of(&req("http://example.com/", None, None))),
+            "forbidden_host"
+        );
+        assert_eq!(
+            code(capability_of(&req(
+                "http://example.com/",
+                None,
+                Some("search")
+            ))),
+            "forbidden_host"
+        );
+        assert_eq!(
+            code(capability_of(&req("/", Some("example.com"), None))),
+            "forbidden_host"
+        );
+        assert_eq!(
+            code(capability_of(&req("/", Some("127.0.0.1:4140"), None))),
+            "missing_capability"
+        );
+        assert_eq!(
+            code(capability_of(&req("/", Some("[::1]:4140"), None))),
+            "missing_capability"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_or_conflicting_names() {
+        assert_eq!(
+            code(capability_of(&req(
+                "/",
+                Some("localhost"),
+                Some("Bad Name")
+            ))),
+            "bad_request"
+        );
+        assert_eq!(
+            code(capability_of(&req("/", Some("a.reach"), Some("b")))),
+            "bad_request"
+        );
+    }
+}
