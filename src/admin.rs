@@ -8,7 +8,7 @@ use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::Serialize;
 
-use crate::config::{AgentProfile, ConfigStore};
+use crate::config::{AgentProfile, ConfigStore, Policy};
 use crate::error::ReachError;
 use crate::http::server::text;
 use crate::http::ReachBody;
@@ -33,6 +33,7 @@ pub struct Status {
     pub load: Load,
     pub inbound: StatsSnapshot,
     pub peers: Vec<Arc<Peer>>,
+    pub policy: Policy,
     pub config_generation: u64,
     pub ready: bool,
     pub version: &'static str,
@@ -84,6 +85,7 @@ impl Admin {
             load: self.inbound.load(),
             inbound: self.inbound.stats(),
             peers: self.registry.peers(&snapshot),
+            policy: snapshot.policy.clone(),
             config_generation: snapshot.generation,
             ready: self.ready.load(Ordering::Acquire),
             version: env!("CARGO_PKG_VERSION"),

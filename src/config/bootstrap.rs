@@ -209,8 +209,7 @@ impl fmt::Display for Name {
 
 impl<'de> Deserialize<'de> for Name {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        Name::parse(&text).map_err(de::Error::custom)
+        d.deserialize_str(StrVisitor("a name", Name::parse))
     }
 }
 
@@ -242,8 +241,7 @@ impl fmt::Display for HostPort {
 
 impl<'de> Deserialize<'de> for HostPort {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        HostPort::parse(&text).map_err(de::Error::custom)
+        d.deserialize_str(StrVisitor("a host:port address", HostPort::parse))
     }
 }
 
@@ -284,12 +282,13 @@ impl PositiveCount {
 
 impl<'de> Deserialize<'de> for PositiveCount {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let value = usize::deserialize(d)?;
-        if value >= 1 {
-            Ok(Self(value))
-        } else {
-            Err(de::Error::custom("must be at least 1"))
-        }
+        d.deserialize_any(NumVisitor("a whole number of at least 1", |value: f64| {
+            if value >= 1.0 && value.fract() == 0.0 && value <= u32::MAX as f64 {
+                Ok(Self(value as usize))
+            } else {
+                Err(format!("{value} must be a whole number of at least 1"))
+            }
+        }))
     }
 }
 
@@ -319,14 +318,46 @@ impl HeaderBytes {
 
 impl<'de> Deserialize<'de> for HeaderBytes {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let value = usize::deserialize(d)?;
-        if (8192..=1 << 20).contains(&value) {
-            Ok(Self(value))
-        } else {
-            Err(de::Error::custom(format!(
-                "max_header_bytes {value} must be between 8192 and 1048576"
-            )))
-        }
+        d.deserialize_any(NumVisitor("a byte count", |value: f64| {
+            if (8192.0..=1048576.0).contains(&value) && value.fract() == 0.0 {
+                Ok(Self(value as usize))
+            } else {
+                Err(format!("max_header_bytes {value} must be a whole number between 8192 and 1048576"))
+            }
+        }))
+    }
+}
+
+// Validation runs inside the visitor, while the parser still knows where the scalar is: an
+// error raised after deserializing would point at the enclosing mapping instead.
+
+struct StrVisitor<F>(&'static str, F);
+
+impl<T, F: FnOnce(&str) -> Result<T, String>> de::Visitor<'_> for StrVisitor<F> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        (self.1)(v).map_err(E::custom)
+    }
+}
+
+struct NumVisitor<F>(&'static str, F);
+
+impl<T, F: FnOnce(f64) -> Result<T, String>> de::Visitor<'_> for NumVisitor<F> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+        (self.1)(v as f64).map_err(E::custom)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
+        (self.1)(v as f64).map_err(E::custom)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
+        (self.1)(v).map_err(E::custom)
     }
 }
 
