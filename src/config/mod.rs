@@ -202,17 +202,34 @@ impl ConfigStore {
         self.current.load_full()
     }
 
-    /// Replaces the running snapshot; listener addresses and limits keep their start-up values.
-    pub fn replace(&self, mut bootstrap: Bootstrap, policy: Policy) {
+    /// Replaces the running snapshot if anything changed; listener addresses and limits keep
+    /// their start-up values. Returns whether a new snapshot went live.
+    pub fn replace(&self, mut bootstrap: Bootstrap, policy: Policy) -> bool {
         let old = self.current.load();
         if bootstrap.listen != old.bootstrap.listen || bootstrap.limits != old.bootstrap.limits {
-            tracing::warn!(
-                "listener addresses or limits changed: they take effect after a restart"
-            );
+            tracing::warn!("listener addresses or limits changed: they take effect after a restart");
             bootstrap.listen = old.bootstrap.listen.clone();
             bootstrap.limits = old.bootstrap.limits.clone();
         }
+        if bootstrap == old.bootstrap && policy == old.policy {
+            return false;
+        }
         let next = Snapshot::new(bootstrap, policy, old.generation + 1);
         self.current.store(Arc::new(next));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_bootstrap_parses_to_the_same_value_twice() {
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config/agent-reach.yaml"));
+        let a = load_bootstrap(path);
+        let b = load_bootstrap(path);
+        assert!(a.is_ok(), "{a:?}");
+        assert_eq!(a.ok(), b.ok());
     }
 }

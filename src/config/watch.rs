@@ -29,12 +29,10 @@ pub fn spawn_watcher(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut seen_bootstrap = Seen {
-            hash: hash_of(store.paths.bootstrap.as_deref()).await,
-        };
-        let mut seen_policy = Seen {
-            hash: hash_of(store.paths.policy.as_deref()).await,
-        };
+        // Nothing seen yet: the first poll parses each file and swaps only if it differs from
+        // what is running, so a change made between start-up and this task's first run counts.
+        let mut seen_bootstrap = Seen::default();
+        let mut seen_policy = Seen::default();
         loop {
             let interval = store.snapshot().bootstrap.watch_interval.get();
             tokio::select! {
@@ -90,7 +88,8 @@ async fn poll(
         }
     };
     match result {
-        Ok(()) => {
+        Ok(false) => {}
+        Ok(true) => {
             tracing::info!(file = %path.display(), kind = kind.as_str(), generation = store.snapshot().generation, "config reloaded");
             metrics.config_reload(kind.as_str(), true);
         }
@@ -99,11 +98,6 @@ async fn poll(
             metrics.config_reload(kind.as_str(), false);
         }
     }
-}
-
-async fn hash_of(path: Option<&Path>) -> Option<u64> {
-    let text = tokio::fs::read_to_string(path?).await.ok()?;
-    Some(hash_text(&text))
 }
 
 fn hash_text(text: &str) -> u64 {

@@ -1,0 +1,133 @@
+//! Hot reload through a Kubernetes-style `..data` symlink swap: a valid policy replaces the running
+//! one; an invalid one is rejected, counted, and the old one keeps serving.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agent_reach::config::{self, ConfigPaths, Policy};
+use agent_reach::mock_agent::MockConfig;
+use agent_reach::Bootstrap;
+use support::*;
+
+/// A directory laid out the way the kubelet mounts a ConfigMap.
+struct ConfigMapDir {
+    root: PathBuf,
+    version: u32,
+}
+
+impl ConfigMapDir {
+    fn new(tag: &str) -> Self {
+        let root = std::env::temp_dir().join(format!("agent-reach-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        Self { root, version: 0 }
+    }
+
+    /// Writes files into a fresh timestamped dir and atomically repoints `..data` at it.
+    fn publish(&mut self, files: &[(&str, &str)]) {
+        self.version += 1;
+        let dir_name = format!("..2026_11_30_00_00_0{}.{}", self.version, self.version);
+        let dir = self.root.join(&dir_name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+            let link = self.root.join(name);
+            if link.symlink_metadata().is_err() {
+                std::os::unix::fs::symlink(Path::new("..data").join(name), &link).unwrap();
+            }
+        }
+        let tmp = self.root.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&dir_name, &tmp).unwrap();
+        std::fs::rename(&tmp, self.root.join("..data")).unwrap();
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+}
+
+impl Drop for ConfigMapDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+#[tokio::test]
+async fn policy_symlink_swap_reloads_valid_and_rejects_invalid() {
+    let agent = mock(MockConfig::new("coder-1")).await;
+    let mut dir = ConfigMapDir::new("reload");
+    dir.publish(&[("policy.yaml", "timeouts: { request: 7s }\n")]);
+    let mut bootstrap = Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap();
+    bootstrap.watch_interval = config::HumanDuration::from_millis(50);
+    let policy = config::load_policy(&dir.path("policy.yaml")).unwrap();
+    let paths = ConfigPaths { bootstrap: None, policy: Some(dir.path("policy.yaml")) };
+    let sidecar = sidecar_with(bootstrap, policy, paths).await;
+    assert_eq!(sidecar.status().policy.timeouts.request.get(), Duration::from_secs(7));
+
+    // A valid new version is picked up.
+    dir.publish(&[("policy.yaml", "timeouts: { request: 9s }\n")]);
+    eventually(Duration::from_secs(10), "the new policy is live", || async {
+        sidecar.status().policy.timeouts.request.get() == Duration::from_secs(9)
+    })
+    .await;
+    let generation = sidecar.status().config_generation;
+
+    // An invalid one is rejected and counted; the running policy stays.
+    dir.publish(&[("policy.yaml", "timeouts: { request: soon }\n")]);
+    let admin = sidecar.addrs.admin;
+    eventually(Duration::from_secs(10), "the rejection is counted", || async move {
+        get(&client(), &format!("http://{admin}/metrics"))
+            .await
+            .body
+            .contains("reach_config_reloads_total{file=\"policy\",result=\"error\"} 1")
+    })
+    .await;
+    let status = sidecar.status();
+    assert_eq!(status.config_generation, generation);
+    assert_eq!(status.policy.timeouts.request.get(), Duration::from_secs(9));
+
+    // Still serving traffic.
+    let reply = get(&client(), &format!("http://{}/review", sidecar.addrs.inbound)).await;
+    assert_eq!(reply.status, 200);
+
+    // And a later valid version is taken again.
+    dir.publish(&[("policy.yaml", "")]);
+    eventually(Duration::from_secs(10), "an empty policy means defaults", || async {
+        sidecar.status().policy == Policy::default()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bootstrap_rewritten_in_place_updates_the_profile_and_peers() {
+    let agent = mock(MockConfig::new("coder-1")).await;
+    let peer = Pair::start(MockConfig::new("coder-2")).await;
+    let dir = ConfigMapDir::new("bootstrap");
+    let path = dir.path("agent-reach.yaml");
+    let text = |peers: &str| {
+        format!(
+            "listen: {{ outbound: 127.0.0.1:0, inbound: 127.0.0.1:0, admin: 127.0.0.1:0 }}\nwatch_interval: 50ms\n\
+             agent:\n  name: coder-1\n  address: {}\n  max_concurrency: 2\n  capabilities: [ {{ name: {CAP} }} ]\n{peers}",
+            agent.addr
+        )
+    };
+    std::fs::write(&path, text("")).unwrap();
+    let bootstrap = config::load_bootstrap(&path).unwrap();
+    let paths = ConfigPaths { bootstrap: Some(path.clone()), policy: None };
+    let sidecar = sidecar_with(bootstrap, Policy::default(), paths).await;
+    let outbound = sidecar.addrs.outbound;
+    assert_eq!(call(&client(), outbound).await.status, 404, "no peer serves the capability yet");
+
+    let peers = format!("peers:\n  - {{ name: coder-2, address: {}, capabilities: [{CAP}] }}\n", peer.callee.addrs.inbound);
+    std::fs::write(&path, text(&peers)).unwrap();
+    eventually(Duration::from_secs(10), "the new peer is known", || async { sidecar.status().peers.len() == 1 }).await;
+    let reply = call(&client(), outbound).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("reach-agent"), "coder-2");
+    // The listener addresses stayed as bound.
+    assert_eq!(sidecar.addrs.outbound, outbound);
+}
