@@ -361,12 +361,12 @@ async fn business_inner(state: &State, req: Request<Incoming>) -> Response<Reach
         }
         Mode::Locked => {
             let _held = state.lock.lock().await;
-            tokio::time::sleep(state.config.latency.sample()).await;
+            pause(state.config.latency.sample()).await;
             return ok(name, &path, received);
         }
         Mode::Normal => {}
     }
-    tokio::time::sleep(state.config.latency.sample()).await;
+    pause(state.config.latency.sample()).await;
     if state.config.failure_rate > 0.0 && rand::random::<f64>() < state.config.failure_rate {
         return json(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -374,6 +374,13 @@ async fn business_inner(state: &State, req: Request<Incoming>) -> Response<Reach
         );
     }
     ok(name, &path, received)
+}
+
+/// Sleeps, except for zero: tokio's timer would round that up to a millisecond.
+async fn pause(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
 }
 
 fn ok(name: &str, path: &str, received: usize) -> Response<ReachBody> {

@@ -16,7 +16,14 @@ async fn metrics_count_requests_after_traffic() {
     for _ in 0..3 {
         assert_eq!(call(&c, pair.outbound()).await.status, 200);
     }
-    let unknown = send(&c, "GET", &format!("http://{}/", pair.outbound()), &[("reach-capability", "nope")], "").await;
+    let unknown = send(
+        &c,
+        "GET",
+        &format!("http://{}/", pair.outbound()),
+        &[("reach-capability", "nope")],
+        "",
+    )
+    .await;
     assert_eq!(unknown.status, 404);
 
     let caller = get(&c, &format!("http://{}/metrics", pair.caller.addrs.admin)).await;
@@ -26,16 +33,27 @@ async fn metrics_count_requests_after_traffic() {
         text.contains(r#"reach_requests_total{direction="outbound",capability="code-review",peer="coder-1",outcome="success"} 3"#),
         "{text}"
     );
-    assert!(text.contains(r#"reach_no_candidate_total{capability="nope"} 1"#), "{text}");
-    assert!(text.contains("# TYPE reach_request_duration_seconds histogram"), "{text}");
+    assert!(
+        text.contains(r#"reach_no_candidate_total{capability="nope"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE reach_request_duration_seconds histogram"),
+        "{text}"
+    );
 
-    let callee = get(&c, &format!("http://{}/metrics", pair.callee.addrs.admin)).await.body;
+    let callee = get(&c, &format!("http://{}/metrics", pair.callee.addrs.admin))
+        .await
+        .body;
     assert!(
         callee.contains(r#"reach_requests_total{direction="inbound",capability="code-review",peer="local",outcome="success"} 3"#),
         "{callee}"
     );
     assert!(callee.contains("reach_inbound_in_flight 0"), "{callee}");
-    assert!(callee.contains("reach_inbound_time_to_first_byte_seconds_bucket"), "{callee}");
+    assert!(
+        callee.contains("reach_inbound_time_to_first_byte_seconds_bucket"),
+        "{callee}"
+    );
     promtool_accepts(&callee);
     promtool_accepts(text);
 }
@@ -52,10 +70,22 @@ fn promtool_accepts(text: &str) {
         eprintln!("promtool not installed: skipping the exposition-format check");
         return;
     };
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && said.trim().is_empty(), "promtool: {said}\n{text}");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool: {said}\n{text}"
+    );
 }
 
 #[tokio::test]
@@ -68,7 +98,9 @@ async fn live_ready_and_status() {
     assert_eq!(get(&c, &format!("http://{admin}/nope")).await.status, 404);
 
     assert_eq!(call(&c, pair.outbound()).await.status, 200);
-    let status = get(&c, &format!("http://{}/status", pair.callee.addrs.admin)).await.json();
+    let status = get(&c, &format!("http://{}/status", pair.callee.addrs.admin))
+        .await
+        .json();
     assert_eq!(status["agent"]["name"], "coder-1");
     assert_eq!(status["agent"]["capabilities"][0]["name"], CAP);
     assert_eq!(status["inbound"]["requests"], 1);

@@ -27,12 +27,23 @@ fn temp_file(name: &str, text: &str) -> PathBuf {
 fn check_accepts_the_example_configs() {
     let root = env!("CARGO_MANIFEST_DIR");
     let out = Command::new(BIN)
-        .args(["check", &format!("{root}/config/agent-reach.yaml"), &format!("{root}/config/policy.yaml")])
+        .args([
+            "check",
+            &format!("{root}/config/agent-reach.yaml"),
+            &format!("{root}/config/policy.yaml"),
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("ok (bootstrap)") && stdout.contains("ok (policy)"), "{stdout}");
+    assert!(
+        stdout.contains("ok (bootstrap)") && stdout.contains("ok (policy)"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -44,23 +55,43 @@ fn check_reports_file_line_and_column() {
     let out = Command::new(BIN).arg("check").arg(&bad).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("{}:4:20:", bad.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:4:20:", bad.display())),
+        "{stderr}"
+    );
     assert!(stderr.contains("max_concurrency"), "{stderr}");
 
     let typo = temp_file("bad-policy.yaml", "timeouts:\n  conect: 1s\n");
     let out = Command::new(BIN).arg("check").arg(&typo).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("{}:2:3: timeouts: unknown field `conect`", typo.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}:2:3: timeouts: unknown field `conect`",
+            typo.display()
+        )),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn run_refuses_to_start_with_an_invalid_file() {
-    let bad = temp_file("bad-run.yaml", "agent:\n  name: coder-1\n  address: nowhere\n  max_concurrency: 1\n");
-    let out = Command::new(BIN).arg("run").arg("--config").arg(&bad).output().unwrap();
+    let bad = temp_file(
+        "bad-run.yaml",
+        "agent:\n  name: coder-1\n  address: nowhere\n  max_concurrency: 1\n",
+    );
+    let out = Command::new(BIN)
+        .arg("run")
+        .arg("--config")
+        .arg(&bad)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("{}:3:12:", bad.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:3:12:", bad.display())),
+        "{stderr}"
+    );
 }
 
 /// Reads the bound addresses from the sidecar's start-up log line.
@@ -99,7 +130,9 @@ async fn sigterm_under_load_loses_no_accepted_request() {
         }
     });
     let inbound = loop {
-        let line = rx.recv_timeout(Duration::from_secs(20)).expect("the sidecar logs its start");
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the sidecar logs its start");
         if let Some(addr) = bound_addr(&line, "inbound") {
             break addr;
         }
@@ -109,15 +142,29 @@ async fn sigterm_under_load_loses_no_accepted_request() {
     let calls: Vec<_> = (0..20)
         .map(|_| {
             let url = url.clone();
-            tokio::spawn(async move { send(&client(), "POST", &url, &[("reach-capability", CAP)], "work").await })
+            tokio::spawn(async move {
+                send(
+                    &client(),
+                    "POST",
+                    &url,
+                    &[("reach-capability", CAP)],
+                    "work",
+                )
+                .await
+            })
         })
         .collect();
-    eventually(Duration::from_secs(10), "all 20 calls are with the agent", || async {
-        agent.stats().in_flight == 20
-    })
+    eventually(
+        Duration::from_secs(10),
+        "all 20 calls are with the agent",
+        || async { agent.stats().in_flight == 20 },
+    )
     .await;
 
-    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(killed.success());
     // New connections are refused soon after the signal…
     eventually(Duration::from_secs(10), "the listener closes", || async {
@@ -129,6 +176,9 @@ async fn sigterm_under_load_loses_no_accepted_request() {
         let reply = call.await.unwrap();
         assert_eq!(reply.status, 200, "{}", reply.body);
     }
-    let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(status.success(), "exit status {status:?}");
 }

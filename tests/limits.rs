@@ -32,9 +32,15 @@ async fn read_until_closed(stream: &mut TcpStream) -> String {
 async fn a_slowloris_head_is_dropped() {
     let pair = pair_with_short_header_timeout().await;
     let mut stream = TcpStream::connect(pair.callee.addrs.inbound).await.unwrap();
-    stream.write_all(b"GET /review HTTP/1.1\r\nHost: x\r\nX-Slow: ").await.unwrap();
+    stream
+        .write_all(b"GET /review HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .await
+        .unwrap();
     let said = read_until_closed(&mut stream).await;
-    assert!(said.is_empty() || said.starts_with("HTTP/1.1 408"), "{said}");
+    assert!(
+        said.is_empty() || said.starts_with("HTTP/1.1 408"),
+        "{said}"
+    );
     // The sidecar still serves others.
     assert_eq!(call(&client(), pair.outbound()).await.status, 200);
 }
@@ -79,13 +85,20 @@ async fn connections_beyond_the_limit_wait_instead_of_failing() {
     // One idle connection holds the only slot…
     let held = TcpStream::connect(pair.callee.addrs.inbound).await.unwrap();
     let inbound = pair.callee.addrs.inbound;
-    let waiting = tokio::spawn(async move { get(&client(), &format!("http://{inbound}/review")).await });
+    let waiting =
+        tokio::spawn(async move { get(&client(), &format!("http://{inbound}/review")).await });
     // Give a wrong answer the chance to show: nothing may be served while the slot is held.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!waiting.is_finished(), "a second connection was served past the limit");
+    assert!(
+        !waiting.is_finished(),
+        "a second connection was served past the limit"
+    );
     assert_eq!(pair.agent.stats().business, 0);
     // …until it goes away.
     drop(held);
-    let reply = tokio::time::timeout(Duration::from_secs(15), waiting).await.unwrap().unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(reply.status, 200);
 }

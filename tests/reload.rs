@@ -64,41 +64,59 @@ async fn policy_symlink_swap_reloads_valid_and_rejects_invalid() {
     let mut bootstrap = Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap();
     bootstrap.watch_interval = config::HumanDuration::from_millis(50);
     let policy = config::load_policy(&dir.path("policy.yaml")).unwrap();
-    let paths = ConfigPaths { bootstrap: None, policy: Some(dir.path("policy.yaml")) };
+    let paths = ConfigPaths {
+        bootstrap: None,
+        policy: Some(dir.path("policy.yaml")),
+    };
     let sidecar = sidecar_with(bootstrap, policy, paths).await;
-    assert_eq!(sidecar.status().policy.timeouts.request.get(), Duration::from_secs(7));
+    assert_eq!(
+        sidecar.status().policy.timeouts.request.get(),
+        Duration::from_secs(7)
+    );
 
     // A valid new version is picked up.
     dir.publish(&[("policy.yaml", "timeouts: { request: 9s }\n")]);
-    eventually(Duration::from_secs(10), "the new policy is live", || async {
-        sidecar.status().policy.timeouts.request.get() == Duration::from_secs(9)
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the new policy is live",
+        || async { sidecar.status().policy.timeouts.request.get() == Duration::from_secs(9) },
+    )
     .await;
     let generation = sidecar.status().config_generation;
 
     // An invalid one is rejected and counted; the running policy stays.
     dir.publish(&[("policy.yaml", "timeouts: { request: soon }\n")]);
     let admin = sidecar.addrs.admin;
-    eventually(Duration::from_secs(10), "the rejection is counted", || async move {
-        get(&client(), &format!("http://{admin}/metrics"))
-            .await
-            .body
-            .contains("reach_config_reloads_total{file=\"policy\",result=\"error\"} 1")
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the rejection is counted",
+        || async move {
+            get(&client(), &format!("http://{admin}/metrics"))
+                .await
+                .body
+                .contains("reach_config_reloads_total{file=\"policy\",result=\"error\"} 1")
+        },
+    )
     .await;
     let status = sidecar.status();
     assert_eq!(status.config_generation, generation);
     assert_eq!(status.policy.timeouts.request.get(), Duration::from_secs(9));
 
     // Still serving traffic.
-    let reply = get(&client(), &format!("http://{}/review", sidecar.addrs.inbound)).await;
+    let reply = get(
+        &client(),
+        &format!("http://{}/review", sidecar.addrs.inbound),
+    )
+    .await;
     assert_eq!(reply.status, 200);
 
     // And a later valid version is taken again.
     dir.publish(&[("policy.yaml", "")]);
-    eventually(Duration::from_secs(10), "an empty policy means defaults", || async {
-        sidecar.status().policy == Policy::default()
-    })
+    eventually(
+        Duration::from_secs(10),
+        "an empty policy means defaults",
+        || async { sidecar.status().policy == Policy::default() },
+    )
     .await;
 }
 
@@ -117,14 +135,27 @@ async fn bootstrap_rewritten_in_place_updates_the_profile_and_peers() {
     };
     std::fs::write(&path, text("")).unwrap();
     let bootstrap = config::load_bootstrap(&path).unwrap();
-    let paths = ConfigPaths { bootstrap: Some(path.clone()), policy: None };
+    let paths = ConfigPaths {
+        bootstrap: Some(path.clone()),
+        policy: None,
+    };
     let sidecar = sidecar_with(bootstrap, Policy::default(), paths).await;
     let outbound = sidecar.addrs.outbound;
-    assert_eq!(call(&client(), outbound).await.status, 404, "no peer serves the capability yet");
+    assert_eq!(
+        call(&client(), outbound).await.status,
+        404,
+        "no peer serves the capability yet"
+    );
 
-    let peers = format!("peers:\n  - {{ name: coder-2, address: {}, capabilities: [{CAP}] }}\n", peer.callee.addrs.inbound);
+    let peers = format!(
+        "peers:\n  - {{ name: coder-2, address: {}, capabilities: [{CAP}] }}\n",
+        peer.callee.addrs.inbound
+    );
     std::fs::write(&path, text(&peers)).unwrap();
-    eventually(Duration::from_secs(10), "the new peer is known", || async { sidecar.status().peers.len() == 1 }).await;
+    eventually(Duration::from_secs(10), "the new peer is known", || async {
+        sidecar.status().peers.len() == 1
+    })
+    .await;
     let reply = call(&client(), outbound).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("reach-agent"), "coder-2");

@@ -18,7 +18,11 @@ async fn routes_by_header_over_http1() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.header("reach-agent"), "coder-1");
     assert_eq!(reply.json()["agent"], "coder-1");
-    assert_eq!(reply.json()["received_bytes"], 5, "the request body reached the agent");
+    assert_eq!(
+        reply.json()["received_bytes"],
+        5,
+        "the request body reached the agent"
+    );
 }
 
 #[tokio::test]
@@ -34,7 +38,9 @@ async fn routes_by_capability_authority() {
 async fn routes_absolute_form_requests_as_http_proxy_clients_send_them() {
     let pair = Pair::start(MockConfig::new("coder-1")).await;
     // What any client does with HTTP_PROXY=http://127.0.0.1:4140 and a URL http://code-review.reach/…
-    let mut stream = tokio::net::TcpStream::connect(pair.outbound()).await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(pair.outbound())
+        .await
+        .unwrap();
     stream
         .write_all(b"GET http://code-review.reach/review?q=1 HTTP/1.1\r\nHost: code-review.reach\r\nConnection: close\r\n\r\n")
         .await
@@ -49,7 +55,9 @@ async fn routes_absolute_form_requests_as_http_proxy_clients_send_them() {
 #[tokio::test]
 async fn routes_over_h2c_with_prior_knowledge() {
     let pair = Pair::start(MockConfig::new("coder-1")).await;
-    let h2 = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<agent_reach::http::ReachBody>();
+    let h2 = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<agent_reach::http::ReachBody>();
     let request = http::Request::post(format!("http://{}/review", pair.outbound()))
         .header("reach-capability", CAP)
         .body(agent_reach::http::body::full("x"))
@@ -66,11 +74,21 @@ async fn routes_over_h2c_with_prior_knowledge() {
 async fn refuses_unknown_capability_with_json() {
     let pair = Pair::start(MockConfig::new("coder-1")).await;
     let url = format!("http://{}/x", pair.outbound());
-    let reply = send(&client(), "GET", &url, &[("reach-capability", "translate")], "").await;
+    let reply = send(
+        &client(),
+        "GET",
+        &url,
+        &[("reach-capability", "translate")],
+        "",
+    )
+    .await;
     assert_eq!(reply.status, 404);
     assert_eq!(reply.header("reach-reason"), "unknown_capability");
     assert_eq!(reply.json()["error"], "unknown_capability");
-    assert!(reply.json()["message"].as_str().unwrap().contains("translate"));
+    assert!(reply.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("translate"));
 }
 
 #[tokio::test]
@@ -91,7 +109,9 @@ async fn refuses_foreign_hosts_never_an_open_proxy() {
     assert_eq!(reply.json()["error"], "forbidden_host");
 
     // Proxy-style, even when the capability header is present.
-    let mut stream = tokio::net::TcpStream::connect(pair.outbound()).await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(pair.outbound())
+        .await
+        .unwrap();
     stream
         .write_all(b"GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\nreach-capability: code-review\r\nConnection: close\r\n\r\n")
         .await
@@ -102,8 +122,13 @@ async fn refuses_foreign_hosts_never_an_open_proxy() {
     assert!(raw.contains("reach-reason: forbidden_host"), "{raw}");
 
     // CONNECT tunnels are refused too.
-    let mut stream = tokio::net::TcpStream::connect(pair.outbound()).await.unwrap();
-    stream.write_all(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n").await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(pair.outbound())
+        .await
+        .unwrap();
+    stream
+        .write_all(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+        .await
+        .unwrap();
     let mut buf = vec![0u8; 1024];
     let n = stream.read(&mut buf).await.unwrap();
     let raw = String::from_utf8_lossy(&buf[..n]);
@@ -125,7 +150,8 @@ async fn an_agent_that_never_answers_times_out_with_504() {
     let mut config = MockConfig::new("coder-1");
     config.mode = agent_reach::mock_agent::Mode::Hang;
     let pair = Pair::start_with(config, |mut b| {
-        b.agent.capabilities[0].timeout = Some(agent_reach::config::HumanDuration::from_millis(200));
+        b.agent.capabilities[0].timeout =
+            Some(agent_reach::config::HumanDuration::from_millis(200));
         b
     })
     .await;

@@ -23,11 +23,17 @@ async fn answers_503_saturated_at_once_when_slots_and_queue_are_full() {
     .await;
     let outbound = pair.outbound();
     // One request takes the only slot, one waits in the queue.
-    let busy: Vec<_> = (0..2).map(|_| tokio::spawn(async move { call(&client(), outbound).await })).collect();
-    eventually(Duration::from_secs(10), "one in flight and one queued", || async {
-        let load = pair.callee.status().load;
-        load.in_flight == 1 && load.queued == 1
-    })
+    let busy: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(async move { call(&client(), outbound).await }))
+        .collect();
+    eventually(
+        Duration::from_secs(10),
+        "one in flight and one queued",
+        || async {
+            let load = pair.callee.status().load;
+            load.in_flight == 1 && load.queued == 1
+        },
+    )
     .await;
 
     let reply = tokio::time::timeout(Duration::from_secs(5), call(&client(), outbound))
@@ -56,7 +62,9 @@ async fn a_queued_request_runs_when_a_slot_frees() {
     })
     .await;
     let outbound = pair.outbound();
-    let calls: Vec<_> = (0..3).map(|_| tokio::spawn(async move { call(&client(), outbound).await })).collect();
+    let calls: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(async move { call(&client(), outbound).await }))
+        .collect();
     for c in calls {
         assert_eq!(c.await.unwrap().status, 200);
     }
@@ -77,7 +85,10 @@ async fn a_queue_wait_that_runs_out_is_refused() {
     .await;
     let outbound = pair.outbound();
     let _hung = tokio::spawn(async move { call(&client(), outbound).await });
-    eventually(Duration::from_secs(10), "the slot is taken", || async { pair.callee.status().load.in_flight == 1 }).await;
+    eventually(Duration::from_secs(10), "the slot is taken", || async {
+        pair.callee.status().load.in_flight == 1
+    })
+    .await;
     let reply = call(&client(), outbound).await;
     assert_eq!(reply.status, 503);
     assert_eq!(reply.header("reach-reason"), "saturated");

@@ -322,7 +322,9 @@ impl<'de> Deserialize<'de> for HeaderBytes {
             if (8192.0..=1048576.0).contains(&value) && value.fract() == 0.0 {
                 Ok(Self(value as usize))
             } else {
-                Err(format!("max_header_bytes {value} must be a whole number between 8192 and 1048576"))
+                Err(format!(
+                    "max_header_bytes {value} must be a whole number between 8192 and 1048576"
+                ))
             }
         }))
     }

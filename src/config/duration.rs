@@ -24,6 +24,15 @@ impl HumanDuration {
 }
 
 /// Parses `<number><unit>` where unit is one of `ms`, `s`, `m`, `h`; the number may have a fraction.
+///
+/// ```
+/// use std::time::Duration;
+/// use agent_reach::config::parse_duration;
+///
+/// assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+/// assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+/// assert!(parse_duration("30").is_err()); // a unit is required
+/// ```
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text

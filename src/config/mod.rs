@@ -207,7 +207,9 @@ impl ConfigStore {
     pub fn replace(&self, mut bootstrap: Bootstrap, policy: Policy) -> bool {
         let old = self.current.load();
         if bootstrap.listen != old.bootstrap.listen || bootstrap.limits != old.bootstrap.limits {
-            tracing::warn!("listener addresses or limits changed: they take effect after a restart");
+            tracing::warn!(
+                "listener addresses or limits changed: they take effect after a restart"
+            );
             bootstrap.listen = old.bootstrap.listen.clone();
             bootstrap.limits = old.bootstrap.limits.clone();
         }
@@ -226,7 +228,10 @@ mod tests {
 
     #[test]
     fn the_example_bootstrap_parses_to_the_same_value_twice() {
-        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config/agent-reach.yaml"));
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/agent-reach.yaml"
+        ));
         let a = load_bootstrap(path);
         let b = load_bootstrap(path);
         assert!(a.is_ok(), "{a:?}");

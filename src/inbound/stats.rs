@@ -130,8 +130,9 @@ mod tests {
             (snap.requests, snap.successes, snap.failures, snap.rejected),
             (102, 100, 1, 1)
         );
-        assert_eq!(snap.p50_ms, 50.0);
-        assert_eq!(snap.p95_ms, 95.0);
+        // 101 timed samples (rejections are not timed): 1..=100 ms plus the 100 ms failure.
+        assert_eq!(snap.p50_ms, 51.0);
+        assert_eq!(snap.p95_ms, 96.0);
     }
 
     #[test]

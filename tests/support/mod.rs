@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_reach::config::{ConfigPaths, ConfigStore, Policy};
-use agent_reach::http::client::{self, UpstreamClient};
 use agent_reach::http::body;
+use agent_reach::http::client::{self, UpstreamClient};
 use agent_reach::mock_agent::{MockAgent, MockConfig};
 use agent_reach::{Bootstrap, Sidecar};
 use http::{HeaderMap, Request, StatusCode};
@@ -21,7 +21,9 @@ pub fn any_port() -> SocketAddr {
 }
 
 pub async fn mock(config: MockConfig) -> MockAgent {
-    MockAgent::start(any_port(), config).await.expect("mock agent starts")
+    MockAgent::start(any_port(), config)
+        .await
+        .expect("mock agent starts")
 }
 
 pub async fn sidecar(bootstrap: Bootstrap) -> Sidecar {
@@ -50,12 +52,17 @@ impl Pair {
         let name = config.name.clone();
         let agent = mock(config).await;
         let callee = sidecar(tune(Bootstrap::local(&name, agent.addr, &[CAP]).unwrap())).await;
-        let caller_bootstrap = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
-            .unwrap()
-            .with_peer(&name, callee.addrs.inbound, &[CAP])
-            .unwrap();
+        let caller_bootstrap =
+            Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+                .unwrap()
+                .with_peer(&name, callee.addrs.inbound, &[CAP])
+                .unwrap();
         let caller = sidecar(caller_bootstrap).await;
-        Self { agent, callee, caller }
+        Self {
+            agent,
+            callee,
+            caller,
+        }
     }
 
     pub fn outbound(&self) -> SocketAddr {
@@ -81,20 +88,36 @@ impl Reply {
     }
 
     pub fn header(&self, name: &str) -> &str {
-        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
     }
 }
 
 /// Sends a request with the given headers and reads the whole response.
-pub async fn send(client: &UpstreamClient, method: &str, url: &str, headers: &[(&str, &str)], body_text: &str) -> Reply {
+pub async fn send(
+    client: &UpstreamClient,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body_text: &str,
+) -> Reply {
     let mut builder = Request::builder().method(method).uri(url);
     for (k, v) in headers {
         builder = builder.header(*k, *v);
     }
-    let response = client.request(builder.body(body::full(body_text.to_owned())).unwrap()).await.expect("response");
+    let response = client
+        .request(builder.body(body::full(body_text.to_owned())).unwrap())
+        .await
+        .expect("response");
     let (parts, incoming) = response.into_parts();
     let bytes = incoming.collect().await.expect("body").to_bytes();
-    Reply { status: parts.status, headers: parts.headers, body: String::from_utf8_lossy(&bytes).into_owned() }
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
 }
 
 pub async fn get(client: &UpstreamClient, url: &str) -> Reply {
@@ -103,7 +126,14 @@ pub async fn get(client: &UpstreamClient, url: &str) -> Reply {
 
 /// A call to the test capability through a caller's outbound port.
 pub async fn call(client: &UpstreamClient, outbound: SocketAddr) -> Reply {
-    send(client, "POST", &format!("http://{outbound}/review"), &[("reach-capability", CAP)], "x = 1").await
+    send(
+        client,
+        "POST",
+        &format!("http://{outbound}/review"),
+        &[("reach-capability", CAP)],
+        "x = 1",
+    )
+    .await
 }
 
 /// Polls `check` until it returns true, failing the test after `within`.
