@@ -15,6 +15,7 @@ pub mod inbound;
 pub mod metrics;
 pub mod mock_agent;
 pub mod outbound;
+pub mod reach;
 pub mod registry;
 
 pub use app::{BoundAddrs, Sidecar, StartError};

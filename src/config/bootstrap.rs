@@ -333,7 +333,7 @@ impl<'de> Deserialize<'de> for HeaderBytes {
 // Validation runs inside the visitor, while the parser still knows where the scalar is: an
 // error raised after deserializing would point at the enclosing mapping instead.
 
-struct StrVisitor<F>(&'static str, F);
+pub(super) struct StrVisitor<F>(&'static str, F);
 
 impl<T, F: FnOnce(&str) -> Result<T, String>> de::Visitor<'_> for StrVisitor<F> {
     type Value = T;
@@ -345,7 +345,7 @@ impl<T, F: FnOnce(&str) -> Result<T, String>> de::Visitor<'_> for StrVisitor<F> 
     }
 }
 
-struct NumVisitor<F>(&'static str, F);
+pub(super) struct NumVisitor<F>(pub(super) &'static str, pub(super) F);
 
 impl<T, F: FnOnce(f64) -> Result<T, String>> de::Visitor<'_> for NumVisitor<F> {
     type Value = T;

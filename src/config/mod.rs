@@ -19,7 +19,10 @@ pub use bootstrap::{
     PositiveCount, ProbeSpec, Proficiency, QueueConfig, StaticPeer,
 };
 pub use duration::{format_duration, parse_duration, HumanDuration};
-pub use policy::{Policy, Pool, Timeouts};
+pub use policy::{
+    EstimatesPolicy, Fraction, Policy, Pool, ProbesPolicy, RetryPolicy, StatesPolicy, Timeouts,
+    WeightSets, Zones,
+};
 pub use watch::spawn_watcher;
 
 /// A config file that could not be read or is not valid.

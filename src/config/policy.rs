@@ -1,8 +1,10 @@
-//! The fleet policy file: timeouts and connection pooling now; weights, state machine and retries later.
+//! The fleet policy file: timeouts, pooling, the reachability model's tunables, retries.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
+use super::bootstrap::NumVisitor;
 use super::duration::HumanDuration;
+use crate::reach::{EstimateParams, StateParams, Weights};
 
 /// `config/policy.yaml`, shared by the fleet. Every field has a default, so an empty file is valid.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -10,6 +12,15 @@ use super::duration::HumanDuration;
 pub struct Policy {
     pub timeouts: Timeouts,
     pub pool: Pool,
+    pub estimates: EstimatesPolicy,
+    pub weights: WeightSets,
+    pub states: StatesPolicy,
+    pub zones: Zones,
+    pub probes: ProbesPolicy,
+    pub peers: PeersPolicy,
+    pub retry: RetryPolicy,
+    /// Write one JSON line per routed request (target `agent_reach::decision`).
+    pub decision_log: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -49,5 +60,314 @@ impl Default for Pool {
             max_idle_per_host: 64,
             tcp_keepalive: HumanDuration::from_secs(15),
         }
+    }
+}
+
+/// How signals become estimates.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EstimatesPolicy {
+    /// Weight of the newest outcome in the availability EWMA.
+    pub availability_alpha: Fraction,
+    /// Time constant of the peak-sensitive latency EWMA.
+    pub latency_time_constant: HumanDuration,
+    /// With no signal for this long, estimates decay toward unknown.
+    pub stale_after: HumanDuration,
+    /// A busy report holds this long unless renewed.
+    pub busy_ttl: HumanDuration,
+    /// The window of the latency percentiles.
+    pub window: HumanDuration,
+}
+
+impl Default for EstimatesPolicy {
+    fn default() -> Self {
+        let d = EstimateParams::default();
+        Self {
+            availability_alpha: Fraction(d.availability_alpha),
+            latency_time_constant: HumanDuration(d.latency_time_constant),
+            stale_after: HumanDuration(d.stale_after),
+            busy_ttl: HumanDuration(d.busy_ttl),
+            window: HumanDuration(d.window),
+        }
+    }
+}
+
+impl EstimatesPolicy {
+    pub fn params(&self) -> EstimateParams {
+        EstimateParams {
+            availability_alpha: self.availability_alpha.0,
+            latency_time_constant: self.latency_time_constant.get(),
+            stale_after: self.stale_after.get(),
+            busy_ttl: self.busy_ttl.get(),
+            window: self.window.get(),
+        }
+    }
+}
+
+/// The two weight sets; `reach-mode` or the capability's default picks one.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WeightSets {
+    pub sync: Weights,
+    #[serde(rename = "async")]
+    pub async_: Weights,
+}
+
+impl Default for WeightSets {
+    fn default() -> Self {
+        Self {
+            sync: Weights::SYNC,
+            async_: Weights::ASYNC,
+        }
+    }
+}
+
+/// The state machine's thresholds and timings (DESIGN.md §3).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StatesPolicy {
+    pub parole: ParoleStates,
+    pub healthy: HealthyStates,
+    pub probation: ProbationStates,
+    pub ejected: EjectedStates,
+    pub recovering: RecoveringStates,
+    /// Consecutive 429s after which each further one counts as a failure.
+    pub refusals_as_failure: u32,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ParoleStates {
+    pub cap: Fraction,
+    pub successes: u32,
+    pub duration: HumanDuration,
+    pub failures: u32,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthyStates {
+    pub failures: u32,
+    /// A healthy agent whose score falls below this goes on probation.
+    pub min_score: f64,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbationStates {
+    pub cap: Fraction,
+    pub window: HumanDuration,
+    pub recover_rate: Fraction,
+    pub min_samples: u32,
+    pub eject_failure_rate: Fraction,
+    pub failures: u32,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EjectedStates {
+    pub cool_off: HumanDuration,
+    pub max_cool_off: HumanDuration,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecoveringStates {
+    pub start_cap: Fraction,
+    pub ramp: HumanDuration,
+    pub failures: u32,
+}
+
+impl Default for StatesPolicy {
+    fn default() -> Self {
+        let d = StateParams::default();
+        Self {
+            parole: ParoleStates {
+                cap: Fraction(d.parole_cap),
+                successes: d.parole_successes,
+                duration: HumanDuration(d.parole_duration),
+                failures: d.parole_failures,
+            },
+            healthy: HealthyStates {
+                failures: d.healthy_failures,
+                min_score: -1.0,
+            },
+            probation: ProbationStates {
+                cap: Fraction(d.probation_cap),
+                window: HumanDuration(d.probation_window),
+                recover_rate: Fraction(d.recover_rate),
+                min_samples: d.probation_min_samples,
+                eject_failure_rate: Fraction(d.probation_eject_failure_rate),
+                failures: d.probation_failures,
+            },
+            ejected: EjectedStates {
+                cool_off: HumanDuration(d.cool_off),
+                max_cool_off: HumanDuration(d.max_cool_off),
+            },
+            recovering: RecoveringStates {
+                start_cap: Fraction(d.recovering_start_cap),
+                ramp: HumanDuration(d.ramp),
+                failures: d.recovering_failures,
+            },
+            refusals_as_failure: d.refusals_as_failure,
+        }
+    }
+}
+
+impl StatesPolicy {
+    pub fn params(&self) -> StateParams {
+        StateParams {
+            parole_cap: self.parole.cap.0,
+            parole_successes: self.parole.successes.max(1),
+            parole_duration: self.parole.duration.get(),
+            parole_failures: self.parole.failures.max(1),
+            healthy_failures: self.healthy.failures.max(1),
+            probation_cap: self.probation.cap.0,
+            probation_window: self.probation.window.get(),
+            recover_rate: self.probation.recover_rate.0,
+            probation_min_samples: self.probation.min_samples.max(1),
+            probation_eject_failure_rate: self.probation.eject_failure_rate.0,
+            probation_failures: self.probation.failures.max(1),
+            cool_off: self.ejected.cool_off.get(),
+            max_cool_off: self
+                .ejected
+                .max_cool_off
+                .get()
+                .max(self.ejected.cool_off.get()),
+            recovering_start_cap: self.recovering.start_cap.0,
+            ramp: self.recovering.ramp.get(),
+            recovering_failures: self.recovering.failures.max(1),
+            refusals_as_failure: self.refusals_as_failure.max(1),
+        }
+    }
+}
+
+macro_rules! default_from_states {
+    ($($t:ident => $f:ident),*) => {$(
+        impl Default for $t {
+            fn default() -> Self {
+                StatesPolicy::default().$f
+            }
+        }
+    )*};
+}
+default_from_states!(ParoleStates => parole, HealthyStates => healthy, ProbationStates => probation,
+    EjectedStates => ejected, RecoveringStates => recovering);
+
+/// Zone distance, added to a candidate's cost.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Zones {
+    /// Same region, another zone.
+    pub cross_zone_cost: f64,
+    /// Another region.
+    pub cross_region_cost: f64,
+}
+
+impl Default for Zones {
+    fn default() -> Self {
+        Self {
+            cross_zone_cost: 0.1,
+            cross_region_cost: 0.3,
+        }
+    }
+}
+
+impl Zones {
+    pub fn distance(
+        &self,
+        (zone_a, region_a): (&str, &str),
+        (zone_b, region_b): (&str, &str),
+    ) -> f64 {
+        if !region_a.is_empty() && !region_b.is_empty() && region_a != region_b {
+            self.cross_region_cost
+        } else if !zone_a.is_empty() && !zone_b.is_empty() && zone_a != zone_b {
+            self.cross_zone_cost
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Business probes, run by each sidecar against its own agent.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbesPolicy {
+    /// Between probes of a capability that declares no interval of its own.
+    pub interval: HumanDuration,
+    /// The interval while the agent is loaded (saturation at or above `busy_threshold`).
+    pub busy_interval: HumanDuration,
+    pub busy_threshold: Fraction,
+    /// The interval while the agent is on probation, ejected or recovering, so a change is
+    /// noticed in seconds.
+    pub fast_interval: HumanDuration,
+    pub timeout: HumanDuration,
+}
+
+impl Default for ProbesPolicy {
+    fn default() -> Self {
+        Self {
+            interval: HumanDuration::from_secs(60),
+            busy_interval: HumanDuration::from_secs(120),
+            busy_threshold: Fraction(0.8),
+            fast_interval: HumanDuration::from_secs(2),
+            timeout: HumanDuration::from_secs(5),
+        }
+    }
+}
+
+/// How a caller learns its static peers' own views of themselves (until gossip carries them).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PeersPolicy {
+    pub poll_interval: HumanDuration,
+}
+
+impl Default for PeersPolicy {
+    fn default() -> Self {
+        Self {
+            poll_interval: HumanDuration::from_secs(1),
+        }
+    }
+}
+
+/// Retries on another candidate for calls that never reached an agent.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    pub max_retries: u32,
+    /// Request bodies up to this size are buffered so they can be replayed.
+    pub max_body_bytes: usize,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_retries: 2,
+            max_body_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// A number in 0..1.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, PartialOrd)]
+#[serde(transparent)]
+pub struct Fraction(pub f64);
+
+impl Fraction {
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Fraction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NumVisitor("a number between 0 and 1", |value: f64| {
+            if (0.0..=1.0).contains(&value) {
+                Ok(Self(value))
+            } else {
+                Err(format!("{value} must be between 0 and 1"))
+            }
+        }))
     }
 }

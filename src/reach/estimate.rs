@@ -1,0 +1,353 @@
+//! Estimates from signals, pure and clock-driven: availability EWMA, peak-sensitive latency EWMA,
+//! windowed latency percentiles, saturation with cooldown and busy expiry, and staleness decay.
+//!
+//! Why peak-sensitive latency (Finagle's PeakEWMA, as linkerd uses): a slow response moves the
+//! estimate up at once, recovery is gradual, so a struggling agent is avoided quickly but one slow
+//! answer is forgotten within a few time constants.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Availability assumed for an agent nothing is known about (or whose signals went stale).
+pub const UNKNOWN_AVAILABILITY: f64 = 0.5;
+
+/// Latency samples kept for the windowed percentiles.
+const WINDOW_SAMPLES: usize = 256;
+
+/// What one request or probe told us.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Signal {
+    /// Served successfully (2xx–4xx other than 429), with its latency.
+    Success(Duration),
+    /// Connection error, 5xx, or broken response, with the time it took to fail.
+    Failure(Duration),
+    /// Gave up waiting.
+    Timeout(Duration),
+    /// Refused without running the task: 429, or 503 with `retry-after`; cools down for `retry_after`.
+    Refused { retry_after: Duration },
+}
+
+impl Signal {
+    /// Whether the signal counts against availability. A refusal does not: the agent was healthy
+    /// enough to answer, it is just full (saturation and cooldown carry that).
+    pub fn is_failure(self) -> bool {
+        matches!(self, Signal::Failure(_) | Signal::Timeout(_))
+    }
+}
+
+/// Tunables, from the policy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EstimateParams {
+    pub availability_alpha: f64,
+    pub latency_time_constant: Duration,
+    pub stale_after: Duration,
+    /// How long a busy report holds without being renewed.
+    pub busy_ttl: Duration,
+    /// How far back the windowed percentiles look.
+    pub window: Duration,
+}
+
+impl Default for EstimateParams {
+    fn default() -> Self {
+        Self {
+            availability_alpha: 0.25,
+            latency_time_constant: Duration::from_secs(10),
+            stale_after: Duration::from_secs(300),
+            busy_ttl: Duration::from_secs(30),
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Load as last reported for the agent (by its own sidecar's admission, or by the agent).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Load {
+    pub in_flight: usize,
+    pub max_concurrency: usize,
+    pub queued: usize,
+    pub queue_capacity: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct Estimates {
+    availability: f64,
+    /// Peak-EWMA latency in seconds; `None` until the first sample.
+    latency: Option<f64>,
+    latency_at: Option<Instant>,
+    window: VecDeque<(Instant, f64)>,
+    last_signal: Option<Instant>,
+    load: Load,
+    /// An explicit load figure in 0..1 (`reach-load` header), with when it was reported.
+    reported_load: Option<(f64, Instant)>,
+    busy_until: Option<Instant>,
+    cooldown_until: Option<Instant>,
+}
+
+/// The estimates at one instant, for scoring and display.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct EstimateSnapshot {
+    pub availability: f64,
+    pub latency_ms: Option<f64>,
+    pub p50_ms: Option<f64>,
+    pub p95_ms: Option<f64>,
+    pub saturation: f64,
+    pub busy: bool,
+    pub cooling_down: bool,
+    /// Seconds since the last signal of any kind.
+    pub age_s: Option<f64>,
+    pub stale: bool,
+}
+
+impl Estimates {
+    pub fn new(initial_availability: f64) -> Self {
+        Self {
+            availability: initial_availability,
+            latency: None,
+            latency_at: None,
+            window: VecDeque::new(),
+            last_signal: None,
+            load: Load::default(),
+            reported_load: None,
+            busy_until: None,
+            cooldown_until: None,
+        }
+    }
+
+    pub fn observe(&mut self, signal: Signal, now: Instant, p: &EstimateParams) {
+        self.last_signal = Some(now);
+        let outcome = match signal {
+            Signal::Success(_) => Some(1.0),
+            Signal::Failure(_) | Signal::Timeout(_) => Some(0.0),
+            Signal::Refused { .. } => None,
+        };
+        if let Some(x) = outcome {
+            // Start from the decayed value, so a stale estimate is not revived as if fresh.
+            let current = self.availability_at(now, p);
+            self.availability = current + p.availability_alpha * (x - current);
+        }
+        match signal {
+            Signal::Success(d) | Signal::Failure(d) | Signal::Timeout(d) => {
+                self.observe_latency(d, now, p)
+            }
+            Signal::Refused { retry_after } => {
+                let until = now + retry_after;
+                self.cooldown_until = Some(self.cooldown_until.map_or(until, |u| u.max(until)));
+            }
+        }
+    }
+
+    fn observe_latency(&mut self, d: Duration, now: Instant, p: &EstimateParams) {
+        let rtt = d.as_secs_f64();
+        self.latency = Some(match (self.latency, self.latency_at) {
+            (Some(cost), Some(at)) if rtt <= cost => {
+                let elapsed = now.saturating_duration_since(at).as_secs_f64();
+                let tau = p.latency_time_constant.as_secs_f64().max(1e-3);
+                let w = (-elapsed / tau).exp();
+                cost * w + rtt * (1.0 - w)
+            }
+            // A new peak is taken at once.
+            _ => rtt,
+        });
+        self.latency_at = Some(now);
+        if self.window.len() == WINDOW_SAMPLES {
+            self.window.pop_front();
+        }
+        self.window.push_back((now, rtt));
+    }
+
+    pub fn set_load(&mut self, load: Load, now: Instant) {
+        self.load = load;
+        self.last_signal = Some(now);
+    }
+
+    /// The agent (or a response header) reported itself busy or not.
+    pub fn report_busy(&mut self, busy: bool, now: Instant, p: &EstimateParams) {
+        self.busy_until = busy.then_some(now + p.busy_ttl);
+        self.last_signal = Some(now);
+    }
+
+    /// The agent reported its own load in 0..1 (`reach-load`).
+    pub fn report_load(&mut self, load: f64, now: Instant) {
+        self.reported_load = Some((load.clamp(0.0, 1.0), now));
+    }
+
+    /// Availability, decayed toward unknown once signals are older than `stale_after`.
+    pub fn availability_at(&self, now: Instant, p: &EstimateParams) -> f64 {
+        let Some(last) = self.last_signal else {
+            return self.availability;
+        };
+        let age = now.saturating_duration_since(last);
+        if age <= p.stale_after {
+            return self.availability;
+        }
+        let over = (age - p.stale_after).as_secs_f64() / p.stale_after.as_secs_f64().max(1e-3);
+        UNKNOWN_AVAILABILITY + (self.availability - UNKNOWN_AVAILABILITY) * (-over).exp()
+    }
+
+    pub fn is_cooling_down(&self, now: Instant) -> bool {
+        self.cooldown_until.is_some_and(|u| now < u)
+    }
+
+    pub fn is_busy(&self, now: Instant) -> bool {
+        self.busy_until.is_some_and(|u| now < u)
+    }
+
+    /// max(in_flight / max_concurrency, queue / capacity, busy, cooldown, reported load), in 0..1.
+    pub fn saturation(&self, now: Instant, p: &EstimateParams) -> f64 {
+        let ratio = |a: usize, b: usize| {
+            if b == 0 {
+                0.0
+            } else {
+                (a as f64 / b as f64).min(1.0)
+            }
+        };
+        let mut s = ratio(self.load.in_flight, self.load.max_concurrency)
+            .max(ratio(self.load.queued, self.load.queue_capacity));
+        if self.is_busy(now) || self.is_cooling_down(now) {
+            s = 1.0;
+        }
+        if let Some((load, at)) = self.reported_load {
+            if now.saturating_duration_since(at) <= p.busy_ttl {
+                s = s.max(load);
+            }
+        }
+        s
+    }
+
+    /// The latency estimate in seconds: the peak EWMA, decayed toward its last value with time.
+    pub fn latency(&self) -> Option<f64> {
+        self.latency
+    }
+
+    pub fn last_signal(&self) -> Option<Instant> {
+        self.last_signal
+    }
+
+    pub fn snapshot(&self, now: Instant, p: &EstimateParams) -> EstimateSnapshot {
+        let mut recent: Vec<f64> = self
+            .window
+            .iter()
+            .filter(|(at, _)| now.saturating_duration_since(*at) <= p.window)
+            .map(|(_, s)| s * 1000.0)
+            .collect();
+        recent.sort_by(f64::total_cmp);
+        let pct = |q: f64| (!recent.is_empty()).then(|| crate::inbound::percentile(&recent, q));
+        let age = self.last_signal.map(|l| now.saturating_duration_since(l));
+        EstimateSnapshot {
+            availability: self.availability_at(now, p),
+            latency_ms: self.latency.map(|l| l * 1000.0),
+            p50_ms: pct(0.5),
+            p95_ms: pct(0.95),
+            saturation: self.saturation(now, p),
+            busy: self.is_busy(now),
+            cooling_down: self.is_cooling_down(now),
+            age_s: age.map(|a| a.as_secs_f64()),
+            stale: age.is_some_and(|a| a > p.stale_after),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn availability_is_an_ewma_of_outcomes() {
+        let p = EstimateParams::default();
+        let mut e = Estimates::new(1.0);
+        e.observe(Signal::Failure(ms(10)), Instant::now(), &p);
+        assert!((e.availability_at(Instant::now(), &p) - 0.75).abs() < 1e-9);
+        e.observe(Signal::Success(ms(10)), Instant::now(), &p);
+        assert!((e.availability_at(Instant::now(), &p) - 0.8125).abs() < 1e-9);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_cools_down_and_saturates_without_touching_availability() {
+        let p = EstimateParams::default();
+        let mut e = Estimates::new(1.0);
+        e.observe(
+            Signal::Refused {
+                retry_after: Duration::from_secs(2),
+            },
+            Instant::now(),
+            &p,
+        );
+        let now = Instant::now();
+        assert_eq!(e.availability_at(now, &p), 1.0);
+        assert_eq!(e.saturation(now, &p), 1.0);
+        assert!(e.is_cooling_down(now));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(!e.is_cooling_down(Instant::now()));
+        assert_eq!(e.saturation(Instant::now(), &p), 0.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn peak_latency_jumps_up_and_decays_down() {
+        let p = EstimateParams::default();
+        let mut e = Estimates::new(1.0);
+        e.observe(Signal::Success(ms(100)), Instant::now(), &p);
+        e.observe(Signal::Success(ms(2000)), Instant::now(), &p);
+        assert_eq!(e.latency(), Some(2.0), "a peak is taken at once");
+        tokio::time::advance(Duration::from_secs(30)).await;
+        e.observe(Signal::Success(ms(100)), Instant::now(), &p);
+        let l = e.latency().unwrap_or(0.0);
+        assert!(
+            l < 0.2,
+            "three time constants later the peak is mostly forgotten: {l}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_estimate_decays_toward_unknown() {
+        let p = EstimateParams {
+            stale_after: Duration::from_secs(60),
+            ..EstimateParams::default()
+        };
+        let mut e = Estimates::new(1.0);
+        e.observe(Signal::Success(ms(10)), Instant::now(), &p);
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert_eq!(e.availability_at(Instant::now(), &p), 1.0);
+        tokio::time::advance(Duration::from_secs(600)).await;
+        let a = e.availability_at(Instant::now(), &p);
+        assert!((a - UNKNOWN_AVAILABILITY).abs() < 0.01, "{a}");
+        assert!(e.snapshot(Instant::now(), &p).stale);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_report_expires() {
+        let p = EstimateParams {
+            busy_ttl: Duration::from_secs(5),
+            ..EstimateParams::default()
+        };
+        let mut e = Estimates::new(1.0);
+        e.report_busy(true, Instant::now(), &p);
+        assert_eq!(e.saturation(Instant::now(), &p), 1.0);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(!e.is_busy(Instant::now()));
+        assert_eq!(e.saturation(Instant::now(), &p), 0.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn saturation_is_the_largest_load_ratio() {
+        let p = EstimateParams::default();
+        let mut e = Estimates::new(1.0);
+        e.set_load(
+            Load {
+                in_flight: 2,
+                max_concurrency: 4,
+                queued: 3,
+                queue_capacity: 4,
+            },
+            Instant::now(),
+        );
+        assert_eq!(e.saturation(Instant::now(), &p), 0.75);
+        e.report_load(0.9, Instant::now());
+        assert_eq!(e.saturation(Instant::now(), &p), 0.9);
+    }
+}

@@ -1,0 +1,14 @@
+//! The reachability model, pure: estimates from signals, the reach score, and the per-agent state
+//! machine. No I/O; every function takes the clock as an argument, so tests run on virtual time.
+
+mod estimate;
+mod score;
+mod state;
+mod view;
+
+pub use estimate::{
+    EstimateParams, EstimateSnapshot, Estimates, Load, Signal, UNKNOWN_AVAILABILITY,
+};
+pub use score::{capability_match, cost, score, Factors, Weights};
+pub use state::{Event, State, StateMachine, StateParams, Transition};
+pub use view::{ReachView, ViewSnapshot};

@@ -1,0 +1,117 @@
+//! One agent as seen from one place: its estimates and its state machine, fed together.
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::estimate::{EstimateParams, EstimateSnapshot, Estimates, Signal};
+use super::state::{Event, State, StateMachine, StateParams, Transition};
+
+/// Availability a newly seen agent starts with: it is on parole, neither trusted nor distrusted.
+const PAROLE_AVAILABILITY: f64 = 0.7;
+
+#[derive(Clone, Debug)]
+pub struct ReachView {
+    estimates: Estimates,
+    machine: StateMachine,
+}
+
+/// A view at one instant, for scoring, `/status` and the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ViewSnapshot {
+    pub state: State,
+    pub cap: f64,
+    /// Seconds in the current state.
+    pub state_age_s: f64,
+    #[serde(flatten)]
+    pub estimates: EstimateSnapshot,
+}
+
+impl ReachView {
+    pub fn new(now: Instant, probe_gated: bool) -> Self {
+        Self {
+            estimates: Estimates::new(PAROLE_AVAILABILITY),
+            machine: StateMachine::new(now, probe_gated),
+        }
+    }
+
+    /// A production request's outcome.
+    pub fn observe(
+        &mut self,
+        signal: Signal,
+        now: Instant,
+        ep: &EstimateParams,
+        sp: &StateParams,
+    ) -> Option<Transition> {
+        self.estimates.observe(signal, now, ep);
+        let event = match signal {
+            Signal::Success(_) => Event::Success,
+            Signal::Failure(_) | Signal::Timeout(_) => Event::Failure,
+            Signal::Refused { .. } => Event::Refusal,
+        };
+        self.machine.on(event, now, sp)
+    }
+
+    /// A business probe's outcome: the signal feeds the estimates, pass/fail the state machine.
+    pub fn probed(
+        &mut self,
+        signal: Signal,
+        passed: bool,
+        now: Instant,
+        ep: &EstimateParams,
+        sp: &StateParams,
+    ) -> Option<Transition> {
+        self.estimates.observe(signal, now, ep);
+        self.machine.on(
+            if passed {
+                Event::ProbePassed
+            } else {
+                Event::ProbeFailed
+            },
+            now,
+            sp,
+        )
+    }
+
+    pub fn event(&mut self, event: Event, now: Instant, sp: &StateParams) -> Option<Transition> {
+        self.machine.on(event, now, sp)
+    }
+
+    pub fn tick(&mut self, now: Instant, sp: &StateParams) -> Option<Transition> {
+        self.machine.tick(now, sp)
+    }
+
+    pub fn drain(&mut self, now: Instant) -> Option<Transition> {
+        self.machine.drain(now)
+    }
+
+    pub fn state(&self) -> State {
+        self.machine.state()
+    }
+
+    pub fn cap(&self, now: Instant, sp: &StateParams) -> f64 {
+        self.machine.cap(now, sp)
+    }
+
+    pub fn estimates(&self) -> &Estimates {
+        &self.estimates
+    }
+
+    pub fn estimates_mut(&mut self) -> &mut Estimates {
+        &mut self.estimates
+    }
+
+    pub fn set_probe_gated(&mut self, gated: bool) {
+        self.machine.set_probe_gated(gated);
+    }
+
+    pub fn snapshot(&self, now: Instant, ep: &EstimateParams, sp: &StateParams) -> ViewSnapshot {
+        ViewSnapshot {
+            state: self.machine.state(),
+            cap: self.machine.cap(now, sp),
+            state_age_s: now
+                .saturating_duration_since(self.machine.since())
+                .as_secs_f64(),
+            estimates: self.estimates.snapshot(now, ep),
+        }
+    }
+}
