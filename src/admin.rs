@@ -13,7 +13,10 @@ use crate::error::ReachError;
 use crate::http::server::text;
 use crate::http::ReachBody;
 use crate::inbound::{Inbound, Load, StatsSnapshot};
+use crate::local::{LocalAgent, ProbeRecord};
 use crate::metrics::Metrics;
+use crate::peers::{PeerStatus, PeerViews};
+use crate::reach::ViewSnapshot;
 use crate::registry::{Peer, Registry};
 
 #[derive(Debug)]
@@ -21,6 +24,8 @@ pub struct Admin {
     pub store: Arc<ConfigStore>,
     pub metrics: Arc<Metrics>,
     pub inbound: Arc<Inbound>,
+    pub local: Arc<LocalAgent>,
+    pub peers: Arc<PeerViews>,
     pub registry: Arc<Registry>,
     /// Listeners bound and not draining.
     pub ready: Arc<AtomicBool>,
@@ -30,9 +35,16 @@ pub struct Admin {
 #[derive(Debug, Serialize)]
 pub struct Status {
     pub agent: AgentProfile,
+    /// This agent's own view of itself: state, cap and every estimate.
+    #[serde(rename = "self")]
+    pub self_view: ViewSnapshot,
+    pub last_probe: Option<ProbeRecord>,
     pub load: Load,
     pub inbound: StatsSnapshot,
+    /// Every peer this sidecar knows, from the registry.
     pub peers: Vec<Arc<Peer>>,
+    /// This caller's view of each peer it has scored, with the peer's own view.
+    pub peer_views: Vec<PeerStatus>,
     pub policy: Policy,
     pub config_generation: u64,
     pub ready: bool,
@@ -82,6 +94,9 @@ impl Admin {
         let snapshot = self.store.snapshot();
         Status {
             agent: snapshot.bootstrap.agent.clone(),
+            self_view: self.local.refresh().0,
+            last_probe: self.local.last_probe(),
+            peer_views: self.peers.status(&snapshot),
             load: self.inbound.load(),
             inbound: self.inbound.stats(),
             peers: self.registry.peers(&snapshot),

@@ -12,9 +12,12 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::{Admin, Status};
 use crate::config::{spawn_watcher, ConfigStore};
 use crate::http::{client, server};
-use crate::inbound::Inbound;
+use crate::inbound::{Admission, Inbound};
+use crate::local::LocalAgent;
 use crate::metrics::Metrics;
 use crate::outbound::Outbound;
+use crate::peers::{self, PeerViews};
+use crate::probe;
 use crate::registry::Registry;
 
 /// The sidecar could not start.
@@ -42,6 +45,8 @@ pub struct Sidecar {
     pub addrs: BoundAddrs,
     store: Arc<ConfigStore>,
     admin: Arc<Admin>,
+    local: Arc<LocalAgent>,
+    probes: Option<std::thread::JoinHandle<()>>,
     ready: Arc<AtomicBool>,
     /// Stops the traffic listeners (outbound, inbound).
     stop_traffic: CancellationToken,
@@ -69,19 +74,36 @@ impl Sidecar {
         let metrics = Arc::new(Metrics::new(snapshot.bootstrap.agent.name.as_str()));
         let client = client::build(&snapshot.policy);
         let registry = Arc::new(Registry);
-        let inbound = Arc::new(Inbound::new(store.clone(), metrics.clone(), client.clone()));
+        let admission = Admission::new(snapshot.bootstrap.agent.max_concurrency.get());
+        let local = Arc::new(LocalAgent::new(
+            store.clone(),
+            metrics.clone(),
+            admission.clone(),
+        ));
+        let peers = Arc::new(PeerViews::new(store.clone(), metrics.clone()));
+        let inbound = Arc::new(Inbound::new(
+            store.clone(),
+            metrics.clone(),
+            client.clone(),
+            admission,
+            local.clone(),
+        ));
         let outbound = Arc::new(Outbound::new(
             store.clone(),
             metrics.clone(),
-            client,
+            client.clone(),
             registry.clone(),
+            peers.clone(),
+            local.clone(),
         ));
         let ready = Arc::new(AtomicBool::new(false));
         let admin = Arc::new(Admin {
             store: store.clone(),
             metrics: metrics.clone(),
             inbound: inbound.clone(),
-            registry,
+            local: local.clone(),
+            peers: peers.clone(),
+            registry: registry.clone(),
             ready: ready.clone(),
         });
 
@@ -120,8 +142,13 @@ impl Sidecar {
                 Duration::from_secs(1),
             )),
             spawn_watcher(store.clone(), metrics.clone(), stop_rest.clone()),
-            spawn_upkeep(metrics, stop_rest.clone()),
+            spawn_upkeep(metrics.clone(), local.clone(), stop_rest.clone()),
+            peers::spawn_poller(store.clone(), registry, peers, client, stop_rest.clone()),
         ];
+        // Probes run on their own low-priority thread; failing to start it is logged, not fatal.
+        let probes = probe::spawn(store.clone(), local.clone(), metrics, stop_rest.clone())
+            .map_err(|err| tracing::error!(%err, "cannot start the probe thread; business probes are off"))
+            .ok();
         ready.store(true, Ordering::Release);
         tracing::info!(
             agent = %snapshot.bootstrap.agent.name,
@@ -132,6 +159,8 @@ impl Sidecar {
             addrs,
             store,
             admin,
+            local,
+            probes,
             ready,
             stop_traffic,
             stop_rest,
@@ -153,6 +182,8 @@ impl Sidecar {
     /// by the drain timeout), then stop the admin listener and background tasks.
     pub async fn shutdown(self) {
         tracing::info!("draining");
+        // Peers reading our self-view stop sending new work at once.
+        self.local.drain();
         self.ready.store(false, Ordering::Release);
         self.stop_traffic.cancel();
         for task in self.traffic {
@@ -161,6 +192,9 @@ impl Sidecar {
         self.stop_rest.cancel();
         for task in self.rest {
             let _ = task.await;
+        }
+        if let Some(probes) = self.probes {
+            let _ = tokio::task::spawn_blocking(move || probes.join()).await;
         }
         tracing::info!("drained; stopped");
     }
@@ -180,14 +214,22 @@ fn local_addr(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {
     listener.local_addr().unwrap_or(fallback)
 }
 
-/// Folds histogram samples into buckets every few seconds so memory stays flat between scrapes.
-fn spawn_upkeep(metrics: Arc<Metrics>, stop: CancellationToken) -> JoinHandle<()> {
+/// Once a second: time-driven state transitions of the agent's own view happen even without
+/// traffic, and histogram samples fold into buckets so memory stays flat between scrapes.
+fn spawn_upkeep(
+    metrics: Arc<Metrics>,
+    local: Arc<LocalAgent>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tick.tick() => metrics.run_upkeep(),
+                _ = tick.tick() => {
+                    local.refresh();
+                    metrics.run_upkeep();
+                }
             }
         }
     })

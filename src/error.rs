@@ -19,7 +19,12 @@ pub enum ReachError {
     #[error("no agent known to this sidecar serves capability `{capability}`")]
     UnknownCapability { capability: String },
     #[error("no peer can take capability `{capability}` right now")]
-    NoAvailableInstance { capability: String },
+    NoAvailableInstance {
+        capability: String,
+        candidates: serde_json::Value,
+    },
+    #[error("agent `{agent}` is out of rotation (ejected) and takes no new work")]
+    Ejected { agent: String },
     #[error("agent `{agent}` is at its concurrency limit and its queue is full")]
     Saturated {
         agent: String,
@@ -47,6 +52,7 @@ impl ReachError {
             ReachError::UnknownCapability { .. } | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
             ReachError::NoAvailableInstance { .. }
             | ReachError::Saturated { .. }
+            | ReachError::Ejected { .. }
             | ReachError::Draining => StatusCode::SERVICE_UNAVAILABLE,
             ReachError::UpstreamConnect { .. } | ReachError::Upstream { .. } => {
                 StatusCode::BAD_GATEWAY
@@ -63,6 +69,7 @@ impl ReachError {
             ReachError::UnknownCapability { .. } => "unknown_capability",
             ReachError::NoAvailableInstance { .. } => "no_available_instance",
             ReachError::Saturated { .. } => "saturated",
+            ReachError::Ejected { .. } => "ejected",
             ReachError::Draining => "draining",
             ReachError::UpstreamConnect { .. } => "upstream_connect_failed",
             ReachError::Upstream { .. } => "upstream_failed",
@@ -84,15 +91,19 @@ impl ReachError {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             ReachError::Saturated { retry_after, .. } => Some(*retry_after),
-            ReachError::Draining | ReachError::NoAvailableInstance { .. } => {
-                Some(Duration::from_secs(1))
-            }
+            ReachError::Draining
+            | ReachError::Ejected { .. }
+            | ReachError::NoAvailableInstance { .. } => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
 
     pub fn into_response(self) -> Response<ReachBody> {
-        let body = serde_json::json!({ "error": self.code(), "message": self.to_string() });
+        let mut body = serde_json::json!({ "error": self.code(), "message": self.to_string() });
+        if let ReachError::NoAvailableInstance { candidates, .. } = &self {
+            // The snapshot says why each peer was passed over: the caller never has to guess.
+            body["candidates"] = candidates.clone();
+        }
         let mut response = Response::new(body::full(body.to_string()));
         *response.status_mut() = self.status();
         let h = response.headers_mut();

@@ -12,9 +12,12 @@ pub mod demo;
 pub mod error;
 pub mod http;
 pub mod inbound;
+pub mod local;
 pub mod metrics;
 pub mod mock_agent;
 pub mod outbound;
+pub mod peers;
+pub mod probe;
 pub mod reach;
 pub mod registry;
 

@@ -8,6 +8,8 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram, Recorder, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
+use crate::reach::{State, Transition, ViewSnapshot};
+
 pub const REQUESTS_TOTAL: &str = "reach_requests_total";
 pub const REQUEST_DURATION: &str = "reach_request_duration_seconds";
 pub const INBOUND_TTFB: &str = "reach_inbound_time_to_first_byte_seconds";
@@ -18,11 +20,99 @@ pub const CONFIG_RELOADS_TOTAL: &str = "reach_config_reloads_total";
 pub const CONNECTIONS_OPEN: &str = "reach_connections_open";
 pub const CONNECTIONS_TOTAL: &str = "reach_connections_total";
 pub const INFO: &str = "reach_info";
+pub const STATE_TRANSITIONS_TOTAL: &str = "reach_state_transitions_total";
+pub const SELF_STATE: &str = "reach_self_state";
+pub const SELF_SATURATION: &str = "reach_self_saturation";
+pub const SELF_AVAILABILITY: &str = "reach_self_availability";
+pub const PEER_SCORE: &str = "reach_peer_score";
+pub const PEER_STATE: &str = "reach_peer_state";
+pub const PEER_CAP: &str = "reach_peer_cap";
+pub const PROBES_TOTAL: &str = "reach_probes_total";
+pub const PROBE_DURATION: &str = "reach_probe_duration_seconds";
+pub const RETRIES_TOTAL: &str = "reach_retries_total";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0, 120.0, 300.0,
+];
+
+/// Help texts: promtool wants one for every metric.
+const COUNTERS: &[(&str, &str)] = &[
+    (
+        REQUESTS_TOTAL,
+        "Requests through the sidecar by direction, capability, peer and outcome.",
+    ),
+    (
+        NO_CANDIDATE_TOTAL,
+        "Outbound calls that found no peer able to serve the capability.",
+    ),
+    (
+        CONFIG_RELOADS_TOTAL,
+        "Config file reloads by file and result (ok or error).",
+    ),
+    (CONNECTIONS_TOTAL, "Connections accepted by listener."),
+    (
+        STATE_TRANSITIONS_TOTAL,
+        "State transitions by view (self or peer), agent, from and to.",
+    ),
+    (
+        PROBES_TOTAL,
+        "Business probes by capability and result (ok, failed, skipped_*).",
+    ),
+    (
+        RETRIES_TOTAL,
+        "Retries on another candidate by capability and failed attempt's reason.",
+    ),
+];
+
+const GAUGES: &[(&str, &str)] = &[
+    (
+        INBOUND_IN_FLIGHT,
+        "Requests the local agent is working on now.",
+    ),
+    (
+        INBOUND_QUEUE_DEPTH,
+        "Requests waiting for a concurrency slot of the local agent.",
+    ),
+    (CONNECTIONS_OPEN, "Open connections by listener."),
+    (
+        INFO,
+        "Always 1; labels name the agent and the sidecar version.",
+    ),
+    (
+        SELF_STATE,
+        "1 for the state this agent's own view is in, 0 for the others.",
+    ),
+    (
+        SELF_SATURATION,
+        "This agent's saturation in 0..1, from its own view.",
+    ),
+    (
+        SELF_AVAILABILITY,
+        "This agent's availability estimate in 0..1, from its own view.",
+    ),
+    (
+        PEER_SCORE,
+        "The reach score of each peer at its last routing decision.",
+    ),
+    (
+        PEER_STATE,
+        "1 for the state this caller's view of each peer is in, 0 for the others.",
+    ),
+    (PEER_CAP, "The effective traffic cap of each peer in 0..1."),
+];
+
+const HISTOGRAMS: &[(&str, &str)] = &[
+    (
+        REQUEST_DURATION,
+        "Request duration until the response body ended, by direction.",
+    ),
+    (
+        INBOUND_TTFB,
+        "Time from admission to the local agent's response headers.",
+    ),
+    (PROBE_DURATION, "Business probe duration by capability."),
 ];
 
 /// Which way a request crossed the sidecar.
@@ -74,52 +164,14 @@ impl Metrics {
 
     fn describe(&self) {
         let r = &self.recorder;
-        let d = |name: &'static str, help: &'static str| (name.into(), help.into());
-        for (name, help) in [
-            d(
-                REQUESTS_TOTAL,
-                "Requests through the sidecar by direction, capability, peer and outcome.",
-            ),
-            d(
-                NO_CANDIDATE_TOTAL,
-                "Outbound calls that found no peer able to serve the capability.",
-            ),
-            d(
-                CONFIG_RELOADS_TOTAL,
-                "Config file reloads by file and result (ok or error).",
-            ),
-            d(CONNECTIONS_TOTAL, "Connections accepted by listener."),
-        ] {
-            r.describe_counter(name, None, help);
+        for (name, help) in COUNTERS {
+            r.describe_counter((*name).into(), None, (*help).into());
         }
-        for (name, help) in [
-            d(
-                INBOUND_IN_FLIGHT,
-                "Requests the local agent is working on now.",
-            ),
-            d(
-                INBOUND_QUEUE_DEPTH,
-                "Requests waiting for a concurrency slot of the local agent.",
-            ),
-            d(CONNECTIONS_OPEN, "Open connections by listener."),
-            d(
-                INFO,
-                "Always 1; labels name the agent and the sidecar version.",
-            ),
-        ] {
-            r.describe_gauge(name, None, help);
+        for (name, help) in GAUGES {
+            r.describe_gauge((*name).into(), None, (*help).into());
         }
-        for (name, help) in [
-            d(
-                REQUEST_DURATION,
-                "Request duration until the response body ended, by direction and capability.",
-            ),
-            d(
-                INBOUND_TTFB,
-                "Time from admission to the local agent's response headers.",
-            ),
-        ] {
-            r.describe_histogram(name, Some(Unit::Seconds), help);
+        for (name, help) in HISTOGRAMS {
+            r.describe_histogram((*name).into(), Some(Unit::Seconds), (*help).into());
         }
     }
 
@@ -185,6 +237,58 @@ impl Metrics {
         self.with(|| {
             counter!(CONNECTIONS_TOTAL, "listener" => listener).increment(1);
             gauge!(CONNECTIONS_OPEN, "listener" => listener).increment(1.0);
+        });
+    }
+
+    pub fn transition(&self, view: &'static str, agent: &str, t: Transition) {
+        let agent = agent.to_owned();
+        self.with(|| {
+            counter!(STATE_TRANSITIONS_TOTAL, "view" => view, "agent" => agent, "from" => t.from.as_str(), "to" => t.to.as_str())
+                .increment(1)
+        });
+    }
+
+    pub fn self_view(&self, view: &ViewSnapshot) {
+        self.with(|| {
+            for state in State::ALL {
+                gauge!(SELF_STATE, "state" => state.as_str()).set(if state == view.state {
+                    1.0
+                } else {
+                    0.0
+                });
+            }
+            gauge!(SELF_SATURATION).set(view.estimates.saturation);
+            gauge!(SELF_AVAILABILITY).set(view.estimates.availability);
+        });
+    }
+
+    pub fn peer(&self, peer: &str, state: State, cap: f64, score: f64) {
+        let peer = peer.to_owned();
+        self.with(|| {
+            for s in State::ALL {
+                gauge!(PEER_STATE, "peer" => peer.clone(), "state" => s.as_str())
+                    .set(if s == state { 1.0 } else { 0.0 });
+            }
+            gauge!(PEER_CAP, "peer" => peer.clone()).set(cap);
+            gauge!(PEER_SCORE, "peer" => peer).set(score);
+        });
+    }
+
+    pub fn probe(&self, capability: &str, result: &'static str, duration: Option<Duration>) {
+        let capability = capability.to_owned();
+        self.with(|| {
+            counter!(PROBES_TOTAL, "capability" => capability.clone(), "result" => result)
+                .increment(1);
+            if let Some(d) = duration {
+                histogram!(PROBE_DURATION, "capability" => capability).record(d.as_secs_f64());
+            }
+        });
+    }
+
+    pub fn retry(&self, capability: &str, reason: &'static str) {
+        let capability = capability.to_owned();
+        self.with(|| {
+            counter!(RETRIES_TOTAL, "capability" => capability, "reason" => reason).increment(1)
         });
     }
 

@@ -77,14 +77,14 @@ async fn a_malformed_request_gets_400() {
 
 #[tokio::test]
 async fn connections_beyond_the_limit_wait_instead_of_failing() {
-    let pair = Pair::start_with(MockConfig::new("coder-1"), |mut b| {
-        b.limits.max_connections = 1;
-        b
-    })
-    .await;
+    // A lone sidecar: a caller's self-view poller would hold the only connection slot.
+    let agent = mock(MockConfig::new("coder-1")).await;
+    let mut bootstrap = agent_reach::Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap();
+    bootstrap.limits.max_connections = 1;
+    let callee = sidecar(bootstrap).await;
     // One idle connection holds the only slot…
-    let held = TcpStream::connect(pair.callee.addrs.inbound).await.unwrap();
-    let inbound = pair.callee.addrs.inbound;
+    let held = TcpStream::connect(callee.addrs.inbound).await.unwrap();
+    let inbound = callee.addrs.inbound;
     let waiting =
         tokio::spawn(async move { get(&client(), &format!("http://{inbound}/review")).await });
     // Give a wrong answer the chance to show: nothing may be served while the slot is held.
@@ -93,7 +93,7 @@ async fn connections_beyond_the_limit_wait_instead_of_failing() {
         !waiting.is_finished(),
         "a second connection was served past the limit"
     );
-    assert_eq!(pair.agent.stats().business, 0);
+    assert_eq!(agent.stats().business, 0);
     // …until it goes away.
     drop(held);
     let reply = tokio::time::timeout(Duration::from_secs(15), waiting)

@@ -123,8 +123,50 @@ pub struct Capability {
     /// How long one call may take before the sidecar gives up (time to response headers).
     #[serde(default)]
     pub timeout: Option<HumanDuration>,
+    /// Which weight set scores calls that do not say (`reach-mode`).
+    #[serde(default)]
+    pub mode: RouteMode,
+    /// A declared cost added to the score's cost term (e.g. a pricier model), ≥ 0.
+    #[serde(default)]
+    pub cost: Cost,
     #[serde(default)]
     pub probe: Option<ProbeSpec>,
+}
+
+/// `sync` (someone is waiting: latency first) or `async` (quality first).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteMode {
+    #[default]
+    Sync,
+    Async,
+}
+
+impl RouteMode {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.trim() {
+            "sync" => Some(RouteMode::Sync),
+            "async" => Some(RouteMode::Async),
+            _ => None,
+        }
+    }
+}
+
+/// A non-negative declared cost.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, PartialOrd)]
+#[serde(transparent)]
+pub struct Cost(pub f64);
+
+impl<'de> Deserialize<'de> for Cost {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NumVisitor("a cost of at least 0", |value: f64| {
+            if value >= 0.0 && value.is_finite() {
+                Ok(Self(value))
+            } else {
+                Err(format!("cost {value} must be a number of at least 0"))
+            }
+        }))
+    }
 }
 
 /// A small real request through the agent's whole dependency chain.
@@ -143,10 +185,20 @@ pub struct ProbeSpec {
     /// A substring the response body must contain.
     #[serde(default)]
     pub expect_body: Option<String>,
+    /// A value the JSON response must hold at a JSON pointer, e.g. `{pointer: /ok, value: true}`.
+    #[serde(default)]
+    pub expect_json: Option<ExpectJson>,
     #[serde(default)]
     pub interval: Option<HumanDuration>,
     #[serde(default)]
     pub timeout: Option<HumanDuration>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectJson {
+    pub pointer: String,
+    pub value: serde_json::Value,
 }
 
 fn default_probe_method() -> String {
@@ -378,6 +430,8 @@ impl Bootstrap {
                     name: Name::parse(c)?,
                     tags: BTreeMap::new(),
                     timeout: None,
+                    mode: RouteMode::Sync,
+                    cost: Cost(0.0),
                     probe: None,
                 })
             })

@@ -15,8 +15,8 @@ use arc_swap::ArcSwap;
 use crate::registry::Peer;
 
 pub use bootstrap::{
-    AgentProfile, Bootstrap, Capability, HeaderBytes, HostPort, Limits, Listen, Name,
-    PositiveCount, ProbeSpec, Proficiency, QueueConfig, StaticPeer,
+    AgentProfile, Bootstrap, Capability, Cost, ExpectJson, HeaderBytes, HostPort, Limits, Listen,
+    Name, PositiveCount, ProbeSpec, Proficiency, QueueConfig, RouteMode, StaticPeer,
 };
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use policy::{

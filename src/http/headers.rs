@@ -44,6 +44,18 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// `retry-after` in delay-seconds, clamped to 1 s..5 min (an HTTP-date is not honoured).
+pub fn retry_after(headers: &HeaderMap) -> Option<std::time::Duration> {
+    let secs = headers
+        .get(header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(std::time::Duration::from_secs(secs.clamp(1, 300)))
+}
+
 /// A header value from a string we produced; falls back to an empty value rather than panicking.
 pub fn value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static(""))

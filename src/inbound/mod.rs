@@ -20,7 +20,10 @@ use crate::http::client::UpstreamClient;
 use crate::http::forward::{forward, into_upstream};
 use crate::http::measured::{BodyEnd, MeasuredBody};
 use crate::http::{body, headers, ReachBody};
+use crate::local::LocalAgent;
 use crate::metrics::{Direction, Metrics};
+use crate::peers::SELF_PATH;
+use crate::reach::{Signal, State};
 
 /// Capability label for requests that named none, or one this agent does not declare.
 const OTHER: &str = "other";
@@ -32,17 +35,24 @@ pub struct Inbound {
     metrics: Arc<Metrics>,
     client: UpstreamClient,
     admission: Arc<Admission>,
+    local: Arc<LocalAgent>,
     stats: Arc<InboundStats>,
 }
 
 impl Inbound {
-    pub fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>, client: UpstreamClient) -> Self {
-        let limit = store.snapshot().bootstrap.agent.max_concurrency.get();
+    pub fn new(
+        store: Arc<ConfigStore>,
+        metrics: Arc<Metrics>,
+        client: UpstreamClient,
+        admission: Arc<Admission>,
+        local: Arc<LocalAgent>,
+    ) -> Self {
         Self {
             store,
             metrics,
             client,
-            admission: Admission::new(limit),
+            admission,
+            local,
             stats: Arc::new(InboundStats::default()),
         }
     }
@@ -61,6 +71,9 @@ impl Inbound {
         _remote: SocketAddr,
     ) -> Response<ReachBody> {
         let arrived = Instant::now();
+        if req.uri().path() == SELF_PATH && req.method() == http::Method::GET {
+            return self_view(&self.local);
+        }
         let snapshot = self.store.snapshot();
         let capability = match capability_of(&req, &snapshot) {
             Ok(c) => c,
@@ -68,6 +81,14 @@ impl Inbound {
         };
         let label = capability.unwrap_or(OTHER).to_owned();
         let agent = &snapshot.bootstrap.agent;
+        // An agent out of rotation by its own view takes no new work; the caller moves on.
+        if self.local.refresh().0.state == State::Ejected {
+            self.finish(&label, Outcome::Rejected, None, arrived.elapsed());
+            return ReachError::Ejected {
+                agent: agent.name.to_string(),
+            }
+            .into_response();
+        }
 
         let limits = AdmissionLimits {
             max_concurrency: agent.max_concurrency.get(),
@@ -77,7 +98,7 @@ impl Inbound {
         let slot = match self.admission.acquire(limits).await {
             Ok(slot) => slot,
             Err(_) => {
-                self.finish(&label, Outcome::Rejected, arrived.elapsed());
+                self.finish(&label, Outcome::Rejected, None, arrived.elapsed());
                 let retry_after = limits.max_wait.max(Duration::from_secs(1));
                 let err = ReachError::Saturated {
                     agent: agent.name.to_string(),
@@ -95,12 +116,13 @@ impl Inbound {
             match forward(&self.client, req, agent.address.as_str(), &target, timeout).await {
                 Ok(response) => response,
                 Err(err) => {
-                    let outcome = if matches!(err, ReachError::Timeout { .. }) {
-                        Outcome::Timeout
-                    } else {
-                        Outcome::Failure
+                    let (outcome, signal) = match err {
+                        ReachError::Timeout { .. } => {
+                            (Outcome::Timeout, Signal::Timeout(admitted.elapsed()))
+                        }
+                        _ => (Outcome::Failure, Signal::Failure(admitted.elapsed())),
                     };
-                    self.finish(&label, outcome, arrived.elapsed());
+                    self.finish(&label, outcome, Some(signal), arrived.elapsed());
                     tracing::debug!(%err, capability = %label, "inbound request failed");
                     let mut response = err.into_response();
                     response
@@ -109,9 +131,12 @@ impl Inbound {
                     return response;
                 }
             };
-        self.metrics.inbound_first_byte(&label, admitted.elapsed());
+        let ttfb = admitted.elapsed();
+        self.metrics.inbound_first_byte(&label, ttfb);
+        self.agent_reports(response.headers());
 
         let outcome = Outcome::of_status(response.status());
+        let signal = signal_of(&response, ttfb);
         let (mut parts, incoming) = response.into_parts();
         parts
             .headers
@@ -119,18 +144,43 @@ impl Inbound {
         // The slot is held until the body has been fully delivered: the agent is busy until then.
         let this = self.clone();
         let measured = MeasuredBody::new(incoming, move |end| {
-            let outcome = if end == BodyEnd::Error {
-                Outcome::Failure
-            } else {
-                outcome
+            let (outcome, signal) = match end {
+                BodyEnd::Error => (Outcome::Failure, Signal::Failure(arrived.elapsed())),
+                _ => (outcome, signal),
             };
-            this.finish(&label, outcome, arrived.elapsed());
+            this.finish(&label, outcome, Some(signal), arrived.elapsed());
             drop(slot);
         });
         Response::from_parts(parts, body::boxed(measured))
     }
 
-    fn finish(&self, capability: &str, outcome: Outcome, duration: Duration) {
+    /// `reach-busy` / `reach-load` on any response: the agent telling us how loaded it is.
+    fn agent_reports(&self, h: &http::HeaderMap) {
+        if let Some(busy) = h.get("reach-busy").and_then(|v| v.to_str().ok()) {
+            self.local
+                .report_busy(busy.trim().eq_ignore_ascii_case("true"), None);
+        }
+        if let Some(load) = h
+            .get("reach-load")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+        {
+            if load.is_finite() {
+                self.local.report_load(load);
+            }
+        }
+    }
+
+    fn finish(
+        &self,
+        capability: &str,
+        outcome: Outcome,
+        signal: Option<Signal>,
+        duration: Duration,
+    ) {
+        if let Some(signal) = signal {
+            self.local.observe(signal);
+        }
         self.stats.record(outcome, duration);
         self.metrics.request_finished(
             Direction::Inbound,
@@ -140,6 +190,29 @@ impl Inbound {
             duration,
         );
     }
+}
+
+/// What a response tells the reach model: 429 and 503-with-`retry-after` are refusals (load, and
+/// a cooldown), other 5xx failures, the rest successes at their time to first byte.
+fn signal_of<B>(response: &Response<B>, ttfb: Duration) -> Signal {
+    let status = response.status();
+    let retry_after = headers::retry_after(response.headers());
+    let refused = status == http::StatusCode::TOO_MANY_REQUESTS
+        || (status == http::StatusCode::SERVICE_UNAVAILABLE && retry_after.is_some());
+    if refused {
+        Signal::Refused {
+            retry_after: retry_after.unwrap_or(Duration::from_secs(1)),
+        }
+    } else if status.is_server_error() {
+        Signal::Failure(ttfb)
+    } else {
+        Signal::Success(ttfb)
+    }
+}
+
+fn self_view(local: &LocalAgent) -> Response<ReachBody> {
+    let body = serde_json::to_string(&local.self_view()).unwrap_or_else(|_| "{}".to_owned());
+    crate::http::server::text(http::StatusCode::OK, "application/json", body)
 }
 
 /// The capability a request was routed as. A name this agent does not serve is refused, so a

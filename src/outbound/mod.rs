@@ -1,26 +1,33 @@
-//! The outbound listener: the local agent calls a capability; the sidecar picks a peer serving it
-//! and forwards the call there.
+//! The outbound listener: the local agent calls a capability; the sidecar scores the peers that
+//! serve it, picks one, forwards the call, and moves to another peer when the first refused it.
 
+mod balance;
+mod local_api;
 mod target;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use http::{Request, Response};
+use http::request::Parts;
+use http::{header, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
+pub use balance::pick;
 pub use target::capability_of;
 
-use crate::config::ConfigStore;
+use crate::config::{ConfigStore, RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::client::UpstreamClient;
-use crate::http::forward::{forward, into_upstream};
+use crate::http::forward::forward;
 use crate::http::measured::{BodyEnd, MeasuredBody};
 use crate::http::{body, headers, ReachBody};
 use crate::inbound::Outcome;
+use crate::local::LocalAgent;
 use crate::metrics::{Direction, Metrics};
+use crate::peers::{PeerViews, RouteRequest, Scored};
+use crate::reach::Signal;
 use crate::registry::Registry;
 
 #[derive(Debug)]
@@ -29,7 +36,28 @@ pub struct Outbound {
     metrics: Arc<Metrics>,
     client: UpstreamClient,
     registry: Arc<Registry>,
-    next: AtomicUsize,
+    peers: Arc<PeerViews>,
+    local: Arc<LocalAgent>,
+}
+
+/// How one attempt ended, as far as retrying cares.
+enum Attempt {
+    Done(Response<Incoming>),
+    /// Refused without running the task (429, or a peer sidecar's 503): safe to try elsewhere.
+    Refused(Response<Incoming>, &'static str),
+    Failed(ReachError),
+}
+
+impl Attempt {
+    /// Why this attempt may move to another peer: it was refused, or never connected, so the
+    /// request never reached an agent. Timeouts and broken responses may have run the task.
+    fn retry_reason(&self) -> Option<&'static str> {
+        match self {
+            Attempt::Refused(_, why) => Some(why),
+            Attempt::Failed(ReachError::UpstreamConnect { .. }) => Some("connect_failed"),
+            _ => None,
+        }
+    }
 }
 
 impl Outbound {
@@ -38,13 +66,16 @@ impl Outbound {
         metrics: Arc<Metrics>,
         client: UpstreamClient,
         registry: Arc<Registry>,
+        peers: Arc<PeerViews>,
+        local: Arc<LocalAgent>,
     ) -> Self {
         Self {
             store,
             metrics,
             client,
             registry,
-            next: AtomicUsize::new(0),
+            peers,
+            local,
         }
     }
 
@@ -54,47 +85,198 @@ impl Outbound {
         _remote: SocketAddr,
     ) -> Response<ReachBody> {
         let started = Instant::now();
+        if local_api::is_local_api(&req) {
+            return local_api::handle(&self.local, req).await;
+        }
         let snapshot = self.store.snapshot();
         let capability = match capability_of(&req) {
             Ok(c) => c,
-            Err(err) => return self.refuse("-", err, started),
+            Err(err) => return self.refuse("-", "-", err, started),
         };
-        let candidates = self.registry.candidates(&snapshot, capability.as_str());
+        let route = RouteRequest {
+            capability: capability.to_string(),
+            tags: header_list(&req, "reach-tags"),
+            mode: req
+                .headers()
+                .get("reach-mode")
+                .and_then(|v| v.to_str().ok())
+                .and_then(RouteMode::parse),
+        };
+        let candidates = self.registry.candidates(&snapshot, &route.capability);
         if candidates.is_empty() {
-            self.metrics.no_candidate(capability.as_str());
+            self.metrics.no_candidate(&route.capability);
             let err = ReachError::UnknownCapability {
-                capability: capability.to_string(),
+                capability: route.capability.clone(),
             };
             // Not labelled by name: a caller's typos must not grow the metric series.
-            return self.refuse("unknown", err, started);
+            return self.refuse("unknown", "-", err, started);
         }
-        // Round robin until the reachability model scores candidates.
-        let peer = &candidates[self.next.fetch_add(1, Ordering::Relaxed) % candidates.len()];
 
-        let mut req = into_upstream(req);
-        let h = req.headers_mut();
-        h.insert(headers::CAPABILITY, headers::value(capability.as_str()));
+        let (parts, incoming) = req.into_parts();
+        let max_body = snapshot.policy.retry.max_body_bytes;
+        // A body that may need replaying on another peer is buffered, up to the policy's size;
+        // a larger one streams and gets a single attempt.
+        let (replay, mut stream) = match replayable_len(&parts, &incoming, max_body) {
+            Some(_) => match Limited::new(incoming, max_body).collect().await {
+                Ok(collected) => (Some(collected.to_bytes()), None),
+                Err(_) => {
+                    let err =
+                        ReachError::BadRequest("the request body could not be read".to_owned());
+                    return self.refuse(&route.capability, "-", err, started);
+                }
+            },
+            None => (None, Some(incoming)),
+        };
+
+        let scored = self.peers.score(&snapshot, &candidates, &route);
+        let max_attempts = if replay.is_some() {
+            snapshot.policy.retry.max_retries as usize + 1
+        } else {
+            1
+        };
+        let mut tried: Vec<usize> = Vec::new();
+        let mut last: Option<(Attempt, usize)> = None;
+        while tried.len() < max_attempts {
+            let Some(chosen) = pick(&scored, &tried, rand::random::<f64>) else {
+                break;
+            };
+            tried.push(chosen);
+            let body = match (&replay, stream.take()) {
+                (Some(bytes), _) => body::full(bytes.clone()),
+                (None, Some(incoming)) => body::boxed(incoming),
+                (None, None) => break,
+            };
+            let request =
+                self.upstream_request(&parts, body, &snapshot, &route.capability, tried.len());
+            let attempt = self.attempt(&snapshot, request, &scored[chosen]).await;
+            self.log_decision(&snapshot, &route, &scored, chosen, tried.len(), &attempt);
+            let retry = attempt
+                .retry_reason()
+                .filter(|_| tried.len() < max_attempts);
+            last = Some((attempt, chosen));
+            match retry {
+                Some(reason) => self.metrics.retry(&route.capability, reason),
+                None => break,
+            }
+        }
+
+        let attempts = tried.len();
+        match last {
+            None => {
+                self.metrics.no_candidate(&route.capability);
+                let candidates = serde_json::to_value(snapshot_of(&scored)).unwrap_or_default();
+                let err = ReachError::NoAvailableInstance {
+                    capability: route.capability.clone(),
+                    candidates,
+                };
+                self.refuse(&route.capability, "-", err, started)
+            }
+            Some((Attempt::Failed(err), chosen)) => {
+                let mut response =
+                    self.refuse(&route.capability, &scored[chosen].peer.name, err, started);
+                response
+                    .headers_mut()
+                    .insert("reach-attempts", attempts.into());
+                response
+            }
+            Some((Attempt::Done(response) | Attempt::Refused(response, _), chosen)) => self
+                .respond(
+                    response,
+                    &route.capability,
+                    &scored[chosen].peer.name,
+                    attempts,
+                    started,
+                ),
+        }
+    }
+
+    fn upstream_request(
+        &self,
+        parts: &Parts,
+        body: ReachBody,
+        snapshot: &Snapshot,
+        capability: &str,
+        attempt: usize,
+    ) -> Request<ReachBody> {
+        let mut request = Request::new(body);
+        *request.method_mut() = parts.method.clone();
+        *request.uri_mut() = parts.uri.clone();
+        *request.headers_mut() = parts.headers.clone();
+        let h = request.headers_mut();
+        h.insert(headers::CAPABILITY, headers::value(capability));
         h.insert(
             headers::CALLER,
             headers::value(snapshot.bootstrap.agent.name.as_str()),
         );
+        h.insert("reach-attempt", attempt.into());
+        request
+    }
+
+    /// Sends one attempt and tells the caller's view of the peer what happened.
+    async fn attempt(
+        &self,
+        snapshot: &Snapshot,
+        request: Request<ReachBody>,
+        candidate: &Scored,
+    ) -> Attempt {
+        let peer = &candidate.peer;
         let timeout = snapshot.policy.timeouts.request.get();
         let target = format!("peer {} ({})", peer.name, peer.address);
-        let response = match forward(&self.client, req, &peer.address, &target, timeout).await {
-            Ok(response) => response,
-            Err(err) => {
-                tracing::debug!(%err, capability = %capability, peer = %peer.name, "outbound call failed");
-                return self.refuse_for(capability.as_str(), &peer.name, err, started);
+        let sent = Instant::now();
+        match forward(&self.client, request, &peer.address, &target, timeout).await {
+            Ok(response) => {
+                let elapsed = sent.elapsed();
+                let status = response.status();
+                let reason = response
+                    .headers()
+                    .get(headers::REASON)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                let refused_by_sidecar = status == StatusCode::SERVICE_UNAVAILABLE
+                    && matches!(reason, "saturated" | "draining" | "ejected");
+                if status == StatusCode::TOO_MANY_REQUESTS || refused_by_sidecar {
+                    let retry_after =
+                        headers::retry_after(response.headers()).unwrap_or(Duration::from_secs(1));
+                    self.peers.observe(peer, Signal::Refused { retry_after });
+                    let why = if status == StatusCode::TOO_MANY_REQUESTS {
+                        "rate_limited"
+                    } else {
+                        "refused"
+                    };
+                    return Attempt::Refused(response, why);
+                }
+                let signal = if status.is_server_error() {
+                    Signal::Failure(elapsed)
+                } else {
+                    Signal::Success(elapsed)
+                };
+                self.peers.observe(peer, signal);
+                Attempt::Done(response)
             }
-        };
+            Err(err) => {
+                let signal = match err {
+                    ReachError::Timeout { .. } => Signal::Timeout(sent.elapsed()),
+                    _ => Signal::Failure(sent.elapsed()),
+                };
+                self.peers.observe(peer, signal);
+                Attempt::Failed(err)
+            }
+        }
+    }
 
+    fn respond(
+        &self,
+        response: Response<Incoming>,
+        capability: &str,
+        peer: &str,
+        attempts: usize,
+        started: Instant,
+    ) -> Response<ReachBody> {
         let outcome = Outcome::of_status(response.status());
-        let (parts, incoming) = response.into_parts();
-        let (metrics, capability, peer_name) = (
-            self.metrics.clone(),
-            capability.to_string(),
-            peer.name.clone(),
-        );
+        let (mut parts, incoming) = response.into_parts();
+        parts.headers.insert("reach-attempts", attempts.into());
+        let (metrics, capability, peer) =
+            (self.metrics.clone(), capability.to_owned(), peer.to_owned());
         let measured = MeasuredBody::new(incoming, move |end| {
             let outcome = if end == BodyEnd::Error {
                 Outcome::Failure
@@ -104,7 +286,7 @@ impl Outbound {
             metrics.request_finished(
                 Direction::Outbound,
                 &capability,
-                &peer_name,
+                &peer,
                 outcome.as_str(),
                 started.elapsed(),
             );
@@ -112,11 +294,7 @@ impl Outbound {
         Response::from_parts(parts, body::boxed(measured))
     }
 
-    fn refuse(&self, capability: &str, err: ReachError, started: Instant) -> Response<ReachBody> {
-        self.refuse_for(capability, "-", err, started)
-    }
-
-    fn refuse_for(
+    fn refuse(
         &self,
         capability: &str,
         peer: &str,
@@ -132,4 +310,81 @@ impl Outbound {
         );
         err.into_response()
     }
+
+    fn log_decision(
+        &self,
+        snapshot: &Snapshot,
+        route: &RouteRequest,
+        scored: &[Scored],
+        chosen: usize,
+        attempt: usize,
+        outcome: &Attempt,
+    ) {
+        if !snapshot.policy.decision_log {
+            return;
+        }
+        let outcome = match outcome {
+            Attempt::Done(r) => serde_json::json!({ "status": r.status().as_u16() }),
+            Attempt::Refused(r, why) => {
+                serde_json::json!({ "status": r.status().as_u16(), "refused": why })
+            }
+            Attempt::Failed(e) => serde_json::json!({ "error": e.code() }),
+        };
+        let line = serde_json::json!({
+            "capability": route.capability,
+            "tags": route.tags,
+            "mode": route.mode,
+            "attempt": attempt,
+            "chosen": scored[chosen].peer.name,
+            "candidates": snapshot_of(scored),
+            "outcome": outcome,
+        });
+        tracing::info!(target: "agent_reach::decision", decision = %line, "routed");
+    }
+}
+
+/// The candidate snapshot shown in `no_available_instance` and the decision log.
+fn snapshot_of(scored: &[Scored]) -> Vec<serde_json::Value> {
+    scored
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "peer": s.peer.name,
+                "state": s.state,
+                "self_state": s.self_state,
+                "cap": s.cap,
+                "score": s.factors.score,
+                "factors": s.factors,
+                "cooling_down": s.cooling_down,
+                "passed_over": s.excluded,
+            })
+        })
+        .collect()
+}
+
+/// The body length when it is small enough to buffer for replay; `None` means stream it once.
+fn replayable_len(parts: &Parts, body: &Incoming, max: usize) -> Option<usize> {
+    use http_body::Body as _;
+    if body.is_end_stream() {
+        return Some(0);
+    }
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse::<usize>()
+        .ok()?;
+    (declared <= max).then_some(declared)
+}
+
+fn header_list<B>(req: &Request<B>, name: &str) -> Vec<String> {
+    req.headers()
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect()
 }

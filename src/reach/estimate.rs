@@ -86,7 +86,7 @@ pub struct Estimates {
 }
 
 /// The estimates at one instant, for scoring and display.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EstimateSnapshot {
     pub availability: f64,
     pub latency_ms: Option<f64>,
@@ -160,6 +160,12 @@ impl Estimates {
     pub fn set_load(&mut self, load: Load, now: Instant) {
         self.load = load;
         self.last_signal = Some(now);
+    }
+
+    /// Updates the load without counting it as a fresh signal (the sidecar's own gauges are
+    /// always at hand; they say nothing about whether the agent still works).
+    pub fn set_load_quietly(&mut self, load: Load) {
+        self.load = load;
     }
 
     /// The agent (or a response header) reported itself busy or not.

@@ -16,7 +16,7 @@ pub struct ReachView {
 }
 
 /// A view at one instant, for scoring, `/status` and the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct ViewSnapshot {
     pub state: State,
     pub cap: f64,

@@ -1,0 +1,247 @@
+//! The local agent as its own sidecar sees it: inbound outcomes, business probes and the agent's
+//! busy reports feed one reach view — the view that catches a fake-online agent — which peers read
+//! at `GET /reach/v1/self` on the inbound port.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::config::{ConfigStore, RouteMode};
+use crate::inbound::Admission;
+use crate::metrics::Metrics;
+use crate::reach::{Load, ReachView, Signal, Transition, ViewSnapshot};
+
+/// What the last business probe found.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProbeRecord {
+    pub capability: String,
+    pub ok: bool,
+    /// Why it failed: `status 429`, `body mismatch`, `timeout`, `connect error: …`.
+    pub reason: Option<String>,
+    pub latency_ms: f64,
+    #[serde(skip)]
+    pub at: Option<Instant>,
+    /// Seconds since the probe ran, filled in when shown.
+    pub age_s: f64,
+}
+
+/// One capability as published to peers.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PublishedCapability {
+    pub name: String,
+    pub tags: BTreeMap<String, f64>,
+    pub timeout_ms: u64,
+    pub mode: RouteMode,
+    pub cost: f64,
+}
+
+/// The document at `GET /reach/v1/self`: this agent's profile and its own live view.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SelfView {
+    pub name: String,
+    pub zone: String,
+    pub region: String,
+    pub max_concurrency: usize,
+    pub capabilities: Vec<PublishedCapability>,
+    pub view: ViewSnapshot,
+    pub in_flight: usize,
+    pub queued: usize,
+    pub last_probe: Option<ProbeRecord>,
+}
+
+#[derive(Debug)]
+pub struct LocalAgent {
+    store: Arc<ConfigStore>,
+    metrics: Arc<Metrics>,
+    admission: Arc<Admission>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    view: ReachView,
+    last_probe: Option<ProbeRecord>,
+    /// When production traffic last succeeded: fresh evidence that makes a probe unnecessary.
+    last_success: Option<Instant>,
+    reported_in_flight: Option<(usize, Instant)>,
+}
+
+impl LocalAgent {
+    pub fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>, admission: Arc<Admission>) -> Self {
+        let probe_gated = has_probes(&store);
+        Self {
+            store,
+            metrics,
+            admission,
+            inner: Mutex::new(Inner {
+                view: ReachView::new(Instant::now(), probe_gated),
+                last_probe: None,
+                last_success: None,
+                reported_in_flight: None,
+            }),
+        }
+    }
+
+    /// A production request's outcome, as the inbound side measured it.
+    pub fn observe(&self, signal: Signal) {
+        let snapshot = self.store.snapshot();
+        let now = Instant::now();
+        let mut inner = self.lock();
+        if matches!(signal, Signal::Success(_)) {
+            inner.last_success = Some(now);
+        }
+        let t = inner.view.observe(
+            signal,
+            now,
+            &snapshot.policy.estimates.params(),
+            &snapshot.policy.states.params(),
+        );
+        drop(inner);
+        self.transitioned(t);
+    }
+
+    /// A business probe's result.
+    pub fn probed(&self, record: ProbeRecord, signal: Signal) {
+        let snapshot = self.store.snapshot();
+        let now = Instant::now();
+        let mut inner = self.lock();
+        inner.view.set_probe_gated(has_probes(&self.store));
+        let t = inner.view.probed(
+            signal,
+            record.ok,
+            now,
+            &snapshot.policy.estimates.params(),
+            &snapshot.policy.states.params(),
+        );
+        inner.last_probe = Some(record);
+        drop(inner);
+        self.transitioned(t);
+    }
+
+    /// `PUT /reach/v1/busy` or a `reach-busy` response header.
+    pub fn report_busy(&self, busy: bool, in_flight: Option<usize>) {
+        let snapshot = self.store.snapshot();
+        let now = Instant::now();
+        let mut inner = self.lock();
+        inner
+            .view
+            .estimates_mut()
+            .report_busy(busy, now, &snapshot.policy.estimates.params());
+        inner.reported_in_flight = in_flight.map(|n| (n, now));
+    }
+
+    /// A `reach-load` response header.
+    pub fn report_load(&self, load: f64) {
+        self.lock()
+            .view
+            .estimates_mut()
+            .report_load(load, Instant::now());
+    }
+
+    /// The sidecar is shutting down: tell peers to stop sending new work.
+    pub fn drain(&self) {
+        let t = self.lock().view.drain(Instant::now());
+        self.transitioned(t);
+    }
+
+    /// Applies time-driven transitions and refreshes the load; returns the view now.
+    pub fn refresh(&self) -> (ViewSnapshot, Option<Instant>) {
+        let snapshot = self.store.snapshot();
+        let (ep, sp) = (
+            snapshot.policy.estimates.params(),
+            snapshot.policy.states.params(),
+        );
+        let now = Instant::now();
+        let load = self.admission.load();
+        let mut inner = self.lock();
+        let reported = inner
+            .reported_in_flight
+            .filter(|(_, at)| now.saturating_duration_since(*at) <= ep.busy_ttl)
+            .map_or(0, |(n, _)| n);
+        let agent = &snapshot.bootstrap.agent;
+        inner.view.estimates_mut().set_load_quietly(Load {
+            in_flight: load.in_flight.max(reported),
+            max_concurrency: agent.max_concurrency.get(),
+            queued: load.queued,
+            queue_capacity: agent.queue.capacity,
+        });
+        let t = inner.view.tick(now, &sp);
+        let view = inner.view.snapshot(now, &ep, &sp);
+        let last_success = inner.last_success;
+        drop(inner);
+        self.transitioned(t);
+        self.metrics.self_view(&view);
+        (view, last_success)
+    }
+
+    pub fn load(&self) -> crate::inbound::Load {
+        self.admission.load()
+    }
+
+    pub fn last_probe(&self) -> Option<ProbeRecord> {
+        let mut record = self.lock().last_probe.clone()?;
+        record.age_s = record.at.map_or(0.0, |at| at.elapsed().as_secs_f64());
+        Some(record)
+    }
+
+    /// The document peers read.
+    pub fn self_view(&self) -> SelfView {
+        let (view, _) = self.refresh();
+        let snapshot = self.store.snapshot();
+        let agent = &snapshot.bootstrap.agent;
+        let load = self.admission.load();
+        SelfView {
+            name: agent.name.to_string(),
+            zone: agent.zone.clone(),
+            region: agent.region.clone(),
+            max_concurrency: agent.max_concurrency.get(),
+            capabilities: agent
+                .capabilities
+                .iter()
+                .map(|c| PublishedCapability {
+                    name: c.name.to_string(),
+                    tags: c.tags.iter().map(|(k, v)| (k.clone(), v.get())).collect(),
+                    timeout_ms: millis(
+                        c.timeout
+                            .map_or(snapshot.policy.timeouts.request.get(), |t| t.get()),
+                    ),
+                    mode: c.mode,
+                    cost: c.cost.0,
+                })
+                .collect(),
+            view,
+            in_flight: load.in_flight,
+            queued: load.queued,
+            last_probe: self.last_probe(),
+        }
+    }
+
+    fn transitioned(&self, t: Option<Transition>) {
+        if let Some(t) = t {
+            let agent = self.store.snapshot().bootstrap.agent.name.to_string();
+            tracing::info!(view = "self", agent = %agent, from = t.from.as_str(), to = t.to.as_str(), reason = t.reason, "state transition");
+            self.metrics.transition("self", &agent, t);
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn has_probes(store: &ConfigStore) -> bool {
+    store
+        .snapshot()
+        .bootstrap
+        .agent
+        .capabilities
+        .iter()
+        .any(|c| c.probe.is_some())
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

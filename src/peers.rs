@@ -1,0 +1,376 @@
+//! A caller's view of each peer: the same state machine and estimates as an agent keeps of itself,
+//! fed by what this caller sees (connect errors, timeouts, 429s the peer may never have counted),
+//! joined with the peer's own view of itself. A candidate's cap is the smaller of the two.
+//!
+//! Until gossip carries self-views, they are polled from each static peer's
+//! `GET /reach/v1/self` on its inbound port.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use http::Request;
+use http_body_util::BodyExt;
+use serde::Serialize;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ConfigStore, RouteMode, Snapshot};
+use crate::http::{body, client::UpstreamClient};
+use crate::local::SelfView;
+use crate::metrics::Metrics;
+use crate::reach::{self, Factors, ReachView, Signal, State, ViewSnapshot};
+use crate::registry::{Peer, Registry};
+
+/// Path of the self-view on every sidecar's inbound port.
+pub const SELF_PATH: &str = "/reach/v1/self";
+
+/// A self-view older than this many poll intervals is ignored.
+const SELF_VIEW_LIFETIME_POLLS: u32 = 5;
+
+#[derive(Debug)]
+pub struct PeerViews {
+    store: Arc<ConfigStore>,
+    metrics: Arc<Metrics>,
+    inner: Mutex<HashMap<String, Entry>>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    address: String,
+    view: ReachView,
+    remote: Option<(SelfView, Instant)>,
+    last_score: Option<f64>,
+}
+
+/// What one routing decision needs to know about the request.
+#[derive(Clone, Debug, Default)]
+pub struct RouteRequest {
+    pub capability: String,
+    pub tags: Vec<String>,
+    pub mode: Option<RouteMode>,
+}
+
+/// One candidate as scored for one request.
+#[derive(Clone, Debug, Serialize)]
+pub struct Scored {
+    pub peer: Arc<Peer>,
+    pub state: State,
+    /// The caller's view's state and the peer's own (when known).
+    pub self_state: Option<State>,
+    pub cap: f64,
+    pub factors: Factors,
+    /// Why the candidate was passed over, when it was.
+    pub excluded: Option<String>,
+    /// Cooling down after a 429: used only when nobody else can take the call.
+    pub cooling_down: bool,
+}
+
+/// A peer as `/status` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct PeerStatus {
+    pub name: String,
+    pub address: String,
+    pub view: ViewSnapshot,
+    pub last_score: Option<f64>,
+    pub self_view: Option<SelfView>,
+    pub self_view_age_s: Option<f64>,
+}
+
+impl PeerViews {
+    pub fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            store,
+            metrics,
+            inner: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Scores every candidate for a request; excluded ones carry the reason.
+    pub fn score(
+        &self,
+        snapshot: &Snapshot,
+        candidates: &[Arc<Peer>],
+        request: &RouteRequest,
+    ) -> Vec<Scored> {
+        let now = Instant::now();
+        let (ep, sp) = (
+            snapshot.policy.estimates.params(),
+            snapshot.policy.states.params(),
+        );
+        let lifetime = snapshot.policy.peers.poll_interval.get() * SELF_VIEW_LIFETIME_POLLS;
+        let me = &snapshot.bootstrap.agent;
+        let mut inner = self.lock();
+        let mut transitions = Vec::new();
+        let scored = candidates
+            .iter()
+            .map(|peer| {
+                let entry = entry(&mut inner, peer, now);
+                if let Some(t) = entry.view.tick(now, &sp) {
+                    transitions.push((peer.name.clone(), t));
+                }
+                let mine = entry.view.snapshot(now, &ep, &sp);
+                let remote = entry
+                    .remote
+                    .as_ref()
+                    .filter(|(_, at)| now.saturating_duration_since(*at) <= lifetime)
+                    .map(|(r, _)| r);
+                let published = remote
+                    .and_then(|r| r.capabilities.iter().find(|c| c.name == request.capability));
+                let self_state = remote.map(|r| r.view.state);
+                let cap = mine.cap.min(remote.map_or(1.0, |r| r.view.cap));
+                let availability = mine
+                    .estimates
+                    .availability
+                    .min(remote.map_or(1.0, |r| r.view.estimates.availability));
+                let saturation = mine
+                    .estimates
+                    .saturation
+                    .max(remote.map_or(0.0, |r| r.view.estimates.saturation));
+                let matched = match published {
+                    Some(c) => reach::capability_match(&c.tags, &request.tags),
+                    // Tags unknown until the peer's profile arrives: neither excluded nor preferred.
+                    None => Some(if request.tags.is_empty() { 1.0 } else { 0.5 }),
+                };
+                let timeout = published.map_or(snapshot.policy.timeouts.request.get(), |c| {
+                    Duration::from_millis(c.timeout_ms)
+                });
+                let zone = snapshot
+                    .policy
+                    .zones
+                    .distance((&me.zone, &me.region), (&peer.zone, &peer.region));
+                let cost = reach::cost(
+                    mine.estimates.latency_ms.map(|ms| ms / 1000.0),
+                    timeout,
+                    published.map_or(0.0, |c| c.cost),
+                    zone,
+                );
+                let mode = request
+                    .mode
+                    .or(published.map(|c| c.mode))
+                    .unwrap_or_default();
+                let weights = match mode {
+                    RouteMode::Sync => &snapshot.policy.weights.sync,
+                    RouteMode::Async => &snapshot.policy.weights.async_,
+                };
+                let factors = reach::score(
+                    availability,
+                    matched.unwrap_or(0.0),
+                    cost,
+                    saturation,
+                    weights,
+                );
+                let excluded = if matched.is_none() {
+                    let missing: Vec<&str> = request
+                        .tags
+                        .iter()
+                        .filter(|t| published.is_some_and(|c| !c.tags.contains_key(*t)))
+                        .map(String::as_str)
+                        .collect();
+                    Some(format!("lacks tag {}", missing.join(", ")))
+                } else if cap <= 0.0 {
+                    let state = if self_state.is_some_and(|s| s != State::Healthy && mine.cap > 0.0)
+                    {
+                        self_state
+                    } else {
+                        Some(mine.state)
+                    };
+                    Some(format!(
+                        "{} (no traffic allowed)",
+                        state.map_or("unknown", State::as_str)
+                    ))
+                } else {
+                    None
+                };
+                entry.last_score = Some(factors.score);
+                self.metrics
+                    .peer(&peer.name, mine.state, cap, factors.score);
+                Scored {
+                    peer: peer.clone(),
+                    state: mine.state,
+                    self_state,
+                    cap,
+                    factors,
+                    excluded,
+                    cooling_down: mine.estimates.cooling_down,
+                }
+            })
+            .collect();
+        drop(inner);
+        for (peer, t) in transitions {
+            self.transitioned(&peer, t);
+        }
+        scored
+    }
+
+    /// What this caller saw of one attempt on `peer`.
+    pub fn observe(&self, peer: &Peer, signal: Signal) {
+        let snapshot = self.store.snapshot();
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let t = entry(&mut inner, peer, now).view.observe(
+            signal,
+            now,
+            &snapshot.policy.estimates.params(),
+            &snapshot.policy.states.params(),
+        );
+        drop(inner);
+        if let Some(t) = t {
+            self.transitioned(&peer.name, t);
+        }
+    }
+
+    fn set_remote(&self, peer: &Peer, remote: SelfView) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let entry = entry(&mut inner, peer, now);
+        let draining = remote.view.state == State::Draining;
+        entry.remote = Some((remote, now));
+        let t = if draining {
+            entry.view.drain(now)
+        } else {
+            None
+        };
+        drop(inner);
+        if let Some(t) = t {
+            self.transitioned(&peer.name, t);
+        }
+    }
+
+    pub fn status(&self, snapshot: &Snapshot) -> Vec<PeerStatus> {
+        let now = Instant::now();
+        let (ep, sp) = (
+            snapshot.policy.estimates.params(),
+            snapshot.policy.states.params(),
+        );
+        let mut inner = self.lock();
+        let mut out: Vec<PeerStatus> = inner
+            .iter_mut()
+            .map(|(name, e)| {
+                e.view.tick(now, &sp);
+                PeerStatus {
+                    name: name.clone(),
+                    address: e.address.clone(),
+                    view: e.view.snapshot(now, &ep, &sp),
+                    last_score: e.last_score,
+                    self_view: e.remote.as_ref().map(|(r, _)| r.clone()),
+                    self_view_age_s: e
+                        .remote
+                        .as_ref()
+                        .map(|(_, at)| now.saturating_duration_since(*at).as_secs_f64()),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    fn transitioned(&self, peer: &str, t: reach::Transition) {
+        tracing::info!(
+            view = "peer",
+            peer,
+            from = t.from.as_str(),
+            to = t.to.as_str(),
+            reason = t.reason,
+            "state transition"
+        );
+        self.metrics.transition("peer", peer, t);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The entry for `peer`; a peer seen at a new address starts over (a restarted agent is a new
+/// agent: its old address must not keep its history).
+fn entry<'m>(map: &'m mut HashMap<String, Entry>, peer: &Peer, now: Instant) -> &'m mut Entry {
+    let fresh = || Entry {
+        address: peer.address.clone(),
+        view: ReachView::new(now, false),
+        remote: None,
+        last_score: None,
+    };
+    let e = map.entry(peer.name.clone()).or_insert_with(fresh);
+    if e.address != peer.address {
+        *e = fresh();
+    }
+    e
+}
+
+/// Polls every known peer's self-view; a peer whose sidecar cannot be reached counts a failure.
+pub fn spawn_poller(
+    store: Arc<ConfigStore>,
+    registry: Arc<Registry>,
+    views: Arc<PeerViews>,
+    client: UpstreamClient,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let snapshot = store.snapshot();
+            let interval = snapshot.policy.peers.poll_interval.get();
+            let peers = registry.peers(&snapshot);
+            let mut polls = tokio::task::JoinSet::new();
+            for peer in peers {
+                let (client, views) = (client.clone(), views.clone());
+                polls.spawn(async move {
+                    match fetch(
+                        &client,
+                        &peer.address,
+                        interval.max(Duration::from_millis(200)),
+                    )
+                    .await
+                    {
+                        Ok(remote) => views.set_remote(&peer, remote),
+                        Err(Fetch::Unreachable) => {
+                            views.observe(&peer, Signal::Failure(Duration::ZERO))
+                        }
+                        Err(Fetch::Unreadable) => {}
+                    }
+                });
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = async { while polls.join_next().await.is_some() {} } => {}
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
+    })
+}
+
+enum Fetch {
+    /// The peer's sidecar could not be reached: evidence against it.
+    Unreachable,
+    /// It answered but not with a self-view (an older sidecar, a plain service): no evidence.
+    Unreadable,
+}
+
+async fn fetch(
+    client: &UpstreamClient,
+    address: &str,
+    timeout: Duration,
+) -> Result<SelfView, Fetch> {
+    let request = Request::get(format!("http://{address}{SELF_PATH}"))
+        .header(http::header::HOST, address)
+        .body(body::empty())
+        .map_err(|_| Fetch::Unreadable)?;
+    let response = match tokio::time::timeout(timeout, client.request(request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) if e.is_connect() => return Err(Fetch::Unreachable),
+        Ok(Err(_)) | Err(_) => return Err(Fetch::Unreachable),
+    };
+    if !response.status().is_success() {
+        return Err(Fetch::Unreadable);
+    }
+    let bytes = tokio::time::timeout(timeout, response.into_body().collect())
+        .await
+        .map_err(|_| Fetch::Unreadable)?
+        .map_err(|_| Fetch::Unreadable)?
+        .to_bytes();
+    serde_json::from_slice(&bytes).map_err(|_| Fetch::Unreadable)
+}

@@ -1,0 +1,290 @@
+//! Business probes: a small real request per capability, straight to the local agent through its
+//! whole dependency chain, on a low-priority thread of its own.
+//!
+//! Why a thread of its own at a lower OS priority: probes must never compete with production
+//! traffic for the sidecar's CPU. Why business requests and not `/healthz`: a fake-online agent
+//! answers `/healthz` while its model backend answers 429 (seed 000).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Capability, ConfigStore, ProbeSpec, Snapshot};
+use crate::http::{body, client};
+use crate::local::{LocalAgent, ProbeRecord};
+use crate::metrics::Metrics;
+use crate::reach::{Signal, State};
+
+/// How often the scheduler wakes to see which probes are due.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Starts the probe thread; it stops when `stop` is cancelled.
+pub fn spawn(
+    store: Arc<ConfigStore>,
+    local: Arc<LocalAgent>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("agent-reach-probes".to_owned()).spawn(move || {
+        if let Err(err) = thread_priority::set_current_thread_priority(thread_priority::ThreadPriority::Min) {
+            tracing::debug!(?err, "cannot lower the probe thread's priority; probing at normal priority");
+        }
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt,
+            Err(err) => {
+                tracing::error!(%err, "cannot start the probe runtime; business probes are off");
+                return;
+            }
+        };
+        runtime.block_on(run(store, local, metrics, stop));
+    })
+}
+
+async fn run(
+    store: Arc<ConfigStore>,
+    local: Arc<LocalAgent>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    let client = client::build(&store.snapshot().policy);
+    // Capability → when its next probe is due. New capabilities are probed at once.
+    let mut due: HashMap<String, Instant> = HashMap::new();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(TICK) => {}
+        }
+        let snapshot = store.snapshot();
+        let now = Instant::now();
+        for capability in &snapshot.bootstrap.agent.capabilities {
+            let Some(spec) = &capability.probe else {
+                continue;
+            };
+            let name = capability.name.as_str();
+            if due.get(name).is_some_and(|at| now < *at) {
+                continue;
+            }
+            let (view, last_success) = local.refresh();
+            let interval = interval(&snapshot, spec, view.state, view.estimates.saturation);
+            due.insert(name.to_owned(), now + interval);
+            if let Some(skip) =
+                skip_reason(&snapshot, &local, view.state, last_success, interval, now)
+            {
+                metrics.probe(name, skip, None);
+                continue;
+            }
+            let (record, signal) = probe(&client, &snapshot, capability, spec).await;
+            metrics.probe(
+                name,
+                if record.ok { "ok" } else { "failed" },
+                Some(Duration::from_secs_f64(record.latency_ms / 1000.0)),
+            );
+            if !record.ok {
+                tracing::info!(
+                    capability = name,
+                    reason = record.reason.as_deref().unwrap_or(""),
+                    "business probe failed"
+                );
+                // Confirm or clear a failure quickly rather than a full interval later.
+                due.insert(
+                    name.to_owned(),
+                    Instant::now() + snapshot.policy.probes.fast_interval.get(),
+                );
+            }
+            local.probed(record, signal);
+        }
+    }
+}
+
+/// The probe interval now: tighter while the agent is in trouble, looser while it is loaded.
+fn interval(snapshot: &Snapshot, spec: &ProbeSpec, state: State, saturation: f64) -> Duration {
+    let p = &snapshot.policy.probes;
+    match state {
+        State::Probation | State::Ejected | State::Recovering | State::Parole => {
+            p.fast_interval.get()
+        }
+        _ if saturation >= p.busy_threshold.get() => p.busy_interval.get(),
+        _ => spec.interval.unwrap_or(p.interval).get(),
+    }
+}
+
+/// Why a due probe should not run now, if it should not.
+fn skip_reason(
+    snapshot: &Snapshot,
+    local: &LocalAgent,
+    state: State,
+    last_success: Option<Instant>,
+    interval: Duration,
+    now: Instant,
+) -> Option<&'static str> {
+    let limit = snapshot.bootstrap.agent.max_concurrency.get();
+    let load = local.load();
+    // Never take the last free slot: a probe must not turn away real work.
+    if load.in_flight + load.queued + 1 >= limit.max(2) && load.in_flight > 0 {
+        return Some("skipped_saturated");
+    }
+    let fresh = last_success.is_some_and(|at| now.saturating_duration_since(at) < interval);
+    if state == State::Healthy && fresh {
+        return Some("skipped_fresh");
+    }
+    None
+}
+
+/// Runs one probe and judges it.
+async fn probe(
+    client: &client::UpstreamClient,
+    snapshot: &Snapshot,
+    capability: &Capability,
+    spec: &ProbeSpec,
+) -> (ProbeRecord, Signal) {
+    let timeout = spec.timeout.unwrap_or(snapshot.policy.probes.timeout).get();
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(timeout, send(client, snapshot, spec)).await;
+    let elapsed = started.elapsed();
+    let (reason, signal) = match outcome {
+        Err(_) => (Some("timeout".to_owned()), Signal::Timeout(elapsed)),
+        Ok(Err(message)) => (Some(message), Signal::Failure(elapsed)),
+        Ok(Ok((status, text))) => judge(spec, status, &text, elapsed),
+    };
+    let record = ProbeRecord {
+        capability: capability.name.to_string(),
+        ok: reason.is_none(),
+        reason,
+        latency_ms: elapsed.as_secs_f64() * 1000.0,
+        at: Some(Instant::now()),
+        age_s: 0.0,
+    };
+    (record, signal)
+}
+
+async fn send(
+    client: &client::UpstreamClient,
+    snapshot: &Snapshot,
+    spec: &ProbeSpec,
+) -> Result<(StatusCode, String), String> {
+    let method = Method::from_bytes(spec.method.as_bytes())
+        .map_err(|_| format!("bad method `{}`", spec.method))?;
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(format!(
+            "http://{}{}",
+            snapshot.bootstrap.agent.address, spec.path
+        ))
+        .header(
+            http::header::HOST,
+            snapshot.bootstrap.agent.address.as_str(),
+        )
+        .header("reach-probe", "1");
+    for (k, v) in &spec.headers {
+        builder = builder.header(k.as_str(), v.as_str());
+    }
+    let request = builder
+        .body(body::full(spec.body.clone().unwrap_or_default()))
+        .map_err(|e| format!("bad probe request: {e}"))?;
+    let response = client.request(request).await.map_err(|e| {
+        let (connect, message) = client::describe(&e);
+        if connect {
+            format!("connect error: {message}")
+        } else {
+            format!("upstream error: {message}")
+        }
+    })?;
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("body error: {e}"))?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+fn judge(
+    spec: &ProbeSpec,
+    status: StatusCode,
+    text: &str,
+    elapsed: Duration,
+) -> (Option<String>, Signal) {
+    if status.as_u16() != spec.expect_status {
+        let signal = if status == StatusCode::TOO_MANY_REQUESTS {
+            Signal::Refused {
+                retry_after: Duration::from_secs(1),
+            }
+        } else {
+            Signal::Failure(elapsed)
+        };
+        return (Some(format!("status {}", status.as_u16())), signal);
+    }
+    if let Some(needle) = &spec.expect_body {
+        if !text.contains(needle.as_str()) {
+            return (Some("body mismatch".to_owned()), Signal::Failure(elapsed));
+        }
+    }
+    if let Some(expect) = &spec.expect_json {
+        let found = serde_json::from_str::<serde_json::Value>(text)
+            .ok()
+            .and_then(|v| v.pointer(&expect.pointer).cloned());
+        if found.as_ref() != Some(&expect.value) {
+            return (
+                Some(format!("json mismatch at {}", expect.pointer)),
+                Signal::Failure(elapsed),
+            );
+        }
+    }
+    (None, Signal::Success(elapsed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ProbeSpec {
+        ProbeSpec {
+            method: "POST".into(),
+            path: "/review".into(),
+            body: None,
+            headers: Default::default(),
+            expect_status: 200,
+            expect_body: Some(r#""ok":true"#.into()),
+            expect_json: None,
+            interval: None,
+            timeout: None,
+        }
+    }
+
+    #[test]
+    fn judges_status_body_and_json() {
+        let d = Duration::from_millis(5);
+        assert_eq!(judge(&spec(), StatusCode::OK, r#"{"ok":true}"#, d).0, None);
+        assert_eq!(
+            judge(&spec(), StatusCode::TOO_MANY_REQUESTS, "", d)
+                .0
+                .as_deref(),
+            Some("status 429")
+        );
+        assert_eq!(
+            judge(&spec(), StatusCode::OK, r#"{"ok":false}"#, d)
+                .0
+                .as_deref(),
+            Some("body mismatch")
+        );
+        let mut s = spec();
+        s.expect_body = None;
+        s.expect_json = Some(crate::config::ExpectJson {
+            pointer: "/answer".into(),
+            value: serde_json::json!(42),
+        });
+        assert_eq!(judge(&s, StatusCode::OK, r#"{"answer":42}"#, d).0, None);
+        assert_eq!(
+            judge(&s, StatusCode::OK, r#"{"answer":41}"#, d)
+                .0
+                .as_deref(),
+            Some("json mismatch at /answer")
+        );
+    }
+}
