@@ -3,6 +3,7 @@
 //! at `GET /reach/v1/self` on the inbound port.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -58,14 +59,18 @@ pub struct LocalAgent {
     metrics: Arc<Metrics>,
     admission: Arc<Admission>,
     inner: Mutex<Inner>,
+    /// Set when production traffic shows trouble: the prober confirms it now, not an interval later.
+    probe_now: AtomicBool,
 }
 
 #[derive(Debug)]
 struct Inner {
     view: ReachView,
     last_probe: Option<ProbeRecord>,
-    /// When production traffic last succeeded: fresh evidence that makes a probe unnecessary.
+    /// When production traffic last succeeded: fresh evidence that makes a probe unnecessary…
     last_success: Option<Instant>,
+    /// …unless it failed or was refused since.
+    last_trouble: Option<Instant>,
     reported_in_flight: Option<(usize, Instant)>,
 }
 
@@ -80,8 +85,10 @@ impl LocalAgent {
                 view: ReachView::new(Instant::now(), probe_gated),
                 last_probe: None,
                 last_success: None,
+                last_trouble: None,
                 reported_in_flight: None,
             }),
+            probe_now: AtomicBool::new(false),
         }
     }
 
@@ -92,6 +99,9 @@ impl LocalAgent {
         let mut inner = self.lock();
         if matches!(signal, Signal::Success(_)) {
             inner.last_success = Some(now);
+        } else {
+            inner.last_trouble = Some(now);
+            self.probe_now.store(true, Ordering::Release);
         }
         let t = inner.view.observe(
             signal,
@@ -147,7 +157,13 @@ impl LocalAgent {
         self.transitioned(t);
     }
 
-    /// Applies time-driven transitions and refreshes the load; returns the view now.
+    /// Whether traffic asked for a probe since the last call (and clears the request).
+    pub fn take_probe_request(&self) -> bool {
+        self.probe_now.swap(false, Ordering::AcqRel)
+    }
+
+    /// Applies time-driven transitions and refreshes the load; returns the view now and when
+    /// production traffic last gave fresh good evidence (a success with no trouble since).
     pub fn refresh(&self) -> (ViewSnapshot, Option<Instant>) {
         let snapshot = self.store.snapshot();
         let (ep, sp) = (
@@ -170,7 +186,9 @@ impl LocalAgent {
         });
         let t = inner.view.tick(now, &sp);
         let view = inner.view.snapshot(now, &ep, &sp);
-        let last_success = inner.last_success;
+        let last_success = inner
+            .last_success
+            .filter(|ok| inner.last_trouble.is_none_or(|bad| bad < *ok));
         drop(inner);
         self.transitioned(t);
         self.metrics.self_view(&view);
@@ -244,4 +262,47 @@ fn has_probes(store: &ConfigStore) -> bool {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reach::{EstimateParams, StateParams};
+
+    #[tokio::test(start_paused = true)]
+    async fn the_self_view_round_trips_through_json() {
+        let now = Instant::now();
+        let view = ReachView::new(now, false).snapshot(
+            now,
+            &EstimateParams::default(),
+            &StateParams::default(),
+        );
+        let doc = SelfView {
+            name: "coder-1".into(),
+            zone: "a".into(),
+            region: "r".into(),
+            max_concurrency: 4,
+            capabilities: vec![PublishedCapability {
+                name: "code-review".into(),
+                tags: [("python".to_owned(), 0.9)].into_iter().collect(),
+                timeout_ms: 30_000,
+                mode: RouteMode::Sync,
+                cost: 0.0,
+            }],
+            view,
+            in_flight: 1,
+            queued: 0,
+            last_probe: Some(ProbeRecord {
+                capability: "code-review".into(),
+                ok: false,
+                reason: Some("status 429".into()),
+                latency_ms: 3.0,
+                at: None,
+                age_s: 1.0,
+            }),
+        };
+        let text = serde_json::to_string(&doc).unwrap_or_default();
+        let back: Result<SelfView, _> = serde_json::from_str(&text);
+        assert!(back.is_ok(), "{back:?}\n{text}");
+    }
 }

@@ -45,7 +45,7 @@ enum Command {
     /// Run a local fleet of mock agents with their sidecars and show routing at work.
     Demo {
         /// How long to drive traffic.
-        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        #[arg(long, default_value = "15s", value_parser = parse_duration)]
         duration: HumanDuration,
         /// Calls in flight at once.
         #[arg(long, default_value_t = 8)]

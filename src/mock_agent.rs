@@ -145,7 +145,10 @@ impl MockConfig {
 /// Counts of what the mock agent has seen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MockStats {
+    /// Business calls, probes excluded.
     pub business: u64,
+    /// Business calls marked `reach-probe` by a sidecar's prober.
+    pub probes: u64,
     pub health: u64,
     pub in_flight: u64,
 }
@@ -156,6 +159,7 @@ struct State {
     mode: Mutex<Mode>,
     lock: tokio::sync::Mutex<()>,
     business: AtomicU64,
+    probes: AtomicU64,
     health: AtomicU64,
     in_flight: AtomicU64,
     /// Business calls served since the current crash-after mode was set.
@@ -181,6 +185,7 @@ impl MockAgent {
             config,
             lock: tokio::sync::Mutex::new(()),
             business: AtomicU64::new(0),
+            probes: AtomicU64::new(0),
             health: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             since_mode: AtomicU64::new(0),
@@ -236,6 +241,7 @@ impl State {
     fn stats(&self) -> MockStats {
         MockStats {
             business: self.business.load(Ordering::Relaxed),
+            probes: self.probes.load(Ordering::Relaxed),
             health: self.health.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
         }
@@ -313,7 +319,12 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ReachBody
 }
 
 async fn business(state: Arc<State>, req: Request<Incoming>) -> Response<ReachBody> {
-    state.business.fetch_add(1, Ordering::Relaxed);
+    let counter = if req.headers().contains_key("reach-probe") {
+        &state.probes
+    } else {
+        &state.business
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
     state.in_flight.fetch_add(1, Ordering::Relaxed);
     let response = business_inner(&state, req).await;
     state.in_flight.fetch_sub(1, Ordering::Relaxed);

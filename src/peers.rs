@@ -72,6 +72,10 @@ pub struct Scored {
 pub struct PeerStatus {
     pub name: String,
     pub address: String,
+    /// The state of whichever view allows less traffic: this caller's or the peer's own.
+    pub effective_state: State,
+    pub effective_cap: f64,
+    /// This caller's view.
     pub view: ViewSnapshot,
     pub last_score: Option<f64>,
     pub self_view: Option<SelfView>,
@@ -249,10 +253,18 @@ impl PeerViews {
             .iter_mut()
             .map(|(name, e)| {
                 e.view.tick(now, &sp);
+                let view = e.view.snapshot(now, &ep, &sp);
+                let remote = e.remote.as_ref().map(|(r, _)| r.view);
+                let (effective_state, effective_cap) = match remote {
+                    Some(r) if r.cap < view.cap => (r.state, r.cap),
+                    _ => (view.state, view.cap),
+                };
                 PeerStatus {
                     name: name.clone(),
                     address: e.address.clone(),
-                    view: e.view.snapshot(now, &ep, &sp),
+                    effective_state,
+                    effective_cap,
+                    view,
                     last_score: e.last_score,
                     self_view: e.remote.as_ref().map(|(r, _)| r.clone()),
                     self_view_age_s: e

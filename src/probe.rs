@@ -61,6 +61,10 @@ async fn run(
         }
         let snapshot = store.snapshot();
         let now = Instant::now();
+        if local.take_probe_request() {
+            // Production traffic just failed or was refused: confirm with a probe now.
+            due.clear();
+        }
         for capability in &snapshot.bootstrap.agent.capabilities {
             let Some(spec) = &capability.probe else {
                 continue;

@@ -1,0 +1,260 @@
+//! `agent-reach demo`: a local fleet of mock agents, each behind its own sidecar, and a caller
+//! driving capability calls through its sidecar's outbound port. Partway through, one agent goes
+//! fake-online the seeds' way (`/healthz` 200, business calls 429) and later heals; the summary
+//! shows it leave rotation and ramp back in while the caller's calls keep succeeding.
+
+mod drive;
+mod report;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+pub use report::render_table;
+
+use crate::config::{Bootstrap, ConfigPaths, ConfigStore, HumanDuration, Policy, ProbeSpec};
+use crate::mock_agent::{Latency, MockAgent, MockConfig, Mode};
+use crate::reach::State;
+use crate::Sidecar;
+
+const CAPABILITY: &str = "code-review";
+const AGENTS: [&str; 3] = ["coder-1", "coder-2", "coder-3"];
+/// The agent that goes fake-online.
+const BROKEN: usize = 1;
+
+#[derive(Clone, Debug)]
+pub struct DemoOptions {
+    pub duration: Duration,
+    /// Calls in flight at once from the caller.
+    pub concurrency: usize,
+}
+
+/// The fleet could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("cannot start a mock agent: {0}")]
+    Agent(#[from] std::io::Error),
+    #[error("cannot start a sidecar: {0}")]
+    Sidecar(#[from] crate::StartError),
+    #[error("bad demo config: {0}")]
+    Config(String),
+}
+
+/// What the demo prints, as a table or as JSON.
+#[derive(Clone, Debug, Serialize)]
+pub struct DemoSummary {
+    pub duration_s: f64,
+    pub capability: &'static str,
+    pub concurrency: usize,
+    /// Per agent, as its own sidecar measured it.
+    pub agents: Vec<AgentSummary>,
+    /// What the caller saw.
+    pub total: Totals,
+    pub fault: FaultSummary,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentSummary {
+    pub name: String,
+    /// Calls that reached this agent through its sidecar.
+    pub requests: u64,
+    pub successes: u64,
+    pub failures: u64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub in_flight: usize,
+    /// The caller's view of this agent at the end.
+    pub state: State,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Totals {
+    pub requests: u64,
+    pub successes: u64,
+    pub failures: u64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub requests_per_s: f64,
+}
+
+/// The fake-online episode.
+#[derive(Clone, Debug, Serialize)]
+pub struct FaultSummary {
+    pub agent: String,
+    pub mode: String,
+    pub fault_at_s: f64,
+    pub healed_at_s: f64,
+    /// From the fault to the end of the first 500 ms window in which the agent got less than 5%
+    /// of its former share of calls.
+    pub left_rotation_after_ms: Option<f64>,
+    /// Its share of calls before the fault, and from `left_rotation` to the heal.
+    pub share_before: f64,
+    pub share_while_out: f64,
+    /// Calls the caller saw fail between the fault and the heal.
+    pub failed_during_fault: u64,
+    pub calls_during_fault: u64,
+    /// The caller's view of the agent, state by state.
+    pub transitions: Vec<TimedState>,
+    /// Back to healthy after the heal, as the caller sees it.
+    pub recovered_after_heal_ms: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TimedState {
+    pub at_s: f64,
+    pub state: State,
+}
+
+/// A running local fleet: agents with their sidecars, and the caller's sidecar.
+#[derive(Debug)]
+pub struct Fleet {
+    pub agents: Vec<(MockAgent, Sidecar)>,
+    pub caller: Sidecar,
+}
+
+impl Fleet {
+    /// Starts the fleet with `policy` shared by every sidecar.
+    pub async fn start(policy: Policy) -> Result<Self, DemoError> {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let mut agents = Vec::new();
+        let mut caller = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+            .map_err(DemoError::Config)?;
+        for name in AGENTS {
+            let mut config = MockConfig::new(name);
+            config.latency = Latency {
+                min: Duration::from_millis(20),
+                max: Duration::from_millis(60),
+            };
+            let agent = MockAgent::start(any, config).await?;
+            let mut bootstrap =
+                Bootstrap::local(name, agent.addr, &[CAPABILITY]).map_err(DemoError::Config)?;
+            for capability in &mut bootstrap.agent.capabilities {
+                capability.probe = Some(probe_spec());
+            }
+            let sidecar = start_sidecar(bootstrap, policy.clone()).await?;
+            caller = caller
+                .with_peer(name, sidecar.addrs.inbound, &[CAPABILITY])
+                .map_err(DemoError::Config)?;
+            agents.push((agent, sidecar));
+        }
+        let caller = start_sidecar(caller, policy).await?;
+        Ok(Self { agents, caller })
+    }
+
+    pub async fn shutdown(self) {
+        self.caller.shutdown().await;
+        for (agent, sidecar) in self.agents {
+            sidecar.shutdown().await;
+            agent.stop().await;
+        }
+    }
+}
+
+/// A 1-token business call through the agent's whole chain, as seed 000 recommends.
+fn probe_spec() -> ProbeSpec {
+    ProbeSpec {
+        method: "POST".to_owned(),
+        path: "/review".to_owned(),
+        body: Some(r#"{"code":"x = 1","max_tokens":1}"#.to_owned()),
+        headers: Default::default(),
+        expect_status: 200,
+        expect_body: Some(r#""ok":true"#.to_owned()),
+        expect_json: None,
+        interval: None,
+        timeout: None,
+    }
+}
+
+/// The demo's policy: the shipped defaults with timings shortened so a whole
+/// fault → ejection → recovery cycle fits in a few seconds.
+pub fn demo_policy() -> Policy {
+    let mut p = Policy::default();
+    p.states.parole.successes = 5;
+    p.states.parole.duration = HumanDuration::from_secs(2);
+    p.states.probation.window = HumanDuration::from_secs(3);
+    p.states.ejected.cool_off = HumanDuration::from_secs(2);
+    p.states.recovering.ramp = HumanDuration::from_secs(3);
+    p.probes.interval = HumanDuration::from_secs(5);
+    p.probes.fast_interval = HumanDuration::from_millis(500);
+    p.peers.poll_interval = HumanDuration::from_millis(250);
+    p
+}
+
+async fn start_sidecar(bootstrap: Bootstrap, policy: Policy) -> Result<Sidecar, DemoError> {
+    let store = Arc::new(ConfigStore::new(bootstrap, policy, ConfigPaths::default()));
+    Ok(Sidecar::start(store).await?)
+}
+
+/// Runs the demo and returns its summary.
+pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
+    let fleet = Fleet::start(demo_policy()).await?;
+    let started = Instant::now();
+    let fault_at = options.duration.mul_f64(0.2);
+    let heal_at = options.duration.mul_f64(0.55);
+    let broken = &fleet.agents[BROKEN];
+
+    let calls = drive::Calls::default();
+    let traffic = drive::traffic(
+        fleet.caller.addrs.outbound,
+        CAPABILITY,
+        options.duration,
+        options.concurrency,
+        calls.clone(),
+    );
+    let watch = drive::watch(
+        &fleet.caller,
+        &broken.0,
+        AGENTS[BROKEN],
+        started,
+        options.duration,
+        &calls,
+    );
+    let faults = async {
+        tokio::time::sleep_until((started + fault_at).into()).await;
+        broken.0.set_mode(Mode::RateLimited);
+        tokio::time::sleep_until((started + heal_at).into()).await;
+        broken.0.set_mode(Mode::Normal);
+    };
+    let ((), samples, ()) = tokio::join!(traffic, watch, faults);
+    let elapsed = started.elapsed();
+
+    let caller_status = fleet.caller.status();
+    let agents = fleet
+        .agents
+        .iter()
+        .map(|(agent, sidecar)| {
+            let status = sidecar.status();
+            let state = caller_status
+                .peer_views
+                .iter()
+                .find(|p| p.name == agent.name())
+                .map_or(State::Parole, |p| p.effective_state);
+            AgentSummary {
+                name: agent.name().to_owned(),
+                requests: status.inbound.requests,
+                successes: status.inbound.successes,
+                failures: status.inbound.requests - status.inbound.successes,
+                p50_ms: round(status.inbound.p50_ms),
+                p95_ms: round(status.inbound.p95_ms),
+                in_flight: status.load.in_flight,
+                state,
+            }
+        })
+        .collect();
+    fleet.shutdown().await;
+    let fault = report::fault_summary(AGENTS[BROKEN], &samples, &calls.take(), fault_at, heal_at);
+    Ok(DemoSummary {
+        duration_s: round(elapsed.as_secs_f64()),
+        capability: CAPABILITY,
+        concurrency: options.concurrency,
+        agents,
+        total: report::totals(&calls.take(), elapsed),
+        fault,
+    })
+}
+
+fn round(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}

@@ -1,0 +1,183 @@
+//! Turning the demo's raw calls and samples into the summary and the table.
+
+use std::time::Duration;
+
+use super::drive::{Call, Sample};
+use super::{round, DemoSummary, FaultSummary, TimedState, Totals};
+use crate::inbound::percentile;
+use crate::reach::State;
+
+/// A share below this fraction of the agent's former share counts as out of rotation.
+const OUT_OF_ROTATION: f64 = 0.05;
+/// Samples per window when measuring shares (100 ms each).
+const WINDOW: usize = 5;
+
+pub(super) fn totals(calls: &[Call], elapsed: Duration) -> Totals {
+    let mut ms: Vec<f64> = calls.iter().map(|c| c.ms).collect();
+    ms.sort_by(f64::total_cmp);
+    let successes = calls.iter().filter(|c| c.ok).count() as u64;
+    Totals {
+        requests: calls.len() as u64,
+        successes,
+        failures: calls.len() as u64 - successes,
+        p50_ms: round(percentile(&ms, 0.50)),
+        p95_ms: round(percentile(&ms, 0.95)),
+        requests_per_s: round(calls.len() as f64 / elapsed.as_secs_f64().max(1e-9)),
+    }
+}
+
+fn share(from: &Sample, to: &Sample) -> Option<f64> {
+    let calls = to.calls.checked_sub(from.calls)?;
+    (calls > 0).then(|| to.reached.saturating_sub(from.reached) as f64 / calls as f64)
+}
+
+pub(super) fn fault_summary(
+    agent: &str,
+    samples: &[Sample],
+    calls: &[Call],
+    fault_at: Duration,
+    heal_at: Duration,
+) -> FaultSummary {
+    let first = samples.first();
+    let at_fault = samples.iter().position(|s| s.at >= fault_at);
+    let at_heal = samples.iter().position(|s| s.at >= heal_at);
+    let share_before = match (first, at_fault) {
+        (Some(first), Some(i)) => share(first, &samples[i]).unwrap_or(0.0),
+        _ => 0.0,
+    };
+    // The first window after the fault in which the agent got almost none of its former share.
+    let left = at_fault.and_then(|start| {
+        let end = at_heal.unwrap_or(samples.len());
+        (start..end.saturating_sub(WINDOW)).find(|&i| {
+            share(&samples[i], &samples[i + WINDOW])
+                .is_some_and(|s| s < OUT_OF_ROTATION * share_before)
+        })
+    });
+    let share_while_out = match (left, at_heal) {
+        (Some(i), Some(h)) if h > i => share(&samples[i], &samples[h]).unwrap_or(0.0),
+        _ => 0.0,
+    };
+    let during: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.at >= fault_at && c.at < heal_at)
+        .collect();
+    let mut transitions: Vec<TimedState> = Vec::new();
+    for s in samples {
+        if let Some(state) = s.state {
+            if transitions.last().is_none_or(|t| t.state != state) {
+                transitions.push(TimedState {
+                    at_s: round(s.at.as_secs_f64()),
+                    state,
+                });
+            }
+        }
+    }
+    let recovered = samples
+        .iter()
+        .find(|s| s.at >= heal_at && s.state == Some(State::Healthy))
+        .map(|s| ms(s.at - heal_at));
+    FaultSummary {
+        agent: agent.to_owned(),
+        mode: "rate-limited (/healthz 200, business calls 429)".to_owned(),
+        fault_at_s: round(fault_at.as_secs_f64()),
+        healed_at_s: round(heal_at.as_secs_f64()),
+        left_rotation_after_ms: left.map(|i| ms(samples[i + WINDOW].at.saturating_sub(fault_at))),
+        share_before: round3(share_before),
+        share_while_out: round3(share_while_out),
+        failed_during_fault: during.iter().filter(|c| !c.ok).count() as u64,
+        calls_during_fault: during.len() as u64,
+        transitions,
+        recovered_after_heal_ms: recovered,
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0).round()
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// The human-readable report.
+pub fn render_table(s: &DemoSummary) -> String {
+    let mut out = format!(
+        "agent-reach demo: {} agents behind sidecars, {:.1}s of `{}` calls from a caller ({} at once)\n\n",
+        s.agents.len(),
+        s.duration_s,
+        s.capability,
+        s.concurrency
+    );
+    out.push_str(&format!(
+        "{:<10} {:>9} {:>9} {:>8} {:>8} {:>10}  {}\n",
+        "agent", "requests", "success", "p50 ms", "p95 ms", "in-flight", "state (caller's view)"
+    ));
+    for a in &s.agents {
+        out.push_str(&format!(
+            "{:<10} {:>9} {:>8.1}% {:>8.1} {:>8.1} {:>10}  {}\n",
+            a.name,
+            a.requests,
+            pct(a.successes, a.requests),
+            a.p50_ms,
+            a.p95_ms,
+            a.in_flight,
+            a.state.as_str()
+        ));
+    }
+    let f = &s.fault;
+    out.push_str(&format!(
+        "\nfault: {} went {} at {:.1}s, healed at {:.1}s\n",
+        f.agent, f.mode, f.fault_at_s, f.healed_at_s
+    ));
+    let path: Vec<String> = f
+        .transitions
+        .iter()
+        .map(|t| format!("{} @{:.1}s", t.state.as_str(), t.at_s))
+        .collect();
+    out.push_str(&format!(
+        "  caller's view of {}: {}\n",
+        f.agent,
+        path.join(" → ")
+    ));
+    match f.left_rotation_after_ms {
+        Some(ms) => out.push_str(&format!(
+            "  out of rotation within {:.0} ms of the fault (share of calls {:.1}% before, {:.2}% while out)\n",
+            ms,
+            100.0 * f.share_before,
+            100.0 * f.share_while_out
+        )),
+        None => out.push_str("  did not leave rotation before the heal\n"),
+    }
+    out.push_str(&format!(
+        "  calls failed during the fault: {} of {} ({:.2}%)\n",
+        f.failed_during_fault,
+        f.calls_during_fault,
+        pct(f.failed_during_fault, f.calls_during_fault)
+    ));
+    if let Some(ms) = f.recovered_after_heal_ms {
+        out.push_str(&format!(
+            "  back to healthy {:.1} s after the heal (ramped in gradually)\n",
+            ms / 1000.0
+        ));
+    }
+    let t = &s.total;
+    out.push_str(&format!(
+        "\ncaller saw {} calls: {} ok ({:.2}%), {} failed; p50 {:.1} ms, p95 {:.1} ms; {:.0} calls/s\n",
+        t.requests,
+        t.successes,
+        pct(t.successes, t.requests),
+        t.failures,
+        t.p50_ms,
+        t.p95_ms,
+        t.requests_per_s
+    ));
+    out
+}
+
+fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}
