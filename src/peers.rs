@@ -42,6 +42,10 @@ struct Entry {
     view: ReachView,
     remote: Option<(SelfView, Instant)>,
     last_score: Option<f64>,
+    /// This caller's attempts on the peer now in flight (to response headers).
+    pending: usize,
+    /// …and when the peer's self-view was read: its in-flight count included those.
+    pending_at_poll: usize,
 }
 
 /// What one routing decision needs to know about the request.
@@ -124,14 +128,20 @@ impl PeerViews {
                     .and_then(|r| r.capabilities.iter().find(|c| c.name == request.capability));
                 let self_state = remote.map(|r| r.view.state);
                 let cap = mine.cap.min(remote.map_or(1.0, |r| r.view.cap));
-                let availability = mine
-                    .estimates
-                    .availability
-                    .min(remote.map_or(1.0, |r| r.view.estimates.availability));
-                let saturation = mine
-                    .estimates
-                    .saturation
-                    .max(remote.map_or(0.0, |r| r.view.estimates.saturation));
+                // Until this caller has seen the peer itself, the peer's own view speaks for it:
+                // a prior of our own would starve peers we have not called yet.
+                let seen_by_us = mine.estimates.age_s.is_some();
+                let availability = match remote {
+                    Some(r) if !seen_by_us => r.view.estimates.availability,
+                    Some(r) => mine
+                        .estimates
+                        .availability
+                        .min(r.view.estimates.availability),
+                    None => mine.estimates.availability,
+                };
+                let saturation = mine.estimates.saturation.max(remote.map_or(0.0, |r| {
+                    remote_saturation(r, entry.pending_at_poll, entry.pending)
+                }));
                 let matched = match published {
                     Some(c) => reach::capability_match(&c.tags, &request.tags),
                     // Tags unknown until the peer's profile arrives: neither excluded nor preferred.
@@ -208,7 +218,23 @@ impl PeerViews {
         scored
     }
 
-    /// What this caller saw of one attempt on `peer`.
+    /// An attempt on `peer` starts.
+    pub fn begin(&self, peer: &Peer) {
+        let now = Instant::now();
+        entry(&mut self.lock(), peer, now).pending += 1;
+    }
+
+    /// An attempt on `peer` ended (response headers, or an error) with what this caller saw.
+    pub fn finish(&self, peer: &Peer, signal: Signal) {
+        {
+            let mut inner = self.lock();
+            let e = entry(&mut inner, peer, Instant::now());
+            e.pending = e.pending.saturating_sub(1);
+        }
+        self.observe(peer, signal);
+    }
+
+    /// Evidence about `peer` from outside an attempt (its sidecar did not answer a poll).
     pub fn observe(&self, peer: &Peer, signal: Signal) {
         let snapshot = self.store.snapshot();
         let now = Instant::now();
@@ -229,13 +255,19 @@ impl PeerViews {
         let now = Instant::now();
         let mut inner = self.lock();
         let entry = entry(&mut inner, peer, now);
-        let draining = remote.view.state == State::Draining;
-        entry.remote = Some((remote, now));
-        let t = if draining {
-            entry.view.drain(now)
-        } else {
-            None
+        entry
+            .view
+            .estimates_mut()
+            .seed_availability(remote.view.estimates.availability);
+        entry.pending_at_poll = entry.pending;
+        let t = match remote.view.state {
+            State::Draining => entry.view.drain(now),
+            // Parole is for agents new to the fleet, which their own view shows; one that proved
+            // itself there is not made to prove itself again to every caller.
+            State::Healthy => entry.view.vouch(now),
+            _ => None,
         };
+        entry.remote = Some((remote, now));
         drop(inner);
         if let Some(t) = t {
             self.transitioned(&peer.name, t);
@@ -295,6 +327,19 @@ impl PeerViews {
     }
 }
 
+/// A peer's saturation from its self-view, with its in-flight count brought up to date: the count
+/// read at the last poll included this caller's calls then; those are replaced by ours now, so a
+/// poll that happened to catch one of our calls does not hold the peer back for a whole interval.
+fn remote_saturation(remote: &SelfView, pending_at_poll: usize, pending_now: usize) -> f64 {
+    let e = &remote.view.estimates;
+    if e.busy || e.cooling_down {
+        return 1.0;
+    }
+    let others = remote.in_flight.saturating_sub(pending_at_poll);
+    let load = (others + pending_now + remote.queued) as f64 / remote.max_concurrency.max(1) as f64;
+    load.min(1.0)
+}
+
 /// The entry for `peer`; a peer seen at a new address starts over (a restarted agent is a new
 /// agent: its old address must not keep its history).
 fn entry<'m>(map: &'m mut HashMap<String, Entry>, peer: &Peer, now: Instant) -> &'m mut Entry {
@@ -303,6 +348,8 @@ fn entry<'m>(map: &'m mut HashMap<String, Entry>, peer: &Peer, now: Instant) -> 
         view: ReachView::new(now, false),
         remote: None,
         last_score: None,
+        pending: 0,
+        pending_at_poll: 0,
     };
     let e = map.entry(peer.name.clone()).or_insert_with(fresh);
     if e.address != peer.address {

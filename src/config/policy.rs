@@ -69,6 +69,8 @@ impl Default for Pool {
 pub struct EstimatesPolicy {
     /// Weight of the newest outcome in the availability EWMA.
     pub availability_alpha: Fraction,
+    /// Without new outcomes, availability climbs back toward 1 with this time constant.
+    pub availability_recovery: HumanDuration,
     /// Time constant of the peak-sensitive latency EWMA.
     pub latency_time_constant: HumanDuration,
     /// With no signal for this long, estimates decay toward unknown.
@@ -84,6 +86,7 @@ impl Default for EstimatesPolicy {
         let d = EstimateParams::default();
         Self {
             availability_alpha: Fraction(d.availability_alpha),
+            availability_recovery: HumanDuration(d.availability_recovery),
             latency_time_constant: HumanDuration(d.latency_time_constant),
             stale_after: HumanDuration(d.stale_after),
             busy_ttl: HumanDuration(d.busy_ttl),
@@ -96,6 +99,7 @@ impl EstimatesPolicy {
     pub fn params(&self) -> EstimateParams {
         EstimateParams {
             availability_alpha: self.availability_alpha.0,
+            availability_recovery: self.availability_recovery.get(),
             latency_time_constant: self.latency_time_constant.get(),
             stale_after: self.stale_after.get(),
             busy_ttl: self.busy_ttl.get(),

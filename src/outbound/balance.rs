@@ -8,6 +8,10 @@
 
 use crate::peers::Scored;
 
+/// Scores closer than this are a tie, settled by the draw: small differences are estimation noise
+/// (priors, a poll's timing), and acting on them would herd traffic onto one peer.
+const TIE: f64 = 0.05;
+
 /// The index of the chosen candidate, skipping excluded ones and those already tried. A peer
 /// cooling down after a 429 is chosen only when nobody else can be.
 pub fn pick(scored: &[Scored], tried: &[usize], mut random: impl FnMut() -> f64) -> Option<usize> {
@@ -24,7 +28,7 @@ pub fn pick(scored: &[Scored], tried: &[usize], mut random: impl FnMut() -> f64)
     let Some(second) = draw(scored, &eligible, &mut random) else {
         return Some(first);
     };
-    if scored[second].factors.score > scored[first].factors.score {
+    if scored[second].factors.score > scored[first].factors.score + TIE {
         Some(second)
     } else {
         Some(first)

@@ -223,6 +223,7 @@ impl Outbound {
         let timeout = snapshot.policy.timeouts.request.get();
         let target = format!("peer {} ({})", peer.name, peer.address);
         let sent = Instant::now();
+        self.peers.begin(peer);
         match forward(&self.client, request, &peer.address, &target, timeout).await {
             Ok(response) => {
                 let elapsed = sent.elapsed();
@@ -237,7 +238,7 @@ impl Outbound {
                 if status == StatusCode::TOO_MANY_REQUESTS || refused_by_sidecar {
                     let retry_after =
                         headers::retry_after(response.headers()).unwrap_or(Duration::from_secs(1));
-                    self.peers.observe(peer, Signal::Refused { retry_after });
+                    self.peers.finish(peer, Signal::Refused { retry_after });
                     let why = if status == StatusCode::TOO_MANY_REQUESTS {
                         "rate_limited"
                     } else {
@@ -250,7 +251,7 @@ impl Outbound {
                 } else {
                     Signal::Success(elapsed)
                 };
-                self.peers.observe(peer, signal);
+                self.peers.finish(peer, signal);
                 Attempt::Done(response)
             }
             Err(err) => {
@@ -258,7 +259,7 @@ impl Outbound {
                     ReachError::Timeout { .. } => Signal::Timeout(sent.elapsed()),
                     _ => Signal::Failure(sent.elapsed()),
                 };
-                self.peers.observe(peer, signal);
+                self.peers.finish(peer, signal);
                 Attempt::Failed(err)
             }
         }

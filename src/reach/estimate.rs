@@ -41,6 +41,9 @@ impl Signal {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EstimateParams {
     pub availability_alpha: f64,
+    /// Failures are forgiven with this time constant: without new outcomes, availability climbs
+    /// back toward 1, so one error does not hold a peer back until traffic happens to return.
+    pub availability_recovery: Duration,
     pub latency_time_constant: Duration,
     pub stale_after: Duration,
     /// How long a busy report holds without being renewed.
@@ -53,6 +56,7 @@ impl Default for EstimateParams {
     fn default() -> Self {
         Self {
             availability_alpha: 0.25,
+            availability_recovery: Duration::from_secs(10),
             latency_time_constant: Duration::from_secs(10),
             stale_after: Duration::from_secs(300),
             busy_ttl: Duration::from_secs(30),
@@ -73,6 +77,8 @@ pub struct Load {
 #[derive(Clone, Debug)]
 pub struct Estimates {
     availability: f64,
+    /// When the last success or failure moved the availability estimate.
+    last_outcome: Option<Instant>,
     /// Peak-EWMA latency in seconds; `None` until the first sample.
     latency: Option<f64>,
     latency_at: Option<Instant>,
@@ -104,6 +110,7 @@ impl Estimates {
     pub fn new(initial_availability: f64) -> Self {
         Self {
             availability: initial_availability,
+            last_outcome: None,
             latency: None,
             latency_at: None,
             window: VecDeque::new(),
@@ -126,6 +133,7 @@ impl Estimates {
             // Start from the decayed value, so a stale estimate is not revived as if fresh.
             let current = self.availability_at(now, p);
             self.availability = current + p.availability_alpha * (x - current);
+            self.last_outcome = Some(now);
         }
         match signal {
             Signal::Success(d) | Signal::Failure(d) | Signal::Timeout(d) => {
@@ -162,6 +170,14 @@ impl Estimates {
         self.last_signal = Some(now);
     }
 
+    /// Replaces the prior of an estimate that has seen no signal yet (a caller adopting the peer's
+    /// own figure instead of starting every peer at the parole prior).
+    pub fn seed_availability(&mut self, availability: f64) {
+        if self.last_signal.is_none() {
+            self.availability = availability.clamp(0.0, 1.0);
+        }
+    }
+
     /// Updates the load without counting it as a fresh signal (the sidecar's own gauges are
     /// always at hand; they say nothing about whether the agent still works).
     pub fn set_load_quietly(&mut self, load: Load) {
@@ -184,12 +200,20 @@ impl Estimates {
         let Some(last) = self.last_signal else {
             return self.availability;
         };
+        let forgiven = match self.last_outcome {
+            Some(at) => {
+                let quiet = now.saturating_duration_since(at).as_secs_f64();
+                let tau = p.availability_recovery.as_secs_f64().max(1e-3);
+                1.0 - (1.0 - self.availability) * (-quiet / tau).exp()
+            }
+            None => self.availability,
+        };
         let age = now.saturating_duration_since(last);
         if age <= p.stale_after {
-            return self.availability;
+            return forgiven;
         }
         let over = (age - p.stale_after).as_secs_f64() / p.stale_after.as_secs_f64().max(1e-3);
-        UNKNOWN_AVAILABILITY + (self.availability - UNKNOWN_AVAILABILITY) * (-over).exp()
+        UNKNOWN_AVAILABILITY + (forgiven - UNKNOWN_AVAILABILITY) * (-over).exp()
     }
 
     pub fn is_cooling_down(&self, now: Instant) -> bool {
@@ -307,6 +331,17 @@ mod tests {
             l < 0.2,
             "three time constants later the peak is mostly forgotten: {l}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_is_forgiven_with_time() {
+        let p = EstimateParams::default();
+        let mut e = Estimates::new(1.0);
+        e.observe(Signal::Failure(ms(10)), Instant::now(), &p);
+        assert!((e.availability_at(Instant::now(), &p) - 0.75).abs() < 1e-9);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let a = e.availability_at(Instant::now(), &p);
+        assert!(a > 0.98, "three recovery constants later: {a}");
     }
 
     #[tokio::test(start_paused = true)]

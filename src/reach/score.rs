@@ -34,8 +34,9 @@ impl Weights {
     };
 }
 
-/// The latency factor for a candidate with no latency estimate yet.
-const UNKNOWN_LATENCY_FACTOR: f64 = 0.2;
+/// The latency factor for a candidate with no latency estimate yet: optimistic, so an unmeasured
+/// peer gets tried (as PeakEWMA starts at zero); its traffic cap, not its score, bounds its share.
+const UNKNOWN_LATENCY_FACTOR: f64 = 0.0;
 
 /// Every factor of a score, kept for `/status` and the decision log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]

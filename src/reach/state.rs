@@ -285,6 +285,15 @@ impl StateMachine {
         }
     }
 
+    /// Another view vouches for the agent (its own sidecar has it healthy): a caller that merely has
+    /// not called it yet need not hold it on parole. Only a parole without failures is cut short.
+    pub fn vouch(&mut self, now: Instant) -> Option<Transition> {
+        if self.state == State::Parole && self.consecutive_failures == 0 {
+            return self.enter(State::Healthy, now, "its own view is healthy");
+        }
+        None
+    }
+
     /// The peer announced shutdown: no new work, for good.
     pub fn drain(&mut self, now: Instant) -> Option<Transition> {
         if self.state == State::Draining {

@@ -80,6 +80,10 @@ impl ReachView {
         self.machine.tick(now, sp)
     }
 
+    pub fn vouch(&mut self, now: Instant) -> Option<Transition> {
+        self.machine.vouch(now)
+    }
+
     pub fn drain(&mut self, now: Instant) -> Option<Transition> {
         self.machine.drain(now)
     }
