@@ -227,7 +227,7 @@ fn spawn_upkeep(
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {
-                    local.refresh();
+                    local.publish();
                     metrics.run_upkeep();
                 }
             }

@@ -191,8 +191,25 @@ impl LocalAgent {
             .filter(|ok| inner.last_trouble.is_none_or(|bad| bad < *ok));
         drop(inner);
         self.transitioned(t);
-        self.metrics.self_view(&view);
         (view, last_success)
+    }
+
+    /// Whether the agent is out of rotation by its own view: checked on every inbound request,
+    /// so it only ticks the state machine.
+    pub fn is_ejected(&self) -> bool {
+        let sp = self.store.snapshot().policy.states.params();
+        let mut inner = self.lock();
+        let t = inner.view.tick(Instant::now(), &sp);
+        let ejected = inner.view.state() == crate::reach::State::Ejected;
+        drop(inner);
+        self.transitioned(t);
+        ejected
+    }
+
+    /// Refreshes the view and sets the self-view gauges; run once a second.
+    pub fn publish(&self) {
+        let (view, _) = self.refresh();
+        self.metrics.self_view(&view);
     }
 
     pub fn load(&self) -> crate::inbound::Load {

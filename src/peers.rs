@@ -198,8 +198,6 @@ impl PeerViews {
                     None
                 };
                 entry.last_score = Some(factors.score);
-                self.metrics
-                    .peer(&peer.name, mine.state, cap, factors.score);
                 Scored {
                     peer: peer.clone(),
                     state: mine.state,
@@ -271,6 +269,18 @@ impl PeerViews {
         drop(inner);
         if let Some(t) = t {
             self.transitioned(&peer.name, t);
+        }
+    }
+
+    /// Sets the per-peer gauges from the current views.
+    fn publish(&self, snapshot: &Snapshot) {
+        for p in self.status(snapshot) {
+            self.metrics.peer(
+                &p.name,
+                p.effective_state,
+                p.effective_cap,
+                p.last_score.unwrap_or(0.0),
+            );
         }
     }
 
@@ -394,6 +404,8 @@ pub fn spawn_poller(
                 _ = stop.cancelled() => return,
                 _ = async { while polls.join_next().await.is_some() {} } => {}
             }
+            // Gauges once per poll, not per request: the hot path stays free of metric updates.
+            views.publish(&snapshot);
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(interval) => {}

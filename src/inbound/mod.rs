@@ -23,7 +23,7 @@ use crate::http::{body, headers, ReachBody};
 use crate::local::LocalAgent;
 use crate::metrics::{Direction, Metrics};
 use crate::peers::SELF_PATH;
-use crate::reach::{Signal, State};
+use crate::reach::Signal;
 
 /// Capability label for requests that named none, or one this agent does not declare.
 const OTHER: &str = "other";
@@ -82,7 +82,7 @@ impl Inbound {
         let label = capability.unwrap_or(OTHER).to_owned();
         let agent = &snapshot.bootstrap.agent;
         // An agent out of rotation by its own view takes no new work; the caller moves on.
-        if self.local.refresh().0.state == State::Ejected {
+        if self.local.is_ejected() {
             self.finish(&label, Outcome::Rejected, None, arrived.elapsed());
             return ReachError::Ejected {
                 agent: agent.name.to_string(),
