@@ -107,7 +107,7 @@ impl PeerViews {
             snapshot.policy.estimates.params(),
             snapshot.policy.states.params(),
         );
-        let lifetime = snapshot.policy.peers.poll_interval.get() * SELF_VIEW_LIFETIME_POLLS;
+        let lifetime = snapshot.policy.peer_views.poll_interval.get() * SELF_VIEW_LIFETIME_POLLS;
         let me = &snapshot.bootstrap.agent;
         let mut inner = self.lock();
         let mut transitions = Vec::new();
@@ -379,7 +379,7 @@ pub fn spawn_poller(
     tokio::spawn(async move {
         loop {
             let snapshot = store.snapshot();
-            let interval = snapshot.policy.peers.poll_interval.get();
+            let interval = snapshot.policy.peer_views.poll_interval.get();
             let peers = registry.peers(&snapshot);
             let mut polls = tokio::task::JoinSet::new();
             for peer in peers {

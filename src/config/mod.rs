@@ -61,7 +61,8 @@ impl FileKind {
 /// Tells a bootstrap file (it has an `agent`) from a policy file.
 pub fn detect_kind(path: &Path, text: &str) -> Result<FileKind, ConfigError> {
     let keys = yaml::top_level_keys(path, text)?;
-    let bootstrap_only = ["agent", "listen", "peers", "limits", "watch_interval"];
+    // `agent` is required in a bootstrap; the others appear only there.
+    let bootstrap_only = ["agent", "listen", "limits", "watch_interval"];
     if keys.iter().any(|k| bootstrap_only.contains(&k.as_str())) {
         Ok(FileKind::Bootstrap)
     } else {
@@ -228,6 +229,14 @@ impl ConfigStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_example_policy_documents_the_defaults() {
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config/policy.yaml"));
+        let policy = load_policy(path);
+        assert!(policy.is_ok(), "{policy:?}");
+        assert_eq!(policy.ok(), Some(Policy::default()));
+    }
 
     #[test]
     fn the_example_bootstrap_parses_to_the_same_value_twice() {

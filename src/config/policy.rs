@@ -17,7 +17,7 @@ pub struct Policy {
     pub states: StatesPolicy,
     pub zones: Zones,
     pub probes: ProbesPolicy,
-    pub peers: PeersPolicy,
+    pub peer_views: PeerViewsPolicy,
     pub retry: RetryPolicy,
     /// Write one JSON line per routed request (target `agent_reach::decision`).
     pub decision_log: bool,
@@ -323,11 +323,11 @@ impl Default for ProbesPolicy {
 /// How a caller learns its static peers' own views of themselves (until gossip carries them).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
-pub struct PeersPolicy {
+pub struct PeerViewsPolicy {
     pub poll_interval: HumanDuration,
 }
 
-impl Default for PeersPolicy {
+impl Default for PeerViewsPolicy {
     fn default() -> Self {
         Self {
             poll_interval: HumanDuration::from_secs(1),

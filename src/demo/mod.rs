@@ -178,7 +178,7 @@ pub fn demo_policy() -> Policy {
     p.states.recovering.ramp = HumanDuration::from_secs(3);
     p.probes.interval = HumanDuration::from_secs(5);
     p.probes.fast_interval = HumanDuration::from_millis(500);
-    p.peers.poll_interval = HumanDuration::from_millis(250);
+    p.peer_views.poll_interval = HumanDuration::from_millis(250);
     p
 }
 
