@@ -119,3 +119,90 @@ impl ReachView {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn healthy_view() -> ReachView {
+        let (ep, sp) = (EstimateParams::default(), StateParams::default());
+        let mut v = ReachView::new(Instant::now(), false);
+        for _ in 0..10 {
+            v.observe(
+                Signal::Success(Duration::from_millis(50)),
+                Instant::now(),
+                &ep,
+                &sp,
+            );
+        }
+        assert_eq!(v.state(), State::Healthy);
+        v
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_single_slow_response_or_error_never_ejects() {
+        let (ep, sp) = (EstimateParams::default(), StateParams::default());
+        let mut v = healthy_view();
+        v.observe(
+            Signal::Success(Duration::from_secs(25)),
+            Instant::now(),
+            &ep,
+            &sp,
+        );
+        assert_eq!(v.state(), State::Healthy, "slow but answered");
+        v.observe(
+            Signal::Timeout(Duration::from_secs(30)),
+            Instant::now(),
+            &ep,
+            &sp,
+        );
+        assert_eq!(v.state(), State::Healthy, "one timeout");
+        v.observe(
+            Signal::Success(Duration::from_millis(50)),
+            Instant::now(),
+            &ep,
+            &sp,
+        );
+        v.observe(
+            Signal::Failure(Duration::from_millis(5)),
+            Instant::now(),
+            &ep,
+            &sp,
+        );
+        assert_eq!(v.state(), State::Healthy, "one error");
+        assert_eq!(v.cap(Instant::now(), &sp), 1.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_429_lowers_the_score_through_saturation_not_availability() {
+        let (ep, sp) = (EstimateParams::default(), StateParams::default());
+        let mut v = healthy_view();
+        let before = v.snapshot(Instant::now(), &ep, &sp);
+        v.observe(
+            Signal::Refused {
+                retry_after: Duration::from_secs(5),
+            },
+            Instant::now(),
+            &ep,
+            &sp,
+        );
+        let after = v.snapshot(Instant::now(), &ep, &sp);
+        assert_eq!(after.estimates.availability, before.estimates.availability);
+        assert_eq!(after.estimates.saturation, 1.0);
+        let w = crate::reach::Weights::SYNC;
+        let score = |s: &ViewSnapshot| {
+            crate::reach::score(
+                s.estimates.availability,
+                1.0,
+                0.0,
+                s.estimates.saturation,
+                &w,
+            )
+            .score
+        };
+        assert!(score(&after) < score(&before) - 0.5);
+        assert_eq!(v.state(), State::Healthy);
+    }
+}
