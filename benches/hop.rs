@@ -121,7 +121,7 @@ async fn measure(url: String, capability: Option<&'static str>, concurrency: usi
     }
     let elapsed = started.elapsed().as_secs_f64();
     all.sort_by(f64::total_cmp);
-    let q = |p: f64| agent_reach::inbound::percentile(&all, p);
+    let q = |p: f64| agent_reach::reach::percentile(&all, p);
     Figures {
         rps: all.len() as f64 / elapsed,
         p50: q(0.5),

@@ -113,15 +113,9 @@ fn run(paths: ConfigPaths) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(err) => {
-            eprintln!("cannot start the runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let sidecar = match Sidecar::start(store).await {
@@ -169,15 +163,9 @@ async fn shutdown_signal() -> &'static str {
 }
 
 fn demo_command(duration: HumanDuration, concurrency: usize, json: bool) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(err) => {
-            eprintln!("cannot start the runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let options = demo::DemoOptions {
         duration: duration.get(),
@@ -203,6 +191,16 @@ fn demo_command(duration: HumanDuration, concurrency: usize, json: bool) -> Exit
             ExitCode::FAILURE
         }
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| {
+            eprintln!("cannot start the runtime: {err}");
+            ExitCode::FAILURE
+        })
 }
 
 fn init_tracing(filter: &str, json: bool) {

@@ -3,6 +3,7 @@
 mod bootstrap;
 mod duration;
 mod policy;
+mod scalar;
 mod watch;
 mod yaml;
 
@@ -15,14 +16,15 @@ use arc_swap::ArcSwap;
 use crate::registry::Peer;
 
 pub use bootstrap::{
-    AgentProfile, Bootstrap, Capability, Cost, ExpectJson, HeaderBytes, HostPort, Limits, Listen,
-    Name, PositiveCount, ProbeSpec, Proficiency, QueueConfig, RouteMode, StaticPeer,
+    AgentProfile, Bootstrap, Capability, ExpectJson, Limits, Listen, ProbeSpec, QueueConfig,
+    RouteMode, StaticPeer,
 };
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use policy::{
     EstimatesPolicy, Fraction, Policy, Pool, ProbesPolicy, RetryPolicy, StatesPolicy, Timeouts,
     WeightSets, Zones,
 };
+pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 pub use watch::spawn_watcher;
 
 /// A config file that could not be read or is not valid.

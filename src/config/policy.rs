@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::bootstrap::NumVisitor;
 use super::duration::HumanDuration;
+use super::scalar::NumVisitor;
 use crate::reach::{EstimateParams, StateParams, Weights};
 
 /// `config/policy.yaml`, shared by the fleet. Every field has a default, so an empty file is valid.

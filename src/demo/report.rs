@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::drive::{Call, Sample};
 use super::{round, DemoSummary, FaultSummary, TimedState, Totals};
-use crate::inbound::percentile;
+use crate::reach::percentile;
 use crate::reach::State;
 
 /// A share below this fraction of the agent's former share counts as out of rotation.

@@ -12,7 +12,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 pub use admission::{Admission, AdmissionLimits, Load, Refusal, Slot};
-pub use stats::{percentile, InboundStats, Outcome, StatsSnapshot};
+pub use stats::{InboundStats, Outcome, StatsSnapshot};
 
 use crate::config::{ConfigStore, Snapshot};
 use crate::error::ReachError;

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::reach::percentile;
+
 /// How one inbound request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -102,15 +104,6 @@ impl InboundStats {
             p95_ms: percentile(&sorted, 0.95),
         }
     }
-}
-
-/// Nearest-rank percentile of sorted values; 0 when there are none.
-pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 #[cfg(test)]

@@ -263,7 +263,7 @@ impl Estimates {
             .map(|(_, s)| s * 1000.0)
             .collect();
         recent.sort_by(f64::total_cmp);
-        let pct = |q: f64| (!recent.is_empty()).then(|| crate::inbound::percentile(&recent, q));
+        let pct = |q: f64| (!recent.is_empty()).then(|| percentile(&recent, q));
         let age = self.last_signal.map(|l| now.saturating_duration_since(l));
         EstimateSnapshot {
             availability: self.availability_at(now, p),
@@ -277,6 +277,15 @@ impl Estimates {
             stale: age.is_some_and(|a| a > p.stale_after),
         }
     }
+}
+
+/// Nearest-rank percentile of sorted values; 0 when there are none.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 #[cfg(test)]

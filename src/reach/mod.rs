@@ -7,7 +7,7 @@ mod state;
 mod view;
 
 pub use estimate::{
-    EstimateParams, EstimateSnapshot, Estimates, Load, Signal, UNKNOWN_AVAILABILITY,
+    percentile, EstimateParams, EstimateSnapshot, Estimates, Load, Signal, UNKNOWN_AVAILABILITY,
 };
 pub use score::{capability_match, cost, score, Factors, Weights};
 pub use state::{Event, State, StateMachine, StateParams, Transition};

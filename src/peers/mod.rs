@@ -5,23 +5,22 @@
 //! Until gossip carries self-views, they are polled from each static peer's
 //! `GET /reach/v1/self` on its inbound port.
 
+mod poll;
+
+pub use poll::spawn_poller;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use http::Request;
-use http_body_util::BodyExt;
 use serde::Serialize;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigStore, RouteMode, Snapshot};
-use crate::http::{body, client::UpstreamClient};
 use crate::local::SelfView;
 use crate::metrics::Metrics;
 use crate::reach::{self, Factors, ReachView, Signal, State, ViewSnapshot};
-use crate::registry::{Peer, Registry};
+use crate::registry::Peer;
 
 /// Path of the self-view on every sidecar's inbound port.
 pub const SELF_PATH: &str = "/reach/v1/self";
@@ -249,7 +248,7 @@ impl PeerViews {
         }
     }
 
-    fn set_remote(&self, peer: &Peer, remote: SelfView) {
+    pub(crate) fn set_remote(&self, peer: &Peer, remote: SelfView) {
         let now = Instant::now();
         let mut inner = self.lock();
         let entry = entry(&mut inner, peer, now);
@@ -273,7 +272,7 @@ impl PeerViews {
     }
 
     /// Sets the per-peer gauges from the current views.
-    fn publish(&self, snapshot: &Snapshot) {
+    pub(crate) fn publish(&self, snapshot: &Snapshot) {
         for p in self.status(snapshot) {
             self.metrics.peer(
                 &p.name,
@@ -366,82 +365,4 @@ fn entry<'m>(map: &'m mut HashMap<String, Entry>, peer: &Peer, now: Instant) -> 
         *e = fresh();
     }
     e
-}
-
-/// Polls every known peer's self-view; a peer whose sidecar cannot be reached counts a failure.
-pub fn spawn_poller(
-    store: Arc<ConfigStore>,
-    registry: Arc<Registry>,
-    views: Arc<PeerViews>,
-    client: UpstreamClient,
-    stop: CancellationToken,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            let snapshot = store.snapshot();
-            let interval = snapshot.policy.peer_views.poll_interval.get();
-            let peers = registry.peers(&snapshot);
-            let mut polls = tokio::task::JoinSet::new();
-            for peer in peers {
-                let (client, views) = (client.clone(), views.clone());
-                polls.spawn(async move {
-                    match fetch(
-                        &client,
-                        &peer.address,
-                        interval.max(Duration::from_millis(200)),
-                    )
-                    .await
-                    {
-                        Ok(remote) => views.set_remote(&peer, remote),
-                        Err(Fetch::Unreachable) => {
-                            views.observe(&peer, Signal::Failure(Duration::ZERO))
-                        }
-                        Err(Fetch::Unreadable) => {}
-                    }
-                });
-            }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = async { while polls.join_next().await.is_some() {} } => {}
-            }
-            // Gauges once per poll, not per request: the hot path stays free of metric updates.
-            views.publish(&snapshot);
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(interval) => {}
-            }
-        }
-    })
-}
-
-enum Fetch {
-    /// The peer's sidecar could not be reached: evidence against it.
-    Unreachable,
-    /// It answered but not with a self-view (an older sidecar, a plain service): no evidence.
-    Unreadable,
-}
-
-async fn fetch(
-    client: &UpstreamClient,
-    address: &str,
-    timeout: Duration,
-) -> Result<SelfView, Fetch> {
-    let request = Request::get(format!("http://{address}{SELF_PATH}"))
-        .header(http::header::HOST, address)
-        .body(body::empty())
-        .map_err(|_| Fetch::Unreadable)?;
-    let response = match tokio::time::timeout(timeout, client.request(request)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) if e.is_connect() => return Err(Fetch::Unreachable),
-        Ok(Err(_)) | Err(_) => return Err(Fetch::Unreachable),
-    };
-    if !response.status().is_success() {
-        return Err(Fetch::Unreadable);
-    }
-    let bytes = tokio::time::timeout(timeout, response.into_body().collect())
-        .await
-        .map_err(|_| Fetch::Unreadable)?
-        .map_err(|_| Fetch::Unreadable)?
-        .to_bytes();
-    serde_json::from_slice(&bytes).map_err(|_| Fetch::Unreadable)
 }

@@ -4,10 +4,12 @@
 //! mode, which is exactly what makes an agent "fake online". `PUT /admin/mode` switches the mode
 //! at run time so a scenario can break and heal an agent.
 
+mod config;
+
+pub use config::{Latency, MockConfig, MockStats, Mode};
+
 use std::convert::Infallible;
-use std::fmt;
 use std::net::SocketAddr;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,137 +23,8 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{format_duration, parse_duration};
+use crate::config::format_duration;
 use crate::http::{body, ReachBody};
-
-/// How business calls behave.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Answers after the configured latency; fails at the configured failure rate.
-    Normal,
-    /// Business calls get 429 with `retry-after` while `/healthz` stays 200 ("fake online").
-    RateLimited,
-    /// A dependency got slow: every business call takes `slow_latency`.
-    Slow,
-    /// A workspace lock: one business call at a time, the rest wait.
-    Locked,
-    /// Accepts and reads the request, never answers.
-    Hang,
-    /// Serves N more business calls, then the process "dies": the port closes, connections drop.
-    CrashAfter(u64),
-}
-
-impl FromStr for Mode {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        match text {
-            "normal" | "healthy" => Ok(Mode::Normal),
-            "rate-limited" => Ok(Mode::RateLimited),
-            "slow" => Ok(Mode::Slow),
-            "locked" => Ok(Mode::Locked),
-            "hang" => Ok(Mode::Hang),
-            _ => match text.strip_prefix("crash-after") {
-                Some(n) => n
-                    .trim_start_matches(['=', ' ', ':'])
-                    .parse()
-                    .map(Mode::CrashAfter)
-                    .map_err(|_| format!("`{text}`: crash-after needs a count, e.g. crash-after=5")),
-                None => Err(format!(
-                    "unknown mode `{text}` (normal, rate-limited, slow, locked, hang, crash-after=N)"
-                )),
-            },
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Mode::Normal => f.write_str("normal"),
-            Mode::RateLimited => f.write_str("rate-limited"),
-            Mode::Slow => f.write_str("slow"),
-            Mode::Locked => f.write_str("locked"),
-            Mode::Hang => f.write_str("hang"),
-            Mode::CrashAfter(n) => write!(f, "crash-after={n}"),
-        }
-    }
-}
-
-/// A latency: fixed (`50ms`) or uniform over a range (`20ms..80ms`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Latency {
-    pub min: Duration,
-    pub max: Duration,
-}
-
-impl Latency {
-    pub const fn fixed(d: Duration) -> Self {
-        Self { min: d, max: d }
-    }
-
-    pub fn sample(&self) -> Duration {
-        if self.max <= self.min {
-            return self.min;
-        }
-        let span = (self.max - self.min).as_secs_f64();
-        self.min + Duration::from_secs_f64(span * rand::random::<f64>())
-    }
-}
-
-impl FromStr for Latency {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text.split_once("..") {
-            Some((lo, hi)) => {
-                let (min, max) = (parse_duration(lo)?, parse_duration(hi)?);
-                if max < min {
-                    return Err(format!("latency range `{text}` ends before it starts"));
-                }
-                Ok(Self { min, max })
-            }
-            None => parse_duration(text).map(Self::fixed),
-        }
-    }
-}
-
-/// How a mock agent starts.
-#[derive(Clone, Debug)]
-pub struct MockConfig {
-    pub name: String,
-    pub latency: Latency,
-    /// Share of normal business calls that fail with 500, 0..1.
-    pub failure_rate: f64,
-    pub mode: Mode,
-    pub slow_latency: Duration,
-    pub sse_events: u32,
-    pub sse_interval: Duration,
-}
-
-impl MockConfig {
-    pub fn new(name: &str) -> Self {
-        Self {
-            name: name.to_owned(),
-            latency: Latency::fixed(Duration::from_millis(5)),
-            failure_rate: 0.0,
-            mode: Mode::Normal,
-            slow_latency: Duration::from_secs(3),
-            sse_events: 5,
-            sse_interval: Duration::from_millis(100),
-        }
-    }
-}
-
-/// Counts of what the mock agent has seen.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct MockStats {
-    /// Business calls, probes excluded.
-    pub business: u64,
-    /// Business calls marked `reach-probe` by a sidecar's prober.
-    pub probes: u64,
-    pub health: u64,
-    pub in_flight: u64,
-}
 
 #[derive(Debug)]
 struct State {

@@ -1,0 +1,206 @@
+//! Validated scalars for config files: each checks itself while parsing, so its error carries
+//! the line and column of the bad value.
+
+use std::fmt;
+
+use serde::{de, Deserialize, Deserializer, Serialize};
+
+/// A name usable as a DNS label: lowercase letters, digits and `-` (it appears in `<name>.reach`).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(transparent)]
+pub struct Name(String);
+
+impl Name {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let ok = !text.is_empty()
+            && text.len() <= 63
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !text.starts_with('-')
+            && !text.ends_with('-');
+        if ok {
+            Ok(Self(text.to_owned()))
+        } else {
+            Err(format!(
+                "`{text}` is not a valid name: use 1-63 lowercase letters, digits and `-`, not starting or ending with `-`"
+            ))
+        }
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(StrVisitor("a name", Name::parse))
+    }
+}
+
+/// `host:port`, where host is an IP address or a DNS name.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, Hash)]
+#[serde(transparent)]
+pub struct HostPort(String);
+
+impl HostPort {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = || format!("`{text}` is not a host:port address");
+        let authority: http::uri::Authority = text.parse().map_err(|_| bad())?;
+        if authority.port_u16().is_none() || authority.host().is_empty() || text.contains('@') {
+            return Err(bad());
+        }
+        Ok(Self(text.to_owned()))
+    }
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for HostPort {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(StrVisitor("a host:port address", HostPort::parse))
+    }
+}
+
+/// How good an agent is at a tag, from 0 (not at all) to 1 (expert).
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, PartialOrd)]
+#[serde(transparent)]
+pub struct Proficiency(f64);
+
+impl Proficiency {
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Proficiency {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = f64::deserialize(d)?;
+        if (0.0..=1.0).contains(&value) {
+            Ok(Self(value))
+        } else {
+            Err(de::Error::custom(format!(
+                "proficiency {value} must be between 0 and 1"
+            )))
+        }
+    }
+}
+
+/// A count that must be at least 1.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct PositiveCount(pub(super) usize);
+
+impl PositiveCount {
+    pub fn get(self) -> usize {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for PositiveCount {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NumVisitor("a whole number of at least 1", |value: f64| {
+            if value >= 1.0 && value.fract() == 0.0 && value <= u32::MAX as f64 {
+                Ok(Self(value as usize))
+            } else {
+                Err(format!("{value} must be a whole number of at least 1"))
+            }
+        }))
+    }
+}
+
+/// A non-negative declared cost.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, PartialOrd)]
+#[serde(transparent)]
+pub struct Cost(pub f64);
+
+impl<'de> Deserialize<'de> for Cost {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NumVisitor("a cost of at least 0", |value: f64| {
+            if value >= 0.0 && value.is_finite() {
+                Ok(Self(value))
+            } else {
+                Err(format!("cost {value} must be a number of at least 0"))
+            }
+        }))
+    }
+}
+
+/// A request-head size limit: at least 8 KiB (hyper's floor), at most 1 MiB.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct HeaderBytes(pub(super) usize);
+
+impl HeaderBytes {
+    pub fn get(self) -> usize {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for HeaderBytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NumVisitor("a byte count", |value: f64| {
+            if (8192.0..=1048576.0).contains(&value) && value.fract() == 0.0 {
+                Ok(Self(value as usize))
+            } else {
+                Err(format!(
+                    "max_header_bytes {value} must be a whole number between 8192 and 1048576"
+                ))
+            }
+        }))
+    }
+}
+
+// Validation runs inside the visitor, while the parser still knows where the scalar is: an
+// error raised after deserializing would point at the enclosing mapping instead.
+
+struct StrVisitor<F>(&'static str, F);
+
+impl<T, F: FnOnce(&str) -> Result<T, String>> de::Visitor<'_> for StrVisitor<F> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        (self.1)(v).map_err(E::custom)
+    }
+}
+
+pub(super) struct NumVisitor<F>(pub(super) &'static str, pub(super) F);
+
+impl<T, F: FnOnce(f64) -> Result<T, String>> de::Visitor<'_> for NumVisitor<F> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+        (self.1)(v as f64).map_err(E::custom)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
+        (self.1)(v as f64).map_err(E::custom)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
+        (self.1)(v).map_err(E::custom)
+    }
+}
+
+impl PositiveCount {
+    pub fn new(value: usize) -> Option<Self> {
+        (value >= 1).then_some(Self(value))
+    }
+}

@@ -1,0 +1,95 @@
+//! The interim transport of self-views: each caller polls every static peer's
+//! `GET /reach/v1/self`. Gossip will replace this file, not the views.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Request;
+use http_body_util::BodyExt;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{PeerViews, SELF_PATH};
+use crate::config::ConfigStore;
+use crate::http::{body, client::UpstreamClient};
+use crate::local::SelfView;
+use crate::reach::Signal;
+use crate::registry::Registry;
+
+/// Polls every known peer's self-view; a peer whose sidecar cannot be reached counts a failure.
+pub fn spawn_poller(
+    store: Arc<ConfigStore>,
+    registry: Arc<Registry>,
+    views: Arc<PeerViews>,
+    client: UpstreamClient,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let snapshot = store.snapshot();
+            let interval = snapshot.policy.peer_views.poll_interval.get();
+            let peers = registry.peers(&snapshot);
+            let mut polls = tokio::task::JoinSet::new();
+            for peer in peers {
+                let (client, views) = (client.clone(), views.clone());
+                polls.spawn(async move {
+                    match fetch(
+                        &client,
+                        &peer.address,
+                        interval.max(Duration::from_millis(200)),
+                    )
+                    .await
+                    {
+                        Ok(remote) => views.set_remote(&peer, remote),
+                        Err(Fetch::Unreachable) => {
+                            views.observe(&peer, Signal::Failure(Duration::ZERO))
+                        }
+                        Err(Fetch::Unreadable) => {}
+                    }
+                });
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = async { while polls.join_next().await.is_some() {} } => {}
+            }
+            // Gauges once per poll, not per request: the hot path stays free of metric updates.
+            views.publish(&snapshot);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
+    })
+}
+
+enum Fetch {
+    /// The peer's sidecar could not be reached: evidence against it.
+    Unreachable,
+    /// It answered but not with a self-view (an older sidecar, a plain service): no evidence.
+    Unreadable,
+}
+
+async fn fetch(
+    client: &UpstreamClient,
+    address: &str,
+    timeout: Duration,
+) -> Result<SelfView, Fetch> {
+    let request = Request::get(format!("http://{address}{SELF_PATH}"))
+        .header(http::header::HOST, address)
+        .body(body::empty())
+        .map_err(|_| Fetch::Unreadable)?;
+    let response = match tokio::time::timeout(timeout, client.request(request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) if e.is_connect() => return Err(Fetch::Unreachable),
+        Ok(Err(_)) | Err(_) => return Err(Fetch::Unreachable),
+    };
+    if !response.status().is_success() {
+        return Err(Fetch::Unreadable);
+    }
+    let bytes = tokio::time::timeout(timeout, response.into_body().collect())
+        .await
+        .map_err(|_| Fetch::Unreadable)?
+        .map_err(|_| Fetch::Unreadable)?
+        .to_bytes();
+    serde_json::from_slice(&bytes).map_err(|_| Fetch::Unreadable)
+}
