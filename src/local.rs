@@ -118,7 +118,6 @@ impl LocalAgent {
         let snapshot = self.store.snapshot();
         let now = Instant::now();
         let mut inner = self.lock();
-        inner.view.set_probe_gated(has_probes(&self.store));
         let t = inner.view.probed(
             signal,
             record.ok,
@@ -173,6 +172,9 @@ impl LocalAgent {
         let now = Instant::now();
         let load = self.admission.load();
         let mut inner = self.lock();
+        // A reload may add or remove probes: an agent without them leaves ejection on the
+        // cool-off alone, or it would never leave.
+        inner.view.set_probe_gated(has_probes(&self.store));
         let reported = inner
             .reported_in_flight
             .filter(|(_, at)| now.saturating_duration_since(*at) <= ep.busy_ttl)

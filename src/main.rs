@@ -117,7 +117,7 @@ fn run(paths: ConfigPaths) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         let sidecar = match Sidecar::start(store).await {
             Ok(s) => s,
             Err(err) => {
@@ -135,7 +135,11 @@ fn run(paths: ConfigPaths) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    // Everything that matters has drained; a blocking task stuck in a system call (a DNS
+    // lookup, say) must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    code
 }
 
 #[cfg(unix)]
