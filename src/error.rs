@@ -38,6 +38,8 @@ pub enum ReachError {
     Upstream { target: String, message: String },
     #[error("{target} did not answer within {}", format_duration(*after))]
     Timeout { target: String, after: Duration },
+    #[error("the request's deadline passed before an answer came")]
+    DeadlineExceeded,
     #[error("{0}")]
     BadRequest(String),
     #[error("no such endpoint: {0}")]
@@ -57,7 +59,9 @@ impl ReachError {
             ReachError::UpstreamConnect { .. } | ReachError::Upstream { .. } => {
                 StatusCode::BAD_GATEWAY
             }
-            ReachError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ReachError::Timeout { .. } | ReachError::DeadlineExceeded => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
         }
     }
 
@@ -74,6 +78,7 @@ impl ReachError {
             ReachError::UpstreamConnect { .. } => "upstream_connect_failed",
             ReachError::Upstream { .. } => "upstream_failed",
             ReachError::Timeout { .. } => "timeout",
+            ReachError::DeadlineExceeded => "deadline_exceeded",
             ReachError::BadRequest(_) => "bad_request",
             ReachError::NotFound(_) => "not_found",
         }
@@ -82,7 +87,7 @@ impl ReachError {
     /// The `outcome` label this error gives a request in metrics.
     pub fn outcome(&self) -> &'static str {
         match self {
-            ReachError::Timeout { .. } => "timeout",
+            ReachError::Timeout { .. } | ReachError::DeadlineExceeded => "timeout",
             ReachError::UpstreamConnect { .. } | ReachError::Upstream { .. } => "failure",
             _ => "rejected",
         }

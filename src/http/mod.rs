@@ -2,6 +2,7 @@
 
 pub mod body;
 pub mod client;
+pub mod deadline;
 pub mod forward;
 pub mod headers;
 pub mod measured;

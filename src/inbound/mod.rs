@@ -17,6 +17,7 @@ pub use stats::{InboundStats, Outcome, StatsSnapshot};
 use crate::config::{ConfigStore, Snapshot};
 use crate::error::ReachError;
 use crate::http::client::UpstreamClient;
+use crate::http::deadline::{attempt_timeout, Deadline};
 use crate::http::forward::{forward, into_upstream};
 use crate::http::measured::{BodyEnd, MeasuredBody};
 use crate::http::{body, headers, ReachBody};
@@ -81,6 +82,15 @@ impl Inbound {
         };
         let label = capability.unwrap_or(OTHER).to_owned();
         let agent = &snapshot.bootstrap.agent;
+        let deadline = match Deadline::from_headers(req.headers()) {
+            Ok(d) => d,
+            Err(err) => return err.into_response(),
+        };
+        if deadline.is_some_and(|d| d.remaining().is_zero()) {
+            // The caller has already given up: running the task would be wasted work.
+            self.finish(&label, Outcome::Timeout, None, arrived.elapsed());
+            return ReachError::DeadlineExceeded.into_response();
+        }
         // An agent out of rotation by its own view takes no new work; the caller moves on.
         if self.local.is_ejected() {
             self.finish(&label, Outcome::Rejected, None, arrived.elapsed());
@@ -93,7 +103,8 @@ impl Inbound {
         let limits = AdmissionLimits {
             max_concurrency: agent.max_concurrency.get(),
             queue_capacity: agent.queue.capacity,
-            max_wait: agent.queue.max_wait.get(),
+            // Nobody waits in the queue past the caller's deadline.
+            max_wait: attempt_timeout(agent.queue.max_wait.get(), deadline).0,
         };
         let slot = match self.admission.acquire(limits).await {
             Ok(slot) => slot,
@@ -109,20 +120,31 @@ impl Inbound {
         };
 
         let admitted = Instant::now();
-        let timeout = snapshot.capability_timeout(capability);
+        let (timeout, by_deadline) =
+            attempt_timeout(snapshot.capability_timeout(capability), deadline);
         let req = into_upstream(req);
         let target = format!("agent {}", agent.name);
         let response =
             match forward(&self.client, req, agent.address.as_str(), &target, timeout).await {
                 Ok(response) => response,
                 Err(err) => {
-                    let (outcome, signal) = match err {
-                        ReachError::Timeout { .. } => {
-                            (Outcome::Timeout, Signal::Timeout(admitted.elapsed()))
+                    let (outcome, signal, err) = match err {
+                        // The caller's deadline, not the agent's timeout: no evidence against it.
+                        ReachError::Timeout { .. } if by_deadline => {
+                            (Outcome::Timeout, None, ReachError::DeadlineExceeded)
                         }
-                        _ => (Outcome::Failure, Signal::Failure(admitted.elapsed())),
+                        ReachError::Timeout { .. } => (
+                            Outcome::Timeout,
+                            Some(Signal::Timeout(admitted.elapsed())),
+                            err,
+                        ),
+                        _ => (
+                            Outcome::Failure,
+                            Some(Signal::Failure(admitted.elapsed())),
+                            err,
+                        ),
                     };
-                    self.finish(&label, outcome, Some(signal), arrived.elapsed());
+                    self.finish(&label, outcome, signal, arrived.elapsed());
                     tracing::debug!(%err, capability = %label, "inbound request failed");
                     let mut response = err.into_response();
                     response

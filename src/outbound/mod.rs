@@ -20,6 +20,7 @@ pub use target::capability_of;
 use crate::config::{ConfigStore, RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::client::UpstreamClient;
+use crate::http::deadline::{self, attempt_timeout, Deadline};
 use crate::http::forward::forward;
 use crate::http::measured::{BodyEnd, MeasuredBody};
 use crate::http::{body, headers, ReachBody};
@@ -112,7 +113,13 @@ impl Outbound {
             return self.refuse("unknown", "-", err, started);
         }
 
-        let (parts, incoming) = req.into_parts();
+        let (mut parts, incoming) = req.into_parts();
+        let deadline = match Deadline::from_headers(&parts.headers) {
+            Ok(d) => d,
+            Err(err) => return self.refuse(&route.capability, "-", err, started),
+        };
+        // The relative form is for the calling agent; peers get the absolute deadline per attempt.
+        parts.headers.remove(deadline::TIMEOUT);
         let max_body = snapshot.policy.retry.max_body_bytes;
         // A body that may need replaying on another peer is buffered, up to the policy's size;
         // a larger one streams and gets a single attempt.
@@ -137,6 +144,22 @@ impl Outbound {
         let mut tried: Vec<usize> = Vec::new();
         let mut last: Option<(Attempt, usize)> = None;
         while tried.len() < max_attempts {
+            if deadline.is_some_and(|d| d.remaining().is_zero()) {
+                // Retries never run past the deadline.
+                let peer = last
+                    .as_ref()
+                    .map_or("-", |(_, chosen)| scored[*chosen].peer.name.as_str());
+                let mut response = self.refuse(
+                    &route.capability,
+                    peer,
+                    ReachError::DeadlineExceeded,
+                    started,
+                );
+                response
+                    .headers_mut()
+                    .insert("reach-attempts", tried.len().into());
+                return response;
+            }
             let Some(chosen) = pick(&scored, &tried, rand::random::<f64>) else {
                 break;
             };
@@ -148,7 +171,7 @@ impl Outbound {
             };
             let request =
                 self.upstream_request(&parts, body, &snapshot, &route.capability, tried.len());
-            let attempt = self.attempt(&snapshot, request, &scored[chosen]).await;
+            let attempt = self.attempt(request, &scored[chosen], deadline).await;
             self.log_decision(&snapshot, &route, &scored, chosen, tried.len(), &attempt);
             let retry = attempt
                 .retry_reason()
@@ -215,12 +238,17 @@ impl Outbound {
     /// Sends one attempt and tells the caller's view of the peer what happened.
     async fn attempt(
         &self,
-        snapshot: &Snapshot,
-        request: Request<ReachBody>,
+        mut request: Request<ReachBody>,
         candidate: &Scored,
+        deadline: Option<Deadline>,
     ) -> Attempt {
         let peer = &candidate.peer;
-        let timeout = snapshot.policy.timeouts.request.get();
+        let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
+        // The callee enforces the same budget: it stops work the caller no longer waits for.
+        let attempt_deadline = Deadline::after(timeout);
+        request
+            .headers_mut()
+            .insert(deadline::DEADLINE, attempt_deadline.header_value());
         let target = format!("peer {} ({})", peer.name, peer.address);
         let sent = Instant::now();
         self.peers.begin(peer);
@@ -253,6 +281,11 @@ impl Outbound {
                 };
                 self.peers.finish(peer, signal);
                 Attempt::Done(response)
+            }
+            Err(ReachError::Timeout { .. }) if by_deadline => {
+                // The caller's budget ran out, not the peer's time: no evidence against the peer.
+                self.peers.abandon(peer);
+                Attempt::Failed(ReachError::DeadlineExceeded)
             }
             Err(err) => {
                 let signal = match err {

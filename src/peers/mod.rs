@@ -68,6 +68,9 @@ pub struct Scored {
     pub excluded: Option<String>,
     /// Cooling down after a 429: used only when nobody else can take the call.
     pub cooling_down: bool,
+    /// The peer's own timeout for this capability (the policy's default when unknown).
+    #[serde(skip)]
+    pub timeout: Duration,
 }
 
 /// A peer as `/status` shows it.
@@ -205,6 +208,7 @@ impl PeerViews {
                     factors,
                     excluded,
                     cooling_down: mine.estimates.cooling_down,
+                    timeout,
                 }
             })
             .collect();
@@ -223,12 +227,15 @@ impl PeerViews {
 
     /// An attempt on `peer` ended (response headers, or an error) with what this caller saw.
     pub fn finish(&self, peer: &Peer, signal: Signal) {
-        {
-            let mut inner = self.lock();
-            let e = entry(&mut inner, peer, Instant::now());
-            e.pending = e.pending.saturating_sub(1);
-        }
+        self.abandon(peer);
         self.observe(peer, signal);
+    }
+
+    /// An attempt on `peer` ended with nothing learned about the peer (the caller gave up).
+    pub fn abandon(&self, peer: &Peer) {
+        let mut inner = self.lock();
+        let e = entry(&mut inner, peer, Instant::now());
+        e.pending = e.pending.saturating_sub(1);
     }
 
     /// Evidence about `peer` from outside an attempt (its sidecar did not answer a poll).

@@ -1,0 +1,128 @@
+//! Request deadlines across hops: `reach-timeout: 5s` (relative, from the caller) and
+//! `reach-deadline: <ms since the Unix epoch>` (absolute, what sidecars forward to each other),
+//! so a callee never works on a call its caller has already given up on.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::config::parse_duration;
+use crate::error::ReachError;
+
+pub const TIMEOUT: HeaderName = HeaderName::from_static("reach-timeout");
+pub const DEADLINE: HeaderName = HeaderName::from_static("reach-deadline");
+
+/// An absolute deadline, in milliseconds since the Unix epoch (wall clock: it crosses processes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Deadline(u64);
+
+impl Deadline {
+    pub fn after(d: Duration) -> Self {
+        Self(now_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+    }
+
+    /// Time left; zero once passed.
+    pub fn remaining(self) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(now_ms()))
+    }
+
+    pub fn header_value(self) -> HeaderValue {
+        HeaderValue::from(self.0)
+    }
+
+    /// The tighter of `reach-timeout` and `reach-deadline`, if the request carries either.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ReachError> {
+        let text = |name: &HeaderName| headers.get(name).map(|v| v.to_str().unwrap_or("").trim());
+        let relative = match text(&TIMEOUT) {
+            Some(t) => {
+                Some(Self::after(parse_duration(t).map_err(|e| {
+                    ReachError::BadRequest(format!("reach-timeout: {e}"))
+                })?))
+            }
+            None => None,
+        };
+        let absolute = match text(&DEADLINE) {
+            Some(t) => Some(Self(t.parse().map_err(|_| {
+                ReachError::BadRequest(format!(
+                    "reach-deadline `{t}` is not milliseconds since the Unix epoch"
+                ))
+            })?)),
+            None => None,
+        };
+        Ok(match (relative, absolute) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
+}
+
+/// The time one attempt may take: the target's own timeout, cut short by the deadline. The flag
+/// says whether the deadline is what limits it.
+pub fn attempt_timeout(own: Duration, deadline: Option<Deadline>) -> (Duration, bool) {
+    match deadline {
+        Some(d) if d.remaining() < own => (d.remaining(), true),
+        _ => (own, false),
+    }
+}
+
+fn now_ms() -> u64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tighter_of_timeout_and_deadline_wins() {
+        let mut h = HeaderMap::new();
+        h.insert(TIMEOUT, HeaderValue::from_static("2s"));
+        h.insert(
+            DEADLINE,
+            Deadline::after(Duration::from_secs(60)).header_value(),
+        );
+        let d = Deadline::from_headers(&h)
+            .ok()
+            .flatten()
+            .map(Deadline::remaining)
+            .unwrap_or_default();
+        assert!(
+            d <= Duration::from_secs(2) && d > Duration::from_secs(1),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_clear_errors() {
+        let mut h = HeaderMap::new();
+        h.insert(TIMEOUT, HeaderValue::from_static("soon"));
+        assert!(matches!(
+            Deadline::from_headers(&h),
+            Err(ReachError::BadRequest(_))
+        ));
+        let mut h = HeaderMap::new();
+        h.insert(DEADLINE, HeaderValue::from_static("tomorrow"));
+        assert!(matches!(
+            Deadline::from_headers(&h),
+            Err(ReachError::BadRequest(_))
+        ));
+        assert!(matches!(
+            Deadline::from_headers(&HeaderMap::new()),
+            Ok(None)
+        ));
+    }
+
+    #[test]
+    fn a_passed_deadline_leaves_nothing() {
+        assert_eq!(Deadline(1).remaining(), Duration::ZERO);
+        let (t, by_deadline) = attempt_timeout(Duration::from_secs(30), Some(Deadline(1)));
+        assert_eq!((t, by_deadline), (Duration::ZERO, true));
+        assert_eq!(
+            attempt_timeout(Duration::from_secs(3), None),
+            (Duration::from_secs(3), false)
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! Deadlines: a caller's `reach-timeout` / `reach-deadline` bounds the call across both sidecars.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use agent_reach::mock_agent::{Latency, MockConfig};
+use support::*;
+
+fn slow_agent() -> MockConfig {
+    let mut config = MockConfig::new("coder-1");
+    config.latency = Latency::fixed(Duration::from_secs(5));
+    config
+}
+
+fn ms_from_now(ms: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    (now + ms).to_string()
+}
+
+#[tokio::test]
+async fn a_deadline_shorter_than_the_agent_gives_504_without_waiting_for_it() {
+    let pair = Pair::start(slow_agent()).await;
+    let url = format!("http://{}/review", pair.outbound());
+    let reply = tokio::time::timeout(
+        Duration::from_secs(3),
+        send(
+            &client(),
+            "POST",
+            &url,
+            &[("reach-capability", CAP), ("reach-timeout", "300ms")],
+            "x",
+        ),
+    )
+    .await
+    .expect("answered at the deadline, not after the agent's 5 s");
+    assert_eq!(reply.status, 504, "{}", reply.body);
+    assert_eq!(reply.header("reach-reason"), "deadline_exceeded");
+    assert_eq!(reply.json()["error"], "deadline_exceeded");
+}
+
+#[tokio::test]
+async fn the_callee_enforces_a_forwarded_deadline() {
+    let pair = Pair::start(slow_agent()).await;
+    let url = format!("http://{}/review", pair.callee.addrs.inbound);
+    let deadline = ms_from_now(300);
+    let reply = tokio::time::timeout(
+        Duration::from_secs(3),
+        send(
+            &client(),
+            "POST",
+            &url,
+            &[("reach-capability", CAP), ("reach-deadline", &deadline)],
+            "x",
+        ),
+    )
+    .await
+    .expect("the callee gave up at the deadline");
+    assert_eq!(reply.status, 504);
+    assert_eq!(reply.header("reach-reason"), "deadline_exceeded");
+}
+
+#[tokio::test]
+async fn a_passed_deadline_never_reaches_the_agent() {
+    let pair = Pair::start(MockConfig::new("coder-1")).await;
+    let url = format!("http://{}/review", pair.callee.addrs.inbound);
+    let reply = send(&client(), "POST", &url, &[("reach-deadline", "1")], "x").await;
+    assert_eq!(reply.status, 504);
+    assert_eq!(reply.header("reach-reason"), "deadline_exceeded");
+    assert_eq!(
+        pair.agent.stats().business,
+        0,
+        "no work for a caller that already gave up"
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_timeout_is_a_clear_400() {
+    let pair = Pair::start(MockConfig::new("coder-1")).await;
+    let url = format!("http://{}/review", pair.outbound());
+    let reply = send(
+        &client(),
+        "POST",
+        &url,
+        &[("reach-capability", CAP), ("reach-timeout", "soon")],
+        "x",
+    )
+    .await;
+    assert_eq!(reply.status, 400);
+    assert!(
+        reply.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("reach-timeout"),
+        "{}",
+        reply.body
+    );
+}
+
+#[tokio::test]
+async fn a_generous_deadline_lets_the_call_finish() {
+    let mut config = MockConfig::new("coder-1");
+    config.latency = Latency::fixed(Duration::from_millis(100));
+    let pair = Pair::start(config).await;
+    let url = format!("http://{}/review", pair.outbound());
+    let reply = send(
+        &client(),
+        "POST",
+        &url,
+        &[("reach-capability", CAP), ("reach-timeout", "5s")],
+        "x",
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+}
