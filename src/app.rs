@@ -182,9 +182,12 @@ impl Sidecar {
     /// by the drain timeout), then stop the admin listener and background tasks.
     pub async fn shutdown(self) {
         tracing::info!("draining");
-        // Peers reading our self-view stop sending new work at once.
+        // Announce first: for one self-view poll the listeners stay open, answering new work with
+        // 503 `draining` while callers read that state and stop sending; then stop accepting.
         self.local.drain();
         self.ready.store(false, Ordering::Release);
+        let announce = self.store.snapshot().policy.peer_views.poll_interval.get();
+        tokio::time::sleep(announce.min(Duration::from_secs(5))).await;
         self.stop_traffic.cancel();
         for task in self.traffic {
             let _ = task.await;

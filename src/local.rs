@@ -15,6 +15,22 @@ use crate::inbound::Admission;
 use crate::metrics::Metrics;
 use crate::reach::{Load, ReachView, Signal, Transition, ViewSnapshot};
 
+/// When production traffic last succeeded, and last failed or was refused.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Traffic {
+    pub last_success: Option<Instant>,
+    pub last_trouble: Option<Instant>,
+}
+
+impl Traffic {
+    /// Traffic vouches for the agent over the last `window`: it succeeded, and nothing went wrong.
+    pub fn vouches(&self, now: Instant, window: std::time::Duration) -> bool {
+        let within =
+            |at: Option<Instant>| at.is_some_and(|at| now.saturating_duration_since(at) < window);
+        within(self.last_success) && !within(self.last_trouble)
+    }
+}
+
 /// What the last business probe found.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProbeRecord {
@@ -161,9 +177,9 @@ impl LocalAgent {
         self.probe_now.swap(false, Ordering::AcqRel)
     }
 
-    /// Applies time-driven transitions and refreshes the load; returns the view now and when
-    /// production traffic last gave fresh good evidence (a success with no trouble since).
-    pub fn refresh(&self) -> (ViewSnapshot, Option<Instant>) {
+    /// Applies time-driven transitions and refreshes the load; returns the view now and what
+    /// production traffic last said.
+    pub fn refresh(&self) -> (ViewSnapshot, Traffic) {
         let snapshot = self.store.snapshot();
         let (ep, sp) = (
             snapshot.policy.estimates.params(),
@@ -188,24 +204,26 @@ impl LocalAgent {
         });
         let t = inner.view.tick(now, &sp);
         let view = inner.view.snapshot(now, &ep, &sp);
-        let last_success = inner
-            .last_success
-            .filter(|ok| inner.last_trouble.is_none_or(|bad| bad < *ok));
+        let traffic = Traffic {
+            last_success: inner.last_success,
+            last_trouble: inner.last_trouble,
+        };
         drop(inner);
         self.transitioned(t);
-        (view, last_success)
+        (view, traffic)
     }
 
-    /// Whether the agent is out of rotation by its own view: checked on every inbound request,
-    /// so it only ticks the state machine.
-    pub fn is_ejected(&self) -> bool {
+    /// The state that bars new work (ejected or draining), if the agent is in one. Checked on
+    /// every inbound request, so it only ticks the state machine.
+    pub fn barred(&self) -> Option<crate::reach::State> {
+        use crate::reach::State;
         let sp = self.store.snapshot().policy.states.params();
         let mut inner = self.lock();
         let t = inner.view.tick(Instant::now(), &sp);
-        let ejected = inner.view.state() == crate::reach::State::Ejected;
+        let state = inner.view.state();
         drop(inner);
         self.transitioned(t);
-        ejected
+        matches!(state, State::Ejected | State::Draining).then_some(state)
     }
 
     /// Refreshes the view and sets the self-view gauges; run once a second.

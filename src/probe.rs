@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Capability, ConfigStore, ProbeSpec, Snapshot};
 use crate::http::{body, client};
-use crate::local::{LocalAgent, ProbeRecord};
+use crate::local::{LocalAgent, ProbeRecord, Traffic};
 use crate::metrics::Metrics;
 use crate::reach::{Signal, State};
 
@@ -54,6 +54,8 @@ async fn run(
     let client = client::build(&store.snapshot().policy);
     // Capability → when its next probe is due. New capabilities are probed at once.
     let mut due: HashMap<String, Instant> = HashMap::new();
+    // Capability → when its last probe ran.
+    let mut ran: HashMap<String, Instant> = HashMap::new();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -62,8 +64,14 @@ async fn run(
         let snapshot = store.snapshot();
         let now = Instant::now();
         if local.take_probe_request() {
-            // Production traffic just failed or was refused: confirm with a probe now.
-            due.clear();
+            // Production traffic just failed or was refused: confirm with a probe soon — but no
+            // sooner than `fast_interval` after the last one, or a burst of 429s would turn the
+            // prober into a second source of load on a backend that is already refusing.
+            let soonest = snapshot.policy.probes.fast_interval.get();
+            for (name, at) in due.iter_mut() {
+                let last = ran.get(name).copied().unwrap_or(now);
+                *at = (*at).min((last + soonest).max(now));
+            }
         }
         for capability in &snapshot.bootstrap.agent.capabilities {
             let Some(spec) = &capability.probe else {
@@ -73,15 +81,14 @@ async fn run(
             if due.get(name).is_some_and(|at| now < *at) {
                 continue;
             }
-            let (view, last_success) = local.refresh();
+            let (view, traffic) = local.refresh();
             let interval = interval(&snapshot, spec, view.state, view.estimates.saturation);
             due.insert(name.to_owned(), now + interval);
-            if let Some(skip) =
-                skip_reason(&snapshot, &local, view.state, last_success, interval, now)
-            {
+            if let Some(skip) = skip_reason(&snapshot, &local, view.state, traffic, interval, now) {
                 metrics.probe(name, skip, None);
                 continue;
             }
+            ran.insert(name.to_owned(), Instant::now());
             let (record, signal) = probe(&client, &snapshot, capability, spec).await;
             metrics.probe(
                 name,
@@ -106,15 +113,17 @@ async fn run(
 }
 
 /// The probe interval now: tighter while the agent is in trouble, looser while it is loaded.
+/// Never below the scheduler's tick, whatever the config says.
 fn interval(snapshot: &Snapshot, spec: &ProbeSpec, state: State, saturation: f64) -> Duration {
     let p = &snapshot.policy.probes;
-    match state {
+    let chosen = match state {
         State::Probation | State::Ejected | State::Recovering | State::Parole => {
             p.fast_interval.get()
         }
         _ if saturation >= p.busy_threshold.get() => p.busy_interval.get(),
         _ => spec.interval.unwrap_or(p.interval).get(),
-    }
+    };
+    chosen.max(TICK)
 }
 
 /// Why a due probe should not run now, if it should not.
@@ -122,7 +131,7 @@ fn skip_reason(
     snapshot: &Snapshot,
     local: &LocalAgent,
     state: State,
-    last_success: Option<Instant>,
+    traffic: Traffic,
     interval: Duration,
     now: Instant,
 ) -> Option<&'static str> {
@@ -132,8 +141,7 @@ fn skip_reason(
     if load.in_flight + load.queued + 1 >= limit.max(2) && load.in_flight > 0 {
         return Some("skipped_saturated");
     }
-    let fresh = last_success.is_some_and(|at| now.saturating_duration_since(at) < interval);
-    if state == State::Healthy && fresh {
+    if state == State::Healthy && traffic.vouches(now, interval) {
         return Some("skipped_fresh");
     }
     None

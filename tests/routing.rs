@@ -136,11 +136,35 @@ async fn refuses_foreign_hosts_never_an_open_proxy() {
 }
 
 #[tokio::test]
-async fn a_dead_peer_is_a_json_502_not_a_hang() {
+async fn a_peer_that_shut_down_is_passed_over_at_once() {
     let pair = Pair::start(MockConfig::new("coder-1")).await;
     let outbound = pair.outbound();
+    // The callee announces `draining` for one self-view poll before it closes its listeners.
     pair.callee.shutdown().await;
-    let reply = call(&client(), outbound).await;
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(5), call(&client(), outbound))
+        .await
+        .expect("never a hang");
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert_eq!(reply.header("reach-reason"), "no_available_instance");
+    assert_eq!(
+        reply.json()["candidates"][0]["passed_over"],
+        "draining (no traffic allowed)"
+    );
+}
+
+#[tokio::test]
+async fn a_peer_nobody_listens_for_is_a_json_502() {
+    // A port that was bound and released: connections to it are refused.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let caller = agent_reach::Bootstrap::local("caller", free, &[])
+        .unwrap()
+        .with_peer("gone", free, &[CAP])
+        .unwrap();
+    let caller = sidecar(caller).await;
+    let reply = call(&client(), caller.addrs.outbound).await;
     assert_eq!(reply.status, 502, "{}", reply.body);
     assert_eq!(reply.header("reach-reason"), "upstream_connect_failed");
 }

@@ -9,6 +9,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -34,7 +35,13 @@ pub fn spawn_watcher(
         let mut seen_bootstrap = Seen::default();
         let mut seen_policy = Seen::default();
         loop {
-            let interval = store.snapshot().bootstrap.watch_interval.get();
+            // A zero interval in the file must not turn the watcher into a busy loop.
+            let interval = store
+                .snapshot()
+                .bootstrap
+                .watch_interval
+                .get()
+                .max(Duration::from_millis(10));
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(interval) => {}

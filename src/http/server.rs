@@ -35,6 +35,8 @@ pub async fn serve<H, F>(
 {
     let builder = Arc::new(builder(&limits));
     let graceful = GracefulShutdown::new();
+    // Every connection's task, so the ones still open when the drain runs out can be closed.
+    let mut connections = tokio::task::JoinSet::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let first_byte_timeout = limits.header_read_timeout.get();
     loop {
@@ -65,7 +67,8 @@ pub async fn serve<H, F>(
         let watcher = graceful.watcher();
         let metrics = metrics.clone();
         metrics.connection_opened(name);
-        tokio::spawn(async move {
+        while connections.try_join_next().is_some() {}
+        connections.spawn(async move {
             // hyper's header-read timeout starts only once the protocol is known; a client that
             // connects and sends nothing must not hold a connection slot either.
             if wait_first_byte(&stream, first_byte_timeout).await {
@@ -87,6 +90,7 @@ pub async fn serve<H, F>(
             tracing::warn!(listener = name, "drain timeout reached; closing remaining connections");
         }
     }
+    connections.abort_all();
 }
 
 fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {

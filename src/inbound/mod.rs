@@ -24,7 +24,7 @@ use crate::http::{body, headers, ReachBody};
 use crate::local::LocalAgent;
 use crate::metrics::{Direction, Metrics};
 use crate::peers::SELF_PATH;
-use crate::reach::Signal;
+use crate::reach::{Signal, State};
 
 /// Capability label for requests that named none, or one this agent does not declare.
 const OTHER: &str = "other";
@@ -92,12 +92,15 @@ impl Inbound {
             return ReachError::DeadlineExceeded.into_response();
         }
         // An agent out of rotation by its own view takes no new work; the caller moves on.
-        if self.local.is_ejected() {
+        if let Some(state) = self.local.barred() {
             self.finish(&label, Outcome::Rejected, None, arrived.elapsed());
-            return ReachError::Ejected {
-                agent: agent.name.to_string(),
-            }
-            .into_response();
+            let err = match state {
+                State::Draining => ReachError::Draining,
+                _ => ReachError::Ejected {
+                    agent: agent.name.to_string(),
+                },
+            };
+            return err.into_response();
         }
 
         let limits = AdmissionLimits {

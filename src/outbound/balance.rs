@@ -28,10 +28,18 @@ pub fn pick(scored: &[Scored], tried: &[usize], mut random: impl FnMut() -> f64)
     let Some(second) = draw(scored, &eligible, &mut random) else {
         return Some(first);
     };
-    if scored[second].factors.score > scored[first].factors.score + TIE {
-        Some(second)
+    let (winner, loser) = if scored[second].factors.score > scored[first].factors.score + TIE {
+        (second, first)
     } else {
+        (first, second)
+    };
+    // A peer with a smaller cap never wins on score against a less-capped one: it gets only
+    // what the cap-weighted first draw gives it. With two or three candidates both draws almost
+    // always include it, and the score alone would hand a peer on parole everything.
+    if scored[winner].cap < scored[loser].cap {
         Some(first)
+    } else {
+        Some(winner)
     }
 }
 
@@ -106,6 +114,25 @@ mod tests {
         let share = parole as f64 / n as f64;
         // Drawn in about 2 × 0.05/2.05 of the pairs, and it wins those on score.
         assert!(share > 0.02 && share < 0.08, "{share}");
+    }
+
+    #[test]
+    fn a_cap_binds_even_between_two_candidates() {
+        let c = vec![
+            candidate("healthy", 1.0, 0.5),
+            candidate("parole", 0.05, 0.9),
+        ];
+        let mut rng = lcg(11);
+        let n = 20_000;
+        let parole = (0..n)
+            .filter(|_| pick(&c, &[], &mut rng) == Some(1))
+            .count();
+        let share = parole as f64 / n as f64;
+        assert!(
+            share < 0.08,
+            "the parole peer took {share} despite its 5% cap"
+        );
+        assert!(share > 0.02, "{share}");
     }
 
     #[test]

@@ -251,7 +251,7 @@ impl Outbound {
             .insert(deadline::DEADLINE, attempt_deadline.header_value());
         let target = format!("peer {} ({})", peer.name, peer.address);
         let sent = Instant::now();
-        self.peers.begin(peer);
+        let pending = self.peers.begin(peer);
         match forward(&self.client, request, &peer.address, &target, timeout).await {
             Ok(response) => {
                 let elapsed = sent.elapsed();
@@ -266,7 +266,7 @@ impl Outbound {
                 if status == StatusCode::TOO_MANY_REQUESTS || refused_by_sidecar {
                     let retry_after =
                         headers::retry_after(response.headers()).unwrap_or(Duration::from_secs(1));
-                    self.peers.finish(peer, Signal::Refused { retry_after });
+                    pending.finish(Signal::Refused { retry_after });
                     let why = if status == StatusCode::TOO_MANY_REQUESTS {
                         "rate_limited"
                     } else {
@@ -274,17 +274,23 @@ impl Outbound {
                     };
                     return Attempt::Refused(response, why);
                 }
+                if status == StatusCode::NOT_FOUND && reason == "unknown_capability" {
+                    // Our registry is stale: that peer no longer serves the capability. Nothing
+                    // ran; try another, and do not credit this one with a success.
+                    drop(pending);
+                    return Attempt::Refused(response, "unknown_capability");
+                }
                 let signal = if status.is_server_error() {
                     Signal::Failure(elapsed)
                 } else {
                     Signal::Success(elapsed)
                 };
-                self.peers.finish(peer, signal);
+                pending.finish(signal);
                 Attempt::Done(response)
             }
             Err(ReachError::Timeout { .. }) if by_deadline => {
                 // The caller's budget ran out, not the peer's time: no evidence against the peer.
-                self.peers.abandon(peer);
+                drop(pending);
                 Attempt::Failed(ReachError::DeadlineExceeded)
             }
             Err(err) => {
@@ -292,7 +298,7 @@ impl Outbound {
                     ReachError::Timeout { .. } => Signal::Timeout(sent.elapsed()),
                     _ => Signal::Failure(sent.elapsed()),
                 };
-                self.peers.finish(peer, signal);
+                pending.finish(signal);
                 Attempt::Failed(err)
             }
         }

@@ -45,6 +45,8 @@ struct Entry {
     pending: usize,
     /// …and when the peer's self-view was read: its in-flight count included those.
     pending_at_poll: usize,
+    /// Since when polls of the peer's self-view have failed to connect.
+    unreachable_since: Option<Instant>,
 }
 
 /// What one routing decision needs to know about the request.
@@ -129,7 +131,16 @@ impl PeerViews {
                 let published = remote
                     .and_then(|r| r.capabilities.iter().find(|c| c.name == request.capability));
                 let self_state = remote.map(|r| r.view.state);
-                let cap = mine.cap.min(remote.map_or(1.0, |r| r.view.cap));
+                // A sidecar that answered before and has stopped answering is down or cut off:
+                // out of rotation until it answers again (gossip's failure detector, for now).
+                let silent = entry.unreachable_since.filter(|since| {
+                    entry.remote.is_some() && now.saturating_duration_since(*since) >= lifetime
+                });
+                let cap = if silent.is_some() {
+                    0.0
+                } else {
+                    mine.cap.min(remote.map_or(1.0, |r| r.view.cap))
+                };
                 // Until this caller has seen the peer itself, the peer's own view speaks for it:
                 // a prior of our own would starve peers we have not called yet.
                 let seen_by_us = mine.estimates.age_s.is_some();
@@ -185,6 +196,11 @@ impl PeerViews {
                         .map(String::as_str)
                         .collect();
                     Some(format!("lacks tag {}", missing.join(", ")))
+                } else if let Some(since) = silent {
+                    Some(format!(
+                        "sidecar unreachable for {:.1}s",
+                        now.saturating_duration_since(since).as_secs_f64()
+                    ))
                 } else if cap <= 0.0 {
                     let state = if self_state.is_some_and(|s| s != State::Healthy && mine.cap > 0.0)
                     {
@@ -219,23 +235,24 @@ impl PeerViews {
         scored
     }
 
-    /// An attempt on `peer` starts.
-    pub fn begin(&self, peer: &Peer) {
-        let now = Instant::now();
-        entry(&mut self.lock(), peer, now).pending += 1;
+    /// An attempt on `peer` starts; the guard ends it, even if the caller goes away mid-call.
+    pub fn begin<'v>(&'v self, peer: &'v Peer) -> Pending<'v> {
+        entry(&mut self.lock(), peer, Instant::now()).pending += 1;
+        Pending { views: self, peer }
     }
 
-    /// An attempt on `peer` ended (response headers, or an error) with what this caller saw.
-    pub fn finish(&self, peer: &Peer, signal: Signal) {
-        self.abandon(peer);
-        self.observe(peer, signal);
-    }
-
-    /// An attempt on `peer` ended with nothing learned about the peer (the caller gave up).
-    pub fn abandon(&self, peer: &Peer) {
+    fn end(&self, peer: &Peer) {
         let mut inner = self.lock();
         let e = entry(&mut inner, peer, Instant::now());
         e.pending = e.pending.saturating_sub(1);
+    }
+
+    /// A poll of the peer's self-view could not connect.
+    pub(crate) fn unreachable(&self, peer: &Peer) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let e = entry(&mut inner, peer, now);
+        e.unreachable_since.get_or_insert(now);
     }
 
     /// Evidence about `peer` from outside an attempt (its sidecar did not answer a poll).
@@ -255,7 +272,8 @@ impl PeerViews {
         }
     }
 
-    pub(crate) fn set_remote(&self, peer: &Peer, remote: SelfView) {
+    pub(crate) fn set_remote(&self, peer: &Peer, mut remote: SelfView) {
+        sanitize(&mut remote);
         let now = Instant::now();
         let mut inner = self.lock();
         let entry = entry(&mut inner, peer, now);
@@ -264,6 +282,11 @@ impl PeerViews {
             .estimates_mut()
             .seed_availability(remote.view.estimates.availability);
         entry.pending_at_poll = entry.pending;
+        entry.unreachable_since = None;
+        if entry.view.state() == State::Draining && remote.view.state != State::Draining {
+            // Back after draining at the same address: a restarted agent, a new history.
+            *entry = fresh_entry(peer, now);
+        }
         let t = match remote.view.state {
             State::Draining => entry.view.drain(now),
             // Parole is for agents new to the fleet, which their own view shows; one that proved
@@ -343,6 +366,54 @@ impl PeerViews {
     }
 }
 
+/// A self-view comes from another process: keep its figures in range before they enter a score,
+/// so a confused or hostile peer cannot give itself an outsized share.
+fn sanitize(remote: &mut SelfView) {
+    let unit = |x: f64| {
+        if x.is_finite() {
+            x.clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    };
+    let v = &mut remote.view;
+    v.cap = unit(v.cap);
+    v.estimates.availability = unit(v.estimates.availability);
+    v.estimates.saturation = unit(v.estimates.saturation);
+    remote.max_concurrency = remote.max_concurrency.max(1);
+    for c in &mut remote.capabilities {
+        for p in c.tags.values_mut() {
+            *p = unit(*p);
+        }
+        c.cost = if c.cost.is_finite() {
+            c.cost.max(0.0)
+        } else {
+            0.0
+        };
+    }
+}
+
+/// One attempt in flight on a peer. Dropped without `finish` (the caller gave up, or the handler
+/// was cancelled), it ends the attempt without evidence either way.
+#[derive(Debug)]
+pub struct Pending<'v> {
+    views: &'v PeerViews,
+    peer: &'v Peer,
+}
+
+impl Pending<'_> {
+    /// Ends the attempt with what this caller saw.
+    pub fn finish(self, signal: Signal) {
+        self.views.observe(self.peer, signal);
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.views.end(self.peer);
+    }
+}
+
 /// A peer's saturation from its self-view, with its in-flight count brought up to date: the count
 /// read at the last poll included this caller's calls then; those are replaced by ours now, so a
 /// poll that happened to catch one of our calls does not hold the peer back for a whole interval.
@@ -352,24 +423,33 @@ fn remote_saturation(remote: &SelfView, pending_at_poll: usize, pending_now: usi
         return 1.0;
     }
     let others = remote.in_flight.saturating_sub(pending_at_poll);
-    let load = (others + pending_now + remote.queued) as f64 / remote.max_concurrency.max(1) as f64;
+    let busy = others
+        .saturating_add(pending_now)
+        .saturating_add(remote.queued);
+    let load = busy as f64 / remote.max_concurrency.max(1) as f64;
     load.min(1.0)
 }
 
 /// The entry for `peer`; a peer seen at a new address starts over (a restarted agent is a new
 /// agent: its old address must not keep its history).
 fn entry<'m>(map: &'m mut HashMap<String, Entry>, peer: &Peer, now: Instant) -> &'m mut Entry {
-    let fresh = || Entry {
+    let e = map
+        .entry(peer.name.clone())
+        .or_insert_with(|| fresh_entry(peer, now));
+    if e.address != peer.address {
+        *e = fresh_entry(peer, now);
+    }
+    e
+}
+
+fn fresh_entry(peer: &Peer, now: Instant) -> Entry {
+    Entry {
         address: peer.address.clone(),
         view: ReachView::new(now, false),
         remote: None,
         last_score: None,
         pending: 0,
         pending_at_poll: 0,
-    };
-    let e = map.entry(peer.name.clone()).or_insert_with(fresh);
-    if e.address != peer.address {
-        *e = fresh();
+        unreachable_since: None,
     }
-    e
 }

@@ -13,7 +13,6 @@ use super::{PeerViews, SELF_PATH};
 use crate::config::ConfigStore;
 use crate::http::{body, client::UpstreamClient};
 use crate::local::SelfView;
-use crate::reach::Signal;
 use crate::registry::Registry;
 
 /// Polls every known peer's self-view; a peer whose sidecar cannot be reached counts a failure.
@@ -27,7 +26,13 @@ pub fn spawn_poller(
     tokio::spawn(async move {
         loop {
             let snapshot = store.snapshot();
-            let interval = snapshot.policy.peer_views.poll_interval.get();
+            // Never a busy loop, whatever the policy says.
+            let interval = snapshot
+                .policy
+                .peer_views
+                .poll_interval
+                .get()
+                .max(Duration::from_millis(20));
             let peers = registry.peers(&snapshot);
             let mut polls = tokio::task::JoinSet::new();
             for peer in peers {
@@ -41,9 +46,7 @@ pub fn spawn_poller(
                     .await
                     {
                         Ok(remote) => views.set_remote(&peer, remote),
-                        Err(Fetch::Unreachable) => {
-                            views.observe(&peer, Signal::Failure(Duration::ZERO))
-                        }
+                        Err(Fetch::Unreachable) => views.unreachable(&peer),
                         Err(Fetch::Unreadable) => {}
                     }
                 });
