@@ -147,7 +147,10 @@ impl Sidecar {
         ];
         // Probes run on their own low-priority thread; failing to start it is logged, not fatal.
         let probes = probe::spawn(store.clone(), local.clone(), metrics, stop_rest.clone())
-            .map_err(|err| tracing::error!(%err, "cannot start the probe thread; business probes are off"))
+            .map_err(|err| {
+                tracing::error!(%err, "cannot start the probe thread; business probes are off");
+                local.prober_unavailable();
+            })
             .ok();
         ready.store(true, Ordering::Release);
         tracing::info!(

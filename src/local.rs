@@ -77,6 +77,8 @@ pub struct LocalAgent {
     inner: Mutex<Inner>,
     /// Set when production traffic shows trouble: the prober confirms it now, not an interval later.
     probe_now: AtomicBool,
+    /// Whether a prober runs at all: without one, ejection cannot wait for a passing probe.
+    prober_running: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -105,6 +107,7 @@ impl LocalAgent {
                 reported_in_flight: None,
             }),
             probe_now: AtomicBool::new(false),
+            prober_running: AtomicBool::new(true),
         }
     }
 
@@ -172,6 +175,11 @@ impl LocalAgent {
         self.transitioned(t);
     }
 
+    /// The probe thread could not start: leave ejection on the cool-off alone.
+    pub fn prober_unavailable(&self) {
+        self.prober_running.store(false, Ordering::Release);
+    }
+
     /// Whether traffic asked for a probe since the last call (and clears the request).
     pub fn take_probe_request(&self) -> bool {
         self.probe_now.swap(false, Ordering::AcqRel)
@@ -190,7 +198,8 @@ impl LocalAgent {
         let mut inner = self.lock();
         // A reload may add or remove probes: an agent without them leaves ejection on the
         // cool-off alone, or it would never leave.
-        inner.view.set_probe_gated(has_probes(&self.store));
+        let gated = has_probes(&self.store) && self.prober_running.load(Ordering::Acquire);
+        inner.view.set_probe_gated(gated);
         let reported = inner
             .reported_in_flight
             .filter(|(_, at)| now.saturating_duration_since(*at) <= ep.busy_ttl)

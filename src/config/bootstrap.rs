@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use serde::{de, Deserialize, Deserializer, Serialize};
 
 use super::duration::HumanDuration;
-use super::scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
+use super::scalar::{self, Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 
 /// `config/agent-reach.yaml`. Listener addresses and limits need a restart; the rest hot-reloads.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -156,12 +156,17 @@ impl RouteMode {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ProbeSpec {
-    #[serde(default = "default_probe_method")]
+    #[serde(
+        default = "default_probe_method",
+        deserialize_with = "scalar::http_method"
+    )]
     pub method: String,
+    /// Origin-form: starts with `/`.
+    #[serde(deserialize_with = "scalar::http_path")]
     pub path: String,
     #[serde(default)]
     pub body: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar::http_headers")]
     pub headers: BTreeMap<String, String>,
     #[serde(default = "default_expect_status")]
     pub expect_status: u16,

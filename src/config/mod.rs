@@ -233,6 +233,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_probe_that_could_never_be_sent_is_rejected_where_it_is_written() {
+        let text = "agent:\n  name: a\n  address: 127.0.0.1:1\n  max_concurrency: 1\n  capabilities:\n    - name: c\n      probe: { path: review, headers: { bad header: x } }\n";
+        let err = parse_bootstrap(Path::new("b.yaml"), text)
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some("b.yaml:7:22: agent.capabilities[0].probe.path: `review` is not a request path starting with `/`")
+        );
+    }
+
+    #[test]
     fn the_example_policy_documents_the_defaults() {
         let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config/policy.yaml"));
         let policy = load_policy(path);

@@ -204,3 +204,39 @@ impl PositiveCount {
         (value >= 1).then_some(Self(value))
     }
 }
+
+// A probe's request parts are checked when the file is read: a probe that can never be sent
+// would fail forever and keep its agent out of rotation.
+
+pub(super) fn http_method<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    d.deserialize_str(StrVisitor("an HTTP method", |t: &str| {
+        http::Method::from_bytes(t.as_bytes())
+            .map(|_| t.to_owned())
+            .map_err(|_| format!("`{t}` is not an HTTP method"))
+    }))
+}
+
+pub(super) fn http_path<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    d.deserialize_str(StrVisitor("a request path", |t: &str| {
+        let ok = t.starts_with('/') && t.parse::<http::uri::PathAndQuery>().is_ok();
+        ok.then(|| t.to_owned())
+            .ok_or_else(|| format!("`{t}` is not a request path starting with `/`"))
+    }))
+}
+
+pub(super) fn http_headers<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
+    let headers = std::collections::BTreeMap::<String, String>::deserialize(d)?;
+    for (name, value) in &headers {
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(de::Error::custom(format!("`{name}` is not a header name")));
+        }
+        if http::HeaderValue::from_str(value).is_err() {
+            return Err(de::Error::custom(format!(
+                "the value of header `{name}` is not valid"
+            )));
+        }
+    }
+    Ok(headers)
+}

@@ -216,6 +216,11 @@ impl PeerViews {
                     None
                 };
                 entry.last_score = Some(factors.score);
+                if factors.score < snapshot.policy.states.healthy.min_score {
+                    if let Some(t) = entry.view.event(reach::Event::LowScore, now, &sp) {
+                        transitions.push((peer.name.clone(), t));
+                    }
+                }
                 Scored {
                     peer: peer.clone(),
                     state: mine.state,

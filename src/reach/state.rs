@@ -546,6 +546,21 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_score_below_the_floor_puts_a_healthy_agent_on_probation() {
+        let mut m = healthy(false);
+        let t = m.on(Event::LowScore, Instant::now(), &p());
+        assert_eq!(
+            t.map(|t| (t.to, t.reason)),
+            Some((State::Probation, "score below the floor"))
+        );
+        assert_eq!(
+            m.on(Event::LowScore, Instant::now(), &p()),
+            None,
+            "only from healthy"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn draining_is_terminal_with_no_traffic() {
         let mut m = healthy(false);
         let now = Instant::now();
