@@ -30,6 +30,7 @@ pub const PEER_CAP: &str = "reach_peer_cap";
 pub const PROBES_TOTAL: &str = "reach_probes_total";
 pub const PROBE_DURATION: &str = "reach_probe_duration_seconds";
 pub const RETRIES_TOTAL: &str = "reach_retries_total";
+pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_total";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -63,6 +64,10 @@ const COUNTERS: &[(&str, &str)] = &[
     (
         RETRIES_TOTAL,
         "Retries on another candidate by capability and failed attempt's reason.",
+    ),
+    (
+        RETRY_BUDGET_EXHAUSTED_TOTAL,
+        "Calls that failed fast because the retry budget was spent.",
     ),
 ];
 
@@ -289,6 +294,13 @@ impl Metrics {
         let capability = capability.to_owned();
         self.with(|| {
             counter!(RETRIES_TOTAL, "capability" => capability, "reason" => reason).increment(1)
+        });
+    }
+
+    pub fn retry_budget_exhausted(&self, capability: &str) {
+        let capability = capability.to_owned();
+        self.with(|| {
+            counter!(RETRY_BUDGET_EXHAUSTED_TOTAL, "capability" => capability).increment(1)
         });
     }
 

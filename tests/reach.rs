@@ -338,3 +338,35 @@ async fn no_peer_available_answers_at_once_with_the_candidate_snapshot() {
     );
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_budget_stops_retries_under_a_sustained_failure() {
+    let mut policy = demo_policy();
+    policy.retry.budget.ratio = 0.0;
+    policy.retry.budget.min_per_second = 1;
+    policy.retry.budget.ttl = HumanDuration::from_secs(10);
+    // Long cool-offs and no probes out of trouble: the fleet stays broken for the whole test.
+    policy.states.refusals_as_failure = 1000;
+    let fleet = Fleet::start(policy).await.unwrap();
+    all_healthy(&fleet).await;
+    for (agent, _) in &fleet.agents {
+        agent.set_mode(Mode::RateLimited);
+    }
+    let c = client();
+    let mut attempts = 0;
+    for _ in 0..30 {
+        let reply = call(&c, fleet.caller.addrs.outbound).await;
+        attempts += reply.header("reach-attempts").parse::<u32>().unwrap_or(0);
+    }
+    // Without a budget 30 calls would make up to 90 attempts; the floor allows 10 retries.
+    assert!(attempts <= 30 + 10, "{attempts} attempts for 30 calls");
+    let admin = fleet.caller.addrs.admin;
+    let metrics = get(&client(), &format!("http://{admin}/metrics"))
+        .await
+        .body;
+    assert!(
+        metrics.contains("reach_retry_budget_exhausted_total{capability=\"code-review\"}"),
+        "{metrics}"
+    );
+    fleet.shutdown().await;
+}

@@ -21,8 +21,8 @@ pub use bootstrap::{
 };
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use policy::{
-    EstimatesPolicy, Fraction, Policy, Pool, ProbesPolicy, RetryPolicy, StatesPolicy, Timeouts,
-    WeightSets, Zones,
+    EstimatesPolicy, Fraction, Policy, Pool, ProbesPolicy, RetryBudgetPolicy, RetryPolicy,
+    StatesPolicy, Timeouts, WeightSets, Zones,
 };
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 pub use watch::spawn_watcher;

@@ -342,6 +342,30 @@ pub struct RetryPolicy {
     pub max_retries: u32,
     /// Request bodies up to this size are buffered so they can be replayed.
     pub max_body_bytes: usize,
+    /// Full-jitter exponential backoff between attempts: a draw in 0..min(max, base·2^n).
+    pub backoff_base: HumanDuration,
+    pub backoff_max: HumanDuration,
+    pub budget: RetryBudgetPolicy,
+}
+
+/// Retries may add `ratio` of the calls of the last `ttl`, plus `min_per_second`.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryBudgetPolicy {
+    pub ratio: f64,
+    pub min_per_second: u32,
+    /// The window the ratio looks back over (1 s to 60 s).
+    pub ttl: HumanDuration,
+}
+
+impl Default for RetryBudgetPolicy {
+    fn default() -> Self {
+        Self {
+            ratio: 0.2,
+            min_per_second: 10,
+            ttl: HumanDuration::from_secs(10),
+        }
+    }
 }
 
 impl Default for RetryPolicy {
@@ -349,6 +373,9 @@ impl Default for RetryPolicy {
         Self {
             max_retries: 2,
             max_body_bytes: 64 * 1024,
+            backoff_base: HumanDuration::from_millis(25),
+            backoff_max: HumanDuration::from_secs(1),
+            budget: RetryBudgetPolicy::default(),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 mod balance;
 mod local_api;
+mod retry;
 mod target;
 
 use std::net::SocketAddr;
@@ -15,6 +16,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 pub use balance::pick;
+use retry::RetryBudgets;
 pub use target::capability_of;
 
 use crate::config::{ConfigStore, RouteMode, Snapshot};
@@ -39,6 +41,7 @@ pub struct Outbound {
     registry: Arc<Registry>,
     peers: Arc<PeerViews>,
     local: Arc<LocalAgent>,
+    budgets: RetryBudgets,
 }
 
 /// How one attempt ended, as far as retrying cares.
@@ -77,6 +80,7 @@ impl Outbound {
             registry,
             peers,
             local,
+            budgets: RetryBudgets::default(),
         }
     }
 
@@ -136,6 +140,8 @@ impl Outbound {
         };
 
         let scored = self.peers.score(&snapshot, &candidates, &route);
+        let budget = self.budgets.get(&route.capability, &snapshot.policy.retry);
+        retry::deposit(&budget);
         let max_attempts = if replay.is_some() {
             snapshot.policy.retry.max_retries as usize + 1
         } else {
@@ -177,10 +183,21 @@ impl Outbound {
                 .retry_reason()
                 .filter(|_| tried.len() < max_attempts);
             last = Some((attempt, chosen));
-            match retry {
-                Some(reason) => self.metrics.retry(&route.capability, reason),
-                None => break,
+            let Some(reason) = retry else { break };
+            if !retry::withdraw(&budget) {
+                // Fail fast with what we have: this is what stops a correlated retry storm.
+                self.metrics.retry_budget_exhausted(&route.capability);
+                break;
             }
+            self.metrics.retry(&route.capability, reason);
+            let policy = &snapshot.policy.retry;
+            let pause = retry::backoff(
+                tried.len() as u32,
+                policy.backoff_base.get(),
+                policy.backoff_max.get(),
+                rand::random::<f64>(),
+            );
+            tokio::time::sleep(deadline.map_or(pause, |d| pause.min(d.remaining()))).await;
         }
 
         let attempts = tried.len();
