@@ -31,6 +31,7 @@ pub const PROBES_TOTAL: &str = "reach_probes_total";
 pub const PROBE_DURATION: &str = "reach_probe_duration_seconds";
 pub const RETRIES_TOTAL: &str = "reach_retries_total";
 pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_total";
+pub const TIER_PICKS_TOTAL: &str = "reach_tier_picks_total";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -64,6 +65,10 @@ const COUNTERS: &[(&str, &str)] = &[
     (
         RETRIES_TOTAL,
         "Retries on another candidate by capability and failed attempt's reason.",
+    ),
+    (
+        TIER_PICKS_TOTAL,
+        "Attempts by zone tier of the chosen peer (zone, region, any).",
     ),
     (
         RETRY_BUDGET_EXHAUSTED_TOTAL,
@@ -295,6 +300,10 @@ impl Metrics {
         self.with(|| {
             counter!(RETRIES_TOTAL, "capability" => capability, "reason" => reason).increment(1)
         });
+    }
+
+    pub fn tier_pick(&self, tier: &'static str) {
+        self.with(|| counter!(TIER_PICKS_TOTAL, "tier" => tier).increment(1));
     }
 
     pub fn retry_budget_exhausted(&self, capability: &str) {

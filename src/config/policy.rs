@@ -266,6 +266,8 @@ pub struct Zones {
     pub cross_zone_cost: f64,
     /// Another region.
     pub cross_region_cost: f64,
+    /// A zone tier is passed over when none of its candidates scores at least this.
+    pub tier_min_score: f64,
 }
 
 impl Default for Zones {
@@ -273,6 +275,7 @@ impl Default for Zones {
         Self {
             cross_zone_cost: 0.1,
             cross_region_cost: 0.3,
+            tier_min_score: 0.0,
         }
     }
 }

@@ -5,6 +5,7 @@ mod balance;
 mod local_api;
 mod retry;
 mod target;
+mod tiers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use hyper::body::Incoming;
 pub use balance::pick;
 use retry::RetryBudgets;
 pub use target::capability_of;
+use tiers::Tier;
 
 use crate::config::{ConfigStore, RouteMode, Snapshot};
 use crate::error::ReachError;
@@ -140,6 +142,11 @@ impl Outbound {
         };
 
         let scored = self.peers.score(&snapshot, &candidates, &route);
+        let me = &snapshot.bootstrap.agent;
+        let tiers: Vec<Tier> = scored
+            .iter()
+            .map(|s| Tier::of((&me.zone, &me.region), (&s.peer.zone, &s.peer.region)))
+            .collect();
         let budget = self.budgets.get(&route.capability, &snapshot.policy.retry);
         retry::deposit(&budget);
         let max_attempts = if replay.is_some() {
@@ -166,10 +173,19 @@ impl Outbound {
                     .insert("reach-attempts", tried.len().into());
                 return response;
             }
-            let Some(chosen) = pick(&scored, &tried, rand::random::<f64>) else {
+            // Nearest tier first: skip the other tiers' candidates while the nearest can serve.
+            let mut skip = tiers::outside_nearest(
+                &scored,
+                &tiers,
+                &tried,
+                snapshot.policy.zones.tier_min_score,
+            );
+            skip.extend_from_slice(&tried);
+            let Some(chosen) = pick(&scored, &skip, rand::random::<f64>) else {
                 break;
             };
             tried.push(chosen);
+            self.metrics.tier_pick(tiers[chosen].as_str());
             let body = match (&replay, stream.take()) {
                 (Some(bytes), _) => body::full(bytes.clone()),
                 (None, Some(incoming)) => body::boxed(incoming),
