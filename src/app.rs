@@ -87,6 +87,7 @@ impl Sidecar {
             client.clone(),
             admission,
             local.clone(),
+            idempotency_table(&snapshot.policy),
         ));
         let outbound = Arc::new(Outbound::new(
             store.clone(),
@@ -95,6 +96,7 @@ impl Sidecar {
             registry.clone(),
             peers.clone(),
             local.clone(),
+            idempotency_table(&snapshot.policy),
         ));
         let ready = Arc::new(AtomicBool::new(false));
         let admin = Arc::new(Admin {
@@ -204,6 +206,11 @@ impl Sidecar {
         }
         tracing::info!("drained; stopped");
     }
+}
+
+fn idempotency_table(policy: &crate::config::Policy) -> Arc<crate::idempotency::IdempotencyTable> {
+    let p = &policy.idempotency;
+    crate::idempotency::IdempotencyTable::new(p.max_keys, p.ttl.get(), p.max_body_bytes)
 }
 
 async fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {

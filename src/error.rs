@@ -40,6 +40,8 @@ pub enum ReachError {
     Timeout { target: String, after: Duration },
     #[error("the request's deadline passed before an answer came")]
     DeadlineExceeded,
+    #[error("a request with this idempotency-key already ran and its response cannot be replayed")]
+    IdempotencyConflict,
     #[error("{0}")]
     BadRequest(String),
     #[error("no such endpoint: {0}")]
@@ -51,6 +53,7 @@ impl ReachError {
         match self {
             ReachError::MissingCapability | ReachError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ReachError::ForeignHost { .. } => StatusCode::FORBIDDEN,
+            ReachError::IdempotencyConflict => StatusCode::CONFLICT,
             ReachError::UnknownCapability { .. } | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
             ReachError::NoAvailableInstance { .. }
             | ReachError::Saturated { .. }
@@ -79,6 +82,7 @@ impl ReachError {
             ReachError::Upstream { .. } => "upstream_failed",
             ReachError::Timeout { .. } => "timeout",
             ReachError::DeadlineExceeded => "deadline_exceeded",
+            ReachError::IdempotencyConflict => "idempotency_conflict",
             ReachError::BadRequest(_) => "bad_request",
             ReachError::NotFound(_) => "not_found",
         }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod http;
+pub mod idempotency;
 pub mod inbound;
 pub mod local;
 pub mod metrics;

@@ -32,6 +32,7 @@ pub const PROBE_DURATION: &str = "reach_probe_duration_seconds";
 pub const RETRIES_TOTAL: &str = "reach_retries_total";
 pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_total";
 pub const TIER_PICKS_TOTAL: &str = "reach_tier_picks_total";
+pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "reach_idempotent_replays_total";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -69,6 +70,10 @@ const COUNTERS: &[(&str, &str)] = &[
     (
         TIER_PICKS_TOTAL,
         "Attempts by zone tier of the chosen peer (zone, region, any).",
+    ),
+    (
+        IDEMPOTENT_REPLAYS_TOTAL,
+        "Duplicates of a keyed request answered without running it again.",
     ),
     (
         RETRY_BUDGET_EXHAUSTED_TOTAL,
@@ -300,6 +305,10 @@ impl Metrics {
         self.with(|| {
             counter!(RETRIES_TOTAL, "capability" => capability, "reason" => reason).increment(1)
         });
+    }
+
+    pub fn idempotent_replay(&self) {
+        self.with(|| counter!(IDEMPOTENT_REPLAYS_TOTAL).increment(1));
     }
 
     pub fn tier_pick(&self, tier: &'static str) {

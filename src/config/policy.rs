@@ -19,6 +19,7 @@ pub struct Policy {
     pub probes: ProbesPolicy,
     pub peer_views: PeerViewsPolicy,
     pub retry: RetryPolicy,
+    pub idempotency: IdempotencyPolicy,
     /// Write one JSON line per routed request (target `agent_reach::decision`).
     pub decision_log: bool,
 }
@@ -379,6 +380,26 @@ impl Default for RetryPolicy {
             backoff_base: HumanDuration::from_millis(25),
             backoff_max: HumanDuration::from_secs(1),
             budget: RetryBudgetPolicy::default(),
+        }
+    }
+}
+
+/// `idempotency-key` tables (read at start-up).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdempotencyPolicy {
+    pub max_keys: usize,
+    pub ttl: HumanDuration,
+    /// Responses up to this size are kept for replay; a larger one makes duplicates a 409.
+    pub max_body_bytes: usize,
+}
+
+impl Default for IdempotencyPolicy {
+    fn default() -> Self {
+        Self {
+            max_keys: 10_000,
+            ttl: HumanDuration::from_secs(600),
+            max_body_bytes: 256 * 1024,
         }
     }
 }

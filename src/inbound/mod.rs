@@ -21,6 +21,7 @@ use crate::http::deadline::{attempt_timeout, Deadline};
 use crate::http::forward::{forward, into_upstream};
 use crate::http::measured::{BodyEnd, MeasuredBody};
 use crate::http::{body, headers, ReachBody};
+use crate::idempotency::{self, Claim, IdempotencyTable};
 use crate::local::LocalAgent;
 use crate::metrics::{Direction, Metrics};
 use crate::peers::SELF_PATH;
@@ -38,6 +39,7 @@ pub struct Inbound {
     admission: Arc<Admission>,
     local: Arc<LocalAgent>,
     stats: Arc<InboundStats>,
+    idempotency: Arc<IdempotencyTable>,
 }
 
 impl Inbound {
@@ -47,6 +49,7 @@ impl Inbound {
         client: UpstreamClient,
         admission: Arc<Admission>,
         local: Arc<LocalAgent>,
+        idempotency: Arc<IdempotencyTable>,
     ) -> Self {
         Self {
             store,
@@ -55,6 +58,7 @@ impl Inbound {
             admission,
             local,
             stats: Arc::new(InboundStats::default()),
+            idempotency,
         }
     }
 
@@ -103,6 +107,28 @@ impl Inbound {
             return err.into_response();
         }
 
+        if let Some(key) = idempotency::key_of(req.headers()) {
+            let capability = capability.map(str::to_owned);
+            return self
+                .keyed(req, key, snapshot, label, capability, deadline, arrived)
+                .await;
+        }
+        let own_timeout = snapshot.capability_timeout(capability);
+        self.run(req, &snapshot, label, own_timeout, deadline, arrived)
+            .await
+    }
+
+    /// Runs a request against the local agent: admission, forward, measurement.
+    async fn run(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        snapshot: &Snapshot,
+        label: String,
+        own_timeout: Duration,
+        deadline: Option<Deadline>,
+        arrived: Instant,
+    ) -> Response<ReachBody> {
+        let agent = &snapshot.bootstrap.agent;
         let limits = AdmissionLimits {
             max_concurrency: agent.max_concurrency.get(),
             queue_capacity: agent.queue.capacity,
@@ -123,8 +149,7 @@ impl Inbound {
         };
 
         let admitted = Instant::now();
-        let (timeout, by_deadline) =
-            attempt_timeout(snapshot.capability_timeout(capability), deadline);
+        let (timeout, by_deadline) = attempt_timeout(own_timeout, deadline);
         let req = into_upstream(req);
         let target = format!("agent {}", agent.name);
         let response =
@@ -177,6 +202,60 @@ impl Inbound {
             drop(slot);
         });
         Response::from_parts(parts, body::boxed(measured))
+    }
+
+    /// A request with an `idempotency-key`: the first runs — to completion, whatever its caller
+    /// does, so a retry with the same key joins it rather than running the task again — and
+    /// every request with that key, the first included, answers from its outcome.
+    #[allow(clippy::too_many_arguments)]
+    async fn keyed(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        key: String,
+        snapshot: Arc<Snapshot>,
+        label: String,
+        capability: Option<String>,
+        deadline: Option<Deadline>,
+        arrived: Instant,
+    ) -> Response<ReachBody> {
+        let own_timeout = snapshot.capability_timeout(capability.as_deref());
+        let (wait, by_deadline) = attempt_timeout(own_timeout, deadline);
+        let claim = self.idempotency.claim(&label, &key);
+        let (claim, first) = match claim {
+            Claim::First(ticket) => {
+                let joined = ticket.subscribe();
+                let this = self.clone();
+                // The agent is working on it: wait for its answer as long as the key lives,
+                // not just the capability's timeout, so nobody has to run it again.
+                let run_for = snapshot.policy.idempotency.ttl.get().max(own_timeout);
+                tokio::spawn(async move {
+                    let response = this
+                        .clone()
+                        .run(req, &snapshot, label, run_for, None, arrived)
+                        .await;
+                    ticket.settle(response).await;
+                });
+                (joined, true)
+            }
+            other => {
+                self.metrics.idempotent_replay();
+                (other, false)
+            }
+        };
+        match tokio::time::timeout(wait, idempotency::answer(claim)).await {
+            Ok(mut response) => {
+                if first {
+                    response.headers_mut().remove(idempotency::REPLAYED);
+                }
+                response
+            }
+            Err(_) if by_deadline => ReachError::DeadlineExceeded.into_response(),
+            Err(_) => ReachError::Timeout {
+                target: "the keyed original".to_owned(),
+                after: wait,
+            }
+            .into_response(),
+        }
     }
 
     /// `reach-busy` / `reach-load` on any response: the agent telling us how loaded it is.

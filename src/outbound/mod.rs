@@ -28,6 +28,7 @@ use crate::http::deadline::{self, attempt_timeout, Deadline};
 use crate::http::forward::forward;
 use crate::http::measured::{BodyEnd, MeasuredBody};
 use crate::http::{body, headers, ReachBody};
+use crate::idempotency::{self, Claim, IdempotencyTable};
 use crate::inbound::Outcome;
 use crate::local::LocalAgent;
 use crate::metrics::{Direction, Metrics};
@@ -44,6 +45,7 @@ pub struct Outbound {
     peers: Arc<PeerViews>,
     local: Arc<LocalAgent>,
     budgets: RetryBudgets,
+    idempotency: Arc<IdempotencyTable>,
 }
 
 /// How one attempt ended, as far as retrying cares.
@@ -57,11 +59,23 @@ enum Attempt {
 impl Attempt {
     /// Why this attempt may move to another peer: it was refused, or never connected, so the
     /// request never reached an agent. Timeouts and broken responses may have run the task.
-    fn retry_reason(&self) -> Option<&'static str> {
+    /// A keyed request that timed out may have run: it is retried on the same agent, whose
+    /// sidecar joins the original or replays its stored response — never a second run.
+    fn retry_reason(&self, keyed: bool) -> Option<&'static str> {
         match self {
             Attempt::Refused(_, why) => Some(why),
             Attempt::Failed(ReachError::UpstreamConnect { .. }) => Some("connect_failed"),
+            Attempt::Failed(ReachError::Timeout { .. }) if keyed => Some("timeout_keyed"),
+            Attempt::Done(response) if keyed && is_peer_timeout(response) => Some("timeout_keyed"),
             _ => None,
+        }
+    }
+
+    fn stays_on_the_same_peer(&self) -> bool {
+        match self {
+            Attempt::Failed(ReachError::Timeout { .. }) => true,
+            Attempt::Done(response) => is_peer_timeout(response),
+            _ => false,
         }
     }
 }
@@ -74,6 +88,7 @@ impl Outbound {
         registry: Arc<Registry>,
         peers: Arc<PeerViews>,
         local: Arc<LocalAgent>,
+        idempotency: Arc<IdempotencyTable>,
     ) -> Self {
         Self {
             store,
@@ -83,6 +98,7 @@ impl Outbound {
             peers,
             local,
             budgets: RetryBudgets::default(),
+            idempotency,
         }
     }
 
@@ -91,10 +107,41 @@ impl Outbound {
         req: Request<Incoming>,
         _remote: SocketAddr,
     ) -> Response<ReachBody> {
-        let started = Instant::now();
         if local_api::is_local_api(&req) {
             return local_api::handle(&self.local, req).await;
         }
+        // The agent's own repeated call (its client timed out and resent) runs once too.
+        let keyed = idempotency::key_of(req.headers()).zip(capability_of(&req).ok());
+        let Some((key, capability)) = keyed else {
+            return self.route(req).await;
+        };
+        match self.idempotency.claim(capability.as_str(), &key) {
+            Claim::First(ticket) => {
+                let response = self.route(req).await;
+                if response.headers().contains_key(headers::REASON) {
+                    // Made by the sidecar: nothing ran, or nothing is known; free the key.
+                    drop(ticket);
+                    response
+                } else {
+                    ticket.record(response)
+                }
+            }
+            other => {
+                self.metrics.idempotent_replay();
+                let wait = Deadline::from_headers(req.headers())
+                    .ok()
+                    .flatten()
+                    .map_or(snapshot_timeout(&self.store), Deadline::remaining);
+                match tokio::time::timeout(wait, idempotency::answer(other)).await {
+                    Ok(response) => response,
+                    Err(_) => ReachError::DeadlineExceeded.into_response(),
+                }
+            }
+        }
+    }
+
+    async fn route(self: Arc<Self>, req: Request<Incoming>) -> Response<ReachBody> {
+        let started = Instant::now();
         let snapshot = self.store.snapshot();
         let capability = match capability_of(&req) {
             Ok(c) => c,
@@ -154,6 +201,8 @@ impl Outbound {
         } else {
             1
         };
+        let keyed = parts.headers.contains_key(idempotency::HEADER);
+        let mut sticky: Option<usize> = None;
         let mut tried: Vec<usize> = Vec::new();
         let mut last: Option<(Attempt, usize)> = None;
         while tried.len() < max_attempts {
@@ -181,7 +230,11 @@ impl Outbound {
                 snapshot.policy.zones.tier_min_score,
             );
             skip.extend_from_slice(&tried);
-            let Some(chosen) = pick(&scored, &skip, rand::random::<f64>) else {
+            let picked = match sticky.take() {
+                Some(same) => Some(same),
+                None => pick(&scored, &skip, rand::random::<f64>),
+            };
+            let Some(chosen) = picked else {
                 break;
             };
             tried.push(chosen);
@@ -196,8 +249,11 @@ impl Outbound {
             let attempt = self.attempt(request, &scored[chosen], deadline).await;
             self.log_decision(&snapshot, &route, &scored, chosen, tried.len(), &attempt);
             let retry = attempt
-                .retry_reason()
+                .retry_reason(keyed)
                 .filter(|_| tried.len() < max_attempts);
+            if retry.is_some() && attempt.stays_on_the_same_peer() {
+                sticky = Some(chosen);
+            }
             last = Some((attempt, chosen));
             let Some(reason) = retry else { break };
             if !retry::withdraw(&budget) {
@@ -307,6 +363,11 @@ impl Outbound {
                     };
                     return Attempt::Refused(response, why);
                 }
+                if is_peer_timeout(&response) {
+                    // The peer's sidecar gave up on its agent: a timeout, as if it were our own.
+                    pending.finish(Signal::Timeout(elapsed));
+                    return Attempt::Done(response);
+                }
                 if status == StatusCode::NOT_FOUND && reason == "unknown_capability" {
                     // Our registry is stale: that peer no longer serves the capability. Nothing
                     // ran; try another, and do not credit this one with a success.
@@ -414,6 +475,20 @@ impl Outbound {
         });
         tracing::info!(target: "agent_reach::decision", decision = %line, "routed");
     }
+}
+
+/// A 504 `timeout` made by the peer's sidecar: its agent did not answer in time.
+fn is_peer_timeout<B>(response: &Response<B>) -> bool {
+    response.status() == StatusCode::GATEWAY_TIMEOUT
+        && response
+            .headers()
+            .get(headers::REASON)
+            .is_some_and(|r| r == "timeout")
+}
+
+/// How long a duplicate waits for the original when the call sets no deadline.
+fn snapshot_timeout(store: &ConfigStore) -> Duration {
+    store.snapshot().policy.timeouts.request.get()
 }
 
 /// The candidate snapshot shown in `no_available_instance` and the decision log.
