@@ -350,6 +350,39 @@ pub struct RetryPolicy {
     pub backoff_base: HumanDuration,
     pub backoff_max: HumanDuration,
     pub budget: RetryBudgetPolicy,
+    /// How `reach-mode: async` calls move along their candidates.
+    pub fallback: FallbackPolicy,
+}
+
+/// The fallback chain of async calls.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FallbackPolicy {
+    /// Pause between consecutive agents (seed 002: 2 s, so the previous one can clean up).
+    pub interval: HumanDuration,
+    /// Agents tried in all, 2 to 5.
+    pub chain_length: u32,
+    /// When the chain is exhausted: `fail` (answer the last error). `queue` is reserved for the
+    /// durable async-task queue and behaves as `fail` until it exists.
+    pub final_fallback: FinalFallback,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FinalFallback {
+    #[default]
+    Fail,
+    Queue,
+}
+
+impl Default for FallbackPolicy {
+    fn default() -> Self {
+        Self {
+            interval: HumanDuration::from_secs(2),
+            chain_length: 3,
+            final_fallback: FinalFallback::Fail,
+        }
+    }
 }
 
 /// Retries may add `ratio` of the calls of the last `ttl`, plus `min_per_second`.
@@ -380,6 +413,7 @@ impl Default for RetryPolicy {
             backoff_base: HumanDuration::from_millis(25),
             backoff_max: HumanDuration::from_secs(1),
             budget: RetryBudgetPolicy::default(),
+            fallback: FallbackPolicy::default(),
         }
     }
 }

@@ -196,10 +196,12 @@ impl Outbound {
             .collect();
         let budget = self.budgets.get(&route.capability, &snapshot.policy.retry);
         retry::deposit(&budget);
-        let max_attempts = if replay.is_some() {
-            snapshot.policy.retry.max_retries as usize + 1
-        } else {
-            1
+        // An async call walks a fallback chain of its own length; a sync one gets the retries.
+        let is_async = route.mode == Some(RouteMode::Async);
+        let max_attempts = match (&replay, is_async) {
+            (None, _) => 1,
+            (Some(_), true) => snapshot.policy.retry.fallback.chain_length.clamp(2, 5) as usize,
+            (Some(_), false) => snapshot.policy.retry.max_retries as usize + 1,
         };
         let keyed = parts.headers.contains_key(idempotency::HEADER);
         let mut sticky: Option<usize> = None;
@@ -263,12 +265,17 @@ impl Outbound {
             }
             self.metrics.retry(&route.capability, reason);
             let policy = &snapshot.policy.retry;
-            let pause = retry::backoff(
-                tried.len() as u32,
-                policy.backoff_base.get(),
-                policy.backoff_max.get(),
-                rand::random::<f64>(),
-            );
+            let pause = if is_async {
+                // Seed 002: give the previous agent time to clean up before the next takes over.
+                policy.fallback.interval.get()
+            } else {
+                retry::backoff(
+                    tried.len() as u32,
+                    policy.backoff_base.get(),
+                    policy.backoff_max.get(),
+                    rand::random::<f64>(),
+                )
+            };
             tokio::time::sleep(deadline.map_or(pause, |d| pause.min(d.remaining()))).await;
         }
 

@@ -1,4 +1,4 @@
-//! Deadlines: a caller's `reach-timeout` / `reach-deadline` bounds the call across both sidecars.
+//! Outbound resilience: deadlines across both sidecars, and the async fallback chain.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -116,4 +116,56 @@ async fn a_generous_deadline_lets_the_call_finish() {
     )
     .await;
     assert_eq!(reply.status, 200, "{}", reply.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_call_walks_its_fallback_chain_with_spacing() {
+    use agent_reach::config::{HumanDuration, Policy};
+    use agent_reach::mock_agent::Mode;
+    use agent_reach::Bootstrap;
+
+    let mut policy = Policy::default();
+    policy.retry.fallback.interval = HumanDuration::from_millis(300);
+    policy.retry.fallback.chain_length = 3;
+    let mut caller = Bootstrap::local(
+        "caller",
+        std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+        &[],
+    )
+    .unwrap();
+    let mut fleet = Vec::new();
+    for name in ["coder-1", "coder-2", "coder-3"] {
+        let mut config = MockConfig::new(name);
+        config.mode = Mode::RateLimited;
+        let agent = mock(config).await;
+        let callee = sidecar(Bootstrap::local(name, agent.addr, &[CAP]).unwrap()).await;
+        caller = caller
+            .with_peer(name, callee.addrs.inbound, &[CAP])
+            .unwrap();
+        fleet.push((agent, callee));
+    }
+    let caller = sidecar_with(caller, policy, Default::default()).await;
+    let url = format!("http://{}/review", caller.addrs.outbound);
+    let started = std::time::Instant::now();
+    let reply = send(
+        &client(),
+        "POST",
+        &url,
+        &[("reach-capability", CAP), ("reach-mode", "async")],
+        "x",
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(reply.status, 429, "every agent refused: {}", reply.body);
+    assert_eq!(
+        reply.header("reach-attempts"),
+        "3",
+        "the whole chain was tried"
+    );
+    assert!(
+        took >= Duration::from_millis(600),
+        "two 300 ms pauses between three agents: {took:?}"
+    );
+    let served: u64 = fleet.iter().map(|(a, _)| a.stats().business).sum();
+    assert_eq!(served, 3, "each agent once");
 }
