@@ -33,6 +33,7 @@ pub const RETRIES_TOTAL: &str = "reach_retries_total";
 pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_total";
 pub const TIER_PICKS_TOTAL: &str = "reach_tier_picks_total";
 pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "reach_idempotent_replays_total";
+pub const DEADLINES_EXCEEDED_TOTAL: &str = "reach_deadlines_exceeded_total";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -70,6 +71,10 @@ const COUNTERS: &[(&str, &str)] = &[
     (
         TIER_PICKS_TOTAL,
         "Attempts by zone tier of the chosen peer (zone, region, any).",
+    ),
+    (
+        DEADLINES_EXCEEDED_TOTAL,
+        "Calls ended by the caller's reach-timeout / reach-deadline, by direction.",
     ),
     (
         IDEMPOTENT_REPLAYS_TOTAL,
@@ -304,6 +309,12 @@ impl Metrics {
         let capability = capability.to_owned();
         self.with(|| {
             counter!(RETRIES_TOTAL, "capability" => capability, "reason" => reason).increment(1)
+        });
+    }
+
+    pub fn deadline_exceeded(&self, direction: Direction) {
+        self.with(|| {
+            counter!(DEADLINES_EXCEEDED_TOTAL, "direction" => direction.as_str()).increment(1)
         });
     }
 

@@ -169,3 +169,56 @@ async fn an_async_call_walks_its_fallback_chain_with_spacing() {
     let served: u64 = fleet.iter().map(|(a, _)| a.stats().business).sum();
     assert_eq!(served, 3, "each agent once");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_call_that_timed_out_moves_to_another_peer() {
+    use agent_reach::config::HumanDuration;
+    use agent_reach::mock_agent::Mode;
+    use agent_reach::Bootstrap;
+
+    let mut caller = Bootstrap::local(
+        "caller",
+        std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+        &[],
+    )
+    .unwrap();
+    let mut fleet = Vec::new();
+    for (name, mode) in [("hung", Mode::Hang), ("fine", Mode::Normal)] {
+        let mut config = MockConfig::new(name);
+        config.mode = mode;
+        let agent = mock(config).await;
+        let mut b = Bootstrap::local(name, agent.addr, &[CAP]).unwrap();
+        b.agent.capabilities[0].timeout = Some(HumanDuration::from_millis(300));
+        let callee = sidecar(b).await;
+        caller = caller
+            .with_peer(name, callee.addrs.inbound, &[CAP])
+            .unwrap();
+        fleet.push((agent, callee));
+    }
+    let caller = sidecar(caller).await;
+    eventually(
+        Duration::from_secs(10),
+        "the caller knows both peers' timeouts",
+        || async {
+            let views = caller.status().peer_views;
+            views.len() == 2 && views.iter().all(|p| p.self_view.is_some())
+        },
+    )
+    .await;
+    let url = format!("http://{}/review", caller.addrs.outbound);
+    let mut moved = false;
+    for _ in 0..20 {
+        let reply = send(&client(), "PUT", &url, &[("reach-capability", CAP)], "x").await;
+        assert_eq!(
+            reply.status, 200,
+            "a PUT is idempotent: retried elsewhere: {}",
+            reply.body
+        );
+        if reply.header("reach-attempts") == "2" {
+            moved = true;
+            break;
+        }
+    }
+    assert!(moved, "no PUT ever met the hung peer first");
+    fleet[0].0.kill();
+}

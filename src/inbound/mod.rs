@@ -93,6 +93,7 @@ impl Inbound {
         if deadline.is_some_and(|d| d.remaining().is_zero()) {
             // The caller has already given up: running the task would be wasted work.
             self.finish(&label, Outcome::Timeout, None, arrived.elapsed());
+            self.metrics.deadline_exceeded(Direction::Inbound);
             return ReachError::DeadlineExceeded.into_response();
         }
         // An agent out of rotation by its own view takes no new work; the caller moves on.
@@ -159,6 +160,7 @@ impl Inbound {
                     let (outcome, signal, err) = match err {
                         // The caller's deadline, not the agent's timeout: no evidence against it.
                         ReachError::Timeout { .. } if by_deadline => {
+                            self.metrics.deadline_exceeded(Direction::Inbound);
                             (Outcome::Timeout, None, ReachError::DeadlineExceeded)
                         }
                         ReachError::Timeout { .. } => (
@@ -249,7 +251,10 @@ impl Inbound {
                 }
                 response
             }
-            Err(_) if by_deadline => ReachError::DeadlineExceeded.into_response(),
+            Err(_) if by_deadline => {
+                self.metrics.deadline_exceeded(Direction::Inbound);
+                ReachError::DeadlineExceeded.into_response()
+            }
             Err(_) => ReachError::Timeout {
                 target: "the keyed original".to_owned(),
                 after: wait,

@@ -59,23 +59,32 @@ enum Attempt {
 impl Attempt {
     /// Why this attempt may move to another peer: it was refused, or never connected, so the
     /// request never reached an agent. Timeouts and broken responses may have run the task.
-    /// A keyed request that timed out may have run: it is retried on the same agent, whose
-    /// sidecar joins the original or replays its stored response — never a second run.
-    fn retry_reason(&self, keyed: bool) -> Option<&'static str> {
-        match self {
-            Attempt::Refused(_, why) => Some(why),
-            Attempt::Failed(ReachError::UpstreamConnect { .. }) => Some("connect_failed"),
-            Attempt::Failed(ReachError::Timeout { .. }) if keyed => Some("timeout_keyed"),
-            Attempt::Done(response) if keyed && is_peer_timeout(response) => Some("timeout_keyed"),
-            _ => None,
-        }
-    }
-
-    fn stays_on_the_same_peer(&self) -> bool {
-        match self {
+    /// Whether and how this attempt may be retried: the reason, and whether the retry must go
+    /// to the same agent.
+    ///
+    /// | attempt | retried |
+    /// |---|---|
+    /// | refused (429, a sidecar's 503), connection failed | always, on another peer: nothing ran |
+    /// | timed out, keyed (`idempotency-key`) | on the *same* agent, whose sidecar joins or replays the original |
+    /// | timed out, 502/503/504 from the agent, idempotent method | on another peer |
+    /// | anything else (other 4xx, success, a POST that may have run) | never |
+    fn retry(&self, keyed: bool, idempotent: bool) -> Option<(&'static str, bool)> {
+        let timed_out = match self {
             Attempt::Failed(ReachError::Timeout { .. }) => true,
             Attempt::Done(response) => is_peer_timeout(response),
             _ => false,
+        };
+        match self {
+            Attempt::Refused(_, why) => Some((why, false)),
+            Attempt::Failed(ReachError::UpstreamConnect { .. }) => Some(("connect_failed", false)),
+            _ if timed_out && keyed => Some(("timeout_keyed", true)),
+            _ if timed_out && idempotent => Some(("timeout", false)),
+            Attempt::Done(response)
+                if idempotent && matches!(response.status().as_u16(), 502..=504) =>
+            {
+                Some(("server_error", false))
+            }
+            _ => None,
         }
     }
 }
@@ -204,6 +213,7 @@ impl Outbound {
             (Some(_), false) => snapshot.policy.retry.max_retries as usize + 1,
         };
         let keyed = parts.headers.contains_key(idempotency::HEADER);
+        let idempotent = parts.method.is_idempotent();
         let mut sticky: Option<usize> = None;
         let mut tried: Vec<usize> = Vec::new();
         let mut last: Option<(Attempt, usize)> = None;
@@ -251,11 +261,14 @@ impl Outbound {
             let attempt = self.attempt(request, &scored[chosen], deadline).await;
             self.log_decision(&snapshot, &route, &scored, chosen, tried.len(), &attempt);
             let retry = attempt
-                .retry_reason(keyed)
+                .retry(keyed, idempotent)
                 .filter(|_| tried.len() < max_attempts);
-            if retry.is_some() && attempt.stays_on_the_same_peer() {
-                sticky = Some(chosen);
-            }
+            let retry = retry.map(|(reason, same_peer)| {
+                if same_peer {
+                    sticky = Some(chosen);
+                }
+                reason
+            });
             last = Some((attempt, chosen));
             let Some(reason) = retry else { break };
             if !retry::withdraw(&budget) {
@@ -442,6 +455,9 @@ impl Outbound {
         err: ReachError,
         started: Instant,
     ) -> Response<ReachBody> {
+        if matches!(err, ReachError::DeadlineExceeded) {
+            self.metrics.deadline_exceeded(Direction::Outbound);
+        }
         self.metrics.request_finished(
             Direction::Outbound,
             capability,
