@@ -10,10 +10,10 @@ use agent_reach::config::HumanDuration;
 use agent_reach::mock_agent::{Latency, MockConfig};
 use support::*;
 
-/// An agent slower (1.5 s) than its declared timeout (1 s).
+/// An agent slower (1.2 s) than its declared timeout (1 s).
 async fn slow_pair() -> Pair {
     let mut config = MockConfig::new("coder-1");
-    config.latency = Latency::fixed(Duration::from_millis(1500));
+    config.latency = Latency::fixed(Duration::from_millis(1200));
     let pair = Pair::start_with(config, |mut b| {
         b.agent.capabilities[0].timeout = Some(HumanDuration::from_secs(1));
         b
