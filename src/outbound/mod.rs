@@ -500,13 +500,14 @@ impl Outbound {
     }
 }
 
-/// A 504 `timeout` made by the peer's sidecar: its agent did not answer in time.
+/// A 504 made by the peer's sidecar: its agent did not answer within its timeout, or within the
+/// deadline we gave this attempt (which races our own timer: either way the attempt timed out).
 fn is_peer_timeout<B>(response: &Response<B>) -> bool {
     response.status() == StatusCode::GATEWAY_TIMEOUT
         && response
             .headers()
             .get(headers::REASON)
-            .is_some_and(|r| r == "timeout")
+            .is_some_and(|r| r == "timeout" || r == "deadline_exceeded")
 }
 
 /// How long a duplicate waits for the original when the call sets no deadline.
