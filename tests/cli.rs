@@ -161,8 +161,9 @@ async fn sigterm_under_load_loses_no_accepted_request() {
     )
     .await;
 
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+    // The shell's builtin `kill`: no procps needed on a bare machine.
+    let killed = Command::new("sh")
+        .args(["-c", &format!("kill -TERM {}", child.id())])
         .status()
         .unwrap();
     assert!(killed.success());
