@@ -1,7 +1,9 @@
 //! The outbound listener: the local agent calls a capability; the sidecar scores the peers that
 //! serve it, picks one, forwards the call, and moves to another peer when the first refused it.
 
+mod attempt;
 mod balance;
+mod decision;
 mod local_api;
 mod retry;
 mod target;
@@ -16,6 +18,7 @@ use http::{header, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
+use attempt::{is_peer_timeout, Attempt};
 pub use balance::pick;
 use retry::RetryBudgets;
 pub use target::capability_of;
@@ -46,47 +49,6 @@ pub struct Outbound {
     local: Arc<LocalAgent>,
     budgets: RetryBudgets,
     idempotency: Arc<IdempotencyTable>,
-}
-
-/// How one attempt ended, as far as retrying cares.
-enum Attempt {
-    Done(Response<Incoming>),
-    /// Refused without running the task (429, or a peer sidecar's 503): safe to try elsewhere.
-    Refused(Response<Incoming>, &'static str),
-    Failed(ReachError),
-}
-
-impl Attempt {
-    /// Why this attempt may move to another peer: it was refused, or never connected, so the
-    /// request never reached an agent. Timeouts and broken responses may have run the task.
-    /// Whether and how this attempt may be retried: the reason, and whether the retry must go
-    /// to the same agent.
-    ///
-    /// | attempt | retried |
-    /// |---|---|
-    /// | refused (429, a sidecar's 503), connection failed | always, on another peer: nothing ran |
-    /// | timed out, keyed (`idempotency-key`) | on the *same* agent, whose sidecar joins or replays the original |
-    /// | timed out, 502/503/504 from the agent, idempotent method | on another peer |
-    /// | anything else (other 4xx, success, a POST that may have run) | never |
-    fn retry(&self, keyed: bool, idempotent: bool) -> Option<(&'static str, bool)> {
-        let timed_out = match self {
-            Attempt::Failed(ReachError::Timeout { .. }) => true,
-            Attempt::Done(response) => is_peer_timeout(response),
-            _ => false,
-        };
-        match self {
-            Attempt::Refused(_, why) => Some((why, false)),
-            Attempt::Failed(ReachError::UpstreamConnect { .. }) => Some(("connect_failed", false)),
-            _ if timed_out && keyed => Some(("timeout_keyed", true)),
-            _ if timed_out && idempotent => Some(("timeout", false)),
-            Attempt::Done(response)
-                if idempotent && matches!(response.status().as_u16(), 502..=504) =>
-            {
-                Some(("server_error", false))
-            }
-            _ => None,
-        }
-    }
 }
 
 impl Outbound {
@@ -259,7 +221,7 @@ impl Outbound {
             let request =
                 self.upstream_request(&parts, body, &snapshot, &route.capability, tried.len());
             let attempt = self.attempt(request, &scored[chosen], deadline).await;
-            self.log_decision(&snapshot, &route, &scored, chosen, tried.len(), &attempt);
+            decision::log(&snapshot, &route, &scored, chosen, tried.len(), &attempt);
             let retry = attempt
                 .retry(keyed, idempotent)
                 .filter(|_| tried.len() < max_attempts);
@@ -296,7 +258,8 @@ impl Outbound {
         match last {
             None => {
                 self.metrics.no_candidate(&route.capability);
-                let candidates = serde_json::to_value(snapshot_of(&scored)).unwrap_or_default();
+                let candidates =
+                    serde_json::to_value(decision::snapshot_of(&scored)).unwrap_or_default();
                 let err = ReachError::NoAvailableInstance {
                     capability: route.capability.clone(),
                     candidates,
@@ -467,71 +430,11 @@ impl Outbound {
         );
         err.into_response()
     }
-
-    fn log_decision(
-        &self,
-        snapshot: &Snapshot,
-        route: &RouteRequest,
-        scored: &[Scored],
-        chosen: usize,
-        attempt: usize,
-        outcome: &Attempt,
-    ) {
-        if !snapshot.policy.decision_log {
-            return;
-        }
-        let outcome = match outcome {
-            Attempt::Done(r) => serde_json::json!({ "status": r.status().as_u16() }),
-            Attempt::Refused(r, why) => {
-                serde_json::json!({ "status": r.status().as_u16(), "refused": why })
-            }
-            Attempt::Failed(e) => serde_json::json!({ "error": e.code() }),
-        };
-        let line = serde_json::json!({
-            "capability": route.capability,
-            "tags": route.tags,
-            "mode": route.mode,
-            "attempt": attempt,
-            "chosen": scored[chosen].peer.name,
-            "candidates": snapshot_of(scored),
-            "outcome": outcome,
-        });
-        tracing::info!(target: "agent_reach::decision", decision = %line, "routed");
-    }
-}
-
-/// A 504 made by the peer's sidecar: its agent did not answer within its timeout, or within the
-/// deadline we gave this attempt (which races our own timer: either way the attempt timed out).
-fn is_peer_timeout<B>(response: &Response<B>) -> bool {
-    response.status() == StatusCode::GATEWAY_TIMEOUT
-        && response
-            .headers()
-            .get(headers::REASON)
-            .is_some_and(|r| r == "timeout" || r == "deadline_exceeded")
 }
 
 /// How long a duplicate waits for the original when the call sets no deadline.
 fn snapshot_timeout(store: &ConfigStore) -> Duration {
     store.snapshot().policy.timeouts.request.get()
-}
-
-/// The candidate snapshot shown in `no_available_instance` and the decision log.
-fn snapshot_of(scored: &[Scored]) -> Vec<serde_json::Value> {
-    scored
-        .iter()
-        .map(|s| {
-            serde_json::json!({
-                "peer": s.peer.name,
-                "state": s.state,
-                "self_state": s.self_state,
-                "cap": s.cap,
-                "score": s.factors.score,
-                "factors": s.factors,
-                "cooling_down": s.cooling_down,
-                "passed_over": s.excluded,
-            })
-        })
-        .collect()
 }
 
 /// The body length when it is small enough to buffer for replay; `None` means stream it once.
