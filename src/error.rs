@@ -42,6 +42,11 @@ pub enum ReachError {
     DeadlineExceeded,
     #[error("a request with this idempotency-key already ran and its response cannot be replayed")]
     IdempotencyConflict,
+    #[error("target `{target}` is over its rate limit")]
+    RateLimited {
+        target: String,
+        retry_after: Duration,
+    },
     #[error("{0}")]
     BadRequest(String),
     #[error("no such endpoint: {0}")]
@@ -54,6 +59,7 @@ impl ReachError {
             ReachError::MissingCapability | ReachError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ReachError::ForeignHost { .. } => StatusCode::FORBIDDEN,
             ReachError::IdempotencyConflict => StatusCode::CONFLICT,
+            ReachError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ReachError::UnknownCapability { .. } | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
             ReachError::NoAvailableInstance { .. }
             | ReachError::Saturated { .. }
@@ -83,6 +89,7 @@ impl ReachError {
             ReachError::Timeout { .. } => "timeout",
             ReachError::DeadlineExceeded => "deadline_exceeded",
             ReachError::IdempotencyConflict => "idempotency_conflict",
+            ReachError::RateLimited { .. } => "rate_limited",
             ReachError::BadRequest(_) => "bad_request",
             ReachError::NotFound(_) => "not_found",
         }
@@ -99,7 +106,8 @@ impl ReachError {
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            ReachError::Saturated { retry_after, .. } => Some(*retry_after),
+            ReachError::Saturated { retry_after, .. }
+            | ReachError::RateLimited { retry_after, .. } => Some(*retry_after),
             ReachError::Draining
             | ReachError::Ejected { .. }
             | ReachError::NoAvailableInstance { .. } => Some(Duration::from_secs(1)),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::config::{Snapshot, StaticPeer};
+use crate::config::{ExternalTarget, Snapshot, StaticPeer};
 
 /// A peer sidecar that can take calls for some capabilities.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -16,8 +16,16 @@ pub struct Peer {
     pub zone: String,
     pub region: String,
     pub capabilities: Vec<String>,
-    /// Where this sidecar learned of the peer.
+    /// Where this sidecar learned of the peer: `static`, or `external` (a plain service).
     pub source: &'static str,
+    /// For an external target: its name (rate limits are per target), timeout and per-endpoint
+    /// concurrency limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    #[serde(skip)]
+    pub timeout: Option<std::time::Duration>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<usize>,
 }
 
 impl Peer {
@@ -29,7 +37,34 @@ impl Peer {
             region: peer.region.clone(),
             capabilities: peer.capabilities.iter().map(ToString::to_string).collect(),
             source: "static",
+            target: None,
+            timeout: None,
+            max_concurrency: None,
         }
+    }
+
+    /// One peer per endpoint of an external target, named `<target>-<n>`.
+    pub fn from_target(target: &ExternalTarget) -> Vec<Self> {
+        target
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, endpoint)| Self {
+                name: format!("{}-{}", target.name, i + 1),
+                address: endpoint.to_string(),
+                zone: String::new(),
+                region: String::new(),
+                capabilities: vec![target.capability.to_string()],
+                source: "external",
+                target: Some(target.name.to_string()),
+                timeout: target.timeout.map(|t| t.get()),
+                max_concurrency: target.max_concurrency,
+            })
+            .collect()
+    }
+
+    pub fn is_external(&self) -> bool {
+        self.source == "external"
     }
 }
 

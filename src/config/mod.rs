@@ -21,8 +21,8 @@ pub use bootstrap::{
 };
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use policy::{
-    EstimatesPolicy, Fraction, Policy, Pool, ProbesPolicy, RetryBudgetPolicy, RetryPolicy,
-    StatesPolicy, Timeouts, WeightSets, Zones,
+    EstimatesPolicy, ExternalTarget, Fraction, Policy, Pool, ProbesPolicy, RateLimit,
+    RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, WeightSets, Zones,
 };
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 pub use watch::spawn_watcher;
@@ -123,6 +123,13 @@ impl Snapshot {
             .peers
             .iter()
             .map(|p| Arc::new(Peer::from_static(p)))
+            .chain(
+                policy
+                    .targets
+                    .iter()
+                    .flat_map(Peer::from_target)
+                    .map(Arc::new),
+            )
             .collect();
         let mut static_index: HashMap<String, Vec<Arc<Peer>>> = HashMap::new();
         for peer in &static_peers {

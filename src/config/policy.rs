@@ -3,7 +3,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::duration::HumanDuration;
-use super::scalar::NumVisitor;
+use super::scalar::{HostPort, Name, NumVisitor};
 use crate::reach::{EstimateParams, StateParams, Weights};
 
 /// `config/policy.yaml`, shared by the fleet. Every field has a default, so an empty file is valid.
@@ -20,6 +20,9 @@ pub struct Policy {
     pub peer_views: PeerViewsPolicy,
     pub retry: RetryPolicy,
     pub idempotency: IdempotencyPolicy,
+    /// Capabilities served by plain services with no sidecar (seed 001's order, inventory and
+    /// logistics services): the caller measures them itself with the same model.
+    pub targets: Vec<ExternalTarget>,
     /// Write one JSON line per routed request (target `agent_reach::decision`).
     pub decision_log: bool,
 }
@@ -416,6 +419,30 @@ impl Default for RetryPolicy {
             fallback: FallbackPolicy::default(),
         }
     }
+}
+
+/// A plain service reached without a sidecar.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalTarget {
+    pub name: Name,
+    pub capability: Name,
+    pub endpoints: Vec<HostPort>,
+    #[serde(default)]
+    pub timeout: Option<HumanDuration>,
+    /// Calls in flight from this sidecar to one endpoint; beyond it the endpoint is passed over.
+    #[serde(default)]
+    pub max_concurrency: Option<usize>,
+    /// A token bucket over all endpoints; an empty bucket answers 429 at once, never a queue.
+    #[serde(default)]
+    pub rate_limit: Option<RateLimit>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub per_second: f64,
+    pub burst: u32,
 }
 
 /// `idempotency-key` tables (read at start-up).

@@ -5,6 +5,7 @@ mod attempt;
 mod balance;
 mod decision;
 mod local_api;
+mod rate_limit;
 mod retry;
 mod target;
 mod tiers;
@@ -20,6 +21,7 @@ use hyper::body::Incoming;
 
 use attempt::{is_peer_timeout, Attempt};
 pub use balance::pick;
+use rate_limit::RateLimiters;
 use retry::RetryBudgets;
 pub use target::capability_of;
 use tiers::Tier;
@@ -48,6 +50,7 @@ pub struct Outbound {
     peers: Arc<PeerViews>,
     local: Arc<LocalAgent>,
     budgets: RetryBudgets,
+    rate_limits: RateLimiters,
     idempotency: Arc<IdempotencyTable>,
 }
 
@@ -69,6 +72,7 @@ impl Outbound {
             peers,
             local,
             budgets: RetryBudgets::default(),
+            rate_limits: RateLimiters::default(),
             idempotency,
         }
     }
@@ -212,6 +216,19 @@ impl Outbound {
                 break;
             };
             tried.push(chosen);
+            if let Err(retry_after) = self.admit_external(&snapshot, &scored[chosen].peer) {
+                // Over the target's rate limit: refused here, at once; another endpoint or peer
+                // may still take it.
+                let target = scored[chosen].peer.target.clone().unwrap_or_default();
+                last = Some((
+                    Attempt::Failed(ReachError::RateLimited {
+                        target,
+                        retry_after,
+                    }),
+                    chosen,
+                ));
+                continue;
+            }
             self.metrics.tier_pick(tiers[chosen].as_str());
             let body = match (&replay, stream.take()) {
                 (Some(bytes), _) => body::full(bytes.clone()),
@@ -282,6 +299,27 @@ impl Outbound {
                     attempts,
                     started,
                 ),
+        }
+    }
+
+    /// The rate limit of an external target, if `peer` is one of its endpoints.
+    fn admit_external(
+        &self,
+        snapshot: &Snapshot,
+        peer: &crate::registry::Peer,
+    ) -> Result<(), Duration> {
+        let Some(name) = peer.target.as_deref() else {
+            return Ok(());
+        };
+        let limit = snapshot
+            .policy
+            .targets
+            .iter()
+            .find(|t| t.name.as_str() == name)
+            .and_then(|t| t.rate_limit);
+        match limit {
+            Some(limit) => self.rate_limits.take(name, limit),
+            None => Ok(()),
         }
     }
 

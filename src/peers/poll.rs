@@ -33,7 +33,12 @@ pub fn spawn_poller(
                 .poll_interval
                 .get()
                 .max(Duration::from_millis(20));
-            let peers = registry.peers(&snapshot);
+            // Plain services (external targets) have no self-view to read.
+            let peers: Vec<_> = registry
+                .peers(&snapshot)
+                .into_iter()
+                .filter(|p| !p.is_external())
+                .collect();
             let mut polls = tokio::task::JoinSet::new();
             for peer in peers {
                 let (client, views) = (client.clone(), views.clone());

@@ -74,9 +74,12 @@ impl PeerViews {
                     // Tags unknown until the peer's profile arrives: neither excluded nor preferred.
                     None => Some(if request.tags.is_empty() { 1.0 } else { 0.5 }),
                 };
-                let timeout = published.map_or(snapshot.policy.timeouts.request.get(), |c| {
-                    Duration::from_millis(c.timeout_ms)
+                let timeout = peer.timeout.unwrap_or_else(|| {
+                    published.map_or(snapshot.policy.timeouts.request.get(), |c| {
+                        Duration::from_millis(c.timeout_ms)
+                    })
                 });
+                let at_limit = peer.max_concurrency.is_some_and(|max| entry.pending >= max);
                 let zone = snapshot
                     .policy
                     .zones
@@ -110,6 +113,8 @@ impl PeerViews {
                         .map(String::as_str)
                         .collect();
                     Some(format!("lacks tag {}", missing.join(", ")))
+                } else if at_limit {
+                    Some("at its max concurrency".to_owned())
                 } else if let Some(since) = silent {
                     Some(format!(
                         "sidecar unreachable for {:.1}s",
