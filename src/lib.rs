@@ -19,6 +19,7 @@ pub mod mock_agent;
 pub mod outbound;
 pub mod peers;
 pub mod probe;
+pub mod rate_limit;
 pub mod reach;
 pub mod registry;
 

@@ -94,3 +94,22 @@ async fn a_queue_wait_that_runs_out_is_refused() {
     assert_eq!(reply.header("reach-reason"), "saturated");
     pair.agent.kill();
 }
+
+#[tokio::test]
+async fn an_agent_over_its_own_rate_limit_answers_429_at_once() {
+    let pair = Pair::start_with(MockConfig::new("coder-1"), |mut b| {
+        b.agent.rate_limit = Some(agent_reach::config::RateLimit {
+            per_second: 0.1,
+            burst: 1,
+        });
+        b
+    })
+    .await;
+    let url = format!("http://{}/review", pair.callee.addrs.inbound);
+    assert_eq!(get(&client(), &url).await.status, 200);
+    let reply = get(&client(), &url).await;
+    assert_eq!(reply.status, 429, "{}", reply.body);
+    assert_eq!(reply.header("reach-reason"), "rate_limited");
+    assert!(!reply.header("retry-after").is_empty());
+    assert_eq!(pair.agent.stats().business, 1);
+}

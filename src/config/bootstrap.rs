@@ -85,6 +85,9 @@ pub struct AgentProfile {
     pub max_concurrency: PositiveCount,
     #[serde(default)]
     pub queue: QueueConfig,
+    /// Work this agent accepts from peers per second; over it, 429 at once.
+    #[serde(default)]
+    pub rate_limit: Option<super::RateLimit>,
     #[serde(default, deserialize_with = "unique_capabilities")]
     pub capabilities: Vec<Capability>,
 }
@@ -258,6 +261,7 @@ impl Bootstrap {
                 zone: String::new(),
                 region: String::new(),
                 max_concurrency: PositiveCount(16),
+                rate_limit: None,
                 queue: QueueConfig {
                     capacity: 16,
                     max_wait: HumanDuration::from_secs(1),

@@ -25,6 +25,7 @@ use crate::idempotency::{self, Claim, IdempotencyTable};
 use crate::local::LocalAgent;
 use crate::metrics::{Direction, Metrics};
 use crate::peers::SELF_PATH;
+use crate::rate_limit::RateLimiters;
 use crate::reach::{Signal, State};
 
 /// Capability label for requests that named none, or one this agent does not declare.
@@ -40,6 +41,7 @@ pub struct Inbound {
     local: Arc<LocalAgent>,
     stats: Arc<InboundStats>,
     idempotency: Arc<IdempotencyTable>,
+    rate_limit: RateLimiters,
 }
 
 impl Inbound {
@@ -59,6 +61,7 @@ impl Inbound {
             local,
             stats: Arc::new(InboundStats::default()),
             idempotency,
+            rate_limit: RateLimiters::default(),
         }
     }
 
@@ -108,6 +111,17 @@ impl Inbound {
             return err.into_response();
         }
 
+        if let Some(limit) = agent.rate_limit {
+            if let Err(retry_after) = self.rate_limit.take("local", limit) {
+                self.finish(&label, Outcome::Rejected, None, arrived.elapsed());
+                let target = agent.name.to_string();
+                return ReachError::RateLimited {
+                    target,
+                    retry_after,
+                }
+                .into_response();
+            }
+        }
         if let Some(key) = idempotency::key_of(req.headers()) {
             let capability = capability.map(str::to_owned);
             return self

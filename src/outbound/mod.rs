@@ -5,7 +5,7 @@ mod attempt;
 mod balance;
 mod decision;
 mod local_api;
-mod rate_limit;
+
 mod retry;
 mod target;
 mod tiers;
@@ -19,9 +19,9 @@ use http::{header, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
+use crate::rate_limit::RateLimiters;
 use attempt::{is_peer_timeout, Attempt};
 pub use balance::pick;
-use rate_limit::RateLimiters;
 use retry::RetryBudgets;
 pub use target::capability_of;
 use tiers::Tier;

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::config::RateLimit;
 
 #[derive(Debug, Default)]
-pub(super) struct RateLimiters {
+pub struct RateLimiters {
     buckets: Mutex<HashMap<String, Bucket>>,
 }
 
@@ -23,7 +23,7 @@ struct Bucket {
 
 impl RateLimiters {
     /// Takes a token for `target`; when there is none, how long until there will be one.
-    pub(super) fn take(&self, target: &str, limit: RateLimit) -> Result<(), Duration> {
+    pub fn take(&self, target: &str, limit: RateLimit) -> Result<(), Duration> {
         let now = Instant::now();
         let per_second = limit.per_second.max(1e-6);
         let burst = f64::from(limit.burst.max(1));
