@@ -22,6 +22,7 @@ pub enum ReachError {
     NoAvailableInstance {
         capability: String,
         candidates: serde_json::Value,
+        attempts: usize,
     },
     #[error("agent `{agent}` is out of rotation (ejected) and takes no new work")]
     Ejected { agent: String },
@@ -117,9 +118,15 @@ impl ReachError {
 
     pub fn into_response(self) -> Response<ReachBody> {
         let mut body = serde_json::json!({ "error": self.code(), "message": self.to_string() });
-        if let ReachError::NoAvailableInstance { candidates, .. } = &self {
+        if let ReachError::NoAvailableInstance {
+            candidates,
+            attempts,
+            ..
+        } = &self
+        {
             // The snapshot says why each peer was passed over: the caller never has to guess.
             body["candidates"] = candidates.clone();
+            body["attempts"] = (*attempts).into();
         }
         let mut response = Response::new(body::full(body.to_string()));
         *response.status_mut() = self.status();

@@ -53,6 +53,8 @@ pub struct PublishedCapability {
     pub timeout_ms: u64,
     pub mode: RouteMode,
     pub cost: f64,
+    #[serde(default)]
+    pub idempotent: bool,
 }
 
 /// The document at `GET /reach/v1/self`: this agent's profile and its own live view.
@@ -274,6 +276,7 @@ impl LocalAgent {
                     ),
                     mode: c.mode,
                     cost: c.cost.0,
+                    idempotent: c.idempotent,
                 })
                 .collect(),
             view,
@@ -334,6 +337,7 @@ mod tests {
                 timeout_ms: 30_000,
                 mode: RouteMode::Sync,
                 cost: 0.0,
+                idempotent: false,
             }],
             view,
             in_flight: 1,

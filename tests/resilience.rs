@@ -171,7 +171,13 @@ async fn an_async_call_walks_its_fallback_chain_with_spacing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idempotent_call_that_timed_out_moves_to_another_peer() {
+async fn timed_out_calls_move_to_another_peer_when_idempotent() {
+    move_on_timeout("PUT", false).await;
+    move_on_timeout("POST", true).await;
+}
+
+/// A hung peer and a fine one; `method` calls until one meets the hung peer first.
+async fn move_on_timeout(method: &str, declared_idempotent: bool) {
     use agent_reach::config::HumanDuration;
     use agent_reach::mock_agent::Mode;
     use agent_reach::Bootstrap;
@@ -189,6 +195,7 @@ async fn an_idempotent_call_that_timed_out_moves_to_another_peer() {
         let agent = mock(config).await;
         let mut b = Bootstrap::local(name, agent.addr, &[CAP]).unwrap();
         b.agent.capabilities[0].timeout = Some(HumanDuration::from_millis(300));
+        b.agent.capabilities[0].idempotent = declared_idempotent;
         let callee = sidecar(b).await;
         caller = caller
             .with_peer(name, callee.addrs.inbound, &[CAP])
@@ -219,6 +226,6 @@ async fn an_idempotent_call_that_timed_out_moves_to_another_peer() {
             break;
         }
     }
-    assert!(moved, "no PUT ever met the hung peer first");
+    assert!(moved, "no {method} ever met the hung peer first");
     fleet[0].0.kill();
 }

@@ -132,6 +132,10 @@ pub struct Capability {
     /// A declared cost added to the score's cost term (e.g. a pricier model), ≥ 0.
     #[serde(default)]
     pub cost: Cost,
+    /// The agent deduplicates this capability's work itself (across replicas): any request may be
+    /// retried after a timeout or a 5xx, and a keyed one on any agent.
+    #[serde(default)]
+    pub idempotent: bool,
     #[serde(default)]
     pub probe: Option<ProbeSpec>,
 }
@@ -244,6 +248,7 @@ impl Bootstrap {
                     timeout: None,
                     mode: RouteMode::Sync,
                     cost: Cost(0.0),
+                    idempotent: false,
                     probe: None,
                 })
             })

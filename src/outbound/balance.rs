@@ -89,6 +89,7 @@ mod tests {
             excluded: None,
             cooling_down: false,
             timeout: std::time::Duration::from_secs(30),
+            idempotent: false,
         }
     }
 

@@ -179,7 +179,7 @@ impl Outbound {
             (Some(_), false) => snapshot.policy.retry.max_retries as usize + 1,
         };
         let keyed = parts.headers.contains_key(idempotency::HEADER);
-        let idempotent = parts.method.is_idempotent();
+        let idempotent_method = parts.method.is_idempotent();
         let mut sticky: Option<usize> = None;
         let mut tried: Vec<usize> = Vec::new();
         let mut last: Option<(Attempt, usize)> = None;
@@ -239,8 +239,10 @@ impl Outbound {
                 self.upstream_request(&parts, body, &snapshot, &route.capability, tried.len());
             let attempt = self.attempt(request, &scored[chosen], deadline).await;
             decision::log(&snapshot, &route, &scored, chosen, tried.len(), &attempt);
+            // A capability the agent deduplicates itself is safe to repeat on any agent.
+            let declared = scored[chosen].idempotent;
             let retry = attempt
-                .retry(keyed, idempotent)
+                .retry(keyed && !declared, idempotent_method || declared)
                 .filter(|_| tried.len() < max_attempts);
             let retry = retry.map(|(reason, same_peer)| {
                 if same_peer {
@@ -280,6 +282,7 @@ impl Outbound {
                 let err = ReachError::NoAvailableInstance {
                     capability: route.capability.clone(),
                     candidates,
+                    attempts,
                 };
                 self.refuse(&route.capability, "-", err, started)
             }

@@ -74,6 +74,9 @@ pub struct Scored {
     /// The peer's own timeout for this capability (the policy's default when unknown).
     #[serde(skip)]
     pub timeout: Duration,
+    /// The peer declares the capability idempotent (it deduplicates work itself).
+    #[serde(skip)]
+    pub idempotent: bool,
 }
 
 /// A peer as `/status` shows it.

@@ -149,6 +149,7 @@ impl PeerViews {
                     excluded,
                     cooling_down: mine.estimates.cooling_down,
                     timeout,
+                    idempotent: published.is_some_and(|c| c.idempotent),
                 }
             })
             .collect();
