@@ -229,3 +229,54 @@ async fn move_on_timeout(method: &str, declared_idempotent: bool) {
     assert!(moved, "no {method} ever met the hung peer first");
     fleet[0].0.kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured_when_everyone_left_asked_for_a_pause() {
+    use agent_reach::mock_agent::Mode;
+    use agent_reach::Bootstrap;
+
+    let mut caller = Bootstrap::local(
+        "caller",
+        std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+        &[],
+    )
+    .unwrap();
+    let mut fleet = Vec::new();
+    for name in ["coder-1", "coder-2"] {
+        let mut config = MockConfig::new(name);
+        config.mode = Mode::RateLimited; // 429 with retry-after: 1
+        let agent = mock(config).await;
+        let callee = sidecar(Bootstrap::local(name, agent.addr, &[CAP]).unwrap()).await;
+        caller = caller
+            .with_peer(name, callee.addrs.inbound, &[CAP])
+            .unwrap();
+        fleet.push((agent, callee));
+    }
+    let caller = sidecar(caller).await;
+    let url = format!("http://{}/review", caller.addrs.outbound);
+    // The first call meets both refusals; now both peers are cooling down for 1 s.
+    assert_eq!(
+        send(&client(), "POST", &url, &[("reach-capability", CAP)], "x")
+            .await
+            .status,
+        429
+    );
+    let started = std::time::Instant::now();
+    let reply = send(&client(), "POST", &url, &[("reach-capability", CAP)], "x").await;
+    assert_eq!(reply.status, 429);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "the retry waited out retry-after: {:?}",
+        started.elapsed()
+    );
+    // …but never past the caller's deadline.
+    let started = std::time::Instant::now();
+    let headers = [("reach-capability", CAP), ("reach-timeout", "300ms")];
+    let reply = send(&client(), "POST", &url, &headers, "x").await;
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "{:?}: {}",
+        started.elapsed(),
+        reply.body
+    );
+}

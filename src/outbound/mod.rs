@@ -270,6 +270,25 @@ impl Outbound {
                     rand::random::<f64>(),
                 )
             };
+            // `retry-after` is honoured as a minimum: when everyone left is cooling down after
+            // refusing us, the next attempt waits for the refusal's retry-after (within the
+            // deadline) instead of hammering a fleet that asked for a pause.
+            let refused_after = match &last {
+                Some((Attempt::Refused(response, _), _)) => {
+                    headers::retry_after(response.headers())
+                }
+                _ => None,
+            };
+            let mut rest = scored
+                .iter()
+                .enumerate()
+                .filter(|(i, s)| s.excluded.is_none() && !tried.contains(i));
+            let only_cooling_left =
+                rest.clone().next().is_some() && rest.all(|(_, s)| s.cooling_down);
+            let pause = match refused_after {
+                Some(after) if only_cooling_left => pause.max(after),
+                _ => pause,
+            };
             tokio::time::sleep(deadline.map_or(pause, |d| pause.min(d.remaining()))).await;
         }
 
