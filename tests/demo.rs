@@ -61,6 +61,16 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
         fault["left_rotation_after_ms"].as_f64().is_some(),
         "{fault}"
     );
+
+    let storm = &summary["storm"];
+    assert_eq!(storm["fallback"], "coder-3");
+    assert!(storm["calls"].as_u64().unwrap() > 0, "{storm}");
+    assert!(
+        storm["failed"].as_u64().unwrap() * 100 <= storm["calls"].as_u64().unwrap(),
+        "{storm}"
+    );
+    // The fallback takes the calls, not a burst of everyone's retries.
+    assert!(storm["peak_ratio"].as_f64().unwrap() < 2.0, "{storm}");
 }
 
 #[test]

@@ -184,3 +184,33 @@ async fn an_agent_that_never_answers_times_out_with_504() {
     assert_eq!(reply.header("reach-reason"), "timeout");
     assert_eq!(reply.header("reach-agent"), "coder-1");
 }
+
+#[tokio::test]
+async fn a_refused_connection_retries_on_another_peer_even_for_post() {
+    let good = Pair::start(MockConfig::new("coder-1")).await;
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let caller = agent_reach::Bootstrap::local("caller", gone, &[])
+        .unwrap()
+        .with_peer("gone", gone, &[CAP])
+        .unwrap()
+        .with_peer("coder-1", good.callee.addrs.inbound, &[CAP])
+        .unwrap();
+    let caller = sidecar(caller).await;
+    let mut retried = false;
+    for _ in 0..20 {
+        let reply = call(&client(), caller.addrs.outbound).await;
+        assert_eq!(
+            reply.status, 200,
+            "a refused connection never ran the POST: {}",
+            reply.body
+        );
+        retried |= reply.header("reach-attempts") == "2";
+        if retried {
+            break;
+        }
+    }
+    assert!(retried, "no call ever tried the dead peer first");
+}

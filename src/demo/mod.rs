@@ -5,6 +5,7 @@
 
 mod drive;
 mod report;
+mod storm;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 pub use report::render_table;
+pub use storm::StormSummary;
 
 use crate::config::{Bootstrap, ConfigPaths, ConfigStore, HumanDuration, Policy, ProbeSpec};
 use crate::mock_agent::{Latency, MockAgent, MockConfig, Mode};
@@ -53,6 +55,8 @@ pub struct DemoSummary {
     /// What the caller saw.
     pub total: Totals,
     pub fault: FaultSummary,
+    /// The correlated failure that follows.
+    pub storm: StormSummary,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -243,6 +247,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
             }
         })
         .collect();
+    let storm = storm::run(&fleet, options.duration.mul_f64(0.4), options.concurrency).await;
     fleet.shutdown().await;
     let fault = report::fault_summary(AGENTS[BROKEN], &samples, &calls.take(), fault_at, heal_at);
     Ok(DemoSummary {
@@ -252,6 +257,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         agents,
         total: report::totals(&calls.take(), elapsed),
         fault,
+        storm,
     })
 }
 

@@ -160,6 +160,17 @@ pub fn render_table(s: &DemoSummary) -> String {
             ms / 1000.0
         ));
     }
+    let st = &s.storm;
+    out.push_str(&format!(
+        "\nretry storm: {} refuse (429) together for {:.1}s; {} is the fallback\n",
+        st.failing.join(" and "),
+        st.duration_s,
+        st.fallback
+    ));
+    out.push_str(&format!(
+        "  offered {:.0} calls/s; {} peaked at {:.0} calls/s ({:.2}x its fair share); {:.2} attempts per call; {} of {} failed\n",
+        st.offered_per_s, st.fallback, st.fallback_peak_per_s, st.peak_ratio, st.attempts_per_call, st.failed, st.calls
+    ));
     let t = &s.total;
     out.push_str(&format!(
         "\ncaller saw {} calls: {} ok ({:.2}%), {} failed; p50 {:.1} ms, p95 {:.1} ms; {:.0} calls/s\n",

@@ -7,16 +7,14 @@ use crate::error::ReachError;
 use crate::http::headers;
 
 /// How one attempt ended, as far as retrying cares.
-pub(super) enum Attempt {
-    Done(Response<Incoming>),
+pub(super) enum Attempt<B = Incoming> {
+    Done(Response<B>),
     /// Refused without running the task (429, or a peer sidecar's 503): safe to try elsewhere.
-    Refused(Response<Incoming>, &'static str),
+    Refused(Response<B>, &'static str),
     Failed(ReachError),
 }
 
-impl Attempt {
-    /// Why this attempt may move to another peer: it was refused, or never connected, so the
-    /// request never reached an agent. Timeouts and broken responses may have run the task.
+impl<B> Attempt<B> {
     /// Whether and how this attempt may be retried: the reason, and whether the retry must go
     /// to the same agent.
     ///
@@ -55,4 +53,70 @@ pub(super) fn is_peer_timeout<B>(response: &Response<B>) -> bool {
             .headers()
             .get(headers::REASON)
             .is_some_and(|r| r == "timeout" || r == "deadline_exceeded")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn response(status: u16, reason: Option<&'static str>) -> Response<()> {
+        let mut r = Response::new(());
+        *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+        if let Some(reason) = reason {
+            r.headers_mut()
+                .insert(headers::REASON, http::HeaderValue::from_static(reason));
+        }
+        r
+    }
+
+    fn timeout() -> Attempt<()> {
+        Attempt::Failed(ReachError::Timeout {
+            target: "p".into(),
+            after: Duration::from_secs(1),
+        })
+    }
+
+    #[test]
+    fn the_retry_table() {
+        let refused = Attempt::Refused(response(429, None), "rate_limited");
+        let connect = Attempt::<()>::Failed(ReachError::UpstreamConnect {
+            target: "p".into(),
+            message: "refused".into(),
+        });
+        let peer_timeout = Attempt::Done(response(504, Some("timeout")));
+        let bad_gateway = Attempt::Done(response(502, None));
+        let not_found = Attempt::Done(response(404, None));
+        let ok = Attempt::Done(response(200, None));
+        let broken = Attempt::<()>::Failed(ReachError::Upstream {
+            target: "p".into(),
+            message: "reset".into(),
+        });
+
+        // Nothing ran: always retried, elsewhere, whatever the method.
+        assert_eq!(refused.retry(false, false), Some(("rate_limited", false)));
+        assert_eq!(connect.retry(false, false), Some(("connect_failed", false)));
+        // May have run: a POST is final…
+        assert_eq!(timeout().retry(false, false), None);
+        assert_eq!(peer_timeout.retry(false, false), None);
+        assert_eq!(bad_gateway.retry(false, false), None);
+        // …an idempotent call moves on…
+        assert_eq!(timeout().retry(false, true), Some(("timeout", false)));
+        assert_eq!(peer_timeout.retry(false, true), Some(("timeout", false)));
+        assert_eq!(
+            bad_gateway.retry(false, true),
+            Some(("server_error", false))
+        );
+        // …and a keyed call goes back to the same agent, which answers from its table.
+        assert_eq!(timeout().retry(true, false), Some(("timeout_keyed", true)));
+        assert_eq!(
+            peer_timeout.retry(true, true),
+            Some(("timeout_keyed", true))
+        );
+        // Never: other 4xx, success, a broken response to a POST.
+        assert_eq!(not_found.retry(true, true), None);
+        assert_eq!(ok.retry(true, true), None);
+        assert_eq!(broken.retry(false, false), None);
+    }
 }
