@@ -270,10 +270,7 @@ impl LocalAgent {
                 .map(|c| PublishedCapability {
                     name: c.name.to_string(),
                     tags: c.tags.iter().map(|(k, v)| (k.clone(), v.get())).collect(),
-                    timeout_ms: millis(
-                        c.timeout
-                            .map_or(snapshot.policy.timeouts.request.get(), |t| t.get()),
-                    ),
+                    timeout_ms: millis(c.timeout_or(snapshot.policy.timeouts.request.get())),
                     mode: c.mode,
                     cost: c.cost.0,
                     idempotent: c.idempotent,

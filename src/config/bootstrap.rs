@@ -92,6 +92,17 @@ pub struct AgentProfile {
     pub capabilities: Vec<Capability>,
 }
 
+impl Capability {
+    /// The explicit timeout, else 1.5× the expected duration, else `default`.
+    pub fn timeout_or(&self, default: std::time::Duration) -> std::time::Duration {
+        match (self.timeout, self.expected_duration) {
+            (Some(t), _) => t.get(),
+            (None, Some(expected)) => expected.get().mul_f64(1.5),
+            (None, None) => default,
+        }
+    }
+}
+
 impl AgentProfile {
     pub fn capability(&self, name: &str) -> Option<&Capability> {
         self.capabilities.iter().find(|c| c.name.as_str() == name)
@@ -126,6 +137,10 @@ pub struct Capability {
     /// How long one call may take before the sidecar gives up (time to response headers).
     #[serde(default)]
     pub timeout: Option<HumanDuration>,
+    /// How long a call usually takes; without an explicit `timeout`, the timeout is 1.5× this
+    /// (code generation and retrieval must not share one number — seed 000 §4.3).
+    #[serde(default)]
+    pub expected_duration: Option<HumanDuration>,
     /// Which weight set scores calls that do not say (`reach-mode`).
     #[serde(default)]
     pub mode: RouteMode,
@@ -246,6 +261,7 @@ impl Bootstrap {
                     name: Name::parse(c)?,
                     tags: BTreeMap::new(),
                     timeout: None,
+                    expected_duration: None,
                     mode: RouteMode::Sync,
                     cost: Cost(0.0),
                     idempotent: false,

@@ -160,11 +160,10 @@ impl Snapshot {
 
     /// The local agent's timeout for `capability`, or the policy default.
     pub fn capability_timeout(&self, capability: Option<&str>) -> std::time::Duration {
+        let default = self.policy.timeouts.request.get();
         capability
             .and_then(|c| self.bootstrap.agent.capability(c))
-            .and_then(|c| c.timeout)
-            .unwrap_or(self.policy.timeouts.request)
-            .get()
+            .map_or(default, |c| c.timeout_or(default))
     }
 }
 
@@ -248,6 +247,35 @@ mod tests {
         assert_eq!(
             err.as_deref(),
             Some("b.yaml:7:22: agent.capabilities[0].probe.path: `review` is not a request path starting with `/`")
+        );
+    }
+
+    #[test]
+    fn a_capability_timeout_comes_from_its_expected_duration() {
+        let text = "agent:\n  name: a\n  address: 127.0.0.1:1\n  max_concurrency: 1\n  capabilities:\n    - { name: codegen, expected_duration: 20s }\n    - { name: search, expected_duration: 2s, timeout: 5s }\n    - { name: other }\n";
+        let bootstrap = parse_bootstrap(Path::new("b.yaml"), text);
+        assert!(bootstrap.is_ok(), "{bootstrap:?}");
+        let snapshot = bootstrap.map(|b| Snapshot::new(b, Policy::default(), 1));
+        let timeout = |c: &str| {
+            snapshot
+                .as_ref()
+                .map(|s| s.capability_timeout(Some(c)))
+                .ok()
+        };
+        assert_eq!(
+            timeout("codegen"),
+            Some(std::time::Duration::from_secs(30)),
+            "1.5 × 20 s"
+        );
+        assert_eq!(
+            timeout("search"),
+            Some(std::time::Duration::from_secs(5)),
+            "explicit wins"
+        );
+        assert_eq!(
+            timeout("other"),
+            Some(std::time::Duration::from_secs(30)),
+            "policy default"
         );
     }
 
