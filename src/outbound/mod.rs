@@ -86,7 +86,8 @@ impl Outbound {
             return local_api::handle(&self.local, req).await;
         }
         // The agent's own repeated call (its client timed out and resent) runs once too.
-        let keyed = idempotency::key_of(req.headers()).zip(capability_of(&req).ok());
+        let keyed = idempotency::key_of(req.headers())
+            .and_then(|key| capability_of(&req).ok().map(|capability| (key, capability)));
         let Some((key, capability)) = keyed else {
             return self.route(req).await;
         };
