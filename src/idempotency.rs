@@ -128,6 +128,11 @@ impl IdempotencyTable {
     }
 
     fn settle(&self, key: &Key, slot: Option<Slot>) {
+        // What waiters learn follows from the new slot itself; no second look in the table.
+        let outcome = match &slot {
+            Some(Slot::Done(stored)) => Some(stored.clone()),
+            _ => None,
+        };
         let mut inner = self.lock();
         let previous = match slot {
             Some(slot) => inner
@@ -138,11 +143,7 @@ impl IdempotencyTable {
         };
         drop(inner);
         if let Some(Slot::Running(tx)) = previous {
-            let stored = match self.lock().slots.get(key) {
-                Some((Slot::Done(stored), _)) => Some(stored.clone()),
-                _ => None,
-            };
-            let _ = tx.send(stored);
+            let _ = tx.send(outcome);
         }
     }
 

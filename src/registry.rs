@@ -1,5 +1,5 @@
-//! Who is out there: the peers that can serve each capability. Today they come from the
-//! bootstrap's static list; gossip will add members behind this same interface.
+//! Who is out there: the peers that can serve each capability. Today they come from config —
+//! the bootstrap's static peers and the policy's external targets; gossip will add members here.
 
 use std::sync::Arc;
 
@@ -75,11 +75,11 @@ pub struct Registry;
 impl Registry {
     /// Peers that serve `capability`, in a stable order.
     pub fn candidates(&self, snapshot: &Snapshot, capability: &str) -> Vec<Arc<Peer>> {
-        snapshot.static_peers(capability).cloned().collect()
+        snapshot.peers_serving(capability).cloned().collect()
     }
 
     /// Every known peer, for `/status`.
     pub fn peers(&self, snapshot: &Snapshot) -> Vec<Arc<Peer>> {
-        snapshot.all_static_peers().to_vec()
+        snapshot.configured_peers().to_vec()
     }
 }

@@ -110,16 +110,17 @@ pub fn check_file(path: &Path) -> Result<FileKind, ConfigError> {
 pub struct Snapshot {
     pub bootstrap: Bootstrap,
     pub policy: Policy,
-    /// The static peers, and capability name → those serving it: built once per load, not per request.
-    static_peers: Vec<Arc<Peer>>,
-    static_index: HashMap<String, Vec<Arc<Peer>>>,
+    /// Peers from config (the bootstrap's static list and the policy's external targets), and
+    /// capability name → those serving it: built once per load, not per request.
+    peers: Vec<Arc<Peer>>,
+    peer_index: HashMap<String, Vec<Arc<Peer>>>,
     /// Bumped on every accepted reload.
     pub generation: u64,
 }
 
 impl Snapshot {
     pub fn new(bootstrap: Bootstrap, policy: Policy, generation: u64) -> Self {
-        let static_peers: Vec<Arc<Peer>> = bootstrap
+        let peers: Vec<Arc<Peer>> = bootstrap
             .peers
             .iter()
             .map(|p| Arc::new(Peer::from_static(p)))
@@ -131,10 +132,10 @@ impl Snapshot {
                     .map(Arc::new),
             )
             .collect();
-        let mut static_index: HashMap<String, Vec<Arc<Peer>>> = HashMap::new();
-        for peer in &static_peers {
+        let mut peer_index: HashMap<String, Vec<Arc<Peer>>> = HashMap::new();
+        for peer in &peers {
             for cap in &peer.capabilities {
-                static_index
+                peer_index
                     .entry(cap.clone())
                     .or_default()
                     .push(peer.clone());
@@ -143,19 +144,19 @@ impl Snapshot {
         Self {
             bootstrap,
             policy,
-            static_peers,
-            static_index,
+            peers,
+            peer_index,
             generation,
         }
     }
 
-    /// Static peers that serve `capability`.
-    pub fn static_peers(&self, capability: &str) -> impl Iterator<Item = &Arc<Peer>> {
-        self.static_index.get(capability).into_iter().flatten()
+    /// Configured peers that serve `capability`.
+    pub fn peers_serving(&self, capability: &str) -> impl Iterator<Item = &Arc<Peer>> {
+        self.peer_index.get(capability).into_iter().flatten()
     }
 
-    pub fn all_static_peers(&self) -> &[Arc<Peer>] {
-        &self.static_peers
+    pub fn configured_peers(&self) -> &[Arc<Peer>] {
+        &self.peers
     }
 
     /// The local agent's timeout for `capability`, or the policy default.
