@@ -10,6 +10,7 @@ pub mod app;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod gossip;
 pub mod http;
 pub mod idempotency;
 pub mod inbound;

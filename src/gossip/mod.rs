@@ -1,0 +1,21 @@
+//! Gossip: sidecars find each other and share profiles and live views without a registry.
+//!
+//! Membership and failure detection are SWIM (the `foca` crate); this module owns the bytes:
+//! every datagram is sealed with the cluster key (`envelope`), items are versioned so nothing
+//! rolls back (`table`), and the transport is UDP or an in-memory network (`transport`).
+//! `docs/gossip.md` explains the protocol, its timings and its threat model.
+
+pub mod envelope;
+mod node;
+mod table;
+pub mod transport;
+pub mod wire;
+
+pub use envelope::{ClusterKey, KeyError, Rejected};
+pub use node::{
+    max_transmissions, spawn, GossipHandle, GossipStatus, MemberStatus, Membership, NodeOptions,
+    Stats, MAX_DATAGRAM,
+};
+pub use table::Member;
+pub use transport::{MemNetwork, Transport};
+pub use wire::{Live, NodeId, Profile};

@@ -1,0 +1,707 @@
+//! One gossip node: a task that owns the SWIM state machine (foca), seals and opens every
+//! datagram, publishes this agent's items and hands what it learns to the sidecar.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use foca::{AccumulatingRuntime, Foca, OwnedNotification, PostcardCodec, Timer};
+use rand::rngs::StdRng;
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::envelope::{self, ClusterKey, Kind, Rejected, ReplayGuard, OVERHEAD};
+use super::table::{Handler, Member, Table};
+use super::transport::{Inbox, Transport};
+use super::wire::{self, Body, Item, Live, NodeId, Profile};
+use crate::reach::State;
+
+/// Largest datagram sent or accepted (under a 1500-byte MTU with IP and UDP headers).
+pub const MAX_DATAGRAM: usize = 1400;
+/// How often the node does its housekeeping (pending publishes, status, pruning).
+const TICK: Duration = Duration::from_millis(100);
+/// A member is asked for its profile at most this often.
+const WANT_EVERY: Duration = Duration::from_secs(1);
+
+/// Timings and identity of one node.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub name: String,
+    /// The gossip address others reach this node at.
+    pub addr: SocketAddr,
+    pub key: ClusterKey,
+    /// Each period the node probes one member.
+    pub probe_interval: Duration,
+    /// A probe not answered in this time goes indirect.
+    pub probe_timeout: Duration,
+    /// A suspect that does not refute within this time is declared down.
+    pub suspect_timeout: Duration,
+    /// The live view is re-published at least this often.
+    pub refresh_interval: Duration,
+    /// …and at most this often, unless its state changed.
+    pub min_publish_interval: Duration,
+    /// Envelopes sent further than this from the receiver's clock are refused.
+    pub replay_window: Duration,
+    /// Times each item is passed on; grows with the fleet (see `max_transmissions`).
+    pub max_transmissions: u8,
+}
+
+impl NodeOptions {
+    pub fn new(name: impl Into<String>, addr: SocketAddr, key: ClusterKey) -> Self {
+        Self {
+            name: name.into(),
+            addr,
+            key,
+            probe_interval: Duration::from_secs(1),
+            probe_timeout: Duration::from_millis(300),
+            suspect_timeout: Duration::from_secs(3),
+            refresh_interval: Duration::from_secs(2),
+            min_publish_interval: Duration::from_millis(250),
+            replay_window: Duration::from_secs(30),
+            max_transmissions: max_transmissions(256),
+        }
+    }
+
+    fn foca_config(&self) -> foca::Config {
+        let mut c = foca::Config::new_lan(NonZeroU32::MIN);
+        c.probe_period = self.probe_interval.max(Duration::from_millis(10));
+        c.probe_rtt = self
+            .probe_timeout
+            .min(c.probe_period / 2)
+            .max(Duration::from_millis(1));
+        c.suspect_to_down_after = self.suspect_timeout.max(Duration::from_millis(10));
+        c.max_transmissions = std::num::NonZeroU8::new(self.max_transmissions.max(1))
+            .unwrap_or(std::num::NonZeroU8::MIN);
+        c.max_packet_size = NonZeroUsize::new(MAX_DATAGRAM - OVERHEAD).unwrap_or(NonZeroUsize::MIN);
+        c
+    }
+}
+
+/// Retransmissions for a fleet of `n`: memberlist's 4 × log10(n + 1), at least 4.
+pub fn max_transmissions(n: u32) -> u8 {
+    let m = (4.0 * f64::from(n + 1).log10()).ceil();
+    (m as u8).max(4)
+}
+
+/// Where the node hands what it learns: the sidecar's registry and peer views, or a benchmark.
+pub trait Membership: Send + Sync + 'static {
+    /// The members that can be routed to (alive, profile known), after any change.
+    fn members(&self, members: &[Member]);
+    /// A routable member published a new live view.
+    fn live(&self, member: &Member, live: &Live);
+}
+
+/// Counters of one node, read by `/metrics`, tests and the benchmark.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub packets_sent: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub packets_received: AtomicU64,
+    pub bytes_received: AtomicU64,
+    rejected: [AtomicU64; 6],
+}
+
+impl Stats {
+    fn rejected_slot(reason: Rejected) -> usize {
+        Rejected::ALL.iter().position(|r| *r == reason).unwrap_or(0)
+    }
+
+    fn reject(&self, reason: Rejected) {
+        self.rejected[Self::rejected_slot(reason)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn rejected(&self, reason: Rejected) -> u64 {
+        self.rejected[Self::rejected_slot(reason)].load(Ordering::Relaxed)
+    }
+
+    pub fn rejected_total(&self) -> u64 {
+        self.rejected
+            .iter()
+            .map(|r| r.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// Gossip as `/status` shows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GossipStatus {
+    pub node: Option<NodeId>,
+    pub alive: usize,
+    pub suspect: usize,
+    pub down: usize,
+    pub members: Vec<MemberStatus>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MemberStatus {
+    pub name: String,
+    pub gossip: SocketAddr,
+    pub epoch: u64,
+    /// `alive`, `suspect`, `down`, or `unknown` (heard of, not yet seen by SWIM).
+    pub liveness: &'static str,
+    /// Seconds since this node last heard something new from the member.
+    pub last_seen_s: f64,
+    pub version: Option<String>,
+    pub inbound: Option<String>,
+    pub state: Option<State>,
+    pub profile_seq: Option<u64>,
+    pub live_seq: Option<u64>,
+}
+
+enum Command {
+    Profile(Profile),
+    Live(Live),
+    Seeds(Vec<SocketAddr>),
+    Leave(oneshot::Sender<()>),
+}
+
+/// The sidecar's handle on its gossip node.
+#[derive(Debug)]
+pub struct GossipHandle {
+    commands: mpsc::UnboundedSender<Command>,
+    status: Arc<ArcSwap<GossipStatus>>,
+    stats: Arc<Stats>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl GossipHandle {
+    /// Publishes a new profile (at start, and when the bootstrap's profile changes).
+    pub fn publish_profile(&self, profile: Profile) {
+        let _ = self.commands.send(Command::Profile(profile));
+    }
+
+    /// Offers the current live view; the node publishes it when it moved meaningfully, at once
+    /// when its state changed, and at least every refresh interval.
+    pub fn publish_live(&self, live: Live) {
+        let _ = self.commands.send(Command::Live(live));
+    }
+
+    /// Asks to join through these addresses (seeds), skipping known members.
+    pub fn announce(&self, seeds: Vec<SocketAddr>) {
+        let _ = self.commands.send(Command::Seeds(seeds));
+    }
+
+    /// Tells the cluster this node is leaving, then stops the node.
+    pub async fn leave(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Leave(tx)).is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), rx).await;
+        }
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            task.abort();
+        }
+    }
+
+    pub fn status(&self) -> Arc<GossipStatus> {
+        self.status.load_full()
+    }
+
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+}
+
+/// Starts a node on `transport`; it runs until `leave` or `stop`.
+pub fn spawn(
+    options: NodeOptions,
+    transport: Arc<dyn Transport>,
+    inbox: Inbox,
+    sink: Arc<dyn Membership>,
+    stop: CancellationToken,
+) -> GossipHandle {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let status = Arc::new(ArcSwap::from_pointee(GossipStatus::default()));
+    let stats = Arc::new(Stats::default());
+    let identity = NodeId {
+        addr: options.addr,
+        epoch: envelope::unix_us(),
+    };
+    let handler = Handler {
+        table: Arc::new(Mutex::new(Table::new(
+            options.name.clone(),
+            identity.clone(),
+        ))),
+    };
+    let rng: StdRng = rand::make_rng();
+    let foca = Foca::with_custom_broadcast(
+        identity,
+        options.foca_config(),
+        rng,
+        PostcardCodec,
+        handler.clone(),
+    );
+    let node = Node {
+        foca,
+        runtime: AccumulatingRuntime::new(),
+        handler,
+        transport,
+        sink,
+        status: status.clone(),
+        stats: stats.clone(),
+        timers: BinaryHeap::new(),
+        timer_events: HashMap::new(),
+        timer_seq: 0,
+        replay: ReplayGuard::default(),
+        last_sent_at: 0,
+        seq: 0,
+        profile: None,
+        live: None,
+        pending_live: None,
+        wanted: HashMap::new(),
+        members_sent: Vec::new(),
+        status_at: None,
+        options,
+    };
+    let task = tokio::spawn(node.run(inbox, rx, stop));
+    GossipHandle {
+        commands: tx,
+        status,
+        stats,
+        task: Mutex::new(Some(task)),
+    }
+}
+
+struct Published {
+    item: Item,
+    at: Instant,
+}
+
+struct Node {
+    options: NodeOptions,
+    foca: Foca<NodeId, PostcardCodec, StdRng, Handler>,
+    runtime: AccumulatingRuntime<NodeId>,
+    handler: Handler,
+    transport: Arc<dyn Transport>,
+    sink: Arc<dyn Membership>,
+    status: Arc<ArcSwap<GossipStatus>>,
+    stats: Arc<Stats>,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    timer_events: HashMap<u64, Timer<NodeId>>,
+    timer_seq: u64,
+    replay: ReplayGuard,
+    /// Envelope send times are strictly increasing, so no two honest packets are byte-identical.
+    last_sent_at: u64,
+    seq: u64,
+    profile: Option<Published>,
+    live: Option<Published>,
+    pending_live: Option<Live>,
+    wanted: HashMap<NodeId, Instant>,
+    members_sent: Vec<Member>,
+    status_at: Option<Instant>,
+}
+
+impl Node {
+    async fn run(
+        mut self,
+        mut inbox: Inbox,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        stop: CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let next_timer = self.timers.peek().map(|Reverse((at, _))| *at);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                Some((from, packet)) = inbox.recv() => self.on_packet(from, &packet),
+                command = commands.recv() => match command {
+                    None => return,
+                    Some(Command::Leave(done)) => {
+                        let _ = self.foca.leave_cluster(&mut self.runtime);
+                        self.flush();
+                        let _ = done.send(());
+                        return;
+                    }
+                    Some(c) => self.on_command(c),
+                },
+                _ = sleep_until_opt(next_timer) => self.fire_timers(),
+                _ = tick.tick() => self.on_tick(),
+            }
+            self.flush();
+        }
+    }
+
+    fn on_packet(&mut self, from: SocketAddr, packet: &[u8]) {
+        self.stats.packets_received.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes_received
+            .fetch_add(packet.len() as u64, Ordering::Relaxed);
+        let opened = match self.options.key.open(packet, MAX_DATAGRAM) {
+            Ok(o) => o,
+            Err(reason) => return self.rejected(from, reason),
+        };
+        let window = self.options.replay_window.as_micros() as u64;
+        if let Err(reason) = self.replay.admit(&opened, envelope::unix_us(), window) {
+            return self.rejected(from, reason);
+        }
+        match opened.kind {
+            Kind::Swim => match self.foca.handle_data(opened.body, &mut self.runtime) {
+                Ok(()) => {}
+                Err(
+                    foca::Error::Decode(_)
+                    | foca::Error::MalformedPacket
+                    | foca::Error::CustomBroadcast(_)
+                    | foca::Error::DataTooBig,
+                ) => self.rejected(from, Rejected::Undecodable),
+                Err(err) => tracing::debug!(%from, ?err, "gossip message ignored"),
+            },
+            Kind::Items => match wire::decode::<Vec<Item>>(opened.body) {
+                Some(items) => {
+                    let now = Instant::now();
+                    let mut table = self.handler.lock();
+                    for item in &items {
+                        table.apply(item, now);
+                    }
+                }
+                None => self.rejected(from, Rejected::Undecodable),
+            },
+            Kind::Want => self.send_items(from),
+        }
+    }
+
+    fn rejected(&self, from: SocketAddr, reason: Rejected) {
+        self.stats.reject(reason);
+        tracing::debug!(%from, reason = reason.as_str(), "gossip packet rejected");
+    }
+
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Profile(profile) => {
+                let unchanged = self
+                    .profile
+                    .as_ref()
+                    .is_some_and(|p| matches!(&p.item.body, Body::Profile(old) if *old == profile));
+                if !unchanged {
+                    self.publish(Body::Profile(profile));
+                    // The live view names the profile it goes with.
+                    if let Some(live) = self.last_live() {
+                        self.publish_live_now(live);
+                    }
+                }
+            }
+            Command::Live(live) => self.offer_live(live),
+            Command::Seeds(addrs) => {
+                let known = self.handler.lock().active_addrs();
+                for addr in addrs {
+                    if addr != self.options.addr && !known.contains(&addr) {
+                        // Epoch 0: any incarnation at that address may answer an announce.
+                        let seed = NodeId { addr, epoch: 0 };
+                        let _ = self.foca.announce(seed, &mut self.runtime);
+                    }
+                }
+            }
+            Command::Leave(_) => {}
+        }
+    }
+
+    fn last_live(&self) -> Option<Live> {
+        self.pending_live.or_else(|| {
+            self.live.as_ref().and_then(|p| match p.item.body {
+                Body::Live(l) => Some(l),
+                Body::Profile(_) => None,
+            })
+        })
+    }
+
+    fn offer_live(&mut self, live: Live) {
+        let now = Instant::now();
+        let Some(last) = self.live.as_ref() else {
+            return self.publish_live_now(live);
+        };
+        let Body::Live(prev) = last.item.body else {
+            return self.publish_live_now(live);
+        };
+        let since = now.saturating_duration_since(last.at);
+        if urgent(&prev, &live)
+            || (moved(&prev, &live) && since >= self.options.min_publish_interval)
+        {
+            self.publish_live_now(live);
+        } else {
+            self.pending_live = Some(live);
+        }
+    }
+
+    fn publish_live_now(&mut self, mut live: Live) {
+        live.profile_seq = self.profile.as_ref().map_or(0, |p| p.item.seq);
+        self.pending_live = None;
+        self.publish(Body::Live(live));
+    }
+
+    fn publish(&mut self, body: Body) {
+        self.seq += 1;
+        let item = Item {
+            name: self.options.name.clone(),
+            node: self.foca.identity().clone(),
+            seq: self.seq,
+            body,
+        };
+        let Some(bytes) = wire::encode(&item) else {
+            return;
+        };
+        if let Err(err) = self.foca.add_broadcast(&bytes) {
+            tracing::error!(
+                ?err,
+                bytes = bytes.len(),
+                "cannot publish a gossip item (too large?)"
+            );
+        }
+        let published = Some(Published {
+            item,
+            at: Instant::now(),
+        });
+        match published.as_ref().map(|p| p.item.kind()) {
+            Some(wire::ItemKind::Profile) => self.profile = published,
+            Some(wire::ItemKind::Live) => self.live = published,
+            None => {}
+        }
+    }
+
+    /// This node's current items, sent straight to one member.
+    fn send_items(&mut self, to: SocketAddr) {
+        let items: Vec<&Item> = [self.profile.as_ref(), self.live.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|p| &p.item)
+            .collect();
+        if items.is_empty() {
+            return;
+        }
+        if let Some(body) = wire::encode(&items) {
+            self.send(to, Kind::Items, &body);
+        }
+    }
+
+    fn send(&mut self, to: SocketAddr, kind: Kind, body: &[u8]) {
+        let sent_at = envelope::unix_us().max(self.last_sent_at + 1);
+        self.last_sent_at = sent_at;
+        let packet = self.options.key.seal(kind, sent_at, body);
+        self.stats.packets_sent.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes_sent
+            .fetch_add(packet.len() as u64, Ordering::Relaxed);
+        self.transport.send(to, packet);
+    }
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((at, id))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(event) = self.timer_events.remove(&id) {
+                let _ = self.foca.handle_timer(event, &mut self.runtime);
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        let refresh_due = self
+            .live
+            .as_ref()
+            .is_some_and(|p| now.saturating_duration_since(p.at) >= self.options.refresh_interval);
+        let pending_due = self.pending_live.is_some()
+            && self.live.as_ref().is_none_or(|p| {
+                now.saturating_duration_since(p.at) >= self.options.min_publish_interval
+            });
+        if pending_due || refresh_due {
+            if let Some(live) = self.last_live() {
+                let moved_enough = match self.live.as_ref().map(|p| &p.item.body) {
+                    Some(Body::Live(prev)) => moved(prev, &live),
+                    _ => true,
+                };
+                if refresh_due || moved_enough {
+                    self.publish_live_now(live);
+                } else {
+                    self.pending_live = None;
+                }
+            }
+        }
+        if self
+            .status_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_millis(500))
+        {
+            self.status_at = Some(now);
+            self.replay.prune(envelope::unix_us());
+            self.handler.lock().prune(now);
+            self.wanted
+                .retain(|_, at| now.saturating_duration_since(*at) < WANT_EVERY * 10);
+            self.refresh_status(now);
+        }
+    }
+
+    /// Sends what foca asked for, schedules its timers, and passes changes on to the sink.
+    fn flush(&mut self) {
+        while let Some((to, data)) = self.runtime.to_send() {
+            self.send(to.addr, Kind::Swim, &data);
+        }
+        let now = Instant::now();
+        while let Some((after, event)) = self.runtime.to_schedule() {
+            self.timer_seq += 1;
+            self.timers.push(Reverse((now + after, self.timer_seq)));
+            self.timer_events.insert(self.timer_seq, event);
+        }
+        let mut rejoined = false;
+        while let Some(notification) = self.runtime.to_notify() {
+            let mut table = self.handler.lock();
+            match notification {
+                OwnedNotification::MemberUp(id) => table.member_up(&id),
+                OwnedNotification::MemberDown(id) => table.member_down(&id, now),
+                OwnedNotification::Rename(old, new) => table.renamed(&old, &new),
+                OwnedNotification::Rejoin(id) => {
+                    table.set_my_node(id);
+                    rejoined = true;
+                }
+                OwnedNotification::Defunct => {
+                    tracing::warn!("gossip: this node was declared down and cannot rejoin");
+                }
+                _ => {}
+            }
+        }
+        if rejoined {
+            // A new identity: every item must carry it, or others would keep the old one.
+            tracing::info!("gossip: rejoined the cluster under a new identity");
+            if let Some(Body::Profile(p)) = self.profile.as_ref().map(|p| p.item.body.clone()) {
+                self.publish(Body::Profile(p));
+            }
+            if let Some(live) = self.last_live() {
+                self.publish_live_now(live);
+            }
+        }
+        let (newcomers, wants, changed, live_updates) = {
+            let mut table = self.handler.lock();
+            let changed = std::mem::take(&mut table.dirty).then(|| table.routable());
+            (
+                std::mem::take(&mut table.newcomers),
+                std::mem::take(&mut table.wants),
+                changed,
+                std::mem::take(&mut table.live_updates),
+            )
+        };
+        for node in newcomers {
+            self.send_items(node.addr);
+        }
+        for node in wants {
+            let recently = self
+                .wanted
+                .get(&node)
+                .is_some_and(|at| now.saturating_duration_since(*at) < WANT_EVERY);
+            if !recently {
+                self.wanted.insert(node.clone(), now);
+                self.send(node.addr, Kind::Want, &[]);
+            }
+        }
+        let mut announce_lives: Vec<String> = live_updates;
+        if let Some(members) = changed {
+            self.refresh_status(now);
+            if members != self.members_sent {
+                // Newly routable members' views go with them.
+                for m in &members {
+                    if !self.members_sent.iter().any(|s| s == m)
+                        && !announce_lives.contains(&m.name)
+                    {
+                        announce_lives.push(m.name.clone());
+                    }
+                }
+                self.sink.members(&members);
+                self.members_sent = members;
+            }
+        }
+        if !announce_lives.is_empty() {
+            let table = self.handler.lock();
+            for name in announce_lives {
+                let Some(member) = self.members_sent.iter().find(|m| m.name == name) else {
+                    continue;
+                };
+                if let Some((_, live)) = table.get(&name).and_then(|e| e.live.as_ref()) {
+                    self.sink.live(member, live);
+                }
+            }
+        }
+    }
+
+    fn refresh_status(&mut self, now: Instant) {
+        let swim: HashMap<NodeId, foca::State> = self
+            .foca
+            .iter_membership_state()
+            .map(|m| (m.id().clone(), m.state()))
+            .collect();
+        let table = self.handler.lock();
+        let mut members: Vec<MemberStatus> = table
+            .entries()
+            .map(|(name, e)| {
+                let liveness = match swim.get(&e.node) {
+                    Some(foca::State::Alive) if table.is_active(&e.node) => "alive",
+                    Some(foca::State::Suspect) => "suspect",
+                    Some(foca::State::Down) => "down",
+                    _ if e.down_since.is_some() => "down",
+                    _ if table.is_active(&e.node) => "alive",
+                    _ => "unknown",
+                };
+                MemberStatus {
+                    name: name.clone(),
+                    gossip: e.node.addr,
+                    epoch: e.node.epoch,
+                    liveness,
+                    last_seen_s: now.saturating_duration_since(e.last_heard).as_secs_f64(),
+                    version: e.profile.as_ref().map(|(_, p)| p.version.clone()),
+                    inbound: e.profile.as_ref().map(|(_, p)| p.inbound.clone()),
+                    state: e.live.as_ref().map(|(_, l)| l.state),
+                    profile_seq: e.profile.as_ref().map(|(s, _)| *s),
+                    live_seq: e.live.as_ref().map(|(s, _)| *s),
+                }
+            })
+            .collect();
+        drop(table);
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        let count = |l: &str| members.iter().filter(|m| m.liveness == l).count();
+        let status = GossipStatus {
+            node: Some(self.foca.identity().clone()),
+            alive: count("alive"),
+            suspect: count("suspect"),
+            down: count("down"),
+            members,
+        };
+        self.status.store(Arc::new(status));
+    }
+}
+
+/// A change callers must hear of at once: the state, busy, cooling down.
+fn urgent(a: &Live, b: &Live) -> bool {
+    a.state != b.state || a.busy != b.busy || a.cooling_down != b.cooling_down
+}
+
+/// A change worth a message: the state, or a figure that moves a score.
+fn moved(a: &Live, b: &Live) -> bool {
+    let far = |x: Option<u32>, y: Option<u32>| match (x, y) {
+        (Some(x), Some(y)) => {
+            let (lo, hi) = (x.min(y).max(1), x.max(y));
+            hi as f64 / lo as f64 >= 1.25
+        }
+        (None, None) => false,
+        _ => true,
+    };
+    urgent(a, b)
+        || a.cap.abs_diff(b.cap) >= 50
+        || a.availability.abs_diff(b.availability) >= 50
+        || a.saturation.abs_diff(b.saturation) >= 100
+        || far(a.latency_ms, b.latency_ms)
+        || a.profile_seq != b.profile_seq
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

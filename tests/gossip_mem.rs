@@ -1,0 +1,226 @@
+//! The gossip layer on its own, over the in-memory network: membership, dissemination, failure
+//! detection, replay and forgery, with no sidecar around it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_reach::gossip::{
+    self, wire, ClusterKey, GossipHandle, Live, MemNetwork, Member, Membership, NodeOptions,
+    Profile, Rejected,
+};
+use agent_reach::reach::State;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Default)]
+struct Seen {
+    members: Mutex<Vec<String>>,
+    lives: Mutex<HashMap<String, Live>>,
+}
+
+impl Membership for Seen {
+    fn members(&self, members: &[Member]) {
+        *self.members.lock().unwrap_or_else(|p| p.into_inner()) =
+            members.iter().map(|m| m.name.clone()).collect();
+    }
+    fn live(&self, member: &Member, live: &Live) {
+        self.lives
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(member.name.clone(), *live);
+    }
+}
+
+impl Seen {
+    fn members(&self) -> Vec<String> {
+        self.members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+    fn live_of(&self, name: &str) -> Option<Live> {
+        self.lives
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied()
+    }
+}
+
+struct Node {
+    name: String,
+    addr: SocketAddr,
+    handle: GossipHandle,
+    seen: Arc<Seen>,
+    stop: CancellationToken,
+}
+
+fn addr(i: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, (i / 250) as u8, (i % 250) as u8 + 1], 4190))
+}
+
+fn profile(i: usize) -> Profile {
+    Profile {
+        inbound: format!("10.0.0.{i}:4143"),
+        zone: String::new(),
+        region: String::new(),
+        max_concurrency: 4,
+        capabilities: vec![],
+        version: "test".into(),
+    }
+}
+
+fn live(state: State, in_flight: u32) -> Live {
+    Live {
+        profile_seq: 0,
+        state,
+        state_age_s: 0,
+        cap: 1000,
+        availability: 1000,
+        saturation: 0,
+        latency_ms: Some(10),
+        p50_ms: None,
+        p95_ms: None,
+        busy: false,
+        cooling_down: false,
+        in_flight,
+        queued: 0,
+    }
+}
+
+fn options(i: usize, key: &ClusterKey) -> NodeOptions {
+    let mut o = NodeOptions::new(format!("agent-{i}"), addr(i), key.clone());
+    o.probe_interval = Duration::from_millis(200);
+    o.probe_timeout = Duration::from_millis(60);
+    o.suspect_timeout = Duration::from_millis(600);
+    o.refresh_interval = Duration::from_millis(500);
+    o.min_publish_interval = Duration::from_millis(50);
+    o
+}
+
+fn start(net: &Arc<MemNetwork>, i: usize, key: &ClusterKey) -> Node {
+    let (transport, inbox) = net.join(addr(i));
+    let seen = Arc::new(Seen::default());
+    let stop = CancellationToken::new();
+    let handle = gossip::spawn(
+        options(i, key),
+        transport,
+        inbox,
+        seen.clone(),
+        stop.clone(),
+    );
+    handle.publish_profile(profile(i));
+    handle.publish_live(live(State::Healthy, 0));
+    if i != 0 {
+        handle.announce(vec![addr(0)]);
+    }
+    Node {
+        name: format!("agent-{i}"),
+        addr: addr(i),
+        handle,
+        seen,
+        stop,
+    }
+}
+
+async fn eventually(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
+    let start = tokio::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_fleet_finds_itself_from_one_seed_and_forgets_a_dead_member() {
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let nodes: Vec<Node> = (0..6).map(|i| start(&net, i, &key)).collect();
+    eventually("everyone to see everyone", Duration::from_secs(10), || {
+        nodes.iter().all(|n| n.seen.members().len() == 5)
+    })
+    .await;
+
+    // A change reaches everyone.
+    nodes[3].handle.publish_live(live(State::Draining, 7));
+    eventually(
+        "the draining state to spread",
+        Duration::from_secs(5),
+        || {
+            nodes
+                .iter()
+                .filter(|n| n.name != "agent-3")
+                .all(|n| n.seen.live_of("agent-3").map(|l| l.state) == Some(State::Draining))
+        },
+    )
+    .await;
+
+    // A node that vanishes leaves every table.
+    net.cut(nodes[5].addr);
+    nodes[5].stop.cancel();
+    eventually("the dead node to leave", Duration::from_secs(10), || {
+        nodes[..5]
+            .iter()
+            .all(|n| !n.seen.members().contains(&"agent-5".to_owned()))
+    })
+    .await;
+    let status = nodes[0].handle.status();
+    let dead = status.members.iter().find(|m| m.name == "agent-5");
+    assert!(
+        matches!(dead.map(|m| m.liveness), Some("down")),
+        "{status:?}"
+    );
+}
+
+#[tokio::test]
+async fn forged_and_replayed_packets_are_dropped_and_counted() {
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let a = start(&net, 0, &key);
+    let b = start(&net, 1, &key);
+    eventually("the pair to meet", Duration::from_secs(10), || {
+        a.seen.members().len() == 1 && b.seen.members().len() == 1
+    })
+    .await;
+
+    // Someone without the key claims agent-1 moved to their address and is draining.
+    let forger = ClusterKey::random();
+    let forged_item = wire::Item {
+        name: "agent-1".into(),
+        node: wire::NodeId {
+            addr: addr(99),
+            epoch: u64::MAX,
+        },
+        seq: u64::MAX,
+        body: wire::Body::Live(live(State::Draining, 0)),
+    };
+    let body = wire::encode(&vec![forged_item]).unwrap_or_default();
+    let now = gossip::envelope::unix_us();
+    let forged = forger.seal(gossip::envelope::Kind::Items, now, &body);
+    net.inject(addr(99), addr(0), forged);
+    net.inject(addr(99), addr(0), b"not even an envelope".to_vec());
+
+    // A genuine packet recorded and played back later.
+    let genuine = key.seal(gossip::envelope::Kind::Want, now, &[]);
+    net.inject(addr(1), addr(0), genuine.clone());
+    net.inject(addr(1), addr(0), genuine);
+    let stale = key.seal(gossip::envelope::Kind::Want, now - 120_000_000, &[]);
+    net.inject(addr(1), addr(0), stale);
+
+    let stats = a.handle.stats().clone();
+    eventually("the rejects to be counted", Duration::from_secs(5), || {
+        stats.rejected(Rejected::BadMac) == 1
+            && stats.rejected(Rejected::Malformed) == 1
+            && stats.rejected(Rejected::Replayed) == 1
+            && stats.rejected(Rejected::Expired) == 1
+    })
+    .await;
+    assert_eq!(a.seen.members(), vec!["agent-1".to_owned()]);
+    let state = a.seen.live_of("agent-1").map(|l| l.state);
+    assert_eq!(
+        state,
+        Some(State::Healthy),
+        "the forged state was not trusted"
+    );
+}
