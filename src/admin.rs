@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::config::{AgentProfile, ConfigStore, Policy};
 use crate::error::ReachError;
+use crate::gossip::{GossipHandle, GossipStatus};
 use crate::http::server::text;
 use crate::http::ReachBody;
 use crate::inbound::{Inbound, Load, StatsSnapshot};
@@ -27,6 +28,7 @@ pub struct Admin {
     pub local: Arc<LocalAgent>,
     pub peers: Arc<PeerViews>,
     pub registry: Arc<Registry>,
+    pub gossip: Option<Arc<GossipHandle>>,
     /// Listeners bound and not draining.
     pub ready: Arc<AtomicBool>,
 }
@@ -45,6 +47,8 @@ pub struct Status {
     pub peers: Vec<Arc<Peer>>,
     /// This caller's view of each peer it has scored, with the peer's own view.
     pub peer_views: Vec<PeerStatus>,
+    /// Gossip membership: every member with its liveness, last-seen age and version.
+    pub gossip: Option<Arc<GossipStatus>>,
     pub policy: Policy,
     pub config_generation: u64,
     pub ready: bool,
@@ -65,6 +69,9 @@ impl Admin {
             "/metrics" => {
                 let load = self.inbound.load();
                 self.metrics.inbound_load(load.in_flight, load.queued);
+                if let Some(g) = &self.gossip {
+                    self.metrics.gossip(g.stats(), &g.status());
+                }
                 text(
                     StatusCode::OK,
                     "text/plain; version=0.0.4",
@@ -100,6 +107,7 @@ impl Admin {
             load: self.inbound.load(),
             inbound: self.inbound.stats(),
             peers: self.registry.peers(&snapshot),
+            gossip: self.gossip.as_ref().map(|g| g.status()),
             policy: snapshot.policy.clone(),
             config_generation: snapshot.generation,
             ready: self.ready.load(Ordering::Acquire),

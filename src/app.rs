@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Admin, Status};
 use crate::config::{spawn_watcher, ConfigStore};
+use crate::gossip::GossipHandle;
 use crate::http::{client, server};
 use crate::inbound::{Admission, Inbound};
 use crate::local::LocalAgent;
@@ -19,6 +20,8 @@ use crate::outbound::Outbound;
 use crate::peers::{self, PeerViews};
 use crate::probe;
 use crate::registry::Registry;
+
+mod gossip_wiring;
 
 /// The sidecar could not start.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +32,8 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    GossipKey(#[from] crate::gossip::KeyError),
 }
 
 /// The addresses the listeners actually bound (useful with port 0).
@@ -37,6 +42,8 @@ pub struct BoundAddrs {
     pub outbound: SocketAddr,
     pub inbound: SocketAddr,
     pub admin: SocketAddr,
+    /// The gossip address peers reach this sidecar at, when gossip is on.
+    pub gossip: Option<SocketAddr>,
 }
 
 /// A running sidecar.
@@ -48,6 +55,7 @@ pub struct Sidecar {
     local: Arc<LocalAgent>,
     probes: Option<std::thread::JoinHandle<()>>,
     ready: Arc<AtomicBool>,
+    gossip: Option<Arc<GossipHandle>>,
     /// Stops the traffic listeners (outbound, inbound).
     stop_traffic: CancellationToken,
     /// Stops the admin listener and background tasks, after the drain.
@@ -69,11 +77,12 @@ impl Sidecar {
             outbound: local_addr(&outbound_listener, listen.outbound),
             inbound: local_addr(&inbound_listener, listen.inbound),
             admin: local_addr(&admin_listener, listen.admin),
+            gossip: None,
         };
 
         let metrics = Arc::new(Metrics::new(snapshot.bootstrap.agent.name.as_str()));
         let client = client::build(&snapshot.policy);
-        let registry = Arc::new(Registry);
+        let registry = Arc::new(Registry::new());
         let admission = Admission::new(snapshot.bootstrap.agent.max_concurrency.get());
         let local = Arc::new(LocalAgent::new(
             store.clone(),
@@ -98,6 +107,26 @@ impl Sidecar {
             local.clone(),
             idempotency_table(&snapshot.policy),
         ));
+        let stop_traffic = CancellationToken::new();
+        let stop_rest = CancellationToken::new();
+        let mut addrs = addrs;
+        let gossip = match snapshot.bootstrap.gossip.clone() {
+            Some(config) => {
+                let started = gossip_wiring::start(
+                    &config,
+                    &store,
+                    addrs.inbound,
+                    registry.clone(),
+                    peers.clone(),
+                    local.clone(),
+                    stop_rest.clone(),
+                )
+                .await?;
+                addrs.gossip = Some(started.1);
+                Some(started.0)
+            }
+            None => None,
+        };
         let ready = Arc::new(AtomicBool::new(false));
         let admin = Arc::new(Admin {
             store: store.clone(),
@@ -106,11 +135,10 @@ impl Sidecar {
             local: local.clone(),
             peers: peers.clone(),
             registry: registry.clone(),
+            gossip: gossip.clone(),
             ready: ready.clone(),
         });
 
-        let stop_traffic = CancellationToken::new();
-        let stop_rest = CancellationToken::new();
         let drain = limits.drain_timeout.get();
         let traffic = vec![
             tokio::spawn(server::serve(
@@ -158,6 +186,7 @@ impl Sidecar {
         tracing::info!(
             agent = %snapshot.bootstrap.agent.name,
             outbound = %addrs.outbound, inbound = %addrs.inbound, admin = %addrs.admin,
+            gossip = %addrs.gossip.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             "agent-reach sidecar started"
         );
         Ok(Self {
@@ -167,6 +196,7 @@ impl Sidecar {
             local,
             probes,
             ready,
+            gossip,
             stop_traffic,
             stop_rest,
             traffic,
@@ -183,19 +213,45 @@ impl Sidecar {
         self.admin.status()
     }
 
+    /// Stops at once: no draining, no goodbye to the gossip cluster. What a crash looks like to
+    /// peers (tests and the demo use it).
+    pub async fn kill(self) {
+        self.stop_rest.cancel();
+        self.stop_traffic.cancel();
+        for task in self.traffic.into_iter().chain(self.rest) {
+            task.abort();
+            let _ = task.await;
+        }
+        if let Some(g) = &self.gossip {
+            g.abort();
+        }
+    }
+
     /// Graceful shutdown: report not-ready, stop accepting, let in-flight requests finish (bounded
     /// by the drain timeout), then stop the admin listener and background tasks.
     pub async fn shutdown(self) {
         tracing::info!("draining");
-        // Announce first: for one self-view poll the listeners stay open, answering new work with
-        // 503 `draining` while callers read that state and stop sending; then stop accepting.
+        // Announce first: while the news spreads (one gossip round-trip through the fleet, or one
+        // self-view poll) the listeners stay open, answering new work with 503 `draining` so
+        // callers retry elsewhere; then stop accepting and let in-flight work finish.
         self.local.drain();
         self.ready.store(false, Ordering::Release);
-        let announce = self.store.snapshot().policy.peer_views.poll_interval.get();
+        let snapshot = self.store.snapshot();
+        let announce = match &self.gossip {
+            Some(g) => {
+                g.publish_live(peers::live(&self.local.self_view()));
+                gossip_wiring::drain_announce(&snapshot)
+            }
+            None => snapshot.policy.peer_views.poll_interval.get(),
+        };
         tokio::time::sleep(announce.min(Duration::from_secs(5))).await;
         self.stop_traffic.cancel();
         for task in self.traffic {
             let _ = task.await;
+        }
+        // Then leave: members drop this node at once instead of waiting to detect it dead.
+        if let Some(g) = &self.gossip {
+            g.leave().await;
         }
         self.stop_rest.cancel();
         for task in self.rest {

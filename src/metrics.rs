@@ -34,6 +34,10 @@ pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_tot
 pub const TIER_PICKS_TOTAL: &str = "reach_tier_picks_total";
 pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "reach_idempotent_replays_total";
 pub const DEADLINES_EXCEEDED_TOTAL: &str = "reach_deadlines_exceeded_total";
+pub const GOSSIP_MEMBERS: &str = "reach_gossip_members";
+pub const GOSSIP_MESSAGES_TOTAL: &str = "reach_gossip_messages_total";
+pub const GOSSIP_BYTES_TOTAL: &str = "reach_gossip_bytes_total";
+pub const GOSSIP_REJECTED_TOTAL: &str = "reach_gossip_rejected_total";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -84,6 +88,18 @@ const COUNTERS: &[(&str, &str)] = &[
         RETRY_BUDGET_EXHAUSTED_TOTAL,
         "Calls that failed fast because the retry budget was spent.",
     ),
+    (
+        GOSSIP_MESSAGES_TOTAL,
+        "Gossip datagrams by direction (sent, received).",
+    ),
+    (
+        GOSSIP_BYTES_TOTAL,
+        "Gossip bytes by direction (sent, received), envelopes included.",
+    ),
+    (
+        GOSSIP_REJECTED_TOTAL,
+        "Gossip datagrams dropped unread, by reason (bad_mac, expired, replayed, malformed, oversized, undecodable).",
+    ),
 ];
 
 const GAUGES: &[(&str, &str)] = &[
@@ -121,6 +137,10 @@ const GAUGES: &[(&str, &str)] = &[
         "1 for the state this caller's view of each peer is in, 0 for the others.",
     ),
     (PEER_CAP, "The effective traffic cap of each peer in 0..1."),
+    (
+        GOSSIP_MEMBERS,
+        "Gossip members this sidecar knows, by liveness (alive, suspect, down).",
+    ),
 ];
 
 const HISTOGRAMS: &[(&str, &str)] = &[
@@ -291,6 +311,33 @@ impl Metrics {
             }
             gauge!(PEER_CAP, "peer" => peer.clone()).set(cap);
             gauge!(PEER_SCORE, "peer" => peer).set(score);
+        });
+    }
+
+    /// Gossip counters and membership, copied from the node at scrape time.
+    pub fn gossip(&self, stats: &crate::gossip::Stats, status: &crate::gossip::GossipStatus) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.with(|| {
+            for (direction, packets, bytes) in [
+                ("sent", &stats.packets_sent, &stats.bytes_sent),
+                ("received", &stats.packets_received, &stats.bytes_received),
+            ] {
+                counter!(GOSSIP_MESSAGES_TOTAL, "direction" => direction)
+                    .absolute(packets.load(Relaxed));
+                counter!(GOSSIP_BYTES_TOTAL, "direction" => direction)
+                    .absolute(bytes.load(Relaxed));
+            }
+            for reason in crate::gossip::Rejected::ALL {
+                counter!(GOSSIP_REJECTED_TOTAL, "reason" => reason.as_str())
+                    .absolute(stats.rejected(reason));
+            }
+            for (liveness, n) in [
+                ("alive", status.alive),
+                ("suspect", status.suspect),
+                ("down", status.down),
+            ] {
+                gauge!(GOSSIP_MEMBERS, "status" => liveness).set(n as f64);
+            }
         });
     }
 

@@ -1,11 +1,14 @@
-//! Who is out there: the peers that can serve each capability. Today they come from config —
-//! the bootstrap's static peers and the policy's external targets; gossip will add members here.
+//! Who is out there: the peers that can serve each capability. Members found by gossip come
+//! first; the bootstrap's static peers and the policy's external targets are there too.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::config::{ExternalTarget, Snapshot, StaticPeer};
+use crate::gossip::Member;
 
 /// A peer sidecar that can take calls for some capabilities.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -16,7 +19,8 @@ pub struct Peer {
     pub zone: String,
     pub region: String,
     pub capabilities: Vec<String>,
-    /// Where this sidecar learned of the peer: `static`, or `external` (a plain service).
+    /// Where this sidecar learned of the peer: `gossip`, `static`, or `external` (a plain
+    /// service).
     pub source: &'static str,
     /// For an external target: its name (rate limits are per target), timeout and per-endpoint
     /// concurrency limit.
@@ -37,6 +41,21 @@ impl Peer {
             region: peer.region.clone(),
             capabilities: peer.capabilities.iter().map(ToString::to_string).collect(),
             source: "static",
+            target: None,
+            timeout: None,
+            max_concurrency: None,
+        }
+    }
+
+    pub fn from_member(member: &Member) -> Self {
+        let p = &member.profile;
+        Self {
+            name: member.name.clone(),
+            address: p.inbound.clone(),
+            zone: p.zone.clone(),
+            region: p.region.clone(),
+            capabilities: p.capabilities.iter().map(|c| c.name.clone()).collect(),
+            source: "gossip",
             target: None,
             timeout: None,
             max_concurrency: None,
@@ -68,18 +87,77 @@ impl Peer {
     }
 }
 
+/// The members gossip currently counts routable, indexed by capability.
+#[derive(Debug, Default)]
+struct Directory {
+    peers: Vec<Arc<Peer>>,
+    by_name: HashMap<String, Arc<Peer>>,
+    index: HashMap<String, Vec<Arc<Peer>>>,
+}
+
 /// The peer directory consulted once per outbound request.
 #[derive(Debug, Default)]
-pub struct Registry;
+pub struct Registry {
+    gossip: ArcSwap<Directory>,
+}
 
 impl Registry {
-    /// Peers that serve `capability`, in a stable order.
-    pub fn candidates(&self, snapshot: &Snapshot, capability: &str) -> Vec<Arc<Peer>> {
-        snapshot.peers_serving(capability).cloned().collect()
+    pub fn new() -> Self {
+        Self::default()
     }
 
-    /// Every known peer, for `/status`.
+    /// Replaces the gossip members (called on every membership or profile change).
+    pub fn set_gossip(&self, peers: Vec<Peer>) {
+        let peers: Vec<Arc<Peer>> = peers.into_iter().map(Arc::new).collect();
+        let mut index: HashMap<String, Vec<Arc<Peer>>> = HashMap::new();
+        for peer in &peers {
+            for cap in &peer.capabilities {
+                index.entry(cap.clone()).or_default().push(peer.clone());
+            }
+        }
+        let by_name = peers.iter().map(|p| (p.name.clone(), p.clone())).collect();
+        self.gossip.store(Arc::new(Directory {
+            peers,
+            by_name,
+            index,
+        }));
+    }
+
+    pub fn gossip_peer(&self, name: &str) -> Option<Arc<Peer>> {
+        self.gossip.load().by_name.get(name).cloned()
+    }
+
+    /// Peers that serve `capability`, in a stable order. A gossip member shadows a configured
+    /// peer of the same name: what the agent says of itself now beats what a file said.
+    pub fn candidates(&self, snapshot: &Snapshot, capability: &str) -> Vec<Arc<Peer>> {
+        let gossip = self.gossip.load();
+        let mut out: Vec<Arc<Peer>> = snapshot
+            .peers_serving(capability)
+            .filter(|p| !gossip.by_name.contains_key(&p.name))
+            .cloned()
+            .collect();
+        out.extend(gossip.index.get(capability).into_iter().flatten().cloned());
+        out
+    }
+
+    /// Every known peer, for `/status` and the self-view poller.
     pub fn peers(&self, snapshot: &Snapshot) -> Vec<Arc<Peer>> {
-        snapshot.configured_peers().to_vec()
+        let gossip = self.gossip.load();
+        let mut out: Vec<Arc<Peer>> = snapshot
+            .configured_peers()
+            .iter()
+            .filter(|p| !gossip.by_name.contains_key(&p.name))
+            .cloned()
+            .collect();
+        out.extend(gossip.peers.iter().cloned());
+        out
+    }
+
+    /// Names of every known peer.
+    pub fn names(&self, snapshot: &Snapshot) -> HashSet<String> {
+        self.peers(snapshot)
+            .iter()
+            .map(|p| p.name.clone())
+            .collect()
     }
 }

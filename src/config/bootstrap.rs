@@ -1,7 +1,8 @@
 //! The per-agent bootstrap file: listeners, limits, the local agent's profile and static peers.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 
 use serde::{de, Deserialize, Deserializer, Serialize};
 
@@ -19,6 +20,9 @@ pub struct Bootstrap {
     pub agent: AgentProfile,
     #[serde(default)]
     pub peers: Vec<StaticPeer>,
+    /// Membership and state sharing with the other sidecars; without it, only static peers.
+    #[serde(default)]
+    pub gossip: Option<GossipConfig>,
     /// How often the config files are checked for changes.
     #[serde(default = "default_watch_interval")]
     pub watch_interval: HumanDuration,
@@ -42,6 +46,85 @@ impl Default for Listen {
             outbound: SocketAddr::from(([127, 0, 0, 1], 4140)),
             inbound: SocketAddr::from(([0, 0, 0, 0], 4143)),
             admin: SocketAddr::from(([0, 0, 0, 0], 4191)),
+        }
+    }
+}
+
+/// `gossip:` — how this sidecar finds the others and shares its agent's profile and live view.
+/// Timings must be the same across the fleet; they need a restart.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GossipConfig {
+    /// UDP address gossip listens on.
+    #[serde(default = "default_gossip_listen")]
+    pub listen: SocketAddr,
+    /// The IP other sidecars reach this one at, for gossip and for work (the pod IP). Default:
+    /// the listen IP if it is specific, else the IP the host name resolves to.
+    #[serde(default)]
+    pub advertise: Option<IpAddr>,
+    /// `host:port` of sidecars to join through; a DNS name may resolve to many (a headless
+    /// Service) and is re-resolved every `resolve_interval`. None: this sidecar starts alone.
+    #[serde(default)]
+    pub seeds: Vec<HostPort>,
+    /// The cluster key (one per line; the first signs, any verifies). Relative paths are
+    /// relative to this file.
+    pub key_file: PathBuf,
+    /// Each period this sidecar probes one member for liveness.
+    #[serde(default = "default_probe_interval")]
+    pub probe_interval: HumanDuration,
+    /// A probe unanswered this long is retried through other members.
+    #[serde(default = "default_probe_timeout")]
+    pub probe_timeout: HumanDuration,
+    /// A suspected member that does not refute within this time is declared dead.
+    #[serde(default = "default_suspect_timeout")]
+    pub suspect_timeout: HumanDuration,
+    /// The live view is re-published at least this often (and at once when its state changes).
+    #[serde(default = "default_refresh_interval")]
+    pub refresh_interval: HumanDuration,
+    /// How often seed names are resolved again.
+    #[serde(default = "default_resolve_interval")]
+    pub resolve_interval: HumanDuration,
+    /// The fleet size the retransmission count is sized for (more is safe, less is slower).
+    #[serde(default = "default_expected_members")]
+    pub expected_members: PositiveCount,
+}
+
+fn default_gossip_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 4190))
+}
+fn default_probe_interval() -> HumanDuration {
+    HumanDuration::from_secs(1)
+}
+fn default_probe_timeout() -> HumanDuration {
+    HumanDuration::from_millis(300)
+}
+fn default_suspect_timeout() -> HumanDuration {
+    HumanDuration::from_secs(3)
+}
+fn default_refresh_interval() -> HumanDuration {
+    HumanDuration::from_secs(2)
+}
+fn default_resolve_interval() -> HumanDuration {
+    HumanDuration::from_secs(30)
+}
+fn default_expected_members() -> PositiveCount {
+    PositiveCount(256)
+}
+
+impl GossipConfig {
+    /// A gossip section with the defaults, for embedding (demo, tests).
+    pub fn new(listen: SocketAddr, seeds: Vec<HostPort>, key_file: PathBuf) -> Self {
+        Self {
+            listen,
+            advertise: None,
+            seeds,
+            key_file,
+            probe_interval: default_probe_interval(),
+            probe_timeout: default_probe_timeout(),
+            suspect_timeout: default_suspect_timeout(),
+            refresh_interval: default_refresh_interval(),
+            resolve_interval: default_resolve_interval(),
+            expected_members: default_expected_members(),
         }
     }
 }
@@ -290,8 +373,23 @@ impl Bootstrap {
                 capabilities,
             },
             peers: Vec::new(),
+            gossip: None,
             watch_interval: default_watch_interval(),
         })
+    }
+
+    /// Turns gossip on, on a loopback UDP port chosen by the OS, joining through `seeds`.
+    pub fn with_gossip(mut self, seeds: &[std::net::SocketAddr], key_file: PathBuf) -> Self {
+        let seeds = seeds
+            .iter()
+            .filter_map(|s| HostPort::parse(&s.to_string()).ok())
+            .collect();
+        self.gossip = Some(GossipConfig::new(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            seeds,
+            key_file,
+        ));
+        self
     }
 
     /// Adds a static peer (its sidecar's inbound address) serving `capabilities`.

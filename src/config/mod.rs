@@ -16,8 +16,8 @@ use arc_swap::ArcSwap;
 use crate::registry::Peer;
 
 pub use bootstrap::{
-    AgentProfile, Bootstrap, Capability, ExpectJson, Limits, Listen, ProbeSpec, QueueConfig,
-    RouteMode, StaticPeer,
+    AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Limits, Listen, ProbeSpec,
+    QueueConfig, RouteMode, StaticPeer,
 };
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use policy::{
@@ -64,7 +64,7 @@ impl FileKind {
 pub fn detect_kind(path: &Path, text: &str) -> Result<FileKind, ConfigError> {
     let keys = yaml::top_level_keys(path, text)?;
     // `agent` is required in a bootstrap; the others appear only there.
-    let bootstrap_only = ["agent", "listen", "limits", "watch_interval"];
+    let bootstrap_only = ["agent", "listen", "limits", "watch_interval", "gossip"];
     if keys.iter().any(|k| bootstrap_only.contains(&k.as_str())) {
         Ok(FileKind::Bootstrap)
     } else {

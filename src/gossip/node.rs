@@ -201,6 +201,14 @@ impl GossipHandle {
         }
     }
 
+    /// Stops the node without a word to the cluster (a crash, as others see it).
+    pub fn abort(&self) {
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            task.abort();
+        }
+    }
+
     pub fn status(&self) -> Arc<GossipStatus> {
         self.status.load_full()
     }

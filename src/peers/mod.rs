@@ -2,12 +2,14 @@
 //! fed by what this caller sees (connect errors, timeouts, 429s the peer may never have counted),
 //! joined with the peer's own view of itself. A candidate's cap is the smaller of the two.
 //!
-//! Until gossip carries self-views, they are polled from each static peer's
-//! `GET /reach/v1/self` on its inbound port.
+//! Gossip members' self-views arrive by gossip (`feed`); static peers' are polled from their
+//! `GET /reach/v1/self` on the inbound port (`poll`).
 
+mod feed;
 mod poll;
 mod score;
 
+pub use feed::{live, profile, self_view, self_view_lifetime, GossipFeed};
 pub use poll::spawn_poller;
 
 use std::collections::HashMap;
@@ -26,7 +28,7 @@ use crate::registry::Peer;
 /// Path of the self-view on every sidecar's inbound port.
 pub const SELF_PATH: &str = "/reach/v1/self";
 
-/// A self-view older than this many poll intervals is ignored.
+/// A self-view older than this many refresh intervals is ignored.
 const SELF_VIEW_LIFETIME_POLLS: u32 = 5;
 
 #[derive(Debug)]
@@ -167,6 +169,11 @@ impl PeerViews {
         if let Some(t) = t {
             self.transitioned(&peer.name, t);
         }
+    }
+
+    /// Forgets peers no longer known (a dead gossip member, a static peer removed by a reload).
+    pub(crate) fn retain(&self, names: &std::collections::HashSet<String>) {
+        self.lock().retain(|name, _| names.contains(name));
     }
 
     /// Sets the per-peer gauges from the current views.

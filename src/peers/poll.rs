@@ -1,5 +1,5 @@
-//! The interim transport of self-views: each caller polls every static peer's
-//! `GET /reach/v1/self`. Gossip will replace this file, not the views.
+//! Self-views of static peers (configured by address, not found by gossip): each caller polls
+//! their `GET /reach/v1/self`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,11 +33,12 @@ pub fn spawn_poller(
                 .poll_interval
                 .get()
                 .max(Duration::from_millis(20));
-            // Plain services (external targets) have no self-view to read.
+            // Plain services (external targets) have no self-view to read; gossip members
+            // publish theirs.
             let peers: Vec<_> = registry
                 .peers(&snapshot)
                 .into_iter()
-                .filter(|p| !p.is_external())
+                .filter(|p| p.source == "static")
                 .collect();
             let mut polls = tokio::task::JoinSet::new();
             for peer in peers {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{entry, PeerViews, RouteRequest, Scored, SELF_VIEW_LIFETIME_POLLS};
+use super::{entry, PeerViews, RouteRequest, Scored};
 use crate::config::{RouteMode, Snapshot};
 use crate::local::SelfView;
 use crate::reach::{self, State};
@@ -25,7 +25,7 @@ impl PeerViews {
             snapshot.policy.estimates.params(),
             snapshot.policy.states.params(),
         );
-        let lifetime = snapshot.policy.peer_views.poll_interval.get() * SELF_VIEW_LIFETIME_POLLS;
+        let lifetime = super::self_view_lifetime(snapshot);
         let me = &snapshot.bootstrap.agent;
         let mut inner = self.lock();
         let mut transitions = Vec::new();

@@ -1,0 +1,175 @@
+//! Starting the sidecar's gossip node: the key, the socket, the advertised address, the task
+//! that publishes this agent's profile and live view, and the one that resolves seeds.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::StartError;
+use crate::config::{ConfigStore, GossipConfig, HostPort, Snapshot};
+use crate::gossip::{self, ClusterKey, GossipHandle, NodeOptions};
+use crate::local::LocalAgent;
+use crate::peers::{self, GossipFeed, PeerViews};
+use crate::registry::Registry;
+
+/// How often the agent's view is offered to gossip (which sends only meaningful moves).
+const OFFER_EVERY: Duration = Duration::from_millis(200);
+/// Seeds are retried this often while no member is known yet.
+const JOIN_RETRY: Duration = Duration::from_secs(1);
+
+pub(super) async fn start(
+    config: &GossipConfig,
+    store: &Arc<ConfigStore>,
+    inbound: SocketAddr,
+    registry: Arc<Registry>,
+    views: Arc<PeerViews>,
+    local: Arc<LocalAgent>,
+    stop: CancellationToken,
+) -> Result<(Arc<GossipHandle>, SocketAddr), StartError> {
+    let key_path = match (&store.paths.bootstrap, config.key_file.is_relative()) {
+        (Some(bootstrap), true) => bootstrap
+            .parent()
+            .map_or(config.key_file.clone(), |dir| dir.join(&config.key_file)),
+        _ => config.key_file.clone(),
+    };
+    let key = ClusterKey::from_file(&key_path)?;
+    let (transport, inbox, bound) = gossip::transport::udp(config.listen, stop.clone())
+        .await
+        .map_err(|source| StartError::Bind {
+            listener: "gossip",
+            addr: config.listen,
+            source,
+        })?;
+    let ip = advertise_ip(config).await;
+    let addr = SocketAddr::new(ip, bound.port());
+    let published_inbound = SocketAddr::new(ip, inbound.port()).to_string();
+
+    let name = store.snapshot().bootstrap.agent.name.to_string();
+    let mut options = NodeOptions::new(name.clone(), addr, key);
+    options.probe_interval = config.probe_interval.get();
+    options.probe_timeout = config.probe_timeout.get();
+    options.suspect_timeout = config.suspect_timeout.get();
+    options.refresh_interval = config.refresh_interval.get();
+    options.max_transmissions =
+        gossip::max_transmissions(u32::try_from(config.expected_members.get()).unwrap_or(u32::MAX));
+    let feed = Arc::new(GossipFeed {
+        registry,
+        views,
+        store: store.clone(),
+    });
+    let handle = Arc::new(gossip::spawn(options, transport, inbox, feed, stop.clone()));
+    tracing::info!(agent = %name, gossip = %addr, inbound = %published_inbound, seeds = config.seeds.len(), "gossip started");
+
+    tokio::spawn(offer_views(
+        handle.clone(),
+        local,
+        published_inbound,
+        stop.clone(),
+    ));
+    if !config.seeds.is_empty() {
+        tokio::spawn(resolve_seeds(
+            handle.clone(),
+            config.seeds.clone(),
+            config.resolve_interval.get(),
+            stop,
+        ));
+    }
+    Ok((handle, addr))
+}
+
+/// How long a draining sidecar keeps answering (with 503 `draining`) before it stops accepting:
+/// long enough for the news to reach the fleet.
+pub(super) fn drain_announce(snapshot: &Snapshot) -> Duration {
+    snapshot
+        .bootstrap
+        .gossip
+        .as_ref()
+        .map_or(Duration::from_secs(1), |g| {
+            g.probe_interval.get().max(Duration::from_secs(1))
+        })
+}
+
+async fn offer_views(
+    handle: Arc<GossipHandle>,
+    local: Arc<LocalAgent>,
+    inbound: String,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(OFFER_EVERY);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let view = local.self_view();
+        // The node ignores a profile equal to the last one.
+        handle.publish_profile(peers::profile(&view, inbound.clone()));
+        handle.publish_live(peers::live(&view));
+    }
+}
+
+async fn resolve_seeds(
+    handle: Arc<GossipHandle>,
+    seeds: Vec<HostPort>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        let mut addrs = Vec::new();
+        for seed in &seeds {
+            match tokio::time::timeout(
+                Duration::from_secs(2),
+                tokio::net::lookup_host(seed.as_str()),
+            )
+            .await
+            {
+                Ok(Ok(found)) => addrs.extend(found),
+                Ok(Err(err)) => tracing::warn!(seed = %seed, %err, "cannot resolve gossip seed"),
+                Err(_) => tracing::warn!(seed = %seed, "resolving gossip seed timed out"),
+            }
+        }
+        handle.announce(addrs);
+        let wait = if handle.status().alive == 0 {
+            JOIN_RETRY
+        } else {
+            every
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// The IP peers reach this sidecar at: configured, else the listen IP if specific, else the IP
+/// the host name resolves to (a pod's own IP in Kubernetes), else loopback.
+async fn advertise_ip(config: &GossipConfig) -> IpAddr {
+    if let Some(ip) = config.advertise {
+        return ip;
+    }
+    if !config.listen.ip().is_unspecified() {
+        return config.listen.ip();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    if !host.is_empty() {
+        if let Ok(Ok(found)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::net::lookup_host((host.as_str(), 0)),
+        )
+        .await
+        {
+            let ips: Vec<IpAddr> = found.map(|a| a.ip()).collect();
+            if let Some(ip) = ips.iter().find(|ip| !ip.is_loopback()).or(ips.first()) {
+                return *ip;
+            }
+        }
+    }
+    tracing::warn!(
+        "gossip: cannot tell this host's IP; advertising 127.0.0.1 (set gossip.advertise)"
+    );
+    IpAddr::from([127, 0, 0, 1])
+}

@@ -1,0 +1,305 @@
+//! Sidecars that find each other by gossip over real UDP on loopback: discovery from one seed,
+//! routing between them, a crash, a graceful leave, forged packets, a restart at a new address.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agent_reach::gossip::{envelope, ClusterKey};
+use agent_reach::mock_agent::{Latency, MockAgent, MockConfig};
+use agent_reach::{Bootstrap, Sidecar};
+use support::*;
+
+fn key_file(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("agent-reach-gossip-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gossip.key");
+    let secret: [u8; 32] = rand::random();
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&path, hex).unwrap();
+    path
+}
+
+/// Fast timings so the tests run in seconds; `detection` keeps the shipped defaults.
+fn fast(mut b: Bootstrap) -> Bootstrap {
+    if let Some(g) = b.gossip.as_mut() {
+        g.probe_interval = agent_reach::config::HumanDuration::from_millis(200);
+        g.probe_timeout = agent_reach::config::HumanDuration::from_millis(100);
+        g.suspect_timeout = agent_reach::config::HumanDuration::from_secs(1);
+        g.refresh_interval = agent_reach::config::HumanDuration::from_millis(500);
+    }
+    b
+}
+
+async fn member(
+    name: &str,
+    caps: &[&str],
+    seeds: &[SocketAddr],
+    key: &std::path::Path,
+    tune: impl FnOnce(Bootstrap) -> Bootstrap,
+) -> (MockAgent, Sidecar) {
+    let mut config = MockConfig::new(name);
+    config.latency = Latency::fixed(Duration::from_millis(20));
+    let agent = mock(config).await;
+    let bootstrap = Bootstrap::local(name, agent.addr, caps)
+        .unwrap()
+        .with_gossip(seeds, key.to_path_buf());
+    let sidecar = sidecar(tune(bootstrap)).await;
+    (agent, sidecar)
+}
+
+fn gossip_addr(s: &Sidecar) -> SocketAddr {
+    s.addrs.gossip.expect("gossip is on")
+}
+
+fn peer_address(s: &Sidecar, name: &str) -> Option<String> {
+    s.status()
+        .peers
+        .iter()
+        .find(|p| p.name == name)
+        .map(|p| p.address.clone())
+}
+
+async fn call_cap(outbound: SocketAddr, cap: &str) -> Reply {
+    send(
+        &client(),
+        "POST",
+        &format!("http://{outbound}/work"),
+        &[("reach-capability", cap)],
+        "x",
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sidecars_find_each_other_from_one_seed_and_route_to_each_other() {
+    let key = key_file("discover");
+    let (_a_agent, a) = member("agent-a", &["alpha"], &[], &key, fast).await;
+    let seed = [gossip_addr(&a)];
+    let (_b_agent, b) = member("agent-b", &["beta"], &seed, &key, fast).await;
+    let (_c_agent, c) = member("agent-c", &["gamma"], &seed, &key, fast).await;
+
+    for (from, cap, to) in [
+        (&a, "beta", "agent-b"),
+        (&b, "gamma", "agent-c"),
+        (&c, "alpha", "agent-a"),
+    ] {
+        eventually(
+            Duration::from_secs(10),
+            &format!("{cap} to be routable"),
+            || async {
+                let reply = call_cap(from.addrs.outbound, cap).await;
+                reply.status == 200 && reply.json()["agent"] == to
+            },
+        )
+        .await;
+    }
+    // B and C never named each other: they met through the seed.
+    assert_eq!(
+        peer_address(&b, "agent-c"),
+        Some(c.addrs.inbound.to_string())
+    );
+
+    let status = serde_json::to_value(a.status()).unwrap();
+    let members = status["gossip"]["members"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(members.len(), 2, "{status}");
+    for m in &members {
+        assert_eq!(m["liveness"], "alive", "{m}");
+        assert_eq!(m["version"], env!("CARGO_PKG_VERSION"));
+        assert!(m["last_seen_s"].as_f64().is_some_and(|s| s < 5.0), "{m}");
+    }
+    let metrics = get(&client(), &format!("http://{}/metrics", a.addrs.admin))
+        .await
+        .body;
+    assert!(
+        metrics.contains("reach_gossip_members{status=\"alive\"} 2"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("reach_gossip_messages_total{direction=\"received\"}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_sidecar_leaves_every_routing_table_within_the_detection_time() {
+    // Shipped timings: probe every 1 s, suspect for 3 s.
+    let key = key_file("detect");
+    let (_a_agent, a) = member("agent-a", &[], &[], &key, |b| b).await;
+    let seed = [gossip_addr(&a)];
+    let (_b_agent, b) = member("agent-b", &[CAP], &seed, &key, |b| b).await;
+    let (_c_agent, c) = member("agent-c", &[CAP], &seed, &key, |b| b).await;
+    eventually(
+        Duration::from_secs(10),
+        "everyone to know agent-c",
+        || async { peer_address(&a, "agent-c").is_some() && peer_address(&b, "agent-c").is_some() },
+    )
+    .await;
+
+    let killed_at = tokio::time::Instant::now();
+    c.kill().await;
+    eventually(
+        Duration::from_secs(10),
+        "agent-c to leave every table",
+        || async { peer_address(&a, "agent-c").is_none() && peer_address(&b, "agent-c").is_none() },
+    )
+    .await;
+    let took = killed_at.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    // What is left still works.
+    for _ in 0..5 {
+        let reply = call_cap(a.addrs.outbound, CAP).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.json()["agent"], "agent-b");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_sidecar_is_announced_first_and_no_routed_request_fails() {
+    let key = key_file("drain");
+    let (_a_agent, a) = member("agent-a", &[], &[], &key, fast).await;
+    let seed = [gossip_addr(&a)];
+    let (b_agent, b) = member("agent-b", &[CAP], &seed, &key, fast).await;
+    let (_c_agent, c) = member("agent-c", &[CAP], &seed, &key, fast).await;
+    eventually(Duration::from_secs(10), "both to take calls", || async {
+        a.status().peers.len() == 2 && call_cap(a.addrs.outbound, CAP).await.status == 200
+    })
+    .await;
+
+    // Steady traffic through A while B shuts down the way SIGTERM does it.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let outbound = a.addrs.outbound;
+    let workers: Vec<_> = (0..6)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0u32, Vec::new());
+                while !stop.is_cancelled() {
+                    let reply = call_cap(outbound, CAP).await;
+                    if reply.status == 200 {
+                        ok += 1;
+                    } else {
+                        failed.push(format!("{} {}", reply.status, reply.body));
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = b_agent.stats().business;
+    assert!(before > 0, "B took work before draining");
+    let shutdown = tokio::spawn(b.shutdown());
+
+    // A sees B draining while B is still a member…
+    eventually(Duration::from_secs(3), "A to see B draining", || async {
+        a.status().peer_views.iter().any(|p| {
+            p.name == "agent-b"
+                && p.self_view.as_ref().map(|v| v.view.state)
+                    == Some(agent_reach::reach::State::Draining)
+        })
+    })
+    .await;
+    // …then B leaves; A forgets it long before failure detection would.
+    eventually(Duration::from_secs(5), "B to leave A's table", || async {
+        peer_address(&a, "agent-b").is_none()
+    })
+    .await;
+    shutdown.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.cancel();
+    let mut total = 0;
+    for w in workers {
+        let (ok, failed) = w.await.unwrap();
+        assert!(failed.is_empty(), "failed calls: {failed:?}");
+        total += ok;
+    }
+    assert!(total > 20, "{total} calls");
+    let _ = c;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_and_garbage_packets_are_rejected_and_counted() {
+    let key = key_file("forge");
+    let (_a_agent, a) = member("agent-a", &[], &[], &key, fast).await;
+    let (_b_agent, b) = member("agent-b", &[CAP], &[gossip_addr(&a)], &key, fast).await;
+    eventually(Duration::from_secs(10), "A to know B", || async {
+        peer_address(&a, "agent-b").is_some()
+    })
+    .await;
+
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let wrong = ClusterKey::random();
+    let forged = wrong.seal(envelope::Kind::Want, envelope::unix_us(), &[]);
+    socket.send_to(&forged, gossip_addr(&a)).unwrap();
+    socket
+        .send_to(b"GET / HTTP/1.1\r\n\r\n", gossip_addr(&a))
+        .unwrap();
+    socket.send_to(&vec![0u8; 3000], gossip_addr(&a)).unwrap();
+
+    let metrics_url = format!("http://{}/metrics", a.addrs.admin);
+    eventually(
+        Duration::from_secs(5),
+        "the rejects to be counted",
+        || async {
+            let m = get(&client(), &metrics_url).await.body;
+            m.contains("reach_gossip_rejected_total{reason=\"bad_mac\"} 1")
+                && m.contains("reach_gossip_rejected_total{reason=\"malformed\"} 1")
+                && m.contains("reach_gossip_rejected_total{reason=\"oversized\"} 1")
+        },
+    )
+    .await;
+    // Nothing else changed: B is still a member and still takes calls.
+    assert_eq!(
+        peer_address(&a, "agent-b"),
+        Some(b.addrs.inbound.to_string())
+    );
+    assert_eq!(call_cap(a.addrs.outbound, CAP).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_at_a_new_address_is_routed_to_and_the_old_one_never_again() {
+    let key = key_file("restart");
+    let (_a_agent, a) = member("agent-a", &[], &[], &key, fast).await;
+    let seed = [gossip_addr(&a)];
+    let (old_agent, old) = member("agent-b", &[CAP], &seed, &key, fast).await;
+    let old_inbound = old.addrs.inbound.to_string();
+    eventually(Duration::from_secs(10), "A to route to B", || async {
+        call_cap(a.addrs.outbound, CAP).await.status == 200
+    })
+    .await;
+
+    // B crashes and comes straight back elsewhere, before anyone could detect the crash.
+    old.kill().await;
+    let (new_agent, new) = member("agent-b", &[CAP], &seed, &key, fast).await;
+    let new_inbound = new.addrs.inbound.to_string();
+    assert_ne!(new_inbound, old_inbound);
+    eventually(
+        Duration::from_secs(5),
+        "A to learn B's new address",
+        || async { peer_address(&a, "agent-b") == Some(new_inbound.clone()) },
+    )
+    .await;
+    let old_calls = old_agent.stats().business;
+    for _ in 0..30 {
+        let reply = call_cap(a.addrs.outbound, CAP).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    assert_eq!(
+        old_agent.stats().business,
+        old_calls,
+        "the old address got work"
+    );
+    assert_eq!(new_agent.stats().business, 30);
+    let metrics = get(&client(), &format!("http://{}/metrics", a.addrs.admin))
+        .await
+        .body;
+    assert!(
+        !metrics.contains("reach_retries_total"),
+        "a call went to the ghost first:\n{metrics}"
+    );
+}
