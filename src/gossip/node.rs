@@ -30,6 +30,14 @@ pub const MAX_DATAGRAM: usize = 1400;
 const TICK: Duration = Duration::from_millis(100);
 /// A member is asked for its profile at most this often.
 const WANT_EVERY: Duration = Duration::from_secs(1);
+/// Item transmissions per second each node may spend on periodic refreshes. Every refresh is
+/// passed on `max_transmissions` times by every node, so a fleet of N refreshing every T seconds
+/// costs each node N × max_tx / T of them: past this budget the refresh slows down instead of
+/// the backlog growing (changes are still sent at once).
+const REFRESH_BUDGET: f64 = 250.0;
+/// Even a state change waits this long after the previous publish (a flapping agent must not
+/// flood the fleet); it goes out on the next tick.
+const MIN_URGENT_GAP: Duration = Duration::from_millis(50);
 
 /// Timings and identity of one node.
 #[derive(Clone, Debug)]
@@ -81,6 +89,12 @@ impl NodeOptions {
         c.max_transmissions = std::num::NonZeroU8::new(self.max_transmissions.max(1))
             .unwrap_or(std::num::NonZeroU8::MIN);
         c.max_packet_size = NonZeroUsize::new(MAX_DATAGRAM - OVERHEAD).unwrap_or(NonZeroUsize::MIN);
+        // Ask a random member for its member list every few seconds (memberlist's push-pull):
+        // a node that missed an update, or a large fleet's join storm, converges in seconds.
+        c.periodic_announce = Some(foca::PeriodicParams {
+            frequency: Duration::from_secs(5),
+            num_members: NonZeroUsize::MIN,
+        });
         c
     }
 }
@@ -265,8 +279,10 @@ pub fn spawn(
         live: None,
         pending_live: None,
         wanted: HashMap::new(),
-        members_sent: Vec::new(),
+        members_sent: HashMap::new(),
+        members_dirty: false,
         status_at: None,
+        status_stale: false,
         options,
     };
     let task = tokio::spawn(node.run(inbox, rx, stop));
@@ -303,8 +319,10 @@ struct Node {
     live: Option<Published>,
     pending_live: Option<Live>,
     wanted: HashMap<NodeId, Instant>,
-    members_sent: Vec<Member>,
+    members_sent: HashMap<String, Member>,
+    members_dirty: bool,
     status_at: Option<Instant>,
+    status_stale: bool,
 }
 
 impl Node {
@@ -429,7 +447,7 @@ impl Node {
             return self.publish_live_now(live);
         };
         let since = now.saturating_duration_since(last.at);
-        if urgent(&prev, &live)
+        if (urgent(&prev, &live) && since >= MIN_URGENT_GAP)
             || (moved(&prev, &live) && since >= self.options.min_publish_interval)
         {
             self.publish_live_now(live);
@@ -514,13 +532,20 @@ impl Node {
 
     fn on_tick(&mut self) {
         let now = Instant::now();
+        let refresh = self.refresh_interval();
         let refresh_due = self
             .live
             .as_ref()
-            .is_some_and(|p| now.saturating_duration_since(p.at) >= self.options.refresh_interval);
+            .is_some_and(|p| now.saturating_duration_since(p.at) >= refresh);
         let pending_due = self.pending_live.is_some()
             && self.live.as_ref().is_none_or(|p| {
-                now.saturating_duration_since(p.at) >= self.options.min_publish_interval
+                let since = now.saturating_duration_since(p.at);
+                let urgent_pending = match (&p.item.body, self.pending_live.as_ref()) {
+                    (Body::Live(prev), Some(next)) => urgent(prev, next),
+                    _ => false,
+                };
+                since >= self.options.min_publish_interval
+                    || (urgent_pending && since >= MIN_URGENT_GAP)
             });
         if pending_due || refresh_due {
             if let Some(live) = self.last_live() {
@@ -535,17 +560,30 @@ impl Node {
                 }
             }
         }
-        if self
+        let housekeeping = self
             .status_at
-            .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_millis(500))
-        {
+            .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_millis(500));
+        if housekeeping {
             self.status_at = Some(now);
             self.replay.prune(envelope::unix_us());
             self.handler.lock().prune(now);
             self.wanted
                 .retain(|_, at| now.saturating_duration_since(*at) < WANT_EVERY * 10);
+        }
+        self.deliver_members();
+        // Membership changes show in `/status` within a tick; liveness ages every half second.
+        if housekeeping || std::mem::take(&mut self.status_stale) {
             self.refresh_status(now);
         }
+    }
+
+    /// The configured refresh, slowed down as the fleet grows so refreshes stay in budget.
+    fn refresh_interval(&self) -> Duration {
+        let members = self.members_sent.len() as f64;
+        let tx = f64::from(self.options.max_transmissions.max(1));
+        self.options
+            .refresh_interval
+            .max(Duration::from_secs_f64(members * tx / REFRESH_BUDGET))
     }
 
     /// Sends what foca asked for, schedules its timers, and passes changes on to the sink.
@@ -586,13 +624,14 @@ impl Node {
                 self.publish_live_now(live);
             }
         }
-        let (newcomers, wants, changed, live_updates) = {
+        let (newcomers, wants, live_updates) = {
             let mut table = self.handler.lock();
-            let changed = std::mem::take(&mut table.dirty).then(|| table.routable());
+            if std::mem::take(&mut table.dirty) {
+                self.members_dirty = true;
+            }
             (
                 std::mem::take(&mut table.newcomers),
                 std::mem::take(&mut table.wants),
-                changed,
                 std::mem::take(&mut table.live_updates),
             )
         };
@@ -609,31 +648,42 @@ impl Node {
                 self.send(node.addr, Kind::Want, &[]);
             }
         }
-        let mut announce_lives: Vec<String> = live_updates;
-        if let Some(members) = changed {
-            self.refresh_status(now);
-            if members != self.members_sent {
-                // Newly routable members' views go with them.
-                for m in &members {
-                    if !self.members_sent.iter().any(|s| s == m)
-                        && !announce_lives.contains(&m.name)
-                    {
-                        announce_lives.push(m.name.clone());
-                    }
-                }
-                self.sink.members(&members);
-                self.members_sent = members;
-            }
+        self.deliver_lives(live_updates);
+    }
+
+    /// Hands the routable set to the sink if it changed. Runs once a tick, not per packet: a
+    /// join storm changes membership hundreds of times a second, and each delivery is O(N).
+    fn deliver_members(&mut self) {
+        if !std::mem::take(&mut self.members_dirty) {
+            return;
         }
-        if !announce_lives.is_empty() {
-            let table = self.handler.lock();
-            for name in announce_lives {
-                let Some(member) = self.members_sent.iter().find(|m| m.name == name) else {
-                    continue;
-                };
-                if let Some((_, live)) = table.get(&name).and_then(|e| e.live.as_ref()) {
-                    self.sink.live(member, live);
-                }
+        self.status_stale = true;
+        let members = self.handler.lock().routable();
+        // Newly routable (or changed) members' views go with them.
+        let fresh: Vec<String> = members
+            .iter()
+            .filter(|m| self.members_sent.get(&m.name) != Some(*m))
+            .map(|m| m.name.clone())
+            .collect();
+        if fresh.is_empty() && members.len() == self.members_sent.len() {
+            return;
+        }
+        self.sink.members(&members);
+        self.members_sent = members.into_iter().map(|m| (m.name.clone(), m)).collect();
+        self.deliver_lives(fresh);
+    }
+
+    fn deliver_lives(&self, names: Vec<String>) {
+        if names.is_empty() {
+            return;
+        }
+        let table = self.handler.lock();
+        for name in names {
+            let Some(member) = self.members_sent.get(&name) else {
+                continue;
+            };
+            if let Some((_, live)) = table.get(&name).and_then(|e| e.live.as_ref()) {
+                self.sink.live(member, live);
             }
         }
     }

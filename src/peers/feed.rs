@@ -128,13 +128,7 @@ pub fn live(view: &SelfView) -> Live {
     }
 }
 
-/// How long a peer's self-view stays trusted: five of whichever refresh is slower.
+/// How long a polled self-view stays trusted (gossip members' views live as long as they do).
 pub fn self_view_lifetime(snapshot: &Snapshot) -> std::time::Duration {
-    let poll = snapshot.policy.peer_views.poll_interval.get();
-    let gossip = snapshot
-        .bootstrap
-        .gossip
-        .as_ref()
-        .map_or(poll, |g| g.refresh_interval.get());
-    poll.max(gossip) * super::SELF_VIEW_LIFETIME_POLLS
+    snapshot.policy.peer_views.poll_interval.get() * super::SELF_VIEW_LIFETIME_POLLS
 }

@@ -37,10 +37,14 @@ impl PeerViews {
                     transitions.push((peer.name.clone(), t));
                 }
                 let mine = entry.view.snapshot(now, &ep, &sp);
+                // A gossip member's view is pushed on every meaningful change and lives as long
+                // as the member does; a polled one goes stale.
                 let remote = entry
                     .remote
                     .as_ref()
-                    .filter(|(_, at)| now.saturating_duration_since(*at) <= lifetime)
+                    .filter(|(_, at)| {
+                        peer.source == "gossip" || now.saturating_duration_since(*at) <= lifetime
+                    })
                     .map(|(r, _)| r);
                 let published = remote
                     .and_then(|r| r.capabilities.iter().find(|c| c.name == request.capability));
