@@ -71,6 +71,26 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     );
     // The fallback takes the calls, not a burst of everyone's retries.
     assert!(storm["peak_ratio"].as_f64().unwrap() < 2.0, "{storm}");
+
+    // Membership by gossip: a crash leaves every table, a newcomer joins on parole and ramps up.
+    let m = &summary["membership"];
+    assert!(
+        m["fleet_found_after_ms"].as_f64().unwrap() < 10_000.0,
+        "{m}"
+    );
+    assert!(
+        m["left_every_table_after_ms"].as_f64().unwrap() < 10_000.0,
+        "{m}"
+    );
+    assert!(m["joined_after_ms"].as_f64().is_some(), "{m}");
+    let states: Vec<&str> = m["newcomer_states"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["state"].as_str())
+        .collect();
+    assert!(states.contains(&"healthy"), "the newcomer ramped up: {m}");
+    assert!(m["full_share_after_ms"].as_f64().is_some(), "{m}");
 }
 
 #[test]
@@ -89,6 +109,7 @@ fn demo_prints_a_table() {
         "coder-2",
         "coder-3",
         "caller saw",
+        "membership by gossip",
     ] {
         assert!(text.contains(needle), "missing {needle}:\n{text}");
     }

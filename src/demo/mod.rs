@@ -1,18 +1,22 @@
-//! `agent-reach demo`: a local fleet of mock agents, each behind its own sidecar, and a caller
-//! driving capability calls through its sidecar's outbound port. Partway through, one agent goes
-//! fake-online the seeds' way (`/healthz` 200, business calls 429) and later heals; the summary
-//! shows it leave rotation and ramp back in while the caller's calls keep succeeding.
+//! `agent-reach demo`: a local fleet of mock agents, each behind its own sidecar, finding each
+//! other by gossip from one seed, and a caller driving capability calls through its sidecar's
+//! outbound port. Partway through, one agent goes fake-online the seeds' way (`/healthz` 200,
+//! business calls 429) and later heals; the summary shows it leave rotation and ramp back in
+//! while the caller's calls keep succeeding. Then a retry storm, then a crash and a newcomer.
 
 mod drive;
+mod membership;
 mod report;
 mod storm;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use membership::MembershipSummary;
 pub use report::render_table;
 pub use storm::StormSummary;
 
@@ -57,6 +61,8 @@ pub struct DemoSummary {
     pub fault: FaultSummary,
     /// The correlated failure that follows.
     pub storm: StormSummary,
+    /// A crash and a newcomer, found and forgotten by gossip.
+    pub membership: MembershipSummary,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -111,49 +117,95 @@ pub struct TimedState {
     pub state: State,
 }
 
-/// A running local fleet: agents with their sidecars, and the caller's sidecar.
+/// A running local fleet: agents with their sidecars, and the caller's sidecar, all finding
+/// each other by gossip through the first agent's sidecar.
 #[derive(Debug)]
 pub struct Fleet {
     pub agents: Vec<(MockAgent, Sidecar)>,
     pub caller: Sidecar,
+    /// How long the caller took to know every agent.
+    pub found_after: Duration,
+    policy: Policy,
+    seed: Vec<SocketAddr>,
+    key_dir: PathBuf,
 }
 
 impl Fleet {
-    /// Starts the fleet with `policy` shared by every sidecar.
+    /// Starts the fleet with `policy` shared by every sidecar; no sidecar is told of any other
+    /// but the seed.
     pub async fn start(policy: Policy) -> Result<Self, DemoError> {
-        let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let mut agents = Vec::new();
-        let mut caller = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
-            .map_err(DemoError::Config)?;
+        let started = Instant::now();
+        let key_dir = write_cluster_key()?;
+        let mut fleet = Self {
+            agents: Vec::new(),
+            caller: start_sidecar(
+                Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+                    .map_err(DemoError::Config)?
+                    .with_gossip(&[], key_dir.join("gossip.key")),
+                policy.clone(),
+            )
+            .await?,
+            found_after: Duration::ZERO,
+            policy,
+            seed: Vec::new(),
+            key_dir,
+        };
+        fleet.seed = fleet.caller.addrs.gossip.into_iter().collect();
         for name in AGENTS {
-            let mut config = MockConfig::new(name);
-            config.latency = Latency {
-                min: Duration::from_millis(20),
-                max: Duration::from_millis(60),
-            };
-            let agent = MockAgent::start(any, config).await?;
-            let mut bootstrap =
-                Bootstrap::local(name, agent.addr, &[CAPABILITY]).map_err(DemoError::Config)?;
-            for capability in &mut bootstrap.agent.capabilities {
-                capability.probe = Some(probe_spec());
-            }
-            let sidecar = start_sidecar(bootstrap, policy.clone()).await?;
-            caller = caller
-                .with_peer(name, sidecar.addrs.inbound, &[CAPABILITY])
-                .map_err(DemoError::Config)?;
-            agents.push((agent, sidecar));
+            fleet.add_agent(name).await?;
         }
-        let caller = start_sidecar(caller, policy).await?;
-        Ok(Self { agents, caller })
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fleet.caller.status().peers.len() < AGENTS.len() {
+            if Instant::now() > deadline {
+                return Err(DemoError::Config(
+                    "the fleet did not find itself by gossip within 10 s".to_owned(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        fleet.found_after = started.elapsed();
+        Ok(fleet)
+    }
+
+    /// Starts one more agent behind its sidecar, joining through the seed.
+    pub async fn add_agent(&mut self, name: &str) -> Result<(), DemoError> {
+        let mut config = MockConfig::new(name);
+        config.latency = Latency {
+            min: Duration::from_millis(20),
+            max: Duration::from_millis(60),
+        };
+        let agent = MockAgent::start(SocketAddr::from(([127, 0, 0, 1], 0)), config).await?;
+        let mut bootstrap = Bootstrap::local(name, agent.addr, &[CAPABILITY])
+            .map_err(DemoError::Config)?
+            .with_gossip(&self.seed, self.key_dir.join("gossip.key"));
+        for capability in &mut bootstrap.agent.capabilities {
+            capability.probe = Some(probe_spec());
+        }
+        let sidecar = start_sidecar(bootstrap, self.policy.clone()).await?;
+        self.agents.push((agent, sidecar));
+        Ok(())
     }
 
     pub async fn shutdown(self) {
-        self.caller.shutdown().await;
         for (agent, sidecar) in self.agents {
             sidecar.shutdown().await;
             agent.stop().await;
         }
+        self.caller.shutdown().await;
+        let _ = std::fs::remove_dir_all(&self.key_dir);
     }
+}
+
+/// A fresh cluster key for this run, in a private temporary directory.
+fn write_cluster_key() -> Result<PathBuf, DemoError> {
+    let nonce: u64 = rand::random();
+    let dir =
+        std::env::temp_dir().join(format!("agent-reach-demo-{}-{nonce:x}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let secret: [u8; 32] = rand::random();
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(dir.join("gossip.key"), hex)?;
+    Ok(dir)
 }
 
 /// A 1-token business call through the agent's whole chain, as seed 000 recommends.
@@ -186,14 +238,26 @@ pub fn demo_policy() -> Policy {
     p
 }
 
+/// Gossip timings shortened like the policy's: a crash is detected in about two seconds.
+fn demo_gossip(mut bootstrap: Bootstrap) -> Bootstrap {
+    if let Some(g) = bootstrap.gossip.as_mut() {
+        g.probe_interval = HumanDuration::from_millis(500);
+        g.probe_timeout = HumanDuration::from_millis(200);
+        g.suspect_timeout = HumanDuration::from_millis(1500);
+        g.refresh_interval = HumanDuration::from_secs(1);
+    }
+    bootstrap
+}
+
 async fn start_sidecar(bootstrap: Bootstrap, policy: Policy) -> Result<Sidecar, DemoError> {
+    let bootstrap = demo_gossip(bootstrap);
     let store = Arc::new(ConfigStore::new(bootstrap, policy, ConfigPaths::default()));
     Ok(Sidecar::start(store).await?)
 }
 
 /// Runs the demo and returns its summary.
 pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
-    let fleet = Fleet::start(demo_policy()).await?;
+    let mut fleet = Fleet::start(demo_policy()).await?;
     let started = Instant::now();
     let fault_at = options.duration.mul_f64(0.2);
     let heal_at = options.duration.mul_f64(0.55);
@@ -248,6 +312,12 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         })
         .collect();
     let storm = storm::run(&fleet, options.duration.mul_f64(0.4), options.concurrency).await;
+    let membership = membership::run(
+        &mut fleet,
+        membership::act_length(options.duration),
+        options.concurrency,
+    )
+    .await?;
     fleet.shutdown().await;
     let fault = report::fault_summary(AGENTS[BROKEN], &samples, &calls.take(), fault_at, heal_at);
     Ok(DemoSummary {
@@ -258,6 +328,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         total: report::totals(&calls.take(), elapsed),
         fault,
         storm,
+        membership,
     })
 }
 

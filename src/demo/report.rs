@@ -171,6 +171,44 @@ pub fn render_table(s: &DemoSummary) -> String {
         "  offered {:.0} calls/s; {} peaked at {:.0} calls/s ({:.2}x its fair share); {:.2} attempts per call; {} of {} failed\n",
         st.offered_per_s, st.fallback, st.fallback_peak_per_s, st.peak_ratio, st.attempts_per_call, st.failed, st.calls
     ));
+    let m = &s.membership;
+    out.push_str(&format!(
+        "\nmembership by gossip: the fleet found itself from one seed in {:.0} ms\n",
+        m.fleet_found_after_ms
+    ));
+    match m.left_every_table_after_ms {
+        Some(ms) => out.push_str(&format!(
+            "  {}'s sidecar crashed: out of every routing table {:.1} s later\n",
+            m.killed,
+            ms / 1000.0
+        )),
+        None => out.push_str(&format!(
+            "  {}'s sidecar crashed: still listed somewhere\n",
+            m.killed
+        )),
+    }
+    let path: Vec<String> = m
+        .newcomer_states
+        .iter()
+        .map(|t| format!("{} @{:.1}s", t.state.as_str(), t.at_s))
+        .collect();
+    out.push_str(&format!(
+        "  {} started: known to the caller after {}, {}; full share after {}\n",
+        m.joined,
+        m.joined_after_ms
+            .map_or("never".to_owned(), |ms| format!("{ms:.0} ms")),
+        if path.is_empty() {
+            "no state seen".to_owned()
+        } else {
+            path.join(" → ")
+        },
+        m.full_share_after_ms
+            .map_or("never".to_owned(), |ms| format!("{:.1} s", ms / 1000.0))
+    ));
+    out.push_str(&format!(
+        "  {} of {} calls failed ({} in flight on the crashed agent)\n",
+        m.failed, m.calls, m.failed_at_crash
+    ));
     let t = &s.total;
     out.push_str(&format!(
         "\ncaller saw {} calls: {} ok ({:.2}%), {} failed; p50 {:.1} ms, p95 {:.1} ms; {:.0} calls/s\n",
