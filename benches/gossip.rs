@@ -4,7 +4,8 @@
 //! time for a dead node to leave every table (p50/max), and bytes and datagrams per node per
 //! second in steady state. Never asserts on time.
 //!
-//! Run: `cargo bench --bench gossip` (N = 50, 100, 200), `-- --nodes 50,400`, or `-- --smoke`.
+//! Run: `cargo bench --bench gossip` (N = 50, 100, 200), `-- --nodes 50,400`, or `-- --smoke`
+//! (`cargo test` runs the smoke size: ten nodes, a few seconds).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -89,6 +90,8 @@ fn profile(i: usize) -> Profile {
 
 struct Figures {
     n: usize,
+    converged: bool,
+    dead_detected: bool,
     converge: Duration,
     change: Vec<Duration>,
     dead: Vec<Duration>,
@@ -160,15 +163,15 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize) -> Figures {
         });
     }
     // As the sidecar does: seeds are retried each second until a member answers.
-    let converge = loop {
+    let (converged, converge) = loop {
         if nodes
             .iter()
             .all(|node| lock(&node.seen.members).len() == n - 1)
         {
-            break start.elapsed();
+            break (true, start.elapsed());
         }
         if start.elapsed() > Duration::from_secs(120) {
-            break start.elapsed();
+            break (false, start.elapsed());
         }
         if std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
             let alive: Vec<usize> = nodes.iter().map(|x| x.handle.status().alive).collect();
@@ -236,15 +239,19 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize) -> Figures {
     net.cut(nodes[victim].addr);
     nodes[victim].handle.abort();
     let others: Vec<&Node> = nodes.iter().filter(|x| x.name != name).collect();
-    let mut dead = each_until(&others, Duration::from_secs(60), |x| {
+    let dead_deadline = Duration::from_secs(60);
+    let mut dead = each_until(&others, dead_deadline, |x| {
         !lock(&x.seen.members).contains(&name)
     })
     .await;
+    let dead_detected = dead.iter().all(|d| *d < dead_deadline);
     dead.sort();
     change.sort();
     stop.cancel();
     Figures {
         n,
+        converged,
+        dead_detected,
         converge,
         change,
         dead,
@@ -255,7 +262,8 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize) -> Figures {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let smoke = args.iter().any(|a| a == "--smoke");
+    // `cargo bench` passes `--bench`; `cargo test` runs this as a smoke test so it cannot rot.
+    let smoke = args.iter().any(|a| a == "--smoke") || !args.iter().any(|a| a == "--bench");
     let mut sizes: Vec<usize> = if smoke { vec![10] } else { vec![50, 100, 200] };
     if let Some(i) = args.iter().position(|a| a == "--nodes") {
         if let Some(list) = args.get(i + 1) {
@@ -305,6 +313,11 @@ fn main() {
             f.bytes_per_node_s,
             f.packets_per_node_s,
         );
+        // The smoke run (CI) checks that it works, never how fast.
+        if smoke && !(f.converged && f.dead_detected) {
+            eprintln!("smoke: the fleet did not converge, or a dead node was not detected");
+            std::process::exit(1);
+        }
     }
     println!(
         "reproduce: cargo bench --bench gossip{}",
