@@ -303,3 +303,100 @@ async fn a_restarted_agent_at_a_new_address_is_routed_to_and_the_old_one_never_a
         "a call went to the ghost first:\n{metrics}"
     );
 }
+
+/// The real binary, stopped by a real SIGTERM, found through a seed given as a DNS name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_on_the_binary_announces_draining_then_leaves_and_no_call_fails() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let key = key_file("sigterm");
+    let (_a_agent, a) = member("agent-a", &[], &[], &key, fast).await;
+    let (_c_agent, c) = member("agent-c", &[CAP], &[gossip_addr(&a)], &key, fast).await;
+    let mut config = MockConfig::new("agent-b");
+    config.latency = Latency::fixed(Duration::from_millis(20));
+    let b_agent = mock(config).await;
+    let bootstrap = key.with_file_name("agent-b.yaml");
+    std::fs::write(
+        &bootstrap,
+        format!(
+            "listen: {{ outbound: 127.0.0.1:0, inbound: 127.0.0.1:0, admin: 127.0.0.1:0 }}\n\
+             agent:\n  name: agent-b\n  address: {}\n  max_concurrency: 64\n  capabilities: [ {{ name: {CAP} }} ]\n\
+             gossip:\n  listen: 127.0.0.1:0\n  seeds: [localhost:{}]\n  key_file: gossip.key\n  \
+             probe_interval: 200ms\n  probe_timeout: 100ms\n  suspect_timeout: 1s\n  refresh_interval: 500ms\n",
+            b_agent.addr,
+            gossip_addr(&a).port()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agent-reach"))
+        .args(["run", "--config"])
+        .arg(&bootstrap)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || for _ in BufReader::new(stderr).lines().map_while(Result::ok) {});
+    eventually(
+        Duration::from_secs(20),
+        "A to route to the binary's agent",
+        || async {
+            call_cap(a.addrs.outbound, CAP).await.status == 200 && b_agent.stats().business > 0
+        },
+    )
+    .await;
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let outbound = a.addrs.outbound;
+    let workers: Vec<_> = (0..6)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut failed = Vec::new();
+                while !stop.is_cancelled() {
+                    let reply = call_cap(outbound, CAP).await;
+                    if reply.status != 200 {
+                        failed.push(format!("{} {}", reply.status, reply.body));
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed = Command::new("sh")
+        .args(["-c", &format!("kill -TERM {}", child.id())])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    eventually(
+        Duration::from_secs(3),
+        "A to see agent-b draining",
+        || async {
+            a.status().peer_views.iter().any(|p| {
+                p.name == "agent-b"
+                    && p.self_view.as_ref().map(|v| v.view.state)
+                        == Some(agent_reach::reach::State::Draining)
+            })
+        },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(5),
+        "agent-b to leave A's table",
+        || async { peer_address(&a, "agent-b").is_none() },
+    )
+    .await;
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    stop.cancel();
+    for w in workers {
+        let failed = w.await.unwrap();
+        assert!(failed.is_empty(), "failed calls: {failed:?}");
+    }
+    let _ = c;
+}
