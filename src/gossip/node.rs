@@ -281,6 +281,8 @@ pub fn spawn(
         wanted: HashMap::new(),
         members_sent: HashMap::new(),
         members_dirty: false,
+        deferred_seeds: Vec::new(),
+        unserved: Vec::new(),
         status_at: None,
         status_stale: false,
         options,
@@ -321,6 +323,8 @@ struct Node {
     wanted: HashMap<NodeId, Instant>,
     members_sent: HashMap<String, Member>,
     members_dirty: bool,
+    deferred_seeds: Vec<SocketAddr>,
+    unserved: Vec<SocketAddr>,
     status_at: Option<Instant>,
     status_stale: bool,
 }
@@ -406,6 +410,7 @@ impl Node {
                     .profile
                     .as_ref()
                     .is_some_and(|p| matches!(&p.item.body, Body::Profile(old) if *old == profile));
+                let first = self.profile.is_none();
                 if !unchanged {
                     self.publish(Body::Profile(profile));
                     // The live view names the profile it goes with.
@@ -413,8 +418,20 @@ impl Node {
                         self.publish_live_now(live);
                     }
                 }
+                if first {
+                    for to in std::mem::take(&mut self.unserved) {
+                        self.send_items(to);
+                    }
+                    let seeds = std::mem::take(&mut self.deferred_seeds);
+                    if !seeds.is_empty() {
+                        self.on_command(Command::Seeds(seeds));
+                    }
+                }
             }
             Command::Live(live) => self.offer_live(live),
+            // Joining before there is a profile to show would leave the members that answer
+            // without it until the next round: wait for the first profile.
+            Command::Seeds(addrs) if self.profile.is_none() => self.deferred_seeds = addrs,
             Command::Seeds(addrs) => {
                 let known = self.handler.lock().active_addrs();
                 for addr in addrs {
@@ -499,6 +516,8 @@ impl Node {
             .map(|p| &p.item)
             .collect();
         if items.is_empty() {
+            // Nothing published yet: serve this member once there is.
+            self.unserved.push(to);
             return;
         }
         if let Some(body) = wire::encode(&items) {
