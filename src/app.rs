@@ -80,6 +80,12 @@ impl Sidecar {
             gossip: None,
         };
 
+        if snapshot.policy.pool.idle_timeout.get() >= limits.header_read_timeout.get() {
+            tracing::warn!(
+                "policy pool.idle_timeout is not below limits.header_read_timeout: peers close idle \
+                 connections before callers stop reusing them, and a call can fail on one"
+            );
+        }
         let metrics = Arc::new(Metrics::new(snapshot.bootstrap.agent.name.as_str()));
         let client = client::build(&snapshot.policy);
         let registry = Arc::new(Registry::new());

@@ -6,18 +6,36 @@ mod support;
 
 use std::time::Duration;
 
-use agent_reach::config::HumanDuration;
+use agent_reach::config::{HumanDuration, Policy};
 use agent_reach::mock_agent::MockConfig;
+use agent_reach::Bootstrap;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 async fn pair_with_short_header_timeout() -> Pair {
-    Pair::start_with(MockConfig::new("coder-1"), |mut b| {
-        b.limits.header_read_timeout = HumanDuration::from_millis(300);
-        b
-    })
-    .await
+    let agent = mock(MockConfig::new("coder-1")).await;
+    let mut bootstrap = Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap();
+    bootstrap.limits.header_read_timeout = HumanDuration::from_millis(300);
+    let callee = sidecar(bootstrap).await;
+    // The caller's pool lets idle connections go before the callee closes them, as the defaults
+    // do (4 s against 10 s): otherwise a call may ride a connection the callee is closing.
+    let mut policy = Policy::default();
+    policy.pool.idle_timeout = HumanDuration::from_millis(100);
+    let caller = sidecar_with(
+        Bootstrap::local("caller", "127.0.0.1:9".parse().unwrap(), &[])
+            .unwrap()
+            .with_peer("coder-1", callee.addrs.inbound, &[CAP])
+            .unwrap(),
+        policy,
+        Default::default(),
+    )
+    .await;
+    Pair {
+        agent,
+        callee,
+        caller,
+    }
 }
 
 /// Reads until the server closes the connection; returns what it sent.

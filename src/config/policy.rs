@@ -49,7 +49,9 @@ impl Default for Timeouts {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Pool {
-    /// An idle pooled connection is closed after this long.
+    /// An idle pooled connection is closed after this long. Keep it below every server's
+    /// keep-alive idle close (a peer sidecar's `header_read_timeout`, 5 s for Node.js and uvicorn
+    /// agents): a connection reused just as the server closes it fails a call that never ran.
     pub idle_timeout: HumanDuration,
     /// Idle connections kept per upstream address.
     pub max_idle_per_host: usize,
@@ -60,7 +62,7 @@ pub struct Pool {
 impl Default for Pool {
     fn default() -> Self {
         Self {
-            idle_timeout: HumanDuration::from_secs(30),
+            idle_timeout: HumanDuration::from_secs(4),
             max_idle_per_host: 64,
             tcp_keepalive: HumanDuration::from_secs(15),
         }
