@@ -36,6 +36,9 @@ enum Command {
         /// Log as JSON lines instead of text.
         #[arg(long)]
         log_json: bool,
+        /// Threads serving traffic (default: one per CPU). Match the pod's CPU limit.
+        #[arg(long, env = "AGENT_REACH_WORKER_THREADS")]
+        worker_threads: Option<usize>,
     },
     /// Validate bootstrap and policy files; exit 1 naming file:line:col of the first error in each.
     Check {
@@ -69,12 +72,16 @@ fn main() -> ExitCode {
             policy,
             log,
             log_json,
+            worker_threads,
         } => {
             init_tracing(&log, log_json);
-            run(ConfigPaths {
-                bootstrap: Some(config),
-                policy,
-            })
+            run(
+                ConfigPaths {
+                    bootstrap: Some(config),
+                    policy,
+                },
+                worker_threads,
+            )
         }
         Command::Demo {
             duration,
@@ -105,7 +112,7 @@ fn check(files: &[PathBuf]) -> ExitCode {
     }
 }
 
-fn run(paths: ConfigPaths) -> ExitCode {
+fn run(paths: ConfigPaths, worker_threads: Option<usize>) -> ExitCode {
     let store = match ConfigStore::load(paths) {
         Ok(store) => Arc::new(store),
         Err(err) => {
@@ -113,7 +120,7 @@ fn run(paths: ConfigPaths) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let runtime = match runtime() {
+    let runtime = match runtime(worker_threads) {
         Ok(rt) => rt,
         Err(code) => return code,
     };
@@ -167,7 +174,7 @@ async fn shutdown_signal() -> &'static str {
 }
 
 fn demo_command(duration: HumanDuration, concurrency: usize, json: bool) -> ExitCode {
-    let runtime = match runtime() {
+    let runtime = match runtime(None) {
         Ok(rt) => rt,
         Err(code) => return code,
     };
@@ -197,14 +204,15 @@ fn demo_command(duration: HumanDuration, concurrency: usize, json: bool) -> Exit
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| {
-            eprintln!("cannot start the runtime: {err}");
-            ExitCode::FAILURE
-        })
+fn runtime(worker_threads: Option<usize>) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = worker_threads {
+        builder.worker_threads(n.max(1));
+    }
+    builder.enable_all().build().map_err(|err| {
+        eprintln!("cannot start the runtime: {err}");
+        ExitCode::FAILURE
+    })
 }
 
 fn init_tracing(filter: &str, json: bool) {
