@@ -36,7 +36,7 @@ impl PeerViews {
                 if let Some(t) = entry.view.tick(now, &sp) {
                     transitions.push((peer.name.clone(), t));
                 }
-                let mine = entry.view.snapshot(now, &ep, &sp);
+                let mine = entry.view.scoring_snapshot(now, &ep, &sp);
                 // A gossip member's view is pushed on every meaningful change and lives as long
                 // as the member does; a polled one goes stale.
                 let remote = entry

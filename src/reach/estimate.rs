@@ -255,6 +255,7 @@ impl Estimates {
         self.last_signal
     }
 
+    /// Every estimate, the windowed percentiles included (for `/status` and what peers read).
     pub fn snapshot(&self, now: Instant, p: &EstimateParams) -> EstimateSnapshot {
         let mut recent: Vec<f64> = self
             .window
@@ -264,12 +265,22 @@ impl Estimates {
             .collect();
         recent.sort_by(f64::total_cmp);
         let pct = |q: f64| (!recent.is_empty()).then(|| percentile(&recent, q));
+        EstimateSnapshot {
+            p50_ms: pct(0.5),
+            p95_ms: pct(0.95),
+            ..self.scoring_snapshot(now, p)
+        }
+    }
+
+    /// What a score reads, without the percentiles: a routing decision must not sort the
+    /// latency window of every candidate (that was a tenth of the proxy's CPU).
+    pub fn scoring_snapshot(&self, now: Instant, p: &EstimateParams) -> EstimateSnapshot {
         let age = self.last_signal.map(|l| now.saturating_duration_since(l));
         EstimateSnapshot {
             availability: self.availability_at(now, p),
             latency_ms: self.latency.map(|l| l * 1000.0),
-            p50_ms: pct(0.5),
-            p95_ms: pct(0.95),
+            p50_ms: None,
+            p95_ms: None,
             saturation: self.saturation(now, p),
             busy: self.is_busy(now),
             cooling_down: self.is_cooling_down(now),

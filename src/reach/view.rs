@@ -118,6 +118,23 @@ impl ReachView {
             estimates: self.estimates.snapshot(now, ep),
         }
     }
+
+    /// The view as a score reads it (no latency percentiles): the per-request path.
+    pub fn scoring_snapshot(
+        &self,
+        now: Instant,
+        ep: &EstimateParams,
+        sp: &StateParams,
+    ) -> ViewSnapshot {
+        ViewSnapshot {
+            state: self.machine.state(),
+            cap: self.machine.cap(now, sp),
+            state_age_s: now
+                .saturating_duration_since(self.machine.since())
+                .as_secs_f64(),
+            estimates: self.estimates.scoring_snapshot(now, ep),
+        }
+    }
 }
 
 #[cfg(test)]
