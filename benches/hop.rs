@@ -12,7 +12,14 @@ use agent_reach::mock_agent::{Latency, MockAgent, MockConfig};
 use agent_reach::{Bootstrap, Sidecar};
 use http_body_util::BodyExt;
 
-const REQUESTS: usize = 20_000;
+/// Requests per row; `--smoke` (CI) sends a few hundred.
+fn requests() -> usize {
+    if std::env::args().any(|a| a == "--smoke") {
+        500
+    } else {
+        20_000
+    }
+}
 const CONCURRENCY: [usize; 2] = [1, 16];
 
 fn main() {
@@ -58,7 +65,10 @@ async fn run() {
         return;
     };
 
-    println!("agent-reach per-hop benchmark: {REQUESTS} requests per row, keep-alive, load generator in the same process");
+    println!(
+        "agent-reach per-hop benchmark: {} requests per row, keep-alive, load generator in the same process",
+        requests()
+    );
     println!("reproduce: cargo bench --bench hop\n");
     println!(
         "{:<30} {:>5} {:>10} {:>9} {:>9} {:>9}",
@@ -96,8 +106,8 @@ async fn measure(url: String, capability: Option<&'static str>, concurrency: usi
         .map(|_| {
             let (client, url) = (client.clone(), url.clone());
             tokio::spawn(async move {
-                let mut micros = Vec::with_capacity(REQUESTS / concurrency);
-                for _ in 0..REQUESTS / concurrency {
+                let mut micros = Vec::with_capacity(requests() / concurrency);
+                for _ in 0..requests() / concurrency {
                     let mut request = http::Request::get(&url);
                     if let Some(cap) = capability {
                         request = request.header("reach-capability", cap);
@@ -115,7 +125,7 @@ async fn measure(url: String, capability: Option<&'static str>, concurrency: usi
             })
         })
         .collect();
-    let mut all = Vec::with_capacity(REQUESTS);
+    let mut all = Vec::with_capacity(requests());
     for w in workers {
         all.extend(w.await.unwrap_or_default());
     }

@@ -59,7 +59,13 @@ fn main() {
         };
         match System::pair(name, &binary, upstream, &dir) {
             Ok(system) => systems.push(system),
-            Err(err) => println!("{name}: cannot start: {err}"),
+            Err(err) => {
+                println!("{name}: cannot start: {err}");
+                // The smoke run (CI) exists to catch exactly this for our own proxy.
+                if smoke && name == "agent-reach" {
+                    std::process::exit(1);
+                }
+            }
         }
     }
     let script = dir.join("report.lua");
