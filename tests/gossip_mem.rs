@@ -224,3 +224,37 @@ async fn forged_and_replayed_packets_are_dropped_and_counted() {
         "the forged state was not trusted"
     );
 }
+
+#[tokio::test]
+async fn an_agent_restarted_at_the_same_address_is_routable_again_at_once() {
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let mut nodes: Vec<Node> = (0..4).map(|i| start(&net, i, &key)).collect();
+    eventually("everyone to see everyone", Duration::from_secs(10), || {
+        nodes.iter().all(|n| n.seen.members().len() == 3)
+    })
+    .await;
+    // agent-3's container restarts in place: same address, new incarnation, before anyone
+    // noticed it was gone (SWIM reports a rename, not a join).
+    net.cut(addr(3));
+    nodes[3].stop.cancel();
+    let restarted = start(&net, 3, &key);
+    restarted.handle.publish_live(live(State::Healthy, 42));
+    nodes[3] = restarted;
+    eventually(
+        "the restarted agent's new view everywhere",
+        Duration::from_secs(2),
+        || {
+            nodes[..3]
+                .iter()
+                .all(|n| n.seen.live_of("agent-3").is_some_and(|l| l.in_flight == 42))
+        },
+    )
+    .await;
+    eventually(
+        "the restarted agent to know everyone",
+        Duration::from_secs(2),
+        || nodes[3].seen.members().len() == 3,
+    )
+    .await;
+}

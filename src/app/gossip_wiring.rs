@@ -131,7 +131,7 @@ async fn resolve_seeds(
             }
         }
         handle.announce(addrs);
-        let wait = if handle.status().alive == 0 {
+        let wait = if handle.status().swim_members == 0 {
             JOIN_RETRY
         } else {
             every

@@ -14,7 +14,7 @@ pub mod wire;
 pub use envelope::{ClusterKey, KeyError, Rejected};
 pub use node::{
     max_transmissions, spawn, GossipHandle, GossipStatus, MemberStatus, Membership, NodeOptions,
-    Stats, MAX_DATAGRAM,
+    Stats, MAX_DATAGRAM, MAX_ITEM,
 };
 pub use table::Member;
 pub use transport::{MemNetwork, Transport};

@@ -26,6 +26,8 @@ use crate::reach::State;
 
 /// Largest datagram sent or accepted (under a 1500-byte MTU with IP and UDP headers).
 pub const MAX_DATAGRAM: usize = 1400;
+/// Largest item published: it must fit in a datagram after foca's header (and the envelope's).
+pub const MAX_ITEM: usize = 1100;
 /// How often the node does its housekeeping (pending publishes, status, pruning).
 const TICK: Duration = Duration::from_millis(100);
 /// A member is asked for its profile at most this often.
@@ -101,7 +103,7 @@ impl NodeOptions {
 
 /// Retransmissions for a fleet of `n`: memberlist's 4 × log10(n + 1), at least 4.
 pub fn max_transmissions(n: u32) -> u8 {
-    let m = (4.0 * f64::from(n + 1).log10()).ceil();
+    let m = (4.0 * (f64::from(n) + 1.0).log10()).ceil();
     (m as u8).max(4)
 }
 
@@ -120,6 +122,8 @@ pub struct Stats {
     pub bytes_sent: AtomicU64,
     pub packets_received: AtomicU64,
     pub bytes_received: AtomicU64,
+    /// This node's own items too large to publish (a profile with too many capabilities).
+    pub oversized_items: AtomicU64,
     rejected: [AtomicU64; 6],
 }
 
@@ -148,6 +152,8 @@ impl Stats {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct GossipStatus {
     pub node: Option<NodeId>,
+    /// Members SWIM counts alive, profile known or not.
+    pub swim_members: usize,
     pub alive: usize,
     pub suspect: usize,
     pub down: usize,
@@ -277,7 +283,10 @@ pub fn spawn(
         seq: 0,
         profile: None,
         live: None,
-        pending_live: None,
+        latest_live: None,
+        started_us: envelope::unix_us().saturating_sub(1_000_000),
+        leaving: false,
+        conflicts_seen: 0,
         wanted: HashMap::new(),
         members_sent: HashMap::new(),
         members_dirty: false,
@@ -319,7 +328,13 @@ struct Node {
     seq: u64,
     profile: Option<Published>,
     live: Option<Published>,
-    pending_live: Option<Live>,
+    /// The agent's latest view as offered (what a refresh sends), published or not.
+    latest_live: Option<Live>,
+    /// Envelopes sent before this start are refused.
+    started_us: u64,
+    leaving: bool,
+    /// Name conflicts already reported.
+    conflicts_seen: u64,
     wanted: HashMap<NodeId, Instant>,
     members_sent: HashMap<String, Member>,
     members_dirty: bool,
@@ -346,6 +361,7 @@ impl Node {
                 command = commands.recv() => match command {
                     None => return,
                     Some(Command::Leave(done)) => {
+                        self.leaving = true;
                         let _ = self.foca.leave_cluster(&mut self.runtime);
                         self.flush();
                         let _ = done.send(());
@@ -373,6 +389,11 @@ impl Node {
         if let Err(reason) = self.replay.admit(&opened, envelope::unix_us(), window) {
             return self.rejected(from, reason);
         }
+        // Sent before this node started: a capture played back to a restarted node, whose replay
+        // guard is new.
+        if opened.sent_at_us < self.started_us {
+            return self.rejected(from, Rejected::Expired);
+        }
         match opened.kind {
             Kind::Swim => match self.foca.handle_data(opened.body, &mut self.runtime) {
                 Ok(()) => {}
@@ -394,7 +415,13 @@ impl Node {
                 }
                 None => self.rejected(from, Rejected::Undecodable),
             },
-            Kind::Want => self.send_items(from),
+            // Answer only at the address the asker names as its own: a `want` replayed with a
+            // forged source must not turn this node into a reflector toward someone else.
+            Kind::Want => match wire::decode::<NodeId>(opened.body) {
+                Some(asker) if asker.addr == from => self.send_items(from),
+                Some(_) => {}
+                None => self.rejected(from, Rejected::Undecodable),
+            },
         }
     }
 
@@ -447,7 +474,7 @@ impl Node {
     }
 
     fn last_live(&self) -> Option<Live> {
-        self.pending_live.or_else(|| {
+        self.latest_live.or_else(|| {
             self.live.as_ref().and_then(|p| match p.item.body {
                 Body::Live(l) => Some(l),
                 Body::Profile(_) => None,
@@ -455,27 +482,37 @@ impl Node {
         })
     }
 
-    fn offer_live(&mut self, live: Live) {
-        let now = Instant::now();
-        let Some(last) = self.live.as_ref() else {
-            return self.publish_live_now(live);
-        };
-        let Body::Live(prev) = last.item.body else {
-            return self.publish_live_now(live);
-        };
-        let since = now.saturating_duration_since(last.at);
-        if (urgent(&prev, &live) && since >= MIN_URGENT_GAP)
-            || (moved(&prev, &live) && since >= self.options.min_publish_interval)
-        {
+    /// Takes the agent's current view; publishes it when it moved meaningfully from the last
+    /// published one (at once for a state change), else keeps it for the next refresh.
+    fn offer_live(&mut self, mut live: Live) {
+        live.profile_seq = self.profile.as_ref().map_or(0, |p| p.item.seq);
+        self.latest_live = Some(live);
+        if self.live_due(Instant::now(), false) {
             self.publish_live_now(live);
-        } else {
-            self.pending_live = Some(live);
         }
+    }
+
+    /// Whether the latest view should go out now: it moved enough since the last publish
+    /// (respecting the publish intervals), or the refresh is due.
+    fn live_due(&self, now: Instant, refresh_due: bool) -> bool {
+        let Some(latest) = self.latest_live else {
+            return false;
+        };
+        let Some((prev, at)) = self.live.as_ref().and_then(|p| match p.item.body {
+            Body::Live(l) => Some((l, p.at)),
+            Body::Profile(_) => None,
+        }) else {
+            return true;
+        };
+        let since = now.saturating_duration_since(at);
+        refresh_due
+            || (urgent(&prev, &latest) && since >= MIN_URGENT_GAP)
+            || (moved(&prev, &latest) && since >= self.options.min_publish_interval)
     }
 
     fn publish_live_now(&mut self, mut live: Live) {
         live.profile_seq = self.profile.as_ref().map_or(0, |p| p.item.seq);
-        self.pending_live = None;
+        self.latest_live = Some(live);
         self.publish(Body::Live(live));
     }
 
@@ -490,6 +527,18 @@ impl Node {
         let Some(bytes) = wire::encode(&item) else {
             return;
         };
+        if bytes.len() > MAX_ITEM {
+            // Peers could never receive it: say so loudly instead of being silently unroutable.
+            tracing::error!(
+                agent = %self.options.name,
+                bytes = bytes.len(),
+                max = MAX_ITEM,
+                "gossip: this agent's {} is too large to publish; fewer capabilities or tags",
+                if matches!(item.body, Body::Profile(_)) { "profile" } else { "live view" }
+            );
+            self.stats.oversized_items.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         if let Err(err) = self.foca.add_broadcast(&bytes) {
             tracing::error!(
                 ?err,
@@ -510,6 +559,8 @@ impl Node {
 
     /// This node's current items, sent straight to one member.
     fn send_items(&mut self, to: SocketAddr) {
+        // Profile and live view in one datagram: both fit, since an item over MAX_ITEM is never
+        // published.
         let items: Vec<&Item> = [self.profile.as_ref(), self.live.as_ref()]
             .into_iter()
             .flatten()
@@ -526,7 +577,14 @@ impl Node {
     }
 
     fn send(&mut self, to: SocketAddr, kind: Kind, body: &[u8]) {
-        let sent_at = envelope::unix_us().max(self.last_sent_at + 1);
+        // Strictly increasing, but a wall clock stepped back by more than a second resets it:
+        // otherwise every envelope would be stamped in the future and expire at the receivers.
+        let now = envelope::unix_us();
+        let sent_at = if self.last_sent_at > now.saturating_add(1_000_000) {
+            now
+        } else {
+            now.max(self.last_sent_at.saturating_add(1))
+        };
         self.last_sent_at = sent_at;
         let packet = self.options.key.seal(kind, sent_at, body);
         self.stats.packets_sent.fetch_add(1, Ordering::Relaxed);
@@ -556,27 +614,9 @@ impl Node {
             .live
             .as_ref()
             .is_some_and(|p| now.saturating_duration_since(p.at) >= refresh);
-        let pending_due = self.pending_live.is_some()
-            && self.live.as_ref().is_none_or(|p| {
-                let since = now.saturating_duration_since(p.at);
-                let urgent_pending = match (&p.item.body, self.pending_live.as_ref()) {
-                    (Body::Live(prev), Some(next)) => urgent(prev, next),
-                    _ => false,
-                };
-                since >= self.options.min_publish_interval
-                    || (urgent_pending && since >= MIN_URGENT_GAP)
-            });
-        if pending_due || refresh_due {
+        if self.live_due(now, refresh_due) {
             if let Some(live) = self.last_live() {
-                let moved_enough = match self.live.as_ref().map(|p| &p.item.body) {
-                    Some(Body::Live(prev)) => moved(prev, &live),
-                    _ => true,
-                };
-                if refresh_due || moved_enough {
-                    self.publish_live_now(live);
-                } else {
-                    self.pending_live = None;
-                }
+                self.publish_live_now(live);
             }
         }
         let housekeeping = self
@@ -584,6 +624,15 @@ impl Node {
             .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_millis(500));
         if housekeeping {
             self.status_at = Some(now);
+            let conflicts = self.handler.lock().name_conflicts;
+            if conflicts > self.conflicts_seen {
+                self.conflicts_seen = conflicts;
+                tracing::warn!(
+                    agent = %self.options.name,
+                    "gossip: another sidecar publishes under this agent's name; names must be unique \
+                     (only the newest of the two is routable)"
+                );
+            }
             self.replay.prune(envelope::unix_us());
             self.handler.lock().prune(now);
             self.wanted
@@ -627,7 +676,7 @@ impl Node {
                     table.set_my_node(id);
                     rejoined = true;
                 }
-                OwnedNotification::Defunct => {
+                OwnedNotification::Defunct if !self.leaving => {
                     tracing::warn!("gossip: this node was declared down and cannot rejoin");
                 }
                 _ => {}
@@ -664,7 +713,9 @@ impl Node {
                 .is_some_and(|at| now.saturating_duration_since(*at) < WANT_EVERY);
             if !recently {
                 self.wanted.insert(node.clone(), now);
-                self.send(node.addr, Kind::Want, &[]);
+                if let Some(me) = wire::encode(self.foca.identity()) {
+                    self.send(node.addr, Kind::Want, &me);
+                }
             }
         }
         self.deliver_lives(live_updates);
@@ -744,6 +795,7 @@ impl Node {
         let count = |l: &str| members.iter().filter(|m| m.liveness == l).count();
         let status = GossipStatus {
             node: Some(self.foca.identity().clone()),
+            swim_members: self.foca.num_members(),
             alive: count("alive"),
             suspect: count("suspect"),
             down: count("down"),

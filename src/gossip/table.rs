@@ -83,7 +83,7 @@ impl Table {
         let entry = match self.entries.get_mut(&item.name) {
             Some(e) if item.node.epoch < e.node.epoch => return Applied::Stale,
             Some(e) if item.node.epoch == e.node.epoch && item.node.addr != e.node.addr => {
-                // Two incarnations started in the same millisecond: keep the one known first.
+                // Two incarnations started in the same microsecond: keep the one known first.
                 return Applied::Stale;
             }
             Some(e) if item.node.epoch > e.node.epoch => {
@@ -162,9 +162,16 @@ impl Table {
         }
     }
 
+    /// A member restarted at the same address (foca reports a rename, not a join): it is a
+    /// newcomer all the same and gets this node's items directly.
     pub(super) fn renamed(&mut self, old: &NodeId, new: &NodeId) {
-        if self.active.remove(old) {
-            self.active.insert(new.clone());
+        if self.active.remove(old) && self.active.insert(new.clone()) {
+            self.newcomers.push(new.clone());
+        }
+        for e in self.entries.values_mut() {
+            if e.node == *old && new.epoch > e.node.epoch {
+                e.node = new.clone();
+            }
         }
         self.dirty = true;
     }

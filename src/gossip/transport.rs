@@ -41,7 +41,10 @@ pub async fn udp(
             };
             match received {
                 Ok((len, from)) => {
-                    if tx.try_send((from, buf[..len].to_vec())).is_err() && tx.is_closed() {
+                    // An oversized datagram is kept only far enough to be rejected as such: a
+                    // flood of 64 KiB datagrams must not pin 64 KiB per queue slot.
+                    let kept = len.min(super::MAX_DATAGRAM + 1);
+                    if tx.try_send((from, buf[..kept].to_vec())).is_err() && tx.is_closed() {
                         return;
                     }
                 }

@@ -126,7 +126,7 @@ pub fn unmilli(x: u16) -> f64 {
     f64::from(x.min(1000)) / 1000.0
 }
 
-pub fn encode<T: Serialize>(value: &T) -> Option<Vec<u8>> {
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Option<Vec<u8>> {
     postcard::to_allocvec(value).ok()
 }
 
