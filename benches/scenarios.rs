@@ -12,7 +12,9 @@
 //! budget, slow start).
 //!
 //! Run: `cargo bench --bench scenarios` (`-- --seconds 30`, `-- --only fake-online`, `-- --smoke`).
-//! Not yet here: `half-open`, `cold-start`, and the restart half of `crash-restart`.
+//! Not yet here: `half-open`, `cold-start`, and the restart half of `crash-restart`. Read
+//! *bad out after* with care in `slow-dependency`: callers stuck on a slow agent send it few new
+//! calls under any router, so p95 is the figure that tells routers apart there.
 
 #[path = "common/mod.rs"]
 mod common;
