@@ -258,3 +258,82 @@ async fn an_agent_restarted_at_the_same_address_is_routable_again_at_once() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_want_with_a_forged_source_is_not_answered() {
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let a = start(&net, 0, &key);
+    let b = start(&net, 1, &key);
+    eventually("the pair to meet", Duration::from_secs(10), || {
+        a.seen.members().len() == 1 && b.seen.members().len() == 1
+    })
+    .await;
+    // A victim that never joined, and a want (as B would send it) played back with the
+    // victim's address as its source.
+    let victim = addr(50);
+    let (_victim_transport, mut victim_inbox) = net.join(victim);
+    let asker = wire::encode(&wire::NodeId {
+        addr: addr(1),
+        epoch: 1,
+    })
+    .unwrap_or_default();
+    let want = key.seal(
+        gossip::envelope::Kind::Want,
+        gossip::envelope::unix_us(),
+        &asker,
+    );
+    net.inject(victim, addr(0), want);
+    // The same want from the address it names is answered.
+    let honest = key.seal(
+        gossip::envelope::Kind::Want,
+        gossip::envelope::unix_us(),
+        &wire::encode(&wire::NodeId {
+            addr: victim,
+            epoch: 1,
+        })
+        .unwrap_or_default(),
+    );
+    net.inject(victim, addr(0), honest);
+    let first = tokio::time::timeout(Duration::from_secs(2), victim_inbox.recv()).await;
+    assert!(
+        matches!(first, Ok(Some((from, _))) if from == addr(0)),
+        "the honest want is answered"
+    );
+    let second = tokio::time::timeout(Duration::from_millis(500), victim_inbox.recv()).await;
+    assert!(
+        second.is_err(),
+        "the forged want got an answer too: {second:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_profile_too_large_to_gossip_is_refused_loudly() {
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let a = start(&net, 0, &key);
+    let mut big = profile(0);
+    for i in 0..40 {
+        big.capabilities.push(gossip::wire::WireCapability {
+            name: format!("capability-number-{i}"),
+            tags: [("python".to_owned(), 900u16)].into_iter().collect(),
+            timeout_ms: 30_000,
+            mode: agent_reach::config::RouteMode::Sync,
+            cost_milli: 0,
+            idempotent: false,
+        });
+    }
+    a.handle.publish_profile(big);
+    let stats = a.handle.stats().clone();
+    eventually(
+        "the oversized profile to be counted",
+        Duration::from_secs(2),
+        || {
+            stats
+                .oversized_items
+                .load(std::sync::atomic::Ordering::Relaxed)
+                == 1
+        },
+    )
+    .await;
+}
