@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent_reach::config::{ConfigPaths, ConfigStore, Policy, ProbeSpec};
+use agent_reach::config::{ConfigPaths, ConfigStore, Policy};
 use agent_reach::mock_agent::{Latency, MockAgent, MockConfig, Mode};
 use agent_reach::{Bootstrap, Sidecar};
 use bytes::Bytes;
@@ -391,7 +391,7 @@ impl Front {
                     b.agent.max_concurrency =
                         serde_yaml::from_str("8").map_err(|e| e.to_string())?;
                     for c in &mut b.agent.capabilities {
-                        c.probe = Some(probe());
+                        c.probe = Some(agent_reach::demo::probe_spec());
                     }
                     let sidecar = start(b).await?;
                     caller = caller.with_peer(&name, sidecar.addrs.inbound, &[CAP])?;
@@ -575,20 +575,6 @@ impl Drop for Front {
                 let _ = child.wait();
             }
         }
-    }
-}
-
-fn probe() -> ProbeSpec {
-    ProbeSpec {
-        method: "POST".to_owned(),
-        path: "/review".to_owned(),
-        body: Some(r#"{"code":"x = 1","max_tokens":1}"#.to_owned()),
-        headers: Default::default(),
-        expect_status: 200,
-        expect_body: Some(r#""ok":true"#.to_owned()),
-        expect_json: None,
-        interval: None,
-        timeout: None,
     }
 }
 

@@ -209,7 +209,7 @@ fn write_cluster_key() -> Result<PathBuf, DemoError> {
 }
 
 /// A 1-token business call through the agent's whole chain, as seed 000 recommends.
-fn probe_spec() -> ProbeSpec {
+pub fn probe_spec() -> ProbeSpec {
     ProbeSpec {
         method: "POST".to_owned(),
         path: "/review".to_owned(),

@@ -7,15 +7,16 @@
 
 pub mod envelope;
 mod node;
+mod status;
 mod table;
 pub mod transport;
 pub mod wire;
 
 pub use envelope::{ClusterKey, KeyError, Rejected};
 pub use node::{
-    max_transmissions, spawn, GossipHandle, GossipStatus, MemberStatus, Membership, NodeOptions,
-    Stats, MAX_DATAGRAM, MAX_ITEM,
+    max_transmissions, spawn, GossipHandle, Membership, NodeOptions, MAX_DATAGRAM, MAX_ITEM,
 };
+pub use status::{GossipStatus, MemberStatus, Stats};
 pub use table::Member;
 pub use transport::{MemNetwork, Transport};
 pub use wire::{Live, NodeId, Profile};

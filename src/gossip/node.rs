@@ -5,24 +5,23 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroUsize};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use foca::{AccumulatingRuntime, Foca, OwnedNotification, PostcardCodec, Timer};
 use rand::rngs::StdRng;
-use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::envelope::{self, ClusterKey, Kind, Rejected, ReplayGuard, OVERHEAD};
+use super::status::{GossipStatus, MemberStatus, Stats};
 use super::table::{Handler, Member, Table};
 use super::transport::{Inbox, Transport};
 use super::wire::{self, Body, Item, Live, NodeId, Profile};
-use crate::reach::State;
 
 /// Largest datagram sent or accepted (under a 1500-byte MTU with IP and UDP headers).
 pub const MAX_DATAGRAM: usize = 1400;
@@ -113,67 +112,6 @@ pub trait Membership: Send + Sync + 'static {
     fn members(&self, members: &[Member]);
     /// A routable member published a new live view.
     fn live(&self, member: &Member, live: &Live);
-}
-
-/// Counters of one node, read by `/metrics`, tests and the benchmark.
-#[derive(Debug, Default)]
-pub struct Stats {
-    pub packets_sent: AtomicU64,
-    pub bytes_sent: AtomicU64,
-    pub packets_received: AtomicU64,
-    pub bytes_received: AtomicU64,
-    /// This node's own items too large to publish (a profile with too many capabilities).
-    pub oversized_items: AtomicU64,
-    rejected: [AtomicU64; 6],
-}
-
-impl Stats {
-    fn rejected_slot(reason: Rejected) -> usize {
-        Rejected::ALL.iter().position(|r| *r == reason).unwrap_or(0)
-    }
-
-    fn reject(&self, reason: Rejected) {
-        self.rejected[Self::rejected_slot(reason)].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn rejected(&self, reason: Rejected) -> u64 {
-        self.rejected[Self::rejected_slot(reason)].load(Ordering::Relaxed)
-    }
-
-    pub fn rejected_total(&self) -> u64 {
-        self.rejected
-            .iter()
-            .map(|r| r.load(Ordering::Relaxed))
-            .sum()
-    }
-}
-
-/// Gossip as `/status` shows it.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct GossipStatus {
-    pub node: Option<NodeId>,
-    /// Members SWIM counts alive, profile known or not.
-    pub swim_members: usize,
-    pub alive: usize,
-    pub suspect: usize,
-    pub down: usize,
-    pub members: Vec<MemberStatus>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct MemberStatus {
-    pub name: String,
-    pub gossip: SocketAddr,
-    pub epoch: u64,
-    /// `alive`, `suspect`, `down`, or `unknown` (heard of, not yet seen by SWIM).
-    pub liveness: &'static str,
-    /// Seconds since this node last heard something new from the member.
-    pub last_seen_s: f64,
-    pub version: Option<String>,
-    pub inbound: Option<String>,
-    pub state: Option<State>,
-    pub profile_seq: Option<u64>,
-    pub live_seq: Option<u64>,
 }
 
 enum Command {
