@@ -75,6 +75,57 @@ async fn call_cap(outbound: SocketAddr, cap: &str) -> Reply {
     .await
 }
 
+/// Whether A's view of `name` carries the peer's own `draining` state.
+fn sees_draining(a: &Sidecar, name: &str) -> bool {
+    a.status().peer_views.iter().any(|p| {
+        p.name == name
+            && p.self_view.as_ref().map(|v| v.view.state)
+                == Some(agent_reach::reach::State::Draining)
+    })
+}
+
+/// Callers sending capability calls back to back through one outbound port until stopped.
+struct Callers {
+    stop: tokio_util::sync::CancellationToken,
+    workers: Vec<tokio::task::JoinHandle<(u32, Vec<String>)>>,
+}
+
+impl Callers {
+    fn start(outbound: SocketAddr, n: usize) -> Self {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let workers = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let (mut ok, mut failed) = (0u32, Vec::new());
+                    while !stop.is_cancelled() {
+                        let reply = call_cap(outbound, CAP).await;
+                        if reply.status == 200 {
+                            ok += 1;
+                        } else {
+                            failed.push(format!("{} {}", reply.status, reply.body));
+                        }
+                    }
+                    (ok, failed)
+                })
+            })
+            .collect();
+        Self { stop, workers }
+    }
+
+    /// Calls that succeeded, and every failure.
+    async fn stop(self) -> (u32, Vec<String>) {
+        self.stop.cancel();
+        let (mut total, mut failed) = (0, Vec::new());
+        for w in self.workers {
+            let (ok, f) = w.await.unwrap();
+            total += ok;
+            failed.extend(f);
+        }
+        (total, failed)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_sidecars_find_each_other_from_one_seed_and_route_to_each_other() {
     let key = key_file("discover");
@@ -171,25 +222,7 @@ async fn a_draining_sidecar_is_announced_first_and_no_routed_request_fails() {
     .await;
 
     // Steady traffic through A while B shuts down the way SIGTERM does it.
-    let stop = tokio_util::sync::CancellationToken::new();
-    let outbound = a.addrs.outbound;
-    let workers: Vec<_> = (0..6)
-        .map(|_| {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let (mut ok, mut failed) = (0u32, Vec::new());
-                while !stop.is_cancelled() {
-                    let reply = call_cap(outbound, CAP).await;
-                    if reply.status == 200 {
-                        ok += 1;
-                    } else {
-                        failed.push(format!("{} {}", reply.status, reply.body));
-                    }
-                }
-                (ok, failed)
-            })
-        })
-        .collect();
+    let callers = Callers::start(a.addrs.outbound, 6);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = b_agent.stats().business;
     assert!(before > 0, "B took work before draining");
@@ -197,11 +230,7 @@ async fn a_draining_sidecar_is_announced_first_and_no_routed_request_fails() {
 
     // A sees B draining while B is still a member…
     eventually(Duration::from_secs(3), "A to see B draining", || async {
-        a.status().peer_views.iter().any(|p| {
-            p.name == "agent-b"
-                && p.self_view.as_ref().map(|v| v.view.state)
-                    == Some(agent_reach::reach::State::Draining)
-        })
+        sees_draining(&a, "agent-b")
     })
     .await;
     // …then B leaves; A forgets it long before failure detection would.
@@ -211,13 +240,8 @@ async fn a_draining_sidecar_is_announced_first_and_no_routed_request_fails() {
     .await;
     shutdown.await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.cancel();
-    let mut total = 0;
-    for w in workers {
-        let (ok, failed) = w.await.unwrap();
-        assert!(failed.is_empty(), "failed calls: {failed:?}");
-        total += ok;
-    }
+    let (total, failed) = callers.stop().await;
+    assert!(failed.is_empty(), "failed calls: {failed:?}");
     assert!(total > 20, "{total} calls");
     let _ = c;
 }
@@ -347,23 +371,7 @@ async fn sigterm_on_the_binary_announces_draining_then_leaves_and_no_call_fails(
     )
     .await;
 
-    let stop = tokio_util::sync::CancellationToken::new();
-    let outbound = a.addrs.outbound;
-    let workers: Vec<_> = (0..6)
-        .map(|_| {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let mut failed = Vec::new();
-                while !stop.is_cancelled() {
-                    let reply = call_cap(outbound, CAP).await;
-                    if reply.status != 200 {
-                        failed.push(format!("{} {}", reply.status, reply.body));
-                    }
-                }
-                failed
-            })
-        })
-        .collect();
+    let callers = Callers::start(a.addrs.outbound, 6);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let killed = Command::new("sh")
         .args(["-c", &format!("kill -TERM {}", child.id())])
@@ -373,13 +381,7 @@ async fn sigterm_on_the_binary_announces_draining_then_leaves_and_no_call_fails(
     eventually(
         Duration::from_secs(3),
         "A to see agent-b draining",
-        || async {
-            a.status().peer_views.iter().any(|p| {
-                p.name == "agent-b"
-                    && p.self_view.as_ref().map(|v| v.view.state)
-                        == Some(agent_reach::reach::State::Draining)
-            })
-        },
+        || async { sees_draining(&a, "agent-b") },
     )
     .await;
     eventually(
@@ -393,10 +395,7 @@ async fn sigterm_on_the_binary_announces_draining_then_leaves_and_no_call_fails(
         .unwrap()
         .unwrap();
     assert!(status.success(), "exit status {status:?}");
-    stop.cancel();
-    for w in workers {
-        let failed = w.await.unwrap();
-        assert!(failed.is_empty(), "failed calls: {failed:?}");
-    }
+    let (_, failed) = callers.stop().await;
+    assert!(failed.is_empty(), "failed calls: {failed:?}");
     let _ = c;
 }

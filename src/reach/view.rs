@@ -109,14 +109,7 @@ impl ReachView {
     }
 
     pub fn snapshot(&self, now: Instant, ep: &EstimateParams, sp: &StateParams) -> ViewSnapshot {
-        ViewSnapshot {
-            state: self.machine.state(),
-            cap: self.machine.cap(now, sp),
-            state_age_s: now
-                .saturating_duration_since(self.machine.since())
-                .as_secs_f64(),
-            estimates: self.estimates.snapshot(now, ep),
-        }
+        self.with_estimates(now, sp, self.estimates.snapshot(now, ep))
     }
 
     /// The view as a score reads it (no latency percentiles): the per-request path.
@@ -126,13 +119,22 @@ impl ReachView {
         ep: &EstimateParams,
         sp: &StateParams,
     ) -> ViewSnapshot {
+        self.with_estimates(now, sp, self.estimates.scoring_snapshot(now, ep))
+    }
+
+    fn with_estimates(
+        &self,
+        now: Instant,
+        sp: &StateParams,
+        estimates: EstimateSnapshot,
+    ) -> ViewSnapshot {
         ViewSnapshot {
             state: self.machine.state(),
             cap: self.machine.cap(now, sp),
             state_age_s: now
                 .saturating_duration_since(self.machine.since())
                 .as_secs_f64(),
-            estimates: self.estimates.scoring_snapshot(now, ep),
+            estimates,
         }
     }
 }
