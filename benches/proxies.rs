@@ -369,16 +369,7 @@ impl System {
                          frontend f\n  bind 127.0.0.1:{listen}\n  default_backend b\n\
                          backend b\n  http-reuse always\n  server s1 {to}\n"))
                 };
-                let spawn = |cfg: PathBuf| {
-                    Command::new(binary)
-                        .arg("-db")
-                        .arg("-f")
-                        .arg(cfg)
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .spawn()
-                        .map_err(|e| e.to_string())
-                };
+                let spawn = |cfg: PathBuf| common::spawn_quiet(common::haproxy(binary, &cfg));
                 let back_addr = SocketAddr::from(([127, 0, 0, 1], back));
                 vec![
                     spawn(conf("back", back, upstream)?)?,
@@ -420,22 +411,7 @@ static_resources:
                     )
                 };
                 let spawn = |cfg: PathBuf, base_id: u16| {
-                    Command::new(binary)
-                        .arg("-c")
-                        .arg(cfg)
-                        .args([
-                            "--concurrency",
-                            "1",
-                            "-l",
-                            "error",
-                            "--disable-hot-restart",
-                            "--base-id",
-                            &base_id.to_string(),
-                        ])
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .spawn()
-                        .map_err(|e| e.to_string())
+                    common::spawn_quiet(common::envoy(binary, &cfg, base_id))
                 };
                 let back_addr = SocketAddr::from(([127, 0, 0, 1], back));
                 vec![

@@ -21,7 +21,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -421,14 +421,7 @@ impl Front {
                      frontend f\n  bind 127.0.0.1:{port}\n  default_backend b\n\
                      backend b\n  balance roundrobin\n  option httpchk GET /healthz\n  http-check expect status 200\n\
                      \x20 default-server inter 10s fall 3 rise 2 observe layer7 error-limit 10 on-error mark-down\n{servers}"))?;
-                let child = Command::new(binary)
-                    .arg("-db")
-                    .arg("-f")
-                    .arg(cfg)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .map_err(|e| e.to_string())?;
+                let child = common::spawn_quiet(common::haproxy(&binary, &cfg))?;
                 Front::Process { port, child }
             }
             "envoy" => {
@@ -496,26 +489,7 @@ static_resources:
 {endpoints}"#
                     ),
                 )?;
-                let child = Command::new(binary)
-                    .arg("-c")
-                    .arg(cfg)
-                    .args([
-                        "--concurrency",
-                        "1",
-                        "-l",
-                        "error",
-                        "--disable-hot-restart",
-                        "--base-id",
-                        &port.to_string(),
-                    ])
-                    .stdout(Stdio::null())
-                    .stderr(
-                        std::fs::File::create(dir.join("envoy.log"))
-                            .map(Stdio::from)
-                            .unwrap_or(Stdio::null()),
-                    )
-                    .spawn()
-                    .map_err(|e| e.to_string())?;
+                let child = common::spawn_quiet(common::envoy(&binary, &cfg, port))?;
                 Front::Process { port, child }
             }
             other => return Err(format!("unknown router {other}")),

@@ -4,7 +4,7 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 
 pub struct Tools {
     pub wrk: Option<PathBuf>,
@@ -67,5 +67,36 @@ pub fn free_port() -> Result<u16, String> {
     listener
         .local_addr()
         .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+/// HAProxy in the foreground on `cfg`.
+pub fn haproxy(binary: &Path, cfg: &Path) -> Command {
+    let mut command = Command::new(binary);
+    command.arg("-db").arg("-f").arg(cfg);
+    command
+}
+
+/// Envoy on `cfg` with one worker thread; `base_id` keeps instances on one host apart.
+pub fn envoy(binary: &Path, cfg: &Path, base_id: u16) -> Command {
+    let mut command = Command::new(binary);
+    command.arg("-c").arg(cfg).args([
+        "--concurrency",
+        "1",
+        "-l",
+        "error",
+        "--disable-hot-restart",
+        "--base-id",
+        &base_id.to_string(),
+    ]);
+    command
+}
+
+/// Starts `command` with its output discarded.
+pub fn spawn_quiet(mut command: Command) -> Result<Child, String> {
+    command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
         .map_err(|e| e.to_string())
 }
