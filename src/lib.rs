@@ -14,6 +14,7 @@ pub mod gossip;
 pub mod http;
 pub mod idempotency;
 pub mod inbound;
+pub mod inject;
 pub mod local;
 pub mod metrics;
 pub mod mock_agent;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 
 use agent_reach::config::{self, ConfigPaths, ConfigStore, HumanDuration};
+use agent_reach::inject::{inject_manifests, Injector, InjectorConfig};
 use agent_reach::{demo, Sidecar};
 
 #[derive(Parser, Debug)]
@@ -24,9 +25,10 @@ struct Cli {
 enum Command {
     /// Run the sidecar.
     Run {
-        /// The bootstrap file (listeners, the local agent's profile, peers).
+        /// The bootstrap file (listeners, the local agent's profile, peers). Without it, the
+        /// bootstrap's text is read from `AGENT_REACH_BOOTSTRAP` (what the injector sets).
         #[arg(long, env = "AGENT_REACH_CONFIG")]
-        config: PathBuf,
+        config: Option<PathBuf>,
         /// The fleet policy file; all defaults when omitted.
         #[arg(long, env = "AGENT_REACH_POLICY")]
         policy: Option<PathBuf>,
@@ -45,6 +47,26 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// The admission webhook that adds the sidecar to annotated pods (HTTPS); with `--file`,
+    /// inject the pods in a manifest file and print it (`-` reads stdin).
+    Inject {
+        /// The injector's file (the Helm chart renders it).
+        #[arg(long, env = "AGENT_REACH_INJECTOR_CONFIG")]
+        config: PathBuf,
+        /// Inject this manifest file instead of serving.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        #[arg(long, env = "AGENT_REACH_LOG", default_value = "info")]
+        log: String,
+        #[arg(long)]
+        log_json: bool,
+    },
+    /// Container lifecycle hooks for the plain-container sidecar (images have no shell).
+    #[command(hide = true)]
+    Hook {
+        #[command(subcommand)]
+        hook: Hook,
+    },
     /// Run a local fleet of mock agents with their sidecars and show routing at work.
     Demo {
         /// How long to drive traffic.
@@ -56,6 +78,22 @@ enum Command {
         /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum Hook {
+    /// Wait until the sidecar answers `/live`, so the agent starts with a way out.
+    PostStart {
+        #[arg(long, default_value = "127.0.0.1:4191")]
+        admin: std::net::SocketAddr,
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        timeout: HumanDuration,
+    },
+    /// Hold the sidecar's SIGTERM back while the agent finishes its last calls.
+    PreStop {
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        delay: HumanDuration,
     },
 }
 
@@ -77,12 +115,22 @@ fn main() -> ExitCode {
             init_tracing(&log, log_json);
             run(
                 ConfigPaths {
-                    bootstrap: Some(config),
+                    bootstrap: config,
                     policy,
                 },
                 worker_threads,
             )
         }
+        Command::Inject {
+            config,
+            file,
+            log,
+            log_json,
+        } => {
+            init_tracing(&log, log_json);
+            inject(&config, file.as_deref())
+        }
+        Command::Hook { hook } => run_hook(hook),
         Command::Demo {
             duration,
             concurrency,
@@ -112,8 +160,25 @@ fn check(files: &[PathBuf]) -> ExitCode {
     }
 }
 
+/// The bootstrap from its file, else from `AGENT_REACH_BOOTSTRAP` (the injected sidecar's).
+fn load_store(paths: ConfigPaths) -> Result<ConfigStore, config::ConfigError> {
+    let inline = std::env::var("AGENT_REACH_BOOTSTRAP").ok();
+    match (&paths.bootstrap, inline) {
+        (None, Some(text)) => {
+            let bootstrap =
+                config::parse_bootstrap(std::path::Path::new("$AGENT_REACH_BOOTSTRAP"), &text)?;
+            let policy = match &paths.policy {
+                Some(p) => config::load_policy(p)?,
+                None => config::Policy::default(),
+            };
+            Ok(ConfigStore::new(bootstrap, policy, paths))
+        }
+        _ => ConfigStore::load(paths),
+    }
+}
+
 fn run(paths: ConfigPaths, worker_threads: Option<usize>) -> ExitCode {
-    let store = match ConfigStore::load(paths) {
+    let store = match load_store(paths) {
         Ok(store) => Arc::new(store),
         Err(err) => {
             eprintln!("{err}");
@@ -171,6 +236,94 @@ async fn shutdown_signal() -> &'static str {
 async fn shutdown_signal() -> &'static str {
     let _ = tokio::signal::ctrl_c().await;
     "ctrl-c"
+}
+
+fn inject(config: &std::path::Path, file: Option<&std::path::Path>) -> ExitCode {
+    let config = match InjectorConfig::load(config) {
+        Ok(c) => c,
+        Err(err) => {
+            eprintln!("{err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(file) = file {
+        let text = if file == std::path::Path::new("-") {
+            std::io::read_to_string(std::io::stdin())
+        } else {
+            std::fs::read_to_string(file)
+        };
+        let text = match text {
+            Ok(t) => t,
+            Err(err) => {
+                eprintln!("{}: cannot read: {err}", file.display());
+                return ExitCode::FAILURE;
+            }
+        };
+        return match inject_manifests(&config, &text) {
+            Ok((out, n)) => {
+                print!("{out}");
+                eprintln!("{}: {n} pod template(s) injected", file.display());
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("{}: {err}", file.display());
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let runtime = match runtime(None) {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    runtime.block_on(async move {
+        let injector = match Injector::start(config).await {
+            Ok(i) => i,
+            Err(err) => {
+                eprintln!("{err}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let signal = shutdown_signal().await;
+        tracing::info!(signal, "shutting down");
+        injector.shutdown().await;
+        ExitCode::SUCCESS
+    })
+}
+
+fn run_hook(hook: Hook) -> ExitCode {
+    match hook {
+        Hook::PreStop { delay } => {
+            std::thread::sleep(delay.get());
+            ExitCode::SUCCESS
+        }
+        Hook::PostStart { admin, timeout } => {
+            let deadline = std::time::Instant::now() + timeout.get();
+            while std::time::Instant::now() < deadline {
+                if live(admin) {
+                    return ExitCode::SUCCESS;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            eprintln!("the sidecar did not answer http://{admin}/live within {timeout}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One blocking `GET /live` (no runtime needed for a hook).
+fn live(admin: std::net::SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_millis(500);
+    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&admin, timeout) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(timeout));
+    let request = format!("GET /live HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.ends_with(b" 200")
 }
 
 fn demo_command(duration: HumanDuration, concurrency: usize, json: bool) -> ExitCode {

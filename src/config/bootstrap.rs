@@ -158,6 +158,8 @@ impl Default for Limits {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AgentProfile {
+    /// Default: the pod's name (`POD_NAME`, set by the injected sidecar), else `HOSTNAME`.
+    #[serde(default = "name_from_environment")]
     pub name: Name,
     /// Where the local agent listens (host:port).
     pub address: HostPort,
@@ -184,6 +186,15 @@ impl Capability {
             (None, None) => default,
         }
     }
+}
+
+/// The agent's name when the file gives none: in a pod, the pod's name.
+fn name_from_environment() -> Name {
+    let raw = ["POD_NAME", "HOSTNAME"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .unwrap_or_default();
+    Name::sanitized(&raw, "agent")
 }
 
 impl AgentProfile {

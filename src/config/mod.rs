@@ -49,6 +49,8 @@ pub enum ConfigError {
 pub enum FileKind {
     Bootstrap,
     Policy,
+    /// `agent-reach inject`'s file (the chart renders it).
+    Injector,
 }
 
 impl FileKind {
@@ -56,6 +58,7 @@ impl FileKind {
         match self {
             FileKind::Bootstrap => "bootstrap",
             FileKind::Policy => "policy",
+            FileKind::Injector => "injector",
         }
     }
 }
@@ -63,6 +66,9 @@ impl FileKind {
 /// Tells a bootstrap file (it has an `agent`) from a policy file.
 pub fn detect_kind(path: &Path, text: &str) -> Result<FileKind, ConfigError> {
     let keys = yaml::top_level_keys(path, text)?;
+    if keys.iter().any(|k| k == "sidecar") {
+        return Ok(FileKind::Injector);
+    }
     // `agent` is required in a bootstrap; the others appear only there.
     let bootstrap_only = ["agent", "listen", "limits", "watch_interval", "gossip"];
     if keys.iter().any(|k| bootstrap_only.contains(&k.as_str())) {
@@ -70,6 +76,14 @@ pub fn detect_kind(path: &Path, text: &str) -> Result<FileKind, ConfigError> {
     } else {
         Ok(FileKind::Policy)
     }
+}
+
+/// Parses any strict config document (the injector's too) with file:line:col errors.
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+) -> Result<T, ConfigError> {
+    yaml::parse(path, text)
 }
 
 pub fn parse_bootstrap(path: &Path, text: &str) -> Result<Bootstrap, ConfigError> {
@@ -102,6 +116,7 @@ pub fn check_file(path: &Path) -> Result<FileKind, ConfigError> {
     match kind {
         FileKind::Bootstrap => parse_bootstrap(path, &text).map(|_| kind),
         FileKind::Policy => parse_policy(path, &text).map(|_| kind),
+        FileKind::Injector => crate::inject::InjectorConfig::parse(path, &text).map(|_| kind),
     }
 }
 
@@ -199,7 +214,7 @@ impl ConfigStore {
                     path: "<none>".to_owned(),
                     line: 1,
                     column: 1,
-                    message: "a bootstrap file is required (--config or AGENT_REACH_CONFIG)"
+                    message: "a bootstrap is required (--config, AGENT_REACH_CONFIG or AGENT_REACH_BOOTSTRAP)"
                         .to_owned(),
                 })
             }

@@ -15,6 +15,18 @@ impl Name {
         &self.0
     }
 
+    /// `raw` made into a name: lowercased, anything a DNS label cannot hold becomes `-`, cut to
+    /// 63 characters; `fallback` if nothing is left.
+    pub fn sanitized(raw: &str, fallback: &str) -> Self {
+        let cleaned: String = raw
+            .to_ascii_lowercase()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .take(63)
+            .collect();
+        Self::parse(cleaned.trim_matches('-')).unwrap_or_else(|_| Self(fallback.to_owned()))
+    }
+
     pub fn parse(text: &str) -> Result<Self, String> {
         let ok = !text.is_empty()
             && text.len() <= 63

@@ -90,7 +90,8 @@ async fn poll(
     let result = match kind {
         FileKind::Bootstrap => parse_bootstrap(path, &text)
             .map(|bootstrap| store.replace(bootstrap, current.policy.clone())),
-        FileKind::Policy => {
+        // The sidecar's watcher only ever polls bootstrap or policy paths.
+        FileKind::Policy | FileKind::Injector => {
             parse_policy(path, &text).map(|policy| store.replace(current.bootstrap.clone(), policy))
         }
     };

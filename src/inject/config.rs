@@ -1,0 +1,165 @@
+//! The injector's own file (`injector.yaml`, rendered by the Helm chart): where it listens, its
+//! certificate, and what it adds to a pod — the sidecar container, its volumes and the bootstrap
+//! every injected pod starts from.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::config::{self, ConfigError, HumanDuration};
+
+/// `injector.yaml`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct InjectorConfig {
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    pub tls: TlsFiles,
+    /// An init container with `restartPolicy: Always` (Kubernetes ≥ 1.29): starts before the
+    /// agent, stops after it. `false`: a plain container first in the pod, for older clusters.
+    #[serde(default = "default_true")]
+    pub native_sidecar: bool,
+    /// Pods get at least this grace, so the sidecar's drain can finish.
+    #[serde(default = "default_grace")]
+    pub termination_grace_seconds: u32,
+    /// Scrape annotations added to pods that have none of their own.
+    #[serde(default)]
+    pub prometheus: Option<Prometheus>,
+    #[serde(default)]
+    pub defaults: Defaults,
+    /// The sidecar, a Kubernetes `Container` (the chart's partial template).
+    pub sidecar: serde_json::Value,
+    /// Pod volumes the sidecar mounts (policy ConfigMap, gossip key Secret).
+    #[serde(default)]
+    pub volumes: Vec<serde_json::Value>,
+    /// Every injected pod's bootstrap without `agent`, which comes from the pod's annotations.
+    /// `{namespace}` in a gossip seed becomes the pod's namespace.
+    pub bootstrap: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// How often the files are read again (cert-manager and the chart rotate them in place).
+    #[serde(default = "default_reload_interval")]
+    pub reload_interval: HumanDuration,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Prometheus {
+    pub port: u16,
+    #[serde(default = "default_metrics_path")]
+    pub path: String,
+}
+
+/// Per-pod settings for pods without the annotation.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Defaults {
+    pub agent_port: u16,
+    pub max_concurrency: u32,
+    /// `""`: no business probe unless the pod asks for one.
+    pub probe_path: String,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self {
+            agent_port: 8080,
+            max_concurrency: 4,
+            probe_path: String::new(),
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 8443))
+}
+fn default_true() -> bool {
+    true
+}
+fn default_grace() -> u32 {
+    45
+}
+fn default_reload_interval() -> HumanDuration {
+    HumanDuration::from_secs(10)
+}
+fn default_metrics_path() -> String {
+    "/metrics".to_owned()
+}
+
+impl InjectorConfig {
+    /// Parses and checks the file: the sidecar must be a named container, and the bootstrap
+    /// must make a valid sidecar config once an agent is added (so a chart mistake fails here,
+    /// at `agent-reach check` or start-up, not in every pod).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let mut config: InjectorConfig = config::parse_yaml(path, text)?;
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.display().to_string(),
+            line: 1,
+            column: 1,
+            message,
+        };
+        if config.sidecar_name().is_none() {
+            return Err(invalid(
+                "sidecar: must be a container with a `name`".to_owned(),
+            ));
+        }
+        if config.bootstrap.contains_key("agent") {
+            return Err(invalid(
+                "bootstrap: must not have `agent`; each pod's annotations fill it".to_owned(),
+            ));
+        }
+        if config.defaults.agent_port == 0 || config.defaults.max_concurrency == 0 {
+            return Err(invalid(
+                "defaults: agent_port and max_concurrency must be at least 1".to_owned(),
+            ));
+        }
+        for volume in &config.volumes {
+            if volume.get("name").and_then(|n| n.as_str()).is_none() {
+                return Err(invalid("volumes: every volume needs a `name`".to_owned()));
+            }
+        }
+        let base = path.parent().unwrap_or(Path::new("."));
+        for file in [&mut config.tls.cert_file, &mut config.tls.key_file] {
+            if file.is_relative() {
+                *file = base.join(&*file);
+            }
+        }
+        let sample = super::pod::Settings::sample(&config);
+        super::pod::bootstrap_text(&config, &sample, "default")
+            .map_err(|e| invalid(format!("bootstrap: {e}")))?;
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::parse(path, &config::read_file(path)?)
+    }
+
+    pub fn sidecar_name(&self) -> Option<&str> {
+        self.sidecar.get("name").and_then(|n| n.as_str())
+    }
+
+    /// The ports the sidecar itself listens on in the pod (an agent may not use them).
+    pub fn sidecar_ports(&self) -> Vec<u16> {
+        let mut ports = Vec::new();
+        let listen = self.bootstrap.get("listen");
+        for key in ["outbound", "inbound", "admin"] {
+            let addr = listen
+                .and_then(|l| l.get(key))
+                .and_then(|a| a.as_str())
+                .and_then(|a| a.parse::<SocketAddr>().ok());
+            let default = match key {
+                "outbound" => 4140,
+                "inbound" => 4143,
+                _ => 4191,
+            };
+            ports.push(addr.map_or(default, |a| a.port()));
+        }
+        ports
+    }
+}

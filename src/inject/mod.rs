@@ -1,0 +1,20 @@
+//! `agent-reach inject`: the mutating admission webhook that adds the sidecar to pods annotated
+//! `agent-reach.io/inject: enabled` (or in a namespace labelled so), and manual injection of
+//! manifest files. The chart (`charts/agent-reach`) renders its config and registers it.
+
+mod config;
+mod manifest;
+mod patch;
+mod pod;
+mod review;
+mod server;
+
+pub use config::{Defaults, InjectorConfig, Prometheus, TlsFiles};
+pub use manifest::{inject_manifests, ManifestError};
+pub use patch::{apply, escape, Op, PatchError};
+pub use pod::{
+    bootstrap_text, decide, AnnotationError, Decision, OptIn, Settings, AGENT_PORT, CAPABILITIES,
+    CONFIG, INJECT, INJECTED_LABEL, MAX_CONCURRENCY, PREFIX, PROBE_PATH, STATUS, ZONE,
+};
+pub use review::{answer, BadReview, Verdict};
+pub use server::{load_certified_key, InjectError, Injector};

@@ -1,0 +1,496 @@
+//! One pod: read its `agent-reach.io/*` annotations, decide whether it gets the sidecar, and build
+//! the JSON patch that adds it.
+
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+use super::config::InjectorConfig;
+use super::patch::{escape, Op};
+use crate::config::{parse_bootstrap, Name};
+
+pub const PREFIX: &str = "agent-reach.io/";
+pub const INJECT: &str = "agent-reach.io/inject";
+pub const STATUS: &str = "agent-reach.io/status";
+pub const AGENT_PORT: &str = "agent-reach.io/agent-port";
+pub const CAPABILITIES: &str = "agent-reach.io/capabilities";
+pub const CONFIG: &str = "agent-reach.io/config";
+pub const MAX_CONCURRENCY: &str = "agent-reach.io/max-concurrency";
+pub const ZONE: &str = "agent-reach.io/zone";
+pub const PROBE_PATH: &str = "agent-reach.io/probe-path";
+/// The label injected pods carry: the gossip Service, NetworkPolicy and PodMonitor select it.
+pub const INJECTED_LABEL: &str = "agent-reach.io/injected";
+
+const KNOWN: [&str; 8] = [
+    INJECT,
+    STATUS,
+    AGENT_PORT,
+    CAPABILITIES,
+    CONFIG,
+    MAX_CONCURRENCY,
+    ZONE,
+    PROBE_PATH,
+];
+
+/// Where the bootstrap ConfigMap named by `agent-reach.io/config` is mounted.
+const BOOTSTRAP_DIR: &str = "/etc/agent-reach/bootstrap";
+const BOOTSTRAP_VOLUME: &str = "agent-reach-bootstrap";
+
+/// Which webhook asked: a pod opts in by annotation, or its namespace opted every pod in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptIn {
+    Annotation,
+    Namespace,
+}
+
+/// Why a pod cannot be admitted as written: the denial message the user sees.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AnnotationError {
+    #[error("annotation {key}: `{value}` {problem}")]
+    Invalid {
+        key: &'static str,
+        value: String,
+        problem: String,
+    },
+    #[error("annotation {key} is not one agent-reach reads (known: {known})")]
+    Unknown { key: String, known: String },
+    #[error("annotation {CONFIG} names a whole bootstrap; {other} cannot be set beside it")]
+    Conflict { other: &'static str },
+    #[error("the pod already has a {what} named `{name}`, which the sidecar needs")]
+    NameTaken { what: &'static str, name: String },
+    #[error("the sidecar's config would be invalid: {0}")]
+    Bootstrap(String),
+    #[error("the object is not a pod: {0}")]
+    NotAPod(String),
+}
+
+/// What the webhook does with a pod.
+#[derive(Debug, PartialEq)]
+pub enum Decision {
+    /// Leave it alone; the reason is logged (and, where the user may be surprised, warned).
+    Skip {
+        reason: &'static str,
+        warn: bool,
+    },
+    Inject(Vec<Op>),
+}
+
+/// The per-pod settings, from annotations or the injector's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub agent_port: u16,
+    pub capabilities: Vec<Name>,
+    pub max_concurrency: u32,
+    pub zone: Option<String>,
+    pub probe_path: Option<String>,
+    /// A ConfigMap holding the whole bootstrap instead.
+    pub config_map: Option<String>,
+}
+
+impl Settings {
+    /// What a pod with one capability and no other annotation gets (checks the injector file).
+    pub fn sample(config: &InjectorConfig) -> Self {
+        Self {
+            agent_port: config.defaults.agent_port,
+            capabilities: Name::parse("sample").into_iter().collect(),
+            max_concurrency: config.defaults.max_concurrency,
+            zone: None,
+            probe_path: (!config.defaults.probe_path.is_empty())
+                .then(|| config.defaults.probe_path.clone()),
+            config_map: None,
+        }
+    }
+
+    fn from_annotations(
+        config: &InjectorConfig,
+        annotations: &Map<String, Value>,
+    ) -> Result<Self, AnnotationError> {
+        let get = |key: &'static str| annotations.get(key).and_then(Value::as_str);
+        let invalid = |key: &'static str, value: &str, problem: &str| AnnotationError::Invalid {
+            key,
+            value: value.to_owned(),
+            problem: problem.to_owned(),
+        };
+        for key in annotations.keys() {
+            if key.starts_with(PREFIX) && !KNOWN.contains(&key.as_str()) {
+                return Err(AnnotationError::Unknown {
+                    key: key.clone(),
+                    known: KNOWN.join(", "),
+                });
+            }
+        }
+        let mut settings = Settings::sample(config);
+        settings.capabilities.clear();
+        if let Some(name) = get(CONFIG) {
+            for other in [AGENT_PORT, CAPABILITIES, MAX_CONCURRENCY, ZONE, PROBE_PATH] {
+                if annotations.contains_key(other) {
+                    return Err(AnnotationError::Conflict { other });
+                }
+            }
+            if !is_dns_subdomain(name) {
+                return Err(invalid(CONFIG, name, "is not a ConfigMap name"));
+            }
+            settings.config_map = Some(name.to_owned());
+            return Ok(settings);
+        }
+        if let Some(port) = get(AGENT_PORT) {
+            settings.agent_port = port
+                .trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| invalid(AGENT_PORT, port, "is not a port (1-65535)"))?;
+        }
+        if config.sidecar_ports().contains(&settings.agent_port) {
+            return Err(invalid(
+                AGENT_PORT,
+                &settings.agent_port.to_string(),
+                &format!(
+                    "is one of the sidecar's own ports ({})",
+                    join(&config.sidecar_ports())
+                ),
+            ));
+        }
+        if let Some(list) = get(CAPABILITIES) {
+            for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                let name = Name::parse(item).map_err(|e| invalid(CAPABILITIES, list, &e))?;
+                if settings.capabilities.contains(&name) {
+                    return Err(invalid(
+                        CAPABILITIES,
+                        list,
+                        &format!("names `{item}` twice"),
+                    ));
+                }
+                settings.capabilities.push(name);
+            }
+        }
+        if let Some(n) = get(MAX_CONCURRENCY) {
+            settings.max_concurrency = n
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=100_000).contains(n))
+                .ok_or_else(|| {
+                    invalid(MAX_CONCURRENCY, n, "is not a whole number from 1 to 100000")
+                })?;
+        }
+        if let Some(zone) = get(ZONE) {
+            let ok = !zone.is_empty()
+                && zone.len() <= 63
+                && zone
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+            if !ok {
+                return Err(invalid(
+                    ZONE,
+                    zone,
+                    "is not a zone name (1-63 letters, digits, `-`, `.`, `_`)",
+                ));
+            }
+            settings.zone = Some(zone.to_owned());
+        }
+        if let Some(path) = get(PROBE_PATH) {
+            let ok = path.starts_with('/')
+                && path.len() <= 1024
+                && path.bytes().all(|b| b.is_ascii_graphic());
+            if !ok {
+                return Err(invalid(
+                    PROBE_PATH,
+                    path,
+                    "is not a request path starting with `/`",
+                ));
+            }
+            settings.probe_path = Some(path.to_owned());
+        }
+        Ok(settings)
+    }
+}
+
+/// Decides for one pod (`pod` is the admission request's object; `namespace` the request's,
+/// since a pod being created may not carry its own yet).
+pub fn decide(
+    config: &InjectorConfig,
+    pod: &Value,
+    namespace: &str,
+    opt_in: OptIn,
+) -> Result<Decision, AnnotationError> {
+    let empty = Map::new();
+    if !pod.is_object() || pod.get("spec").and_then(Value::as_object).is_none() {
+        return Err(AnnotationError::NotAPod(
+            "it has no `spec` mapping".to_owned(),
+        ));
+    }
+    let annotations = pod
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let wanted = match annotations.get(INJECT).and_then(Value::as_str) {
+        Some("enabled") => true,
+        Some("disabled") => false,
+        Some(other) => {
+            return Err(AnnotationError::Invalid {
+                key: INJECT,
+                value: other.to_owned(),
+                problem: "is not `enabled` or `disabled`".to_owned(),
+            })
+        }
+        None => opt_in == OptIn::Namespace,
+    };
+    if !wanted {
+        return Ok(Decision::Skip {
+            reason: "not opted in",
+            warn: false,
+        });
+    }
+    let sidecar = config.sidecar_name().unwrap_or("agent-reach");
+    let has_container = |list: &str| {
+        pod.pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.get("name").and_then(Value::as_str) == Some(sidecar))
+            })
+    };
+    if annotations.get(STATUS).and_then(Value::as_str) == Some("injected")
+        || has_container("containers")
+        || has_container("initContainers")
+    {
+        return Ok(Decision::Skip {
+            reason: "already injected",
+            warn: false,
+        });
+    }
+    if pod.pointer("/spec/hostNetwork") == Some(&Value::Bool(true)) {
+        return Ok(Decision::Skip {
+            reason: "hostNetwork pods share the node's ports; the sidecar is not added",
+            warn: true,
+        });
+    }
+    let settings = Settings::from_annotations(config, annotations)?;
+    patch(config, pod, namespace, &settings).map(Decision::Inject)
+}
+
+/// The bootstrap a pod's sidecar starts from: the injector's shared part plus this agent.
+pub fn bootstrap_text(
+    config: &InjectorConfig,
+    settings: &Settings,
+    namespace: &str,
+) -> Result<String, String> {
+    let mut bootstrap = config.bootstrap.clone();
+    if let Some(seeds) = bootstrap
+        .get_mut("gossip")
+        .and_then(|g| g.get_mut("seeds"))
+        .and_then(Value::as_array_mut)
+    {
+        for seed in seeds.iter_mut() {
+            if let Some(text) = seed.as_str() {
+                *seed = Value::String(text.replace("{namespace}", namespace));
+            }
+        }
+    }
+    let mut agent = Map::new();
+    // No `name`: the sidecar takes the pod's name (POD_NAME) at start-up.
+    agent.insert(
+        "address".into(),
+        json!(format!("127.0.0.1:{}", settings.agent_port)),
+    );
+    agent.insert("max_concurrency".into(), json!(settings.max_concurrency));
+    if let Some(zone) = &settings.zone {
+        agent.insert("zone".into(), json!(zone));
+    }
+    let capabilities: Vec<Value> = settings
+        .capabilities
+        .iter()
+        .map(|name| match &settings.probe_path {
+            Some(path) => json!({
+                "name": name.as_str(),
+                "probe": {
+                    "method": "POST",
+                    "path": path,
+                    "body": "{}",
+                    "headers": { "content-type": "application/json" },
+                },
+            }),
+            None => json!({ "name": name.as_str() }),
+        })
+        .collect();
+    agent.insert("capabilities".into(), Value::Array(capabilities));
+    bootstrap.insert("agent".into(), Value::Object(agent));
+    let text = serde_yaml::to_string(&Value::Object(bootstrap)).map_err(|e| e.to_string())?;
+    parse_bootstrap(Path::new("bootstrap"), &text).map_err(|e| e.to_string())?;
+    Ok(text)
+}
+
+fn patch(
+    config: &InjectorConfig,
+    pod: &Value,
+    namespace: &str,
+    settings: &Settings,
+) -> Result<Vec<Op>, AnnotationError> {
+    let mut ops = Vec::new();
+    let mut container = config.sidecar.clone();
+    let mut volumes = config.volumes.clone();
+    let mut env = vec![];
+    match &settings.config_map {
+        Some(name) => {
+            env.push(json!({ "name": "AGENT_REACH_CONFIG", "value": format!("{BOOTSTRAP_DIR}/bootstrap.yaml") }));
+            volumes.push(json!({ "name": BOOTSTRAP_VOLUME, "configMap": { "name": name } }));
+            push(
+                &mut container,
+                "volumeMounts",
+                json!({ "name": BOOTSTRAP_VOLUME, "mountPath": BOOTSTRAP_DIR, "readOnly": true }),
+            );
+        }
+        None => {
+            let text =
+                bootstrap_text(config, settings, namespace).map_err(AnnotationError::Bootstrap)?;
+            env.push(json!({ "name": "AGENT_REACH_BOOTSTRAP", "value": text }));
+        }
+    }
+    for e in env {
+        push(&mut container, "env", e);
+    }
+    let admin = config.sidecar_ports()[2];
+    if config.native_sidecar {
+        container["restartPolicy"] = json!("Always");
+    } else {
+        // A plain container: the agent starts once the sidecar is up (containers start in order
+        // and a postStart hook holds the next one), and the sidecar stops a little after the
+        // agent, so the agent's last calls still have a way out.
+        container["lifecycle"] = json!({
+            "postStart": { "exec": { "command": ["agent-reach", "hook", "post-start", "--admin", format!("127.0.0.1:{admin}")] } },
+            "preStop": { "exec": { "command": ["agent-reach", "hook", "pre-stop", "--delay", "5s"] } },
+        });
+    }
+
+    // Names the sidecar brings must be free in the pod.
+    let names = |list: &str| -> Vec<String> {
+        pod.pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|i| i.get("name").and_then(Value::as_str).map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let taken = names("volumes");
+    for v in &volumes {
+        let name = v.get("name").and_then(Value::as_str).unwrap_or_default();
+        if taken.iter().any(|t| t == name) {
+            return Err(AnnotationError::NameTaken {
+                what: "volume",
+                name: name.to_owned(),
+            });
+        }
+    }
+
+    let list = if config.native_sidecar {
+        "initContainers"
+    } else {
+        "containers"
+    };
+    // First in its list: a native sidecar must be up before other init containers that may
+    // call out; a plain one must start before the agent.
+    if pod.pointer(&format!("/spec/{list}")).is_some() {
+        ops.push(Op::add(format!("/spec/{list}/0"), container));
+    } else {
+        ops.push(Op::add(format!("/spec/{list}"), json!([container])));
+    }
+    if pod.pointer("/spec/volumes").is_some() {
+        for v in volumes {
+            ops.push(Op::add("/spec/volumes/-".to_owned(), v));
+        }
+    } else if !volumes.is_empty() {
+        ops.push(Op::add("/spec/volumes".to_owned(), Value::Array(volumes)));
+    }
+    let grace = pod
+        .pointer("/spec/terminationGracePeriodSeconds")
+        .and_then(Value::as_u64);
+    let wanted = u64::from(config.termination_grace_seconds);
+    match grace {
+        None => ops.push(Op::add(
+            "/spec/terminationGracePeriodSeconds".to_owned(),
+            json!(wanted),
+        )),
+        Some(g) if g < wanted => ops.push(Op::replace(
+            "/spec/terminationGracePeriodSeconds".to_owned(),
+            json!(wanted),
+        )),
+        Some(_) => {}
+    }
+
+    let mut labels = vec![(INJECTED_LABEL.to_owned(), json!("true"))];
+    labels.retain(|(k, _)| {
+        pod.pointer(&format!("/metadata/labels/{}", escape(k)))
+            .is_none()
+    });
+    add_entries(&mut ops, pod, "labels", labels);
+    let mut annotations = vec![(STATUS.to_owned(), json!("injected"))];
+    if let Some(prom) = &config.prometheus {
+        if pod
+            .pointer(&format!(
+                "/metadata/annotations/{}",
+                escape("prometheus.io/scrape")
+            ))
+            .is_none()
+        {
+            annotations.push(("prometheus.io/scrape".to_owned(), json!("true")));
+            annotations.push((
+                "prometheus.io/port".to_owned(),
+                json!(prom.port.to_string()),
+            ));
+            annotations.push(("prometheus.io/path".to_owned(), json!(prom.path)));
+        }
+    }
+    add_entries(&mut ops, pod, "annotations", annotations);
+    Ok(ops)
+}
+
+/// Adds keys to `metadata.labels` / `metadata.annotations`, creating the map if the pod has none.
+fn add_entries(ops: &mut Vec<Op>, pod: &Value, map: &str, entries: Vec<(String, Value)>) {
+    if entries.is_empty() {
+        return;
+    }
+    if pod.pointer(&format!("/metadata/{map}")).is_some() {
+        for (k, v) in entries {
+            ops.push(Op::add(format!("/metadata/{map}/{}", escape(&k)), v));
+        }
+    } else {
+        let object: Map<String, Value> = entries.into_iter().collect();
+        let path = if pod.get("metadata").is_some() {
+            format!("/metadata/{map}")
+        } else {
+            // A pod always has metadata once admitted; a bare manifest might not.
+            ops.push(Op::add("/metadata".to_owned(), json!({})));
+            format!("/metadata/{map}")
+        };
+        ops.push(Op::add(path, Value::Object(object)));
+    }
+}
+
+fn push(container: &mut Value, key: &str, item: Value) {
+    match container.get_mut(key).and_then(Value::as_array_mut) {
+        Some(list) => list.push(item),
+        None => container[key] = json!([item]),
+    }
+}
+
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+fn join(ports: &[u16]) -> String {
+    ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}

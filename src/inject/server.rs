@@ -1,0 +1,375 @@
+//! The webhook's HTTPS server: rustls with a certificate re-read from its files while it runs
+//! (cert-manager and the chart rotate them in place), `/inject`, `/inject-namespace`, `/healthz`
+//! and `/metrics`.
+
+use std::collections::hash_map::DefaultHasher;
+use std::convert::Infallible;
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::config::InjectorConfig;
+use super::pod::OptIn;
+use super::review::{answer, Verdict};
+
+/// An AdmissionReview of a pod is at most a few hundred KiB (etcd caps objects at 1.5 MiB).
+const MAX_BODY: usize = 8 << 20;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_CONNECTIONS: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InjectError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    BadTls { path: String, message: String },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// The certificate being served, swapped whole when the files change.
+#[derive(Debug)]
+struct ReloadingCert {
+    current: ArcSwap<CertifiedKey>,
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+/// Reads a PEM certificate chain and its private key, and checks that they belong together.
+pub fn load_certified_key(cert: &Path, key: &Path) -> Result<(CertifiedKey, u64), InjectError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| InjectError::Read {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let bad = |path: &Path, message: String| InjectError::BadTls {
+        path: path.display().to_string(),
+        message,
+    };
+    let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+    let mut hasher = DefaultHasher::new();
+    (&cert_pem, &key_pem).hash(&mut hasher);
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(cert, format!("not a PEM certificate chain: {e:?}")))?;
+    if chain.is_empty() {
+        return Err(bad(cert, "holds no certificate".to_owned()));
+    }
+    let private = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| bad(key, format!("not a PEM private key: {e:?}")))?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&private)
+        .map_err(|e| bad(key, format!("unusable private key: {e}")))?;
+    let certified = CertifiedKey::new(chain, signer);
+    certified
+        .keys_match()
+        .map_err(|e| bad(key, format!("does not match the certificate: {e}")))?;
+    Ok((certified, hasher.finish()))
+}
+
+/// Counters behind `/metrics`.
+#[derive(Debug, Default)]
+struct Stats {
+    injected: AtomicU64,
+    skipped: AtomicU64,
+    denied: AtomicU64,
+    malformed: AtomicU64,
+    cert_reloads_ok: AtomicU64,
+    cert_reloads_error: AtomicU64,
+}
+
+impl Stats {
+    fn render(&self) -> String {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        format!(
+            "# HELP reach_inject_reviews_total Admission reviews answered, by result.\n\
+             # TYPE reach_inject_reviews_total counter\n\
+             reach_inject_reviews_total{{result=\"injected\"}} {}\n\
+             reach_inject_reviews_total{{result=\"skipped\"}} {}\n\
+             reach_inject_reviews_total{{result=\"denied\"}} {}\n\
+             reach_inject_reviews_total{{result=\"malformed\"}} {}\n\
+             # HELP reach_inject_cert_reloads_total Certificate files read again after a change, by result.\n\
+             # TYPE reach_inject_cert_reloads_total counter\n\
+             reach_inject_cert_reloads_total{{result=\"ok\"}} {}\n\
+             reach_inject_cert_reloads_total{{result=\"error\"}} {}\n",
+            get(&self.injected),
+            get(&self.skipped),
+            get(&self.denied),
+            get(&self.malformed),
+            get(&self.cert_reloads_ok),
+            get(&self.cert_reloads_error),
+        )
+    }
+}
+
+/// A running webhook server.
+#[derive(Debug)]
+pub struct Injector {
+    pub addr: SocketAddr,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Injector {
+    /// Loads the certificate, binds, and serves until [`Injector::shutdown`].
+    pub async fn start(config: InjectorConfig) -> Result<Self, InjectError> {
+        let (certified, hash) = load_certified_key(&config.tls.cert_file, &config.tls.key_file)?;
+        let resolver = Arc::new(ReloadingCert {
+            current: ArcSwap::from_pointee(certified),
+        });
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| InjectError::BadTls {
+                path: config.tls.cert_file.display().to_string(),
+                message: e.to_string(),
+            })?
+            .with_no_client_auth()
+            .with_cert_resolver(resolver.clone());
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| InjectError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let addr = listener.local_addr().map_err(|source| InjectError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let stop = CancellationToken::new();
+        let stats = Arc::new(Stats::default());
+        let config = Arc::new(config);
+        tokio::spawn(reload_certs(
+            config.clone(),
+            resolver,
+            hash,
+            stats.clone(),
+            stop.clone(),
+        ));
+        let task = tokio::spawn(serve(listener, acceptor, config, stats, stop.clone()));
+        tracing::info!(%addr, "injector listening (HTTPS)");
+        Ok(Self { addr, stop, task })
+    }
+
+    /// Stops accepting and lets reviews in flight finish (at most a few seconds).
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+}
+
+async fn reload_certs(
+    config: Arc<InjectorConfig>,
+    resolver: Arc<ReloadingCert>,
+    mut hash: u64,
+    stats: Arc<Stats>,
+    stop: CancellationToken,
+) {
+    let interval = config
+        .tls
+        .reload_interval
+        .get()
+        .max(Duration::from_millis(10));
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let (cert, key) = (config.tls.cert_file.clone(), config.tls.key_file.clone());
+        let loaded = tokio::task::spawn_blocking(move || load_certified_key(&cert, &key)).await;
+        match loaded {
+            Ok(Ok((certified, new_hash))) => {
+                failing = false;
+                if new_hash != hash {
+                    resolver.current.store(Arc::new(certified));
+                    hash = new_hash;
+                    stats.cert_reloads_ok.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!("serving the renewed certificate");
+                }
+            }
+            Ok(Err(err)) => {
+                // Mid-rotation the two files can disagree for a moment: keep the old pair and
+                // say so once per failure run.
+                if !failing {
+                    stats.cert_reloads_error.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%err, "certificate not reloaded; keeping the one being served");
+                }
+                failing = true;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+async fn serve(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    config: Arc<InjectorConfig>,
+    stats: Arc<Stats>,
+    stop: CancellationToken,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(err) => {
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            continue; // over the cap: drop the connection; the API server retries
+        };
+        let (acceptor, config, stats) = (acceptor.clone(), config.clone(), stats.clone());
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(err)) => {
+                    tracing::debug!(%peer, %err, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let service = hyper::service::service_fn(move |req| {
+                let (config, stats) = (config.clone(), stats.clone());
+                async move { Ok::<_, Infallible>(route(req, &config, &stats).await) }
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            let _ = watcher.watch(conn.into_owned()).await;
+        });
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+}
+
+async fn route(
+    req: Request<Incoming>,
+    config: &InjectorConfig,
+    stats: &Stats,
+) -> Response<Full<Bytes>> {
+    let opt_in = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/healthz") => return text(StatusCode::OK, "text/plain", "ok\n"),
+        (&Method::GET, "/metrics") => {
+            return text(StatusCode::OK, "text/plain; version=0.0.4", stats.render())
+        }
+        (&Method::POST, "/inject") => OptIn::Annotation,
+        (&Method::POST, "/inject-namespace") => OptIn::Namespace,
+        (_, path) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                &format!("no such endpoint: {path}"),
+            )
+        }
+    };
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(err) => {
+            stats.malformed.fetch_add(1, Ordering::Relaxed);
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                &format!("cannot read the body (at most {MAX_BODY} bytes): {err}"),
+            );
+        }
+    };
+    match answer(config, &body, opt_in) {
+        Ok((review, verdict)) => {
+            let counter = match &verdict {
+                Verdict::Injected => &stats.injected,
+                Verdict::Skipped(_) => &stats.skipped,
+                Verdict::Denied(_) => &stats.denied,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            let pod = review_pod_name(&body);
+            match &verdict {
+                Verdict::Denied(message) => tracing::info!(pod, %message, "denied"),
+                Verdict::Skipped(reason) => tracing::debug!(pod, reason, "skipped"),
+                Verdict::Injected => tracing::info!(pod, "injected"),
+            }
+            let bytes = serde_json::to_vec(&review).unwrap_or_default();
+            text(StatusCode::OK, "application/json", bytes)
+        }
+        Err(err) => {
+            stats.malformed.fetch_add(1, Ordering::Relaxed);
+            error(StatusCode::BAD_REQUEST, "bad_request", &err.to_string())
+        }
+    }
+}
+
+/// `namespace/name` (or `generateName…`) of the reviewed pod, for logs.
+fn review_pod_name(body: &[u8]) -> String {
+    let review: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let ns = review
+        .pointer("/request/namespace")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    let meta = review.pointer("/request/object/metadata");
+    let name = meta
+        .and_then(|m| m.get("name"))
+        .and_then(|v| v.as_str())
+        .map(str::to_owned)
+        .or_else(|| {
+            meta.and_then(|m| m.get("generateName"))
+                .and_then(|v| v.as_str())
+                .map(|g| format!("{g}…"))
+        })
+        .unwrap_or_default();
+    format!("{ns}/{name}")
+}
+
+fn text(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
+    if let Ok(v) = header::HeaderValue::from_str(content_type) {
+        response.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    response
+}
+
+fn error(status: StatusCode, code: &'static str, message: &str) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({ "error": code, "message": message }).to_string();
+    let mut response = text(status, "application/json", body);
+    response
+        .headers_mut()
+        .insert("reach-reason", header::HeaderValue::from_static(code));
+    response
+}
