@@ -153,7 +153,13 @@ impl Settings {
         }
         if let Some(list) = get(CAPABILITIES) {
             for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                let name = Name::parse(item).map_err(|e| invalid(CAPABILITIES, list, &e))?;
+                let name = Name::parse(item).map_err(|_| {
+                    invalid(
+                        CAPABILITIES,
+                        item,
+                        "is not a capability name: use 1-63 lowercase letters, digits and `-`, not starting or ending with `-`",
+                    )
+                })?;
                 if settings.capabilities.contains(&name) {
                     return Err(invalid(
                         CAPABILITIES,
