@@ -639,3 +639,100 @@ fn the_binary_injects_a_manifest_file_and_refuses_a_bad_one() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The sidecar an injected pod runs: the binary started with nothing but the env the patch gave
+/// it (listeners moved to free loopback ports, the key mount to a temp file), named after its pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_injected_sidecar_starts_from_its_env_and_takes_the_pods_name() {
+    use std::io::{BufRead, BufReader};
+    let hook = webhook("run", |_| {}).await;
+    let reply = post(&hook, "/inject", review(&annotated())).await;
+    let mut pod_ = annotated();
+    assert_eq!(
+        apply(&mut pod_, &ops(&patch_of(&reply).unwrap_or_default())),
+        Ok(())
+    );
+    hook.injector.shutdown().await;
+    let env = &pod_["spec"]["initContainers"][0]["env"];
+    let value = |name: &str| {
+        env.as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == name))
+            .and_then(|v| v["value"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let key = hook.dir.0.join("gossip.key");
+    let _ = std::fs::write(&key, "0123456789abcdef0123456789abcdef0123456789abcdef\n");
+    // Only what a pod would differ in: its own network namespace has the ports free.
+    let bootstrap = value("AGENT_REACH_BOOTSTRAP")
+        .replace("127.0.0.1:4140", "127.0.0.1:0")
+        .replace("0.0.0.0:4143", "127.0.0.1:0")
+        .replace("0.0.0.0:4191", "127.0.0.1:0")
+        .replace("0.0.0.0:4190", "127.0.0.1:0")
+        .replace(
+            "/var/run/agent-reach/gossip/key",
+            &key.display().to_string(),
+        );
+    let policy = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/policy.yaml");
+    assert_eq!(
+        value("AGENT_REACH_POLICY"),
+        "/etc/agent-reach/policy/policy.yaml"
+    );
+    let child = std::process::Command::new(BIN)
+        .arg("run")
+        .env_remove("AGENT_REACH_CONFIG")
+        .env("AGENT_REACH_BOOTSTRAP", bootstrap)
+        .env("AGENT_REACH_POLICY", &policy)
+        .env("POD_NAME", "coder-7d9f8b6c5-x2x9z")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(err) => panic!("spawn: {err}"),
+    };
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stderr = child.stderr.take();
+    let _guard = Kill(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if let Some(stderr) = stderr {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let admin = loop {
+        let line = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(l) => l,
+            Err(_) => panic!("the sidecar did not log its start"),
+        };
+        if let Some(start) = line.find("admin=") {
+            if let Some(addr) = line[start + 6..]
+                .split_whitespace()
+                .next()
+                .and_then(|a| a.parse::<SocketAddr>().ok())
+            {
+                break addr;
+            }
+        }
+    };
+    let status = support::get(&support::client(), &format!("http://{admin}/status")).await;
+    assert_eq!(status.status, 200);
+    let status = status.json();
+    assert_eq!(status["agent"]["name"], "coder-7d9f8b6c5-x2x9z");
+    assert_eq!(status["agent"]["address"], "127.0.0.1:9000");
+    assert_eq!(status["agent"]["zone"], "eu-west-1a");
+    assert_eq!(status["agent"]["capabilities"][1]["name"], "summarize");
+    assert!(
+        status["gossip"].is_object(),
+        "gossip is on: {}",
+        status["gossip"]
+    );
+}
