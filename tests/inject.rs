@@ -736,3 +736,49 @@ async fn the_injected_sidecar_starts_from_its_env_and_takes_the_pods_name() {
         status["gossip"]
     );
 }
+
+/// The chart generates RSA keys in PKCS#1 (`BEGIN RSA PRIVATE KEY`, Helm's genSignedCert);
+/// cert-manager writes ECDSA in PKCS#8 (the other tests). Both must serve.
+#[tokio::test]
+async fn an_rsa_pkcs1_key_as_helm_generates_it_serves() {
+    let dir = tempdir::new("rsa");
+    for file in ["rsa-pkcs1.crt", "rsa-pkcs1.key"] {
+        let _ = std::fs::copy(fixture(file), dir.0.join(file));
+    }
+    let config = config(&dir.0, |c| {
+        c.tls.cert_file = dir.0.join("rsa-pkcs1.crt");
+        c.tls.key_file = dir.0.join("rsa-pkcs1.key");
+    });
+    let injector = match Injector::start(config).await {
+        Ok(i) => i,
+        Err(err) => panic!("injector with an RSA PKCS#1 key: {err}"),
+    };
+    let pem = std::fs::read(fixture("rsa-pkcs1.crt")).unwrap_or_default();
+    let ca = {
+        use rustls::pki_types::pem::PemObject;
+        match CertificateDer::from_pem_slice(&pem) {
+            Ok(c) => c,
+            Err(err) => panic!("fixture: {err:?}"),
+        }
+    };
+    let served = tls_connect(injector.addr, &ca).await;
+    assert!(
+        matches!(&served, Ok((_, leaf)) if *leaf == ca.to_vec()),
+        "{:?}",
+        served.err()
+    );
+    injector.shutdown().await;
+}
+
+#[test]
+fn a_key_that_does_not_match_its_certificate_is_refused_at_start() {
+    let dir = tempdir::new("mismatch");
+    write_cert(&dir.0);
+    let _ = std::fs::copy(fixture("rsa-pkcs1.key"), dir.0.join("tls.key"));
+    let err =
+        agent_reach::inject::load_certified_key(&dir.0.join("tls.crt"), &dir.0.join("tls.key"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+    assert!(err.contains("does not match the certificate"), "{err}");
+}

