@@ -20,6 +20,8 @@ pub struct MembershipSummary {
     /// From the crash until neither the caller nor any agent's sidecar listed it.
     pub left_every_table_after_ms: Option<f64>,
     pub joined: String,
+    /// The newcomer's sidecar was set up by the injector from its pod's annotations.
+    pub joined_by_injection: super::Injection,
     /// From the newcomer's start until the caller listed it.
     pub joined_after_ms: Option<f64>,
     /// The caller's view of the newcomer, state by state.
@@ -71,7 +73,7 @@ pub(super) async fn run(
     // The newcomer.
     let joined = "coder-4".to_owned();
     let join_at = started.elapsed();
-    fleet.add_agent(&joined).await?;
+    let injection = fleet.add_injected_agent(&joined).await?;
     let newcomer = fleet.agents.len() - 1;
     let joined_after = poll(Duration::from_secs(10), || {
         fleet.caller.status().peers.iter().any(|p| p.name == joined)
@@ -113,6 +115,7 @@ pub(super) async fn run(
         killed,
         left_every_table_after_ms: left.map(|d| d.as_secs_f64() * 1000.0),
         joined,
+        joined_by_injection: injection,
         joined_after_ms: joined_after.map(|d| d.as_secs_f64() * 1000.0),
         newcomer_states: states,
         full_share_after_ms: full_share_at

@@ -2,9 +2,11 @@
 //! other by gossip from one seed, and a caller driving capability calls through its sidecar's
 //! outbound port. Partway through, one agent goes fake-online the seeds' way (`/healthz` 200,
 //! business calls 429) and later heals; the summary shows it leave rotation and ramp back in
-//! while the caller's calls keep succeeding. Then a retry storm, then a crash and a newcomer.
+//! while the caller's calls keep succeeding. Then a retry storm, then a crash and a newcomer
+//! whose sidecar is set up by the injector from its pod's annotations, as in Kubernetes.
 
 mod drive;
+mod injected;
 mod membership;
 mod report;
 mod storm;
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use injected::Injection;
 pub use membership::MembershipSummary;
 pub use report::render_table;
 pub use storm::StormSummary;
@@ -169,12 +172,7 @@ impl Fleet {
 
     /// Starts one more agent behind its sidecar, joining through the seed.
     pub async fn add_agent(&mut self, name: &str) -> Result<(), DemoError> {
-        let mut config = MockConfig::new(name);
-        config.latency = Latency {
-            min: Duration::from_millis(20),
-            max: Duration::from_millis(60),
-        };
-        let agent = MockAgent::start(SocketAddr::from(([127, 0, 0, 1], 0)), config).await?;
+        let agent = start_agent(name).await?;
         let mut bootstrap = Bootstrap::local(name, agent.addr, &[CAPABILITY])
             .map_err(DemoError::Config)?
             .with_gossip(&self.seed, self.key_dir.join("gossip.key"));
@@ -186,6 +184,21 @@ impl Fleet {
         Ok(())
     }
 
+    /// Starts one more agent whose sidecar config comes from the injector, as in Kubernetes.
+    pub async fn add_injected_agent(&mut self, name: &str) -> Result<Injection, DemoError> {
+        let agent = start_agent(name).await?;
+        let (bootstrap, injection) = injected::injected_bootstrap(
+            name,
+            agent.addr,
+            CAPABILITY,
+            &self.seed,
+            self.key_dir.join("gossip.key"),
+        )?;
+        let sidecar = start_sidecar(bootstrap, self.policy.clone()).await?;
+        self.agents.push((agent, sidecar));
+        Ok(injection)
+    }
+
     pub async fn shutdown(self) {
         for (agent, sidecar) in self.agents {
             sidecar.shutdown().await;
@@ -194,6 +207,15 @@ impl Fleet {
         self.caller.shutdown().await;
         let _ = std::fs::remove_dir_all(&self.key_dir);
     }
+}
+
+async fn start_agent(name: &str) -> Result<MockAgent, DemoError> {
+    let mut config = MockConfig::new(name);
+    config.latency = Latency {
+        min: Duration::from_millis(20),
+        max: Duration::from_millis(60),
+    };
+    Ok(MockAgent::start(SocketAddr::from(([127, 0, 0, 1], 0)), config).await?)
 }
 
 /// A fresh cluster key for this run, in a private temporary directory.

@@ -205,6 +205,18 @@ pub fn render_table(s: &DemoSummary) -> String {
         m.full_share_after_ms
             .map_or("never".to_owned(), |ms| format!("{:.1} s", ms / 1000.0))
     ));
+    let inj = &m.joined_by_injection;
+    out.push_str(&format!(
+        "  {}'s sidecar came from the injector: annotations {} → a {}-operation patch ({})\n",
+        m.joined,
+        inj.annotations.join(", "),
+        inj.patch_ops,
+        if inj.native_sidecar {
+            "native sidecar"
+        } else {
+            "plain container"
+        }
+    ));
     out.push_str(&format!(
         "  {} of {} calls failed ({} in flight on the crashed agent)\n",
         m.failed, m.calls, m.failed_at_crash
