@@ -58,13 +58,13 @@ struct Webhook {
 
 mod tempdir {
     /// A directory removed when dropped.
-    pub struct Dir(pub std::path::PathBuf);
+    pub(crate) struct Dir(pub(crate) std::path::PathBuf);
     impl Drop for Dir {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
     }
-    pub fn new(tag: &str) -> Dir {
+    pub(crate) fn new(tag: &str) -> Dir {
         let path = std::env::temp_dir().join(format!(
             "agent-reach-inject-{tag}-{}-{:?}",
             std::process::id(),
