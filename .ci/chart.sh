@@ -8,7 +8,12 @@
 #     agent-reach binary is built, the injector config, the fleet policy and an injected pod's
 #     bootstrap pass `agent-reach check`, and examples/k8s injected by `agent-reach inject --file`
 #     with each render's config validate too;
-#   - the chart-generated webhook certificate verified by its caBundle in a TLS handshake;
+#   - the chart-generated webhook certificate verified by its caBundle in a TLS handshake; in
+#     cert-manager mode, the issuance chain (self-signed Issuer → CA Certificate → CA Issuer →
+#     serving Certificate, or the user's issuer) followed from the webhook's inject-ca-from to the
+#     Secret the injector mounts;
+#   - the injector's preStop hook: `agent-reach hook pre-stop`, shorter than the grace period (and,
+#     with a built binary, run as written);
 #   - values the schema must reject are rejected;
 #   - the default render, with its random parts masked, compared with charts/golden/default.yaml
 #     (UPDATE_GOLDEN=1 .ci/chart.sh rewrites it).
@@ -99,6 +104,10 @@ lint_default() { "$helm" lint --strict "$chart" --namespace "$namespace"; }
 lint_custom() { "$helm" lint --strict "$chart" --namespace "$namespace" -f "$custom"; }
 render_default() { "$helm" template "$release" "$chart" --namespace "$namespace" >"$out/default.yaml"; }
 render_custom() { "$helm" template "$release" "$chart" --namespace "$namespace" -f "$custom" >"$out/custom.yaml"; }
+# cert-manager with an issuer of the user's: the chart renders only the serving Certificate.
+issuer_args=(--set webhook.certManager.enabled=true --set webhook.certManager.issuerRef.name=corp-ca
+    --set webhook.certManager.issuerRef.kind=ClusterIssuer)
+render_issuer() { "$helm" template "$release" "$chart" --namespace "$namespace" "${issuer_args[@]}" >"$out/issuer.yaml"; }
 
 # Values the schema (or the chart's own checks) must refuse.
 rejects() {
@@ -364,6 +373,108 @@ sys.exit(1 if failed else 0)
 PY
 }
 
+# cert-manager mode, which kubernetes-validate cannot look into: the webhook's inject-ca-from names
+# the serving Certificate, whose Secret the injector mounts; and that Certificate's issuer is the
+# user's (EXPECTED, kind/name) or the chart's CA Issuer, backed by an isCA Certificate (outliving
+# the serving one) from a self-signed Issuer. Never a self-signed serving certificate: it would be
+# its own CA, and the caBundle would change at each renewal.
+cert_manager() { # cert_manager RENDER [EXPECTED_ISSUER]
+    python3 - "$@" <<'PY'
+import re, sys
+import yaml
+
+render = sys.argv[1]
+expected = sys.argv[2] if len(sys.argv) > 2 else None
+docs = [d for d in yaml.safe_load_all(open(render)) if d]
+errors = []
+def check(cond, message):
+    if not cond:
+        errors.append(message)
+def key(d):
+    return (d["metadata"].get("namespace"), d["metadata"]["name"])
+certs = {key(d): d for d in docs if d["apiVersion"] == "cert-manager.io/v1" and d["kind"] == "Certificate"}
+issuers = {key(d): d for d in docs if d["apiVersion"] == "cert-manager.io/v1" and d["kind"] == "Issuer"}
+others = [f"{d['apiVersion']} {d['kind']}" for d in docs
+          if d["apiVersion"].startswith("cert-manager.io/") and d["kind"] not in ("Certificate", "Issuer")]
+check(not others, f"cert-manager objects other than Certificate and Issuer (not in the kubernetes-validate skips): {others}")
+hours = lambda c: int(re.fullmatch(r"(\d+)h", c["spec"]["duration"]).group(1))
+
+(webhook,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+(deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+source = webhook["metadata"].get("annotations", {}).get("cert-manager.io/inject-ca-from", "")
+ns, _, name = source.partition("/")
+leaf = certs.get((ns, name))
+check(leaf is not None, f"cert-manager.io/inject-ca-from {source!r} names no rendered Certificate")
+for hook in webhook["webhooks"]:
+    check("caBundle" not in hook["clientConfig"], f"{hook['name']}: a caBundle beside inject-ca-from")
+mounted = {s["secret"]["name"] for v in deploy["spec"]["template"]["spec"]["volumes"]
+           for s in v.get("projected", {}).get("sources", []) if "secret" in s}
+if leaf:
+    spec = leaf["spec"]
+    check(not spec.get("isCA"), "the serving Certificate is a CA")
+    check(spec["secretName"] in mounted, f"serving Certificate's Secret {spec['secretName']} is not the one the injector mounts ({sorted(mounted)})")
+    svc = webhook["webhooks"][0]["clientConfig"]["service"]
+    check(f"{svc['name']}.{svc['namespace']}.svc" in spec["dnsNames"], "serving Certificate lacks the Service's DNS name")
+    ref = spec["issuerRef"]
+    print(f"  inject-ca-from {source} -> Certificate {name} (Secret {spec['secretName']}, mounted by the injector), issuer {ref['kind']}/{ref['name']}")
+    if expected:
+        check(f"{ref['kind']}/{ref['name']}" == expected, f"serving Certificate's issuer {ref['kind']}/{ref['name']} != {expected}")
+        check(not issuers and len(certs) == 1, f"with issuer {expected} the chart still renders issuers {sorted(issuers)} / certificates {sorted(certs)}")
+    else:
+        ca_issuer = issuers.get((ns, ref["name"])) if ref["kind"] == "Issuer" else None
+        check(ca_issuer is not None and "ca" in ca_issuer["spec"], f"serving Certificate's issuer {ref['kind']}/{ref['name']} is not a rendered CA Issuer")
+        if ca_issuer and "ca" in ca_issuer["spec"]:
+            secret = ca_issuer["spec"]["ca"]["secretName"]
+            cas = [c for c in certs.values() if c["metadata"].get("namespace") == ns and c["spec"]["secretName"] == secret]
+            check(len(cas) == 1, f"CA Issuer {ref['name']}: no rendered Certificate writes its Secret {secret}")
+            for ca in cas:
+                check(ca["spec"].get("isCA") is True, f"CA Certificate {ca['metadata']['name']} lacks isCA: true")
+                check(secret not in mounted, f"the injector mounts the CA's Secret {secret}")
+                check(hours(ca) >= 2 * hours(leaf), f"CA {hours(ca)}h does not outlive two serving certificates ({hours(leaf)}h)")
+                check(ca["spec"].get("privateKey", {}).get("rotationPolicy") == "Never", "the CA's key is rotated at renewal")
+                root = ca["spec"]["issuerRef"]
+                root_issuer = issuers.get((ns, root["name"])) if root["kind"] == "Issuer" else None
+                check(root_issuer is not None and "selfSigned" in root_issuer["spec"], f"CA Certificate's issuer {root['kind']}/{root['name']} is not a rendered self-signed Issuer")
+                print(f"  chain: Issuer {root['name']} (selfSigned) -> Certificate {ca['metadata']['name']} (isCA, {hours(ca)}h) -> Issuer {ref['name']} (ca) -> Certificate {name} ({hours(leaf)}h)")
+for e in errors:
+    print(f"  ERROR {e}")
+sys.exit(1 if errors else 0)
+PY
+}
+
+# The injector's preStop hook keeps it serving while its endpoint is withdrawn: it must be the
+# image's own `agent-reach hook pre-stop` (no shell there), end within the grace period, and (with
+# a built binary) run as written.
+injector_prestop() { # injector_prestop RENDER
+    python3 - "$1" "$agent_reach" <<'PY'
+import re, subprocess, sys, time
+import yaml
+
+render, binary = sys.argv[1:3]
+docs = [d for d in yaml.safe_load_all(open(render)) if d]
+(deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+pod = deploy["spec"]["template"]["spec"]
+(container,) = [c for c in pod["containers"] if c["name"] == "injector"]
+command = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+grace = pod.get("terminationGracePeriodSeconds", 30)
+if not command or command[:3] != ["agent-reach", "hook", "pre-stop"] or "--delay" not in command:
+    sys.exit(f"  ERROR the injector's preStop is {command!r}, not agent-reach hook pre-stop --delay …")
+delay = command[command.index("--delay") + 1]
+m = re.fullmatch(r"(\d+)s", delay)
+if not m or int(m.group(1)) + 5 > grace:
+    sys.exit(f"  ERROR preStop delay {delay} plus the injector's 5 s shutdown exceeds terminationGracePeriodSeconds {grace}")
+print(f"  preStop {' '.join(command)}; terminationGracePeriodSeconds {grace}")
+if not binary:
+    print("  skipped running the hook: no agent-reach binary (cargo build first, or set AGENT_REACH_BIN)")
+    sys.exit(0)
+start = time.monotonic()
+result = subprocess.run([binary, *command[1:]], capture_output=True, text=True, timeout=grace)
+took = time.monotonic() - start
+print(f"  ran it with {binary}: exit {result.returncode} after {took:.1f}s {result.stderr.strip()}")
+sys.exit(0 if result.returncode == 0 else 1)
+PY
+}
+
 # NOTES.txt renders (helm install --dry-run=client needs no cluster).
 notes() { # notes [HELM ARGS]
     "$helm" install "$release" "$chart" --namespace "$namespace" --dry-run=client "$@" >"$out/notes.txt" &&
@@ -415,9 +526,11 @@ step "helm lint --strict (default values)" lint_default
 step "helm lint --strict ($custom)" lint_custom
 step "helm template (default values)" render_default
 step "helm template ($custom)" render_custom
+step "helm template (cert-manager with issuerRef ${issuer_args[*]})" render_issuer
 step "values the chart must reject" rejects
 step "kubernetes-validate: default render" validate "$out/default.yaml"
 step "kubernetes-validate: custom render" validate "$out/custom.yaml"
+step "kubernetes-validate: issuerRef render" validate "$out/issuer.yaml"
 step "kubernetes-validate: examples/k8s" validate examples/k8s/*.yaml
 step "injector config (default values)" injector_config "$out/default.yaml" default
 step "injector config ($custom)" injector_config "$out/custom.yaml" custom
@@ -425,6 +538,9 @@ step "config/injector.yaml matches the chart's defaults" injector_copy
 step "agent-reach inject: examples/k8s (default values: native sidecar)" inject_examples default
 step "agent-reach inject: examples/k8s ($custom: plain container)" inject_examples custom
 step "webhook TLS (default values)" webhook_tls "$out/default.yaml"
+step "cert-manager chain ($custom)" cert_manager "$out/custom.yaml"
+step "cert-manager with the user's issuer" cert_manager "$out/issuer.yaml" ClusterIssuer/corp-ca
+step "injector preStop hook (default values)" injector_prestop "$out/default.yaml"
 step "NOTES.txt (default values)" notes
 step "NOTES.txt ($custom)" notes -f "$custom"
 step "golden: $golden" golden_compare

@@ -56,6 +56,10 @@ enum Command {
         /// Inject this manifest file instead of serving.
         #[arg(long)]
         file: Option<PathBuf>,
+        /// The namespace the manifests go to, for objects that name none (gossip seeds are
+        /// per namespace).
+        #[arg(long, short = 'n', default_value = "default")]
+        namespace: String,
         #[arg(long, env = "AGENT_REACH_LOG", default_value = "info")]
         log: String,
         #[arg(long)]
@@ -124,11 +128,12 @@ fn main() -> ExitCode {
         Command::Inject {
             config,
             file,
+            namespace,
             log,
             log_json,
         } => {
             init_tracing(&log, log_json);
-            inject(&config, file.as_deref())
+            inject(&config, file.as_deref(), &namespace)
         }
         Command::Hook { hook } => run_hook(hook),
         Command::Demo {
@@ -238,7 +243,7 @@ async fn shutdown_signal() -> &'static str {
     "ctrl-c"
 }
 
-fn inject(config: &std::path::Path, file: Option<&std::path::Path>) -> ExitCode {
+fn inject(config: &std::path::Path, file: Option<&std::path::Path>, namespace: &str) -> ExitCode {
     let config = match InjectorConfig::load(config) {
         Ok(c) => c,
         Err(err) => {
@@ -259,7 +264,7 @@ fn inject(config: &std::path::Path, file: Option<&std::path::Path>) -> ExitCode 
                 return ExitCode::FAILURE;
             }
         };
-        return match inject_manifests(&config, &text) {
+        return match inject_manifests(&config, &text, namespace) {
             Ok((out, n)) => {
                 print!("{out}");
                 eprintln!("{}: {n} pod template(s) injected", file.display());

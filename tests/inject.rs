@@ -400,7 +400,7 @@ async fn bad_annotations_are_denied_with_a_message_that_names_the_problem() {
         ),
         (
             json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/agent-port": "4143" }),
-            "agent-reach: annotation agent-reach.io/agent-port: `4143` is one of the sidecar's own ports (4140, 4143, 4191)",
+            "agent-reach: annotation agent-reach.io/agent-port: `4143` is one of the sidecar's own ports (4140, 4143, 4191, 4190)",
         ),
         (
             json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/capabilities": "code_review" }),
@@ -432,6 +432,33 @@ async fn bad_annotations_are_denied_with_a_message_that_names_the_problem() {
         assert_eq!(response["status"]["message"], message, "{annotations}");
         assert_eq!(response.get("patch"), None);
     }
+    // `$` would be expanded by the kubelet in the sidecar's environment.
+    let reply = post(
+        &hook,
+        "/inject",
+        review(&pod(json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/probe-path": "/p$(POD_IP)" }))),
+    )
+    .await;
+    assert_eq!(
+        reply.body["response"]["status"]["message"],
+        "agent-reach: annotation agent-reach.io/probe-path: `/p$(POD_IP)` contains `$`, which the kubelet would expand in the sidecar's environment"
+    );
+    // A container already listening on one of the sidecar's ports (Linkerd's proxy uses the
+    // same defaults), and a pod Linkerd injects too.
+    let mut taken = annotated();
+    taken["spec"]["containers"][0]["ports"][0]["containerPort"] = json!(4191);
+    let reply = post(&hook, "/inject", review(&taken)).await;
+    assert_eq!(
+        reply.body["response"]["status"]["message"],
+        "agent-reach: container `coder` declares port 4191, which the sidecar listens on (4140, 4143, 4191, 4190); a pod meshed by Linkerd too needs the chart's sidecar.ports changed"
+    );
+    let mut linkerd = annotated();
+    linkerd["metadata"]["annotations"]["linkerd.io/inject"] = json!("enabled");
+    let reply = post(&hook, "/inject", review(&linkerd)).await;
+    assert_eq!(reply.body["response"]["allowed"], false);
+    assert!(reply.body["response"]["status"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("also injected by Linkerd")));
     // A pod whose own volume takes a name the sidecar needs.
     let mut clash = annotated();
     clash["spec"]["volumes"][0]["name"] = json!("agent-reach-policy");
@@ -502,6 +529,10 @@ async fn old_clusters_get_a_plain_first_container_that_starts_first_and_stops_la
     assert_eq!(
         pod_["spec"]["terminationGracePeriodSeconds"], 120,
         "a longer grace stays"
+    );
+    assert_eq!(
+        pod_["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"], "coder",
+        "kubectl logs and exec still default to the agent"
     );
     hook.injector.shutdown().await;
 }
@@ -781,4 +812,116 @@ fn a_key_that_does_not_match_its_certificate_is_refused_at_start() {
             .map(|e| e.to_string())
             .unwrap_or_default();
     assert!(err.contains("does not match the certificate"), "{err}");
+}
+
+#[tokio::test]
+async fn the_sidecar_goes_after_a_meshs_network_setup_and_keeps_the_pods_own_scrape_settings() {
+    let hook = webhook("mesh", |_| {}).await;
+    let mut pod_ = annotated();
+    pod_["spec"]["initContainers"] = json!([
+        { "name": "istio-init", "image": "istio/proxyv2" },
+        { "name": "migrate", "image": "python:3.12-slim" },
+    ]);
+    pod_["metadata"]["annotations"]["prometheus.io/path"] = json!("/custom");
+    let reply = post(&hook, "/inject", review(&pod_)).await;
+    assert_eq!(
+        apply(&mut pod_, &ops(&patch_of(&reply).unwrap_or_default())),
+        Ok(())
+    );
+    let names: Vec<&str> = pod_["spec"]["initContainers"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|c| c["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names, ["istio-init", "agent-reach", "migrate"]);
+    let annotations = &pod_["metadata"]["annotations"];
+    assert_eq!(
+        annotations["prometheus.io/path"], "/custom",
+        "the pod's own setting stays"
+    );
+    assert_eq!(annotations["prometheus.io/port"], "4191");
+    // A static pod's mirror is left alone (it may not mount Secrets).
+    let mut mirror = annotated();
+    mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"] = json!("abc");
+    let reply = post(&hook, "/inject", review(&mirror)).await;
+    assert_eq!(reply.body["response"].get("patch"), None);
+    hook.injector.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_oversized_or_non_review_body_is_refused_before_it_is_built_in_memory() {
+    let hook = webhook("oversized", |_| {}).await;
+    // 4 MiB of `[0,0,0,…]`: over the 3 MiB limit.
+    let mut body = b"[".to_vec();
+    body.extend(std::iter::repeat_n(b"0,".as_slice(), 2 << 20).flatten());
+    body.extend(b"0]");
+    let reply = post(&hook, "/inject", body).await;
+    assert_eq!((reply.status, reply.reason.as_str()), (400, "bad_request"));
+    // Under the limit but not a review: refused at its first token.
+    let mut small = b"[".to_vec();
+    small.extend(std::iter::repeat_n(b"0,".as_slice(), 1 << 20).flatten());
+    small.extend(b"0]");
+    let reply = post(&hook, "/inject", small).await;
+    assert_eq!(reply.status, 400);
+    assert!(reply.body["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("not an admission.k8s.io/v1 AdmissionReview")));
+    hook.injector.shutdown().await;
+}
+
+#[test]
+fn manual_injection_takes_the_namespace_and_treats_nulls_as_missing() {
+    let dir = tempdir::new("nulls");
+    let manifest = dir.0.join("pod.yaml");
+    let _ = std::fs::write(
+        &manifest,
+        "kind: Pod\nmetadata:\n  name: p\n  labels: null\n  annotations: { agent-reach.io/inject: enabled }\nspec:\n  initContainers: null\n  volumes: null\n  containers: [ { name: a, image: x } ]\n",
+    );
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/injector.yaml");
+    let out = std::process::Command::new(BIN)
+        .args(["inject", "-n", "team-a", "--config"])
+        .arg(&config)
+        .arg("--file")
+        .arg(&manifest)
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(err) => panic!("run inject: {err}"),
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pod: Value = serde_yaml::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(pod["spec"]["initContainers"][0]["name"], "agent-reach");
+    assert_eq!(pod["spec"]["volumes"].as_array().map(Vec::len), Some(2));
+    assert_eq!(pod["metadata"]["labels"]["agent-reach.io/injected"], "true");
+    let text = serde_json::to_string(&pod).unwrap_or_default();
+    assert!(
+        text.contains("agent-reach-gossip.team-a.svc.cluster.local:4190"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_pod_name_that_is_not_a_dns_label_becomes_one_that_stays_unique() {
+    use agent_reach::config::Name;
+    assert_eq!(
+        Name::sanitized("coder-7d9f8-x2x9z", "agent").as_str(),
+        "coder-7d9f8-x2x9z"
+    );
+    let (dotted, dashed) = (
+        Name::sanitized("a.b", "agent"),
+        Name::sanitized("a-b", "agent"),
+    );
+    assert_ne!(dotted, dashed, "a.b and a-b stay apart");
+    assert!(dotted.as_str().starts_with("a-b-"), "{dotted}");
+    let long = "x".repeat(80);
+    let (one, two) = (
+        Name::sanitized(&format!("{long}-1"), "agent"),
+        Name::sanitized(&format!("{long}-2"), "agent"),
+    );
+    assert_ne!(one, two);
+    assert!(one.as_str().len() <= 63);
+    assert_eq!(Name::sanitized("...", "agent").as_str(), "agent");
 }

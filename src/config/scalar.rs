@@ -15,16 +15,28 @@ impl Name {
         &self.0
     }
 
-    /// `raw` made into a name: lowercased, anything a DNS label cannot hold becomes `-`, cut to
-    /// 63 characters; `fallback` if nothing is left.
+    /// `raw` made into a name: lowercased, anything a DNS label cannot hold becomes `-`, and a
+    /// name that had to change or be cut gets a short hash of the original, so `a.b` and `a-b`
+    /// (or two long names with one prefix) stay apart. `fallback` if nothing is left.
     pub fn sanitized(raw: &str, fallback: &str) -> Self {
+        if let Ok(name) = Self::parse(raw) {
+            return name;
+        }
         let cleaned: String = raw
             .to_ascii_lowercase()
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .take(63)
+            .take(56)
             .collect();
-        Self::parse(cleaned.trim_matches('-')).unwrap_or_else(|_| Self(fallback.to_owned()))
+        let cleaned = cleaned.trim_matches('-');
+        if cleaned.is_empty() {
+            return Self(fallback.to_owned());
+        }
+        // FNV-1a: stable across builds, unlike the std hasher.
+        let hash = raw.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        Self(format!("{cleaned}-{:06x}", hash & 0xff_ffff))
     }
 
     pub fn parse(text: &str) -> Result<Self, String> {

@@ -119,6 +119,19 @@ impl InjectorConfig {
                 "defaults: agent_port and max_concurrency must be at least 1".to_owned(),
             ));
         }
+        if config.sidecar_ports().contains(&config.defaults.agent_port) {
+            return Err(invalid(format!(
+                "defaults.agent_port {} is one of the sidecar's own ports",
+                config.defaults.agent_port
+            )));
+        }
+        // The kubelet expands `$(VAR)` and `$$` in env values, where the bootstrap goes.
+        if serde_json::to_string(&config.bootstrap).is_ok_and(|t| t.contains('$')) {
+            return Err(invalid(
+                "bootstrap: must not contain `$` (the kubelet expands it in the sidecar's environment)"
+                    .to_owned(),
+            ));
+        }
         for volume in &config.volumes {
             if volume.get("name").and_then(|n| n.as_str()).is_none() {
                 return Err(invalid("volumes: every volume needs a `name`".to_owned()));
@@ -144,7 +157,8 @@ impl InjectorConfig {
         self.sidecar.get("name").and_then(|n| n.as_str())
     }
 
-    /// The ports the sidecar itself listens on in the pod (an agent may not use them).
+    /// The ports the sidecar itself listens on in the pod — outbound, inbound, admin, then
+    /// gossip when on (an agent may not use them).
     pub fn sidecar_ports(&self) -> Vec<u16> {
         let mut ports = Vec::new();
         let listen = self.bootstrap.get("listen");
@@ -160,6 +174,49 @@ impl InjectorConfig {
             };
             ports.push(addr.map_or(default, |a| a.port()));
         }
+        if let Some(gossip) = self.bootstrap.get("gossip") {
+            let listen = gossip
+                .get("listen")
+                .and_then(|a| a.as_str())
+                .and_then(|a| a.parse::<SocketAddr>().ok());
+            ports.push(listen.map_or(4190, |a| a.port()));
+        }
         ports
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHIPPED: &str = include_str!("../../config/injector.yaml");
+
+    #[test]
+    fn the_shipped_file_parses_and_mistakes_that_would_deny_every_pod_do_not() {
+        let path = Path::new("injector.yaml");
+        assert!(InjectorConfig::parse(path, SHIPPED).is_ok());
+        let clash = SHIPPED.replace("agent_port: 8080", "agent_port: 4143");
+        let err = InjectorConfig::parse(path, &clash)
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some("injector.yaml:1:1: defaults.agent_port 4143 is one of the sidecar's own ports")
+        );
+        let dollar = SHIPPED.replace("/var/run/agent-reach/gossip/key", "/keys/$(POD_NAME)");
+        let err = InjectorConfig::parse(path, &dollar)
+            .err()
+            .map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("must not contain `$`")));
+        let no_name = SHIPPED.replace("  name: agent-reach\n", "");
+        assert!(InjectorConfig::parse(path, &no_name).is_err());
+        let bad_bootstrap = SHIPPED.replace("listen: 0.0.0.0:4190", "listen: nowhere");
+        let err = InjectorConfig::parse(path, &bad_bootstrap)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.is_some_and(|e| e.contains("bootstrap:")),
+            "a bootstrap the sidecar would refuse"
+        );
     }
 }

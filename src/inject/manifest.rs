@@ -39,9 +39,12 @@ fn template_pointer(kind: &str) -> Option<&'static str> {
 
 /// Injects every pod (template) in a multi-document YAML stream; other objects pass unchanged.
 /// Returns the new stream and how many pods got the sidecar.
+/// `namespace` is where the manifests will be applied (`kubectl apply -n`); an object's own
+/// `metadata.namespace` wins.
 pub fn inject_manifests(
     config: &InjectorConfig,
     text: &str,
+    namespace: &str,
 ) -> Result<(String, usize), ManifestError> {
     let mut out = Vec::new();
     let mut injected = 0;
@@ -67,7 +70,7 @@ pub fn inject_manifests(
         let namespace = doc
             .pointer("/metadata/namespace")
             .and_then(Value::as_str)
-            .unwrap_or("default")
+            .unwrap_or(namespace)
             .to_owned();
         let denied = |message: String| ManifestError::Denied {
             index,

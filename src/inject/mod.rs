@@ -16,5 +16,5 @@ pub use pod::{
     bootstrap_text, decide, AnnotationError, Decision, OptIn, Settings, AGENT_PORT, CAPABILITIES,
     CONFIG, INJECT, INJECTED_LABEL, MAX_CONCURRENCY, PREFIX, PROBE_PATH, STATUS, ZONE,
 };
-pub use review::{answer, BadReview, Verdict};
+pub use review::{answer, Answer, BadReview, Verdict};
 pub use server::{load_certified_key, InjectError, Injector};

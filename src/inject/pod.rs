@@ -32,6 +32,15 @@ const KNOWN: [&str; 8] = [
     PROBE_PATH,
 ];
 
+/// Init containers that set up a mesh's traffic redirection: the sidecar goes after them.
+const NETWORK_SETUP: [&str; 4] = [
+    "istio-init",
+    "istio-validation",
+    "linkerd-init",
+    "linkerd-network-validator",
+];
+const DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
+
 /// Where the bootstrap ConfigMap named by `agent-reach.io/config` is mounted.
 const BOOTSTRAP_DIR: &str = "/etc/agent-reach/bootstrap";
 const BOOTSTRAP_VOLUME: &str = "agent-reach-bootstrap";
@@ -60,6 +69,14 @@ pub enum AnnotationError {
     NameTaken { what: &'static str, name: String },
     #[error("the sidecar's config would be invalid: {0}")]
     Bootstrap(String),
+    #[error("container `{container}` declares port {port}, which the sidecar listens on ({ports}); a pod meshed by Linkerd too needs the chart's sidecar.ports changed")]
+    PortTaken {
+        container: String,
+        port: u16,
+        ports: String,
+    },
+    #[error("the pod is also injected by Linkerd (linkerd.io/inject: enabled), whose proxy uses the sidecar's default ports; set the chart's sidecar.ports to others, or drop one of the two")]
+    Linkerd,
     #[error("the object is not a pod: {0}")]
     NotAPod(String),
 }
@@ -206,6 +223,13 @@ impl Settings {
                     "is not a request path starting with `/`",
                 ));
             }
+            if path.contains('$') {
+                return Err(invalid(
+                    PROBE_PATH,
+                    path,
+                    "contains `$`, which the kubelet would expand in the sidecar's environment",
+                ));
+            }
             settings.probe_path = Some(path.to_owned());
         }
         Ok(settings)
@@ -272,8 +296,60 @@ pub fn decide(
             warn: true,
         });
     }
+    // A static pod's mirror may not reference Secrets or ConfigMaps (NodeRestriction).
+    if annotations.contains_key("kubernetes.io/config.mirror") {
+        return Ok(Decision::Skip {
+            reason: "a static pod's mirror",
+            warn: false,
+        });
+    }
     let settings = Settings::from_annotations(config, annotations)?;
+    check_ports(config, pod, annotations)?;
     patch(config, pod, namespace, &settings).map(Decision::Inject)
+}
+
+/// The sidecar's ports must be free in the pod: Linkerd's proxy, for one, uses the same defaults.
+fn check_ports(
+    config: &InjectorConfig,
+    pod: &Value,
+    annotations: &Map<String, Value>,
+) -> Result<(), AnnotationError> {
+    let ours = config.sidecar_ports();
+    let defaults = [4140, 4143, 4191, 4190];
+    if annotations.get("linkerd.io/inject").and_then(Value::as_str) == Some("enabled")
+        && ours.iter().any(|p| defaults.contains(p))
+    {
+        return Err(AnnotationError::Linkerd);
+    }
+    for list in ["containers", "initContainers"] {
+        for c in pod
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let declared = c
+                .get("ports")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p.get("containerPort").and_then(Value::as_u64));
+            for port in declared {
+                if let Some(port) = ours.iter().find(|p| u64::from(**p) == port) {
+                    return Err(AnnotationError::PortTaken {
+                        container: c
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("?")
+                            .to_owned(),
+                        port: *port,
+                        ports: join(&ours),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The bootstrap a pod's sidecar starts from: the injector's shared part plus this agent.
@@ -363,10 +439,25 @@ fn patch(
         // A plain container: the agent starts once the sidecar is up (containers start in order
         // and a postStart hook holds the next one), and the sidecar stops a little after the
         // agent, so the agent's last calls still have a way out.
-        container["lifecycle"] = json!({
-            "postStart": { "exec": { "command": ["agent-reach", "hook", "post-start", "--admin", format!("127.0.0.1:{admin}")] } },
-            "preStop": { "exec": { "command": ["agent-reach", "hook", "pre-stop", "--delay", "5s"] } },
-        });
+        let hooks = [
+            (
+                "postStart",
+                json!({ "exec": { "command": ["agent-reach", "hook", "post-start", "--admin", format!("127.0.0.1:{admin}")] } }),
+            ),
+            (
+                "preStop",
+                json!({ "exec": { "command": ["agent-reach", "hook", "pre-stop", "--delay", "5s"] } }),
+            ),
+        ];
+        if !container.get("lifecycle").is_some_and(Value::is_object) {
+            container["lifecycle"] = json!({});
+        }
+        for (hook, action) in hooks {
+            // The chart's own hooks, if it defines any, win.
+            if container["lifecycle"].get(hook).is_none() {
+                container["lifecycle"][hook] = action;
+            }
+        }
     }
 
     // Names the sidecar brings must be free in the pod.
@@ -399,12 +490,30 @@ fn patch(
     };
     // First in its list: a native sidecar must be up before other init containers that may
     // call out; a plain one must start before the agent.
-    if pod.pointer(&format!("/spec/{list}")).is_some() {
-        ops.push(Op::add(format!("/spec/{list}/0"), container));
-    } else {
-        ops.push(Op::add(format!("/spec/{list}"), json!([container])));
+    match pod
+        .pointer(&format!("/spec/{list}"))
+        .and_then(Value::as_array)
+    {
+        Some(existing) => {
+            // After a mesh's network set-up (iptables) so the sidecar starts under the rules
+            // it will run under; before everything else.
+            let at = existing
+                .iter()
+                .rposition(|c| {
+                    c.get("name")
+                        .and_then(Value::as_str)
+                        .is_some_and(|n| NETWORK_SETUP.contains(&n))
+                })
+                .map_or(0, |i| i + 1);
+            ops.push(Op::add(format!("/spec/{list}/{at}"), container));
+        }
+        None => ops.push(Op::add(format!("/spec/{list}"), json!([container]))),
     }
-    if pod.pointer("/spec/volumes").is_some() {
+    if pod
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .is_some()
+    {
         for v in volumes {
             ops.push(Op::add("/spec/volumes/-".to_owned(), v));
         }
@@ -433,21 +542,30 @@ fn patch(
             .is_none()
     });
     add_entries(&mut ops, pod, "labels", labels);
+    let has_annotation = |k: &str| {
+        pod.pointer(&format!("/metadata/annotations/{}", escape(k)))
+            .is_some()
+    };
     let mut annotations = vec![(STATUS.to_owned(), json!("injected"))];
     if let Some(prom) = &config.prometheus {
-        if pod
-            .pointer(&format!(
-                "/metadata/annotations/{}",
-                escape("prometheus.io/scrape")
-            ))
-            .is_none()
+        // A pod that set its own scraping keeps it, key by key.
+        for (key, value) in [
+            ("prometheus.io/scrape", "true".to_owned()),
+            ("prometheus.io/port", prom.port.to_string()),
+            ("prometheus.io/path", prom.path.clone()),
+        ] {
+            if !has_annotation(key) {
+                annotations.push((key.to_owned(), json!(value)));
+            }
+        }
+    }
+    // `kubectl logs` and `exec` keep defaulting to the agent when the sidecar comes first.
+    if !config.native_sidecar && !has_annotation(DEFAULT_CONTAINER) {
+        if let Some(first) = pod
+            .pointer("/spec/containers/0/name")
+            .and_then(Value::as_str)
         {
-            annotations.push(("prometheus.io/scrape".to_owned(), json!("true")));
-            annotations.push((
-                "prometheus.io/port".to_owned(),
-                json!(prom.port.to_string()),
-            ));
-            annotations.push(("prometheus.io/path".to_owned(), json!(prom.path)));
+            annotations.push((DEFAULT_CONTAINER.to_owned(), json!(first)));
         }
     }
     add_entries(&mut ops, pod, "annotations", annotations);
@@ -459,13 +577,17 @@ fn add_entries(ops: &mut Vec<Op>, pod: &Value, map: &str, entries: Vec<(String, 
     if entries.is_empty() {
         return;
     }
-    if pod.pointer(&format!("/metadata/{map}")).is_some() {
+    if pod
+        .pointer(&format!("/metadata/{map}"))
+        .and_then(Value::as_object)
+        .is_some()
+    {
         for (k, v) in entries {
             ops.push(Op::add(format!("/metadata/{map}/{}", escape(&k)), v));
         }
     } else {
         let object: Map<String, Value> = entries.into_iter().collect();
-        let path = if pod.get("metadata").is_some() {
+        let path = if pod.get("metadata").is_some_and(Value::is_object) {
             format!("/metadata/{map}")
         } else {
             // A pod always has metadata once admitted; a bare manifest might not.

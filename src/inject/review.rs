@@ -1,6 +1,7 @@
 //! `admission.k8s.io/v1` AdmissionReview in, AdmissionReview out.
 
 use base64::Engine;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::config::InjectorConfig;
@@ -30,60 +31,88 @@ impl Verdict {
     }
 }
 
+/// The parts of an AdmissionReview the webhook reads. Typed, so that a body that is not one
+/// fails at its first token instead of being built into a tree first, and the fields not read
+/// here (`oldObject`, `userInfo`, …) are skipped without being kept.
+#[derive(Deserialize)]
+struct Review {
+    #[serde(rename = "apiVersion", default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    request: Option<Request>,
+}
+
+#[derive(Deserialize)]
+struct Request {
+    uid: Option<String>,
+    kind: Option<Kind>,
+    namespace: Option<String>,
+    operation: Option<String>,
+    #[serde(default)]
+    object: Value,
+}
+
+#[derive(Deserialize)]
+struct Kind {
+    #[serde(default)]
+    group: String,
+    #[serde(default)]
+    kind: String,
+}
+
+/// An answered review: the response, the verdict and `namespace/name` of the object, for logs.
+pub type Answer = (Value, Verdict, String);
+
 /// Answers one review. Anything but a pod being created is allowed untouched.
-pub fn answer(
-    config: &InjectorConfig,
-    body: &[u8],
-    opt_in: OptIn,
-) -> Result<(Value, Verdict), BadReview> {
-    let review: Value = serde_json::from_slice(body).map_err(|e| BadReview(e.to_string()))?;
-    if review.get("kind").and_then(Value::as_str) != Some("AdmissionReview") {
+pub fn answer(config: &InjectorConfig, body: &[u8], opt_in: OptIn) -> Result<Answer, BadReview> {
+    let review: Review = serde_json::from_slice(body).map_err(|e| BadReview(e.to_string()))?;
+    if review.kind != "AdmissionReview" {
         return Err(BadReview("`kind` is not AdmissionReview".to_owned()));
     }
-    let api_version = review
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    if api_version != "admission.k8s.io/v1" {
+    if review.api_version != "admission.k8s.io/v1" {
         return Err(BadReview(format!(
-            "apiVersion `{api_version}` (only admission.k8s.io/v1 is served)"
+            "apiVersion `{}` (only admission.k8s.io/v1 is served)",
+            review.api_version
         )));
     }
     let request = review
-        .get("request")
+        .request
         .ok_or_else(|| BadReview("no `request`".to_owned()))?;
     let uid = request
-        .get("uid")
-        .and_then(Value::as_str)
+        .uid
+        .clone()
         .ok_or_else(|| BadReview("the request has no `uid`".to_owned()))?;
-    let is_pod = request.pointer("/kind/kind").and_then(Value::as_str) == Some("Pod")
-        && request.pointer("/kind/group").and_then(Value::as_str) == Some("");
-    let operation = request.get("operation").and_then(Value::as_str);
-    let respond = |response: Value, verdict: Verdict| {
-        let mut response = response;
+    let is_pod = request
+        .kind
+        .as_ref()
+        .is_some_and(|k| k.kind == "Pod" && k.group.is_empty());
+    let namespace = request
+        .namespace
+        .as_deref()
+        .or_else(|| {
+            request
+                .object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+        })
+        .unwrap_or("default");
+    let who = object_name(namespace, &request.object);
+    let respond = |mut response: Value, verdict: Verdict| {
         response["uid"] = json!(uid);
         (
             json!({ "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response }),
             verdict,
+            who.clone(),
         )
     };
-    if !is_pod || operation != Some("CREATE") {
+    if !is_pod || request.operation.as_deref() != Some("CREATE") {
         return Ok(respond(
             json!({ "allowed": true }),
             Verdict::Skipped("not a pod being created"),
         ));
     }
-    let namespace = request
-        .get("namespace")
-        .and_then(Value::as_str)
-        .or_else(|| {
-            request
-                .pointer("/object/metadata/namespace")
-                .and_then(Value::as_str)
-        })
-        .unwrap_or("default");
-    let pod = request.get("object").unwrap_or(&Value::Null);
-    Ok(match decide(config, pod, namespace, opt_in) {
+    Ok(match decide(config, &request.object, namespace, opt_in) {
         Ok(Decision::Inject(ops)) => {
             let patch = serde_json::to_vec(&ops).map_err(|e| BadReview(e.to_string()))?;
             respond(
@@ -113,4 +142,15 @@ pub fn answer(
             )
         }
     })
+}
+
+/// `namespace/name` (or `namespace/generateName…`) of the reviewed object.
+fn object_name(namespace: &str, object: &Value) -> String {
+    let meta = object.get("metadata");
+    let field = |k: &str| meta.and_then(|m| m.get(k)).and_then(Value::as_str);
+    let name = field("name")
+        .map(str::to_owned)
+        .or_else(|| field("generateName").map(|g| format!("{g}…")))
+        .unwrap_or_default();
+    format!("{namespace}/{name}")
 }

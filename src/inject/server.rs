@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -29,10 +29,15 @@ use super::config::InjectorConfig;
 use super::pod::OptIn;
 use super::review::{answer, Verdict};
 
-/// An AdmissionReview of a pod is at most a few hundred KiB (etcd caps objects at 1.5 MiB).
-const MAX_BODY: usize = 8 << 20;
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A pod's AdmissionReview is a few KiB; etcd caps an object at 1.5 MiB.
+const MAX_BODY: usize = 3 << 20;
+/// Reviews parsed at once: each may hold a pod's tree in memory. More wait their turn.
+const REVIEWS_IN_FLIGHT: usize = 4;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// A request's headers, and a whole review from its first byte to its answer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_CONNECTIONS: usize = 1024;
+const H2_STREAMS: u32 = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InjectError {
@@ -240,6 +245,7 @@ async fn serve(
     stop: CancellationToken,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let reviews = Arc::new(tokio::sync::Semaphore::new(REVIEWS_IN_FLIGHT));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -256,7 +262,12 @@ async fn serve(
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             continue; // over the cap: drop the connection; the API server retries
         };
-        let (acceptor, config, stats) = (acceptor.clone(), config.clone(), stats.clone());
+        let (acceptor, config, stats, reviews) = (
+            acceptor.clone(),
+            config.clone(),
+            stats.clone(),
+            reviews.clone(),
+        );
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let _permit = permit;
@@ -269,10 +280,35 @@ async fn serve(
                 Err(_) => return,
             };
             let service = hyper::service::service_fn(move |req| {
-                let (config, stats) = (config.clone(), stats.clone());
-                async move { Ok::<_, Infallible>(route(req, &config, &stats).await) }
+                let (config, stats, reviews) = (config.clone(), stats.clone(), reviews.clone());
+                async move {
+                    let answered = tokio::time::timeout(
+                        REQUEST_TIMEOUT,
+                        route(req, &config, &stats, &reviews),
+                    )
+                    .await;
+                    Ok::<_, Infallible>(answered.unwrap_or_else(|_| {
+                        error(
+                            StatusCode::REQUEST_TIMEOUT,
+                            "timeout",
+                            "the review did not arrive in time",
+                        )
+                    }))
+                }
             });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // Without a timer hyper turns its header-read timeout off: a client that opens a
+            // connection and sends nothing would hold a slot for ever.
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(REQUEST_TIMEOUT);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(H2_STREAMS)
+                .keep_alive_interval(Some(Duration::from_secs(30)))
+                .keep_alive_timeout(Duration::from_secs(10));
             let conn = builder.serve_connection(TokioIo::new(tls), service);
             let _ = watcher.watch(conn.into_owned()).await;
         });
@@ -284,6 +320,7 @@ async fn route(
     req: Request<Incoming>,
     config: &InjectorConfig,
     stats: &Stats,
+    reviews: &tokio::sync::Semaphore,
 ) -> Response<Full<Bytes>> {
     let opt_in = match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => return text(StatusCode::OK, "text/plain", "ok\n"),
@@ -300,6 +337,13 @@ async fn route(
             )
         }
     };
+    let Ok(_turn) = reviews.acquire().await else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "shutting down",
+        );
+    };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(err) => {
@@ -312,14 +356,13 @@ async fn route(
         }
     };
     match answer(config, &body, opt_in) {
-        Ok((review, verdict)) => {
+        Ok((review, verdict, pod)) => {
             let counter = match &verdict {
                 Verdict::Injected => &stats.injected,
                 Verdict::Skipped(_) => &stats.skipped,
                 Verdict::Denied(_) => &stats.denied,
             };
             counter.fetch_add(1, Ordering::Relaxed);
-            let pod = review_pod_name(&body);
             match &verdict {
                 Verdict::Denied(message) => tracing::info!(pod, %message, "denied"),
                 Verdict::Skipped(reason) => tracing::debug!(pod, reason, "skipped"),
@@ -333,27 +376,6 @@ async fn route(
             error(StatusCode::BAD_REQUEST, "bad_request", &err.to_string())
         }
     }
-}
-
-/// `namespace/name` (or `generateName…`) of the reviewed pod, for logs.
-fn review_pod_name(body: &[u8]) -> String {
-    let review: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    let ns = review
-        .pointer("/request/namespace")
-        .and_then(|v| v.as_str())
-        .unwrap_or("");
-    let meta = review.pointer("/request/object/metadata");
-    let name = meta
-        .and_then(|m| m.get("name"))
-        .and_then(|v| v.as_str())
-        .map(str::to_owned)
-        .or_else(|| {
-            meta.and_then(|m| m.get("generateName"))
-                .and_then(|v| v.as_str())
-                .map(|g| format!("{g}…"))
-        })
-        .unwrap_or_default();
-    format!("{ns}/{name}")
 }
 
 fn text(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
