@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use agent_reach::config::{ConfigPaths, ConfigStore, Policy};
 use agent_reach::metrics::Metrics;
-use agent_reach::outbound::pick;
+use agent_reach::outbound::{pick, score_candidates};
 use agent_reach::peers::{PeerViews, RouteRequest};
 use agent_reach::registry::Registry;
 use agent_reach::Bootstrap;
@@ -55,14 +55,16 @@ fn score_and_pick(bencher: divan::Bencher, n: usize) {
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     bencher.bench_local(|| {
         let snapshot = f.store.snapshot();
-        let candidates = f.registry.candidates(&snapshot, &f.request.capability);
-        let scored = f.views.score(&snapshot, &candidates, &f.request);
-        pick(&scored, &[], || {
-            // xorshift: the pick's randomness without a syscall per call
+        // xorshift: the pick's randomness without a syscall per call
+        let mut next = move || {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
-            (seed >> 11) as f64 / (1u64 << 53) as f64
-        })
+            seed
+        };
+        let scored = score_candidates(&f.registry, &f.views, &snapshot, &f.request, |n| {
+            (next() % n as u64) as usize
+        });
+        pick(&scored, &[], || (next() >> 11) as f64 / (1u64 << 53) as f64)
     });
 }

@@ -140,6 +140,41 @@ impl Registry {
         out
     }
 
+    /// At most `k` candidates drawn uniformly without replacement (every candidate when there are
+    /// no more than `k`), and how many there are in all. Routing among hundreds of peers scores
+    /// a sample instead of everyone: the pick's cost stays flat as the fleet grows.
+    pub fn sample_candidates(
+        &self,
+        snapshot: &Snapshot,
+        capability: &str,
+        k: usize,
+        mut random: impl FnMut(usize) -> usize,
+    ) -> (Vec<Arc<Peer>>, usize) {
+        let gossip = self.gossip.load();
+        let statics = snapshot.peers_serving_slice(capability);
+        let gossiped = gossip.index.get(capability).map_or(&[][..], Vec::as_slice);
+        let n = statics.len() + gossiped.len();
+        if n <= k {
+            return (self.candidates(snapshot, capability), n);
+        }
+        // Floyd's algorithm: k distinct indices in O(k²), no allocation of n.
+        let mut picked: Vec<usize> = Vec::with_capacity(k);
+        for j in (n - k)..n {
+            let t = random(j + 1);
+            picked.push(if picked.contains(&t) { j } else { t });
+        }
+        let sample = picked
+            .into_iter()
+            .filter_map(|i| match statics.get(i) {
+                // A static peer that a gossip member of the same name shadows is not a candidate.
+                Some(p) if gossip.by_name.contains_key(&p.name) => None,
+                Some(p) => Some(p.clone()),
+                None => gossiped.get(i - statics.len()).cloned(),
+            })
+            .collect();
+        (sample, n)
+    }
+
     /// Every known peer, for `/status` and the self-view poller.
     pub fn peers(&self, snapshot: &Snapshot) -> Vec<Arc<Peer>> {
         let gossip = self.gossip.load();

@@ -170,6 +170,11 @@ impl Snapshot {
         self.peer_index.get(capability).into_iter().flatten()
     }
 
+    /// The static peers serving `capability`, as one slice (sampling indexes into it).
+    pub fn peers_serving_slice(&self, capability: &str) -> &[Arc<Peer>] {
+        self.peer_index.get(capability).map_or(&[], Vec::as_slice)
+    }
+
     pub fn configured_peers(&self) -> &[Arc<Peer>] {
         &self.peers
     }

@@ -7,6 +7,7 @@ mod decision;
 mod local_api;
 
 mod retry;
+mod sample;
 mod target;
 mod tiers;
 
@@ -23,6 +24,7 @@ use crate::rate_limit::RateLimiters;
 use attempt::{is_peer_timeout, Attempt};
 pub use balance::pick;
 use retry::RetryBudgets;
+pub use sample::{score_candidates, SAMPLE};
 pub use target::capability_of;
 use tiers::Tier;
 
@@ -132,8 +134,11 @@ impl Outbound {
                 .and_then(|v| v.to_str().ok())
                 .and_then(RouteMode::parse),
         };
-        let candidates = self.registry.candidates(&snapshot, &route.capability);
-        if candidates.is_empty() {
+        let scored =
+            sample::score_candidates(&self.registry, &self.peers, &snapshot, &route, |n| {
+                rand::random_range(0..n)
+            });
+        if scored.is_empty() {
             self.metrics.no_candidate(&route.capability);
             let err = ReachError::UnknownCapability {
                 capability: route.capability.clone(),
@@ -164,7 +169,6 @@ impl Outbound {
             None => (None, Some(incoming)),
         };
 
-        let scored = self.peers.score(&snapshot, &candidates, &route);
         let me = &snapshot.bootstrap.agent;
         let tiers: Vec<Tier> = scored
             .iter()
