@@ -3,9 +3,11 @@
 //! Each sidecar owns its recorder instead of installing a process-global one, so several sidecars
 //! in one process (tests, `agent-reach demo`) keep separate `/metrics`.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram, Recorder, Unit};
+use metrics::{counter, gauge, histogram, Counter, Histogram, Recorder, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 use crate::reach::{State, Transition, ViewSnapshot};
@@ -171,10 +173,22 @@ impl Direction {
     }
 }
 
+/// The outcomes a request ends with (`outcome` label), in the order of the handle cache.
+const OUTCOMES: [&str; 4] = ["success", "failure", "timeout", "rejected"];
+
+/// A request's counter and duration histogram, for one direction and outcome.
+type RequestHandles = (Counter, Histogram);
+
+/// Handles per capability, then per peer, then per direction × outcome. Registering a metric
+/// builds its key (label strings, a hash) on every call; a found handle is two atomic adds. The
+/// maps grow only as the registry's capability and peer names do.
+type HandleCache = HashMap<String, HashMap<String, [Option<RequestHandles>; 8]>>;
+
 /// One sidecar's metrics registry.
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
+    requests: Mutex<HandleCache>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -193,7 +207,11 @@ impl Metrics {
         };
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
-        let metrics = Self { recorder, handle };
+        let metrics = Self {
+            recorder,
+            handle,
+            requests: Mutex::default(),
+        };
         metrics.describe();
         let agent = agent.to_owned();
         metrics.with(|| {
@@ -238,13 +256,50 @@ impl Metrics {
         outcome: &'static str,
         duration: Duration,
     ) {
+        let Some(o) = OUTCOMES.iter().position(|x| *x == outcome) else {
+            let (counter, histogram) = self.register_request(direction, capability, peer, outcome);
+            counter.increment(1);
+            histogram.record(duration.as_secs_f64());
+            return;
+        };
+        let slot = o * 2 + direction as usize;
+        let mut cache = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        let cached = cache
+            .get(capability)
+            .and_then(|peers| peers.get(peer))
+            .and_then(|slots| slots[slot].clone());
+        let (counter, histogram) = match cached {
+            Some(handles) => handles,
+            None => {
+                let handles = self.register_request(direction, capability, peer, outcome);
+                if !cache.contains_key(capability) {
+                    cache.insert(capability.to_owned(), HashMap::new());
+                }
+                if let Some(peers) = cache.get_mut(capability) {
+                    peers.entry(peer.to_owned()).or_default()[slot] = Some(handles.clone());
+                }
+                handles
+            }
+        };
+        drop(cache);
+        counter.increment(1);
+        histogram.record(duration.as_secs_f64());
+    }
+
+    fn register_request(
+        &self,
+        direction: Direction,
+        capability: &str,
+        peer: &str,
+        outcome: &'static str,
+    ) -> RequestHandles {
         let (capability, peer) = (capability.to_owned(), peer.to_owned());
         self.with(|| {
-            counter!(REQUESTS_TOTAL, "direction" => direction.as_str(), "capability" => capability.clone(), "peer" => peer, "outcome" => outcome)
-                .increment(1);
-            histogram!(REQUEST_DURATION, "direction" => direction.as_str(), "capability" => capability, "outcome" => outcome)
-                .record(duration.as_secs_f64());
-        });
+            (
+                counter!(REQUESTS_TOTAL, "direction" => direction.as_str(), "capability" => capability.clone(), "peer" => peer, "outcome" => outcome),
+                histogram!(REQUEST_DURATION, "direction" => direction.as_str(), "capability" => capability, "outcome" => outcome),
+            )
+        })
     }
 
     pub fn inbound_first_byte(&self, capability: &str, ttfb: Duration) {
