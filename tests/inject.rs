@@ -925,3 +925,65 @@ fn a_pod_name_that_is_not_a_dns_label_becomes_one_that_stays_unique() {
     assert!(one.as_str().len() <= 63);
     assert_eq!(Name::sanitized("...", "agent").as_str(), "agent");
 }
+
+/// The plain-container hooks: post-start waits for the sidecar's `/live` (and gives up with a
+/// message), pre-stop holds the signal back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lifecycle_hooks_wait_for_live_and_hold_the_stop() {
+    let agent = support::mock(agent_reach::mock_agent::MockConfig::new("coder-1")).await;
+    let bootstrap = match agent_reach::Bootstrap::local("coder-1", agent.addr, &[support::CAP]) {
+        Ok(b) => b,
+        Err(err) => panic!("{err}"),
+    };
+    let sidecar = support::sidecar(bootstrap).await;
+    let admin = sidecar.addrs.admin.to_string();
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let out = std::process::Command::new(BIN).args(&args).output();
+            (out, started.elapsed())
+        })
+    };
+    let (out, _) = run(vec![
+        "hook".into(),
+        "post-start".into(),
+        "--admin".into(),
+        admin,
+    ])
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        out.is_ok_and(|o| o.status.success()),
+        "post-start against a live sidecar"
+    );
+    let closed = support::any_port().to_string();
+    let (out, took) = run(vec![
+        "hook".into(),
+        "post-start".into(),
+        "--admin".into(),
+        closed.clone(),
+        "--timeout".into(),
+        "300ms".into(),
+    ])
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let out = out.unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains(&format!("did not answer http://{closed}/live within 300ms")));
+    assert!(took < Duration::from_secs(10));
+    let (out, took) = run(vec![
+        "hook".into(),
+        "pre-stop".into(),
+        "--delay".into(),
+        "200ms".into(),
+    ])
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(out.is_ok_and(|o| o.status.success()));
+    assert!(
+        took >= Duration::from_millis(200),
+        "held the stop for {took:?}"
+    );
+    sidecar.shutdown().await;
+}
