@@ -465,6 +465,14 @@ static_resources:
 
     fn stop(&mut self) {
         for child in &mut self.children {
+            // SIGTERM first: an nginx master killed outright leaves its workers running.
+            let _ = std::process::Command::new("sh")
+                .args(["-c", &format!("kill -TERM {}", child.id())])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
