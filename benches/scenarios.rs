@@ -1,43 +1,106 @@
 //! The seeds' failure modes, replayed through the routers people use today and through
-//! agent-reach. Each scenario runs a fresh fleet of four mock agents on loopback, drives
-//! `code-review` calls from 16 workers through one router, and breaks one agent (or two) a
-//! quarter of the way in. Per scenario and router it prints the task failure rate, mean and p95
-//! latency, how long the broken agent kept getting calls, and (retry storm) the fallback's peak
-//! against its fair share. Never asserts on time.
+//! agent-reach. Each scenario runs a fresh fleet of four mock agents (20–60 ms, each with its own
+//! fixed seed for its random draws) on loopback, drives `code-review` calls from 16 workers (each
+//! giving up after 10 s) through one router, and breaks one agent (or two) a quarter of the way
+//! in. Never asserts on time.
 //!
-//! Routers: **agent-reach** (a sidecar per agent with a business probe, default policy);
-//! **baseline** (round-robin, `/healthz` every 10 s, one immediate retry: what the seeds started
-//! from); **haproxy** (`/healthz` checks, `observe layer7`, `retry-on` with redispatch);
+//! Scenarios: **healthy**; **fake-online** (business calls get 429, `/healthz` 200);
+//! **slow-dependency** (every call takes 2 s); **lock-held** (one call at a time);
+//! **thread-pool-full** (every agent has a pool of 10 workers, excess calls wait in the agent's
+//! own queue; at the break 30 % of the broken agent's calls take 4 s, so the pool fills and the
+//! short ones queue behind them); **crash** (the agent process dies, its sidecar stays);
+//! **crash-restart** (the whole pod dies, and 3 s later comes back at a new port);
+//! **half-open** (a TCP relay on the path to one agent stops forwarding bytes both ways, on
+//! pooled connections and new ones alike, without closing anything: routers see timeouts, not
+//! errors); **retry-storm** (two agents go fake-online at once); **cold-start** (a fifth agent
+//! joins the loaded fleet). crash-restart, half-open and cold-start run at least 60 s, so that a
+//! slow ramp, or health checks at 10 s intervals, can act inside the run.
+//!
+//! Per scenario and router it prints the task failure rate, mean and p95 latency, p95 against the
+//! same router's healthy run (the goal is ≤ 1.3×), *bad out after* (from the fault to the end of
+//! the first half second in which the broken agent got under 5 % of a fair share of the calls
+//! that reached agents; in half-open, what counts for it is the calls sent into its broken path;
+//! a half second in which callers are so stuck that the agents get under a tenth of their usual
+//! calls says nothing either way), the retry storm's busiest survivor against its fair share,
+//! and for cold-start and crash-restart *new at full* (from the new agent's start to the end of
+//! the first 1 s window in which it got at least 90 % of a fair share of the calls that reached
+//! agents) with *join fails* (calls that failed from its start to the end of the run).
+//!
+//! Routers: **agent-reach** (a sidecar per agent with a business probe, default policy,
+//! `max_concurrency` 8 — 10 in thread-pool-full, the agents' pool size, as an operator would
+//! declare it; the fleet finds itself by gossip through the caller's sidecar, the seed, as in
+//! production, and a restarted or new agent's sidecar joins the same way); **baseline**
+//! (round-robin over a static list, `/healthz` every 10 s, one immediate retry: what the seeds
+//! started from); **haproxy** (`/healthz` checks, `observe layer7`, `retry-on` with redispatch);
 //! **envoy** (active `/healthz` checks, outlier detection, retries on another host with a retry
-//! budget, slow start).
+//! budget, slow start; `no_traffic_interval` is set to the 10 s check interval, or a host that
+//! has never served — the cold start's newcomer — would be checked only every 60 s). In
+//! half-open the relay sits where the network does: between the caller's sidecar and the broken
+//! agent's sidecar (which advertises the relay's address, 127.0.0.2, by gossip), and between the
+//! router and the agent for the others, so their health checks cross it too.
 //!
-//! Run: `cargo bench --bench scenarios` (`-- --seconds 30`, `-- --only fake-online`, `-- --smoke`).
-//! Not yet here: `half-open`, `cold-start`, and the restart half of `crash-restart`. Read
-//! *bad out after* with care in `slow-dependency`: callers stuck on a slow agent send it few new
-//! calls under any router, so p95 is the figure that tells routers apart there.
+//! Membership for the static routers: in cold-start the fifth endpoint is listed from the start
+//! at a reserved port that begins listening at the join (their health checks find it). In
+//! crash-restart the baseline's static list cannot learn the new address: its row says `static`,
+//! and the fleet runs on three agents from then on. HAProxy and Envoy get what a Kubernetes
+//! operator would give them instead of DNS: the new address is pushed the instant the new agent
+//! listens (an ideal control plane, kinder than any real one) — HAProxy through its runtime API
+//! (`set server b/a1 addr`), Envoy through file-based EDS; their health checks and Envoy's slow
+//! start then apply.
+//!
+//! Read with care: the 16 callers are a closed loop. A caller stuck on a slow or silent agent
+//! makes no new calls, so a stall shows as fewer *calls* (and a higher mean) more than as
+//! failures or p95: compare calls with the healthy run's (thread-pool-full and half-open above
+//! all).
+//!
+//! Run: `cargo bench --bench scenarios` (`-- --seconds 30`, `-- --only fake-online,cold-start`,
+//! `-- --routers agent-reach,envoy`, `-- --smoke`: healthy, fake-online and thread-pool-full,
+//! 3 s each). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
+//! each half second and its final `/status`; `-- --decision-log` turns on the policy's decision
+//! log (printed with `RUST_LOG`, e.g. `RUST_LOG=agent_reach::decision=info`).
 
 #[path = "common/mod.rs"]
 mod common;
 
+use std::collections::HashMap;
+use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent_reach::config::{ConfigPaths, ConfigStore, Policy};
-use agent_reach::mock_agent::{Latency, MockAgent, MockConfig, Mode};
+use agent_reach::mock_agent::{Latency, MockAgent, MockConfig, Mode, Workload};
 use agent_reach::{Bootstrap, Sidecar};
 use bytes::Bytes;
 use common::{free_port, write, Tools};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
 
 const AGENTS: usize = 4;
 const WORKERS: usize = 16;
 const CAP: &str = "code-review";
+/// Agent `i` draws its latencies (and long tasks) from a generator seeded with `SEED + i`.
+const SEED: u64 = 0x5eed_0006;
+/// What each worker waits for one call before counting it failed.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// thread-pool-full: the agents' worker pool, and the broken agent's long tasks.
+const POOL: usize = 10;
+const LONG_SHARE: f64 = 0.3;
+const LONG_TASK: Duration = Duration::from_secs(4);
+/// crash-restart: the pod is back, at a new port, this long after it died.
+const RESTART_AFTER: Duration = Duration::from_secs(3);
+/// crash-restart and cold-start run at least this long, so that a slow ramp ends inside the run.
+const LONG_RUN: u64 = 60;
+/// A new agent is at full traffic at this fraction of a fair share, over one second.
+const FULL_SHARE: f64 = 0.9;
+/// The address a half-open agent's sidecar advertises (the relay listens there).
+const RELAY_IP: [u8; 4] = [127, 0, 0, 2];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Scenario {
@@ -45,18 +108,26 @@ enum Scenario {
     FakeOnline,
     SlowDependency,
     LockHeld,
+    ThreadPoolFull,
     Crash,
+    CrashRestart,
+    HalfOpen,
     RetryStorm,
+    ColdStart,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 6] = [
+    const ALL: [Scenario; 10] = [
         Scenario::Healthy,
         Scenario::FakeOnline,
         Scenario::SlowDependency,
         Scenario::LockHeld,
+        Scenario::ThreadPoolFull,
         Scenario::Crash,
+        Scenario::CrashRestart,
+        Scenario::HalfOpen,
         Scenario::RetryStorm,
+        Scenario::ColdStart,
     ];
 
     fn name(self) -> &'static str {
@@ -65,29 +136,96 @@ impl Scenario {
             Scenario::FakeOnline => "fake-online",
             Scenario::SlowDependency => "slow-dependency",
             Scenario::LockHeld => "lock-held",
+            Scenario::ThreadPoolFull => "thread-pool-full",
             Scenario::Crash => "crash",
+            Scenario::CrashRestart => "crash-restart",
+            Scenario::HalfOpen => "half-open",
             Scenario::RetryStorm => "retry-storm",
+            Scenario::ColdStart => "cold-start",
         }
     }
 
     /// The agents it breaks.
     fn broken(self) -> &'static [usize] {
         match self {
-            Scenario::Healthy => &[],
+            Scenario::Healthy | Scenario::ColdStart => &[],
             Scenario::RetryStorm => &[0, 1],
             _ => &[1],
         }
     }
 
+    /// Whether *bad out after* means anything: a dead agent gets nothing under any router.
+    fn measures_out(self) -> bool {
+        !self.broken().is_empty() && !matches!(self, Scenario::Crash | Scenario::CrashRestart)
+    }
+
+    /// The agent that (re)joins mid-run, measured for *new at full*.
+    fn newcomer(self) -> Option<usize> {
+        match self {
+            Scenario::ColdStart => Some(AGENTS),
+            Scenario::CrashRestart => Some(1),
+            _ => None,
+        }
+    }
+
+    /// Agent slots, including the one a cold start fills.
+    fn slots(self) -> usize {
+        if self == Scenario::ColdStart {
+            AGENTS + 1
+        } else {
+            AGENTS
+        }
+    }
+
+    fn duration(self, seconds: u64) -> Duration {
+        match self {
+            Scenario::CrashRestart | Scenario::HalfOpen | Scenario::ColdStart => {
+                Duration::from_secs(seconds.max(LONG_RUN))
+            }
+            _ => Duration::from_secs(seconds),
+        }
+    }
+
+    fn workload(self, agent: usize) -> Workload {
+        Workload {
+            pool: (self == Scenario::ThreadPoolFull).then_some(POOL),
+            seed: Some(SEED + agent as u64),
+            long_share: LONG_SHARE,
+            long_latency: LONG_TASK,
+        }
+    }
+
+    /// The `max_concurrency` agent-reach's sidecars declare for their agents.
+    fn max_concurrency(self) -> usize {
+        if self == Scenario::ThreadPoolFull {
+            POOL
+        } else {
+            8
+        }
+    }
+
+    /// Breaks a running agent in place (the scenarios that change membership or the network
+    /// are handled by the run loop).
     fn breaks(self, agent: &MockAgent) {
         match self {
-            Scenario::Healthy => {}
             Scenario::FakeOnline | Scenario::RetryStorm => agent.set_mode(Mode::RateLimited),
             Scenario::SlowDependency => agent.set_mode(Mode::Slow),
             Scenario::LockHeld => agent.set_mode(Mode::Locked),
+            Scenario::ThreadPoolFull => agent.set_mode(Mode::LongTasks),
             Scenario::Crash => agent.kill(),
+            Scenario::Healthy
+            | Scenario::CrashRestart
+            | Scenario::HalfOpen
+            | Scenario::ColdStart => {}
         }
     }
+}
+
+/// Switches that change how a run is observed, not what it measures.
+#[derive(Clone, Debug, Default)]
+struct Options {
+    diag: Option<PathBuf>,
+    decision_log: bool,
 }
 
 fn main() {
@@ -101,8 +239,24 @@ fn main() {
     };
     let seconds: u64 = arg("--seconds")
         .and_then(|s| s.parse().ok())
-        .unwrap_or(if smoke { 4 } else { 20 });
-    let only = arg("--only");
+        .unwrap_or(if smoke { 3 } else { 20 });
+    let only: Option<Vec<String>> =
+        arg("--only").map(|o| o.split(',').map(|s| s.trim().to_owned()).collect());
+    let routers_wanted: Option<Vec<String>> =
+        arg("--routers").map(|o| o.split(',').map(|s| s.trim().to_owned()).collect());
+    let options = Options {
+        diag: arg("--diag").map(PathBuf::from),
+        decision_log: args.iter().any(|a| a == "--decision-log"),
+    };
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    if let Some(d) = &options.diag {
+        let _ = std::fs::create_dir_all(d);
+    }
     let tools = Tools::find();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -111,6 +265,9 @@ fn main() {
         Ok(rt) => rt,
         Err(err) => {
             eprintln!("cannot start a runtime: {err}");
+            if smoke {
+                std::process::exit(1);
+            }
             return;
         }
     };
@@ -123,71 +280,123 @@ fn main() {
             "envoy" => tools.envoy.is_some(),
             _ => true,
         })
+        .filter(|r| {
+            routers_wanted
+                .as_ref()
+                .is_none_or(|w| w.iter().any(|n| n == r))
+        })
         .collect();
     println!(
-        "failure scenarios: {AGENTS} mock agents (20–60 ms), {WORKERS} concurrent callers, {seconds} s per run, fault at 25 %\n"
+        "failure scenarios: {AGENTS} mock agents (20–60 ms), {WORKERS} concurrent callers, {seconds} s per run \
+         ({} s for crash-restart, half-open and cold-start), fault at {:.1} s\n",
+        seconds.max(LONG_RUN),
+        seconds as f64 / 4.0
     );
     println!(
-        "{:<16} {:<12} {:>7} {:>9} {:>9} {:>9} {:>12} {:>10}",
+        "{:<16} {:<12} {:>6} {:>8} {:>8} {:>8} {:>7} {:>9} {:>9} {:>10} {:>6}",
         "scenario",
         "router",
         "calls",
         "failed %",
         "mean ms",
         "p95 ms",
-        "bad out after",
-        "peak/fair"
+        "p95/hl",
+        "bad out",
+        "peak/fair",
+        "new full",
+        "j.fail"
     );
+    let started = Instant::now();
+    let mut healthy_p95: HashMap<&str, f64> = HashMap::new();
     let mut reach_failed = false;
     for scenario in Scenario::ALL {
-        if only.as_deref().is_some_and(|o| o != scenario.name()) {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.iter().any(|n| n == scenario.name()))
+        {
             continue;
         }
-        if smoke && !matches!(scenario, Scenario::Healthy | Scenario::FakeOnline) {
+        if smoke
+            && !matches!(
+                scenario,
+                Scenario::Healthy | Scenario::FakeOnline | Scenario::ThreadPoolFull
+            )
+        {
             continue;
         }
         for router in &routers {
-            let result = runtime.block_on(run(
-                scenario,
-                router,
-                &tools,
-                &dir,
-                Duration::from_secs(seconds),
-            ));
+            let result = runtime.block_on(run(scenario, router, &tools, &dir, seconds, &options));
             match result {
-                Ok(r) => println!(
-                    "{:<16} {:<12} {:>7} {:>8.2}% {:>9.1} {:>9.1} {:>12} {:>10}",
-                    scenario.name(),
-                    router,
-                    r.calls,
-                    r.failed_pct,
-                    r.mean_ms,
-                    r.p95_ms,
-                    r.out_after.map_or_else(
-                        || if scenario.broken().is_empty() {
-                            "-".into()
-                        } else {
-                            "never".into()
-                        },
-                        |d| format!("{:.1} s", d.as_secs_f64())
-                    ),
-                    r.peak_ratio.map_or("-".into(), |p| format!("{p:.2}x")),
-                ),
+                Ok(r) => {
+                    if scenario == Scenario::Healthy {
+                        healthy_p95.insert(router, r.p95_ms);
+                    }
+                    println!("{}", row(scenario, router, &r, healthy_p95.get(router)));
+                }
                 Err(err) => {
                     println!("{:<16} {:<12} cannot run: {err}", scenario.name(), router);
                     reach_failed |= *router == "agent-reach";
                 }
             }
+            let _ = std::io::stdout().flush();
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "\nreproduce: cargo bench --bench scenarios{}",
-        if smoke { " -- --smoke" } else { "" }
+        "\np95/hl: p95 ÷ the same router's healthy p95. bad out: from the fault until the broken agent \
+         gets under 5 % of a fair share.\nnew full: from the newcomer's start to its first second at \
+         ≥ 90 % of a fair share; j.fail: calls failed from then on; static: a static list cannot \
+         learn a new address."
+    );
+    println!(
+        "\ntook {:.0} s; reproduce: cargo bench --bench scenarios{}",
+        started.elapsed().as_secs_f64(),
+        if smoke {
+            " -- --smoke".to_owned()
+        } else {
+            format!(" -- --seconds {seconds}")
+        }
     );
     if smoke && reach_failed {
         std::process::exit(1);
     }
+}
+
+fn row(scenario: Scenario, router: &str, r: &Outcome, healthy_p95: Option<&f64>) -> String {
+    let secs = |d: Option<Duration>, missing: &str| {
+        d.map_or_else(
+            || missing.to_owned(),
+            |d| format!("{:.1} s", d.as_secs_f64()),
+        )
+    };
+    let out = if scenario.measures_out() {
+        secs(r.out_after, "never")
+    } else {
+        "-".to_owned()
+    };
+    let (full, join_fails) = match scenario.newcomer() {
+        Some(_) if scenario == Scenario::CrashRestart && router == "baseline" => {
+            ("static".to_owned(), r.join_failed.to_string())
+        }
+        Some(_) => (secs(r.full_after, "never"), r.join_failed.to_string()),
+        None => ("-".to_owned(), "-".to_owned()),
+    };
+    format!(
+        "{:<16} {:<12} {:>6} {:>7.2}% {:>8.1} {:>8.1} {:>7} {:>9} {:>9} {:>10} {:>6}",
+        scenario.name(),
+        router,
+        r.calls,
+        r.failed_pct,
+        r.mean_ms,
+        r.p95_ms,
+        healthy_p95
+            .filter(|h| **h > 0.0)
+            .map_or("-".to_owned(), |h| format!("{:.2}x", r.p95_ms / h)),
+        out,
+        r.peak_ratio.map_or("-".into(), |p| format!("{p:.2}x")),
+        full,
+        join_fails,
+    )
 }
 
 struct Outcome {
@@ -197,34 +406,88 @@ struct Outcome {
     p95_ms: f64,
     out_after: Option<Duration>,
     peak_ratio: Option<f64>,
+    /// From the newcomer's start to its first second at full traffic.
+    full_after: Option<Duration>,
+    /// Calls that failed from the newcomer's start to the end of the run.
+    join_failed: usize,
 }
 
 /// One call as the caller saw it: when it ended, whether it succeeded, how long it took.
 type Call = (Duration, bool, f64);
+
+/// What reached each agent slot by `at`, and how many calls had ended.
+struct Sample {
+    at: Duration,
+    reached: Vec<u64>,
+    calls: usize,
+}
+
+/// One agent slot: the agent running in it now, and the calls its earlier incarnations got.
+struct Slot {
+    agent: Option<MockAgent>,
+    before: u64,
+}
+
+impl Slot {
+    async fn start(
+        &mut self,
+        scenario: Scenario,
+        index: usize,
+        listen: SocketAddr,
+    ) -> Result<SocketAddr, String> {
+        let mut config = MockConfig::new(&format!("agent-{}", index + 1));
+        config.latency = Latency {
+            min: Duration::from_millis(20),
+            max: Duration::from_millis(60),
+        };
+        config.slow_latency = Duration::from_secs(2);
+        let agent = MockAgent::start_with(listen, config, scenario.workload(index))
+            .await
+            .map_err(|e| format!("agent {} on {listen}: {e}", index + 1))?;
+        let addr = agent.addr;
+        self.agent = Some(agent);
+        Ok(addr)
+    }
+
+    /// The process dies: its port closes and its connections drop.
+    async fn die(&mut self) {
+        if let Some(agent) = self.agent.take() {
+            self.before += agent.stats().business;
+            agent.stop().await;
+        }
+    }
+
+    fn reached(&self) -> u64 {
+        self.before + self.agent.as_ref().map_or(0, |a| a.stats().business)
+    }
+}
 
 async fn run(
     scenario: Scenario,
     router: &str,
     tools: &Tools,
     dir: &Path,
-    duration: Duration,
+    seconds: u64,
+    options: &Options,
 ) -> Result<Outcome, String> {
-    let mut agents = Vec::new();
-    for i in 0..AGENTS {
-        let mut config = MockConfig::new(&format!("agent-{}", i + 1));
-        config.latency = Latency {
-            min: Duration::from_millis(20),
-            max: Duration::from_millis(60),
-        };
-        config.slow_latency = Duration::from_secs(2);
-        agents.push(
-            MockAgent::start(SocketAddr::from(([127, 0, 0, 1], 0)), config)
-                .await
-                .map_err(|e| e.to_string())?,
-        );
+    let duration = scenario.duration(seconds);
+    let fault_at = Duration::from_secs(seconds) / 4;
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut slots: Vec<Slot> = (0..scenario.slots())
+        .map(|_| Slot {
+            agent: None,
+            before: 0,
+        })
+        .collect();
+    let mut addrs = Vec::new();
+    for (i, slot) in slots.iter_mut().enumerate().take(AGENTS) {
+        addrs.push(slot.start(scenario, i, any).await?);
     }
-    let addrs: Vec<SocketAddr> = agents.iter().map(|a| a.addr).collect();
-    let front = Front::start(router, &addrs, tools, dir).await?;
+    if scenario == Scenario::ColdStart {
+        // Reserved for the newcomer: listed by the static routers, listening from the join.
+        addrs.push(SocketAddr::from(([127, 0, 0, 1], free_port()?)));
+    }
+    let mut front = Front::start(router, scenario, &addrs, tools, dir, options).await?;
     let url = front.url();
 
     let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
@@ -241,12 +504,15 @@ async fn run(
                     .header("reach-capability", CAP)
                     .body(Full::new(Bytes::from_static(b"def f(): pass")));
                 let ok = match request {
-                    Ok(r) => match tokio::time::timeout(Duration::from_secs(10), client.request(r))
-                        .await
-                    {
+                    Ok(r) => match tokio::time::timeout(CALL_TIMEOUT, client.request(r)).await {
                         Ok(Ok(response)) => {
                             let status = response.status();
-                            response.into_body().collect().await.is_ok() && status == 200
+                            let body = tokio::time::timeout(
+                                CALL_TIMEOUT.saturating_sub(sent.elapsed()),
+                                response.into_body().collect(),
+                            )
+                            .await;
+                            matches!(body, Ok(Ok(_))) && status == 200
                         }
                         _ => false,
                     },
@@ -260,36 +526,91 @@ async fn run(
             }
         }));
     }
-    // Watch what reaches each agent, every 100 ms.
-    let fault_at = duration / 4;
-    let mut samples: Vec<(Duration, Vec<u64>, usize)> = Vec::new();
-    let mut faulted = false;
+    // Watch what reaches each agent, every 100 ms; break, restart and join on time.
+    let restart_at = (scenario == Scenario::CrashRestart).then_some(fault_at + RESTART_AFTER);
+    let mut samples: Vec<Sample> = Vec::new();
+    let (mut faulted, mut restarted) = (false, false);
+    let mut joined_at: Option<Duration> = None;
+    let mut next_diag = Duration::ZERO;
+    let mut diag = Vec::new();
     while started.elapsed() < duration {
-        if !faulted && started.elapsed() >= fault_at {
-            for i in scenario.broken() {
-                scenario.breaks(&agents[*i]);
-            }
+        let now = started.elapsed();
+        if !faulted && now >= fault_at {
             faulted = true;
+            for i in scenario.broken() {
+                if let Some(agent) = &slots[*i].agent {
+                    scenario.breaks(agent);
+                }
+            }
+            match scenario {
+                Scenario::HalfOpen => front.break_path(),
+                Scenario::CrashRestart => {
+                    slots[1].die().await;
+                    front.pod_gone(1).await;
+                }
+                Scenario::ColdStart => {
+                    joined_at = Some(started.elapsed());
+                    // agent-reach's newcomer listens anywhere: its sidecar announces it.
+                    let listen = if router == "agent-reach" {
+                        any
+                    } else {
+                        addrs[AGENTS]
+                    };
+                    let addr = slots[AGENTS].start(scenario, AGENTS, listen).await?;
+                    front.pod_started(AGENTS, addr).await?;
+                }
+                _ => {}
+            }
         }
-        let reached = agents.iter().map(|a| a.stats().business).collect();
+        if restart_at.is_some_and(|at| !restarted && now >= at) {
+            restarted = true;
+            joined_at = Some(started.elapsed());
+            let addr = slots[1].start(scenario, 1, any).await?;
+            front.pod_started(1, addr).await?;
+        }
+        let mut reached: Vec<u64> = slots.iter().map(Slot::reached).collect();
+        if let Some(sent) = front.sent_into_path() {
+            // In half-open the agent gets nothing once the path is broken; what counts is what
+            // the router still sends into it.
+            reached[1] = sent;
+        }
         let n = calls.lock().unwrap_or_else(|p| p.into_inner()).len();
-        samples.push((started.elapsed(), reached, n));
+        samples.push(Sample {
+            at: started.elapsed(),
+            reached,
+            calls: n,
+        });
+        if options.diag.is_some() && now >= next_diag {
+            next_diag = now + Duration::from_millis(500);
+            if let Some(line) = front.diag_line(now) {
+                diag.push(line);
+            }
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         let _ = w.await;
     }
-    drop(front);
+    if let (Some(d), Some(status)) = (&options.diag, front.final_status()) {
+        let name = |what: &str| d.join(format!("{}-{router}-{what}", scenario.name()));
+        let _ = std::fs::write(name("timeline.jsonl"), diag.join("\n"));
+        let _ = std::fs::write(name("status.json"), status);
+    }
+    front.stop().await;
+    for slot in &mut slots {
+        slot.die().await;
+    }
     let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    Ok(outcome(scenario, &calls, &samples, fault_at))
+    Ok(outcome(scenario, &calls, &samples, fault_at, joined_at))
 }
 
 fn outcome(
     scenario: Scenario,
     calls: &[Call],
-    samples: &[(Duration, Vec<u64>, usize)],
+    samples: &[Sample],
     fault_at: Duration,
+    joined_at: Option<Duration>,
 ) -> Outcome {
     let mut ms: Vec<f64> = calls.iter().map(|c| c.2).collect();
     ms.sort_by(f64::total_cmp);
@@ -304,24 +625,34 @@ fn outcome(
         ms.iter().sum::<f64>() / ms.len() as f64
     };
     // How long the broken agent kept getting calls: from the fault to the end of the first
-    // 500 ms in which it got under 5 % of its fair share (calls to it / calls made).
+    // 500 ms in which it got under 5 % of its fair share of the calls that reached any agent
+    // (sent into its path, in half-open). A half second in which the agents got less than a
+    // tenth of what they got in an average half second before the fault (callers stuck) says
+    // nothing either way.
     let bad = scenario.broken();
     let fair = 1.0 / AGENTS as f64;
-    let out_after = (!bad.is_empty() && scenario != Scenario::Crash)
+    let arrived = |s: &Sample| s.reached.iter().sum::<u64>();
+    let before = samples.iter().rfind(|s| s.at < fault_at);
+    let quiet = before.map_or(0.0, |b| {
+        let first = samples.first().map_or(0, arrived);
+        arrived(b).saturating_sub(first) as f64 / b.at.as_secs_f64().max(0.1) * 0.5 * 0.1
+    });
+    let out_after = scenario
+        .measures_out()
         .then(|| {
             samples
                 .windows(6)
-                .filter(|w| w[0].0 >= fault_at)
+                .filter(|w| w[0].at >= fault_at)
                 .find(|w| {
                     let (first, last) = (&w[0], &w[w.len() - 1]);
-                    let made = last.2.saturating_sub(first.2).max(1) as f64;
-                    let reached: u64 = bad
-                        .iter()
-                        .map(|i| last.1[*i].saturating_sub(first.1[*i]))
-                        .sum();
-                    reached as f64 / made / bad.len() as f64 <= 0.05 * fair
+                    let got = |i: usize| last.reached[i].saturating_sub(first.reached[i]);
+                    let all: u64 = (0..first.reached.len()).map(got).sum();
+                    let reached: u64 = bad.iter().map(|i| got(*i)).sum();
+                    all > 0
+                        && all as f64 >= quiet
+                        && reached as f64 / all as f64 / bad.len() as f64 <= 0.05 * fair
                 })
-                .map(|w| w[w.len() - 1].0.saturating_sub(fault_at))
+                .map(|w| w[w.len() - 1].at.saturating_sub(fault_at))
         })
         .flatten();
     // Retry storm: the busiest 500 ms of the busiest survivor against its fair share of the
@@ -329,15 +660,35 @@ fn outcome(
     let peak_ratio = (scenario == Scenario::RetryStorm).then(|| {
         samples
             .windows(6)
-            .filter(|w| w[0].0 >= fault_at)
+            .filter(|w| w[0].at >= fault_at)
             .map(|w| {
                 let (first, last) = (&w[0], &w[w.len() - 1]);
-                let made = last.2.saturating_sub(first.2).max(1) as f64;
+                let made = last.calls.saturating_sub(first.calls).max(1) as f64;
                 (2..AGENTS)
-                    .map(|i| last.1[i].saturating_sub(first.1[i]) as f64 / (made / 2.0))
+                    .map(|i| last.reached[i].saturating_sub(first.reached[i]) as f64 / (made / 2.0))
                     .fold(0.0, f64::max)
             })
             .fold(0.0, f64::max)
+    });
+    // A newcomer at full traffic: the first second, from its start, in which it got at least
+    // 90 % of a fair share of the calls that reached any agent.
+    let full_after = scenario.newcomer().zip(joined_at).and_then(|(new, join)| {
+        let fair = 1.0 / scenario.slots() as f64;
+        samples
+            .windows(11)
+            .filter(|w| w[0].at >= join)
+            .find(|w| {
+                let (first, last) = (&w[0], &w[w.len() - 1]);
+                let all: u64 = (0..first.reached.len())
+                    .map(|i| last.reached[i].saturating_sub(first.reached[i]))
+                    .sum();
+                let mine = last.reached[new].saturating_sub(first.reached[new]);
+                all > 0 && mine as f64 / all as f64 >= FULL_SHARE * fair
+            })
+            .map(|w| w[w.len() - 1].at.saturating_sub(join))
+    });
+    let join_failed = joined_at.map_or(0, |join| {
+        calls.iter().filter(|c| !c.1 && c.0 >= join).count()
     });
     Outcome {
         calls: calls.len(),
@@ -346,96 +697,416 @@ fn outcome(
         p95_ms: p95,
         out_after,
         peak_ratio,
+        full_after,
+        join_failed,
     }
 }
 
-/// The router under test, in front of the agents.
-enum Front {
-    Reach {
-        caller: Option<Box<Sidecar>>,
-        sidecars: Vec<Sidecar>,
-    },
+/// The router under test, in front of the agents, with the relay of a half-open run.
+struct Front {
+    kind: Kind,
+    relay: Option<Relay>,
+    /// The address the router was given for each agent slot.
+    endpoints: Vec<SocketAddr>,
+}
+
+enum Kind {
+    Reach(Box<Reach>),
     Baseline {
         port: u16,
         task: tokio::task::JoinHandle<()>,
     },
-    Process {
+    Haproxy {
         port: u16,
         child: Child,
+        /// The runtime API.
+        socket: PathBuf,
     },
+    Envoy {
+        port: u16,
+        child: Child,
+        /// The EDS file, when the endpoints come from one (crash-restart).
+        eds: Option<PathBuf>,
+    },
+}
+
+/// agent-reach: the caller's sidecar (the gossip seed) and one sidecar per agent slot.
+struct Reach {
+    caller: Sidecar,
+    sidecars: Vec<Option<Sidecar>>,
+    key: PathBuf,
+    policy: Policy,
+    max_concurrency: usize,
+}
+
+impl Reach {
+    /// A sidecar for the agent in `slot`, joining the fleet through the caller's sidecar.
+    async fn sidecar(
+        &self,
+        slot: usize,
+        agent: SocketAddr,
+        ip: [u8; 4],
+    ) -> Result<Sidecar, String> {
+        let name = format!("agent-{}", slot + 1);
+        let seed: Vec<SocketAddr> = self.caller.addrs.gossip.into_iter().collect();
+        let mut b = Bootstrap::local(&name, agent, &[CAP])?.with_gossip(&seed, self.key.clone());
+        b.agent.max_concurrency =
+            serde_yaml::from_str(&self.max_concurrency.to_string()).map_err(|e| e.to_string())?;
+        if let Some(g) = b.gossip.as_mut() {
+            g.listen = SocketAddr::from((ip, 0));
+        }
+        for c in &mut b.agent.capabilities {
+            c.probe = Some(agent_reach::demo::probe_spec());
+        }
+        start_sidecar(b, self.policy.clone()).await
+    }
+}
+
+async fn start_sidecar(b: Bootstrap, policy: Policy) -> Result<Sidecar, String> {
+    let store = Arc::new(ConfigStore::new(b, policy, ConfigPaths::default()));
+    Sidecar::start(store).await.map_err(|e| e.to_string())
+}
+
+/// A fresh gossip cluster key in `dir`.
+fn key_file(dir: &Path) -> Result<PathBuf, String> {
+    let secret: [u8; 32] = rand::random();
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    write(
+        dir,
+        &format!("gossip-{:x}.key", rand::random::<u64>()),
+        &hex,
+    )
 }
 
 impl Front {
     async fn start(
         router: &str,
+        scenario: Scenario,
         agents: &[SocketAddr],
         tools: &Tools,
         dir: &Path,
+        options: &Options,
     ) -> Result<Self, String> {
-        let front = match router {
+        let mut endpoints = agents.to_vec();
+        let mut relay = None;
+        if scenario == Scenario::HalfOpen && router != "agent-reach" {
+            let r = Relay::start(SocketAddr::from(([127, 0, 0, 1], 0)), agents[1]).await?;
+            endpoints[1] = r.addr;
+            relay = Some(r);
+        }
+        // A cold start's fifth agent is not running yet: agent-reach learns of it when it joins.
+        let live = AGENTS.min(agents.len());
+        let kind = match router {
             "agent-reach" => {
-                let start = |b: Bootstrap| async move {
-                    let store = Arc::new(ConfigStore::new(
-                        b,
-                        Policy::default(),
-                        ConfigPaths::default(),
-                    ));
-                    Sidecar::start(store).await.map_err(|e| e.to_string())
+                let key = key_file(dir)?;
+                let policy = Policy {
+                    decision_log: options.decision_log,
+                    ..Policy::default()
                 };
-                let mut sidecars = Vec::new();
-                let mut caller =
-                    Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])?;
-                for (i, addr) in agents.iter().enumerate() {
-                    let name = format!("agent-{}", i + 1);
-                    let mut b = Bootstrap::local(&name, *addr, &[CAP])?;
-                    b.agent.max_concurrency =
-                        serde_yaml::from_str("8").map_err(|e| e.to_string())?;
-                    for c in &mut b.agent.capabilities {
-                        c.probe = Some(agent_reach::demo::probe_spec());
+                let caller = start_sidecar(
+                    Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])?
+                        .with_gossip(&[], key.clone()),
+                    policy.clone(),
+                )
+                .await?;
+                let mut reach = Reach {
+                    caller,
+                    sidecars: (0..agents.len()).map(|_| None).collect(),
+                    key,
+                    policy,
+                    max_concurrency: scenario.max_concurrency(),
+                };
+                for (i, addr) in agents.iter().enumerate().take(live) {
+                    let half_open = scenario == Scenario::HalfOpen && i == 1;
+                    let ip = if half_open { RELAY_IP } else { [127, 0, 0, 1] };
+                    let sidecar = reach.sidecar(i, *addr, ip).await?;
+                    if half_open {
+                        // The network path: peers reach this sidecar at the advertised
+                        // 127.0.0.2:<inbound port>, where the relay listens.
+                        let inbound = sidecar.addrs.inbound;
+                        let r = Relay::start(SocketAddr::from((RELAY_IP, inbound.port())), inbound)
+                            .await?;
+                        endpoints[1] = r.addr;
+                        relay = Some(r);
                     }
-                    let sidecar = start(b).await?;
-                    caller = caller.with_peer(&name, sidecar.addrs.inbound, &[CAP])?;
-                    sidecars.push(sidecar);
+                    reach.sidecars[i] = Some(sidecar);
                 }
-                Front::Reach {
-                    caller: Some(Box::new(start(caller).await?)),
-                    sidecars,
+                // Ready when the caller knows every agent by gossip.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while reach.caller.status().peers.len() < live {
+                    if Instant::now() > deadline {
+                        return Err(format!(
+                            "the caller found {} of {live} agents by gossip within 20 s",
+                            reach.caller.status().peers.len()
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
+                Kind::Reach(Box::new(reach))
             }
             "baseline" => {
-                let (port, task) = baseline(agents.to_vec()).await?;
-                Front::Baseline { port, task }
+                let (port, task) = baseline(endpoints.clone()).await?;
+                Kind::Baseline { port, task }
             }
             "haproxy" => {
                 let binary = tools.haproxy.clone().ok_or("haproxy not found")?;
                 let port = free_port()?;
-                let servers: String = agents
+                let socket = dir.join(format!("haproxy-{port}.sock"));
+                let servers: String = endpoints
                     .iter()
                     .enumerate()
                     .map(|(i, a)| format!("  server a{i} {a} check\n"))
                     .collect();
                 let cfg = write(dir, "haproxy.cfg", &format!(
-                    "global\n  nbthread 1\n  maxconn 4096\n\
+                    "global\n  nbthread 1\n  maxconn 4096\n  stats socket {} mode 600 level admin\n\
                      defaults\n  mode http\n  timeout connect 1s\n  timeout client 30s\n  timeout server 30s\n  option http-keep-alive\n\
                      \x20 retries 1\n  option redispatch 1\n  retry-on conn-failure empty-response response-timeout 500 502 503 504\n\
                      frontend f\n  bind 127.0.0.1:{port}\n  default_backend b\n\
                      backend b\n  balance roundrobin\n  option httpchk GET /healthz\n  http-check expect status 200\n\
-                     \x20 default-server inter 10s fall 3 rise 2 observe layer7 error-limit 10 on-error mark-down\n{servers}"))?;
+                     \x20 default-server inter 10s fall 3 rise 2 observe layer7 error-limit 10 on-error mark-down\n{servers}",
+                    socket.display()))?;
                 let child = common::spawn_quiet(common::haproxy(&binary, &cfg))?;
-                Front::Process { port, child }
+                Kind::Haproxy {
+                    port,
+                    child,
+                    socket,
+                }
             }
             "envoy" => {
                 let binary = tools.envoy.clone().ok_or("envoy not found")?;
                 let port = free_port()?;
-                let endpoints: String = agents
-                    .iter()
-                    .map(|a| format!("        - endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}\n", a.ip(), a.port()))
-                    .collect();
+                // crash-restart: endpoints from a watched file, as a control plane would push them.
+                let eds = if scenario == Scenario::CrashRestart {
+                    let eds_dir = dir.join(format!("eds-{port}"));
+                    std::fs::create_dir_all(&eds_dir).map_err(|e| e.to_string())?;
+                    let path = eds_dir.join("eds.yaml");
+                    write_eds(&path, &endpoints)?;
+                    Some(path)
+                } else {
+                    None
+                };
                 let cfg = write(
                     dir,
                     "envoy.yaml",
+                    &envoy_config(port, &endpoints, eds.as_deref()),
+                )?;
+                let child = common::spawn_quiet(common::envoy(&binary, &cfg, port))?;
+                Kind::Envoy { port, child, eds }
+            }
+            other => return Err(format!("unknown router {other}")),
+        };
+        let front = Front {
+            kind,
+            relay,
+            endpoints,
+        };
+        // Ready when a call goes through.
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let request = hyper::Request::post(front.url())
+                .header("reach-capability", CAP)
+                .body(Full::new(Bytes::from_static(b"x")))
+                .map_err(|e| e.to_string())?;
+            if let Ok(Ok(r)) =
+                tokio::time::timeout(Duration::from_secs(2), client.request(request)).await
+            {
+                if r.status() == 200 {
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                front.stop().await;
+                return Err("the router did not answer within 20 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(front)
+    }
+
+    fn url(&self) -> String {
+        let port = match &self.kind {
+            Kind::Reach(r) => r.caller.addrs.outbound.port(),
+            Kind::Baseline { port, .. } | Kind::Haproxy { port, .. } | Kind::Envoy { port, .. } => {
+                *port
+            }
+        };
+        format!("http://127.0.0.1:{port}/review")
+    }
+
+    fn break_path(&self) {
+        if let Some(r) = &self.relay {
+            r.broken.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Calls sent into the relayed path so far, in a half-open run.
+    fn sent_into_path(&self) -> Option<u64> {
+        self.relay
+            .as_ref()
+            .map(|r| r.requests.load(Ordering::Relaxed))
+    }
+
+    /// The pod in `slot` died: for agent-reach its sidecar goes too, without a goodbye.
+    async fn pod_gone(&mut self, slot: usize) {
+        if let Kind::Reach(r) = &mut self.kind {
+            if let Some(s) = r.sidecars.get_mut(slot).and_then(Option::take) {
+                s.kill().await;
+            }
+        }
+    }
+
+    /// The agent in `slot` listens at `addr`: agent-reach starts its sidecar, which joins by
+    /// gossip; HAProxy and Envoy are told a changed address; the baseline cannot be.
+    async fn pod_started(&mut self, slot: usize, addr: SocketAddr) -> Result<(), String> {
+        let moved = self.endpoints.get(slot) != Some(&addr);
+        match &mut self.kind {
+            Kind::Reach(r) => {
+                let sidecar = r.sidecar(slot, addr, [127, 0, 0, 1]).await?;
+                r.sidecars[slot] = Some(sidecar);
+                return Ok(());
+            }
+            Kind::Baseline { .. } => return Ok(()),
+            Kind::Haproxy { socket, .. } if moved => {
+                haproxy_command(
+                    socket,
                     &format!(
-                        r#"
+                        "set server b/a{slot} addr {} port {}",
+                        addr.ip(),
+                        addr.port()
+                    ),
+                )?;
+            }
+            Kind::Envoy {
+                eds: Some(path), ..
+            } if moved => {
+                let mut endpoints = self.endpoints.clone();
+                endpoints[slot] = addr;
+                write_eds(path, &endpoints)?;
+            }
+            Kind::Haproxy { .. } | Kind::Envoy { .. } => {}
+        }
+        if moved {
+            self.endpoints[slot] = addr;
+        }
+        Ok(())
+    }
+
+    /// agent-reach: the caller's view of each peer, one JSON line.
+    fn diag_line(&self, at: Duration) -> Option<String> {
+        let Kind::Reach(r) = &self.kind else {
+            return None;
+        };
+        let views: Vec<serde_json::Value> = r
+            .caller
+            .status()
+            .peer_views
+            .iter()
+            .map(|p| {
+                let view = serde_json::to_value(p.view).unwrap_or_default();
+                serde_json::json!({
+                    "peer": p.name,
+                    "address": p.address,
+                    "effective": p.effective_state,
+                    "cap": p.effective_cap,
+                    "score": p.last_score,
+                    "view": view,
+                    "self": p.self_view.as_ref().map(|v| serde_json::to_value(v).unwrap_or_default()),
+                })
+            })
+            .collect();
+        Some(serde_json::json!({ "t": at.as_secs_f64(), "peers": views }).to_string())
+    }
+
+    fn final_status(&self) -> Option<String> {
+        let Kind::Reach(r) = &self.kind else {
+            return None;
+        };
+        serde_json::to_string_pretty(&r.caller.status()).ok()
+    }
+
+    async fn stop(self) {
+        let Front { kind, relay, .. } = self;
+        if let Some(r) = relay {
+            r.stop.cancel();
+        }
+        match kind {
+            Kind::Reach(r) => {
+                let Reach {
+                    caller, sidecars, ..
+                } = *r;
+                caller.kill().await;
+                for s in sidecars.into_iter().flatten() {
+                    s.kill().await;
+                }
+            }
+            Kind::Baseline { task, .. } => task.abort(),
+            Kind::Haproxy { mut child, .. } | Kind::Envoy { mut child, .. } => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// One command on HAProxy's runtime API; its answer must not be an error.
+fn haproxy_command(socket: &Path, command: &str) -> Result<(), String> {
+    use std::io::Read as _;
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)
+        .map_err(|e| format!("{}: {e}", socket.display()))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(format!("{command}\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    if answer.to_ascii_lowercase().contains("error") || answer.contains("No such") {
+        return Err(format!("haproxy `{command}`: {}", answer.trim()));
+    }
+    Ok(())
+}
+
+fn envoy_endpoints(endpoints: &[SocketAddr], indent: &str) -> String {
+    endpoints
+        .iter()
+        .map(|a| {
+            format!(
+                "{indent}- endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}\n",
+                a.ip(),
+                a.port()
+            )
+        })
+        .collect()
+}
+
+/// The EDS file, replaced whole by a rename so Envoy's directory watch sees one change.
+fn write_eds(path: &Path, endpoints: &[SocketAddr]) -> Result<(), String> {
+    let text = format!(
+        "resources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: agents\n  endpoints:\n  - lb_endpoints:\n{}",
+        envoy_endpoints(endpoints, "    ")
+    );
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, path).map_err(|e| e.to_string())
+}
+
+fn envoy_config(port: u16, endpoints: &[SocketAddr], eds: Option<&Path>) -> String {
+    let discovery = match eds {
+        Some(path) => format!(
+            "    type: EDS\n    eds_cluster_config:\n      eds_config:\n        resource_api_version: V3\n        path_config_source:\n          path: {}\n          watched_directory: {{ path: {} }}\n",
+            path.display(),
+            path.parent().map_or(String::new(), |d| d.display().to_string())
+        ),
+        None => format!(
+            "    type: STATIC\n    load_assignment:\n      cluster_name: agents\n      endpoints:\n      - lb_endpoints:\n{}",
+            envoy_endpoints(endpoints, "        ")
+        ),
+    };
+    format!(
+        r#"
+node: {{ id: scenario, cluster: scenario }}
 static_resources:
   listeners:
   - address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
@@ -465,7 +1136,6 @@ static_resources:
             typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
   clusters:
   - name: agents
-    type: STATIC
     connect_timeout: 1s
     lb_policy: ROUND_ROBIN
     round_robin_lb_config: {{ slow_start_config: {{ slow_start_window: 30s }} }}
@@ -475,6 +1145,7 @@ static_resources:
       interval: 10s
       unhealthy_threshold: 3
       healthy_threshold: 2
+      no_traffic_interval: 10s
       http_health_check: {{ path: /healthz }}
     outlier_detection:
       consecutive_5xx: 5
@@ -482,74 +1153,139 @@ static_resources:
       interval: 1s
       base_ejection_time: 30s
       max_ejection_percent: 50
-    load_assignment:
-      cluster_name: agents
-      endpoints:
-      - lb_endpoints:
-{endpoints}"#
-                    ),
-                )?;
-                let child = common::spawn_quiet(common::envoy(&binary, &cfg, port))?;
-                Front::Process { port, child }
-            }
-            other => return Err(format!("unknown router {other}")),
-        };
-        // Ready when a call goes through.
-        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let request = hyper::Request::post(front.url())
-                .header("reach-capability", CAP)
-                .body(Full::new(Bytes::from_static(b"x")))
-                .map_err(|e| e.to_string())?;
-            if let Ok(Ok(r)) =
-                tokio::time::timeout(Duration::from_secs(2), client.request(request)).await
-            {
-                if r.status() == 200 {
-                    break;
-                }
-            }
-            if Instant::now() > deadline {
-                return Err("the router did not answer within 20 s".into());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(front)
-    }
-
-    fn url(&self) -> String {
-        let port = match self {
-            Front::Reach { caller, .. } => caller.as_ref().map_or(0, |c| c.addrs.outbound.port()),
-            Front::Baseline { port, .. } | Front::Process { port, .. } => *port,
-        };
-        format!("http://127.0.0.1:{port}/review")
-    }
+{discovery}"#
+    )
 }
 
-impl Drop for Front {
-    fn drop(&mut self) {
-        match self {
-            Front::Reach { caller, sidecars } => {
-                // Sidecars stop with their runtime's tasks; killing them here keeps runs apart.
-                let all: Vec<Sidecar> = caller
-                    .take()
-                    .map(|c| *c)
-                    .into_iter()
-                    .chain(sidecars.drain(..))
-                    .collect();
+/// A TCP relay standing for the network path to one agent. Until it is broken it forwards both
+/// ways and passes a close on; once broken it forwards nothing, on open connections and new ones
+/// (accepted, then read and discarded), and closes nothing: a black hole, so the sender waits
+/// for a timeout. It counts the HTTP/1.1 POSTs sent into it, delivered or not.
+struct Relay {
+    addr: SocketAddr,
+    broken: Arc<AtomicBool>,
+    requests: Arc<AtomicU64>,
+    stop: CancellationToken,
+}
+
+impl Relay {
+    async fn start(listen: SocketAddr, upstream: SocketAddr) -> Result<Self, String> {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| format!("relay on {listen}: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let relay = Self {
+            addr,
+            broken: Arc::default(),
+            requests: Arc::default(),
+            stop: CancellationToken::new(),
+        };
+        let (broken, requests, stop) = (
+            relay.broken.clone(),
+            relay.requests.clone(),
+            relay.stop.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                let client = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => stream,
+                        Err(_) => continue,
+                    },
+                };
+                let (broken, requests, stop) = (broken.clone(), requests.clone(), stop.clone());
                 tokio::spawn(async move {
-                    for s in all {
-                        s.kill().await;
+                    let _ = client.set_nodelay(true);
+                    let upstream = if broken.load(Ordering::SeqCst) {
+                        None
+                    } else {
+                        tokio::net::TcpStream::connect(upstream).await.ok()
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    match upstream {
+                        Some(upstream) => {
+                            let _ = upstream.set_nodelay(true);
+                            let (up_read, up_write) = upstream.into_split();
+                            tokio::join!(
+                                pump(client_read, up_write, &broken, Some(&requests), &stop),
+                                pump(up_read, client_write, &broken, None, &stop),
+                            );
+                        }
+                        None if broken.load(Ordering::SeqCst) => {
+                            // Accept, then swallow: hold the write half so nothing closes.
+                            let _held = client_write;
+                            pump_into_nothing(client_read, &requests, &stop).await;
+                        }
+                        // The agent is not there (before the break): refuse like it would.
+                        None => {}
                     }
                 });
             }
-            Front::Baseline { task, .. } => task.abort(),
-            Front::Process { child, .. } => {
-                let _ = child.kill();
-                let _ = child.wait();
+        });
+        Ok(relay)
+    }
+}
+
+/// Forwards `from` to `to` until the break, then reads and discards; a close before the break
+/// is passed on, after it is kept quiet until the relay stops.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    broken: &AtomicBool,
+    requests: Option<&AtomicU64>,
+    stop: &CancellationToken,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = tokio::select! {
+            _ = stop.cancelled() => return,
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+        };
+        if let Some(r) = requests {
+            if buf[..n].starts_with(b"POST ") {
+                r.fetch_add(1, Ordering::Relaxed);
             }
         }
+        if broken.load(Ordering::SeqCst) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
     }
+    if broken.load(Ordering::SeqCst) {
+        let _held = (from, to);
+        stop.cancelled().await;
+    } else {
+        let _ = to.shutdown().await;
+    }
+}
+
+async fn pump_into_nothing(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    requests: &AtomicU64,
+    stop: &CancellationToken,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if buf[..n].starts_with(b"POST ") {
+                        requests.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            },
+        }
+    }
+    let _held = from;
+    stop.cancelled().await;
 }
 
 /// What the seeds started from: round-robin over agents whose `/healthz` answered 200 at the

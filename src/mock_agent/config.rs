@@ -21,6 +21,10 @@ pub enum Mode {
     Hang,
     /// Serves N more business calls, then the process "dies": the port closes, connections drop.
     CrashAfter(u64),
+    /// Long tasks: a share (`Workload::long_share`) of business calls take
+    /// `Workload::long_latency`. With a worker pool (`Workload::pool`) they fill it, and the
+    /// short calls wait behind them in the agent's own queue while `/healthz` stays 200.
+    LongTasks,
 }
 
 impl FromStr for Mode {
@@ -33,6 +37,7 @@ impl FromStr for Mode {
             "slow" => Ok(Mode::Slow),
             "locked" => Ok(Mode::Locked),
             "hang" => Ok(Mode::Hang),
+            "long-tasks" => Ok(Mode::LongTasks),
             _ => match text.strip_prefix("crash-after") {
                 Some(n) => n
                     .trim_start_matches(['=', ' ', ':'])
@@ -40,7 +45,7 @@ impl FromStr for Mode {
                     .map(Mode::CrashAfter)
                     .map_err(|_| format!("`{text}`: crash-after needs a count, e.g. crash-after=5")),
                 None => Err(format!(
-                    "unknown mode `{text}` (normal, rate-limited, slow, locked, hang, crash-after=N)"
+                    "unknown mode `{text}` (normal, rate-limited, slow, locked, hang, long-tasks, crash-after=N)"
                 )),
             },
         }
@@ -55,6 +60,7 @@ impl fmt::Display for Mode {
             Mode::Slow => f.write_str("slow"),
             Mode::Locked => f.write_str("locked"),
             Mode::Hang => f.write_str("hang"),
+            Mode::LongTasks => f.write_str("long-tasks"),
             Mode::CrashAfter(n) => write!(f, "crash-after={n}"),
         }
     }
@@ -73,11 +79,16 @@ impl Latency {
     }
 
     pub fn sample(&self) -> Duration {
+        self.at(rand::random::<f64>())
+    }
+
+    /// The latency at `u` in 0..1 of the range (a draw from the caller's own RNG).
+    pub fn at(&self, u: f64) -> Duration {
         if self.max <= self.min {
             return self.min;
         }
         let span = (self.max - self.min).as_secs_f64();
-        self.min + Duration::from_secs_f64(span * rand::random::<f64>())
+        self.min + Duration::from_secs_f64(span * u.clamp(0.0, 1.0))
     }
 }
 
@@ -124,6 +135,32 @@ impl MockConfig {
     }
 }
 
+/// How a mock agent works, beyond its [`MockConfig`]: its own worker pool, a fixed seed for its
+/// random draws, and what `long-tasks` mode does. Given to [`super::MockAgent::start_with`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    /// Worker slots. Business calls (probes included) beyond this many wait, first come first
+    /// served, in the agent's own queue; `/healthz` and `/admin` never do. None: no limit.
+    pub pool: Option<usize>,
+    /// Seeds the agent's draws (latency, injected failures, long tasks), so the sequence of
+    /// draws is the same on every run. None: the thread RNG.
+    pub seed: Option<u64>,
+    /// In `long-tasks` mode: the share of business calls, 0..1, that take `long_latency`.
+    pub long_share: f64,
+    pub long_latency: Duration,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Self {
+            pool: None,
+            seed: None,
+            long_share: 0.3,
+            long_latency: Duration::from_secs(5),
+        }
+    }
+}
+
 /// Counts of what the mock agent has seen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MockStats {
@@ -132,5 +169,8 @@ pub struct MockStats {
     /// Business calls marked `reach-probe` by a sidecar's prober.
     pub probes: u64,
     pub health: u64,
+    /// Business calls being served or waiting.
     pub in_flight: u64,
+    /// Of those, the ones waiting for a worker slot.
+    pub queued: u64,
 }

@@ -2,11 +2,13 @@
 //!
 //! Business calls (any path but the ones below) behave by mode; `/healthz` answers 200 in every
 //! mode, which is exactly what makes an agent "fake online". `PUT /admin/mode` switches the mode
-//! at run time so a scenario can break and heal an agent.
+//! at run time so a scenario can break and heal an agent. [`MockAgent::start_with`] adds a
+//! [`Workload`]: a worker pool whose excess calls wait in the agent's own queue, a fixed seed for
+//! the agent's random draws, and the share and length of `long-tasks` calls.
 
 mod config;
 
-pub use config::{Latency, MockConfig, MockStats, Mode};
+pub use config::{Latency, MockConfig, MockStats, Mode, Workload};
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -20,7 +22,10 @@ use http_body_util::{BodyExt, Channel};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::format_duration;
@@ -29,6 +34,12 @@ use crate::http::{body, ReachBody};
 #[derive(Debug)]
 struct State {
     config: MockConfig,
+    workload: Workload,
+    /// The worker slots, when the agent has a pool.
+    pool: Option<Semaphore>,
+    /// The seeded RNG, when the workload has a seed.
+    rng: Mutex<Option<StdRng>>,
+    queued: AtomicU64,
     mode: Mutex<Mode>,
     lock: tokio::sync::Mutex<()>,
     business: AtomicU64,
@@ -51,11 +62,24 @@ pub struct MockAgent {
 impl MockAgent {
     /// Binds `listen` (port 0 for any) and serves until stopped or crashed.
     pub async fn start(listen: SocketAddr, config: MockConfig) -> std::io::Result<Self> {
+        Self::start_with(listen, config, Workload::default()).await
+    }
+
+    /// Like [`MockAgent::start`], with a worker pool, a seed or long tasks.
+    pub async fn start_with(
+        listen: SocketAddr,
+        config: MockConfig,
+        workload: Workload,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             mode: Mutex::new(config.mode),
             config,
+            pool: workload.pool.map(|n| Semaphore::new(n.max(1))),
+            rng: Mutex::new(workload.seed.map(StdRng::seed_from_u64)),
+            workload,
+            queued: AtomicU64::new(0),
             lock: tokio::sync::Mutex::new(()),
             business: AtomicU64::new(0),
             probes: AtomicU64::new(0),
@@ -117,7 +141,29 @@ impl State {
             probes: self.probes.load(Ordering::Relaxed),
             health: self.health.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
         }
+    }
+
+    /// A draw in 0..1: from the seeded RNG if there is one.
+    fn draw(&self) -> f64 {
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        match rng.as_mut() {
+            Some(rng) => rng.random::<f64>(),
+            None => rand::random::<f64>(),
+        }
+    }
+
+    /// Waits for a worker slot, if the agent has a pool; the slot is held until dropped.
+    async fn worker_slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let pool = self.pool.as_ref()?;
+        if let Ok(permit) = pool.try_acquire() {
+            return Some(permit);
+        }
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        let permit = pool.acquire().await.ok();
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+        permit
     }
 }
 
@@ -213,6 +259,8 @@ async fn business_inner(state: &State, req: Request<Incoming>) -> Response<Reach
         .map(|b| b.to_bytes().len())
         .unwrap_or(0);
     let name = &state.config.name;
+    // Every mode's work runs in a worker slot (a rate-limited agent's refusal too: it is fast).
+    let _slot = state.worker_slot().await;
     match state.mode() {
         Mode::RateLimited => {
             let mut r = json(
@@ -245,13 +293,19 @@ async fn business_inner(state: &State, req: Request<Incoming>) -> Response<Reach
         }
         Mode::Locked => {
             let _held = state.lock.lock().await;
-            pause(state.config.latency.sample()).await;
+            pause(state.config.latency.at(state.draw())).await;
             return ok(name, &path, received);
+        }
+        Mode::LongTasks => {
+            if state.draw() < state.workload.long_share {
+                pause(state.workload.long_latency).await;
+                return ok(name, &path, received);
+            }
         }
         Mode::Normal => {}
     }
-    pause(state.config.latency.sample()).await;
-    if state.config.failure_rate > 0.0 && rand::random::<f64>() < state.config.failure_rate {
+    pause(state.config.latency.at(state.draw())).await;
+    if state.config.failure_rate > 0.0 && state.draw() < state.config.failure_rate {
         return json(
             StatusCode::INTERNAL_SERVER_ERROR,
             serde_json::json!({ "error": "injected failure", "agent": name }),
@@ -343,5 +397,58 @@ mod tests {
         );
         let s = l.sample();
         assert!(s >= l.min && s <= l.max);
+        assert_eq!("long-tasks".parse::<Mode>(), Ok(Mode::LongTasks));
+        assert_eq!(Mode::LongTasks.to_string(), "long-tasks");
+        assert_eq!(l.at(0.0), l.min);
+        assert_eq!(l.at(1.0), l.max);
+    }
+
+    /// Long tasks fill a one-slot pool: the second call waits in the agent's queue, `/healthz`
+    /// does not; two agents with one seed draw the same latencies.
+    #[tokio::test]
+    async fn long_tasks_fill_the_pool_and_the_rest_wait() {
+        use http_body_util::Full;
+        use hyper_util::client::legacy::Client;
+        let workload = Workload {
+            pool: Some(1),
+            seed: Some(7),
+            long_share: 1.0,
+            long_latency: Duration::from_millis(300),
+        };
+        let mut config = MockConfig::new("pooled");
+        config.mode = Mode::LongTasks;
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let Ok(agent) = MockAgent::start_with(any, config, workload.clone()).await else {
+            panic!("cannot start the mock agent");
+        };
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let call = |path: &str| {
+            let request = Request::post(format!("http://{}{path}", agent.addr))
+                .body(Full::new(Bytes::new()))
+                .unwrap_or_default();
+            client.request(request)
+        };
+        let started = std::time::Instant::now();
+        let (first, second) = (call("/a"), call("/b"));
+        let both = tokio::spawn(async move {
+            let (first, second) = tokio::join!(first, second);
+            (first.is_ok(), second.is_ok())
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(agent.stats().queued, 1, "{:?}", agent.stats());
+        let health = Request::get(format!("http://{}/healthz", agent.addr))
+            .body(Full::new(Bytes::new()))
+            .unwrap_or_default();
+        assert!(client.request(health).await.is_ok());
+        assert!(started.elapsed() < Duration::from_millis(250));
+        assert_eq!(both.await.ok(), Some((true, true)));
+        assert!(started.elapsed() >= Duration::from_millis(600));
+
+        let draws = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            (0..4).map(|_| rng.random::<f64>()).collect::<Vec<_>>()
+        };
+        assert_eq!(draws(7), draws(7));
+        assert_ne!(draws(7), draws(8));
     }
 }
