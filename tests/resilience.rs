@@ -280,3 +280,48 @@ async fn retry_after_is_honoured_when_everyone_left_asked_for_a_pause() {
         reply.body
     );
 }
+
+/// A peer that takes calls and never answers (a black-holed path, a hung agent) shows up only
+/// through callers giving up on it. A deadline far past the peer's usual latency counts against
+/// it; one shorter than a second does not (see `a_deadline_shorter_than_the_agent…`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_abandoned_far_past_the_peers_latency_count_against_it() {
+    let mut config = MockConfig::new("coder-1");
+    config.mode = agent_reach::mock_agent::Mode::Hang;
+    let pair = Pair::start(config).await;
+    let url = format!("http://{}/review", pair.outbound());
+    let state = || {
+        pair.caller
+            .status()
+            .peer_views
+            .first()
+            .map(|p| p.effective_state.as_str().to_owned())
+    };
+    assert_eq!(state().as_deref().unwrap_or("parole"), "parole");
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                send(
+                    &client(),
+                    "POST",
+                    &url,
+                    &[("reach-capability", CAP), ("reach-timeout", "1200ms")],
+                    "x",
+                )
+                .await
+            })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().status, 504);
+    }
+    let after = state();
+    assert!(
+        after
+            .as_deref()
+            .is_some_and(|s| s == "ejected" || s == "probation"),
+        "four calls unanswered for 1.2 s leave the peer {after:?}: {}",
+        serde_json::to_string(&pair.caller.status().peer_views).unwrap()
+    );
+}

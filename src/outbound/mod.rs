@@ -419,7 +419,7 @@ impl Outbound {
                 if status == StatusCode::NOT_FOUND && reason == "unknown_capability" {
                     // Our registry is stale: that peer no longer serves the capability. Nothing
                     // ran; try another, and do not credit this one with a success.
-                    drop(pending);
+                    pending.discard();
                     return Attempt::Refused(response, "unknown_capability");
                 }
                 let signal = if status.is_server_error() {
@@ -431,7 +431,8 @@ impl Outbound {
                 Attempt::Done(response)
             }
             Err(ReachError::Timeout { .. }) if by_deadline => {
-                // The caller's budget ran out, not the peer's time: no evidence against the peer.
+                // The caller's budget ran out, not the peer's time: no evidence against the peer,
+                // unless the wait was far past what the peer usually takes (see `Pending`).
                 drop(pending);
                 Attempt::Failed(ReachError::DeadlineExceeded)
             }

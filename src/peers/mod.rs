@@ -107,8 +107,36 @@ impl PeerViews {
 
     /// An attempt on `peer` starts; the guard ends it, even if the caller goes away mid-call.
     pub fn begin<'v>(&'v self, peer: &'v Peer) -> Pending<'v> {
-        entry(&mut self.lock(), peer, Instant::now()).pending += 1;
-        Pending { views: self, peer }
+        let snapshot = self.store.snapshot();
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let e = entry(&mut inner, peer, now);
+        e.pending += 1;
+        // How long this attempt may stay unanswered before giving it up (the caller's deadline,
+        // the caller leaving) counts against the peer: five times the peer's latency as known
+        // when the attempt starts (not after: its own silence must not raise the bar), at
+        // least a second. A silent path — a half-open connection, a black-holed peer — shows
+        // up only this way; a short deadline on a healthy peer does not.
+        let latency = e
+            .view
+            .scoring_snapshot(
+                now,
+                &snapshot.policy.estimates.params(),
+                &snapshot.policy.states.params(),
+            )
+            .estimates
+            .latency_ms
+            .map_or(Duration::ZERO, |ms| {
+                Duration::from_secs_f64(ms * 5.0 / 1000.0)
+            });
+        drop(inner);
+        Pending {
+            views: self,
+            peer,
+            started: now,
+            overdue_after: latency.max(OVERDUE_FLOOR),
+            done: false,
+        }
     }
 
     fn end(&self, peer: &Peer) {
@@ -274,20 +302,40 @@ fn sanitize(remote: &mut SelfView) {
 pub struct Pending<'v> {
     views: &'v PeerViews,
     peer: &'v Peer,
+    started: Instant,
+    overdue_after: Duration,
+    done: bool,
 }
 
 impl Pending<'_> {
     /// Ends the attempt with what this caller saw.
-    pub fn finish(self, signal: Signal) {
+    pub fn finish(mut self, signal: Signal) {
+        self.done = true;
         self.views.observe(self.peer, signal);
+    }
+
+    /// Ends the attempt with no evidence either way (nothing ran).
+    pub fn discard(mut self) {
+        self.done = true;
     }
 }
 
 impl Drop for Pending<'_> {
+    /// An attempt given up without an answer (the caller's deadline, the caller gone) says
+    /// nothing about the peer — unless it waited far longer than the peer usually takes.
     fn drop(&mut self) {
         self.views.end(self.peer);
+        if !self.done {
+            let waited = self.started.elapsed();
+            if waited >= self.overdue_after {
+                self.views.observe(self.peer, Signal::Timeout(waited));
+            }
+        }
     }
 }
+
+/// The least an unanswered attempt must have waited to count against its peer.
+const OVERDUE_FLOOR: Duration = Duration::from_secs(1);
 
 /// The entry for `peer`; a peer seen at a new address starts over (a restarted agent is a new
 /// agent: its old address must not keep its history).
