@@ -28,7 +28,13 @@ pub fn pick(scored: &[Scored], tried: &[usize], mut random: impl FnMut() -> f64)
     let Some(second) = draw(scored, &eligible, &mut random) else {
         return Some(first);
     };
-    let (winner, loser) = if scored[second].factors.score > scored[first].factors.score + TIE {
+    let (a, b) = (&scored[first], &scored[second]);
+    let (winner, loser) = if b.factors.score > a.factors.score + TIE {
+        (second, first)
+    } else if a.factors.score > b.factors.score + TIE {
+        (first, second)
+    } else if less_loaded(b, a) {
+        // A tie on score: the one that will answer sooner, when that is clear.
         (second, first)
     } else {
         (first, second)
@@ -41,6 +47,14 @@ pub fn pick(scored: &[Scored], tried: &[usize], mut random: impl FnMut() -> f64)
     } else {
         Some(winner)
     }
+}
+
+/// `a` clearly answers sooner than `b`: its expected wait (latency × calls pending + 1) is under
+/// half of `b`'s. The score's cost term measures latency against the capability's timeout, so
+/// 60 ms and 300 ms score alike under a 30 s timeout; this tells them apart, and the pending
+/// factor keeps it from herding (a peer that wins gets more pending calls and stops winning).
+fn less_loaded(a: &Scored, b: &Scored) -> bool {
+    matches!((a.load_ms, b.load_ms), (Some(x), Some(y)) if x * 2.0 < y)
 }
 
 fn draw(scored: &[Scored], eligible: &[usize], random: &mut impl FnMut() -> f64) -> Option<usize> {
@@ -90,6 +104,7 @@ mod tests {
             cooling_down: false,
             timeout: std::time::Duration::from_secs(30),
             idempotent: false,
+            load_ms: None,
         }
     }
 
@@ -137,6 +152,21 @@ mod tests {
             "the parole peer took {share} despite its 5% cap"
         );
         assert!(share > 0.02, "{share}");
+    }
+
+    #[test]
+    fn on_a_tie_the_one_that_answers_clearly_sooner_wins_and_pending_calls_even_it_out() {
+        let mut c = vec![candidate("slow", 1.0, 0.80), candidate("fast", 1.0, 0.79)];
+        c[0].load_ms = Some(280.0);
+        c[1].load_ms = Some(60.0);
+        let mut rng = lcg(5);
+        assert!((0..100).all(|_| pick(&c, &[], &mut rng) == Some(1)));
+        // Five calls pending on the fast one: 60 × 6 = 360 ms against 280, no longer clear.
+        c[1].load_ms = Some(360.0);
+        let fast = (0..2000)
+            .filter(|_| pick(&c, &[], &mut rng) == Some(1))
+            .count();
+        assert!((600..1400).contains(&fast), "{fast}");
     }
 
     #[test]

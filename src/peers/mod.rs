@@ -79,6 +79,10 @@ pub struct Scored {
     /// The peer declares the capability idempotent (it deduplicates work itself).
     #[serde(skip)]
     pub idempotent: bool,
+    /// Expected wait for one more call, as this caller sees it: latency × (calls pending + 1)
+    /// (Finagle's peak-EWMA load). Unknown until the caller has a latency for the peer.
+    #[serde(skip)]
+    pub load_ms: Option<f64>,
 }
 
 /// A peer as `/status` shows it.

@@ -154,6 +154,10 @@ impl PeerViews {
                     cooling_down: mine.estimates.cooling_down,
                     timeout,
                     idempotent: published.is_some_and(|c| c.idempotent),
+                    load_ms: mine
+                        .estimates
+                        .latency_ms
+                        .map(|ms| ms * (entry.pending as f64 + 1.0)),
                 }
             })
             .collect();
