@@ -27,6 +27,23 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// `agent-reach inject --config config/injector.yaml --file <file>` with `extra` arguments.
+fn inject_file(file: &Path, extra: &[&str]) -> std::process::Output {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/injector.yaml");
+    let out = std::process::Command::new(BIN)
+        .arg("inject")
+        .args(extra)
+        .arg("--config")
+        .arg(&config)
+        .arg("--file")
+        .arg(file)
+        .output();
+    match out {
+        Ok(o) => o,
+        Err(err) => panic!("run inject: {err}"),
+    }
+}
+
 fn read_json(name: &str) -> Value {
     let text = std::fs::read_to_string(fixture(name)).unwrap_or_default();
     serde_json::from_str(&text).unwrap_or(Value::Null)
@@ -618,17 +635,7 @@ fn the_binary_injects_a_manifest_file_and_refuses_a_bad_one() {
         serde_yaml::to_string(&service).unwrap_or_default()
     );
     let _ = std::fs::write(&manifest, text);
-    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/injector.yaml");
-    let out = std::process::Command::new(BIN)
-        .args(["inject", "--config"])
-        .arg(&config)
-        .arg("--file")
-        .arg(&manifest)
-        .output();
-    let out = match out {
-        Ok(o) => o,
-        Err(err) => panic!("run inject: {err}"),
-    };
+    let out = inject_file(&manifest, &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -652,16 +659,7 @@ fn the_binary_injects_a_manifest_file_and_refuses_a_bad_one() {
         &bad,
         "kind: Pod\nmetadata:\n  name: p\n  annotations: { agent-reach.io/inject: enabled, agent-reach.io/max-concurrency: lots }\nspec: { containers: [] }\n",
     );
-    let out = std::process::Command::new(BIN)
-        .args(["inject", "--config"])
-        .arg(&config)
-        .arg("--file")
-        .arg(&bad)
-        .output();
-    let out = match out {
-        Ok(o) => o,
-        Err(err) => panic!("run inject: {err}"),
-    };
+    let out = inject_file(&bad, &[]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr)
@@ -876,17 +874,7 @@ fn manual_injection_takes_the_namespace_and_treats_nulls_as_missing() {
         &manifest,
         "kind: Pod\nmetadata:\n  name: p\n  labels: null\n  annotations: { agent-reach.io/inject: enabled }\nspec:\n  initContainers: null\n  volumes: null\n  containers: [ { name: a, image: x } ]\n",
     );
-    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/injector.yaml");
-    let out = std::process::Command::new(BIN)
-        .args(["inject", "-n", "team-a", "--config"])
-        .arg(&config)
-        .arg("--file")
-        .arg(&manifest)
-        .output();
-    let out = match out {
-        Ok(o) => o,
-        Err(err) => panic!("run inject: {err}"),
-    };
+    let out = inject_file(&manifest, &["-n", "team-a"]);
     assert!(
         out.status.success(),
         "{}",

@@ -143,7 +143,7 @@ impl InjectorConfig {
                 *file = base.join(&*file);
             }
         }
-        let sample = super::pod::Settings::sample(&config);
+        let sample = super::annotations::Settings::sample(&config);
         super::pod::bootstrap_text(&config, &sample, "default")
             .map_err(|e| invalid(format!("bootstrap: {e}")))?;
         Ok(config)

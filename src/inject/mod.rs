@@ -2,6 +2,7 @@
 //! `agent-reach.io/inject: enabled` (or in a namespace labelled so), and manual injection of
 //! manifest files. The chart (`charts/agent-reach`) renders its config and registers it.
 
+mod annotations;
 mod config;
 mod manifest;
 mod patch;
@@ -9,12 +10,13 @@ mod pod;
 mod review;
 mod server;
 
+pub use annotations::{
+    AnnotationError, Settings, AGENT_PORT, CAPABILITIES, CONFIG, INJECT, INJECTED_LABEL,
+    MAX_CONCURRENCY, PREFIX, PROBE_PATH, STATUS, ZONE,
+};
 pub use config::{Defaults, InjectorConfig, Prometheus, TlsFiles};
 pub use manifest::{inject_manifests, ManifestError};
 pub use patch::{apply, escape, Op, PatchError};
-pub use pod::{
-    bootstrap_text, decide, AnnotationError, Decision, OptIn, Settings, AGENT_PORT, CAPABILITIES,
-    CONFIG, INJECT, INJECTED_LABEL, MAX_CONCURRENCY, PREFIX, PROBE_PATH, STATUS, ZONE,
-};
+pub use pod::{bootstrap_text, decide, Decision, OptIn};
 pub use review::{answer, Answer, BadReview, Verdict};
 pub use server::{load_certified_key, InjectError, Injector};
