@@ -54,7 +54,7 @@ pub fn pick(scored: &[Scored], tried: &[usize], mut random: impl FnMut() -> f64)
 /// 60 ms and 300 ms score alike under a 30 s timeout; this tells them apart, and the pending
 /// factor keeps it from herding (a peer that wins gets more pending calls and stops winning).
 fn less_loaded(a: &Scored, b: &Scored) -> bool {
-    matches!((a.load_ms, b.load_ms), (Some(x), Some(y)) if x * 2.0 < y)
+    matches!((a.load_ms(), b.load_ms()), (Some(x), Some(y)) if x * 2.0 < y)
 }
 
 fn draw(scored: &[Scored], eligible: &[usize], random: &mut impl FnMut() -> f64) -> Option<usize> {
@@ -104,7 +104,8 @@ mod tests {
             cooling_down: false,
             timeout: std::time::Duration::from_secs(30),
             idempotent: false,
-            load_ms: None,
+            latency_ms: None,
+            pending: 0,
         }
     }
 
@@ -157,12 +158,12 @@ mod tests {
     #[test]
     fn on_a_tie_the_one_that_answers_clearly_sooner_wins_and_pending_calls_even_it_out() {
         let mut c = vec![candidate("slow", 1.0, 0.80), candidate("fast", 1.0, 0.79)];
-        c[0].load_ms = Some(280.0);
-        c[1].load_ms = Some(60.0);
+        c[0].latency_ms = Some(280.0);
+        c[1].latency_ms = Some(60.0);
         let mut rng = lcg(5);
         assert!((0..100).all(|_| pick(&c, &[], &mut rng) == Some(1)));
         // Five calls pending on the fast one: 60 × 6 = 360 ms against 280, no longer clear.
-        c[1].load_ms = Some(360.0);
+        c[1].pending = 5;
         let fast = (0..2000)
             .filter(|_| pick(&c, &[], &mut rng) == Some(1))
             .count();

@@ -388,7 +388,7 @@ impl Outbound {
             .insert(deadline::DEADLINE, attempt_deadline.header_value());
         let target = format!("peer {} ({})", peer.name, peer.address);
         let sent = Instant::now();
-        let pending = self.peers.begin(peer);
+        let pending = self.peers.begin(peer, candidate.latency_ms);
         match forward(&self.client, request, &peer.address, &target, timeout).await {
             Ok(response) => {
                 let elapsed = sent.elapsed();

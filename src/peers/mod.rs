@@ -79,10 +79,19 @@ pub struct Scored {
     /// The peer declares the capability idempotent (it deduplicates work itself).
     #[serde(skip)]
     pub idempotent: bool,
-    /// Expected wait for one more call, as this caller sees it: latency × (calls pending + 1)
-    /// (Finagle's peak-EWMA load). Unknown until the caller has a latency for the peer.
+    /// This caller's latency estimate for the peer (unknown until it has one), and its calls
+    /// in flight there when scored.
     #[serde(skip)]
-    pub load_ms: Option<f64>,
+    pub latency_ms: Option<f64>,
+    #[serde(skip)]
+    pub pending: usize,
+}
+
+impl Scored {
+    /// Expected wait for one more call: latency × (calls pending + 1), Finagle's peak-EWMA load.
+    pub fn load_ms(&self) -> Option<f64> {
+        self.latency_ms.map(|ms| ms * (self.pending as f64 + 1.0))
+    }
 }
 
 /// A peer as `/status` shows it.
@@ -110,35 +119,21 @@ impl PeerViews {
     }
 
     /// An attempt on `peer` starts; the guard ends it, even if the caller goes away mid-call.
-    pub fn begin<'v>(&'v self, peer: &'v Peer) -> Pending<'v> {
-        let snapshot = self.store.snapshot();
+    ///
+    /// `latency_ms` is the peer's latency as scored for this call: an attempt left unanswered
+    /// for five times that (at least a second) and then given up (the caller's deadline, the
+    /// caller leaving) counts against the peer. The bar is set when the attempt starts, so the
+    /// attempt's own silence cannot raise it. A silent path — a half-open connection, a
+    /// black-holed peer — shows up only this way; a short deadline on a healthy peer does not.
+    pub fn begin<'v>(&'v self, peer: &'v Peer, latency_ms: Option<f64>) -> Pending<'v> {
         let now = Instant::now();
-        let mut inner = self.lock();
-        let e = entry(&mut inner, peer, now);
-        e.pending += 1;
-        // How long this attempt may stay unanswered before giving it up (the caller's deadline,
-        // the caller leaving) counts against the peer: five times the peer's latency as known
-        // when the attempt starts (not after: its own silence must not raise the bar), at
-        // least a second. A silent path — a half-open connection, a black-holed peer — shows
-        // up only this way; a short deadline on a healthy peer does not.
-        let latency = e
-            .view
-            .scoring_snapshot(
-                now,
-                &snapshot.policy.estimates.params(),
-                &snapshot.policy.states.params(),
-            )
-            .estimates
-            .latency_ms
-            .map_or(Duration::ZERO, |ms| {
-                Duration::from_secs_f64(ms * 5.0 / 1000.0)
-            });
-        drop(inner);
+        entry(&mut self.lock(), peer, now).pending += 1;
+        let usual = latency_ms.map_or(Duration::ZERO, |ms| Duration::from_secs_f64(ms / 1000.0));
         Pending {
             views: self,
             peer,
             started: now,
-            overdue_after: latency.max(OVERDUE_FLOOR),
+            overdue_after: (usual * 5).max(OVERDUE_FLOOR),
             done: false,
         }
     }

@@ -154,10 +154,8 @@ impl PeerViews {
                     cooling_down: mine.estimates.cooling_down,
                     timeout,
                     idempotent: published.is_some_and(|c| c.idempotent),
-                    load_ms: mine
-                        .estimates
-                        .latency_ms
-                        .map(|ms| ms * (entry.pending as f64 + 1.0)),
+                    latency_ms: mine.estimates.latency_ms,
+                    pending: entry.pending,
                 }
             })
             .collect();
