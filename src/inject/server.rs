@@ -12,9 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::pem::PemObject;
@@ -28,6 +27,9 @@ use tokio_util::sync::CancellationToken;
 use super::config::InjectorConfig;
 use super::pod::OptIn;
 use super::review::{answer, Verdict};
+use crate::error::ReachError;
+use crate::http::server::text;
+use crate::http::ReachBody;
 
 /// A pod's AdmissionReview is a few KiB; etcd caps an object at 1.5 MiB.
 const MAX_BODY: usize = 3 << 20;
@@ -288,11 +290,13 @@ async fn serve(
                     )
                     .await;
                     Ok::<_, Infallible>(answered.unwrap_or_else(|_| {
-                        error(
-                            StatusCode::REQUEST_TIMEOUT,
-                            "timeout",
-                            "the review did not arrive in time",
-                        )
+                        let mut response = ReachError::Timeout {
+                            target: "the review".to_owned(),
+                            after: REQUEST_TIMEOUT,
+                        }
+                        .into_response();
+                        *response.status_mut() = StatusCode::REQUEST_TIMEOUT;
+                        response
                     }))
                 }
             });
@@ -321,7 +325,7 @@ async fn route(
     config: &InjectorConfig,
     stats: &Stats,
     reviews: &tokio::sync::Semaphore,
-) -> Response<Full<Bytes>> {
+) -> Response<ReachBody> {
     let opt_in = match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => return text(StatusCode::OK, "text/plain", "ok\n"),
         (&Method::GET, "/metrics") => {
@@ -329,30 +333,20 @@ async fn route(
         }
         (&Method::POST, "/inject") => OptIn::Annotation,
         (&Method::POST, "/inject-namespace") => OptIn::Namespace,
-        (_, path) => {
-            return error(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                &format!("no such endpoint: {path}"),
-            )
-        }
+        (_, path) => return ReachError::NotFound(path.to_owned()).into_response(),
     };
+    // The semaphore is never closed; an error could only mean shutting down.
     let Ok(_turn) = reviews.acquire().await else {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting_down",
-            "shutting down",
-        );
+        return ReachError::Draining.into_response();
     };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(err) => {
             stats.malformed.fetch_add(1, Ordering::Relaxed);
-            return error(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                &format!("cannot read the body (at most {MAX_BODY} bytes): {err}"),
-            );
+            return ReachError::BadRequest(format!(
+                "cannot read the body (at most {MAX_BODY} bytes): {err}"
+            ))
+            .into_response();
         }
     };
     match answer(config, &body, opt_in) {
@@ -373,25 +367,7 @@ async fn route(
         }
         Err(err) => {
             stats.malformed.fetch_add(1, Ordering::Relaxed);
-            error(StatusCode::BAD_REQUEST, "bad_request", &err.to_string())
+            ReachError::BadRequest(err.to_string()).into_response()
         }
     }
-}
-
-fn text(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(body.into()));
-    *response.status_mut() = status;
-    if let Ok(v) = header::HeaderValue::from_str(content_type) {
-        response.headers_mut().insert(header::CONTENT_TYPE, v);
-    }
-    response
-}
-
-fn error(status: StatusCode, code: &'static str, message: &str) -> Response<Full<Bytes>> {
-    let body = serde_json::json!({ "error": code, "message": message }).to_string();
-    let mut response = text(status, "application/json", body);
-    response
-        .headers_mut()
-        .insert("reach-reason", header::HeaderValue::from_static(code));
-    response
 }
