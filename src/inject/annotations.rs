@@ -71,16 +71,24 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// What a pod with one capability and no other annotation gets (checks the injector file).
-    pub fn sample(config: &InjectorConfig) -> Self {
+    /// What a pod with no annotation but `inject` gets: the injector's defaults, no capability.
+    pub fn defaults(config: &InjectorConfig) -> Self {
         Self {
             agent_port: config.defaults.agent_port,
-            capabilities: Name::parse("sample").into_iter().collect(),
+            capabilities: Vec::new(),
             max_concurrency: config.defaults.max_concurrency,
             zone: None,
             probe_path: (!config.defaults.probe_path.is_empty())
                 .then(|| config.defaults.probe_path.clone()),
             config_map: None,
+        }
+    }
+
+    /// The defaults with one capability (checks the injector file, probe included).
+    pub fn sample(config: &InjectorConfig) -> Self {
+        Self {
+            capabilities: Name::parse("sample").into_iter().collect(),
+            ..Self::defaults(config)
         }
     }
 
@@ -102,8 +110,7 @@ impl Settings {
                 });
             }
         }
-        let mut settings = Settings::sample(config);
-        settings.capabilities.clear();
+        let mut settings = Settings::defaults(config);
         if let Some(name) = get(CONFIG) {
             for other in [AGENT_PORT, CAPABILITIES, MAX_CONCURRENCY, ZONE, PROBE_PATH] {
                 if annotations.contains_key(other) {
@@ -130,7 +137,7 @@ impl Settings {
                 &settings.agent_port.to_string(),
                 &format!(
                     "is one of the sidecar's own ports ({})",
-                    join(&config.sidecar_ports())
+                    join(config.sidecar_ports())
                 ),
             ));
         }

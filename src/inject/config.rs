@@ -36,6 +36,11 @@ pub struct InjectorConfig {
     /// Every injected pod's bootstrap without `agent`, which comes from the pod's annotations.
     /// `{namespace}` in a gossip seed becomes the pod's namespace.
     pub bootstrap: serde_json::Map<String, serde_json::Value>,
+    /// Derived at parse time from the bootstrap, as the sidecar will read it.
+    #[serde(skip)]
+    ports: Vec<u16>,
+    #[serde(skip)]
+    admin_port: u16,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -119,12 +124,6 @@ impl InjectorConfig {
                 "defaults: agent_port and max_concurrency must be at least 1".to_owned(),
             ));
         }
-        if config.sidecar_ports().contains(&config.defaults.agent_port) {
-            return Err(invalid(format!(
-                "defaults.agent_port {} is one of the sidecar's own ports",
-                config.defaults.agent_port
-            )));
-        }
         // The kubelet expands `$(VAR)` and `$$` in env values, where the bootstrap goes.
         if serde_json::to_string(&config.bootstrap).is_ok_and(|t| t.contains('$')) {
             return Err(invalid(
@@ -144,8 +143,21 @@ impl InjectorConfig {
             }
         }
         let sample = super::annotations::Settings::sample(&config);
-        super::pod::bootstrap_text(&config, &sample, "default")
+        let (_, bootstrap) = super::pod::bootstrap_text(&config, &sample, "default")
             .map_err(|e| invalid(format!("bootstrap: {e}")))?;
+        let listen = &bootstrap.listen;
+        config.admin_port = listen.admin.port();
+        config.ports = [listen.outbound, listen.inbound, listen.admin]
+            .iter()
+            .map(|a| a.port())
+            .chain(bootstrap.gossip.as_ref().map(|g| g.listen.port()))
+            .collect();
+        if config.ports.contains(&config.defaults.agent_port) {
+            return Err(invalid(format!(
+                "defaults.agent_port {} is one of the sidecar's own ports",
+                config.defaults.agent_port
+            )));
+        }
         Ok(config)
     }
 
@@ -159,29 +171,13 @@ impl InjectorConfig {
 
     /// The ports the sidecar itself listens on in the pod — outbound, inbound, admin, then
     /// gossip when on (an agent may not use them).
-    pub fn sidecar_ports(&self) -> Vec<u16> {
-        let mut ports = Vec::new();
-        let listen = self.bootstrap.get("listen");
-        for key in ["outbound", "inbound", "admin"] {
-            let addr = listen
-                .and_then(|l| l.get(key))
-                .and_then(|a| a.as_str())
-                .and_then(|a| a.parse::<SocketAddr>().ok());
-            let default = match key {
-                "outbound" => 4140,
-                "inbound" => 4143,
-                _ => 4191,
-            };
-            ports.push(addr.map_or(default, |a| a.port()));
-        }
-        if let Some(gossip) = self.bootstrap.get("gossip") {
-            let listen = gossip
-                .get("listen")
-                .and_then(|a| a.as_str())
-                .and_then(|a| a.parse::<SocketAddr>().ok());
-            ports.push(listen.map_or(4190, |a| a.port()));
-        }
-        ports
+    pub fn sidecar_ports(&self) -> &[u16] {
+        &self.ports
+    }
+
+    /// The sidecar's admin port (probes, `/live` for the post-start hook).
+    pub fn admin_port(&self) -> u16 {
+        self.admin_port
     }
 }
 

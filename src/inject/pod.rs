@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 use super::annotations::{join, AnnotationError, Settings, INJECT, INJECTED_LABEL, STATUS};
 use super::config::InjectorConfig;
 use super::patch::{escape, Op};
-use crate::config::parse_bootstrap;
+use crate::config::{parse_bootstrap, Bootstrap};
 
 /// Init containers that set up a mesh's traffic redirection: the sidecar goes after them.
 const NETWORK_SETUP: [&str; 4] = [
@@ -77,14 +77,7 @@ pub fn decide(
         });
     }
     let sidecar = config.sidecar_name().unwrap_or("agent-reach");
-    let has_container = |list: &str| {
-        pod.pointer(&format!("/spec/{list}"))
-            .and_then(Value::as_array)
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.get("name").and_then(Value::as_str) == Some(sidecar))
-            })
-    };
+    let has_container = |list: &str| names(pod, list).any(|n| n == sidecar);
     if annotations.get(STATUS).and_then(Value::as_str) == Some("injected")
         || has_container("containers")
         || has_container("initContainers")
@@ -147,7 +140,7 @@ fn check_ports(
                             .unwrap_or("?")
                             .to_owned(),
                         port: *port,
-                        ports: join(&ours),
+                        ports: join(ours),
                     });
                 }
             }
@@ -156,12 +149,13 @@ fn check_ports(
     Ok(())
 }
 
-/// The bootstrap a pod's sidecar starts from: the injector's shared part plus this agent.
+/// The bootstrap a pod's sidecar starts from: the injector's shared part plus this agent, as
+/// the text that goes in its environment and as the sidecar will read it.
 pub fn bootstrap_text(
     config: &InjectorConfig,
     settings: &Settings,
     namespace: &str,
-) -> Result<String, String> {
+) -> Result<(String, Bootstrap), String> {
     let mut bootstrap = config.bootstrap.clone();
     if let Some(seeds) = bootstrap
         .get_mut("gossip")
@@ -203,8 +197,8 @@ pub fn bootstrap_text(
     agent.insert("capabilities".into(), Value::Array(capabilities));
     bootstrap.insert("agent".into(), Value::Object(agent));
     let text = serde_yaml::to_string(&Value::Object(bootstrap)).map_err(|e| e.to_string())?;
-    parse_bootstrap(Path::new("bootstrap"), &text).map_err(|e| e.to_string())?;
-    Ok(text)
+    let parsed = parse_bootstrap(Path::new("bootstrap"), &text).map_err(|e| e.to_string())?;
+    Ok((text, parsed))
 }
 
 fn patch(
@@ -228,15 +222,16 @@ fn patch(
             );
         }
         None => {
-            let text =
-                bootstrap_text(config, settings, namespace).map_err(AnnotationError::Bootstrap)?;
+            let text = bootstrap_text(config, settings, namespace)
+                .map_err(AnnotationError::Bootstrap)?
+                .0;
             env.push(json!({ "name": "AGENT_REACH_BOOTSTRAP", "value": text }));
         }
     }
     for e in env {
         push(&mut container, "env", e);
     }
-    let admin = config.sidecar_ports()[2];
+    let admin = config.admin_port();
     if config.native_sidecar {
         container["restartPolicy"] = json!("Always");
     } else {
@@ -265,21 +260,9 @@ fn patch(
     }
 
     // Names the sidecar brings must be free in the pod.
-    let names = |list: &str| -> Vec<String> {
-        pod.pointer(&format!("/spec/{list}"))
-            .and_then(Value::as_array)
-            .map(|items| {
-                items
-                    .iter()
-                    .filter_map(|i| i.get("name").and_then(Value::as_str).map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let taken = names("volumes");
     for v in &volumes {
         let name = v.get("name").and_then(Value::as_str).unwrap_or_default();
-        if taken.iter().any(|t| t == name) {
+        if names(pod, "volumes").any(|t| t == name) {
             return Err(AnnotationError::NameTaken {
                 what: "volume",
                 name: name.to_owned(),
@@ -400,6 +383,15 @@ fn add_entries(ops: &mut Vec<Op>, pod: &Value, map: &str, entries: Vec<(String, 
         };
         ops.push(Op::add(path, Value::Object(object)));
     }
+}
+
+/// The `name`s of the items of `spec.<list>` (containers, volumes, …).
+fn names<'p>(pod: &'p Value, list: &str) -> impl Iterator<Item = &'p str> {
+    pod.pointer(&format!("/spec/{list}"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|item| item.get("name").and_then(Value::as_str))
 }
 
 fn push(container: &mut Value, key: &str, item: Value) {
