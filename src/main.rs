@@ -165,25 +165,9 @@ fn check(files: &[PathBuf]) -> ExitCode {
     }
 }
 
-/// The bootstrap from its file, else from `AGENT_REACH_BOOTSTRAP` (the injected sidecar's).
-fn load_store(paths: ConfigPaths) -> Result<ConfigStore, config::ConfigError> {
-    let inline = std::env::var("AGENT_REACH_BOOTSTRAP").ok();
-    match (&paths.bootstrap, inline) {
-        (None, Some(text)) => {
-            let bootstrap =
-                config::parse_bootstrap(std::path::Path::new("$AGENT_REACH_BOOTSTRAP"), &text)?;
-            let policy = match &paths.policy {
-                Some(p) => config::load_policy(p)?,
-                None => config::Policy::default(),
-            };
-            Ok(ConfigStore::new(bootstrap, policy, paths))
-        }
-        _ => ConfigStore::load(paths),
-    }
-}
-
 fn run(paths: ConfigPaths, worker_threads: Option<usize>) -> ExitCode {
-    let store = match load_store(paths) {
+    let inline = std::env::var("AGENT_REACH_BOOTSTRAP").ok();
+    let store = match ConfigStore::load(paths, inline.as_deref()) {
         Ok(store) => Arc::new(store),
         Err(err) => {
             eprintln!("{err}");

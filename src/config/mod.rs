@@ -210,11 +210,13 @@ impl ConfigStore {
         }
     }
 
-    /// Loads both files (a missing policy path means all defaults).
-    pub fn load(paths: ConfigPaths) -> Result<Self, ConfigError> {
-        let bootstrap = match &paths.bootstrap {
-            Some(p) => load_bootstrap(p)?,
-            None => {
+    /// Loads both files (a missing policy path means all defaults). Without a bootstrap file,
+    /// `inline` is the bootstrap's text (`AGENT_REACH_BOOTSTRAP`, what the injector sets).
+    pub fn load(paths: ConfigPaths, inline: Option<&str>) -> Result<Self, ConfigError> {
+        let bootstrap = match (&paths.bootstrap, inline) {
+            (Some(p), _) => load_bootstrap(p)?,
+            (None, Some(text)) => parse_bootstrap(Path::new("$AGENT_REACH_BOOTSTRAP"), text)?,
+            (None, None) => {
                 return Err(ConfigError::Invalid {
                     path: "<none>".to_owned(),
                     line: 1,
