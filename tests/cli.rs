@@ -139,21 +139,7 @@ async fn sigterm_under_load_loses_no_accepted_request() {
     };
 
     let url = format!("http://{inbound}/review");
-    let calls: Vec<_> = (0..20)
-        .map(|_| {
-            let url = url.clone();
-            tokio::spawn(async move {
-                send(
-                    &client(),
-                    "POST",
-                    &url,
-                    &[("reach-capability", CAP)],
-                    "work",
-                )
-                .await
-            })
-        })
-        .collect();
+    let calls = spawn_posts(20, &url, &[("reach-capability", CAP)], "work");
     eventually(
         Duration::from_secs(10),
         "all 20 calls are with the agent",

@@ -97,21 +97,12 @@ async fn concurrent_duplicates_at_the_callee_join_the_original() {
     config.latency = Latency::fixed(Duration::from_millis(300));
     let pair = Pair::start(config).await;
     let url = format!("http://{}/review", pair.callee.addrs.inbound);
-    let calls: Vec<_> = (0..5)
-        .map(|_| {
-            let url = url.clone();
-            tokio::spawn(async move {
-                send(
-                    &client(),
-                    "POST",
-                    &url,
-                    &[("reach-capability", CAP), ("idempotency-key", "k")],
-                    "x",
-                )
-                .await
-            })
-        })
-        .collect();
+    let calls = spawn_posts(
+        5,
+        &url,
+        &[("reach-capability", CAP), ("idempotency-key", "k")],
+        "x",
+    );
     for call in calls {
         assert_eq!(call.await.unwrap().status, 200);
     }

@@ -298,21 +298,12 @@ async fn calls_abandoned_far_past_the_peers_latency_count_against_it() {
             .map(|p| p.effective_state.as_str().to_owned())
     };
     assert_eq!(state().as_deref().unwrap_or("parole"), "parole");
-    let calls: Vec<_> = (0..4)
-        .map(|_| {
-            let url = url.clone();
-            tokio::spawn(async move {
-                send(
-                    &client(),
-                    "POST",
-                    &url,
-                    &[("reach-capability", CAP), ("reach-timeout", "1200ms")],
-                    "x",
-                )
-                .await
-            })
-        })
-        .collect();
+    let calls = spawn_posts(
+        4,
+        &url,
+        &[("reach-capability", CAP), ("reach-timeout", "1200ms")],
+        "x",
+    );
     for call in calls {
         assert_eq!(call.await.unwrap().status, 504);
     }

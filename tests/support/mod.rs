@@ -120,6 +120,21 @@ pub async fn send(
     }
 }
 
+/// `n` POSTs of `body_text` to `url` at once, each on its own task.
+pub fn spawn_posts(
+    n: usize,
+    url: &str,
+    headers: &[(&'static str, &'static str)],
+    body_text: &'static str,
+) -> Vec<tokio::task::JoinHandle<Reply>> {
+    (0..n)
+        .map(|_| {
+            let (url, headers) = (url.to_owned(), headers.to_vec());
+            tokio::spawn(async move { send(&client(), "POST", &url, &headers, body_text).await })
+        })
+        .collect()
+}
+
 pub async fn get(client: &UpstreamClient, url: &str) -> Reply {
     send(client, "GET", url, &[], "").await
 }
