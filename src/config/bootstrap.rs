@@ -141,15 +141,23 @@ pub struct Limits {
     pub header_read_timeout: HumanDuration,
     /// How long in-flight requests may run after SIGTERM before the sidecar exits anyway.
     pub drain_timeout: HumanDuration,
+    /// A connection (HTTP/1 keep-alive or h2) with no request in flight is closed after this.
+    pub idle_timeout: HumanDuration,
+    /// A request body must keep arriving: a gap longer than this between two chunks ends the
+    /// request with 408 (a slow upload must not hold an admission slot).
+    pub body_read_timeout: HumanDuration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_connections: 10_000,
+            // Sized to the chart's 128 Mi container limit: an idle h2 connection holds ~14 KB.
+            max_connections: 1_024,
             max_header_bytes: HeaderBytes(64 * 1024),
             header_read_timeout: HumanDuration::from_secs(10),
             drain_timeout: HumanDuration::from_secs(30),
+            idle_timeout: HumanDuration::from_secs(60),
+            body_read_timeout: HumanDuration::from_secs(10),
         }
     }
 }
@@ -247,6 +255,11 @@ pub struct Capability {
     pub idempotent: bool,
     #[serde(default)]
     pub probe: Option<ProbeSpec>,
+    /// Path prefixes this capability serves on the agent (e.g. `/review`); calls for it to any
+    /// other path get `404 unknown_path`, so the agent's admin endpoints are not reachable
+    /// through the inbound listener. Empty: every path.
+    #[serde(default)]
+    pub paths: Vec<String>,
 }
 
 /// `sync` (someone is waiting: latency first) or `async` (quality first).
@@ -360,6 +373,7 @@ impl Bootstrap {
                     cost: Cost(0.0),
                     idempotent: false,
                     probe: None,
+                    paths: Vec::new(),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;

@@ -455,6 +455,12 @@ pub struct IdempotencyPolicy {
     pub ttl: HumanDuration,
     /// Responses up to this size are kept for replay; a larger one makes duplicates a 409.
     pub max_body_bytes: usize,
+    /// All stored responses together (bodies and heads); past it the oldest completed entries
+    /// are evicted. Well under the chart's 128 Mi container limit.
+    pub max_total_bytes: usize,
+    /// The share of `max_total_bytes` (and of `max_keys`) one caller may hold, so one caller
+    /// cannot evict everyone else's keys.
+    pub per_caller_share: Fraction,
 }
 
 impl Default for IdempotencyPolicy {
@@ -463,6 +469,8 @@ impl Default for IdempotencyPolicy {
             max_keys: 10_000,
             ttl: HumanDuration::from_secs(600),
             max_body_bytes: 256 * 1024,
+            max_total_bytes: 32 * 1024 * 1024,
+            per_caller_share: Fraction(0.5),
         }
     }
 }
