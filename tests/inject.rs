@@ -975,3 +975,80 @@ async fn the_lifecycle_hooks_wait_for_live_and_hold_the_stop() {
     );
     sidecar.shutdown().await;
 }
+
+/// Opens a review that sends its head, with `await_continue` waits for the server to start
+/// reading its body (`100 Continue`: the server polled it), then trickles a byte every 200 ms.
+async fn slow_review(hook: &Webhook, await_continue: bool) -> tokio::task::JoinHandle<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut tls, _) = match tls_connect(hook.injector.addr, &hook.ca).await {
+        Ok(t) => t,
+        Err(err) => panic!("TLS connect: {err}"),
+    };
+    let head = "POST /inject HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+                content-length: 100000\r\nexpect: 100-continue\r\n\r\n";
+    if let Err(err) = tls.write_all(head.as_bytes()).await {
+        panic!("write head: {err}");
+    }
+    let mut seen = Vec::new();
+    let continued = tokio::time::timeout(Duration::from_secs(5), async {
+        if !await_continue {
+            return true;
+        }
+        let mut buf = [0u8; 256];
+        while !String::from_utf8_lossy(&seen).contains("100 Continue") {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        true
+    })
+    .await;
+    assert_eq!(
+        continued.ok(),
+        Some(true),
+        "the server starts reading the slow body"
+    );
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tick.tick().await;
+            if tls.write_all(b" ").await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_do_not_hold_up_other_reviews() {
+    let hook = webhook("slow-bodies", |_| {}).await;
+    // As many trickling clients as the injector parses reviews at once (4), each seen to be
+    // in the server's hands, and two more.
+    let mut slow = Vec::new();
+    for i in 0..6 {
+        slow.push(slow_review(&hook, i < 4).await);
+    }
+    // The slow ones run into the 10 s request timeout; an honest review is answered long before.
+    let started = std::time::Instant::now();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(3),
+        post(&hook, "/inject", review(&annotated())),
+    )
+    .await;
+    let reply = match reply {
+        Ok(r) => r,
+        Err(_) => panic!(
+            "a review behind slow bodies was not answered within 3 s ({:?})",
+            started.elapsed()
+        ),
+    };
+    assert_eq!(reply.status, 200);
+    assert!(patch_of(&reply).is_some(), "{:?}", reply.body);
+    // The slow clients are still trickling: the review did not wait for them to give up.
+    assert!(slow.iter().all(|t| !t.is_finished()));
+    for task in slow {
+        task.abort();
+    }
+    hook.injector.shutdown().await;
+}

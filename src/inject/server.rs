@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -35,6 +36,9 @@ use crate::http::ReachBody;
 const MAX_BODY: usize = 3 << 20;
 /// Reviews parsed at once: each may hold a pod's tree in memory. More wait their turn.
 const REVIEWS_IN_FLIGHT: usize = 4;
+/// Bytes of request bodies held at once while they arrive. Bodies are read before a review
+/// takes its turn (a slow client must not hold a turn), so this, not the turns, bounds them.
+const BODY_BUDGET: usize = 64 << 20;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 /// A request's headers, and a whole review from its first byte to its answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -247,7 +251,10 @@ async fn serve(
     stop: CancellationToken,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let reviews = Arc::new(tokio::sync::Semaphore::new(REVIEWS_IN_FLIGHT));
+    let turns = Arc::new(Turns {
+        parse: tokio::sync::Semaphore::new(REVIEWS_IN_FLIGHT),
+        body_bytes: tokio::sync::Semaphore::new(BODY_BUDGET),
+    });
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -264,11 +271,11 @@ async fn serve(
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             continue; // over the cap: drop the connection; the API server retries
         };
-        let (acceptor, config, stats, reviews) = (
+        let (acceptor, config, stats, turns) = (
             acceptor.clone(),
             config.clone(),
             stats.clone(),
-            reviews.clone(),
+            turns.clone(),
         );
         let watcher = graceful.watcher();
         tokio::spawn(async move {
@@ -282,13 +289,11 @@ async fn serve(
                 Err(_) => return,
             };
             let service = hyper::service::service_fn(move |req| {
-                let (config, stats, reviews) = (config.clone(), stats.clone(), reviews.clone());
+                let (config, stats, turns) = (config.clone(), stats.clone(), turns.clone());
                 async move {
-                    let answered = tokio::time::timeout(
-                        REQUEST_TIMEOUT,
-                        route(req, &config, &stats, &reviews),
-                    )
-                    .await;
+                    let answered =
+                        tokio::time::timeout(REQUEST_TIMEOUT, route(req, &config, &stats, &turns))
+                            .await;
                     Ok::<_, Infallible>(answered.unwrap_or_else(|_| {
                         let mut response = ReachError::Timeout {
                             target: "the review".to_owned(),
@@ -320,11 +325,41 @@ async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
 }
 
+/// What bounds the reviews in memory: turns to parse one, and the bytes of bodies arriving.
+#[derive(Debug)]
+struct Turns {
+    parse: tokio::sync::Semaphore,
+    body_bytes: tokio::sync::Semaphore,
+}
+
+/// Reads a body of at most [`MAX_BODY`] bytes, holding each chunk against the shared byte
+/// budget; the permits are returned with the bytes and must live as long as they do.
+async fn read_body(
+    body: Incoming,
+    budget: &tokio::sync::Semaphore,
+) -> Result<(Bytes, Vec<tokio::sync::SemaphorePermit<'_>>), String> {
+    let mut body = Limited::new(body, MAX_BODY);
+    let mut bytes = BytesMut::new();
+    let mut held = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| e.to_string())?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        // `Limited` refuses a frame past MAX_BODY, so a chunk always fits in the budget.
+        let size = u32::try_from(data.len()).map_err(|e| e.to_string())?;
+        let permit = budget.acquire_many(size).await.map_err(|e| e.to_string())?;
+        held.push(permit);
+        bytes.extend_from_slice(&data);
+    }
+    Ok((bytes.freeze(), held))
+}
+
 async fn route(
     req: Request<Incoming>,
     config: &InjectorConfig,
     stats: &Stats,
-    reviews: &tokio::sync::Semaphore,
+    turns: &Turns,
 ) -> Response<ReachBody> {
     let opt_in = match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => return text(StatusCode::OK, "text/plain", "ok\n"),
@@ -335,12 +370,10 @@ async fn route(
         (&Method::POST, "/inject-namespace") => OptIn::Namespace,
         (_, path) => return ReachError::NotFound(path.to_owned()).into_response(),
     };
-    // The semaphore is never closed; an error could only mean shutting down.
-    let Ok(_turn) = reviews.acquire().await else {
-        return ReachError::Draining.into_response();
-    };
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
+    // The body first, under the review's timeout: a client trickling its body must not hold
+    // one of the few parse turns while every other review (and the API server) waits.
+    let (body, _held) = match read_body(req.into_body(), &turns.body_bytes).await {
+        Ok(read) => read,
         Err(err) => {
             stats.malformed.fetch_add(1, Ordering::Relaxed);
             return ReachError::BadRequest(format!(
@@ -348,6 +381,10 @@ async fn route(
             ))
             .into_response();
         }
+    };
+    // The semaphore is never closed; an error could only mean shutting down.
+    let Ok(_turn) = turns.parse.acquire().await else {
+        return ReachError::Draining.into_response();
     };
     match answer(config, &body, opt_in) {
         Ok((review, verdict, pod)) => {
