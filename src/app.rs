@@ -96,13 +96,16 @@ impl Sidecar {
             admission.clone(),
         ));
         let peers = Arc::new(PeerViews::new(store.clone(), metrics.clone()));
+        // One table for peers' keys and the local agent's own: one byte budget for both.
+        let idempotency = idempotency_table(&snapshot.policy);
         let inbound = Arc::new(Inbound::new(
             store.clone(),
             metrics.clone(),
             client.clone(),
             admission,
             local.clone(),
-            idempotency_table(&snapshot.policy),
+            registry.clone(),
+            idempotency.clone(),
         ));
         let outbound = Arc::new(Outbound::new(
             store.clone(),
@@ -111,7 +114,7 @@ impl Sidecar {
             registry.clone(),
             peers.clone(),
             local.clone(),
-            idempotency_table(&snapshot.policy),
+            idempotency,
         ));
         let stop_traffic = CancellationToken::new();
         let stop_rest = CancellationToken::new();
@@ -272,7 +275,13 @@ impl Sidecar {
 
 fn idempotency_table(policy: &crate::config::Policy) -> Arc<crate::idempotency::IdempotencyTable> {
     let p = &policy.idempotency;
-    crate::idempotency::IdempotencyTable::new(p.max_keys, p.ttl.get(), p.max_body_bytes)
+    crate::idempotency::IdempotencyTable::new(crate::idempotency::Budget {
+        max_keys: p.max_keys,
+        ttl: p.ttl.get(),
+        max_body: p.max_body_bytes,
+        max_total_bytes: p.max_total_bytes,
+        per_caller_share: p.per_caller_share.get(),
+    })
 }
 
 async fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {

@@ -48,6 +48,14 @@ pub enum ReachError {
         target: String,
         retry_after: Duration,
     },
+    #[error("this idempotency-key was used with a different request (method, path or body); use a new key for a new request")]
+    IdempotencyMismatch,
+    #[error("the request body broke off before it was complete")]
+    ClientBody,
+    #[error("the request body stopped arriving")]
+    BodyTimeout,
+    #[error("capability `{capability}` is not served at `{path}`")]
+    UnknownPath { capability: String, path: String },
     #[error("{0}")]
     BadRequest(String),
     #[error("no such endpoint: {0}")]
@@ -57,11 +65,17 @@ pub enum ReachError {
 impl ReachError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ReachError::MissingCapability | ReachError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ReachError::MissingCapability | ReachError::BadRequest(_) | ReachError::ClientBody => {
+                StatusCode::BAD_REQUEST
+            }
+            ReachError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            ReachError::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             ReachError::ForeignHost { .. } => StatusCode::FORBIDDEN,
             ReachError::IdempotencyConflict => StatusCode::CONFLICT,
             ReachError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ReachError::UnknownCapability { .. } | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
+            ReachError::UnknownCapability { .. }
+            | ReachError::UnknownPath { .. }
+            | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
             ReachError::NoAvailableInstance { .. }
             | ReachError::Saturated { .. }
             | ReachError::Ejected { .. }
@@ -91,6 +105,10 @@ impl ReachError {
             ReachError::DeadlineExceeded => "deadline_exceeded",
             ReachError::IdempotencyConflict => "idempotency_conflict",
             ReachError::RateLimited { .. } => "rate_limited",
+            ReachError::IdempotencyMismatch => "idempotency_mismatch",
+            ReachError::ClientBody => "client_body_error",
+            ReachError::BodyTimeout => "body_timeout",
+            ReachError::UnknownPath { .. } => "unknown_path",
             ReachError::BadRequest(_) => "bad_request",
             ReachError::NotFound(_) => "not_found",
         }

@@ -188,6 +188,17 @@ impl Registry {
         out
     }
 
+    /// The peer called `name`: a gossip member first, else a configured peer.
+    pub fn find(&self, snapshot: &Snapshot, name: &str) -> Option<Arc<Peer>> {
+        self.gossip_peer(name).or_else(|| {
+            snapshot
+                .configured_peers()
+                .iter()
+                .find(|p| p.name == name)
+                .cloned()
+        })
+    }
+
     /// Names of every known peer.
     pub fn names(&self, snapshot: &Snapshot) -> HashSet<String> {
         self.peers(snapshot)

@@ -34,7 +34,8 @@ async fn metrics_count_requests_after_traffic() {
         "{text}"
     );
     assert!(
-        text.contains(r#"reach_no_candidate_total{capability="nope"} 1"#),
+        // A name nobody serves is labelled `unknown`: typed names must not grow the series.
+        text.contains(r#"reach_no_candidate_total{capability="unknown"} 1"#),
         "{text}"
     );
     assert!(

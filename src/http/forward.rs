@@ -2,15 +2,17 @@
 
 use std::time::Duration;
 
-use http::{header, Request, Response, Uri, Version};
+use http::{header, Request, Response, Version};
 use hyper::body::Incoming;
 
 use super::client::{self, UpstreamClient};
+use super::request_target::{self as target, Target};
 use super::{body, headers, ReachBody};
 use crate::error::ReachError;
 
-/// Rewrites `req` for `authority` (host:port), strips hop-by-hop headers and sends it; gives up on
-/// the response headers after `timeout`.
+/// Rewrites `req` for `authority` (host:port) and sends it; gives up on the response headers after
+/// `timeout`. The request's hop-by-hop headers were stripped at the edge, before the sidecar
+/// added its own (stripping here would let a caller's `Connection` header remove them).
 pub async fn forward(
     client: &UpstreamClient,
     mut req: Request<ReachBody>,
@@ -18,20 +20,19 @@ pub async fn forward(
     target_name: &str,
     timeout: Duration,
 ) -> Result<Response<Incoming>, ReachError> {
-    let path = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    let uri: Uri = format!("http://{authority}{path}")
-        .parse()
-        .map_err(|_| ReachError::BadRequest(format!("cannot form an upstream URI for `{path}`")))?;
-    *req.uri_mut() = uri;
+    let path = match target::of(&req)? {
+        Target::Path(path) => path,
+        Target::ServerOptions => {
+            return Err(ReachError::BadRequest(
+                "`OPTIONS *` is not forwarded".to_owned(),
+            ))
+        }
+    };
+    *req.uri_mut() = target::upstream_uri(authority, path)?;
     // Upstream connections are HTTP/1.1 whatever the caller spoke.
     *req.version_mut() = Version::HTTP_11;
-    let h = req.headers_mut();
-    headers::strip_hop_by_hop(h);
-    h.insert(header::HOST, headers::value(authority));
+    req.headers_mut()
+        .insert(header::HOST, headers::value(authority));
     match tokio::time::timeout(timeout, client.request(req)).await {
         Ok(Ok(mut response)) => {
             headers::strip_hop_by_hop(response.headers_mut());

@@ -11,6 +11,9 @@ pub const AGENT: HeaderName = HeaderName::from_static("reach-agent");
 /// The agent whose sidecar sent the request.
 pub const CALLER: HeaderName = HeaderName::from_static("reach-caller");
 
+/// Which attempt of the caller's this is (1 for the first).
+pub const ATTEMPT: HeaderName = HeaderName::from_static("reach-attempt");
+
 /// Headers that describe one connection and must not be forwarded.
 const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,

@@ -6,6 +6,8 @@ pub mod deadline;
 pub mod forward;
 pub mod headers;
 pub mod measured;
+pub mod request_target;
 pub mod server;
+pub mod upload;
 
 pub use body::{BoxError, ReachBody};

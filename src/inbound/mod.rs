@@ -2,6 +2,7 @@
 //! the agent, and measures what really happened.
 
 mod admission;
+mod edge;
 mod stats;
 
 use std::net::SocketAddr;
@@ -18,8 +19,10 @@ use crate::config::{ConfigStore, Snapshot};
 use crate::error::ReachError;
 use crate::http::client::UpstreamClient;
 use crate::http::deadline::{attempt_timeout, Deadline};
-use crate::http::forward::{forward, into_upstream};
+use crate::http::forward::forward;
 use crate::http::measured::{BodyEnd, MeasuredBody};
+use crate::http::request_target::{self, Target};
+use crate::http::upload::{self, Upload, UploadWatch, WatchedUpload};
 use crate::http::{body, headers, ReachBody};
 use crate::idempotency::{self, Claim, IdempotencyTable};
 use crate::local::LocalAgent;
@@ -27,9 +30,21 @@ use crate::metrics::{Direction, Metrics};
 use crate::peers::SELF_PATH;
 use crate::rate_limit::RateLimiters;
 use crate::reach::{Signal, State};
+use crate::registry::Registry;
 
 /// Capability label for requests that named none, or one this agent does not declare.
 const OTHER: &str = "other";
+
+/// What one inbound call is, as the steps after the edge need it.
+#[derive(Clone, Debug)]
+struct Call {
+    /// The capability's metric label.
+    label: String,
+    /// How long the agent may take to answer (the capability's timeout).
+    own_timeout: Duration,
+    deadline: Option<Deadline>,
+    arrived: Instant,
+}
 
 /// The inbound proxy for one local agent.
 #[derive(Debug)]
@@ -39,6 +54,7 @@ pub struct Inbound {
     client: UpstreamClient,
     admission: Arc<Admission>,
     local: Arc<LocalAgent>,
+    registry: Arc<Registry>,
     stats: Arc<InboundStats>,
     idempotency: Arc<IdempotencyTable>,
     rate_limit: RateLimiters,
@@ -51,6 +67,7 @@ impl Inbound {
         client: UpstreamClient,
         admission: Arc<Admission>,
         local: Arc<LocalAgent>,
+        registry: Arc<Registry>,
         idempotency: Arc<IdempotencyTable>,
     ) -> Self {
         Self {
@@ -59,6 +76,7 @@ impl Inbound {
             client,
             admission,
             local,
+            registry,
             stats: Arc::new(InboundStats::default()),
             idempotency,
             rate_limit: RateLimiters::default(),
@@ -76,10 +94,15 @@ impl Inbound {
     pub async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
-        _remote: SocketAddr,
+        remote: SocketAddr,
     ) -> Response<ReachBody> {
         let arrived = Instant::now();
-        if req.uri().path() == SELF_PATH && req.method() == http::Method::GET {
+        let path = match request_target::of(&req) {
+            Ok(Target::Path(path)) => path,
+            Ok(Target::ServerOptions) => return request_target::server_options(),
+            Err(err) => return err.into_response(),
+        };
+        if path.path() == SELF_PATH && req.method() == http::Method::GET {
             return self_view(&self.local);
         }
         let snapshot = self.store.snapshot();
@@ -87,73 +110,97 @@ impl Inbound {
             Ok(c) => c,
             Err(err) => return err.into_response(),
         };
-        let label = capability.unwrap_or(OTHER).to_owned();
-        let agent = &snapshot.bootstrap.agent;
+        if let Err(err) = edge::check_path(&snapshot, capability, path.path()) {
+            return err.into_response();
+        }
         let deadline = match Deadline::from_headers(req.headers()) {
             Ok(d) => d,
             Err(err) => return err.into_response(),
         };
-        if deadline.is_some_and(|d| d.remaining().is_zero()) {
+        let call = Call {
+            label: capability.unwrap_or(OTHER).to_owned(),
+            own_timeout: snapshot.capability_timeout(capability),
+            deadline,
+            arrived,
+        };
+        if let Some(refused) = self.refuse_early(&snapshot, &call) {
+            return refused;
+        }
+        let caller = edge::verified_caller(&req, remote, &self.registry, &snapshot);
+        let key = idempotency::key_of(req.headers());
+        let (mut parts, incoming) = req.into_parts();
+        let vouched = edge::Vouched {
+            capability,
+            deadline,
+            caller: caller.clone(),
+            attempt: edge::attempt_of(&parts.headers),
+        };
+        edge::rewrite(&mut parts.headers, vouched);
+        let gap = snapshot.bootstrap.limits.body_read_timeout.get();
+        if let Some(key) = key {
+            // Keys are scoped by caller: the verified name, else the connection's address.
+            let scope = caller.unwrap_or_else(|| remote.ip().to_string());
+            return self
+                .keyed(parts, incoming, &key, &scope, snapshot, call)
+                .await;
+        }
+        let (body, upload) = WatchedUpload::new(incoming, gap);
+        let req = Request::from_parts(parts, body::boxed(body));
+        self.run(req, upload, &snapshot, call).await
+    }
+
+    /// Refusals before any work: a passed deadline, an agent out of rotation, the rate limit.
+    fn refuse_early(&self, snapshot: &Snapshot, call: &Call) -> Option<Response<ReachBody>> {
+        let agent = &snapshot.bootstrap.agent;
+        if call.deadline.is_some_and(|d| d.remaining().is_zero()) {
             // The caller has already given up: running the task would be wasted work.
-            self.finish(&label, Outcome::Timeout, None, arrived.elapsed());
+            self.finish(&call.label, Outcome::Timeout, None, call.arrived.elapsed());
             self.metrics.deadline_exceeded(Direction::Inbound);
-            return ReachError::DeadlineExceeded.into_response();
+            return Some(ReachError::DeadlineExceeded.into_response());
         }
         // An agent out of rotation by its own view takes no new work; the caller moves on.
         if let Some(state) = self.local.barred() {
-            self.finish(&label, Outcome::Rejected, None, arrived.elapsed());
+            self.finish(&call.label, Outcome::Rejected, None, call.arrived.elapsed());
             let err = match state {
                 State::Draining => ReachError::Draining,
                 _ => ReachError::Ejected {
                     agent: agent.name.to_string(),
                 },
             };
-            return err.into_response();
+            return Some(err.into_response());
         }
-
-        if let Some(limit) = agent.rate_limit {
-            if let Err(retry_after) = self.rate_limit.take("local", limit) {
-                self.finish(&label, Outcome::Rejected, None, arrived.elapsed());
-                let target = agent.name.to_string();
-                return ReachError::RateLimited {
-                    target,
-                    retry_after,
-                }
-                .into_response();
+        let limit = agent.rate_limit?;
+        let retry_after = self.rate_limit.take("local", limit).err()?;
+        self.finish(&call.label, Outcome::Rejected, None, call.arrived.elapsed());
+        let target = agent.name.to_string();
+        Some(
+            ReachError::RateLimited {
+                target,
+                retry_after,
             }
-        }
-        if let Some(key) = idempotency::key_of(req.headers()) {
-            let capability = capability.map(str::to_owned);
-            return self
-                .keyed(req, key, snapshot, label, capability, deadline, arrived)
-                .await;
-        }
-        let own_timeout = snapshot.capability_timeout(capability);
-        self.run(req, &snapshot, label, own_timeout, deadline, arrived)
-            .await
+            .into_response(),
+        )
     }
 
     /// Runs a request against the local agent: admission, forward, measurement.
     async fn run(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<ReachBody>,
+        upload: UploadWatch,
         snapshot: &Snapshot,
-        label: String,
-        own_timeout: Duration,
-        deadline: Option<Deadline>,
-        arrived: Instant,
+        call: Call,
     ) -> Response<ReachBody> {
         let agent = &snapshot.bootstrap.agent;
         let limits = AdmissionLimits {
             max_concurrency: agent.max_concurrency.get(),
             queue_capacity: agent.queue.capacity,
             // Nobody waits in the queue past the caller's deadline.
-            max_wait: attempt_timeout(agent.queue.max_wait.get(), deadline).0,
+            max_wait: attempt_timeout(agent.queue.max_wait.get(), call.deadline).0,
         };
         let slot = match self.admission.acquire(limits).await {
             Ok(slot) => slot,
             Err(_) => {
-                self.finish(&label, Outcome::Rejected, None, arrived.elapsed());
+                self.finish(&call.label, Outcome::Rejected, None, call.arrived.elapsed());
                 let retry_after = limits.max_wait.max(Duration::from_secs(1));
                 let err = ReachError::Saturated {
                     agent: agent.name.to_string(),
@@ -164,45 +211,23 @@ impl Inbound {
         };
 
         let admitted = Instant::now();
-        let (timeout, by_deadline) = attempt_timeout(own_timeout, deadline);
-        let req = into_upstream(req);
+        let (timeout, by_deadline) = attempt_timeout(call.own_timeout, call.deadline);
         let target = format!("agent {}", agent.name);
-        let response =
-            match forward(&self.client, req, agent.address.as_str(), &target, timeout).await {
-                Ok(response) => response,
-                Err(err) => {
-                    let (outcome, signal, err) = match err {
-                        // The caller's deadline, not the agent's timeout: no evidence against it.
-                        ReachError::Timeout { .. } if by_deadline => {
-                            self.metrics.deadline_exceeded(Direction::Inbound);
-                            (Outcome::Timeout, None, ReachError::DeadlineExceeded)
-                        }
-                        ReachError::Timeout { .. } => (
-                            Outcome::Timeout,
-                            Some(Signal::Timeout(admitted.elapsed())),
-                            err,
-                        ),
-                        _ => (
-                            Outcome::Failure,
-                            Some(Signal::Failure(admitted.elapsed())),
-                            err,
-                        ),
-                    };
-                    self.finish(&label, outcome, signal, arrived.elapsed());
-                    tracing::debug!(%err, capability = %label, "inbound request failed");
-                    let mut response = err.into_response();
-                    response
-                        .headers_mut()
-                        .insert(headers::AGENT, headers::value(agent.name.as_str()));
-                    return response;
-                }
-            };
+        let forwarded = forward(&self.client, req, agent.address.as_str(), &target, timeout).await;
+        let response = match forwarded {
+            Ok(response) => response,
+            Err(err) => return self.failed(err, &upload, by_deadline, admitted, &call, agent),
+        };
         let ttfb = admitted.elapsed();
-        self.metrics.inbound_first_byte(&label, ttfb);
+        self.metrics.inbound_first_byte(&call.label, ttfb);
         self.agent_reports(response.headers());
 
         let outcome = Outcome::of_status(response.status());
-        let signal = signal_of(&response, ttfb);
+        // A response to a broken or stalled upload says nothing about the agent.
+        let signal = match upload.caller_fault(false) {
+            Some(_) => None,
+            None => Some(signal_of(&response, ttfb)),
+        };
         let (mut parts, incoming) = response.into_parts();
         parts
             .headers
@@ -210,45 +235,104 @@ impl Inbound {
         // The slot is held until the body has been fully delivered: the agent is busy until then.
         let this = self.clone();
         let measured = MeasuredBody::new(incoming, move |end| {
+            let arrived = call.arrived;
             let (outcome, signal) = match end {
-                BodyEnd::Error => (Outcome::Failure, Signal::Failure(arrived.elapsed())),
+                BodyEnd::Error => (Outcome::Failure, Some(Signal::Failure(arrived.elapsed()))),
                 _ => (outcome, signal),
             };
-            this.finish(&label, outcome, Some(signal), arrived.elapsed());
+            this.finish(&call.label, outcome, signal, arrived.elapsed());
             drop(slot);
         });
         Response::from_parts(parts, body::boxed(measured))
     }
 
-    /// A request with an `idempotency-key`: the first runs — to completion, whatever its caller
-    /// does, so a retry with the same key joins it rather than running the task again — and
-    /// every request with that key, the first included, answers from its outcome.
-    #[allow(clippy::too_many_arguments)]
+    /// A forward that produced no response: whose fault it was decides what the view learns.
+    fn failed(
+        &self,
+        err: ReachError,
+        upload: &UploadWatch,
+        by_deadline: bool,
+        admitted: Instant,
+        call: &Call,
+        agent: &crate::config::AgentProfile,
+    ) -> Response<ReachBody> {
+        let timed_out = matches!(err, ReachError::Timeout { .. });
+        let (outcome, signal, err) = match upload.caller_fault(timed_out) {
+            // The caller's upload broke or stalled: no evidence against the agent.
+            Some(fault) => (Outcome::Rejected, None, fault),
+            // The caller's deadline, not the agent's timeout: no evidence against it.
+            None if timed_out && by_deadline => {
+                self.metrics.deadline_exceeded(Direction::Inbound);
+                (Outcome::Timeout, None, ReachError::DeadlineExceeded)
+            }
+            None if timed_out => (
+                Outcome::Timeout,
+                Some(Signal::Timeout(admitted.elapsed())),
+                err,
+            ),
+            None => (
+                Outcome::Failure,
+                Some(Signal::Failure(admitted.elapsed())),
+                err,
+            ),
+        };
+        self.finish(&call.label, outcome, signal, call.arrived.elapsed());
+        tracing::debug!(%err, capability = %call.label, "inbound request failed");
+        let mut response = err.into_response();
+        response
+            .headers_mut()
+            .insert(headers::AGENT, headers::value(agent.name.as_str()));
+        response
+    }
+
+    /// A request with an `idempotency-key`: the first runs — to completion or the caller's
+    /// deadline, whatever its connection does, so a retry with the same key joins it rather
+    /// than running the task again — and every request with that key, the first included,
+    /// answers from its outcome. The key is the caller's, and holds one request: the same key
+    /// with another method, path or body gets 422.
     async fn keyed(
         self: Arc<Self>,
-        req: Request<Incoming>,
-        key: String,
+        parts: http::request::Parts,
+        incoming: Incoming,
+        key: &str,
+        scope: &str,
         snapshot: Arc<Snapshot>,
-        label: String,
-        capability: Option<String>,
-        deadline: Option<Deadline>,
-        arrived: Instant,
+        call: Call,
     ) -> Response<ReachBody> {
-        let own_timeout = snapshot.capability_timeout(capability.as_deref());
-        let (wait, by_deadline) = attempt_timeout(own_timeout, deadline);
-        let claim = self.idempotency.claim(&label, &key);
+        let gap = snapshot.bootstrap.limits.body_read_timeout.get();
+        let max = snapshot.policy.retry.max_body_bytes;
+        let (body, upload, fingerprint) = match upload::read(&parts.headers, incoming, max, gap)
+            .await
+        {
+            Ok(Upload::Buffered(bytes)) => {
+                let fp = idempotency::fingerprint(&parts.method, path_of(&parts), Ok(&bytes));
+                (body::full(bytes), UploadWatch::complete(), fp)
+            }
+            Ok(Upload::Stream(incoming, declared)) => {
+                let fp = idempotency::fingerprint(&parts.method, path_of(&parts), Err(declared));
+                let (body, upload) = WatchedUpload::new(incoming, gap);
+                (body::boxed(body), upload, fp)
+            }
+            Err(err) => {
+                self.finish(&call.label, Outcome::Rejected, None, call.arrived.elapsed());
+                return err.into_response();
+            }
+        };
+        let (wait, by_deadline) = attempt_timeout(call.own_timeout, call.deadline);
+        let claim = self.idempotency.claim(scope, &call.label, key, fingerprint);
         let (claim, first) = match claim {
             Claim::First(ticket) => {
                 let joined = ticket.subscribe();
                 let this = self.clone();
-                // The agent is working on it: wait for its answer as long as the key lives,
-                // not just the capability's timeout, so nobody has to run it again.
-                let run_for = snapshot.policy.idempotency.ttl.get().max(own_timeout);
+                // The agent is working on it: it runs until the caller's deadline (its retries
+                // join it), or its own timeout when the caller set none.
+                let run = Call {
+                    own_timeout: call.deadline.map_or(call.own_timeout, Deadline::remaining),
+                    ..call.clone()
+                };
+                let req = Request::from_parts(parts, body);
                 tokio::spawn(async move {
-                    let response = this
-                        .clone()
-                        .run(req, &snapshot, label, run_for, None, arrived)
-                        .await;
+                    let response = this.clone().run(req, upload, &snapshot, run).await;
                     ticket.settle(response).await;
                 });
                 (joined, true)
@@ -331,6 +415,10 @@ fn signal_of<B>(response: &Response<B>, ttfb: Duration) -> Signal {
     } else {
         Signal::Success(ttfb)
     }
+}
+
+fn path_of(parts: &http::request::Parts) -> &str {
+    parts.uri.path_and_query().map_or("/", |p| p.as_str())
 }
 
 fn self_view(local: &LocalAgent) -> Response<ReachBody> {

@@ -16,8 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::request::Parts;
-use http::{header, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use crate::rate_limit::RateLimiters;
@@ -34,6 +33,8 @@ use crate::http::client::UpstreamClient;
 use crate::http::deadline::{self, attempt_timeout, Deadline};
 use crate::http::forward::forward;
 use crate::http::measured::{BodyEnd, MeasuredBody};
+use crate::http::request_target::{self, Target};
+use crate::http::upload::{self, Upload, UploadWatch, WatchedUpload};
 use crate::http::{body, headers, ReachBody};
 use crate::idempotency::{self, Claim, IdempotencyTable};
 use crate::inbound::Outcome;
@@ -42,6 +43,20 @@ use crate::metrics::{Direction, Metrics};
 use crate::peers::{PeerViews, RouteRequest, Scored};
 use crate::reach::Signal;
 use crate::registry::Registry;
+
+/// The idempotency scope of the local agent's own keys (no peer is called by an empty name).
+const LOCAL_SCOPE: &str = "";
+/// The metric label of a capability nobody serves: typed names must not grow the series.
+const UNKNOWN: &str = "unknown";
+
+/// One call from the local agent, its body already read (or ready to stream).
+struct Call {
+    capability: crate::config::Name,
+    parts: Parts,
+    upload: Upload<Incoming>,
+    snapshot: Arc<Snapshot>,
+    started: Instant,
+}
 
 #[derive(Debug)]
 pub struct Outbound {
@@ -81,21 +96,62 @@ impl Outbound {
 
     pub async fn handle(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         _remote: SocketAddr,
     ) -> Response<ReachBody> {
         if local_api::is_local_api(&req) {
             return local_api::handle(&self.local, req).await;
         }
-        // The agent's own repeated call (its client timed out and resent) runs once too.
-        let keyed = idempotency::key_of(req.headers())
-            .and_then(|key| capability_of(&req).ok().map(|capability| (key, capability)));
-        let Some((key, capability)) = keyed else {
-            return self.route(req).await;
+        let started = Instant::now();
+        match request_target::of(&req) {
+            Ok(Target::Path(_)) => {}
+            Ok(Target::ServerOptions) => return request_target::server_options(),
+            Err(err) => return self.refuse("-", "-", err, started),
+        }
+        let capability = match capability_of(&req) {
+            Ok(c) => c,
+            Err(err) => return self.refuse("-", "-", err, started),
         };
-        match self.idempotency.claim(capability.as_str(), &key) {
+        // Before the sidecar adds its own headers: a `Connection` header naming them must not
+        // remove them on the way out.
+        headers::strip_hop_by_hop(req.headers_mut());
+        let snapshot = self.store.snapshot();
+        let (parts, incoming) = req.into_parts();
+        let max_body = snapshot.policy.retry.max_body_bytes;
+        let gap = snapshot.bootstrap.limits.body_read_timeout.get();
+        // A body that may need replaying on another peer is buffered, up to the policy's size;
+        // a larger one streams and gets a single attempt.
+        let upload = match upload::read(&parts.headers, incoming, max_body, gap).await {
+            Ok(upload) => upload,
+            Err(err) => return self.refuse("-", "-", err, started),
+        };
+        let call = Call {
+            capability,
+            parts,
+            upload,
+            snapshot,
+            started,
+        };
+        // The agent's own repeated call (its client timed out and resent) runs once too.
+        match idempotency::key_of(&call.parts.headers) {
+            Some(key) => self.keyed(call, &key).await,
+            None => self.route(call).await,
+        }
+    }
+
+    async fn keyed(self: Arc<Self>, call: Call, key: &str) -> Response<ReachBody> {
+        let path = call.parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let body = match &call.upload {
+            Upload::Buffered(bytes) => Ok(&bytes[..]),
+            Upload::Stream(_, declared) => Err(*declared),
+        };
+        let fingerprint = idempotency::fingerprint(&call.parts.method, path, body);
+        let claim = self
+            .idempotency
+            .claim(LOCAL_SCOPE, call.capability.as_str(), key, fingerprint);
+        match claim {
             Claim::First(ticket) => {
-                let response = self.route(req).await;
+                let response = self.route(call).await;
                 if response.headers().contains_key(headers::REASON) {
                     // Made by the sidecar: nothing ran, or nothing is known; free the key.
                     drop(ticket);
@@ -106,10 +162,13 @@ impl Outbound {
             }
             other => {
                 self.metrics.idempotent_replay();
-                let wait = Deadline::from_headers(req.headers())
+                let wait = Deadline::from_headers(&call.parts.headers)
                     .ok()
                     .flatten()
-                    .map_or(snapshot_timeout(&self.store), Deadline::remaining);
+                    .map_or(
+                        call.snapshot.policy.timeouts.request.get(),
+                        Deadline::remaining,
+                    );
                 match tokio::time::timeout(wait, idempotency::answer(other)).await {
                     Ok(response) => response,
                     Err(_) => ReachError::DeadlineExceeded.into_response(),
@@ -118,18 +177,19 @@ impl Outbound {
         }
     }
 
-    async fn route(self: Arc<Self>, req: Request<Incoming>) -> Response<ReachBody> {
-        let started = Instant::now();
-        let snapshot = self.store.snapshot();
-        let capability = match capability_of(&req) {
-            Ok(c) => c,
-            Err(err) => return self.refuse("-", "-", err, started),
-        };
+    async fn route(self: Arc<Self>, call: Call) -> Response<ReachBody> {
+        let Call {
+            capability,
+            mut parts,
+            upload,
+            snapshot,
+            started,
+        } = call;
         let route = RouteRequest {
             capability: capability.to_string(),
-            tags: header_list(&req, "reach-tags"),
-            mode: req
-                .headers()
+            tags: header_list(&parts.headers, "reach-tags"),
+            mode: parts
+                .headers
                 .get("reach-mode")
                 .and_then(|v| v.to_str().ok())
                 .and_then(RouteMode::parse),
@@ -139,34 +199,27 @@ impl Outbound {
                 rand::random_range(0..n)
             });
         if scored.is_empty() {
-            self.metrics.no_candidate(&route.capability);
+            // Not labelled by name: a caller's typos must not grow the metric series.
+            self.metrics.no_candidate(UNKNOWN);
             let err = ReachError::UnknownCapability {
                 capability: route.capability.clone(),
             };
-            // Not labelled by name: a caller's typos must not grow the metric series.
-            return self.refuse("unknown", "-", err, started);
+            return self.refuse(UNKNOWN, "-", err, started);
         }
 
-        let (mut parts, incoming) = req.into_parts();
         let deadline = match Deadline::from_headers(&parts.headers) {
             Ok(d) => d,
             Err(err) => return self.refuse(&route.capability, "-", err, started),
         };
         // The relative form is for the calling agent; peers get the absolute deadline per attempt.
         parts.headers.remove(deadline::TIMEOUT);
-        let max_body = snapshot.policy.retry.max_body_bytes;
-        // A body that may need replaying on another peer is buffered, up to the policy's size;
-        // a larger one streams and gets a single attempt.
-        let (replay, mut stream) = match replayable_len(&parts, &incoming, max_body) {
-            Some(_) => match Limited::new(incoming, max_body).collect().await {
-                Ok(collected) => (Some(collected.to_bytes()), None),
-                Err(_) => {
-                    let err =
-                        ReachError::BadRequest("the request body could not be read".to_owned());
-                    return self.refuse(&route.capability, "-", err, started);
-                }
-            },
-            None => (None, Some(incoming)),
+        let (replay, mut stream, upload) = match upload {
+            Upload::Buffered(bytes) => (Some(bytes), None, UploadWatch::complete()),
+            Upload::Stream(incoming, _) => {
+                let gap = snapshot.bootstrap.limits.body_read_timeout.get();
+                let (body, watch) = WatchedUpload::new(incoming, gap);
+                (None, Some(body), watch)
+            }
         };
 
         let me = &snapshot.bootstrap.agent;
@@ -184,6 +237,14 @@ impl Outbound {
             (Some(_), false) => snapshot.policy.retry.max_retries as usize + 1,
         };
         let keyed = parts.headers.contains_key(idempotency::HEADER);
+        // A keyed call's original may run past one attempt's timeout (a retry joins it), but not
+        // past the time the whole call may take.
+        let keyed_deadline = keyed.then(|| {
+            deadline.unwrap_or_else(|| {
+                let longest = scored.iter().map(|s| s.timeout).max().unwrap_or_default();
+                Deadline::after(longest.saturating_mul(max_attempts as u32))
+            })
+        });
         let idempotent_method = parts.method.is_idempotent();
         let mut sticky: Option<usize> = None;
         let mut tried: Vec<usize> = Vec::new();
@@ -237,12 +298,14 @@ impl Outbound {
             self.metrics.tier_pick(tiers[chosen].as_str());
             let body = match (&replay, stream.take()) {
                 (Some(bytes), _) => body::full(bytes.clone()),
-                (None, Some(incoming)) => body::boxed(incoming),
+                (None, Some(streamed)) => body::boxed(streamed),
                 (None, None) => break,
             };
             let request =
                 self.upstream_request(&parts, body, &snapshot, &route.capability, tried.len());
-            let attempt = self.attempt(request, &scored[chosen], deadline).await;
+            let attempt = self
+                .attempt(request, &scored[chosen], deadline, keyed_deadline, &upload)
+                .await;
             decision::log(&snapshot, &route, &scored, chosen, tried.len(), &attempt);
             // A capability the agent deduplicates itself is safe to repeat on any agent.
             let declared = scored[chosen].idempotent;
@@ -378,18 +441,30 @@ impl Outbound {
         mut request: Request<ReachBody>,
         candidate: &Scored,
         deadline: Option<Deadline>,
+        keyed_deadline: Option<Deadline>,
+        upload: &UploadWatch,
     ) -> Attempt {
         let peer = &candidate.peer;
         let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
         // The callee enforces the same budget: it stops work the caller no longer waits for.
-        let attempt_deadline = Deadline::after(timeout);
+        let attempt_deadline = keyed_deadline.unwrap_or_else(|| Deadline::after(timeout));
         request
             .headers_mut()
             .insert(deadline::DEADLINE, attempt_deadline.header_value());
         let target = format!("peer {} ({})", peer.name, peer.address);
         let sent = Instant::now();
         let pending = self.peers.begin(peer, candidate.latency_ms);
-        match forward(&self.client, request, &peer.address, &target, timeout).await {
+        let forwarded = forward(&self.client, request, &peer.address, &target, timeout).await;
+        if let Some(fault) = forwarded
+            .as_ref()
+            .err()
+            .and_then(|err| upload.caller_fault(matches!(err, ReachError::Timeout { .. })))
+        {
+            // The agent's own upload broke or stalled: nothing against the peer.
+            pending.discard();
+            return Attempt::Failed(fault);
+        }
+        match forwarded {
             Ok(response) => {
                 let elapsed = sent.elapsed();
                 let status = response.status();
@@ -498,29 +573,8 @@ impl Outbound {
     }
 }
 
-/// How long a duplicate waits for the original when the call sets no deadline.
-fn snapshot_timeout(store: &ConfigStore) -> Duration {
-    store.snapshot().policy.timeouts.request.get()
-}
-
-/// The body length when it is small enough to buffer for replay; `None` means stream it once.
-fn replayable_len(parts: &Parts, body: &Incoming, max: usize) -> Option<usize> {
-    use http_body::Body as _;
-    if body.is_end_stream() {
-        return Some(0);
-    }
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .parse::<usize>()
-        .ok()?;
-    (declared <= max).then_some(declared)
-}
-
-fn header_list<B>(req: &Request<B>, name: &str) -> Vec<String> {
-    req.headers()
+fn header_list(headers: &http::HeaderMap, name: &str) -> Vec<String> {
+    headers
         .get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())

@@ -1,0 +1,237 @@
+//! A caller's request body, watched on its way upstream: whether it arrived whole, broke, or
+//! stalled. A broken or slow upload is the caller's fault and must never count against the agent
+//! it was going to (a few aborted uploads used to eject a healthy agent), and a body that stops
+//! arriving must not hold an admission slot for the agent's whole timeout.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+use super::BoxError;
+use crate::error::ReachError;
+
+/// How far a caller's upload got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UploadState {
+    /// Still arriving (or not read yet).
+    Open,
+    /// Every byte arrived.
+    Complete,
+    /// The caller's connection broke mid-body.
+    Broken,
+    /// No chunk arrived within the body read timeout.
+    Stalled,
+}
+
+/// Shared view of an upload's state, kept by whoever forwards it.
+#[derive(Clone, Debug, Default)]
+pub struct UploadWatch(Arc<AtomicU8>);
+
+impl UploadWatch {
+    /// The watch of a body already read whole.
+    pub fn complete() -> Self {
+        let watch = Self::default();
+        watch.set(UploadState::Complete);
+        watch
+    }
+
+    pub fn state(&self) -> UploadState {
+        match self.0.load(Ordering::Acquire) {
+            1 => UploadState::Complete,
+            2 => UploadState::Broken,
+            3 => UploadState::Stalled,
+            _ => UploadState::Open,
+        }
+    }
+
+    fn set(&self, state: UploadState) {
+        let code = match state {
+            UploadState::Open => 0,
+            UploadState::Complete => 1,
+            UploadState::Broken => 2,
+            UploadState::Stalled => 3,
+        };
+        self.0.store(code, Ordering::Release);
+    }
+
+    /// The caller's fault, when its upload is why a request failed: a broken body, a stalled one,
+    /// or (`timed_out`) one still arriving when the time ran out.
+    pub fn caller_fault(&self, timed_out: bool) -> Option<ReachError> {
+        match self.state() {
+            UploadState::Broken => Some(ReachError::ClientBody),
+            UploadState::Stalled => Some(ReachError::BodyTimeout),
+            UploadState::Open if timed_out => Some(ReachError::BodyTimeout),
+            _ => None,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Passes the body through, recording how it ended; a gap longer than `gap` between chunks
+    /// ends it with an error.
+    pub struct WatchedUpload<B> {
+        #[pin]
+        inner: B,
+        #[pin]
+        timer: Sleep,
+        gap: Duration,
+        watch: UploadWatch,
+    }
+}
+
+impl<B: Body> WatchedUpload<B> {
+    pub fn new(inner: B, gap: Duration) -> (Self, UploadWatch) {
+        let watch = UploadWatch::default();
+        if inner.is_end_stream() {
+            watch.set(UploadState::Complete);
+        }
+        let body = Self {
+            inner,
+            timer: tokio::time::sleep(gap),
+            gap,
+            watch: watch.clone(),
+        };
+        (body, watch)
+    }
+}
+
+/// The error a stalled upload ends with.
+#[derive(Debug, thiserror::Error)]
+#[error("no request body bytes arrived for {0:?}")]
+pub struct Stalled(Duration);
+
+impl<B> Body for WatchedUpload<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        match this.inner.as_mut().poll_frame(cx) {
+            Poll::Ready(None) => {
+                this.watch.set(UploadState::Complete);
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                if this.inner.is_end_stream() {
+                    this.watch.set(UploadState::Complete);
+                } else {
+                    this.timer.as_mut().reset(Instant::now() + *this.gap);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(err))) => {
+                this.watch.set(UploadState::Broken);
+                Poll::Ready(Some(Err(err.into())))
+            }
+            Poll::Pending => match this.timer.poll(cx) {
+                Poll::Ready(()) => {
+                    this.watch.set(UploadState::Stalled);
+                    Poll::Ready(Some(Err(Box::new(Stalled(*this.gap)))))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A caller's body: read whole when it is small enough to keep (to replay on another peer, or to
+/// fingerprint for an idempotency key), else handed back to stream once.
+#[derive(Debug)]
+pub enum Upload<B> {
+    Buffered(Bytes),
+    /// Too large to keep (or of unknown length): its declared length, if any.
+    Stream(B, Option<u64>),
+}
+
+/// Reads `incoming` whole when it declares at most `max` bytes (or is already empty); a body
+/// that breaks or stalls on the way is the caller's error.
+pub async fn read<B>(
+    headers: &http::HeaderMap,
+    incoming: B,
+    max: usize,
+    gap: Duration,
+) -> Result<Upload<B>, ReachError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    use http_body_util::{BodyExt, Limited};
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let small = incoming.is_end_stream() || declared.is_some_and(|n| n <= max as u64);
+    if !small {
+        return Ok(Upload::Stream(incoming, declared));
+    }
+    let (watched, watch) = WatchedUpload::new(incoming, gap);
+    match Limited::new(watched, max).collect().await {
+        Ok(collected) => Ok(Upload::Buffered(collected.to_bytes())),
+        Err(_) => Err(watch.caller_fault(false).unwrap_or_else(|| {
+            ReachError::BadRequest("the request body is longer than its content-length".to_owned())
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::channel::Channel;
+    use http_body_util::BodyExt;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stops_arriving_stalls_and_is_the_callers_fault() {
+        let (mut tx, body) = Channel::<Bytes, std::io::Error>::new(4);
+        let (body, watch) = WatchedUpload::new(body, Duration::from_secs(10));
+        assert!(tx.try_send(Frame::data(Bytes::from_static(b"x"))).is_ok());
+        let collected = tokio::spawn(body.collect());
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(collected.await.map(|r| r.is_err()).unwrap_or(false));
+        assert_eq!(watch.state(), UploadState::Stalled);
+        assert!(matches!(
+            watch.caller_fault(false),
+            Some(ReachError::BodyTimeout)
+        ));
+        drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broken_body_is_the_callers_fault_and_a_whole_one_is_not() {
+        let (tx, body) = Channel::<Bytes, std::io::Error>::new(4);
+        let (body, watch) = WatchedUpload::new(body, Duration::from_secs(10));
+        tx.abort(std::io::Error::other("reset"));
+        assert!(body.collect().await.is_err());
+        assert!(matches!(
+            watch.caller_fault(false),
+            Some(ReachError::ClientBody)
+        ));
+
+        let whole = http_body_util::Full::new(Bytes::from("x"));
+        let (whole, watch) = WatchedUpload::new(whole, Duration::from_secs(1));
+        assert!(whole.collect().await.is_ok());
+        assert_eq!(watch.state(), UploadState::Complete);
+        assert!(watch.caller_fault(true).is_none());
+    }
+}

@@ -1,0 +1,199 @@
+//! Running a keyed request once and keeping its response: the ticket that settles the key, the
+//! body tee that copies the response as it streams to the caller, and the stored response.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+
+use super::table::{IdempotencyTable, Key, Slot};
+use super::{Claim, REPLAYED};
+use crate::http::{body, BoxError, ReachBody};
+
+/// A response kept for replay.
+#[derive(Debug)]
+pub struct Stored {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// The right to run a keyed request. Dropped without an outcome (the request failed before a
+/// response, or was cancelled), it frees the key: nothing is known to have run.
+#[derive(Debug)]
+pub struct Ticket {
+    table: Arc<IdempotencyTable>,
+    key: Option<Key>,
+}
+
+impl Ticket {
+    pub(super) fn new(table: Arc<IdempotencyTable>, key: Key) -> Self {
+        Self {
+            table,
+            key: Some(key),
+        }
+    }
+
+    /// Waits on this ticket's outcome, like a duplicate would.
+    pub fn subscribe(&self) -> Claim {
+        match &self.key {
+            Some(key) => self.table.subscribe(key),
+            None => Claim::Conflict,
+        }
+    }
+
+    /// Settles the key with the original's response, driving its body to the end. A response the
+    /// sidecar made itself (it carries `reach-reason`: the agent was never reached, or gave no
+    /// answer) is passed to those waiting but not kept: a later retry may run the task.
+    pub async fn settle(mut self, response: Response<ReachBody>) {
+        use http_body_util::BodyExt;
+        if response
+            .headers()
+            .contains_key(crate::http::headers::REASON)
+        {
+            let (parts, body) = response.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let stored = Arc::new(Stored {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+            });
+            if let Some(key) = self.key.take() {
+                self.table.settle_passing(&key, stored);
+            }
+            return;
+        }
+        let _ = self.record(response).into_body().collect().await;
+    }
+
+    /// Streams `response` to the caller while keeping a copy for duplicates.
+    pub fn record<B>(mut self, response: Response<B>) -> Response<ReachBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let (parts, inner) = response.into_parts();
+        let head = (parts.status, parts.headers.clone());
+        let max = self.table.max_body();
+        let tee = Tee {
+            inner,
+            buffer: Some(BytesMut::new()),
+            max,
+            head: Some(head),
+            ticket: self.key.take().map(|k| (self.table.clone(), k)),
+        };
+        Response::from_parts(parts, body::boxed(tee))
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.table.settle(&key, None);
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Passes a body through, copying it (up to `max`) into the table when it ends.
+    struct Tee<B> {
+        #[pin]
+        inner: B,
+        buffer: Option<BytesMut>,
+        max: usize,
+        head: Option<(StatusCode, HeaderMap)>,
+        ticket: Option<(Arc<IdempotencyTable>, Key)>,
+    }
+
+    impl<B> PinnedDrop for Tee<B> {
+        fn drop(this: Pin<&mut Self>) {
+            // Abandoned mid-stream: the task ran, but we cannot replay it.
+            if let Some((table, key)) = this.project().ticket.take() {
+                table.settle(&key, Some(Slot::TooLarge));
+            }
+        }
+    }
+}
+
+impl<B> Body for Tee<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let (Some(data), Some(buffer)) = (frame.data_ref(), this.buffer.as_mut()) {
+                if buffer.len() + data.len() <= *this.max {
+                    buffer.extend_from_slice(data);
+                } else {
+                    *this.buffer = None;
+                }
+            }
+        }
+        // hyper stops polling once a body says it has ended: settle on the last frame, too.
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            _ => false,
+        };
+        if ended {
+            if let Some((table, key)) = this.ticket.take() {
+                let slot = match (this.buffer.take(), this.head.take()) {
+                    (Some(buffer), Some((status, headers))) => Slot::Done(Arc::new(Stored {
+                        status,
+                        headers,
+                        body: buffer.freeze(),
+                    })),
+                    _ => Slot::TooLarge,
+                };
+                table.settle(&key, Some(slot));
+            }
+        }
+        polled.map(|f| f.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Stored {
+    /// What keeping it costs: the body, and the head at its text size plus map overhead.
+    pub(super) fn size(&self) -> usize {
+        let head: usize = self
+            .headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 48)
+            .sum();
+        self.body.len() + head + 64
+    }
+
+    pub fn replay(&self) -> Response<ReachBody> {
+        let mut response = Response::new(body::full(self.body.clone()));
+        *response.status_mut() = self.status;
+        *response.headers_mut() = self.headers.clone();
+        response
+            .headers_mut()
+            .insert(REPLAYED, http::HeaderValue::from_static("true"));
+        response
+    }
+}

@@ -1,0 +1,156 @@
+//! The inbound edge: what a request from outside may carry in. `reach-*` headers are the
+//! sidecar's to set — a caller cannot name itself, set the agent's deadline format or smuggle
+//! routing hints to the agent — so every one is dropped and the sidecar writes back only what
+//! it vouches for, after hop-by-hop stripping (so `Connection: reach-…` cannot remove them).
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::{HeaderMap, HeaderName, Request};
+
+use crate::config::Snapshot;
+use crate::error::ReachError;
+use crate::http::deadline::{self, Deadline};
+use crate::http::headers;
+use crate::registry::Registry;
+
+/// The headers the sidecar re-adds once the caller's `reach-*` headers are gone.
+#[derive(Debug)]
+pub(super) struct Vouched<'a> {
+    pub(super) capability: Option<&'a str>,
+    pub(super) deadline: Option<Deadline>,
+    /// A caller name the sidecar could check (see [`verified_caller`]).
+    pub(super) caller: Option<String>,
+    pub(super) attempt: Option<u16>,
+}
+
+/// Strips hop-by-hop and every `reach-*` header, then writes back what is vouched for.
+pub(super) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>) {
+    headers::strip_hop_by_hop(headers);
+    let own: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("reach-"))
+        .cloned()
+        .collect();
+    for name in own {
+        headers.remove(name);
+    }
+    if let Some(capability) = vouched.capability {
+        headers.insert(headers::CAPABILITY, headers::value(capability));
+    }
+    if let Some(deadline) = vouched.deadline {
+        headers.insert(deadline::DEADLINE, deadline.header_value());
+    }
+    if let Some(caller) = vouched.caller {
+        headers.insert(headers::CALLER, headers::value(&caller));
+    }
+    if let Some(attempt) = vouched.attempt {
+        headers.insert(headers::ATTEMPT, attempt.into());
+    }
+}
+
+/// The caller's name as its sidecar sent it, kept only when it is a peer this sidecar knows and
+/// the connection comes from that peer's address. Not authentication — anything on that host can
+/// claim it — but a stranger on the network can no longer name itself anybody; mutual TLS is
+/// what will make it an identity.
+pub(super) fn verified_caller<B>(
+    req: &Request<B>,
+    remote: SocketAddr,
+    registry: &Registry,
+    snapshot: &Snapshot,
+) -> Option<String> {
+    let claimed = req.headers().get(headers::CALLER)?.to_str().ok()?.trim();
+    let peer = registry.find(snapshot, claimed)?;
+    let host = peer
+        .address
+        .rsplit_once(':')
+        .map_or(peer.address.as_str(), |(h, _)| h);
+    let ip: IpAddr = host.trim_matches(['[', ']']).parse().ok()?;
+    (ip == remote.ip()).then(|| peer.name.clone())
+}
+
+/// `reach-attempt` as a small number, or nothing.
+pub(super) fn attempt_of(headers: &HeaderMap) -> Option<u16> {
+    headers
+        .get(headers::ATTEMPT)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Refuses a call for `capability` to a path outside the prefixes it declares.
+pub(super) fn check_path(
+    snapshot: &Snapshot,
+    capability: Option<&str>,
+    path: &str,
+) -> Result<(), ReachError> {
+    let agent = &snapshot.bootstrap.agent;
+    let allowed = |prefixes: &[String]| {
+        prefixes.is_empty() || prefixes.iter().any(|p| path_has_prefix(path, p))
+    };
+    let ok = match capability.and_then(|c| agent.capability(c)) {
+        Some(cap) => allowed(&cap.paths),
+        // Plain traffic (no capability named) may reach what some capability serves.
+        None => {
+            agent.capabilities.is_empty() || agent.capabilities.iter().any(|c| allowed(&c.paths))
+        }
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(ReachError::UnknownPath {
+        capability: capability.unwrap_or("-").to_owned(),
+        path: path.to_owned(),
+    })
+}
+
+/// `/review` covers `/review` and `/review/…`, not `/reviewer`.
+fn path_has_prefix(path: &str, prefix: &str) -> bool {
+    let prefix = prefix.trim_end_matches('/');
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/') || prefix.is_empty(),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn path_prefixes_match_whole_segments() {
+        assert!(path_has_prefix("/review", "/review"));
+        assert!(path_has_prefix("/review/x", "/review/"));
+        assert!(!path_has_prefix("/reviewer", "/review"));
+        assert!(!path_has_prefix("/admin/mode", "/review"));
+        assert!(path_has_prefix("/anything", "/"));
+    }
+
+    #[test]
+    fn callers_reach_headers_are_replaced_after_hop_by_hop_stripping() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("reach-deadline, reach-caller"),
+        );
+        h.insert("reach-caller", HeaderValue::from_static("admin"));
+        h.insert("reach-agent", HeaderValue::from_static("forged"));
+        h.insert("reach-deadline", HeaderValue::from_static("1"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        let vouched = Vouched {
+            capability: Some("code-review"),
+            deadline: Some(Deadline::after(std::time::Duration::from_secs(5))),
+            caller: None,
+            attempt: Some(2),
+        };
+        rewrite(&mut h, vouched);
+        assert!(h.get("reach-caller").is_none());
+        assert!(h.get("reach-agent").is_none());
+        assert!(h.get("reach-deadline").is_some_and(|v| v != "1"));
+        assert_eq!(h["reach-capability"], "code-review");
+        assert_eq!(h["reach-attempt"], "2");
+        assert!(h.contains_key("x-kept"));
+    }
+}
