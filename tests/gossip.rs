@@ -9,7 +9,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agent_reach::gossip::{envelope, ClusterKey};
+use agent_reach::gossip::{envelope, wire, ClusterKey};
 use agent_reach::mock_agent::{Latency, MockAgent, MockConfig};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
@@ -398,4 +398,114 @@ async fn sigterm_on_the_binary_announces_draining_then_leaves_and_no_call_fails(
     let (_, failed) = callers.stop().await;
     assert!(failed.is_empty(), "failed calls: {failed:?}");
     let _ = c;
+}
+
+/// One item signed with the cluster key, as a forger who holds the key would send it.
+fn forged_items(key: &ClusterKey, items: &[wire::Item]) -> Vec<u8> {
+    let body = wire::encode(&items.to_vec()).unwrap();
+    key.seal(envelope::Kind::Items, envelope::unix_us(), &body)
+}
+
+fn forged_item(name: &str, node: wire::NodeId, seq: u64, inbound: SocketAddr) -> wire::Item {
+    wire::Item {
+        name: name.into(),
+        node,
+        seq,
+        body: wire::Body::Profile(wire::Profile {
+            inbound: inbound.to_string(),
+            zone: String::new(),
+            region: String::new(),
+            max_concurrency: 64,
+            capabilities: vec![wire::WireCapability {
+                name: CAP.into(),
+                tags: Default::default(),
+                timeout_ms: 30_000,
+                mode: agent_reach::config::RouteMode::Sync,
+                cost_milli: 0,
+                idempotent: false,
+            }],
+            version: "forged".into(),
+        }),
+    }
+}
+
+fn gossip_seq(s: &Sidecar, name: &str) -> Option<(u64, u64)> {
+    let status = s.status();
+    status
+        .gossip
+        .as_ref()?
+        .members
+        .iter()
+        .find(|m| m.name == name)
+        .map(|m| (m.epoch, m.live_seq.unwrap_or(0)))
+}
+
+/// Issue 12 (6): a holder of the cluster key claims another agent's name, with a high seq and an
+/// address of its own choosing, both as a new node of its own and as the agent itself. Callers
+/// keep routing that agent to the agent, and the agent's own updates keep coming in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_holder_cannot_take_over_another_agents_name() {
+    let key = key_file("takeover");
+    let (_a_agent, a) = member("agent-a", &[], &[], &key, fast).await;
+    let (b_agent, b) = member("agent-b", &[CAP], &[gossip_addr(&a)], &key, fast).await;
+    let real = Some(b.addrs.inbound.to_string());
+    eventually(Duration::from_secs(10), "A to route to B", || async {
+        call_cap(a.addrs.outbound, CAP).await.status == 200 && peer_address(&a, "agent-b") == real
+    })
+    .await;
+    let (epoch, live_seq) = gossip_seq(&a, "agent-b").expect("A knows agent-b's node");
+
+    // Where the forger wants agent-b's calls to go.
+    let impostor = mock(MockConfig::new("impostor")).await;
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let forger = socket.local_addr().unwrap();
+    let cluster = ClusterKey::from_file(&key).unwrap();
+    let own = wire::NodeId {
+        addr: forger,
+        epoch: envelope::unix_us(),
+    };
+    let b_node = wire::NodeId {
+        addr: gossip_addr(&b),
+        epoch,
+    };
+    for item in [
+        // A node of its own under agent-b's name, with a seq a little or far above B's.
+        forged_item("agent-b", own.clone(), live_seq + 500, impostor.addr),
+        forged_item("agent-b", own, 1_000_000, impostor.addr),
+        // B itself, sent from the forger's socket.
+        forged_item("agent-b", b_node, 1_000_000, impostor.addr),
+    ] {
+        socket
+            .send_to(&forged_items(&cluster, &[item]), gossip_addr(&a))
+            .unwrap();
+    }
+
+    let metrics_url = format!("http://{}/metrics", a.addrs.admin);
+    eventually(
+        Duration::from_secs(5),
+        "the forgeries to be refused (or to take effect)",
+        || async {
+            let m = get(&client(), &metrics_url).await.body;
+            let refused = ["not_sender", "name_taken", "out_of_range"]
+                .iter()
+                .all(|r| m.contains(&format!("reach_gossip_rejected_total{{reason=\"{r}\"}} 1")));
+            refused || peer_address(&a, "agent-b") != real
+        },
+    )
+    .await;
+    assert_eq!(peer_address(&a, "agent-b"), real, "agent-b was taken over");
+    // B keeps its name: its own later updates still land, and its calls reach it.
+    eventually(Duration::from_secs(5), "B's next updates at A", || async {
+        gossip_seq(&a, "agent-b").is_some_and(|(e, s)| e == epoch && s > live_seq)
+    })
+    .await;
+    let before = b_agent.stats().business;
+    for _ in 0..10 {
+        let reply = call_cap(a.addrs.outbound, CAP).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.json()["agent"], "agent-b");
+    }
+    assert_eq!(b_agent.stats().business, before + 10);
+    assert_eq!(impostor.stats().business, 0, "the impostor got work");
+    assert_eq!(peer_address(&a, "agent-b"), real);
 }

@@ -62,7 +62,8 @@ fn addr(i: usize) -> SocketAddr {
 
 fn profile(i: usize) -> Profile {
     Profile {
-        inbound: format!("10.0.0.{i}:4143"),
+        // On the node's own IP, as a sidecar publishes it (others refuse any other).
+        inbound: format!("{}:4143", addr(i).ip()),
         zone: String::new(),
         region: String::new(),
         max_concurrency: 4,
@@ -333,6 +334,58 @@ async fn a_profile_too_large_to_gossip_is_refused_loudly() {
                 .oversized_items
                 .load(std::sync::atomic::Ordering::Relaxed)
                 == 1
+        },
+    )
+    .await;
+}
+
+/// Issue 12 (4): a sidecar restarted at its old address after a long run. The old incarnation's
+/// items reached a high `seq` (and its last view said `draining`); the new one counts from 1
+/// again, and must be judged as a new incarnation, not as a very late copy of the old one.
+#[tokio::test(start_paused = true)]
+async fn a_long_running_agent_restarted_at_the_same_address_is_routable_at_once() {
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let mut nodes: Vec<Node> = (0..3).map(|i| start(&net, i, &key)).collect();
+    eventually("everyone to see everyone", Duration::from_secs(10), || {
+        nodes.iter().all(|n| n.seen.members().len() == 2)
+    })
+    .await;
+    // Hundreds of updates (virtual time: each waits out the urgent-publish gap).
+    for n in 0..400u32 {
+        let mut view = live(State::Healthy, n);
+        view.busy = n % 2 == 0;
+        nodes[2].handle.publish_live(view);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    nodes[2].handle.publish_live(live(State::Draining, 0));
+    eventually(
+        "the old incarnation's high seq and draining state everywhere",
+        Duration::from_secs(5),
+        || {
+            nodes[..2].iter().all(|n| {
+                n.seen.live_of("agent-2").map(|l| l.state) == Some(State::Draining)
+                    && n.handle
+                        .status()
+                        .members
+                        .iter()
+                        .any(|m| m.name == "agent-2" && m.live_seq.is_some_and(|s| s > 300))
+            })
+        },
+    )
+    .await;
+    // It shuts down and its container comes back at the same address.
+    nodes[2].handle.leave().await;
+    nodes[2].stop.cancel();
+    nodes[2] = start(&net, 2, &key);
+    eventually(
+        "the new incarnation to be routable and healthy everywhere",
+        Duration::from_secs(3),
+        || {
+            nodes[..2].iter().all(|n| {
+                n.seen.members().contains(&"agent-2".to_owned())
+                    && n.seen.live_of("agent-2").map(|l| l.state) == Some(State::Healthy)
+            })
         },
     )
     .await;

@@ -45,7 +45,8 @@ impl Kind {
     }
 }
 
-/// Why a datagram was dropped; the `reason` label of `reach_gossip_rejected_total`.
+/// Why a datagram (or one item in it) was dropped; the `reason` label of
+/// `reach_gossip_rejected_total`. The last four are items that were authenticated but refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Rejected {
     #[error("not an agent-reach gossip packet, or a version this sidecar does not speak")]
@@ -60,6 +61,14 @@ pub enum Rejected {
     Replayed,
     #[error("authenticated, but its body does not decode")]
     Undecodable,
+    #[error("an item about another node than the one that sent it")]
+    NotSender,
+    #[error("an item claiming the name of another node that is alive")]
+    NameTaken,
+    #[error("a profile whose inbound address is not on its node's IP, or has port 0")]
+    BadAddress,
+    #[error("an item from the future, or with a seq beyond what its node can have published")]
+    OutOfRange,
 }
 
 impl Rejected {
@@ -71,16 +80,24 @@ impl Rejected {
             Self::Expired => "expired",
             Self::Replayed => "replayed",
             Self::Undecodable => "undecodable",
+            Self::NotSender => "not_sender",
+            Self::NameTaken => "name_taken",
+            Self::BadAddress => "bad_address",
+            Self::OutOfRange => "out_of_range",
         }
     }
 
-    pub const ALL: [Rejected; 6] = [
+    pub const ALL: [Rejected; 10] = [
         Self::Malformed,
         Self::Oversized,
         Self::BadMac,
         Self::Expired,
         Self::Replayed,
         Self::Undecodable,
+        Self::NotSender,
+        Self::NameTaken,
+        Self::BadAddress,
+        Self::OutOfRange,
     ];
 }
 

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::envelope::{self, ClusterKey, Kind, Rejected, ReplayGuard, OVERHEAD};
 use super::status::{GossipStatus, MemberStatus, Stats};
-use super::table::{Handler, Member, Table};
+use super::table::{same_addr, Handler, Member, Origin, Table};
 use super::transport::{Inbox, Transport};
 use super::wire::{self, Body, Item, Live, NodeId, Profile};
 
@@ -118,6 +118,7 @@ enum Command {
     Profile(Profile),
     Live(Live),
     Seeds(Vec<SocketAddr>),
+    Key(ClusterKey),
     Leave(oneshot::Sender<()>),
 }
 
@@ -145,6 +146,11 @@ impl GossipHandle {
     /// Asks to join through these addresses (seeds), skipping known members.
     pub fn announce(&self, seeds: Vec<SocketAddr>) {
         let _ = self.commands.send(Command::Seeds(seeds));
+    }
+
+    /// Seals and opens with these keys from now on (the key file changed).
+    pub fn set_key(&self, key: ClusterKey) {
+        let _ = self.commands.send(Command::Key(key));
     }
 
     /// Tells the cluster this node is leaving, then stops the node.
@@ -195,6 +201,8 @@ pub fn spawn(
         table: Arc::new(Mutex::new(Table::new(
             options.name.clone(),
             identity.clone(),
+            stats.clone(),
+            options.replay_window,
         ))),
     };
     let rng: StdRng = rand::make_rng();
@@ -333,7 +341,7 @@ impl Node {
             return self.rejected(from, Rejected::Expired);
         }
         match opened.kind {
-            Kind::Swim => match self.foca.handle_data(opened.body, &mut self.runtime) {
+            Kind::Swim => match self.handle_swim(from, opened.body) {
                 Ok(()) => {}
                 Err(
                     foca::Error::Decode(_)
@@ -344,22 +352,37 @@ impl Node {
                 Err(err) => tracing::debug!(%from, ?err, "gossip message ignored"),
             },
             Kind::Items => match wire::decode::<Vec<Item>>(opened.body) {
-                Some(items) => {
-                    let now = Instant::now();
-                    let mut table = self.handler.lock();
-                    for item in &items {
-                        table.apply(item, now);
-                    }
-                }
-                None => self.rejected(from, Rejected::Undecodable),
+                Ok(items) => self.take_items(from, &items),
+                Err(_) => self.rejected(from, Rejected::Undecodable),
             },
             // Answer only at the address the asker names as its own: a `want` replayed with a
             // forged source must not turn this node into a reflector toward someone else.
             Kind::Want => match wire::decode::<NodeId>(opened.body) {
-                Some(asker) if asker.addr == from => self.send_items(from),
-                Some(_) => {}
-                None => self.rejected(from, Rejected::Undecodable),
+                Ok(asker) if asker.addr == from => self.send_items(from),
+                Ok(_) => {}
+                Err(_) => self.rejected(from, Rejected::Undecodable),
             },
+        }
+    }
+
+    /// A SWIM message; the items riding on it are first-hand when it comes from their node.
+    fn handle_swim(&mut self, from: SocketAddr, body: &[u8]) -> Result<(), foca::Error> {
+        self.handler.lock().from = Some(from);
+        let result = self.foca.handle_data(body, &mut self.runtime);
+        self.handler.lock().from = None;
+        result
+    }
+
+    /// Items sent directly: each must be about the node that sent it (a node only ever sends
+    /// its own this way).
+    fn take_items(&mut self, from: SocketAddr, items: &[Item]) {
+        let now = Instant::now();
+        for item in items {
+            if same_addr(item.node.addr, from) {
+                self.handler.lock().apply(item, Origin::FirstHand, now);
+            } else {
+                self.rejected(from, Rejected::NotSender);
+            }
         }
     }
 
@@ -382,6 +405,7 @@ impl Node {
                     if let Some(live) = self.last_live() {
                         self.publish_live_now(live);
                     }
+                    self.send_items_to_members();
                 }
                 if first {
                     for to in std::mem::take(&mut self.unserved) {
@@ -407,6 +431,7 @@ impl Node {
                     }
                 }
             }
+            Command::Key(key) => self.options.key = key,
             Command::Leave(_) => {}
         }
     }
@@ -462,7 +487,7 @@ impl Node {
             seq: self.seq,
             body,
         };
-        let Some(bytes) = wire::encode(&item) else {
+        let Ok(bytes) = wire::encode(&item) else {
             return;
         };
         if bytes.len() > MAX_ITEM {
@@ -477,7 +502,10 @@ impl Node {
             self.stats.oversized_items.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if let Err(err) = self.foca.add_broadcast(&bytes) {
+        // A profile goes to each member directly (`send_items_to_members`): receivers take where
+        // an agent is reached only from the agent itself, never relayed.
+        let relayed = matches!(item.body, Body::Live(_));
+        if let Err(err) = relayed.then(|| self.foca.add_broadcast(&bytes)).transpose() {
             tracing::error!(
                 ?err,
                 bytes = bytes.len(),
@@ -509,8 +537,17 @@ impl Node {
             self.unserved.push(to);
             return;
         }
-        if let Some(body) = wire::encode(&items) {
+        if let Ok(body) = wire::encode(&items) {
             self.send(to, Kind::Items, &body);
+        }
+    }
+
+    /// This node's current items, sent straight to every member SWIM counts alive (a new
+    /// profile, a new identity).
+    fn send_items_to_members(&mut self) {
+        let members = self.handler.lock().active_addrs();
+        for to in members {
+            self.send_items(to);
         }
     }
 
@@ -609,7 +646,7 @@ impl Node {
             match notification {
                 OwnedNotification::MemberUp(id) => table.member_up(&id),
                 OwnedNotification::MemberDown(id) => table.member_down(&id, now),
-                OwnedNotification::Rename(old, new) => table.renamed(&old, &new),
+                OwnedNotification::Rename(old, new) => table.renamed(&old, &new, now),
                 OwnedNotification::Rejoin(id) => {
                     table.set_my_node(id);
                     rejoined = true;
@@ -629,6 +666,7 @@ impl Node {
             if let Some(live) = self.last_live() {
                 self.publish_live_now(live);
             }
+            self.send_items_to_members();
         }
         let (newcomers, wants, live_updates) = {
             let mut table = self.handler.lock();
@@ -651,7 +689,7 @@ impl Node {
                 .is_some_and(|at| now.saturating_duration_since(*at) < WANT_EVERY);
             if !recently {
                 self.wanted.insert(node.clone(), now);
-                if let Some(me) = wire::encode(self.foca.identity()) {
+                if let Ok(me) = wire::encode(self.foca.identity()) {
                     self.send(node.addr, Kind::Want, &me);
                 }
             }

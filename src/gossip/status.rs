@@ -19,7 +19,7 @@ pub struct Stats {
     pub bytes_received: AtomicU64,
     /// This node's own items too large to publish (a profile with too many capabilities).
     pub oversized_items: AtomicU64,
-    rejected: [AtomicU64; 6],
+    rejected: [AtomicU64; Rejected::ALL.len()],
 }
 
 impl Stats {

@@ -2,24 +2,48 @@
 //! agent, its profile and live view, and whether SWIM counts it alive.
 //!
 //! Items only move an entry forward: an older incarnation (epoch) or an older `seq` of the same
-//! kind changes nothing, so a replayed or late item cannot roll an agent's state back, and a
-//! restarted agent's new address replaces the old one the moment the first item from it arrives.
+//! kind changes nothing, so a replayed or late item cannot roll an agent's state back. A name is
+//! bound to the node holding it: only that node, speaking first-hand, can move it (a new
+//! incarnation, a new profile); a node that SWIM counts alive keeps its name.
 
 use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::{Duration, Instant};
 
+use super::envelope::{self, Rejected};
+use super::status::Stats;
 use super::wire::{self, Body, Item, ItemKind, Live, NodeId, Profile};
 
 /// How long a dead member stays listed (as `down`) in `/status`.
 const DOWN_LISTED_FOR: Duration = Duration::from_secs(60);
+/// Items a node can publish per second, generously (a state change at most every 50 ms, a
+/// profile at most every offer): a `seq` beyond this times its node's uptime is forged.
+const MAX_ITEM_RATE: u64 = 64;
+/// Headroom over that bound.
+const SEQ_SLACK: u64 = 1024;
+/// How far a relayed item may run ahead of the last `seq` heard from its node first-hand: a
+/// key holder relaying a forged view can get at most this far ahead, and the node's next
+/// first-hand item overrides it. Further is refused, and the node is asked directly.
+const MAX_RELAYED_LEAD: u64 = 256;
+
+/// How an item reached this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Origin {
+    /// In a datagram from the item's own gossip address.
+    FirstHand,
+    /// Passed on by another member.
+    Relayed,
+}
 
 #[derive(Debug)]
 pub(super) struct Entry {
     pub node: NodeId,
     pub profile: Option<(u64, Profile)>,
     pub live: Option<(u64, Live)>,
+    /// The highest `seq` heard from the node first-hand.
+    pub vouched: u64,
     pub last_heard: Instant,
     pub down_since: Option<Instant>,
 }
@@ -33,6 +57,8 @@ pub(super) enum Applied {
     Stale,
     /// About this node itself (relayed back to it), or claims its name from another address.
     Mine,
+    /// Refused, and counted under its reason.
+    Refused,
 }
 
 #[derive(Debug)]
@@ -42,6 +68,11 @@ pub(super) struct Table {
     entries: HashMap<String, Entry>,
     /// Identities SWIM counts alive.
     active: HashSet<NodeId>,
+    stats: Arc<Stats>,
+    /// The clock skew tolerated (the replay window), in µs.
+    window_us: u64,
+    /// The source of the datagram being handled, so foca's hook can tell first-hand items.
+    pub from: Option<SocketAddr>,
     /// Set when the routable set or a profile changed.
     pub dirty: bool,
     /// Agents whose live view changed since last drained.
@@ -55,12 +86,15 @@ pub(super) struct Table {
 }
 
 impl Table {
-    pub(super) fn new(me: String, my_node: NodeId) -> Self {
+    pub(super) fn new(me: String, my_node: NodeId, stats: Arc<Stats>, window: Duration) -> Self {
         Self {
             me,
             my_node,
             entries: HashMap::new(),
             active: HashSet::new(),
+            stats,
+            window_us: u64::try_from(window.as_micros()).unwrap_or(u64::MAX),
+            from: None,
             dirty: false,
             live_updates: Vec::new(),
             wants: Vec::new(),
@@ -73,71 +107,138 @@ impl Table {
         self.my_node = node;
     }
 
-    pub(super) fn apply(&mut self, item: &Item, now: Instant) -> Applied {
+    /// How an item in the datagram being handled reached this node.
+    pub(super) fn origin(&self, item: &Item) -> Origin {
+        match self.from {
+            Some(from) if same_addr(from, item.node.addr) => Origin::FirstHand,
+            _ => Origin::Relayed,
+        }
+    }
+
+    pub(super) fn apply(&mut self, item: &Item, origin: Origin, now: Instant) -> Applied {
         if item.name == self.me {
             if item.node.addr != self.my_node.addr {
                 self.name_conflicts += 1;
             }
             return Applied::Mine;
         }
-        let entry = match self.entries.get_mut(&item.name) {
-            Some(e) if item.node.epoch < e.node.epoch => return Applied::Stale,
-            Some(e) if item.node.epoch == e.node.epoch && item.node.addr != e.node.addr => {
-                // Two incarnations started in the same microsecond: keep the one known first.
-                return Applied::Stale;
+        if let Err(reason) = plausible(item, envelope::unix_us(), self.window_us) {
+            return self.refuse(reason);
+        }
+        if origin == Origin::Relayed && matches!(item.body, Body::Profile(_)) {
+            // Where an agent is reached is taken from the agent only; ask it.
+            self.want_if_newer_profile(item);
+            return self.refuse(Rejected::NotSender);
+        }
+        match self.bind(item, origin, now) {
+            Ok(()) => self.apply_body(item, origin, now),
+            Err(applied) => applied,
+        }
+    }
+
+    fn refuse(&self, reason: Rejected) -> Applied {
+        self.stats.reject(reason);
+        Applied::Refused
+    }
+
+    /// Makes sure the entry for `item.name` is bound to `item.node`: creates it or moves it to
+    /// a new incarnation (first-hand only), or says why the item does not apply.
+    fn bind(&mut self, item: &Item, origin: Origin, now: Instant) -> Result<(), Applied> {
+        let Some(e) = self.entries.get(&item.name) else {
+            if origin == Origin::Relayed {
+                // Heard of second-hand only: it introduces itself when SWIM sees it.
+                return Err(Applied::Stale);
             }
-            Some(e) if item.node.epoch > e.node.epoch => {
-                // A restarted agent (or one that rejoined): its old address is gone for good.
-                *e = fresh(item.node.clone(), now);
-                self.dirty = true;
-                e
-            }
-            Some(e) => e,
-            None => {
-                self.dirty = true;
-                self.entries
-                    .entry(item.name.clone())
-                    .or_insert_with(|| fresh(item.node.clone(), now))
-            }
+            self.entries
+                .insert(item.name.clone(), fresh(item.node.clone(), now));
+            self.dirty = true;
+            return Ok(());
         };
-        let applied = match &item.body {
+        if e.node == item.node {
+            return Ok(());
+        }
+        if item.node.epoch <= e.node.epoch {
+            // An older incarnation's item, late.
+            return Err(Applied::Stale);
+        }
+        if !same_addr(e.node.addr, item.node.addr) && self.active.contains(&e.node) {
+            // The name belongs to a live node elsewhere.
+            return Err(self.refuse(Rejected::NameTaken));
+        }
+        if origin == Origin::Relayed {
+            self.want(&item.node);
+            return Err(Applied::Stale);
+        }
+        // A restarted agent (or one that rejoined): its old incarnation is gone for good.
+        self.entries
+            .insert(item.name.clone(), fresh(item.node.clone(), now));
+        self.dirty = true;
+        Ok(())
+    }
+
+    fn apply_body(&mut self, item: &Item, origin: Origin, now: Instant) -> Applied {
+        let Some(entry) = self.entries.get_mut(&item.name) else {
+            return Applied::Stale;
+        };
+        let stored = match &item.body {
+            Body::Profile(_) => entry.profile.as_ref().map(|(seq, _)| *seq),
+            Body::Live(_) => entry.live.as_ref().map(|(seq, _)| *seq),
+        };
+        let newer = stored.is_none_or(|seq| item.seq > seq);
+        let fresh_enough = match origin {
+            // The node's own word overrides whatever was relayed in its name.
+            Origin::FirstHand => newer || item.seq > entry.vouched,
+            Origin::Relayed if newer && item.seq > entry.vouched + MAX_RELAYED_LEAD => {
+                let node = entry.node.clone();
+                self.want(&node);
+                return self.refuse(Rejected::OutOfRange);
+            }
+            Origin::Relayed => newer,
+        };
+        if !fresh_enough {
+            return Applied::Stale;
+        }
+        if origin == Origin::FirstHand {
+            entry.vouched = entry.vouched.max(item.seq);
+        }
+        entry.last_heard = now;
+        match &item.body {
             Body::Profile(p) => {
-                if entry
-                    .profile
-                    .as_ref()
-                    .is_some_and(|(seq, _)| *seq >= item.seq)
-                {
-                    Applied::Stale
-                } else {
-                    entry.profile = Some((item.seq, p.clone()));
-                    self.dirty = true;
-                    Applied::New
-                }
+                entry.profile = Some((item.seq, p.clone()));
+                self.dirty = true;
             }
             Body::Live(l) => {
-                if entry.live.as_ref().is_some_and(|(seq, _)| *seq >= item.seq) {
-                    Applied::Stale
-                } else {
-                    entry.live = Some((item.seq, *l));
-                    if entry
-                        .profile
-                        .as_ref()
-                        .is_none_or(|(seq, _)| *seq < l.profile_seq)
-                        && !self.wants.contains(&entry.node)
-                    {
-                        self.wants.push(entry.node.clone());
-                    }
-                    if !self.live_updates.contains(&item.name) {
-                        self.live_updates.push(item.name.clone());
-                    }
-                    Applied::New
+                entry.live = Some((item.seq, *l));
+                let lacks_profile = entry
+                    .profile
+                    .as_ref()
+                    .is_none_or(|(seq, _)| *seq < l.profile_seq);
+                let node = entry.node.clone();
+                if lacks_profile {
+                    self.want(&node);
+                }
+                if !self.live_updates.contains(&item.name) {
+                    self.live_updates.push(item.name.clone());
                 }
             }
-        };
-        if applied == Applied::New {
-            entry.last_heard = now;
         }
-        applied
+        Applied::New
+    }
+
+    /// A relayed profile newer than the one known: its node is asked for it directly.
+    fn want_if_newer_profile(&mut self, item: &Item) {
+        let known = self.entries.get(&item.name).filter(|e| e.node == item.node);
+        if known.is_some_and(|e| e.profile.as_ref().is_none_or(|(seq, _)| *seq < item.seq)) {
+            self.want(&item.node);
+        }
+    }
+
+    /// Asks a member for its items directly; only members SWIM counts alive, so a forged item
+    /// cannot make this node send to arbitrary addresses.
+    fn want(&mut self, node: &NodeId) {
+        if self.active.contains(node) && !self.wants.contains(node) {
+            self.wants.push(node.clone());
+        }
     }
 
     pub(super) fn member_up(&mut self, node: &NodeId) {
@@ -163,14 +264,16 @@ impl Table {
     }
 
     /// A member restarted at the same address (foca reports a rename, not a join): it is a
-    /// newcomer all the same and gets this node's items directly.
-    pub(super) fn renamed(&mut self, old: &NodeId, new: &NodeId) {
+    /// newcomer all the same and gets this node's items directly. Its entry starts afresh: the
+    /// new incarnation counts its `seq` from 1 again, and its items must not be judged against
+    /// the old one's.
+    pub(super) fn renamed(&mut self, old: &NodeId, new: &NodeId, now: Instant) {
         if self.active.remove(old) && self.active.insert(new.clone()) {
             self.newcomers.push(new.clone());
         }
         for e in self.entries.values_mut() {
-            if e.node == *old && new.epoch > e.node.epoch {
-                e.node = new.clone();
+            if same_addr(e.node.addr, new.addr) && new.epoch > e.node.epoch {
+                *e = fresh(new.clone(), now);
             }
         }
         self.dirty = true;
@@ -229,8 +332,40 @@ fn fresh(node: NodeId, now: Instant) -> Entry {
         node,
         profile: None,
         live: None,
+        vouched: 0,
         last_heard: now,
         down_since: None,
+    }
+}
+
+/// Two socket addresses are one endpoint (an IPv4 peer may show as `::ffff:a.b.c.d`).
+pub(super) fn same_addr(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port() && a.ip().to_canonical() == b.ip().to_canonical()
+}
+
+/// What an honest node cannot have sent: an epoch (its start time) from the future, a `seq`
+/// beyond what it can have published since, a profile whose inbound address is not on its own
+/// IP (or has port 0).
+fn plausible(item: &Item, now_us: u64, window_us: u64) -> Result<(), Rejected> {
+    let horizon = now_us.saturating_add(window_us);
+    if item.node.epoch > horizon {
+        return Err(Rejected::OutOfRange);
+    }
+    let uptime_s = (horizon - item.node.epoch) / 1_000_000;
+    if item.seq > SEQ_SLACK.saturating_add(MAX_ITEM_RATE.saturating_mul(uptime_s)) {
+        return Err(Rejected::OutOfRange);
+    }
+    match &item.body {
+        Body::Profile(p) => match p.inbound.parse::<SocketAddr>() {
+            Ok(inbound)
+                if inbound.port() != 0
+                    && inbound.ip().to_canonical() == item.node.addr.ip().to_canonical() =>
+            {
+                Ok(())
+            }
+            _ => Err(Rejected::BadAddress),
+        },
+        Body::Live(_) => Ok(()),
     }
 }
 
@@ -260,8 +395,8 @@ impl foca::Invalidates for ItemKey {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("a gossip item that does not decode")]
-pub(super) struct BadItem;
+#[error("a gossip item that does not decode: {0}")]
+pub(super) struct BadItem(#[from] wire::WireError);
 
 /// Foca's hook for items riding on SWIM messages: new ones go into the table and on to others.
 #[derive(Debug, Clone)]
@@ -284,7 +419,7 @@ impl foca::BroadcastHandler<NodeId> for Handler {
         data: &[u8],
         sender: Option<&NodeId>,
     ) -> Result<Option<ItemKey>, BadItem> {
-        let item: Item = wire::decode(data).ok_or(BadItem)?;
+        let item: Item = wire::decode(data)?;
         let key = ItemKey {
             name: item.name.clone(),
             kind: item.kind(),
@@ -295,9 +430,11 @@ impl foca::BroadcastHandler<NodeId> for Handler {
         if sender.is_none() {
             return Ok(Some(key));
         }
-        match self.lock().apply(&item, Instant::now()) {
+        let mut table = self.lock();
+        let origin = table.origin(&item);
+        match table.apply(&item, origin, Instant::now()) {
             Applied::New => Ok(Some(key)),
-            Applied::Stale | Applied::Mine => Ok(None),
+            Applied::Stale | Applied::Mine | Applied::Refused => Ok(None),
         }
     }
 }
@@ -306,12 +443,22 @@ impl foca::BroadcastHandler<NodeId> for Handler {
 mod tests {
     use super::*;
     use crate::reach::State;
+    use Origin::{FirstHand, Relayed};
 
     fn node(port: u16, epoch: u64) -> NodeId {
         NodeId {
-            addr: std::net::SocketAddr::from(([10, 0, 0, 1], port)),
+            addr: SocketAddr::from(([10, 0, 0, 1], port)),
             epoch,
         }
+    }
+
+    fn table() -> Table {
+        Table::new(
+            "me".into(),
+            node(1, 1),
+            Arc::new(Stats::default()),
+            Duration::from_secs(30),
+        )
     }
 
     fn live(profile_seq: u64, state: State) -> Body {
@@ -352,61 +499,112 @@ mod tests {
         }
     }
 
-    #[test]
-    fn an_old_item_played_back_does_not_roll_state_back() {
-        let now = Instant::now();
-        let mut t = Table::new("me".into(), node(1, 1));
-        let n = node(2, 5);
-        assert_eq!(
-            t.apply(&item("a", n.clone(), 1, profile("a:1")), now),
-            Applied::New
-        );
-        assert_eq!(
-            t.apply(&item("a", n.clone(), 3, live(1, State::Draining)), now),
-            Applied::New
-        );
-        assert_eq!(
-            t.apply(&item("a", n.clone(), 2, live(1, State::Healthy)), now),
-            Applied::Stale
-        );
-        let state = t.get("a").and_then(|e| e.live.map(|(_, l)| l.state));
-        assert_eq!(state, Some(State::Draining));
+    fn inbound_of(t: &Table, name: &str) -> Option<String> {
+        t.routable()
+            .into_iter()
+            .find(|m| m.name == name)
+            .map(|m| m.profile.inbound.clone())
+    }
+
+    fn state_of(t: &Table, name: &str) -> Option<State> {
+        t.get(name).and_then(|e| e.live.map(|(_, l)| l.state))
     }
 
     #[test]
-    fn a_restarted_agent_replaces_its_old_address() {
+    fn an_old_item_played_back_does_not_roll_state_back() {
         let now = Instant::now();
-        let mut t = Table::new("me".into(), node(1, 1));
+        let mut t = table();
+        let n = node(2, 5);
+        let a = |seq, body| item("a", n.clone(), seq, body);
+        assert_eq!(
+            t.apply(&a(1, profile("10.0.0.1:3")), FirstHand, now),
+            Applied::New
+        );
+        assert_eq!(
+            t.apply(&a(3, live(1, State::Draining)), Relayed, now),
+            Applied::New
+        );
+        assert_eq!(
+            t.apply(&a(2, live(1, State::Healthy)), Relayed, now),
+            Applied::Stale
+        );
+        assert_eq!(state_of(&t, "a"), Some(State::Draining));
+    }
+
+    #[test]
+    fn an_agent_restarted_elsewhere_takes_its_name_once_the_old_one_is_down() {
+        let now = Instant::now();
+        let mut t = table();
         let (old, new) = (node(2, 5), node(3, 9));
         t.member_up(&old);
         t.member_up(&new);
-        t.apply(&item("a", old.clone(), 7, profile("old:1")), now);
-        assert_eq!(
-            t.routable().first().map(|m| m.profile.inbound.clone()),
-            Some("old:1".into())
+        t.apply(
+            &item("a", old.clone(), 7, profile("10.0.0.1:20")),
+            FirstHand,
+            now,
         );
-        t.apply(&item("a", new.clone(), 1, profile("new:1")), now);
-        let routable = t.routable();
-        assert_eq!(routable.len(), 1);
-        assert_eq!(routable[0].profile.inbound, "new:1");
+        assert_eq!(inbound_of(&t, "a"), Some("10.0.0.1:20".into()));
+        // While the old one is alive, the name is its own.
+        let claim = item("a", new.clone(), 1, profile("10.0.0.1:30"));
+        assert_eq!(t.apply(&claim, FirstHand, now), Applied::Refused);
+        assert_eq!(t.stats.rejected(Rejected::NameTaken), 1);
+        assert_eq!(inbound_of(&t, "a"), Some("10.0.0.1:20".into()));
+        t.member_down(&old, now);
+        assert_eq!(t.apply(&claim, FirstHand, now), Applied::New);
+        assert_eq!(inbound_of(&t, "a"), Some("10.0.0.1:30".into()));
         // The old incarnation's items, however late, change nothing.
-        assert_eq!(
-            t.apply(&item("a", old, 99, profile("old:1")), now),
-            Applied::Stale
+        let late = item("a", old, 99, profile("10.0.0.1:20"));
+        assert_eq!(t.apply(&late, FirstHand, now), Applied::Stale);
+        assert_eq!(inbound_of(&t, "a"), Some("10.0.0.1:30".into()));
+    }
+
+    #[test]
+    fn a_rename_starts_the_entry_afresh_so_a_low_seq_counts_again() {
+        let now = Instant::now();
+        let mut t = table();
+        let (old, new) = (node(2, 5), node(2, 9));
+        t.member_up(&old);
+        t.newcomers.clear();
+        t.apply(
+            &item("a", old.clone(), 1, profile("10.0.0.1:20")),
+            FirstHand,
+            now,
         );
-        assert_eq!(t.routable()[0].profile.inbound, "new:1");
+        let draining = item("a", old.clone(), 5000, live(1, State::Draining));
+        assert_eq!(t.apply(&draining, FirstHand, now), Applied::New);
+        t.renamed(&old, &new, now);
+        assert_eq!(t.newcomers, vec![new.clone()]);
+        let back = |seq, body| item("a", new.clone(), seq, body);
+        assert_eq!(
+            t.apply(&back(2, live(1, State::Healthy)), Relayed, now),
+            Applied::New
+        );
+        assert_eq!(
+            t.apply(&back(1, profile("10.0.0.1:20")), FirstHand, now),
+            Applied::New
+        );
+        assert_eq!(state_of(&t, "a"), Some(State::Healthy));
+        assert_eq!(inbound_of(&t, "a"), Some("10.0.0.1:20".into()));
     }
 
     #[test]
     fn a_dead_member_is_not_routable_and_a_live_view_without_profile_asks_for_it() {
         let now = Instant::now();
-        let mut t = Table::new("me".into(), node(1, 1));
+        let mut t = table();
         let n = node(2, 5);
         t.member_up(&n);
-        t.apply(&item("a", n.clone(), 2, live(1, State::Healthy)), now);
+        t.apply(
+            &item("a", n.clone(), 2, live(1, State::Healthy)),
+            FirstHand,
+            now,
+        );
         assert!(t.routable().is_empty(), "no profile yet");
         assert_eq!(t.wants, vec![n.clone()]);
-        t.apply(&item("a", n.clone(), 1, profile("a:1")), now);
+        t.apply(
+            &item("a", n.clone(), 1, profile("10.0.0.1:3")),
+            FirstHand,
+            now,
+        );
         assert_eq!(t.routable().len(), 1);
         t.member_down(&n, now);
         assert!(t.routable().is_empty());
@@ -414,12 +612,114 @@ mod tests {
 
     #[test]
     fn items_about_this_node_are_not_taken_from_others() {
-        let mut t = Table::new("me".into(), node(1, 1));
-        assert_eq!(
-            t.apply(&item("me", node(9, 9), 1, profile("x:1")), Instant::now()),
-            Applied::Mine
-        );
+        let mut t = table();
+        let claim = item("me", node(9, 9), 1, profile("10.0.0.1:3"));
+        assert_eq!(t.apply(&claim, FirstHand, Instant::now()), Applied::Mine);
         assert_eq!(t.name_conflicts, 1);
         assert!(t.routable().is_empty());
+    }
+
+    #[test]
+    fn relayed_items_neither_introduce_nor_move_a_node_nor_set_its_address() {
+        let now = Instant::now();
+        let mut t = table();
+        let n = node(2, 5);
+        t.member_up(&n);
+        let unknown = item("a", n.clone(), 1, live(0, State::Healthy));
+        assert_eq!(t.apply(&unknown, Relayed, now), Applied::Stale);
+        assert!(t.get("a").is_none());
+        t.apply(
+            &item("a", n.clone(), 1, profile("10.0.0.1:3")),
+            FirstHand,
+            now,
+        );
+        let moved = item("a", n.clone(), 2, profile("10.0.0.1:4"));
+        assert_eq!(t.apply(&moved, Relayed, now), Applied::Refused);
+        assert_eq!(t.stats.rejected(Rejected::NotSender), 1);
+        assert_eq!(
+            t.wants,
+            vec![n.clone()],
+            "the node is asked for its new profile"
+        );
+        let renewed = item("a", node(2, 6), 3, live(1, State::Healthy));
+        assert_eq!(t.apply(&renewed, Relayed, now), Applied::Stale);
+        assert_eq!(inbound_of(&t, "a"), Some("10.0.0.1:3".into()));
+    }
+
+    #[test]
+    fn a_relayed_seq_far_ahead_is_refused_and_the_nodes_own_word_wins() {
+        let now = Instant::now();
+        let mut t = table();
+        let n = node(2, 5);
+        t.member_up(&n);
+        t.apply(
+            &item("a", n.clone(), 10, profile("10.0.0.1:3")),
+            FirstHand,
+            now,
+        );
+        let far = item(
+            "a",
+            n.clone(),
+            10 + MAX_RELAYED_LEAD + 1,
+            live(10, State::Draining),
+        );
+        assert_eq!(t.apply(&far, Relayed, now), Applied::Refused);
+        assert_eq!(t.stats.rejected(Rejected::OutOfRange), 1);
+        let ahead = item(
+            "a",
+            n.clone(),
+            10 + MAX_RELAYED_LEAD,
+            live(10, State::Draining),
+        );
+        assert_eq!(t.apply(&ahead, Relayed, now), Applied::New);
+        // The node's next item first-hand overrides the forged one despite its lower seq.
+        let own = item("a", n.clone(), 11, live(10, State::Healthy));
+        assert_eq!(t.apply(&own, FirstHand, now), Applied::New);
+        assert_eq!(state_of(&t, "a"), Some(State::Healthy));
+    }
+
+    #[test]
+    fn implausible_items_are_refused() {
+        let now_us = envelope::unix_us();
+        let window = 30_000_000;
+        let at = |port, epoch| node(port, epoch);
+        let future = item("a", at(2, now_us + 2 * window), 1, live(0, State::Healthy));
+        assert_eq!(
+            plausible(&future, now_us, window),
+            Err(Rejected::OutOfRange)
+        );
+        let young = at(2, now_us - 10_000_000);
+        let max_seq = SEQ_SLACK + MAX_ITEM_RATE * 40;
+        let ok = item("a", young.clone(), max_seq, live(0, State::Healthy));
+        assert_eq!(plausible(&ok, now_us, window), Ok(()));
+        let too_far = item("a", young.clone(), max_seq + 1, live(0, State::Healthy));
+        assert_eq!(
+            plausible(&too_far, now_us, window),
+            Err(Rejected::OutOfRange)
+        );
+        for inbound in [
+            "10.0.0.9:4143",
+            "10.0.0.1:0",
+            "localhost:4143",
+            "",
+            "10.0.0.1",
+        ] {
+            let bad = item("a", young.clone(), 1, profile(inbound));
+            assert_eq!(
+                plausible(&bad, now_us, window),
+                Err(Rejected::BadAddress),
+                "{inbound}"
+            );
+        }
+        let good = item("a", young, 1, profile("10.0.0.1:4143"));
+        assert_eq!(plausible(&good, now_us, window), Ok(()));
+    }
+
+    #[test]
+    fn an_ipv4_peer_seen_through_an_ipv6_socket_is_the_same_address() {
+        let v4 = SocketAddr::from(([10, 0, 0, 1], 4190));
+        let mapped: SocketAddr = "[::ffff:10.0.0.1]:4190".parse().unwrap_or(v4);
+        assert!(same_addr(v4, mapped));
+        assert!(!same_addr(v4, SocketAddr::from(([10, 0, 0, 1], 4191))));
     }
 }

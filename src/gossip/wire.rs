@@ -126,12 +126,17 @@ pub fn unmilli(x: u16) -> f64 {
     f64::from(x.min(1000)) / 1000.0
 }
 
-pub fn encode<T: Serialize + ?Sized>(value: &T) -> Option<Vec<u8>> {
-    postcard::to_allocvec(value).ok()
+/// Bytes that are not a well-formed item (or a value that cannot be encoded).
+#[derive(Debug, thiserror::Error)]
+#[error("gossip wire format: {0}")]
+pub struct WireError(#[from] postcard::Error);
+
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, WireError> {
+    Ok(postcard::to_allocvec(value)?)
 }
 
-pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Option<T> {
-    postcard::from_bytes(bytes).ok()
+pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, WireError> {
+    Ok(postcard::from_bytes(bytes)?)
 }
 
 #[cfg(test)]
@@ -167,13 +172,13 @@ mod tests {
         };
         let bytes = encode(&item).unwrap_or_default();
         assert!(bytes.len() < 64, "{} bytes", bytes.len());
-        assert_eq!(decode::<Item>(&bytes), Some(item));
+        assert_eq!(decode::<Item>(&bytes).ok(), Some(item));
     }
 
     #[test]
     fn garbage_does_not_decode() {
-        assert_eq!(decode::<Item>(&[0xff; 40]), None);
-        assert_eq!(decode::<Item>(&[]), None);
+        assert!(decode::<Item>(&[0xff; 40]).is_err());
+        assert!(decode::<Item>(&[]).is_err());
     }
 
     #[test]
