@@ -509,3 +509,72 @@ async fn a_key_holder_cannot_take_over_another_agents_name() {
     assert_eq!(impostor.stats().business, 0, "the impostor got work");
     assert_eq!(peer_address(&a, "agent-b"), real);
 }
+
+fn secret_hex() -> String {
+    let secret: [u8; 32] = rand::random();
+    secret.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Replaces a key file the way a Kubernetes Secret volume does: all at once.
+fn write_keys(path: &std::path::Path, lines: &[&str]) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, lines.join("\n")).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Issue 12 (Also): the key rotates in the key file, without restarting a sidecar: a member
+/// that only knows the new key joins, and the old key stops opening anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_key_file_is_taken_without_a_restart() {
+    let (old, new) = (secret_hex(), secret_hex());
+    let a_key = key_file("rotate-a");
+    let b_key = key_file("rotate-b");
+    let c_key = key_file("rotate-c");
+    for path in [&a_key, &b_key] {
+        write_keys(path, &[&old]);
+    }
+    write_keys(&c_key, &[&new]);
+    let (_a_agent, a) = member("agent-a", &[], &[], &a_key, fast).await;
+    let (_b_agent, b) = member("agent-b", &[CAP], &[gossip_addr(&a)], &b_key, fast).await;
+    eventually(Duration::from_secs(10), "A to route to B", || async {
+        call_cap(a.addrs.outbound, CAP).await.status == 200
+    })
+    .await;
+
+    // The new key signs, the old one still verifies: A and B accept each other throughout.
+    for path in [&a_key, &b_key] {
+        write_keys(path, &[&new, &old]);
+    }
+    let (_c_agent, _c) = member("agent-c", &["gamma"], &[gossip_addr(&a)], &c_key, fast).await;
+    eventually(
+        Duration::from_secs(10),
+        "A to route to C, which knows only the new key",
+        || async {
+            let reply = call_cap(a.addrs.outbound, "gamma").await;
+            reply.status == 200 && reply.json()["agent"] == "agent-c"
+        },
+    )
+    .await;
+
+    // The old key goes: a packet sealed with it is refused.
+    for path in [&a_key, &b_key] {
+        write_keys(path, &[&new]);
+    }
+    let old_key = ClusterKey::from_secrets(&[old.into_bytes()]);
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let metrics_url = format!("http://{}/metrics", a.addrs.admin);
+    eventually(
+        Duration::from_secs(10),
+        "the old key to be refused",
+        || async {
+            let packet = old_key.seal(envelope::Kind::Want, envelope::unix_us(), &[]);
+            socket.send_to(&packet, gossip_addr(&a)).unwrap();
+            let m = get(&client(), &metrics_url).await.body;
+            !m.contains("reach_gossip_rejected_total{reason=\"bad_mac\"} 0")
+                && m.contains("reach_gossip_rejected_total{reason=\"bad_mac\"}")
+        },
+    )
+    .await;
+    assert_eq!(call_cap(a.addrs.outbound, CAP).await.status, 200);
+    let _ = b;
+}

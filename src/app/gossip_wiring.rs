@@ -1,7 +1,9 @@
 //! Starting the sidecar's gossip node: the key, the socket, the advertised address, the task
-//! that publishes this agent's profile and live view, and the one that resolves seeds.
+//! that publishes this agent's profile and live view, the one that resolves seeds, and the one
+//! that takes a changed key file.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +20,8 @@ use crate::registry::Registry;
 const OFFER_EVERY: Duration = Duration::from_millis(200);
 /// Seeds are retried this often while no member is known yet.
 const JOIN_RETRY: Duration = Duration::from_secs(1);
+/// How often the key file is read for a change (a rotated Kubernetes Secret lands in place).
+const KEY_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 pub(super) async fn start(
     config: &GossipConfig,
@@ -34,7 +38,11 @@ pub(super) async fn start(
             .map_or(config.key_file.clone(), |dir| dir.join(&config.key_file)),
         _ => config.key_file.clone(),
     };
-    let key = ClusterKey::from_file(&key_path)?;
+    let key_text = std::fs::read(&key_path).map_err(|source| gossip::KeyError::Read {
+        path: key_path.display().to_string(),
+        source,
+    })?;
+    let key = ClusterKey::parse(&key_path, &key_text)?;
     let (transport, inbox, bound) = gossip::transport::udp(config.listen, stop.clone())
         .await
         .map_err(|source| StartError::Bind {
@@ -62,6 +70,7 @@ pub(super) async fn start(
     let handle = Arc::new(gossip::spawn(options, transport, inbox, feed, stop.clone()));
     tracing::info!(agent = %name, gossip = %addr, inbound = %published_inbound, seeds = config.seeds.len(), "gossip started");
 
+    tokio::spawn(watch_key(handle.clone(), key_path, key_text, stop.clone()));
     tokio::spawn(offer_views(
         handle.clone(),
         local,
@@ -89,6 +98,38 @@ pub(super) fn drain_announce(snapshot: &Snapshot) -> Duration {
         .map_or(Duration::from_secs(1), |g| {
             g.probe_interval.get().max(Duration::from_secs(1))
         })
+}
+
+/// Takes the key file again whenever it changes, so keys rotate without a restart (the file's
+/// lines: the first signs, every one verifies). A file that does not parse keeps the keys in use.
+async fn watch_key(
+    handle: Arc<GossipHandle>,
+    path: PathBuf,
+    mut last: Vec<u8>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(KEY_CHECK_EVERY) => {}
+        }
+        let Ok(text) = tokio::fs::read(&path).await else {
+            continue;
+        };
+        if text == last {
+            continue;
+        }
+        match ClusterKey::parse(&path, &text) {
+            Ok(key) => {
+                tracing::info!(path = %path.display(), "gossip: the key file changed; using its keys");
+                handle.set_key(key);
+            }
+            Err(err) => {
+                tracing::warn!(%err, "gossip: the key file changed but cannot be used; keeping the keys in use")
+            }
+        }
+        last = text;
+    }
 }
 
 async fn offer_views(

@@ -134,11 +134,16 @@ impl std::fmt::Debug for ClusterKey {
 impl ClusterKey {
     /// One key per non-empty line; surrounding whitespace is ignored.
     pub fn from_file(path: &Path) -> Result<Self, KeyError> {
-        let display = path.display().to_string();
         let text = std::fs::read(path).map_err(|source| KeyError::Read {
-            path: display.clone(),
+            path: path.display().to_string(),
             source,
         })?;
+        Self::parse(path, &text)
+    }
+
+    /// The keys in a key file's contents (`path` names it in errors).
+    pub fn parse(path: &Path, text: &[u8]) -> Result<Self, KeyError> {
+        let display = || path.display().to_string();
         let mut keys = Vec::new();
         for (i, line) in text.split(|b| *b == b'\n').enumerate() {
             let line = line.trim_ascii();
@@ -147,7 +152,7 @@ impl ClusterKey {
             }
             if line.len() < MIN_KEY_BYTES {
                 return Err(KeyError::Short {
-                    path: display,
+                    path: display(),
                     line: i + 1,
                     len: line.len(),
                 });
@@ -155,7 +160,7 @@ impl ClusterKey {
             keys.push(line.to_vec());
         }
         if keys.is_empty() {
-            return Err(KeyError::Empty { path: display });
+            return Err(KeyError::Empty { path: display() });
         }
         Ok(Self::from_secrets(&keys))
     }
@@ -339,6 +344,65 @@ mod tests {
             assert_eq!(guard.admit(&o, 50_000, 30_000), Err(Rejected::Expired));
             guard.prune(50_000);
             assert!(guard.is_empty());
+        }
+    }
+
+    mod properties {
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn kind() -> impl Strategy<Value = Kind> {
+            prop_oneof![Just(Kind::Swim), Just(Kind::Items), Just(Kind::Want)]
+        }
+
+        proptest! {
+            #[test]
+            fn arbitrary_bytes_open_or_give_a_reason(bytes in vec(any::<u8>(), 0..1600)) {
+                match key(1).open(&bytes, 1400) {
+                    Ok(opened) => prop_assert!(opened.body.len() + OVERHEAD == bytes.len()),
+                    Err(reason) => prop_assert!(Rejected::ALL.contains(&reason)),
+                }
+            }
+
+            #[test]
+            fn arbitrary_bytes_behind_a_valid_header_do_not_open(
+                kind in 0u8..=255,
+                rest in vec(any::<u8>(), 0..1400),
+            ) {
+                let mut bytes = b"ARG\x01".to_vec();
+                bytes.push(kind);
+                bytes.extend_from_slice(&rest);
+                let opened = key(1).open(&bytes, 1400);
+                prop_assert!(opened.is_err(), "{:?}", opened);
+            }
+
+            #[test]
+            fn a_sealed_envelope_opens_to_what_was_sealed(
+                kind in kind(),
+                sent_at in any::<u64>(),
+                body in vec(any::<u8>(), 0..(1400 - OVERHEAD)),
+            ) {
+                let packet = key(1).seal(kind, sent_at, &body);
+                let opened = key(1).open(&packet, 1400);
+                prop_assert!(
+                    matches!(&opened, Ok(o) if o.kind == kind && o.sent_at_us == sent_at && o.body == body.as_slice()),
+                    "{:?}", opened
+                );
+            }
+
+            #[test]
+            fn a_changed_sealed_envelope_never_opens(
+                body in vec(any::<u8>(), 0..64),
+                at in any::<prop::sample::Index>(),
+                bits in 1u8..=255,
+            ) {
+                let mut packet = key(1).seal(Kind::Items, 42, &body);
+                let i = at.index(packet.len());
+                packet[i] ^= bits;
+                prop_assert!(key(1).open(&packet, 1400).is_err());
+            }
         }
     }
 }
