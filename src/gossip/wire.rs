@@ -187,4 +187,140 @@ mod tests {
         assert_eq!(milli(2.0), 1000);
         assert_eq!(unmilli(u16::MAX), 1.0);
     }
+
+    mod properties {
+        use proptest::collection::{btree_map, vec};
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn node() -> impl Strategy<Value = NodeId> {
+            (any::<[u8; 4]>(), any::<u16>(), any::<u64>()).prop_map(|(ip, port, epoch)| NodeId {
+                addr: SocketAddr::from((ip, port)),
+                epoch,
+            })
+        }
+
+        fn capability() -> impl Strategy<Value = WireCapability> {
+            let mode = prop_oneof![Just(RouteMode::Sync), Just(RouteMode::Async)];
+            (
+                "[a-z-]{0,16}",
+                btree_map("[a-z]{0,8}", any::<u16>(), 0..4),
+                any::<u64>(),
+                mode,
+                any::<u32>(),
+                any::<bool>(),
+            )
+                .prop_map(|(name, tags, timeout_ms, mode, cost_milli, idempotent)| {
+                    WireCapability {
+                        name,
+                        tags,
+                        timeout_ms,
+                        mode,
+                        cost_milli,
+                        idempotent,
+                    }
+                })
+        }
+
+        fn profile() -> impl Strategy<Value = Profile> {
+            (
+                ".{0,24}",
+                ".{0,8}",
+                ".{0,8}",
+                any::<u32>(),
+                vec(capability(), 0..4),
+                ".{0,8}",
+            )
+                .prop_map(
+                    |(inbound, zone, region, max_concurrency, capabilities, version)| Profile {
+                        inbound,
+                        zone,
+                        region,
+                        max_concurrency,
+                        capabilities,
+                        version,
+                    },
+                )
+        }
+
+        fn live() -> impl Strategy<Value = Live> {
+            let figures = (any::<u64>(), any::<u32>(), any::<[u16; 3]>());
+            let latencies = any::<[Option<u32>; 3]>();
+            let rest = (any::<[bool; 2]>(), any::<[u32; 2]>());
+            let state = prop::sample::select(State::ALL.to_vec());
+            (state, figures, latencies, rest).prop_map(
+                |(state, (profile_seq, state_age_s, [cap, availability, saturation]), l, r)| Live {
+                    profile_seq,
+                    state,
+                    state_age_s,
+                    cap,
+                    availability,
+                    saturation,
+                    latency_ms: l[0],
+                    p50_ms: l[1],
+                    p95_ms: l[2],
+                    busy: r.0[0],
+                    cooling_down: r.0[1],
+                    in_flight: r.1[0],
+                    queued: r.1[1],
+                },
+            )
+        }
+
+        fn item() -> impl Strategy<Value = Item> {
+            let body = prop_oneof![
+                profile().prop_map(Body::Profile),
+                live().prop_map(Body::Live)
+            ];
+            (".{0,24}", node(), any::<u64>(), body).prop_map(|(name, node, seq, body)| Item {
+                name,
+                node,
+                seq,
+                body,
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn an_item_round_trips(item in item()) {
+                let bytes = encode(&item);
+                prop_assert!(bytes.is_ok());
+                let back = decode::<Item>(&bytes.unwrap_or_default());
+                prop_assert_eq!(back.ok(), Some(item));
+            }
+
+            #[test]
+            fn a_batch_of_items_round_trips(items in vec(item(), 0..4)) {
+                let bytes = encode(&items).unwrap_or_default();
+                prop_assert_eq!(decode::<Vec<Item>>(&bytes).ok(), Some(items));
+            }
+
+            #[test]
+            fn arbitrary_bytes_decode_or_give_an_error(bytes in vec(any::<u8>(), 0..1400)) {
+                // Decoding returns (never panics, never allocates past the input); an `Ok` is a
+                // value that encodes again.
+                if let Ok(item) = decode::<Item>(&bytes) {
+                    prop_assert!(encode(&item).is_ok());
+                }
+                let _ = decode::<Vec<Item>>(&bytes);
+                let _ = decode::<NodeId>(&bytes);
+            }
+
+            #[test]
+            fn a_damaged_item_decodes_or_gives_an_error(
+                item in item(),
+                cut in any::<prop::sample::Index>(),
+                flip in any::<prop::sample::Index>(),
+                bits in 1u8..=255,
+            ) {
+                let mut bytes = encode(&vec![item]).unwrap_or_default();
+                let at = flip.index(bytes.len());
+                bytes[at] ^= bits;
+                bytes.truncate(cut.index(bytes.len() + 1));
+                let _ = decode::<Vec<Item>>(&bytes);
+                let _ = decode::<Item>(&bytes);
+            }
+        }
+    }
 }
