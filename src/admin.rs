@@ -100,7 +100,8 @@ impl Admin {
     pub fn status(&self) -> Status {
         let snapshot = self.store.snapshot();
         Status {
-            agent: snapshot.bootstrap.agent.clone(),
+            // The admin port listens on every address: a probe's credentials are not shown.
+            agent: crate::redact::profile(&snapshot.bootstrap.agent, &[]),
             self_view: self.local.refresh().0,
             last_probe: self.local.last_probe(),
             peer_views: self.peers.status(&snapshot),

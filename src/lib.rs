@@ -22,6 +22,7 @@ pub mod outbound;
 pub mod peers;
 pub mod probe;
 pub mod rate_limit;
+pub mod redact;
 pub mod reach;
 pub mod registry;
 

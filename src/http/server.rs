@@ -10,11 +10,11 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::activity::{Activity, Tracked};
 use super::body::{self, ReachBody};
 use crate::config::Limits;
 use crate::metrics::Metrics;
@@ -34,11 +34,11 @@ pub async fn serve<H, F>(
     F: Future<Output = Response<ReachBody>> + Send + 'static,
 {
     let builder = Arc::new(builder(&limits));
-    let graceful = GracefulShutdown::new();
     // Every connection's task, so the ones still open when the drain runs out can be closed.
     let mut connections = tokio::task::JoinSet::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let first_byte_timeout = limits.header_read_timeout.get();
+    let idle_timeout = limits.idle_timeout.get();
     loop {
         // Past the connection limit we stop accepting; clients wait in the kernel backlog.
         let permit = tokio::select! {
@@ -58,13 +58,17 @@ pub async fn serve<H, F>(
             },
         };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let service = hyper::service::service_fn(move |req| {
-            let response = handler(req, remote);
-            async move { Ok::<_, Infallible>(response.await) }
-        });
+        let activity = Activity::new();
+        let service = {
+            let (handler, activity) = (handler.clone(), activity.clone());
+            hyper::service::service_fn(move |req| {
+                let busy = activity.begin();
+                let response = handler(req, remote);
+                async move { Ok::<_, Infallible>(response.await.map(|b| Tracked::new(b, busy))) }
+            })
+        };
         let builder = builder.clone();
-        let watcher = graceful.watcher();
+        let stop = stop.clone();
         let metrics = metrics.clone();
         metrics.connection_opened(name);
         while connections.try_join_next().is_some() {}
@@ -75,7 +79,25 @@ pub async fn serve<H, F>(
                 let conn = builder
                     .serve_connection(TokioIo::new(stream), service)
                     .into_owned();
-                if let Err(err) = watcher.watch(conn).await {
+                let mut conn = std::pin::pin!(conn);
+                // Asked to finish gracefully (open requests complete, h2 gets GOAWAY) when the
+                // listener stops, or when it has carried no request for `idle_timeout`: an idle
+                // h2 connection answers PINGs forever otherwise, holding memory.
+                let mut closing = false;
+                let ended = loop {
+                    tokio::select! {
+                        ended = conn.as_mut() => break ended,
+                        _ = stop.cancelled(), if !closing => {
+                            conn.as_mut().graceful_shutdown();
+                            closing = true;
+                        }
+                        _ = activity.idle_for(idle_timeout), if !closing => {
+                            conn.as_mut().graceful_shutdown();
+                            closing = true;
+                        }
+                    }
+                };
+                if let Err(err) = ended {
                     tracing::debug!(listener = name, %remote, err = %err, "connection ended with an error");
                 }
             }
@@ -84,11 +106,11 @@ pub async fn serve<H, F>(
         });
     }
     drop(listener);
-    tokio::select! {
-        _ = graceful.shutdown() => {}
-        _ = tokio::time::sleep(drain) => {
-            tracing::warn!(listener = name, "drain timeout reached; closing remaining connections");
-        }
+    let drained = tokio::time::timeout(drain, async {
+        while connections.join_next().await.is_some() {}
+    });
+    if drained.await.is_err() {
+        tracing::warn!(listener = name, "drain timeout reached; closing remaining connections");
     }
     connections.abort_all();
 }

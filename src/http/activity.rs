@@ -1,0 +1,134 @@
+//! Whether a connection is carrying anything: requests in flight, counted until their response
+//! body is done, and when the last one finished. The accept loop closes connections idle past
+//! the listener's `idle_timeout`.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http_body::{Body, Frame, SizeHint};
+use tokio::time::Instant;
+
+/// One connection's activity.
+#[derive(Clone, Debug)]
+pub struct Activity(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    opened: Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds after `opened` when the connection last finished a request.
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    pub fn new() -> Self {
+        Self(Arc::new(Inner {
+            opened: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(0),
+        }))
+    }
+
+    /// A request started; it is in flight until the guard drops.
+    pub fn begin(&self) -> Busy {
+        self.0.in_flight.fetch_add(1, Ordering::AcqRel);
+        Busy(self.clone())
+    }
+
+    /// Resolves once nothing has been in flight for `idle`.
+    pub async fn idle_for(&self, idle: Duration) {
+        loop {
+            let last = self.0.opened + Duration::from_millis(self.0.last_ms.load(Ordering::Acquire));
+            let busy = self.0.in_flight.load(Ordering::Acquire) > 0;
+            if !busy && Instant::now() >= last + idle {
+                return;
+            }
+            let until = if busy { Instant::now() + idle } else { last + idle };
+            tokio::time::sleep_until(until).await;
+        }
+    }
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A request in flight on its connection.
+#[derive(Debug)]
+pub struct Busy(Activity);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let inner = &self.0 .0;
+        let ms = u64::try_from(inner.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        inner.last_ms.store(ms, Ordering::Release);
+        inner.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request in flight until it is done or dropped.
+    pub struct Tracked<B> {
+        #[pin]
+        inner: B,
+        busy: Option<Busy>,
+    }
+}
+
+impl<B> Tracked<B> {
+    pub fn new(inner: B, busy: Busy) -> Self {
+        Self {
+            inner,
+            busy: Some(busy),
+        }
+    }
+}
+
+impl<B: Body> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            this.busy.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_only_after_the_last_request_is_done() {
+        let activity = Activity::new();
+        let busy = activity.begin();
+        let idle = activity.idle_for(Duration::from_secs(1));
+        tokio::pin!(idle);
+        let early = tokio::time::timeout(Duration::from_secs(5), idle.as_mut()).await;
+        assert!(early.is_err(), "a request in flight is not idle");
+        drop(busy);
+        let started = Instant::now();
+        idle.await;
+        assert!(started.elapsed() >= Duration::from_secs(1));
+    }
+}
