@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde::{de, Deserialize, Deserializer, Serialize};
 
+use super::bounds::{ms, secs, Row, Rule, DAY, HOUR, MS, ZERO};
 use super::duration::HumanDuration;
 use super::scalar::{self, Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 
@@ -31,6 +32,45 @@ pub struct Bootstrap {
 fn default_watch_interval() -> HumanDuration {
     HumanDuration::from_secs(1)
 }
+
+/// Every number in the file (and a few other values) and what it may be: checked where it is
+/// written, so an error names the file, line and column. A new numeric key gets a row here
+/// (`numeric_keys_all_have_a_rule` fails until it does).
+#[rustfmt::skip] // one row per key: a table
+pub(super) const RULES: &[Row] = &[
+    // An outbound listener off loopback would route anyone's calls: an open proxy.
+    ("listen.outbound", Rule::Loopback),
+    ("watch_interval", Rule::Span(ms(10), HOUR)),
+    ("limits.max_connections", Rule::Whole(1, 1_000_000)),
+    ("limits.max_header_bytes", Rule::Whole(8192, 1 << 20)),
+    // Zero would end every connection (or request) before it starts.
+    ("limits.header_read_timeout", Rule::Span(ms(100), HOUR)),
+    ("limits.drain_timeout", Rule::Span(ZERO, HOUR)),
+    ("limits.idle_timeout", Rule::Span(ms(100), DAY)),
+    ("limits.body_read_timeout", Rule::Span(ms(100), HOUR)),
+    ("agent.max_concurrency", Rule::Whole(1, 100_000)),
+    ("agent.queue.capacity", Rule::Whole(0, 100_000)),
+    ("agent.queue.max_wait", Rule::Span(ZERO, HOUR)),
+    ("agent.rate_limit.per_second", Rule::Above(0.0, 1e6)),
+    // An empty bucket refuses everything.
+    ("agent.rate_limit.burst", Rule::Whole(1, 1_000_000)),
+    ("agent.capabilities[].tags.*", Rule::Real(0.0, 1.0)),
+    ("agent.capabilities[].timeout", Rule::Span(MS, DAY)),
+    ("agent.capabilities[].expected_duration", Rule::Span(MS, DAY)),
+    ("agent.capabilities[].cost", Rule::Real(0.0, 1e6)),
+    ("agent.capabilities[].paths[]", Rule::PathPrefix),
+    ("agent.capabilities[].probe.expect_status", Rule::Whole(100, 599)),
+    ("agent.capabilities[].probe.expect_json.value", Rule::Any),
+    // A zero interval would probe the agent in a busy loop.
+    ("agent.capabilities[].probe.interval", Rule::Span(ms(100), DAY)),
+    ("agent.capabilities[].probe.timeout", Rule::Span(MS, HOUR)),
+    ("gossip.probe_interval", Rule::Span(ms(10), HOUR)),
+    ("gossip.probe_timeout", Rule::Span(MS, HOUR)),
+    ("gossip.suspect_timeout", Rule::Span(ms(10), HOUR)),
+    ("gossip.refresh_interval", Rule::Span(ms(10), HOUR)),
+    ("gossip.resolve_interval", Rule::Span(secs(1), DAY)),
+    ("gossip.expected_members", Rule::Whole(1, 100_000)),
+];
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]

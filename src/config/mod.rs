@@ -1,6 +1,7 @@
 //! Configuration: the bootstrap and policy types, strict loading, and the one hot-swapped snapshot.
 
 mod bootstrap;
+mod bounds;
 mod duration;
 mod policy;
 mod scalar;
@@ -87,11 +88,11 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
 }
 
 pub fn parse_bootstrap(path: &Path, text: &str) -> Result<Bootstrap, ConfigError> {
-    yaml::parse(path, text)
+    yaml::parse_checked(path, text, bootstrap::RULES)
 }
 
 pub fn parse_policy(path: &Path, text: &str) -> Result<Policy, ConfigError> {
-    yaml::parse(path, text)
+    yaml::parse_checked(path, text, policy::RULES)
 }
 
 pub fn read_file(path: &Path) -> Result<String, ConfigError> {

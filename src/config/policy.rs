@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::bounds::{ms, secs, Row, Rule, DAY, HOUR, MINUTE, MS, ZERO};
 use super::duration::HumanDuration;
 use super::scalar::{HostPort, Name, NumVisitor};
 use crate::reach::{EstimateParams, StateParams, Weights};
@@ -26,6 +27,76 @@ pub struct Policy {
     /// Write one JSON line per routed request (target `agent_reach::decision`).
     pub decision_log: bool,
 }
+
+/// Every number in the file and what it may be: checked where it is written, so an error names
+/// the file, line and column (a NaN retry ratio once passed `check` and made every call panic).
+/// A new numeric key gets a row here (`numeric_keys_all_have_a_rule` fails until it does).
+#[rustfmt::skip] // one row per key: a table
+pub(super) const RULES: &[Row] = &[
+    ("timeouts.connect", Rule::Span(MS, HOUR)),
+    ("timeouts.request", Rule::Span(MS, DAY)),
+    ("pool.idle_timeout", Rule::Span(ZERO, HOUR)),
+    ("pool.max_idle_per_host", Rule::Whole(0, 10_000)),
+    ("pool.tcp_keepalive", Rule::Span(secs(1), HOUR)),
+    // An EWMA weight of 0 would never move.
+    ("estimates.availability_alpha", Rule::Above(0.0, 1.0)),
+    ("estimates.availability_recovery", Rule::Span(MS, DAY)),
+    ("estimates.latency_time_constant", Rule::Span(MS, DAY)),
+    ("estimates.stale_after", Rule::Span(MS, DAY)),
+    ("estimates.busy_ttl", Rule::Span(MS, DAY)),
+    ("estimates.window", Rule::Span(secs(1), DAY)),
+    ("weights.*.*", Rule::Real(0.0, 1000.0)),
+    ("zones.cross_zone_cost", Rule::Real(0.0, 1000.0)),
+    ("zones.cross_region_cost", Rule::Real(0.0, 1000.0)),
+    ("zones.tier_min_score", Rule::Real(-1000.0, 1000.0)),
+    ("states.parole.cap", Rule::Real(0.0, 1.0)),
+    // Counts of outcomes: zero would be read as one.
+    ("states.parole.successes", Rule::Whole(1, 1_000_000)),
+    ("states.parole.duration", Rule::Span(ZERO, DAY)),
+    ("states.parole.failures", Rule::Whole(1, 1_000_000)),
+    ("states.healthy.failures", Rule::Whole(1, 1_000_000)),
+    ("states.healthy.min_score", Rule::Real(-1000.0, 1000.0)),
+    ("states.probation.cap", Rule::Real(0.0, 1.0)),
+    ("states.probation.window", Rule::Span(MS, DAY)),
+    ("states.probation.recover_rate", Rule::Real(0.0, 1.0)),
+    ("states.probation.min_samples", Rule::Whole(1, 1_000_000)),
+    ("states.probation.eject_failure_rate", Rule::Real(0.0, 1.0)),
+    ("states.probation.failures", Rule::Whole(1, 1_000_000)),
+    ("states.ejected.cool_off", Rule::Span(ZERO, DAY)),
+    ("states.ejected.max_cool_off", Rule::Span(ZERO, DAY)),
+    ("states.recovering.start_cap", Rule::Real(0.0, 1.0)),
+    ("states.recovering.ramp", Rule::Span(ZERO, DAY)),
+    ("states.recovering.failures", Rule::Whole(1, 1_000_000)),
+    ("states.refusals_as_failure", Rule::Whole(1, 1_000_000)),
+    // A zero interval would probe in a busy loop.
+    ("probes.interval", Rule::Span(ms(100), DAY)),
+    ("probes.busy_interval", Rule::Span(ms(100), DAY)),
+    ("probes.busy_threshold", Rule::Real(0.0, 1.0)),
+    ("probes.fast_interval", Rule::Span(ms(100), DAY)),
+    ("probes.timeout", Rule::Span(MS, HOUR)),
+    ("peer_views.poll_interval", Rule::Span(ms(10), HOUR)),
+    ("retry.max_retries", Rule::Whole(0, 20)),
+    ("retry.max_body_bytes", Rule::Whole(0, 64 << 20)),
+    ("retry.backoff_base", Rule::Span(ZERO, MINUTE)),
+    ("retry.backoff_max", Rule::Span(ZERO, HOUR)),
+    // tower's TpsBudget asserts its ttl and ratio: out of range, every outbound call panics.
+    ("retry.budget.ratio", Rule::Real(0.0, 1.0)),
+    ("retry.budget.min_per_second", Rule::Whole(0, 1_000_000)),
+    ("retry.budget.ttl", Rule::Span(secs(1), MINUTE)),
+    ("retry.fallback.interval", Rule::Span(ZERO, MINUTE)),
+    ("retry.fallback.chain_length", Rule::Whole(2, 5)),
+    ("targets[].timeout", Rule::Span(MS, DAY)),
+    ("targets[].max_concurrency", Rule::Whole(1, 100_000)),
+    ("targets[].rate_limit.per_second", Rule::Above(0.0, 1e6)),
+    // An empty bucket refuses everything.
+    ("targets[].rate_limit.burst", Rule::Whole(1, 1_000_000)),
+    ("idempotency.max_keys", Rule::Whole(1, 10_000_000)),
+    ("idempotency.ttl", Rule::Span(MS, DAY)),
+    ("idempotency.max_body_bytes", Rule::Whole(0, 64 << 20)),
+    ("idempotency.max_total_bytes", Rule::Whole(0, 4 << 30)),
+    // A share of 0 would let no caller keep anything.
+    ("idempotency.per_caller_share", Rule::Above(0.0, 1.0)),
+];
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]

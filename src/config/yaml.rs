@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, DeserializeSeed};
 
+use super::bounds::{Row, Walk};
 use super::ConfigError;
 
 /// Parses `text` strictly into `T`; errors carry the file, line and column.
@@ -12,6 +13,24 @@ pub(crate) fn parse<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, C
     // An empty document (or one holding only comments) means "all defaults".
     let text = if is_empty_document(text) { "{}" } else { text };
     serde_yaml::from_str(text).map_err(|e| invalid(path, &e))
+}
+
+/// [`parse`], after a walk that checks every value against `rules` (and refuses empty values)
+/// where it is written.
+pub(crate) fn parse_checked<T: DeserializeOwned>(
+    path: &Path,
+    text: &str,
+    rules: &[Row],
+) -> Result<T, ConfigError> {
+    if !is_empty_document(text) {
+        let walk = Walk {
+            rules,
+            path: String::new(),
+        };
+        walk.deserialize(serde_yaml::Deserializer::from_str(text))
+            .map_err(|e| invalid(path, &e))?;
+    }
+    parse(path, text)
 }
 
 /// The top-level keys of a mapping document, used to tell a bootstrap file from a policy file.
