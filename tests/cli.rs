@@ -74,6 +74,115 @@ fn check_reports_file_line_and_column() {
     );
 }
 
+/// `agent-reach check FILE`: its exit code and stderr.
+fn check(path: &std::path::Path) -> (Option<i32>, String) {
+    let out = Command::new(BIN).arg("check").arg(path).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const AGENT: &str = "agent:\n  name: coder-1\n  address: 127.0.0.1:8080\n  max_concurrency: 1\n";
+
+#[test]
+fn check_refuses_non_finite_and_out_of_range_numbers_where_they_are_written() {
+    let cases = [
+        // A NaN retry ratio used to pass and make every outbound call panic.
+        ("nan.yaml", "retry:\n  budget: { ratio: .nan }\n".to_owned(), "2:20: retry.budget.ratio:"),
+        ("inf.yaml", "zones:\n  cross_zone_cost: .inf\n".to_owned(), "2:20: zones.cross_zone_cost:"),
+        ("ttl.yaml", "retry:\n  budget: { ttl: 5m }\n".to_owned(), "2:18: retry.budget.ttl:"),
+        (
+            "weight.yaml",
+            "weights:\n  sync: { availability: -1, capability_match: 0.3, cost: 0.6, saturation: 0.8 }\n"
+                .to_owned(),
+            "2:25: weights.sync.availability:",
+        ),
+        (
+            "chain.yaml",
+            "retry:\n  fallback:\n    chain_length: 9\n".to_owned(),
+            "3:19: retry.fallback.chain_length:",
+        ),
+        // Used to be read as 1.
+        (
+            "connections.yaml",
+            format!("limits:\n  max_connections: 0\n{AGENT}"),
+            "2:20: limits.max_connections:",
+        ),
+        (
+            "burst.yaml",
+            format!("{AGENT}  rate_limit: {{ per_second: 20, burst: 0 }}\n"),
+            "5:40: agent.rate_limit.burst:",
+        ),
+        (
+            "tags.yaml",
+            format!("{AGENT}  capabilities: [ {{ name: c, tags: {{ py: .nan }} }} ]\n"),
+            "5:42: agent.capabilities[0].tags.py:",
+        ),
+        (
+            "outbound.yaml",
+            format!("listen: {{ outbound: 0.0.0.0:4140 }}\n{AGENT}"),
+            "1:21: listen.outbound: `0.0.0.0:4140` is not a loopback address",
+        ),
+    ];
+    for (name, text, expected) in cases {
+        let path = temp_file(name, &text);
+        let (code, stderr) = check(&path);
+        assert_eq!(code, Some(1), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{}:{expected}", path.display())),
+            "{name}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn check_refuses_a_file_cut_short_and_takes_an_empty_one() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let example = std::fs::read_to_string(format!("{root}/config/agent-reach.yaml")).unwrap();
+    // Cut in half (here mid flow mapping), mid quoted string, or after a key whose value never
+    // came: each an error, never the defaults.
+    let half = &example[..example.len() / 2];
+    let mid_string = &example[..example.find("\"max_tokens").unwrap()];
+    let at = example.find("  capabilities:").unwrap();
+    let no_value = format!("{}  capabilities:\n", &example[..at]);
+    let no_section = "timeouts:\n  connect: 1s\nretry:\n";
+    let cases = [
+        ("half.yaml", half, None),
+        ("mid-string.yaml", mid_string, None),
+        (
+            "no-value.yaml",
+            &no_value,
+            Some("agent.capabilities: has no value"),
+        ),
+        (
+            "no-section.yaml",
+            no_section,
+            Some("3:7: retry: has no value"),
+        ),
+    ];
+    for (name, text, expected) in cases {
+        let path = temp_file(name, text);
+        let (code, stderr) = check(&path);
+        assert_eq!(code, Some(1), "{name}: {stderr}");
+        // Every error names the file, line and column.
+        let prefix = format!("{}:", path.display());
+        let position = stderr.strip_prefix(&prefix).and_then(|rest| {
+            rest.split(':')
+                .take(2)
+                .map(|n| n.parse::<u32>().ok())
+                .collect::<Option<Vec<_>>>()
+        });
+        assert!(position.is_some(), "{name}: {stderr}");
+        if let Some(expected) = expected {
+            assert!(stderr.contains(expected), "{name}: {stderr}");
+        }
+    }
+    let empty = temp_file("empty.yaml", "");
+    let (code, stderr) = check(&empty);
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
 #[test]
 fn run_refuses_to_start_with_an_invalid_file() {
     let bad = temp_file(
