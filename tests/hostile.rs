@@ -431,3 +431,67 @@ async fn idle_connections_are_closed() {
     }
     assert!(eof, "the idle keep-alive connection was closed");
 }
+
+// Also: a static peer removed by a reload leaves the caller's views, not just the registry.
+#[tokio::test]
+async fn a_removed_static_peer_leaves_the_callers_views() {
+    let pair = Pair::start(MockConfig::new("coder-1")).await;
+    assert_eq!(call(&client(), pair.outbound()).await.status, 200);
+    let views = |s: &agent_reach::Sidecar| s.status().peer_views.len();
+    assert_eq!(views(&pair.caller), 1);
+    let store = pair.caller.store();
+    let snapshot = store.snapshot();
+    let mut bootstrap = snapshot.bootstrap.clone();
+    bootstrap.peers.clear();
+    assert!(store.replace(bootstrap, snapshot.policy.clone()));
+    eventually(
+        Duration::from_secs(5),
+        "the removed peer's view is gone",
+        || async { views(&pair.caller) == 0 },
+    )
+    .await;
+}
+
+// Also: a peer's self-view is read with a size limit.
+#[tokio::test]
+async fn a_huge_self_view_is_not_buffered() {
+    // Something at a static peer's address answers the self-view poll with 64 MiB; each
+    // connection records how much it managed to write before it ended.
+    let listener = TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let written: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let record = written.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let record = record.clone();
+            tokio::spawn(async move {
+                let mut head = [0u8; 1024];
+                let _ = stream.read(&mut head).await;
+                let len = 64usize << 20;
+                let hdr = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+                );
+                let mut sent = 0;
+                if stream.write_all(hdr.as_bytes()).await.is_ok() {
+                    let chunk = vec![b' '; 64 * 1024];
+                    while sent < len && stream.write_all(&chunk).await.is_ok() {
+                        sent += chunk.len();
+                    }
+                }
+                record.lock().unwrap().push(sent);
+            });
+        }
+    });
+    let caller = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+        .unwrap()
+        .with_peer("big", addr, &[CAP])
+        .unwrap();
+    let _caller = sidecar(caller).await;
+    eventually(Duration::from_secs(10), "the first poll ended", || async {
+        !written.lock().unwrap().is_empty()
+    })
+    .await;
+    let sent = written.lock().unwrap()[0];
+    // What was sent past the limit is what the socket buffers held: far from 64 MiB.
+    assert!(sent < 16 << 20, "the caller kept reading: {sent} bytes");
+}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Request;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Limited};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -33,6 +33,9 @@ pub fn spawn_poller(
                 .poll_interval
                 .get()
                 .max(Duration::from_millis(20));
+            // A static peer or target removed by a reload leaves the views with it (gossip
+            // members are forgotten as they leave).
+            views.retain(&registry.names(&snapshot));
             // Plain services (external targets) have no self-view to read; gossip members
             // publish theirs.
             let peers: Vec<_> = registry
@@ -71,6 +74,9 @@ pub fn spawn_poller(
     })
 }
 
+/// The largest self-view body read from a peer.
+const MAX_SELF_VIEW_BYTES: usize = 256 * 1024;
+
 enum Fetch {
     /// The peer's sidecar could not be reached: evidence against it.
     Unreachable,
@@ -95,7 +101,10 @@ async fn fetch(
     if !response.status().is_success() {
         return Err(Fetch::Unreadable);
     }
-    let bytes = tokio::time::timeout(timeout, response.into_body().collect())
+    // A self-view is a few KiB; a peer (or whatever answers at its address) cannot make us
+    // buffer more.
+    let body = Limited::new(response.into_body(), MAX_SELF_VIEW_BYTES);
+    let bytes = tokio::time::timeout(timeout, body.collect())
         .await
         .map_err(|_| Fetch::Unreadable)?
         .map_err(|_| Fetch::Unreadable)?
