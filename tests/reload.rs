@@ -162,3 +162,45 @@ async fn bootstrap_rewritten_in_place_updates_the_profile_and_peers() {
     // The listener addresses stayed as bound.
     assert_eq!(sidecar.addrs.outbound, outbound);
 }
+
+#[tokio::test]
+async fn a_nan_policy_is_refused_and_calls_keep_working() {
+    let agent = mock(MockConfig::new("coder-2")).await;
+    let callee = sidecar(Bootstrap::local("coder-2", agent.addr, &[CAP]).unwrap()).await;
+    let mut dir = ConfigMapDir::new("reload-nan");
+    dir.publish(&[("policy.yaml", "retry:\n  budget: { ratio: 0.5 }\n")]);
+    let mut bootstrap = Bootstrap::local("caller", any_port(), &[])
+        .unwrap()
+        .with_peer("coder-2", callee.addrs.inbound, &[CAP])
+        .unwrap();
+    bootstrap.watch_interval = config::HumanDuration::from_millis(50);
+    let policy = config::load_policy(&dir.path("policy.yaml")).unwrap();
+    let paths = ConfigPaths {
+        bootstrap: None,
+        policy: Some(dir.path("policy.yaml")),
+    };
+    let caller = sidecar_with(bootstrap, policy, paths).await;
+    assert_eq!(call(&client(), caller.addrs.outbound).await.status, 200);
+    let generation = caller.status().config_generation;
+
+    // A NaN retry ratio once reloaded, and then every outbound call panicked in tower's budget.
+    dir.publish(&[("policy.yaml", "retry:\n  budget: { ratio: .nan }\n")]);
+    let admin = caller.addrs.admin;
+    eventually(
+        Duration::from_secs(10),
+        "the NaN policy's rejection is counted",
+        || async move {
+            get(&client(), &format!("http://{admin}/metrics"))
+                .await
+                .body
+                .contains("reach_config_reloads_total{file=\"policy\",result=\"error\"} 1")
+        },
+    )
+    .await;
+    let status = caller.status();
+    assert_eq!(status.config_generation, generation);
+    assert_eq!(status.policy.retry.budget.ratio, 0.5);
+    let reply = call(&client(), caller.addrs.outbound).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("reach-agent"), "coder-2");
+}
