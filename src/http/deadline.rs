@@ -125,4 +125,41 @@ mod tests {
             (Duration::from_secs(3), false)
         );
     }
+
+    proptest::proptest! {
+        /// Whatever a caller puts in the deadline headers: a deadline, none, or a clear error;
+        /// never a panic.
+        #[test]
+        fn arbitrary_deadline_headers_parse_or_are_refused(
+            timeout in proptest::option::of("\\PC{0,40}"),
+            deadline in proptest::option::of("\\PC{0,40}"),
+        ) {
+            let mut h = HeaderMap::new();
+            for (name, text) in [(TIMEOUT, timeout), (DEADLINE, deadline)] {
+                if let Some(value) = text.and_then(|t| HeaderValue::from_str(&t).ok()) {
+                    h.insert(name, value);
+                }
+            }
+            match Deadline::from_headers(&h) {
+                Ok(Some(d)) => { let _ = attempt_timeout(Duration::from_secs(1), Some(d)); }
+                Ok(None) => proptest::prop_assert!(h.is_empty()),
+                Err(ReachError::BadRequest(_)) => {}
+                Err(other) => proptest::prop_assert!(false, "unexpected error {other:?}"),
+            }
+        }
+
+        #[test]
+        fn any_millisecond_deadline_round_trips(ms in proptest::num::u64::ANY) {
+            let mut h = HeaderMap::new();
+            h.insert(DEADLINE, Deadline(ms).header_value());
+            proptest::prop_assert_eq!(Deadline::from_headers(&h).ok().flatten(), Some(Deadline(ms)));
+        }
+
+        #[test]
+        fn huge_relative_timeouts_saturate(n in proptest::num::u64::ANY, unit in "(ms|s|m|h|d)") {
+            let mut h = HeaderMap::new();
+            h.insert(TIMEOUT, HeaderValue::from_str(&format!("{n}{unit}")).map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?);
+            let _ = Deadline::from_headers(&h);
+        }
+    }
 }
