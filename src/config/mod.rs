@@ -311,6 +311,128 @@ mod tests {
         assert_eq!(policy.ok(), Some(Policy::default()));
     }
 
+    mod fuzz {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn example(name: &str) -> String {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("config")
+                .join(name);
+            std::fs::read_to_string(path).unwrap_or_default()
+        }
+
+        /// Parses `text` as both files: neither may panic, and an error must be `Invalid` with
+        /// a position inside (or just past) the text.
+        fn parses_or_points(text: &str) -> Result<(), TestCaseError> {
+            let path = Path::new("f.yaml");
+            let lines = text.lines().count() + 1;
+            let results = [
+                parse_bootstrap(path, text).map(|_| ()),
+                parse_policy(path, text).map(|_| ()),
+                detect_kind(path, text).map(|_| ()),
+            ];
+            for result in results {
+                match result {
+                    Ok(()) => {}
+                    Err(ConfigError::Invalid { line, column, .. }) => {
+                        prop_assert!(line >= 1 && column >= 1, "{line}:{column}");
+                        prop_assert!(line <= lines, "line {line} of {lines}: {text:?}");
+                    }
+                    Err(err) => prop_assert!(false, "not a positioned error: {err}"),
+                }
+            }
+            Ok(())
+        }
+
+        /// One edit to a document: what a bad merge, a truncated write or a typo does.
+        #[derive(Clone, Debug)]
+        enum Edit {
+            Truncate(usize),
+            Delete(usize, usize),
+            Insert(usize, String),
+            DuplicateLine(usize),
+        }
+
+        fn edit() -> impl Strategy<Value = Edit> {
+            // YAML's meaningful bits, numbers that are not, and anything at all.
+            let piece = prop_oneof![
+                prop::sample::select(vec![
+                    ":", "- ", "{", "}", "[", "]", "'", "\"", "#", " ", "\n", "\t", ",", "&a ",
+                    "*a", "!!str ", "? ", "|", ">", "---\n", "...\n", ".nan", "-.inf", "1e999",
+                    "-1", "0", "~", "null", "%", "@", "\u{feff}", "é",
+                ])
+                .prop_map(str::to_owned),
+                any::<String>(),
+            ];
+            prop_oneof![
+                any::<usize>().prop_map(Edit::Truncate),
+                (any::<usize>(), 0usize..40).prop_map(|(at, n)| Edit::Delete(at, n)),
+                (any::<usize>(), piece).prop_map(|(at, s)| Edit::Insert(at, s)),
+                any::<usize>().prop_map(Edit::DuplicateLine),
+            ]
+        }
+
+        /// The nearest char boundary at or before `at % (len + 1)`.
+        fn boundary(text: &str, at: usize) -> usize {
+            let mut at = at % (text.len() + 1);
+            while !text.is_char_boundary(at) {
+                at -= 1;
+            }
+            at
+        }
+
+        fn apply(text: &str, edit: &Edit) -> String {
+            match edit {
+                Edit::Truncate(at) => text[..boundary(text, *at)].to_owned(),
+                Edit::Delete(at, n) => {
+                    let start = boundary(text, *at);
+                    let end = boundary(text, start.saturating_add(*n).min(text.len()));
+                    format!("{}{}", &text[..start], &text[end.max(start)..])
+                }
+                Edit::Insert(at, piece) => {
+                    let at = boundary(text, *at);
+                    format!("{}{piece}{}", &text[..at], &text[at..])
+                }
+                Edit::DuplicateLine(n) => {
+                    let lines: Vec<&str> = text.lines().collect();
+                    let n = n % lines.len().max(1);
+                    let mut out: Vec<&str> = lines[..n.min(lines.len())].to_vec();
+                    out.extend(lines.get(n));
+                    out.extend(&lines[n.min(lines.len())..]);
+                    out.join("\n")
+                }
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn arbitrary_text_never_panics(text in any::<String>()) {
+                parses_or_points(&text)?;
+            }
+
+            #[test]
+            fn yaml_shaped_text_never_panics(
+                text in "([a-z_]{1,12}|  |- |: |\\{|\\}|\\[|\\]|, |#|\n|'|\"|[0-9.]{1,6}|\\.nan|~|&a|\\*a){0,40}"
+            ) {
+                parses_or_points(&text)?;
+            }
+
+            #[test]
+            fn edited_examples_parse_or_point_at_the_error(
+                file in prop::sample::select(vec!["agent-reach.yaml", "policy.yaml"]),
+                edits in prop::collection::vec(edit(), 1..4),
+            ) {
+                let mut text = example(file);
+                for e in &edits {
+                    text = apply(&text, e);
+                }
+                parses_or_points(&text)?;
+            }
+        }
+    }
+
     #[test]
     fn the_example_bootstrap_parses_to_the_same_value_twice() {
         let path = Path::new(concat!(
