@@ -498,15 +498,13 @@ mod tests {
                         walk(v, &format!("{path}[]"), rules, missing);
                     }
                 }
-                Value::Number(_) => {
-                    if rule_for(rules, path).is_none() {
-                        missing.push(path.to_owned());
-                    }
+                Value::Number(_) if rule_for(rules, path).is_none() => {
+                    missing.push(path.to_owned());
                 }
-                Value::String(s) if parse_duration(s).is_ok() => {
-                    if rule_for(rules, path).is_none() {
-                        missing.push(path.to_owned());
-                    }
+                Value::String(s)
+                    if parse_duration(s).is_ok() && rule_for(rules, path).is_none() =>
+                {
+                    missing.push(path.to_owned());
                 }
                 _ => {}
             }
