@@ -80,11 +80,15 @@ impl Ticket {
         B::Error: Into<BoxError>,
     {
         let (parts, inner) = response.into_parts();
+        let inner_len = inner.size_hint().exact();
         let head = (parts.status, parts.headers.clone());
         let max = self.table.max_body();
         let tee = Tee {
             inner,
-            buffer: Some(BytesMut::new()),
+            // Sized from the declared length: a doubling buffer would keep up to twice the body.
+            buffer: Some(BytesMut::with_capacity(
+                inner_len.map_or(0, |n| usize::try_from(n).unwrap_or(max).min(max)),
+            )),
             max,
             head: Some(head),
             ticket: self.key.take().map(|k| (self.table.clone(), k)),
@@ -157,7 +161,7 @@ where
                     (Some(buffer), Some((status, headers))) => Slot::Done(Arc::new(Stored {
                         status,
                         headers,
-                        body: buffer.freeze(),
+                        body: exact(buffer),
                     })),
                     _ => Slot::TooLarge,
                 };
@@ -173,6 +177,16 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// The bytes of `buffer` in an allocation of their own size: what the budget counts is what
+/// is held.
+fn exact(buffer: BytesMut) -> Bytes {
+    if buffer.capacity() > buffer.len() + buffer.len() / 8 {
+        Bytes::copy_from_slice(&buffer)
+    } else {
+        buffer.freeze()
     }
 }
 
