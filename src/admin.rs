@@ -101,7 +101,10 @@ impl Admin {
         let snapshot = self.store.snapshot();
         Status {
             // The admin port listens on every address: a probe's credentials are not shown.
-            agent: crate::redact::profile(&snapshot.bootstrap.agent, &[]),
+            agent: crate::redact::profile(
+                &snapshot.bootstrap.agent,
+                &snapshot.policy.redact_headers,
+            ),
             self_view: self.local.refresh().0,
             last_probe: self.local.last_probe(),
             peer_views: self.peers.status(&snapshot),

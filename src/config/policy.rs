@@ -26,6 +26,10 @@ pub struct Policy {
     pub targets: Vec<ExternalTarget>,
     /// Write one JSON line per routed request (target `agent_reach::decision`).
     pub decision_log: bool,
+    /// Header names whose values are secrets, besides the built-in list (`authorization`,
+    /// `proxy-authorization`, `cookie`, `set-cookie`, `x-api-key`): masked wherever shown.
+    #[serde(deserialize_with = "super::scalar::header_names")]
+    pub redact_headers: Vec<String>,
 }
 
 /// Every number in the file and what it may be: checked where it is written, so an error names

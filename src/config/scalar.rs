@@ -265,6 +265,18 @@ pub(super) fn http_headers<'de, D: Deserializer<'de>>(
     Ok(headers)
 }
 
+/// A list of header names, lower-cased.
+pub(super) fn header_names<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let names = Vec::<String>::deserialize(d)?;
+    names
+        .into_iter()
+        .map(|name| match http::HeaderName::from_bytes(name.as_bytes()) {
+            Ok(valid) => Ok(valid.as_str().to_owned()),
+            Err(_) => Err(de::Error::custom(format!("`{name}` is not a header name"))),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
