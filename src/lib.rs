@@ -22,8 +22,8 @@ pub mod outbound;
 pub mod peers;
 pub mod probe;
 pub mod rate_limit;
-pub mod redact;
 pub mod reach;
+pub mod redact;
 pub mod registry;
 
 pub use app::{BoundAddrs, Sidecar, StartError};

@@ -39,7 +39,11 @@ pub fn headers(map: &mut BTreeMap<String, String>, extra: &[String]) {
 /// A profile fit to show: every probe's secret headers masked.
 pub fn profile(agent: &AgentProfile, extra: &[String]) -> AgentProfile {
     let mut shown = agent.clone();
-    for probe in shown.capabilities.iter_mut().filter_map(|c| c.probe.as_mut()) {
+    for probe in shown
+        .capabilities
+        .iter_mut()
+        .filter_map(|c| c.probe.as_mut())
+    {
         headers(&mut probe.headers, extra);
     }
     shown

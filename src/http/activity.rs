@@ -41,12 +41,17 @@ impl Activity {
     /// Resolves once nothing has been in flight for `idle`.
     pub async fn idle_for(&self, idle: Duration) {
         loop {
-            let last = self.0.opened + Duration::from_millis(self.0.last_ms.load(Ordering::Acquire));
+            let last =
+                self.0.opened + Duration::from_millis(self.0.last_ms.load(Ordering::Acquire));
             let busy = self.0.in_flight.load(Ordering::Acquire) > 0;
             if !busy && Instant::now() >= last + idle {
                 return;
             }
-            let until = if busy { Instant::now() + idle } else { last + idle };
+            let until = if busy {
+                Instant::now() + idle
+            } else {
+                last + idle
+            };
             tokio::time::sleep_until(until).await;
         }
     }

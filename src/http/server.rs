@@ -110,7 +110,10 @@ pub async fn serve<H, F>(
         while connections.join_next().await.is_some() {}
     });
     if drained.await.is_err() {
-        tracing::warn!(listener = name, "drain timeout reached; closing remaining connections");
+        tracing::warn!(
+            listener = name,
+            "drain timeout reached; closing remaining connections"
+        );
     }
     connections.abort_all();
 }

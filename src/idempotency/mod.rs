@@ -95,9 +95,9 @@ fn conflict() -> Response<ReachBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
     use crate::http::body;
     use http::StatusCode;
+    use http_body_util::BodyExt;
     use std::time::Duration;
 
     const FP: Fingerprint = [0; 32];
