@@ -72,6 +72,14 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     // The fallback takes the calls, not a burst of everyone's retries.
     assert!(storm["peak_ratio"].as_f64().unwrap() < 2.0, "{storm}");
 
+    // Hostile input at coder-1's inbound: every answerable request refused, nothing counted
+    // against the agent, no call of the caller failed.
+    let h = &summary["hostile"];
+    assert_eq!(h["refused_as_expected"], h["answerable"], "{h}");
+    assert_eq!(h["agent_failures_added"], 0, "{h}");
+    assert_eq!(h["state_after"], h["state_before"], "{h}");
+    assert_eq!(h["failed"], 0, "{h}");
+
     // Membership by gossip: a crash leaves every table, a newcomer joins on parole and ramps up.
     let m = &summary["membership"];
     assert!(
@@ -109,6 +117,7 @@ fn demo_prints_a_table() {
         "coder-2",
         "coder-3",
         "caller saw",
+        "hostile input",
         "membership by gossip",
     ] {
         assert!(text.contains(needle), "missing {needle}:\n{text}");

@@ -2,10 +2,12 @@
 //! other by gossip from one seed, and a caller driving capability calls through its sidecar's
 //! outbound port. Partway through, one agent goes fake-online the seeds' way (`/healthz` 200,
 //! business calls 429) and later heals; the summary shows it leave rotation and ramp back in
-//! while the caller's calls keep succeeding. Then a retry storm, then a crash and a newcomer
-//! whose sidecar is set up by the injector from its pod's annotations, as in Kubernetes.
+//! while the caller's calls keep succeeding. Then a retry storm, then a stranger's hostile input,
+//! then a crash and a newcomer whose sidecar is set up by the injector from its pod's
+//! annotations, as in Kubernetes.
 
 mod drive;
+mod hostile;
 mod injected;
 mod membership;
 mod report;
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use hostile::HostileSummary;
 pub use injected::Injection;
 pub use membership::MembershipSummary;
 pub use report::render_table;
@@ -64,6 +67,8 @@ pub struct DemoSummary {
     pub fault: FaultSummary,
     /// The correlated failure that follows.
     pub storm: StormSummary,
+    /// A stranger's hostile input at one agent's inbound port, under traffic.
+    pub hostile: HostileSummary,
     /// A crash and a newcomer, found and forgotten by gossip.
     pub membership: MembershipSummary,
 }
@@ -178,7 +183,11 @@ impl Fleet {
             .with_gossip(&self.seed, self.key_dir.join("gossip.key"));
         for capability in &mut bootstrap.agent.capabilities {
             capability.probe = Some(probe_spec());
+            // Peers may call /review; the mock agent's /admin endpoints are not theirs.
+            capability.paths = vec!["/review".to_owned()];
         }
+        // Short, so the hostile act's stalled uploads are refused within the act.
+        bootstrap.limits.body_read_timeout = HumanDuration::from_millis(300);
         let sidecar = start_sidecar(bootstrap, self.policy.clone()).await?;
         self.agents.push((agent, sidecar));
         Ok(())
@@ -334,6 +343,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         })
         .collect();
     let storm = storm::run(&fleet, options.duration.mul_f64(0.4), options.concurrency).await;
+    let hostile = hostile::run(&fleet, Duration::from_secs(2), options.concurrency).await;
     let membership = membership::run(
         &mut fleet,
         membership::act_length(options.duration),
@@ -350,6 +360,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         total: report::totals(&calls.take(), elapsed),
         fault,
         storm,
+        hostile,
         membership,
     })
 }

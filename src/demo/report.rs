@@ -171,6 +171,23 @@ pub fn render_table(s: &DemoSummary) -> String {
         "  offered {:.0} calls/s; {} peaked at {:.0} calls/s ({:.2}x its fair share); {:.2} attempts per call; {} of {} failed\n",
         st.offered_per_s, st.fallback, st.fallback_peak_per_s, st.peak_ratio, st.attempts_per_call, st.failed, st.calls
     ));
+    let h = &s.hostile;
+    let sent: Vec<String> = h.sent.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    out.push_str(&format!(
+        "\nhostile input: a stranger sent {}'s inbound port {}\n",
+        h.target,
+        sent.join(", ")
+    ));
+    out.push_str(&format!(
+        "  {} of {} answered with their refusal (408, 400, 404 unknown_path, 422); {} counted {} failures against itself and stayed {}; the caller's {} calls meanwhile: {} failed\n",
+        h.refused_as_expected,
+        h.answerable,
+        h.target,
+        h.agent_failures_added,
+        h.state_after.as_str(),
+        h.calls,
+        h.failed
+    ));
     let m = &s.membership;
     out.push_str(&format!(
         "\nmembership by gossip: the fleet found itself from one seed in {:.0} ms\n",
