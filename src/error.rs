@@ -50,6 +50,8 @@ pub enum ReachError {
     },
     #[error("this idempotency-key was used with a different request (method, path or body); use a new key for a new request")]
     IdempotencyMismatch,
+    #[error("too many keyed requests from this caller are still running; retry later")]
+    IdempotencyBusy,
     #[error("the request body broke off before it was complete")]
     ClientBody,
     #[error("the request body stopped arriving")]
@@ -79,6 +81,7 @@ impl ReachError {
             ReachError::NoAvailableInstance { .. }
             | ReachError::Saturated { .. }
             | ReachError::Ejected { .. }
+            | ReachError::IdempotencyBusy
             | ReachError::Draining => StatusCode::SERVICE_UNAVAILABLE,
             ReachError::UpstreamConnect { .. } | ReachError::Upstream { .. } => {
                 StatusCode::BAD_GATEWAY
@@ -106,6 +109,7 @@ impl ReachError {
             ReachError::IdempotencyConflict => "idempotency_conflict",
             ReachError::RateLimited { .. } => "rate_limited",
             ReachError::IdempotencyMismatch => "idempotency_mismatch",
+            ReachError::IdempotencyBusy => "idempotency_busy",
             ReachError::ClientBody => "client_body_error",
             ReachError::BodyTimeout => "body_timeout",
             ReachError::UnknownPath { .. } => "unknown_path",
@@ -128,6 +132,7 @@ impl ReachError {
             ReachError::Saturated { retry_after, .. }
             | ReachError::RateLimited { retry_after, .. } => Some(*retry_after),
             ReachError::Draining
+            | ReachError::IdempotencyBusy
             | ReachError::Ejected { .. }
             | ReachError::NoAvailableInstance { .. } => Some(Duration::from_secs(1)),
             _ => None,

@@ -84,6 +84,13 @@ async fn asterisk_form_is_answered_or_refused_and_never_forwarded() {
         assert!(status_line(&post).contains(" 400"), "{post}");
         assert!(post.contains("reach-reason: bad_request"), "{post}");
     }
+    // Authority-form (CONNECT) is a tunnel request: never turned into a request for `/`.
+    let connect = raw(
+        callee.addrs.inbound,
+        "CONNECT 127.0.0.1:22 HTTP/1.1\r\nhost: 127.0.0.1:22\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(status_line(&connect).contains(" 400"), "{connect}");
     assert!(seen.lock().unwrap().is_empty(), "nothing reached any agent");
 }
 
@@ -170,6 +177,32 @@ async fn a_capability_serves_only_its_declared_paths() {
         .await;
         assert_eq!(reply.status, 404, "{}", reply.body);
         assert_eq!(reply.header("reach-reason"), "unknown_path");
+    }
+    // Dot segments and encoded separators cannot climb out of a declared prefix.
+    for path in [
+        "/review/../admin/mode",
+        "/review/%2e%2e/admin/mode",
+        "/review%2f..%2fadmin/mode",
+    ] {
+        let reply = send(
+            &c,
+            "PUT",
+            &format!("http://{inbound}{path}"),
+            &[("reach-capability", CAP)],
+            "crash",
+        )
+        .await;
+        assert_eq!(reply.status, 400, "{path}: {}", reply.body);
+    }
+    // Dot segments and encoded separators cannot climb out of a declared prefix.
+    for path in [
+        "/review/../admin/mode",
+        "/review/%2e%2e/admin/mode",
+        "/review%2f..%2fadmin/mode",
+    ] {
+        let url = format!("http://{inbound}{path}");
+        let reply = send(&c, "PUT", &url, &[("reach-capability", CAP)], "crash").await;
+        assert_eq!(reply.status, 400, "{path}: {}", reply.body);
     }
     assert_eq!(
         pair.agent.mode(),

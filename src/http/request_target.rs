@@ -33,7 +33,9 @@ pub fn of<B>(req: &Request<B>) -> Result<Target, ReachError> {
     }
     match uri.path_and_query() {
         Some(pq) if pq.as_str().starts_with('/') => Ok(Target::Path(pq.clone())),
-        None if uri.authority().is_some() => Ok(Target::Path(PathAndQuery::from_static("/"))),
+        // Absolute-form with an empty path (`http://host`) means `/`; authority-form (CONNECT's
+        // `host:port`) does not: nothing is tunnelled.
+        None if uri.scheme().is_some() => Ok(Target::Path(PathAndQuery::from_static("/"))),
         _ => Err(ReachError::BadRequest(format!(
             "request target `{uri}` is not a path (origin-form `/…` expected)"
         ))),
@@ -80,6 +82,15 @@ mod tests {
     fn origin_form_passes_and_absolute_form_keeps_only_its_path() {
         assert!(matches!(target("GET", "/a?b=1"), Ok(Target::Path(p)) if p == "/a?b=1"));
         assert!(matches!(target("GET", "http://evil:80/x"), Ok(Target::Path(p)) if p == "/x"));
+    }
+
+    #[test]
+    fn connect_and_authority_form_are_refused() {
+        assert!(matches!(
+            target("CONNECT", "evil:443"),
+            Err(ReachError::BadRequest(_))
+        ));
+        assert!(matches!(target("GET", "http://host"), Ok(Target::Path(p)) if p == "/"));
     }
 
     #[test]

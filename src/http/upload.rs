@@ -20,8 +20,11 @@ use crate::error::ReachError;
 /// How far a caller's upload got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UploadState {
-    /// Still arriving (or not read yet).
+    /// Not read yet, or the last read got bytes: if it is unfinished, it is because the
+    /// receiver stopped reading.
     Open,
+    /// The receiver is reading and waiting for the caller's next bytes.
+    Waiting,
     /// Every byte arrived.
     Complete,
     /// The caller's connection broke mid-body.
@@ -47,6 +50,7 @@ impl UploadWatch {
             1 => UploadState::Complete,
             2 => UploadState::Broken,
             3 => UploadState::Stalled,
+            4 => UploadState::Waiting,
             _ => UploadState::Open,
         }
     }
@@ -57,17 +61,19 @@ impl UploadWatch {
             UploadState::Complete => 1,
             UploadState::Broken => 2,
             UploadState::Stalled => 3,
+            UploadState::Waiting => 4,
         };
         self.0.store(code, Ordering::Release);
     }
 
     /// The caller's fault, when its upload is why a request failed: a broken body, a stalled one,
-    /// or (`timed_out`) one still arriving when the time ran out.
+    /// or (`timed_out`) one the receiver was still waiting on when the time ran out. A body the
+    /// receiver had stopped reading (an agent that hangs without reading) is not the caller's.
     pub fn caller_fault(&self, timed_out: bool) -> Option<ReachError> {
         match self.state() {
             UploadState::Broken => Some(ReachError::ClientBody),
             UploadState::Stalled => Some(ReachError::BodyTimeout),
-            UploadState::Open if timed_out => Some(ReachError::BodyTimeout),
+            UploadState::Waiting if timed_out => Some(ReachError::BodyTimeout),
             _ => None,
         }
     }
@@ -82,6 +88,10 @@ pin_project_lite::pin_project! {
         #[pin]
         timer: Sleep,
         gap: Duration,
+        // The gap is measured from the first read, not from when the body was wrapped: a request
+        // may wait in the admission queue first (and a client sending `Expect: 100-continue`
+        // sends nothing until it is read).
+        armed: bool,
         watch: UploadWatch,
     }
 }
@@ -96,6 +106,7 @@ impl<B: Body> WatchedUpload<B> {
             inner,
             timer: tokio::time::sleep(gap),
             gap,
+            armed: false,
             watch: watch.clone(),
         };
         (body, watch)
@@ -120,6 +131,10 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
+        if !*this.armed {
+            *this.armed = true;
+            this.timer.as_mut().reset(Instant::now() + *this.gap);
+        }
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(None) => {
                 this.watch.set(UploadState::Complete);
@@ -129,6 +144,7 @@ where
                 if this.inner.is_end_stream() {
                     this.watch.set(UploadState::Complete);
                 } else {
+                    this.watch.set(UploadState::Open);
                     this.timer.as_mut().reset(Instant::now() + *this.gap);
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -142,7 +158,10 @@ where
                     this.watch.set(UploadState::Stalled);
                     Poll::Ready(Some(Err(Box::new(Stalled(*this.gap)))))
                 }
-                Poll::Pending => Poll::Pending,
+                Poll::Pending => {
+                    this.watch.set(UploadState::Waiting);
+                    Poll::Pending
+                }
             },
         }
     }
@@ -214,6 +233,36 @@ mod tests {
             watch.caller_fault(false),
             Some(ReachError::BodyTimeout)
         ));
+        drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unread_body_is_not_the_callers_fault_and_the_gap_starts_at_the_first_read() {
+        let (mut tx, body) = Channel::<Bytes, std::io::Error>::new(4);
+        let (body, watch) = WatchedUpload::new(body, Duration::from_secs(10));
+        assert!(tx.try_send(Frame::data(Bytes::from_static(b"x"))).is_ok());
+        // Nobody reads it for longer than the gap (a queue wait, an agent not reading).
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(
+            watch.caller_fault(true).is_none(),
+            "the receiver never read"
+        );
+        let mut body = Box::pin(body);
+        assert!(
+            body.frame().await.is_some_and(|f| f.is_ok()),
+            "no stall yet"
+        );
+        assert!(
+            watch.caller_fault(true).is_none(),
+            "the last read got bytes"
+        );
+        let next = tokio::spawn(async move { body.frame().await.map(|f| f.is_err()) });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            matches!(watch.caller_fault(true), Some(ReachError::BodyTimeout)),
+            "the receiver waits on the caller"
+        );
+        assert_eq!(next.await.ok().flatten(), Some(true), "then it stalls");
         drop(tx);
     }
 

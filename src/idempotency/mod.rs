@@ -39,6 +39,8 @@ pub enum Claim {
     Conflict,
     /// The key came back with a different request.
     Mismatch,
+    /// The caller's share of keys is all running tasks: no room without forgetting one.
+    Busy,
 }
 
 /// The fingerprint of a request. `body` is `None` for a body too large to buffer: then its
@@ -73,6 +75,7 @@ pub async fn answer(claim: Claim) -> Response<ReachBody> {
     match claim {
         Claim::First(_) | Claim::Conflict => conflict(),
         Claim::Mismatch => ReachError::IdempotencyMismatch.into_response(),
+        Claim::Busy => ReachError::IdempotencyBusy.into_response(),
         Claim::Replay(stored) => stored.replay(),
         Claim::Joined(mut rx) => {
             let outcome = loop {
@@ -181,11 +184,21 @@ mod tests {
             matches!(table.claim("me", "c", "k", FP), Claim::First(_)),
             "expired"
         );
-        let _a = table.claim("me", "c", "a", FP);
-        let _b = table.claim("me", "c", "b", FP);
+        // Two completed keys fill the table; a third evicts the oldest.
+        run_first(&table, "x").await;
+        let Claim::First(b) = table.claim("me", "c", "b", FP) else {
+            panic!("not first")
+        };
+        let _ = b
+            .record(Response::new(body::full("b")))
+            .into_body()
+            .collect()
+            .await;
+        let _c = table.claim("me", "c", "c", FP);
+        assert!(matches!(table.claim("me", "c", "b", FP), Claim::Replay(_)));
         assert!(
             matches!(table.claim("me", "c", "k", FP), Claim::First(_)),
-            "evicted"
+            "the oldest completed key made room for c"
         );
     }
 }

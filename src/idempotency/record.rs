@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
-use super::table::{IdempotencyTable, Key, Slot};
+use super::table::{Held, IdempotencyTable, Slot};
 use super::{Claim, REPLAYED};
 use crate::http::{body, BoxError, ReachBody};
 
@@ -26,11 +26,11 @@ pub struct Stored {
 #[derive(Debug)]
 pub struct Ticket {
     table: Arc<IdempotencyTable>,
-    key: Option<Key>,
+    key: Option<Held>,
 }
 
 impl Ticket {
-    pub(super) fn new(table: Arc<IdempotencyTable>, key: Key) -> Self {
+    pub(super) fn new(table: Arc<IdempotencyTable>, key: Held) -> Self {
         Self {
             table,
             key: Some(key),
@@ -113,7 +113,7 @@ pin_project_lite::pin_project! {
         buffer: Option<BytesMut>,
         max: usize,
         head: Option<(StatusCode, HeaderMap)>,
-        ticket: Option<(Arc<IdempotencyTable>, Key)>,
+        ticket: Option<(Arc<IdempotencyTable>, Held)>,
     }
 
     impl<B> PinnedDrop for Tee<B> {

@@ -26,6 +26,14 @@ impl Key {
     }
 }
 
+/// A key as one ticket holds it: the entry it created, not a later one under the same key (after
+/// an eviction or expiry, a newer request may hold the key; the old ticket must not settle it).
+#[derive(Clone, Debug)]
+pub(super) struct Held {
+    key: Key,
+    at: Instant,
+}
+
 #[derive(Debug)]
 pub(super) enum Slot {
     Running(watch::Sender<Outcome>),
@@ -121,31 +129,37 @@ impl IdempotencyTable {
                 Slot::TooLarge => Claim::Conflict,
             };
         }
+        // Room is made from completed entries only: evicting a running one would let its retry
+        // run the task a second time.
         let share = self.key_share();
         while inner.usage(&key.caller).keys >= share {
-            if !inner.evict_oldest(Some(&key.caller), false) {
-                break;
+            if !inner.evict_oldest(Some(&key.caller), true) {
+                return Claim::Busy;
             }
         }
         while inner.entries.len() >= self.budget.max_keys {
-            if !inner.evict_oldest(None, false) {
-                break;
+            if !inner.evict_oldest(None, true) {
+                return Claim::Busy;
             }
         }
         let (tx, _) = watch::channel(None);
         let bytes = key.overhead();
         inner.insert(key.clone(), Slot::Running(tx), now, fingerprint, bytes);
-        Claim::First(Ticket::new(self.clone(), key))
+        Claim::First(Ticket::new(self.clone(), Held { key, at: now }))
     }
 
-    /// Settles `key` with `slot` (or frees it with `None`) and tells those waiting.
-    pub(super) fn settle(&self, key: &Key, slot: Option<Slot>) {
+    /// Settles `held` with `slot` (or frees it with `None`) and tells those waiting.
+    pub(super) fn settle(&self, held: &Held, slot: Option<Slot>) {
         // What waiters learn follows from the new slot itself; no second look in the table.
         let outcome = match &slot {
             Some(Slot::Done(stored)) => Some(stored.clone()),
             _ => None,
         };
+        let key = &held.key;
         let mut inner = self.lock();
+        if !inner.holds(held) {
+            return;
+        }
         let previous = match slot {
             Some(slot) => {
                 let bytes = key.overhead() + stored_bytes(&slot);
@@ -162,16 +176,26 @@ impl IdempotencyTable {
     }
 
     /// Tells those waiting on `key` the outcome, then frees the key.
-    pub(super) fn settle_passing(&self, key: &Key, stored: Arc<Stored>) {
-        let previous = self.lock().remove(key);
+    pub(super) fn settle_passing(&self, held: &Held, stored: Arc<Stored>) {
+        let mut inner = self.lock();
+        let previous = if inner.holds(held) {
+            inner.remove(&held.key)
+        } else {
+            None
+        };
+        drop(inner);
         if let Some(Slot::Running(tx)) = previous {
             let _ = tx.send(Some(stored));
         }
     }
 
-    pub(super) fn subscribe(&self, key: &Key) -> Claim {
-        match self.lock().entries.get(key).map(|e| &e.slot) {
-            Some(Slot::Running(tx)) => Claim::Joined(tx.subscribe()),
+    pub(super) fn subscribe(&self, held: &Held) -> Claim {
+        let inner = self.lock();
+        match inner.entries.get(&held.key) {
+            Some(e) if e.at == held.at => match &e.slot {
+                Slot::Running(tx) => Claim::Joined(tx.subscribe()),
+                _ => Claim::Conflict,
+            },
             _ => Claim::Conflict,
         }
     }
@@ -209,6 +233,11 @@ fn stored_bytes(slot: &Slot) -> usize {
 }
 
 impl Inner {
+    /// Whether the entry `held` created is still the one under its key.
+    fn holds(&self, held: &Held) -> bool {
+        self.entries.get(&held.key).is_some_and(|e| e.at == held.at)
+    }
+
     fn usage(&self, caller: &Arc<str>) -> Usage {
         self.callers.get(caller).copied().unwrap_or_default()
     }
@@ -263,15 +292,26 @@ impl Inner {
         }
     }
 
-    /// Drops entries older than the TTL (the order queue is by insertion time).
+    /// Drops completed entries older than the TTL (the order queue is by insertion time). A
+    /// running one stays, moved to the back: its task may outlive the TTL, and a retry must
+    /// still join it rather than run it again.
     fn expire(&mut self, now: Instant, ttl: Duration) {
-        while let Some((key, at)) = self.order.front().cloned() {
+        for _ in 0..self.order.len() {
+            let Some((key, at)) = self.order.front().cloned() else {
+                break;
+            };
             if now.saturating_duration_since(at) < ttl {
                 break;
             }
             self.order.pop_front();
-            if self.entries.get(&key).is_some_and(|e| e.at == at) {
-                self.remove(&key);
+            match self.entries.get(&key) {
+                Some(e) if e.at == at && matches!(e.slot, Slot::Running(_)) => {
+                    self.order.push_back((key, at));
+                }
+                Some(e) if e.at == at => {
+                    self.remove(&key);
+                }
+                _ => {}
             }
         }
     }
@@ -342,6 +382,48 @@ mod tests {
             run(&table, "flood", &format!("k{i}"), 10 * 1024).await;
         }
         assert!(stored(&table, "quiet", "mine"), "kept despite the flood");
+    }
+
+    #[tokio::test]
+    async fn running_keys_are_never_evicted_and_a_stale_ticket_settles_nothing() {
+        let table = IdempotencyTable::new(budget(2, 1 << 20, 1.0));
+        let Claim::First(first) = table.claim("a", "c", "k1", [0; 32]) else {
+            panic!("not first")
+        };
+        let _second = table.claim("a", "c", "k2", [0; 32]);
+        assert!(
+            matches!(table.claim("a", "c", "k3", [0; 32]), Claim::Busy),
+            "both keys are running: no room, and neither is evicted"
+        );
+        assert!(matches!(
+            table.claim("a", "c", "k1", [0; 32]),
+            Claim::Joined(_)
+        ));
+        drop(first);
+        // k1 was freed; a new request holds it now.
+        let Claim::First(_newer) = table.claim("a", "c", "k1", [0; 32]) else {
+            panic!("not first")
+        };
+        assert!(matches!(
+            table.claim("a", "c", "k1", [0; 32]),
+            Claim::Joined(_)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_running_key_outlives_its_ttl() {
+        let table = IdempotencyTable::new(Budget {
+            ttl: Duration::from_secs(60),
+            ..budget(10, 1 << 20, 1.0)
+        });
+        let Claim::First(_running) = table.claim("a", "c", "k", [0; 32]) else {
+            panic!("not first")
+        };
+        tokio::time::advance(Duration::from_secs(120)).await;
+        assert!(matches!(
+            table.claim("a", "c", "k", [0; 32]),
+            Claim::Joined(_)
+        ));
     }
 
     #[tokio::test]

@@ -65,7 +65,8 @@ pub(super) fn verified_caller<B>(
         .rsplit_once(':')
         .map_or(peer.address.as_str(), |(h, _)| h);
     let ip: IpAddr = host.trim_matches(['[', ']']).parse().ok()?;
-    (ip == remote.ip()).then(|| peer.name.clone())
+    // A dual-stack listener sees IPv4 peers as `::ffff:a.b.c.d`.
+    (ip.to_canonical() == remote.ip().to_canonical()).then(|| peer.name.clone())
 }
 
 /// `reach-attempt` as a small number, or nothing.
@@ -79,30 +80,56 @@ pub(super) fn attempt_of(headers: &HeaderMap) -> Option<u16> {
         .ok()
 }
 
-/// Refuses a call for `capability` to a path outside the prefixes it declares.
+/// Refuses a call for `capability` to a path outside the prefixes it declares. Where paths are
+/// declared, a path the agent might read differently than we do is refused too.
 pub(super) fn check_path(
     snapshot: &Snapshot,
     capability: Option<&str>,
     path: &str,
 ) -> Result<(), ReachError> {
     let agent = &snapshot.bootstrap.agent;
-    let allowed = |prefixes: &[String]| {
-        prefixes.is_empty() || prefixes.iter().any(|p| path_has_prefix(path, p))
-    };
-    let ok = match capability.and_then(|c| agent.capability(c)) {
-        Some(cap) => allowed(&cap.paths),
+    let declared: Vec<&[String]> = match capability.and_then(|c| agent.capability(c)) {
+        Some(cap) => vec![&cap.paths],
         // Plain traffic (no capability named) may reach what some capability serves.
-        None => {
-            agent.capabilities.is_empty() || agent.capabilities.iter().any(|c| allowed(&c.paths))
-        }
+        None => agent
+            .capabilities
+            .iter()
+            .map(|c| c.paths.as_slice())
+            .collect(),
     };
-    if ok {
+    if declared.is_empty() || declared.iter().any(|paths| paths.is_empty()) {
+        return Ok(());
+    }
+    refuse_ambiguous(path)?;
+    if declared
+        .iter()
+        .any(|paths| paths.iter().any(|p| path_has_prefix(path, p)))
+    {
         return Ok(());
     }
     Err(ReachError::UnknownPath {
         capability: capability.unwrap_or("-").to_owned(),
         path: path.to_owned(),
     })
+}
+
+/// Refuses a path whose meaning depends on who reads it: dot segments (`/review/../admin`, also
+/// percent-encoded or `..;` as some servers read it), encoded slashes and backslashes. The
+/// agent might resolve them to a path the capability does not serve.
+fn refuse_ambiguous(path: &str) -> Result<(), ReachError> {
+    let lower = path.to_ascii_lowercase();
+    let decoded = lower.replace("%2e", ".");
+    let dot_segment = decoded
+        .split('/')
+        .map(|segment| segment.split(';').next().unwrap_or(segment))
+        .any(|segment| segment == "." || segment == "..");
+    let hidden_separator = ["%2f", "%5c", "\\"].iter().any(|s| lower.contains(s));
+    if dot_segment || hidden_separator {
+        return Err(ReachError::BadRequest(format!(
+            "the path `{path}` has dot segments or encoded separators"
+        )));
+    }
+    Ok(())
 }
 
 /// `/review` covers `/review` and `/review/…`, not `/reviewer`.
@@ -118,6 +145,24 @@ fn path_has_prefix(path: &str, prefix: &str) -> bool {
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    #[test]
+    fn dot_segments_and_encoded_separators_are_refused() {
+        for bad in [
+            "/review/../admin",
+            "/review/%2e%2E/admin",
+            "/review/..;/admin",
+            "/review/./x",
+            "/review%2fadmin",
+            "/review%5Cadmin",
+            "/review\\admin",
+        ] {
+            assert!(refuse_ambiguous(bad).is_err(), "{bad}");
+        }
+        for good in ["/review", "/review/x.y", "/review/...", "/a;b=1"] {
+            assert!(refuse_ambiguous(good).is_ok(), "{good}");
+        }
+    }
 
     #[test]
     fn path_prefixes_match_whole_segments() {

@@ -326,8 +326,13 @@ impl Inbound {
                 let this = self.clone();
                 // The agent is working on it: it runs until the caller's deadline (its retries
                 // join it), or its own timeout when the caller set none.
+                let retries = snapshot.policy.retry.max_retries.saturating_add(1);
+                let longest = call.own_timeout.saturating_mul(retries);
                 let run = Call {
-                    own_timeout: call.deadline.map_or(call.own_timeout, Deadline::remaining),
+                    // Capped: a caller's far-off deadline must not hold a slot for days.
+                    own_timeout: call
+                        .deadline
+                        .map_or(call.own_timeout, |d| d.remaining().min(longest)),
                     ..call.clone()
                 };
                 let req = Request::from_parts(parts, body);

@@ -103,15 +103,18 @@ impl Outbound {
             return local_api::handle(&self.local, req).await;
         }
         let started = Instant::now();
-        match request_target::of(&req) {
-            Ok(Target::Path(_)) => {}
-            Ok(Target::ServerOptions) => return request_target::server_options(),
-            Err(err) => return self.refuse("-", "-", err, started),
+        let target = request_target::of(&req);
+        if let Ok(Target::ServerOptions) = target {
+            return request_target::server_options();
         }
+        // First: a proxy request for a foreign host (CONNECT included) is `forbidden_host`.
         let capability = match capability_of(&req) {
             Ok(c) => c,
             Err(err) => return self.refuse("-", "-", err, started),
         };
+        if let Err(err) = target {
+            return self.refuse("-", "-", err, started);
+        }
         // Before the sidecar adds its own headers: a `Connection` header naming them must not
         // remove them on the way out.
         headers::strip_hop_by_hop(req.headers_mut());
@@ -474,7 +477,10 @@ impl Outbound {
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("");
                 let refused_by_sidecar = status == StatusCode::SERVICE_UNAVAILABLE
-                    && matches!(reason, "saturated" | "draining" | "ejected");
+                    && matches!(
+                        reason,
+                        "saturated" | "draining" | "ejected" | "idempotency_busy"
+                    );
                 if status == StatusCode::TOO_MANY_REQUESTS || refused_by_sidecar {
                     let retry_after =
                         headers::retry_after(response.headers()).unwrap_or(Duration::from_secs(1));
