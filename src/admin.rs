@@ -43,6 +43,8 @@ pub struct Status {
     pub last_probe: Option<ProbeRecord>,
     pub load: Load,
     pub inbound: StatsSnapshot,
+    /// Stored responses for `idempotency-key` replays, against their byte budget.
+    pub idempotency: crate::idempotency::TableUsage,
     /// Every peer this sidecar knows, from the registry.
     pub peers: Vec<Arc<Peer>>,
     /// This caller's view of each peer it has scored, with the peer's own view.
@@ -110,6 +112,7 @@ impl Admin {
             peer_views: self.peers.status(&snapshot),
             load: self.inbound.load(),
             inbound: self.inbound.stats(),
+            idempotency: self.inbound.idempotency(),
             peers: self.registry.peers(&snapshot),
             gossip: self.gossip.as_ref().map(|g| g.status()),
             policy: snapshot.policy.clone(),

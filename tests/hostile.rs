@@ -22,23 +22,27 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// An agent that answers 200 and remembers the head of every request it got.
 async fn echo_agent() -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>) {
+    sized_agent(2).await
+}
+
+/// An agent that answers every request with `size` bytes and remembers each request's head.
+async fn sized_agent(size: usize) -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>) {
+    let body = bytes::Bytes::from(vec![b'x'; size]);
     let listener = TcpListener::bind(any_port()).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
     let record = seen.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let record = record.clone();
+            let (record, body) = (record.clone(), body.clone());
             tokio::spawn(async move {
                 let service =
                     hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                        let record = record.clone();
+                        let (record, body) = (record.clone(), body.clone());
                         async move {
                             record.lock().unwrap().push(req.headers().clone());
                             let _ = req.into_body().collect().await;
-                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(
-                                bytes::Bytes::from_static(b"ok"),
-                            )))
+                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(body)))
                         }
                     });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -364,6 +368,64 @@ async fn idempotency_keys_belong_to_one_caller_and_one_request() {
     let again = send(&c, "POST", &url, &from("alice"), "charge 10").await;
     assert_eq!(again.header("reach-replayed"), "true");
     assert_eq!(pair.agent.stats().business, 2);
+}
+
+// 5. Stored responses stay within the byte budget, and a flood from one caller cannot evict
+// another caller's keys.
+#[tokio::test]
+async fn stored_responses_stay_within_the_budget_and_each_callers_share() {
+    let (agent, seen) = sized_agent(64 * 1024).await;
+    let somewhere = SocketAddr::from(([127, 0, 0, 1], 9));
+    let bootstrap = Bootstrap::local("coder-1", agent, &[CAP])
+        .unwrap()
+        .with_peer("quiet", somewhere, &[])
+        .unwrap()
+        .with_peer("flood", somewhere, &[])
+        .unwrap();
+    let mut policy = agent_reach::config::Policy::default();
+    policy.idempotency.max_total_bytes = 1 << 20;
+    let callee = sidecar_with(
+        bootstrap,
+        policy,
+        agent_reach::config::ConfigPaths::default(),
+    )
+    .await;
+    let url = format!("http://{}/review", callee.addrs.inbound);
+    let c = client();
+    let keyed = |caller: &'static str, key: &str| {
+        let (c, url, key) = (c.clone(), url.clone(), key.to_owned());
+        async move {
+            let headers = [
+                ("reach-capability", CAP),
+                ("reach-caller", caller),
+                ("idempotency-key", &key),
+            ];
+            send(&c, "POST", &url, &headers, "x").await
+        }
+    };
+    assert_eq!(keyed("quiet", "mine").await.status, 200);
+    for i in 0..60 {
+        let reply = keyed("flood", &format!("k{i}")).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let usage = callee.status().idempotency;
+        assert!(usage.bytes <= 1 << 20, "{usage:?}");
+    }
+    assert_eq!(seen.lock().unwrap().len(), 61);
+    assert_eq!(
+        keyed("quiet", "mine").await.header("reach-replayed"),
+        "true",
+        "kept despite the flood"
+    );
+    assert_eq!(
+        keyed("flood", "k59").await.header("reach-replayed"),
+        "true",
+        "the newest is kept"
+    );
+    assert_eq!(
+        keyed("flood", "k0").await.header("reach-replayed"),
+        "",
+        "the oldest was evicted"
+    );
 }
 
 // 10. A probe's credentials are not shown on the admin port.

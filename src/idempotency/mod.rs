@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 pub use record::{Stored, Ticket};
-pub use table::{Budget, IdempotencyTable};
+pub use table::{Budget, IdempotencyTable, TableUsage};
 
 use crate::error::ReachError;
 use crate::http::ReachBody;

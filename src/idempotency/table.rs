@@ -50,6 +50,16 @@ struct Entry {
     bytes: usize,
 }
 
+/// What the table holds now.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct TableUsage {
+    pub keys: usize,
+    pub bytes: usize,
+    pub max_bytes: usize,
+    /// Callers holding at least one key.
+    pub callers: usize,
+}
+
 /// Sizes of the table.
 #[derive(Clone, Copy, Debug)]
 pub struct Budget {
@@ -99,9 +109,20 @@ impl IdempotencyTable {
         self.budget.max_body
     }
 
-    /// Bytes held by stored responses and keys, for tests and the closing figures.
+    /// Bytes held by stored responses and keys.
     pub fn bytes(&self) -> usize {
         self.lock().bytes
+    }
+
+    /// What the table holds, for `/status`.
+    pub fn usage(&self) -> TableUsage {
+        let inner = self.lock();
+        TableUsage {
+            keys: inner.entries.len(),
+            bytes: inner.bytes,
+            max_bytes: self.budget.max_total_bytes,
+            callers: inner.callers.len(),
+        }
     }
 
     pub fn claim(

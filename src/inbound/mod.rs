@@ -87,6 +87,11 @@ impl Inbound {
         self.admission.load()
     }
 
+    /// The idempotency table's keys and bytes (shared with the outbound side).
+    pub fn idempotency(&self) -> crate::idempotency::TableUsage {
+        self.idempotency.usage()
+    }
+
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
     }
