@@ -61,9 +61,13 @@ fn addr(i: usize) -> SocketAddr {
 }
 
 fn profile(i: usize) -> Profile {
+    profile_at(addr(i))
+}
+
+fn profile_at(at: SocketAddr) -> Profile {
     Profile {
         // On the node's own IP, as a sidecar publishes it (others refuse any other).
-        inbound: format!("{}:4143", addr(i).ip()),
+        inbound: format!("{}:4143", at.ip()),
         zone: String::new(),
         region: String::new(),
         max_concurrency: 4,
@@ -90,8 +94,8 @@ fn live(state: State, in_flight: u32) -> Live {
     }
 }
 
-fn options(i: usize, key: &ClusterKey) -> NodeOptions {
-    let mut o = NodeOptions::new(format!("agent-{i}"), addr(i), key.clone());
+fn options(name: &str, at: SocketAddr, key: &ClusterKey) -> NodeOptions {
+    let mut o = NodeOptions::new(name, at, key.clone());
     o.probe_interval = Duration::from_millis(200);
     o.probe_timeout = Duration::from_millis(60);
     o.suspect_timeout = Duration::from_millis(600);
@@ -101,24 +105,29 @@ fn options(i: usize, key: &ClusterKey) -> NodeOptions {
 }
 
 fn start(net: &Arc<MemNetwork>, i: usize, key: &ClusterKey) -> Node {
-    let (transport, inbox) = net.join(addr(i));
+    start_as(net, &format!("agent-{i}"), addr(i), key)
+}
+
+/// Agent `name` at `at`, joining through node 0 (unless it is node 0).
+fn start_as(net: &Arc<MemNetwork>, name: &str, at: SocketAddr, key: &ClusterKey) -> Node {
+    let (transport, inbox) = net.join(at);
     let seen = Arc::new(Seen::default());
     let stop = CancellationToken::new();
     let handle = gossip::spawn(
-        options(i, key),
+        options(name, at, key),
         transport,
         inbox,
         seen.clone(),
         stop.clone(),
     );
-    handle.publish_profile(profile(i));
+    handle.publish_profile(profile_at(at));
     handle.publish_live(live(State::Healthy, 0));
-    if i != 0 {
+    if at != addr(0) {
         handle.announce(vec![addr(0)]);
     }
     Node {
-        name: format!("agent-{i}"),
-        addr: addr(i),
+        name: name.to_owned(),
+        addr: at,
         handle,
         seen,
         stop,
@@ -389,4 +398,201 @@ async fn a_long_running_agent_restarted_at_the_same_address_is_routable_at_once(
         },
     )
     .await;
+}
+
+/// A pod IP reused: agent-a leaves, another agent (agent-b) gets its address and gossip port at
+/// once (SWIM reports a rename, not a join), and agent-a comes back at a new address. Both must
+/// be routable: agent-b must not have inherited agent-a's name.
+#[tokio::test(start_paused = true)]
+async fn an_agent_at_a_reused_address_does_not_lock_the_one_before_out_of_its_name() {
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let x = addr(2);
+    let y = addr(3);
+    let mut nodes: Vec<Node> = (0..2).map(|i| start(&net, i, &key)).collect();
+    nodes.push(start_as(&net, "agent-a", x, &key));
+    eventually("everyone to see everyone", Duration::from_secs(10), || {
+        nodes.iter().all(|n| n.seen.members().len() == 2)
+    })
+    .await;
+    let a = nodes.remove(2);
+    a.handle.leave().await;
+    a.stop.cancel();
+    nodes.push(start_as(&net, "agent-b", x, &key));
+    eventually(
+        "agent-b in agent-a's place everywhere",
+        Duration::from_secs(5),
+        || {
+            nodes[..2].iter().all(|n| {
+                let members = n.seen.members();
+                members.contains(&"agent-b".to_owned()) && !members.contains(&"agent-a".to_owned())
+            })
+        },
+    )
+    .await;
+    nodes.push(start_as(&net, "agent-a", y, &key));
+    eventually(
+        "agent-a (back at another address) and agent-b both routable everywhere",
+        Duration::from_secs(10),
+        || {
+            nodes.iter().all(|n| {
+                let members = n.seen.members();
+                ["agent-0", "agent-1", "agent-a", "agent-b"]
+                    .iter()
+                    .all(|m| *m == n.name || members.iter().any(|s| s == m))
+            })
+        },
+    )
+    .await;
+    for n in &nodes[..2] {
+        assert_eq!(
+            n.handle.stats().rejected(Rejected::NameTaken),
+            0,
+            "{}",
+            n.name
+        );
+        let status = n.handle.status();
+        let a = status.members.iter().find(|m| m.name == "agent-a");
+        assert_eq!(a.map(|m| m.gossip), Some(y), "{status:?}");
+    }
+}
+
+/// Everything logged while installed on this thread (a current-thread runtime runs the nodes'
+/// tasks on the test's thread).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        let logs = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || logs.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+    fn lines_with(&self, needles: &[&str]) -> usize {
+        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .count()
+    }
+}
+
+/// A multi-homed sidecar: reached at the address it advertises, its datagrams leave from
+/// another. Others refuse its items (it is not routable), and say so in their log, once a
+/// minute, naming both addresses and the rule.
+#[tokio::test(start_paused = true)]
+async fn a_sidecar_whose_datagrams_leave_from_another_address_is_refused_loudly() {
+    let logs = Logs::default();
+    let _guard = logs.install();
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let seed = start(&net, 0, &key);
+    let (advertised, source) = (addr(1), addr(7));
+    let (_, inbox) = net.join(advertised);
+    let (transport, _source_inbox) = net.join(source);
+    let odd = gossip::spawn(
+        options("agent-1", advertised, &key),
+        transport,
+        inbox,
+        Arc::new(Seen::default()),
+        CancellationToken::new(),
+    );
+    odd.publish_profile(profile(1));
+    odd.publish_live(live(State::Healthy, 0));
+    odd.announce(vec![addr(0)]);
+
+    let (from, adv) = (
+        format!("source={source}"),
+        format!("advertised={advertised}"),
+    );
+    let warning = [from.as_str(), adv.as_str(), "WARN", "rule="];
+    let stats = seed.handle.stats().clone();
+    eventually(
+        "its items refused and a warning logged",
+        Duration::from_secs(5),
+        || stats.rejected(Rejected::NotSender) >= 1 && logs.lines_with(&warning) == 1,
+    )
+    .await;
+    let first = tokio::time::Instant::now();
+    assert!(seed.seen.members().is_empty(), "it is not routable");
+    // More refused items within the minute: no more warnings.
+    let refused = stats.rejected(Rejected::NotSender);
+    let mut changed = profile(1);
+    changed.max_concurrency += 1;
+    odd.publish_profile(changed);
+    eventually("its new items refused", Duration::from_secs(5), || {
+        stats.rejected(Rejected::NotSender) > refused
+    })
+    .await;
+    assert_eq!(logs.lines_with(&warning), 1, "warned once a minute at most");
+    // Its datagrams keep coming (SWIM): a minute on, it is warned about again.
+    eventually("a second warning", Duration::from_secs(70), || {
+        logs.lines_with(&warning) == 2
+    })
+    .await;
+    assert!(
+        first.elapsed() >= Duration::from_secs(59),
+        "{:?}",
+        first.elapsed()
+    );
+    assert!(seed.seen.members().is_empty());
+    odd.abort();
+}
+
+/// Items sent directly from another address than their node's: refused as `not_sender`, and
+/// the source is named in the log once, however many come.
+#[tokio::test(start_paused = true)]
+async fn items_from_another_address_than_their_node_are_refused_with_one_warning() {
+    let logs = Logs::default();
+    let _guard = logs.install();
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let a = start(&net, 0, &key);
+    let (source, advertised) = (addr(8), addr(9));
+    for seq in 1..=5u64 {
+        let item = wire::Item {
+            name: "agent-9".into(),
+            node: wire::NodeId {
+                addr: advertised,
+                epoch: gossip::envelope::unix_us(),
+            },
+            seq,
+            body: wire::Body::Profile(profile(9)),
+        };
+        let body = wire::encode(&vec![item]).unwrap_or_default();
+        let sent_at = gossip::envelope::unix_us() + seq;
+        let packet = key.seal(gossip::envelope::Kind::Items, sent_at, &body);
+        net.inject(source, addr(0), packet);
+    }
+    let stats = a.handle.stats().clone();
+    eventually("the items to be refused", Duration::from_secs(5), || {
+        stats.rejected(Rejected::NotSender) == 5
+    })
+    .await;
+    let (from, adv) = (
+        format!("source={source}"),
+        format!("advertised={advertised}"),
+    );
+    assert_eq!(
+        logs.lines_with(&[from.as_str(), adv.as_str(), "WARN", "rule=\"not_sender\""]),
+        1
+    );
+    assert!(a.seen.members().is_empty());
 }

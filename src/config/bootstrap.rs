@@ -99,7 +99,9 @@ pub struct GossipConfig {
     #[serde(default = "default_gossip_listen")]
     pub listen: SocketAddr,
     /// The IP other sidecars reach this one at, for gossip and for work (the pod IP). Default:
-    /// the listen IP if it is specific, else the IP the host name resolves to.
+    /// the listen IP if it is specific, else the IP the host name resolves to. It must be the
+    /// IP this sidecar's gossip datagrams leave from (no NAT in between): others refuse items
+    /// from any other source, and log a warning naming it.
     #[serde(default)]
     pub advertise: Option<IpAddr>,
     /// `host:port` of sidecars to join through; a DNS name may resolve to many (a headless

@@ -263,17 +263,22 @@ impl Table {
         }
     }
 
-    /// A member restarted at the same address (foca reports a rename, not a join): it is a
-    /// newcomer all the same and gets this node's items directly. Its entry starts afresh: the
-    /// new incarnation counts its `seq` from 1 again, and its items must not be judged against
-    /// the old one's.
+    /// A new identity at a member's address (foca reports a rename, not a join): it is a
+    /// newcomer all the same and gets this node's items directly. The old identity is gone, so
+    /// its entries stop being routable (and are pruned unless their agent comes back).
+    ///
+    /// They are not moved to `new`: an identity carries no agent name, and the new node may be
+    /// another agent that got the address (Kubernetes reuses pod IPs), which would then hold
+    /// the old agent's name and lock it out. Which agent `new` is comes from its own first-hand
+    /// items: `bind` starts its entry afresh (a restart in place: its `seq` counts from 1 again)
+    /// or creates one under its own name.
     pub(super) fn renamed(&mut self, old: &NodeId, new: &NodeId, now: Instant) {
         if self.active.remove(old) && self.active.insert(new.clone()) {
             self.newcomers.push(new.clone());
         }
         for e in self.entries.values_mut() {
-            if same_addr(e.node.addr, new.addr) && new.epoch > e.node.epoch {
-                *e = fresh(new.clone(), now);
+            if e.node == *old && e.down_since.is_none() {
+                e.down_since = Some(now);
             }
         }
         self.dirty = true;
@@ -574,17 +579,82 @@ mod tests {
         assert_eq!(t.apply(&draining, FirstHand, now), Applied::New);
         t.renamed(&old, &new, now);
         assert_eq!(t.newcomers, vec![new.clone()]);
+        assert!(t.routable().is_empty(), "the old incarnation is gone");
         let back = |seq, body| item("a", new.clone(), seq, body);
+        // Relayed, the new identity's name is not yet vouched for: it is asked directly.
         assert_eq!(
             t.apply(&back(2, live(1, State::Healthy)), Relayed, now),
-            Applied::New
+            Applied::Stale
         );
+        assert_eq!(t.wants, vec![new.clone()]);
         assert_eq!(
             t.apply(&back(1, profile("10.0.0.1:20")), FirstHand, now),
             Applied::New
         );
+        assert_eq!(
+            t.apply(&back(2, live(1, State::Healthy)), FirstHand, now),
+            Applied::New
+        );
         assert_eq!(state_of(&t, "a"), Some(State::Healthy));
         assert_eq!(inbound_of(&t, "a"), Some("10.0.0.1:20".into()));
+    }
+
+    /// A pod IP reused: agent a's address (and gossip port) goes to another agent b, and SWIM
+    /// reports a rename. b must not inherit a's name, or a could not take it back elsewhere.
+    #[test]
+    fn another_agent_at_a_reused_address_does_not_take_the_name_of_the_one_before() {
+        let now = Instant::now();
+        for a_left_first in [true, false] {
+            let mut t = table();
+            let (a_at_x, b_at_x, a_at_y) = (node(2, 5), node(2, 9), node(3, 12));
+            t.member_up(&a_at_x);
+            t.apply(
+                &item("a", a_at_x.clone(), 1, profile("10.0.0.1:20")),
+                FirstHand,
+                now,
+            );
+            if a_left_first {
+                // Then foca reports the rename and b up.
+                t.member_down(&a_at_x, now);
+                t.renamed(&a_at_x, &b_at_x, now);
+                t.member_up(&b_at_x);
+            } else {
+                // Replaced before anyone saw it die: a rename alone.
+                t.renamed(&a_at_x, &b_at_x, now);
+            }
+            assert_eq!(inbound_of(&t, "a"), None, "a is gone");
+            let b = item("b", b_at_x.clone(), 1, profile("10.0.0.1:21"));
+            assert_eq!(t.apply(&b, FirstHand, now), Applied::New);
+            // a restarts at another address.
+            t.member_up(&a_at_y);
+            let a = item("a", a_at_y.clone(), 1, profile("10.0.0.1:30"));
+            assert_eq!(t.apply(&a, FirstHand, now), Applied::New, "{a_left_first}");
+            assert_eq!(inbound_of(&t, "a"), Some("10.0.0.1:30".into()));
+            assert_eq!(inbound_of(&t, "b"), Some("10.0.0.1:21".into()));
+            assert_eq!(t.stats.rejected(Rejected::NameTaken), 0);
+        }
+    }
+
+    #[test]
+    fn an_agent_whose_address_went_to_another_is_pruned_if_it_never_comes_back() {
+        let now = Instant::now();
+        let mut t = table();
+        let (a_at_x, b_at_x) = (node(2, 5), node(2, 9));
+        t.member_up(&a_at_x);
+        t.apply(
+            &item("a", a_at_x.clone(), 1, profile("10.0.0.1:20")),
+            FirstHand,
+            now,
+        );
+        t.renamed(&a_at_x, &b_at_x, now);
+        t.apply(
+            &item("b", b_at_x, 1, profile("10.0.0.1:21")),
+            FirstHand,
+            now,
+        );
+        t.prune(now + DOWN_LISTED_FOR);
+        assert!(t.get("a").is_none(), "a is no longer listed");
+        assert!(t.get("b").is_some());
     }
 
     #[test]
