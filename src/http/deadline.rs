@@ -30,6 +30,15 @@ impl Deadline {
         HeaderValue::from(self.0)
     }
 
+    /// Whether `value` is this deadline as `reach-deadline` writes it.
+    pub fn is(self, value: &HeaderValue) -> bool {
+        value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            == Some(self.0)
+    }
+
     /// The tighter of `reach-timeout` and `reach-deadline`, if the request carries either.
     pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ReachError> {
         let text = |name: &HeaderName| headers.get(name).map(|v| v.to_str().unwrap_or("").trim());

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 
 use super::BoxError;
 use crate::error::ReachError;
@@ -85,13 +85,11 @@ pin_project_lite::pin_project! {
     pub struct WatchedUpload<B> {
         #[pin]
         inner: B,
-        #[pin]
-        timer: Sleep,
+        // Armed only while a read waits on the caller: a body that arrives with its head (most
+        // do) never registers a timer, and time spent unread (in the admission queue, or behind
+        // an agent that stopped reading) is not the caller's gap.
+        timer: Option<Pin<Box<Sleep>>>,
         gap: Duration,
-        // The gap is measured from the first read, not from when the body was wrapped: a request
-        // may wait in the admission queue first (and a client sending `Expect: 100-continue`
-        // sends nothing until it is read).
-        armed: bool,
         watch: UploadWatch,
     }
 }
@@ -104,9 +102,8 @@ impl<B: Body> WatchedUpload<B> {
         }
         let body = Self {
             inner,
-            timer: tokio::time::sleep(gap),
+            timer: None,
             gap,
-            armed: false,
             watch: watch.clone(),
         };
         (body, watch)
@@ -131,21 +128,17 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
-        if !*this.armed {
-            *this.armed = true;
-            this.timer.as_mut().reset(Instant::now() + *this.gap);
-        }
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(None) => {
                 this.watch.set(UploadState::Complete);
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(frame))) => {
+                *this.timer = None;
                 if this.inner.is_end_stream() {
                     this.watch.set(UploadState::Complete);
                 } else {
                     this.watch.set(UploadState::Open);
-                    this.timer.as_mut().reset(Instant::now() + *this.gap);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -153,7 +146,12 @@ where
                 this.watch.set(UploadState::Broken);
                 Poll::Ready(Some(Err(err.into())))
             }
-            Poll::Pending => match this.timer.poll(cx) {
+            Poll::Pending => match this
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(*this.gap)))
+                .as_mut()
+                .poll(cx)
+            {
                 Poll::Ready(()) => {
                     this.watch.set(UploadState::Stalled);
                     Poll::Ready(Some(Err(Box::new(Stalled(*this.gap)))))

@@ -23,28 +23,51 @@ pub(super) struct Vouched<'a> {
     pub(super) attempt: Option<u16>,
 }
 
-/// Strips hop-by-hop and every `reach-*` header, then writes back what is vouched for.
+/// Strips hop-by-hop and every `reach-*` header, then writes back what is vouched for. A header
+/// that already holds exactly the vouched value stays where it is (a peer sidecar's request
+/// carries the same four): no rehashing and no allocation on the common path.
 pub(super) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>) {
     headers::strip_hop_by_hop(headers);
-    let own: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| name.as_str().starts_with("reach-"))
-        .cloned()
-        .collect();
-    for name in own {
+    let mut unvouched: Vec<HeaderName> = Vec::new();
+    for (name, value) in headers.iter() {
+        if !name.as_str().starts_with("reach-") {
+            continue;
+        }
+        let keep = match name.as_str() {
+            "reach-capability" => vouched.capability.is_some_and(|c| value == c),
+            "reach-deadline" => vouched.deadline.is_some_and(|d| d.is(value)),
+            "reach-caller" => vouched.caller.as_deref().is_some_and(|c| value == c),
+            "reach-attempt" => vouched.attempt.is_some_and(|a| {
+                value.to_str().ok().and_then(|v| v.trim().parse().ok()) == Some(a)
+            }),
+            _ => false,
+        };
+        if !keep {
+            unvouched.push(name.clone());
+        }
+    }
+    for name in unvouched {
         headers.remove(name);
     }
     if let Some(capability) = vouched.capability {
-        headers.insert(headers::CAPABILITY, headers::value(capability));
+        if !headers.contains_key(headers::CAPABILITY) {
+            headers.insert(headers::CAPABILITY, headers::value(capability));
+        }
     }
     if let Some(deadline) = vouched.deadline {
-        headers.insert(deadline::DEADLINE, deadline.header_value());
+        if !headers.contains_key(deadline::DEADLINE) {
+            headers.insert(deadline::DEADLINE, deadline.header_value());
+        }
     }
     if let Some(caller) = vouched.caller {
-        headers.insert(headers::CALLER, headers::value(&caller));
+        if !headers.contains_key(headers::CALLER) {
+            headers.insert(headers::CALLER, headers::value(&caller));
+        }
     }
     if let Some(attempt) = vouched.attempt {
-        headers.insert(headers::ATTEMPT, attempt.into());
+        if !headers.contains_key(headers::ATTEMPT) {
+            headers.insert(headers::ATTEMPT, attempt.into());
+        }
     }
 }
 
