@@ -34,7 +34,12 @@ pub enum ReachError {
     #[error("this sidecar is shutting down and takes no new work")]
     Draining,
     #[error("cannot connect to {target}: {message}")]
-    UpstreamConnect { target: String, message: String },
+    UpstreamConnect {
+        target: String,
+        message: String,
+        /// The connection was refused (nothing listens there), not timed out.
+        refused: bool,
+    },
     #[error("{target} failed: {message}")]
     Upstream { target: String, message: String },
     #[error("{target} did not answer within {}", format_duration(*after))]

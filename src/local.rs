@@ -151,6 +151,22 @@ impl LocalAgent {
         self.transitioned(t);
     }
 
+    /// Out because the agent refuses connections: the prober checks it every `fast_interval`.
+    pub fn is_unreachable(&self) -> bool {
+        self.lock().view.is_unreachable()
+    }
+
+    /// The agent accepts connections again: back in, ramping, at once.
+    pub fn reachable(&self) {
+        let snapshot = self.store.snapshot();
+        let t = self.lock().view.event(
+            crate::reach::Event::Reachable,
+            Instant::now(),
+            &snapshot.policy.states.params(),
+        );
+        self.transitioned(t);
+    }
+
     /// `PUT /reach/v1/busy` or a `reach-busy` response header.
     pub fn report_busy(&self, busy: bool, in_flight: Option<usize>) {
         let snapshot = self.store.snapshot();

@@ -56,6 +56,8 @@ async fn run(
     let mut due: HashMap<String, Instant> = HashMap::new();
     // Capability → when its last probe ran.
     let mut ran: HashMap<String, Instant> = HashMap::new();
+    // While the agent refuses connections: when to try connecting again.
+    let mut next_connect = Instant::now();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -63,6 +65,13 @@ async fn run(
         }
         let snapshot = store.snapshot();
         let now = Instant::now();
+        if local.is_unreachable() && now >= next_connect && !has_probes(&snapshot) {
+            // No business probe to tell us: a TCP connect does, every `fast_interval`.
+            next_connect = now + snapshot.policy.probes.fast_interval.get();
+            if accepts_connections(&snapshot).await {
+                local.reachable();
+            }
+        }
         if local.take_probe_request() {
             // Production traffic just failed or was refused: confirm with a probe soon — but no
             // sooner than `fast_interval` after the last one, or a burst of 429s would turn the
@@ -112,6 +121,25 @@ async fn run(
     }
 }
 
+fn has_probes(snapshot: &Snapshot) -> bool {
+    snapshot
+        .bootstrap
+        .agent
+        .capabilities
+        .iter()
+        .any(|c| c.probe.is_some())
+}
+
+/// Whether the agent accepts a TCP connection now (within the connect timeout).
+async fn accepts_connections(snapshot: &Snapshot) -> bool {
+    let address = snapshot.bootstrap.agent.address.as_str();
+    let timeout = snapshot.policy.timeouts.connect.get();
+    matches!(
+        tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address)).await,
+        Ok(Ok(_))
+    )
+}
+
 /// The probe interval now: tighter while the agent is in trouble, looser while it is loaded.
 /// Never below the scheduler's tick, whatever the config says.
 fn interval(snapshot: &Snapshot, spec: &ProbeSpec, state: State, saturation: f64) -> Duration {
@@ -147,7 +175,7 @@ fn skip_reason(
     None
 }
 
-/// Runs one probe and judges it.
+/// Runs one probe and judges it. A refused connection is `Unreachable`: the agent is not running.
 async fn probe(
     client: &client::UpstreamClient,
     snapshot: &Snapshot,
@@ -160,7 +188,8 @@ async fn probe(
     let elapsed = started.elapsed();
     let (reason, signal) = match outcome {
         Err(_) => (Some("timeout".to_owned()), Signal::Timeout(elapsed)),
-        Ok(Err(message)) => (Some(message), Signal::Failure(elapsed)),
+        Ok(Err((message, true))) => (Some(message), Signal::Unreachable(elapsed)),
+        Ok(Err((message, false))) => (Some(message), Signal::Failure(elapsed)),
         Ok(Ok((status, text))) => judge(spec, status, &text, elapsed),
     };
     let record = ProbeRecord {
@@ -178,9 +207,9 @@ async fn send(
     client: &client::UpstreamClient,
     snapshot: &Snapshot,
     spec: &ProbeSpec,
-) -> Result<(StatusCode, String), String> {
+) -> Result<(StatusCode, String), (String, bool)> {
     let method = Method::from_bytes(spec.method.as_bytes())
-        .map_err(|_| format!("bad method `{}`", spec.method))?;
+        .map_err(|_| (format!("bad method `{}`", spec.method), false))?;
     let mut builder = Request::builder()
         .method(method)
         .uri(format!(
@@ -197,21 +226,25 @@ async fn send(
     }
     let request = builder
         .body(body::full(spec.body.clone().unwrap_or_default()))
-        .map_err(|e| format!("bad probe request: {e}"))?;
+        .map_err(|e| (format!("bad probe request: {e}"), false))?;
     let response = client.request(request).await.map_err(|e| {
-        let (connect, message) = client::describe(&e);
-        if connect {
-            format!("connect error: {message}")
+        let failure = client::describe(&e);
+        let kind = if failure.connect {
+            "connect"
         } else {
-            format!("upstream error: {message}")
-        }
+            "upstream"
+        };
+        (
+            format!("{kind} error: {}", failure.message),
+            failure.refused,
+        )
     })?;
     let status = response.status();
     let bytes = response
         .into_body()
         .collect()
         .await
-        .map_err(|e| format!("body error: {e}"))?
+        .map_err(|e| (format!("body error: {e}"), false))?
         .to_bytes();
     Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
 }

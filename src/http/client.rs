@@ -35,15 +35,33 @@ pub fn build(policy: &Policy) -> UpstreamClient {
         .build(connector)
 }
 
-/// Classifies a client error for the caller: did the request ever reach the upstream?
-pub fn describe(err: &hyper_util::client::legacy::Error) -> (bool, String) {
+/// How a client error happened: did the request ever reach the upstream?
+#[derive(Debug)]
+pub struct Failure {
+    /// The connection was never established.
+    pub connect: bool,
+    /// …because it was refused: nothing listens at the address.
+    pub refused: bool,
+    pub message: String,
+}
+
+/// Classifies a client error for the caller.
+pub fn describe(err: &hyper_util::client::legacy::Error) -> Failure {
     use std::error::Error as _;
     let mut message = err.to_string();
+    let mut refused = false;
     let mut source = err.source();
     while let Some(s) = source {
         message.push_str(": ");
         message.push_str(&s.to_string());
+        refused |= s
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
         source = s.source();
     }
-    (err.is_connect(), message)
+    Failure {
+        connect: err.is_connect(),
+        refused: refused && err.is_connect(),
+        message,
+    }
 }

@@ -39,10 +39,14 @@ pub async fn forward(
             Ok(response)
         }
         Ok(Err(err)) => {
-            let (connect, message) = client::describe(&err);
-            let target = target_name.to_owned();
-            Err(if connect {
-                ReachError::UpstreamConnect { target, message }
+            let failure = client::describe(&err);
+            let (target, message) = (target_name.to_owned(), failure.message);
+            Err(if failure.connect {
+                ReachError::UpstreamConnect {
+                    target,
+                    message,
+                    refused: failure.refused,
+                }
             } else {
                 ReachError::Upstream { target, message }
             })

@@ -275,6 +275,12 @@ impl Inbound {
                 Some(Signal::Timeout(admitted.elapsed())),
                 err,
             ),
+            // Nothing listens where the agent should: it is not running. Out at once.
+            None if matches!(err, ReachError::UpstreamConnect { refused: true, .. }) => (
+                Outcome::Failure,
+                Some(Signal::Unreachable(admitted.elapsed())),
+                err,
+            ),
             None => (
                 Outcome::Failure,
                 Some(Signal::Failure(admitted.elapsed())),

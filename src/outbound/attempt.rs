@@ -1,5 +1,7 @@
 //! One attempt on one peer: how it ended, and whether that allows another.
 
+use std::time::Duration;
+
 use http::{Response, StatusCode};
 use hyper::body::Incoming;
 
@@ -27,7 +29,7 @@ impl<B> Attempt<B> {
     pub(super) fn retry(&self, keyed: bool, idempotent: bool) -> Option<(&'static str, bool)> {
         let timed_out = match self {
             Attempt::Failed(ReachError::Timeout { .. }) => true,
-            Attempt::Done(response) => is_peer_timeout(response),
+            Attempt::Done(response) => Answer::of(response) == Answer::TimedOut,
             _ => false,
         };
         match self {
@@ -45,20 +47,62 @@ impl<B> Attempt<B> {
     }
 }
 
-/// A 504 made by the peer's sidecar: its agent did not answer within its timeout, or within the
-/// deadline we gave this attempt (which races our own timer: either way the attempt timed out).
-pub(super) fn is_peer_timeout<B>(response: &Response<B>) -> bool {
-    response.status() == StatusCode::GATEWAY_TIMEOUT
-        && response
+/// What a peer's answer says about the call: the one place a peer sidecar's `reach-reason`
+/// values are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Answer {
+    /// The agent answered (any status it chose).
+    Served,
+    /// `429`: the agent itself, or a rate limit, refused; nothing ran. A run of these from one
+    /// agent is an outage (the fake-online signal).
+    RateLimited(Duration),
+    /// The peer's sidecar turned the call away before its agent saw it: `saturated` (full right
+    /// now), `idempotency_busy`, `draining`, `ejected`, or `upstream_connect_failed` (its agent
+    /// is not running). Load or the peer's own news, never this caller's evidence against it;
+    /// any method may go to another peer.
+    Shed {
+        retry_after: Duration,
+        why: &'static str,
+    },
+    /// `404 unknown_capability`: this caller's registry is stale.
+    UnknownCapability,
+    /// The peer's sidecar gave up on its agent (`504 timeout` / `deadline_exceeded`).
+    TimedOut,
+}
+
+impl Answer {
+    pub(super) fn of<B>(response: &Response<B>) -> Self {
+        let status = response.status();
+        let reason = response
             .headers()
             .get(headers::REASON)
-            .is_some_and(|r| r == "timeout" || r == "deadline_exceeded")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let retry_after =
+            || headers::retry_after(response.headers()).unwrap_or(Duration::from_secs(1));
+        match (status, reason) {
+            (StatusCode::TOO_MANY_REQUESTS, _) => Answer::RateLimited(retry_after()),
+            (StatusCode::SERVICE_UNAVAILABLE, "saturated" | "idempotency_busy") => Answer::Shed {
+                retry_after: retry_after(),
+                why: "saturated",
+            },
+            (StatusCode::SERVICE_UNAVAILABLE, "draining" | "ejected") => Answer::Shed {
+                retry_after: retry_after(),
+                why: "refused",
+            },
+            (StatusCode::BAD_GATEWAY, "upstream_connect_failed") => Answer::Shed {
+                retry_after: Duration::from_secs(1),
+                why: "agent_unreachable",
+            },
+            (StatusCode::NOT_FOUND, "unknown_capability") => Answer::UnknownCapability,
+            (StatusCode::GATEWAY_TIMEOUT, "timeout" | "deadline_exceeded") => Answer::TimedOut,
+            _ => Answer::Served,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn response(status: u16, reason: Option<&'static str>) -> Response<()> {
@@ -79,11 +123,51 @@ mod tests {
     }
 
     #[test]
+    fn what_a_peers_answer_means() {
+        let cases = [
+            (200, None, Answer::Served),
+            (500, None, Answer::Served),
+            (502, None, Answer::Served),
+            (503, None, Answer::Served),
+            (429, None, Answer::RateLimited(Duration::from_secs(1))),
+            (503, Some("saturated"), shed("saturated")),
+            (503, Some("idempotency_busy"), shed("saturated")),
+            (503, Some("draining"), shed("refused")),
+            (503, Some("ejected"), shed("refused")),
+            (
+                502,
+                Some("upstream_connect_failed"),
+                shed("agent_unreachable"),
+            ),
+            (404, Some("unknown_capability"), Answer::UnknownCapability),
+            (404, None, Answer::Served),
+            (504, Some("timeout"), Answer::TimedOut),
+            (504, Some("deadline_exceeded"), Answer::TimedOut),
+            (504, None, Answer::Served),
+        ];
+        for (status, reason, meant) in cases {
+            assert_eq!(
+                Answer::of(&response(status, reason)),
+                meant,
+                "{status} {reason:?}"
+            );
+        }
+    }
+
+    fn shed(why: &'static str) -> Answer {
+        Answer::Shed {
+            retry_after: Duration::from_secs(1),
+            why,
+        }
+    }
+
+    #[test]
     fn the_retry_table() {
         let refused = Attempt::Refused(response(429, None), "rate_limited");
         let connect = Attempt::<()>::Failed(ReachError::UpstreamConnect {
             target: "p".into(),
             message: "refused".into(),
+            refused: true,
         });
         let peer_timeout = Attempt::Done(response(504, Some("timeout")));
         let bad_gateway = Attempt::Done(response(502, None));

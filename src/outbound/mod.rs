@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::rate_limit::RateLimiters;
-use attempt::{is_peer_timeout, Attempt};
+use attempt::{Answer, Attempt};
 pub use balance::pick;
 use retry::RetryBudgets;
 pub use sample::{score_candidates, SAMPLE};
@@ -345,7 +345,7 @@ impl Outbound {
             // refusing us, the next attempt waits for the refusal's retry-after (within the
             // deadline) instead of hammering a fleet that asked for a pause.
             let refused_after = match &last {
-                Some((Attempt::Refused(response, _), _)) => {
+                Some((Attempt::Refused(response, "rate_limited"), _)) => {
                     headers::retry_after(response.headers())
                 }
                 _ => None,
@@ -356,8 +356,12 @@ impl Outbound {
                 .filter(|(i, s)| s.excluded.is_none() && !tried.contains(i));
             let only_cooling_left =
                 rest.clone().next().is_some() && rest.all(|(_, s)| s.cooling_down);
-            let pause = match refused_after {
-                Some(after) if only_cooling_left => pause.max(after),
+            let pause = match (refused_after, &last) {
+                (Some(after), _) if only_cooling_left => pause.max(after),
+                // A full peer answered at once and nothing ran: the next may have a free slot
+                // now. No backoff; when every candidate is full, the last refusal (`503
+                // saturated`, with its retry-after) is the answer.
+                (_, Some((Attempt::Refused(_, "saturated"), _))) => Duration::ZERO,
                 _ => pause,
             };
             tokio::time::sleep(deadline.map_or(pause, |d| pause.min(d.remaining()))).await;
@@ -470,46 +474,36 @@ impl Outbound {
         match forwarded {
             Ok(response) => {
                 let elapsed = sent.elapsed();
-                let status = response.status();
-                let reason = response
-                    .headers()
-                    .get(headers::REASON)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("");
-                let refused_by_sidecar = status == StatusCode::SERVICE_UNAVAILABLE
-                    && matches!(
-                        reason,
-                        "saturated" | "draining" | "ejected" | "idempotency_busy"
-                    );
-                if status == StatusCode::TOO_MANY_REQUESTS || refused_by_sidecar {
-                    let retry_after =
-                        headers::retry_after(response.headers()).unwrap_or(Duration::from_secs(1));
-                    pending.finish(Signal::Refused { retry_after });
-                    let why = if status == StatusCode::TOO_MANY_REQUESTS {
-                        "rate_limited"
-                    } else {
-                        "refused"
-                    };
-                    return Attempt::Refused(response, why);
+                match Answer::of(&response) {
+                    Answer::RateLimited(retry_after) => {
+                        pending.finish(Signal::Refused { retry_after });
+                        Attempt::Refused(response, "rate_limited")
+                    }
+                    Answer::Shed { retry_after, why } => {
+                        // Never reached the agent: load, or news its own view carries.
+                        pending.finish(Signal::Shed { retry_after });
+                        Attempt::Refused(response, why)
+                    }
+                    Answer::TimedOut => {
+                        // The peer's sidecar gave up on its agent: a timeout, as if it were ours.
+                        pending.finish(Signal::Timeout(elapsed));
+                        Attempt::Done(response)
+                    }
+                    Answer::UnknownCapability => {
+                        // Our registry is stale: that peer no longer serves the capability.
+                        // Nothing ran; try another, and do not credit this one with a success.
+                        pending.discard();
+                        Attempt::Refused(response, "unknown_capability")
+                    }
+                    Answer::Served if response.status().is_server_error() => {
+                        pending.finish(Signal::Failure(elapsed));
+                        Attempt::Done(response)
+                    }
+                    Answer::Served => {
+                        pending.finish(Signal::Success(elapsed));
+                        Attempt::Done(response)
+                    }
                 }
-                if is_peer_timeout(&response) {
-                    // The peer's sidecar gave up on its agent: a timeout, as if it were our own.
-                    pending.finish(Signal::Timeout(elapsed));
-                    return Attempt::Done(response);
-                }
-                if status == StatusCode::NOT_FOUND && reason == "unknown_capability" {
-                    // Our registry is stale: that peer no longer serves the capability. Nothing
-                    // ran; try another, and do not credit this one with a success.
-                    pending.discard();
-                    return Attempt::Refused(response, "unknown_capability");
-                }
-                let signal = if status.is_server_error() {
-                    Signal::Failure(elapsed)
-                } else {
-                    Signal::Success(elapsed)
-                };
-                pending.finish(signal);
-                Attempt::Done(response)
             }
             Err(ReachError::Timeout { .. }) if by_deadline => {
                 // The caller's budget ran out, not the peer's time: no evidence against the peer,

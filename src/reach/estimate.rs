@@ -26,14 +26,25 @@ pub enum Signal {
     /// Gave up waiting.
     Timeout(Duration),
     /// Refused without running the task: 429, or 503 with `retry-after`; cools down for `retry_after`.
+    /// The agent's own refusal (its model backend rate-limited): a run of them is an outage.
     Refused { retry_after: Duration },
+    /// A peer's sidecar turned the call away before its agent saw it: full right now
+    /// (`saturated`), out of rotation by its own view, or unable to reach its agent. Load, or
+    /// news the peer's own view carries — never a failure of the peer in this caller's view;
+    /// the peer is passed over for at most `retry_after`.
+    Shed { retry_after: Duration },
+    /// The agent refused the connection: it is not running. Definitive at the first occurrence.
+    Unreachable(Duration),
 }
 
 impl Signal {
     /// Whether the signal counts against availability. A refusal does not: the agent was healthy
     /// enough to answer, it is just full (saturation and cooldown carry that).
     pub fn is_failure(self) -> bool {
-        matches!(self, Signal::Failure(_) | Signal::Timeout(_))
+        matches!(
+            self,
+            Signal::Failure(_) | Signal::Timeout(_) | Signal::Unreachable(_)
+        )
     }
 }
 
@@ -126,8 +137,8 @@ impl Estimates {
         self.last_signal = Some(now);
         let outcome = match signal {
             Signal::Success(_) => Some(1.0),
-            Signal::Failure(_) | Signal::Timeout(_) => Some(0.0),
-            Signal::Refused { .. } => None,
+            Signal::Failure(_) | Signal::Timeout(_) | Signal::Unreachable(_) => Some(0.0),
+            Signal::Refused { .. } | Signal::Shed { .. } => None,
         };
         if let Some(x) = outcome {
             // Start from the decayed value, so a stale estimate is not revived as if fresh.
@@ -143,6 +154,16 @@ impl Estimates {
                 let until = now + retry_after;
                 self.cooldown_until = Some(self.cooldown_until.map_or(until, |u| u.max(until)));
             }
+            // Never longer than the refusal asked for: a full peer frees a slot soon.
+            Signal::Shed { retry_after } => {
+                let until = now + retry_after;
+                self.cooldown_until = Some(match self.cooldown_until {
+                    Some(u) if u > now => u.min(until).max(now),
+                    _ => until,
+                });
+            }
+            // No latency sample: a refused connection says nothing about how fast it answers.
+            Signal::Unreachable(_) => {}
         }
     }
 

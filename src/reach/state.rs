@@ -53,6 +53,12 @@ pub enum Event {
     ProbeFailed,
     /// The score fell below the policy's floor.
     LowScore,
+    /// The agent refused a connection: it is not running. Out at once — no run of failures
+    /// needed, it is not noise.
+    Unreachable,
+    /// An agent that refused connections accepts them again (a TCP connect or a probe): back
+    /// in at once, ramping, with no cool-off — the outage had a known cause and a known end.
+    Reachable,
 }
 
 /// Thresholds and timings, from the policy.
@@ -123,6 +129,8 @@ pub struct StateMachine {
     /// Leaving `ejected` needs a passing probe, not just the cool-off (an agent's own view, when
     /// it has probes); a caller's view has no probes and leaves on the cool-off alone.
     probe_gated: bool,
+    /// Ejected because the agent refused connections: it leaves when it accepts them again.
+    unreachable: bool,
 }
 
 impl StateMachine {
@@ -137,7 +145,13 @@ impl StateMachine {
             window_failed: 0,
             ejections: 0,
             probe_gated,
+            unreachable: false,
         }
+    }
+
+    /// Out because the agent refuses connections (and waiting for it to accept them).
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable
     }
 
     pub fn state(&self) -> State {
@@ -178,6 +192,11 @@ impl StateMachine {
         if self.state == State::Draining {
             return None;
         }
+        match event {
+            Event::Unreachable => return self.on_unreachable(now),
+            Event::Reachable => return self.on_reachable(now),
+            _ => {}
+        }
         let event = match event {
             Event::Refusal => {
                 self.consecutive_refusals += 1;
@@ -194,8 +213,36 @@ impl StateMachine {
             Event::LowScore if self.state == State::Healthy => {
                 self.enter(State::Probation, now, "score below the floor")
             }
-            Event::LowScore | Event::Refusal => None,
+            Event::LowScore | Event::Refusal | Event::Unreachable | Event::Reachable => None,
         }
+    }
+
+    fn on_unreachable(&mut self, now: Instant) -> Option<Transition> {
+        self.consecutive_successes = 0;
+        if self.state == State::Ejected {
+            self.unreachable = true;
+            return None;
+        }
+        let t = self.enter(State::Ejected, now, "the agent refuses connections");
+        // Not a misbehaving agent: its return is not held off by a growing cool-off.
+        self.ejections = self.ejections.saturating_sub(1);
+        self.unreachable = true;
+        t
+    }
+
+    fn on_reachable(&mut self, now: Instant) -> Option<Transition> {
+        if !self.unreachable {
+            return None;
+        }
+        self.unreachable = false;
+        if self.state != State::Ejected {
+            return None;
+        }
+        self.enter(
+            State::Recovering,
+            now,
+            "the agent accepts connections again",
+        )
     }
 
     fn on_success(&mut self, event: Event, now: Instant, p: &StateParams) -> Option<Transition> {
@@ -209,6 +256,10 @@ impl StateMachine {
             State::Probation => {
                 self.window_ok += 1;
                 None
+            }
+            State::Ejected if event == Event::ProbePassed && self.unreachable => {
+                self.unreachable = false;
+                self.enter(State::Recovering, now, "the agent answers again")
             }
             State::Ejected
                 if event == Event::ProbePassed
@@ -270,7 +321,10 @@ impl StateMachine {
                     self.enter(State::Ejected, now, "probation window failed")
                 }
             }
-            State::Ejected if !self.probe_gated && elapsed >= self.cool_off(p) => {
+            // An agent that refuses connections comes back when it accepts them, not on a timer.
+            State::Ejected
+                if !self.probe_gated && !self.unreachable && elapsed >= self.cool_off(p) =>
+            {
                 self.enter(State::Recovering, now, "cool-off over")
             }
             State::Recovering if elapsed >= p.ramp => {
@@ -394,6 +448,27 @@ mod tests {
             Some(State::Ejected)
         );
         assert_eq!(m.cap(now, &p()), 0.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_connection_ejects_at_once_and_acceptance_brings_it_back_at_once() {
+        let mut m = healthy(true);
+        let now = Instant::now();
+        let t = m.on(Event::Unreachable, now, &p());
+        assert_eq!(
+            t.map(|t| t.to),
+            Some(State::Ejected),
+            "the first refusal is enough"
+        );
+        assert!(m.is_unreachable());
+        // No cool-off, no probe needed: it accepts connections again a moment later.
+        let later = now + Duration::from_millis(300);
+        assert_eq!(m.tick(later, &p()), None, "it stays out while it refuses");
+        let t = m.on(Event::Reachable, later, &p());
+        assert_eq!(t.map(|t| t.to), Some(State::Recovering));
+        assert!(m.cap(later, &p()) > 0.0);
+        // A repeat is not punished with a doubled cool-off.
+        assert_eq!(m.cool_off(&p()), p().cool_off);
     }
 
     #[tokio::test(start_paused = true)]

@@ -47,6 +47,9 @@ impl ReachView {
             Signal::Success(_) => Event::Success,
             Signal::Failure(_) | Signal::Timeout(_) => Event::Failure,
             Signal::Refused { .. } => Event::Refusal,
+            Signal::Unreachable(_) => Event::Unreachable,
+            // Load, not health: the state machine does not hear of it.
+            Signal::Shed { .. } => return None,
         };
         self.machine.on(event, now, sp)
     }
@@ -61,15 +64,17 @@ impl ReachView {
         sp: &StateParams,
     ) -> Option<Transition> {
         self.estimates.observe(signal, now, ep);
-        self.machine.on(
-            if passed {
-                Event::ProbePassed
-            } else {
-                Event::ProbeFailed
-            },
-            now,
-            sp,
-        )
+        let event = match (passed, signal) {
+            (true, _) => Event::ProbePassed,
+            (false, Signal::Unreachable(_)) => Event::Unreachable,
+            (false, _) => Event::ProbeFailed,
+        };
+        self.machine.on(event, now, sp)
+    }
+
+    /// Out because the agent refuses connections.
+    pub fn is_unreachable(&self) -> bool {
+        self.machine.is_unreachable()
     }
 
     pub fn event(&mut self, event: Event, now: Instant, sp: &StateParams) -> Option<Transition> {
