@@ -101,6 +101,33 @@ const LONG_RUN: u64 = 60;
 const FULL_SHARE: f64 = 0.9;
 /// The address a half-open agent's sidecar advertises (the relay listens there).
 const RELAY_IP: [u8; 4] = [127, 0, 0, 2];
+/// The agents' latency, uniform over this range (mean 40 ms), in every scenario but equal-pair.
+const LATENCY: Latency = Latency {
+    min: Duration::from_millis(20),
+    max: Duration::from_millis(60),
+};
+/// What an agent-reach sidecar queues beyond its `max_concurrency` (up to 1 s each); in burst,
+/// the fleet's room is `AGENTS × (max_concurrency + QUEUE)`.
+const QUEUE: usize = 16;
+/// burst: how long the callers offer more than the fleet's room (half the run, if shorter).
+const BURST: Duration = Duration::from_secs(5);
+/// burst: a caller whose call failed waits this long (the agents' mean latency) before its
+/// next one, so that a refusal keeps its place in the offered load instead of becoming a spin.
+const FAIL_PAUSE: Duration = Duration::from_millis(40);
+/// slow-agent: the broken agent's latency, 10× the fleet's mean.
+const SLOW_AGENT: Duration = Duration::from_millis(400);
+/// slow-agent: its share is read over this long from the slowdown, then to the end of the run.
+const SLOW_WINDOW: Duration = Duration::from_secs(5);
+/// equal-pair: both agents' latency, and the one slow sample's.
+const PAIR_LATENCY: Latency = Latency {
+    min: Duration::from_millis(4),
+    max: Duration::from_millis(6),
+};
+const PAIR_SLOW: Duration = Duration::from_millis(17);
+/// equal-pair: agent A's share is read over each window of this length.
+const PAIR_WINDOW: Duration = Duration::from_secs(10);
+/// crash-same-address: the returned agent's share is read over this long from its return.
+const RETURN_WINDOW: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Scenario {
@@ -114,10 +141,15 @@ enum Scenario {
     HalfOpen,
     RetryStorm,
     ColdStart,
+    Burst,
+    Burst3x,
+    SlowAgent,
+    EqualPair,
+    CrashSameAddress,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 10] = [
+    const ALL: [Scenario; 15] = [
         Scenario::Healthy,
         Scenario::FakeOnline,
         Scenario::SlowDependency,
@@ -128,6 +160,11 @@ impl Scenario {
         Scenario::HalfOpen,
         Scenario::RetryStorm,
         Scenario::ColdStart,
+        Scenario::Burst,
+        Scenario::Burst3x,
+        Scenario::SlowAgent,
+        Scenario::EqualPair,
+        Scenario::CrashSameAddress,
     ];
 
     fn name(self) -> &'static str {
@@ -142,13 +179,22 @@ impl Scenario {
             Scenario::HalfOpen => "half-open",
             Scenario::RetryStorm => "retry-storm",
             Scenario::ColdStart => "cold-start",
+            Scenario::Burst => "burst",
+            Scenario::Burst3x => "burst-3x",
+            Scenario::SlowAgent => "slow-agent",
+            Scenario::EqualPair => "equal-pair",
+            Scenario::CrashSameAddress => "crash-same-address",
         }
     }
 
     /// The agents it breaks.
     fn broken(self) -> &'static [usize] {
         match self {
-            Scenario::Healthy | Scenario::ColdStart => &[],
+            Scenario::Healthy
+            | Scenario::ColdStart
+            | Scenario::Burst
+            | Scenario::Burst3x
+            | Scenario::EqualPair => &[],
             Scenario::RetryStorm => &[0, 1],
             _ => &[1],
         }
@@ -156,15 +202,28 @@ impl Scenario {
 
     /// Whether *bad out after* means anything: a dead agent gets nothing under any router.
     fn measures_out(self) -> bool {
-        !self.broken().is_empty() && !matches!(self, Scenario::Crash | Scenario::CrashRestart)
+        !self.broken().is_empty()
+            && !matches!(
+                self,
+                Scenario::Crash | Scenario::CrashRestart | Scenario::CrashSameAddress
+            )
     }
 
     /// The agent that (re)joins mid-run, measured for *new at full*.
     fn newcomer(self) -> Option<usize> {
         match self {
             Scenario::ColdStart => Some(AGENTS),
-            Scenario::CrashRestart => Some(1),
+            Scenario::CrashRestart | Scenario::CrashSameAddress => Some(1),
             _ => None,
+        }
+    }
+
+    /// The agents running from the start.
+    fn agents(self) -> usize {
+        if self == Scenario::EqualPair {
+            2
+        } else {
+            AGENTS
         }
     }
 
@@ -173,22 +232,125 @@ impl Scenario {
         if self == Scenario::ColdStart {
             AGENTS + 1
         } else {
-            AGENTS
+            self.agents()
         }
     }
 
     fn duration(self, seconds: u64) -> Duration {
+        let run = Duration::from_secs(seconds);
+        let fault_at = self.fault_at(seconds);
         match self {
-            Scenario::CrashRestart | Scenario::HalfOpen | Scenario::ColdStart => {
-                Duration::from_secs(seconds.max(LONG_RUN))
+            Scenario::CrashRestart
+            | Scenario::HalfOpen
+            | Scenario::ColdStart
+            | Scenario::EqualPair => Duration::from_secs(seconds.max(LONG_RUN)),
+            // At least 1.5 s of normal load after the burst.
+            Scenario::Burst | Scenario::Burst3x => {
+                run.max(fault_at + self.burst_length(seconds) + Duration::from_millis(1500))
             }
-            _ => Duration::from_secs(seconds),
+            Scenario::SlowAgent => run.max(fault_at + SLOW_WINDOW + Duration::from_secs(2)),
+            Scenario::CrashSameAddress => {
+                run.max(fault_at + RESTART_AFTER + RETURN_WINDOW + Duration::from_secs(1))
+            }
+            _ => run,
+        }
+    }
+
+    /// When the fault comes: a quarter of the way in; in equal-pair (the slow sample), half way,
+    /// on a window's edge.
+    fn fault_at(self, seconds: u64) -> Duration {
+        if self == Scenario::EqualPair {
+            Duration::from_secs(seconds.max(LONG_RUN)) / 2
+        } else {
+            Duration::from_secs(seconds) / 4
+        }
+    }
+
+    /// burst: the load offered, as a multiple of the fleet's room.
+    fn burst(self) -> Option<f64> {
+        match self {
+            Scenario::Burst => Some(1.5),
+            Scenario::Burst3x => Some(3.0),
+            _ => None,
+        }
+    }
+
+    /// burst: how long the load is offered, from the fault.
+    fn burst_length(self, seconds: u64) -> Duration {
+        BURST.min(Duration::from_secs(seconds) / 2)
+    }
+
+    /// Calls agent-reach's sidecars take at once, queued included.
+    fn room(self) -> usize {
+        self.agents() * (self.max_concurrency() + QUEUE)
+    }
+
+    /// The fleet's capacity in calls a second: every agent's pool busy at the mean latency.
+    fn capacity(self) -> f64 {
+        let mean = (LATENCY.min + LATENCY.max).as_secs_f64() / 2.0;
+        (self.agents() * self.max_concurrency()) as f64 / mean
+    }
+
+    /// Callers in a closed loop for the whole run.
+    fn workers(self) -> usize {
+        if self == Scenario::EqualPair {
+            1
+        } else {
+            WORKERS
+        }
+    }
+
+    /// Callers that join only during the burst, so that all together offer its load.
+    fn burst_workers(self) -> usize {
+        self.burst().map_or(0, |factor| {
+            ((factor * self.room() as f64).ceil() as usize).saturating_sub(self.workers())
+        })
+    }
+
+    /// How long a caller waits after a failed call before its next one.
+    fn fail_pause(self) -> Duration {
+        if self.burst().is_some() {
+            FAIL_PAUSE
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Whether agent-reach's sidecars declare a business probe. crash-same-address has none:
+    /// the agent that comes back must be found without one.
+    fn probe(self) -> bool {
+        self != Scenario::CrashSameAddress
+    }
+
+    /// Whether p95 compares with the healthy run's (equal-pair's agents are faster).
+    fn compares_healthy(self) -> bool {
+        self != Scenario::EqualPair
+    }
+
+    fn latency(self) -> Latency {
+        if self == Scenario::EqualPair {
+            PAIR_LATENCY
+        } else {
+            LATENCY
+        }
+    }
+
+    /// What `Mode::Slow` costs a call.
+    fn slow_latency(self) -> Duration {
+        match self {
+            Scenario::SlowAgent => SLOW_AGENT,
+            Scenario::EqualPair => PAIR_SLOW,
+            _ => Duration::from_secs(2),
         }
     }
 
     fn workload(self, agent: usize) -> Workload {
         Workload {
-            pool: (self == Scenario::ThreadPoolFull).then_some(POOL),
+            pool: match self {
+                Scenario::ThreadPoolFull => Some(POOL),
+                Scenario::Burst | Scenario::Burst3x => Some(self.max_concurrency()),
+                _ => None,
+            },
             seed: Some(SEED + agent as u64),
             long_share: LONG_SHARE,
             long_latency: LONG_TASK,
@@ -209,14 +371,18 @@ impl Scenario {
     fn breaks(self, agent: &MockAgent) {
         match self {
             Scenario::FakeOnline | Scenario::RetryStorm => agent.set_mode(Mode::RateLimited),
-            Scenario::SlowDependency => agent.set_mode(Mode::Slow),
+            Scenario::SlowDependency | Scenario::SlowAgent => agent.set_mode(Mode::Slow),
             Scenario::LockHeld => agent.set_mode(Mode::Locked),
             Scenario::ThreadPoolFull => agent.set_mode(Mode::LongTasks),
             Scenario::Crash => agent.kill(),
             Scenario::Healthy
             | Scenario::CrashRestart
             | Scenario::HalfOpen
-            | Scenario::ColdStart => {}
+            | Scenario::ColdStart
+            | Scenario::Burst
+            | Scenario::Burst3x
+            | Scenario::EqualPair
+            | Scenario::CrashSameAddress => {}
         }
     }
 }
@@ -293,7 +459,7 @@ fn main() {
         seconds as f64 / 4.0
     );
     println!(
-        "{:<16} {:<12} {:>6} {:>8} {:>8} {:>8} {:>7} {:>9} {:>9} {:>10} {:>6}",
+        "{:<18} {:<12} {:>6} {:>8} {:>8} {:>8} {:>7} {:>9} {:>9} {:>10} {:>6}",
         "scenario",
         "router",
         "calls",
@@ -309,6 +475,7 @@ fn main() {
     let started = Instant::now();
     let mut healthy_p95: HashMap<&str, f64> = HashMap::new();
     let mut reach_failed = false;
+    let mut extras: Vec<(Scenario, &str, Extra)> = Vec::new();
     for scenario in Scenario::ALL {
         if only
             .as_ref()
@@ -319,7 +486,10 @@ fn main() {
         if smoke
             && !matches!(
                 scenario,
-                Scenario::Healthy | Scenario::FakeOnline | Scenario::ThreadPoolFull
+                Scenario::Healthy
+                    | Scenario::FakeOnline
+                    | Scenario::ThreadPoolFull
+                    | Scenario::Burst
             )
         {
             continue;
@@ -332,9 +502,12 @@ fn main() {
                         healthy_p95.insert(router, r.p95_ms);
                     }
                     println!("{}", row(scenario, router, &r, healthy_p95.get(router)));
+                    if let Some(extra) = r.extra {
+                        extras.push((scenario, router, extra));
+                    }
                 }
                 Err(err) => {
-                    println!("{:<16} {:<12} cannot run: {err}", scenario.name(), router);
+                    println!("{:<18} {:<12} cannot run: {err}", scenario.name(), router);
                     reach_failed |= *router == "agent-reach";
                 }
             }
@@ -348,6 +521,7 @@ fn main() {
          ≥ 90 % of a fair share; j.fail: calls failed from then on; static: a static list cannot \
          learn a new address."
     );
+    print_extras(&extras, seconds);
     println!(
         "\ntook {:.0} s; reproduce: cargo bench --bench scenarios{}",
         started.elapsed().as_secs_f64(),
@@ -359,6 +533,194 @@ fn main() {
     );
     if smoke && reach_failed {
         std::process::exit(1);
+    }
+}
+
+/// The measures of the newer scenarios: a small table for each.
+fn print_extras(extras: &[(Scenario, &str, Extra)], seconds: u64) {
+    let pct = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{:.1}%", 100.0 * s));
+    let span = |r: Option<(f64, f64)>| {
+        r.map_or("-".to_owned(), |(lo, hi)| {
+            format!("{:.0}–{:.0}%", 100.0 * lo, 100.0 * hi)
+        })
+    };
+    let burst: Vec<_> = extras
+        .iter()
+        .filter(|e| matches!(e.2, Extra::Burst { .. }))
+        .collect();
+    if !burst.is_empty() {
+        let s = Scenario::Burst;
+        println!(
+            "\nburst: {:.1} s at 1.5× (burst) or 3× (burst-3x) the fleet's room of {} calls ({} agents × \
+             (max_concurrency {} + queue {})), then normal load;\ncapacity {:.0} calls/s ({} agents × a pool \
+             of {} ÷ {} ms mean latency); a caller waits {} ms after a failed call",
+            s.burst_length(seconds).as_secs_f64(),
+            s.room(),
+            s.agents(),
+            s.max_concurrency(),
+            QUEUE,
+            s.capacity(),
+            s.agents(),
+            s.max_concurrency(),
+            (LATENCY.min + LATENCY.max).as_millis() / 2,
+            FAIL_PAUSE.as_millis()
+        );
+        println!(
+            "{:<18} {:<12} {:>7} {:>10} {:>11} {:>9} {:>10}",
+            "scenario", "router", "callers", "served/cap", "left rot.", "fail ≤1s", "fail after"
+        );
+        for (scenario, router, extra) in burst {
+            if let Extra::Burst {
+                callers,
+                served_pct,
+                left,
+                failed_1s,
+                failed_after,
+            } = extra
+            {
+                println!(
+                    "{:<18} {:<12} {:>7} {:>9.1}% {:>11} {:>9} {:>10}",
+                    scenario.name(),
+                    router,
+                    callers,
+                    served_pct,
+                    left,
+                    failed_1s,
+                    failed_after
+                );
+            }
+        }
+        println!(
+            "served/cap: successful calls that ended during the burst ÷ what the fleet's capacity serves in as \
+             long (goal ≥ 90 %). left rot.: agents out of rotation\nfrom the burst on, by the caller's /status for \
+             agent-reach (prob.: probation, ej.: ejected), by the traffic for the others (tr.: no call for a whole \
+             second).\nfail ≤1s: failed calls among those made in the first second after the burst (goal 0); \
+             fail after: among all made after it."
+        );
+    }
+    let slow: Vec<_> = extras
+        .iter()
+        .filter(|e| matches!(e.2, Extra::SlowAgent { .. }))
+        .collect();
+    if !slow.is_empty() {
+        println!(
+            "\nslow-agent: one of four agents goes from 20–60 ms to {} ms",
+            SLOW_AGENT.as_millis()
+        );
+        println!(
+            "{:<18} {:<12} {:>9} {:>9} {:>10} {:>9} {:>7} {:>8}",
+            "scenario",
+            "router",
+            "share 5s",
+            "share >5s",
+            "p95 before",
+            "p95 after",
+            "ratio",
+            "failed"
+        );
+        for (scenario, router, extra) in slow {
+            if let Extra::SlowAgent {
+                share_first,
+                share_later,
+                p95_before,
+                p95_after,
+                failed_after,
+            } = extra
+            {
+                let ratio = if *p95_before > 0.0 {
+                    format!("{:.2}x", p95_after / p95_before)
+                } else {
+                    "-".to_owned()
+                };
+                println!(
+                    "{:<18} {:<12} {:>9} {:>9} {:>10.1} {:>9.1} {:>7} {:>8}",
+                    scenario.name(),
+                    router,
+                    pct(*share_first),
+                    pct(*share_later),
+                    p95_before,
+                    p95_after,
+                    ratio,
+                    failed_after
+                );
+            }
+        }
+        println!(
+            "share 5s: the slow agent's share of the calls that reached agents in the 5 s from the slowdown \
+             (goal ≤ 5 %); share >5s: after them.\np95 of the calls made before / after the slowdown, and \
+             ratio (goal ≤ 1.25×); failed: calls made after the slowdown that failed (goal 0)."
+        );
+    }
+    let pair: Vec<_> = extras
+        .iter()
+        .filter(|e| matches!(e.2, Extra::EqualPair { .. }))
+        .collect();
+    if !pair.is_empty() {
+        println!(
+            "\nequal-pair: two agents at {}–{} ms, one caller, one call at a time; one call of {} ms half way",
+            PAIR_LATENCY.min.as_millis(),
+            PAIR_LATENCY.max.as_millis(),
+            PAIR_SLOW.as_millis()
+        );
+        println!(
+            "{:<18} {:<12} {:>14} {:>14}",
+            "scenario", "router", "A before", "A after"
+        );
+        for (scenario, router, extra) in pair {
+            if let Extra::EqualPair { before, after } = extra {
+                println!(
+                    "{:<18} {:<12} {:>14} {:>14}",
+                    scenario.name(),
+                    router,
+                    span(*before),
+                    span(*after)
+                );
+            }
+        }
+        println!(
+            "agent A's lowest–highest share over each {} s window, before and after the slow call (goal: \
+             35–65 % in every window).",
+            PAIR_WINDOW.as_secs()
+        );
+    }
+    let crash: Vec<_> = extras
+        .iter()
+        .filter(|e| matches!(e.2, Extra::CrashSameAddress { .. }))
+        .collect();
+    if !crash.is_empty() {
+        println!(
+            "\ncrash-same-address: the agent dies, its sidecar stays (no business probe); {} s later it is back on its port",
+            RESTART_AFTER.as_secs()
+        );
+        println!(
+            "{:<18} {:<12} {:>9} {:>9} {:>9} {:>9}",
+            "scenario", "router", "in flight", "later", "back 10s", "ramp"
+        );
+        for (scenario, router, extra) in crash {
+            if let Extra::CrashSameAddress {
+                in_flight_failed,
+                later_failed,
+                share_back,
+                ramp_failed,
+            } = extra
+            {
+                println!(
+                    "{:<18} {:<12} {:>9} {:>9} {:>9} {:>9}",
+                    scenario.name(),
+                    router,
+                    in_flight_failed,
+                    later_failed,
+                    pct(*share_back),
+                    ramp_failed
+                );
+            }
+        }
+        println!(
+            "failed calls: in flight: made before the kill (these may fail); later: made from the kill to the \
+             return (goal 0);\nramp: made from the return on (goal 0). back 10s: the returned agent's share of \
+             the calls that reached agents in the {} s from its return (goal ≥ 15 %).",
+            RETURN_WINDOW.as_secs()
+        );
     }
 }
 
@@ -382,7 +744,7 @@ fn row(scenario: Scenario, router: &str, r: &Outcome, healthy_p95: Option<&f64>)
         None => ("-".to_owned(), "-".to_owned()),
     };
     format!(
-        "{:<16} {:<12} {:>6} {:>7.2}% {:>8.1} {:>8.1} {:>7} {:>9} {:>9} {:>10} {:>6}",
+        "{:<18} {:<12} {:>6} {:>7.2}% {:>8.1} {:>8.1} {:>7} {:>9} {:>9} {:>10} {:>6}",
         scenario.name(),
         router,
         r.calls,
@@ -390,7 +752,7 @@ fn row(scenario: Scenario, router: &str, r: &Outcome, healthy_p95: Option<&f64>)
         r.mean_ms,
         r.p95_ms,
         healthy_p95
-            .filter(|h| **h > 0.0)
+            .filter(|h| **h > 0.0 && scenario.compares_healthy())
             .map_or("-".to_owned(), |h| format!("{:.2}x", r.p95_ms / h)),
         out,
         r.peak_ratio.map_or("-".into(), |p| format!("{p:.2}x")),
@@ -410,6 +772,60 @@ struct Outcome {
     full_after: Option<Duration>,
     /// Calls that failed from the newcomer's start to the end of the run.
     join_failed: usize,
+    /// The measures of burst, slow-agent, equal-pair and crash-same-address.
+    extra: Option<Extra>,
+}
+
+/// A run's record, for the measures of the newer scenarios.
+struct Observed<'a> {
+    calls: &'a [Call],
+    samples: &'a [Sample],
+    fault_at: Duration,
+    /// When the fault came: `fault_at`, to the watching loop's tick.
+    broke_at: Duration,
+    joined_at: Option<Duration>,
+    /// agent-reach: the peers its caller took out of rotation, with the worst state seen.
+    left: Option<HashMap<String, &'static str>>,
+}
+
+enum Extra {
+    Burst {
+        /// Callers during the burst, all together.
+        callers: usize,
+        /// Successful calls that ended during the burst ÷ what the fleet can serve in as long.
+        served_pct: f64,
+        /// Agents out of rotation: by the caller's `/status` (agent-reach), by the traffic.
+        left: String,
+        /// Failed calls among those made in the first second after the burst, and after it.
+        failed_1s: usize,
+        failed_after: usize,
+    },
+    SlowAgent {
+        /// The slow agent's share of the calls that reached agents, over the first 5 s and
+        /// after.
+        share_first: Option<f64>,
+        share_later: Option<f64>,
+        /// p95 of the calls made before the slowdown and of those made after it.
+        p95_before: f64,
+        p95_after: f64,
+        failed_after: usize,
+    },
+    EqualPair {
+        /// Agent A's lowest and highest share over each window, before the slow sample and
+        /// after it.
+        before: Option<(f64, f64)>,
+        after: Option<(f64, f64)>,
+    },
+    CrashSameAddress {
+        /// Failed calls made before the kill (in flight at it), and made after it until the
+        /// agent's return.
+        in_flight_failed: usize,
+        later_failed: usize,
+        /// The returned agent's share of the calls that reached agents, over 10 s from its
+        /// return, and the calls made from its return that failed.
+        share_back: Option<f64>,
+        ramp_failed: usize,
+    },
 }
 
 /// One call as the caller saw it: when it ended, whether it succeeded, how long it took.
@@ -436,11 +852,8 @@ impl Slot {
         listen: SocketAddr,
     ) -> Result<SocketAddr, String> {
         let mut config = MockConfig::new(&format!("agent-{}", index + 1));
-        config.latency = Latency {
-            min: Duration::from_millis(20),
-            max: Duration::from_millis(60),
-        };
-        config.slow_latency = Duration::from_secs(2);
+        config.latency = scenario.latency();
+        config.slow_latency = scenario.slow_latency();
         let agent = MockAgent::start_with(listen, config, scenario.workload(index))
             .await
             .map_err(|e| format!("agent {} on {listen}: {e}", index + 1))?;
@@ -454,6 +867,24 @@ impl Slot {
         if let Some(agent) = self.agent.take() {
             self.before += agent.stats().business;
             agent.stop().await;
+        }
+    }
+
+    /// The process comes back on `listen`, its old address: a port just closed may take a
+    /// moment to bind again.
+    async fn start_again(
+        &mut self,
+        scenario: Scenario,
+        index: usize,
+        listen: SocketAddr,
+    ) -> Result<SocketAddr, String> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match self.start(scenario, index, listen).await {
+                Ok(addr) => return Ok(addr),
+                Err(err) if Instant::now() > deadline => return Err(err),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
         }
     }
 
@@ -471,7 +902,7 @@ async fn run(
     options: &Options,
 ) -> Result<Outcome, String> {
     let duration = scenario.duration(seconds);
-    let fault_at = Duration::from_secs(seconds) / 4;
+    let fault_at = scenario.fault_at(seconds);
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut slots: Vec<Slot> = (0..scenario.slots())
         .map(|_| Slot {
@@ -480,7 +911,7 @@ async fn run(
         })
         .collect();
     let mut addrs = Vec::new();
-    for (i, slot) in slots.iter_mut().enumerate().take(AGENTS) {
+    for (i, slot) in slots.iter_mut().enumerate().take(scenario.agents()) {
         addrs.push(slot.start(scenario, i, any).await?);
     }
     if scenario == Scenario::ColdStart {
@@ -488,17 +919,175 @@ async fn run(
         addrs.push(SocketAddr::from(([127, 0, 0, 1], free_port()?)));
     }
     let mut front = Front::start(router, scenario, &addrs, tools, dir, options).await?;
-    let url = front.url();
 
-    let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let started = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut workers = Vec::new();
-    for _ in 0..WORKERS {
-        let (client, calls, url, stop) = (client.clone(), calls.clone(), url.clone(), stop.clone());
-        workers.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
+    let caller = Caller {
+        client: Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>(),
+        url: front.url(),
+        calls: Arc::default(),
+        stop: Arc::new(AtomicBool::new(false)),
+        started: Instant::now(),
+        pause: scenario.fail_pause(),
+    };
+    let started = caller.started;
+    let burst_until = fault_at + scenario.burst_length(seconds);
+    let mut workers: Vec<_> = (0..scenario.workers())
+        .map(|_| caller.spawn(Duration::ZERO, None))
+        .collect();
+    workers
+        .extend((0..scenario.burst_workers()).map(|_| caller.spawn(fault_at, Some(burst_until))));
+    // Watch what reaches each agent, every 100 ms; break, restart and join on time.
+    let restart_at = matches!(
+        scenario,
+        Scenario::CrashRestart | Scenario::CrashSameAddress
+    )
+    .then_some(fault_at + RESTART_AFTER);
+    let mut samples: Vec<Sample> = Vec::new();
+    let (mut faulted, mut restarted) = (false, false);
+    // When the fault came, to the loop's tick.
+    let mut broke_at = fault_at;
+    let mut joined_at: Option<Duration> = None;
+    let mut next_diag = Duration::ZERO;
+    let mut diag = Vec::new();
+    // burst: the peers agent-reach's caller took out of rotation, with the worst state seen.
+    let mut left: Option<HashMap<String, &'static str>> = None;
+    while started.elapsed() < duration {
+        let now = started.elapsed();
+        if !faulted && now >= fault_at {
+            faulted = true;
+            broke_at = started.elapsed();
+            for i in scenario.broken() {
+                if let Some(agent) = &slots[*i].agent {
+                    scenario.breaks(agent);
+                }
+            }
+            match scenario {
+                Scenario::HalfOpen => front.break_path(),
+                Scenario::CrashRestart => {
+                    slots[1].die().await;
+                    front.pod_gone(1).await;
+                }
+                // The agent's process dies; its sidecar stays.
+                Scenario::CrashSameAddress => slots[1].die().await,
+                Scenario::EqualPair => slow_sample(&slots).await,
+                Scenario::ColdStart => {
+                    joined_at = Some(started.elapsed());
+                    // agent-reach's newcomer listens anywhere: its sidecar announces it.
+                    let listen = if router == "agent-reach" {
+                        any
+                    } else {
+                        addrs[AGENTS]
+                    };
+                    let addr = slots[AGENTS].start(scenario, AGENTS, listen).await?;
+                    front.pod_started(AGENTS, addr).await?;
+                }
+                _ => {}
+            }
+        }
+        if restart_at.is_some_and(|at| !restarted && now >= at) {
+            restarted = true;
+            joined_at = Some(started.elapsed());
+            if scenario == Scenario::CrashSameAddress {
+                // Back on the same port, behind the sidecar that stayed: nobody is told.
+                slots[1].start_again(scenario, 1, addrs[1]).await?;
+            } else {
+                let addr = slots[1].start(scenario, 1, any).await?;
+                front.pod_started(1, addr).await?;
+            }
+        }
+        if faulted && scenario.burst().is_some() {
+            if let Some(out) = front.peers_out() {
+                let seen = left.get_or_insert_with(HashMap::new);
+                for (name, state) in out {
+                    let worst = seen.entry(name).or_insert(state);
+                    if state == "ejected" {
+                        *worst = state;
+                    }
+                }
+            }
+        }
+        let mut reached: Vec<u64> = slots.iter().map(Slot::reached).collect();
+        if let Some(sent) = front.sent_into_path() {
+            // In half-open the agent gets nothing once the path is broken; what counts is what
+            // the router still sends into it.
+            reached[1] = sent;
+        }
+        let n = caller.calls.lock().unwrap_or_else(|p| p.into_inner()).len();
+        samples.push(Sample {
+            at: started.elapsed(),
+            reached,
+            calls: n,
+        });
+        if options.diag.is_some() && now >= next_diag {
+            next_diag = now + Duration::from_millis(500);
+            if let Some(line) = front.diag_line(now) {
+                diag.push(line);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    caller.stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let _ = w.await;
+    }
+    if let (Some(d), Some(status)) = (&options.diag, front.final_status()) {
+        let name = |what: &str| d.join(format!("{}-{router}-{what}", scenario.name()));
+        let _ = std::fs::write(name("timeline.jsonl"), diag.join("\n"));
+        let _ = std::fs::write(name("status.json"), status);
+    }
+    let reach = matches!(front.kind, Kind::Reach(_));
+    front.stop().await;
+    for slot in &mut slots {
+        slot.die().await;
+    }
+    let calls = caller
+        .calls
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let observed = Observed {
+        calls: &calls,
+        samples: &samples,
+        fault_at,
+        broke_at,
+        joined_at,
+        // Read from /status for agent-reach (none seen: an empty map), from the traffic for
+        // the others.
+        left: if reach {
+            Some(left.unwrap_or_default())
+        } else {
+            None
+        },
+    };
+    let mut outcome = outcome(scenario, &calls, &samples, fault_at, joined_at);
+    outcome.extra = extra(scenario, seconds, &observed);
+    Ok(outcome)
+}
+
+/// One `code-review` call after another, each recorded, from `from` until the run stops or
+/// `until`; after a failed call, a pause of `pause`.
+#[derive(Clone)]
+struct Caller {
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    url: String,
+    calls: Arc<Mutex<Vec<Call>>>,
+    stop: Arc<AtomicBool>,
+    started: Instant,
+    pause: Duration,
+}
+
+impl Caller {
+    fn spawn(&self, from: Duration, until: Option<Duration>) -> tokio::task::JoinHandle<()> {
+        let Caller {
+            client,
+            url,
+            calls,
+            stop,
+            started,
+            pause,
+        } = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(started + from)).await;
+            while !stop.load(Ordering::Relaxed) && until.is_none_or(|u| started.elapsed() < u) {
                 let sent = Instant::now();
                 let request = hyper::Request::post(&url)
                     .header("reach-capability", CAP)
@@ -523,86 +1112,32 @@ async fn run(
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push((started.elapsed(), ok, ms));
-            }
-        }));
-    }
-    // Watch what reaches each agent, every 100 ms; break, restart and join on time.
-    let restart_at = (scenario == Scenario::CrashRestart).then_some(fault_at + RESTART_AFTER);
-    let mut samples: Vec<Sample> = Vec::new();
-    let (mut faulted, mut restarted) = (false, false);
-    let mut joined_at: Option<Duration> = None;
-    let mut next_diag = Duration::ZERO;
-    let mut diag = Vec::new();
-    while started.elapsed() < duration {
-        let now = started.elapsed();
-        if !faulted && now >= fault_at {
-            faulted = true;
-            for i in scenario.broken() {
-                if let Some(agent) = &slots[*i].agent {
-                    scenario.breaks(agent);
+                if !ok && !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
                 }
             }
-            match scenario {
-                Scenario::HalfOpen => front.break_path(),
-                Scenario::CrashRestart => {
-                    slots[1].die().await;
-                    front.pod_gone(1).await;
-                }
-                Scenario::ColdStart => {
-                    joined_at = Some(started.elapsed());
-                    // agent-reach's newcomer listens anywhere: its sidecar announces it.
-                    let listen = if router == "agent-reach" {
-                        any
-                    } else {
-                        addrs[AGENTS]
-                    };
-                    let addr = slots[AGENTS].start(scenario, AGENTS, listen).await?;
-                    front.pod_started(AGENTS, addr).await?;
-                }
-                _ => {}
-            }
-        }
-        if restart_at.is_some_and(|at| !restarted && now >= at) {
-            restarted = true;
-            joined_at = Some(started.elapsed());
-            let addr = slots[1].start(scenario, 1, any).await?;
-            front.pod_started(1, addr).await?;
-        }
-        let mut reached: Vec<u64> = slots.iter().map(Slot::reached).collect();
-        if let Some(sent) = front.sent_into_path() {
-            // In half-open the agent gets nothing once the path is broken; what counts is what
-            // the router still sends into it.
-            reached[1] = sent;
-        }
-        let n = calls.lock().unwrap_or_else(|p| p.into_inner()).len();
-        samples.push(Sample {
-            at: started.elapsed(),
-            reached,
-            calls: n,
-        });
-        if options.diag.is_some() && now >= next_diag {
-            next_diag = now + Duration::from_millis(500);
-            if let Some(line) = front.diag_line(now) {
-                diag.push(line);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        })
     }
-    stop.store(true, Ordering::Relaxed);
-    for w in workers {
-        let _ = w.await;
+}
+
+/// equal-pair: exactly one slow call. Both agents take `PAIR_SLOW` for the next business call
+/// to reach either (the one caller makes one call at a time), then are normal again.
+async fn slow_sample(slots: &[Slot]) {
+    let total = || slots.iter().map(Slot::reached).sum::<u64>();
+    let set = |mode: Mode| {
+        for agent in slots.iter().filter_map(|s| s.agent.as_ref()) {
+            agent.set_mode(mode);
+        }
+    };
+    let before = total();
+    set(Mode::Slow);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while total() == before && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    if let (Some(d), Some(status)) = (&options.diag, front.final_status()) {
-        let name = |what: &str| d.join(format!("{}-{router}-{what}", scenario.name()));
-        let _ = std::fs::write(name("timeline.jsonl"), diag.join("\n"));
-        let _ = std::fs::write(name("status.json"), status);
-    }
-    front.stop().await;
-    for slot in &mut slots {
-        slot.die().await;
-    }
-    let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    Ok(outcome(scenario, &calls, &samples, fault_at, joined_at))
+    // The call has read its mode by now; the next cannot start before it ends.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    set(Mode::Normal);
 }
 
 fn outcome(
@@ -699,6 +1234,147 @@ fn outcome(
         peak_ratio,
         full_after,
         join_failed,
+        extra: None,
+    }
+}
+
+/// When a call was made.
+fn sent(c: &Call) -> Duration {
+    c.0.saturating_sub(Duration::from_secs_f64(c.2 / 1000.0))
+}
+
+/// The calls that reached each agent from `from` to `to`, by the samples.
+fn reached_between(samples: &[Sample], from: Duration, to: Duration) -> Option<Vec<u64>> {
+    let first = samples.iter().rfind(|s| s.at <= from).or(samples.first())?;
+    let last = samples.iter().rfind(|s| s.at <= to)?;
+    (last.at > first.at).then(|| {
+        last.reached
+            .iter()
+            .zip(&first.reached)
+            .map(|(l, f)| l.saturating_sub(*f))
+            .collect()
+    })
+}
+
+/// Agent `slot`'s share of the calls that reached any agent from `from` to `to`.
+fn share(samples: &[Sample], slot: usize, from: Duration, to: Duration) -> Option<f64> {
+    let got = reached_between(samples, from, to)?;
+    let all: u64 = got.iter().sum();
+    (all > 0).then(|| got.get(slot).copied().unwrap_or(0) as f64 / all as f64)
+}
+
+fn p95(calls: &[&Call]) -> f64 {
+    let mut ms: Vec<f64> = calls.iter().map(|c| c.2).collect();
+    ms.sort_by(f64::total_cmp);
+    ms.get(((ms.len() as f64 * 0.95) as usize).min(ms.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// The lowest and highest of some shares.
+fn range(shares: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    shares.fold(None, |r, s| match r {
+        None => Some((s, s)),
+        Some((lo, hi)) => Some((f64::min(lo, s), f64::max(hi, s))),
+    })
+}
+
+fn extra(scenario: Scenario, seconds: u64, o: &Observed) -> Option<Extra> {
+    let failed_sent = |from: Duration, to: Duration| {
+        o.calls
+            .iter()
+            .filter(|c| !c.1 && sent(c) >= from && sent(c) < to)
+            .count()
+    };
+    let end = o.samples.last().map_or(Duration::ZERO, |s| s.at);
+    let forever = Duration::MAX;
+    match scenario {
+        Scenario::Burst | Scenario::Burst3x => {
+            let until = o.fault_at + scenario.burst_length(seconds);
+            let served = o
+                .calls
+                .iter()
+                .filter(|c| c.1 && c.0 >= o.fault_at && c.0 < until)
+                .count();
+            let could = scenario.capacity() * (until - o.fault_at).as_secs_f64();
+            let left = match &o.left {
+                Some(seen) => {
+                    let ejected = seen.values().filter(|s| **s == "ejected").count();
+                    match (seen.len(), ejected) {
+                        (0, _) => "0".to_owned(),
+                        (n, 0) => format!("{n} prob."),
+                        (n, e) => format!("{n} ({e} ej.)"),
+                    }
+                }
+                // An agent that got no call for a whole second while the others got some.
+                None => {
+                    let out = (0..scenario.agents())
+                        .filter(|i| {
+                            o.samples
+                                .windows(11)
+                                .filter(|w| w[0].at >= o.fault_at)
+                                .any(|w| {
+                                    let (first, last) = (&w[0], &w[w.len() - 1]);
+                                    let got =
+                                        |j: usize| last.reached[j].saturating_sub(first.reached[j]);
+                                    got(*i) == 0
+                                        && (0..first.reached.len()).map(got).sum::<u64>() > 0
+                                })
+                        })
+                        .count();
+                    format!("{out} (tr.)")
+                }
+            };
+            Some(Extra::Burst {
+                callers: scenario.workers() + scenario.burst_workers(),
+                served_pct: 100.0 * served as f64 / could.max(1.0),
+                left,
+                failed_1s: failed_sent(until, until + Duration::from_secs(1)),
+                failed_after: failed_sent(until, forever),
+            })
+        }
+        Scenario::SlowAgent => {
+            let split = o.broke_at + SLOW_WINDOW;
+            let before: Vec<&Call> = o.calls.iter().filter(|c| sent(c) < o.broke_at).collect();
+            let after: Vec<&Call> = o.calls.iter().filter(|c| sent(c) >= o.broke_at).collect();
+            Some(Extra::SlowAgent {
+                share_first: share(o.samples, 1, o.broke_at, split),
+                share_later: share(o.samples, 1, split, end),
+                p95_before: p95(&before),
+                p95_after: p95(&after),
+                failed_after: failed_sent(o.broke_at, forever),
+            })
+        }
+        Scenario::EqualPair => {
+            let windows = |from: Duration, to: Duration| {
+                let count = ((to.saturating_sub(from)).as_secs_f64() / PAIR_WINDOW.as_secs_f64())
+                    .round() as u32;
+                range((0..count).filter_map(move |k| {
+                    let start = from + PAIR_WINDOW * k;
+                    share(o.samples, 0, start, start + PAIR_WINDOW)
+                }))
+            };
+            Some(Extra::EqualPair {
+                before: windows(Duration::ZERO, o.fault_at),
+                after: windows(o.fault_at, end),
+            })
+        }
+        Scenario::CrashSameAddress => {
+            let back = o.joined_at.unwrap_or(forever);
+            Some(Extra::CrashSameAddress {
+                in_flight_failed: o
+                    .calls
+                    .iter()
+                    .filter(|c| !c.1 && sent(c) < o.broke_at && c.0 >= o.broke_at)
+                    .count(),
+                later_failed: failed_sent(o.broke_at, back),
+                share_back: o
+                    .joined_at
+                    .and_then(|at| share(o.samples, 1, at, at + RETURN_WINDOW)),
+                ramp_failed: failed_sent(back, forever),
+            })
+        }
+        _ => None,
     }
 }
 
@@ -737,6 +1413,8 @@ struct Reach {
     key: PathBuf,
     policy: Policy,
     max_concurrency: usize,
+    /// Whether the sidecars declare a business probe.
+    probe: bool,
 }
 
 impl Reach {
@@ -752,11 +1430,14 @@ impl Reach {
         let mut b = Bootstrap::local(&name, agent, &[CAP])?.with_gossip(&seed, self.key.clone());
         b.agent.max_concurrency =
             serde_yaml::from_str(&self.max_concurrency.to_string()).map_err(|e| e.to_string())?;
+        b.agent.queue.capacity = QUEUE;
         if let Some(g) = b.gossip.as_mut() {
             g.listen = SocketAddr::from((ip, 0));
         }
-        for c in &mut b.agent.capabilities {
-            c.probe = Some(agent_reach::demo::probe_spec());
+        if self.probe {
+            for c in &mut b.agent.capabilities {
+                c.probe = Some(agent_reach::demo::probe_spec());
+            }
         }
         start_sidecar(b, self.policy.clone()).await
     }
@@ -795,7 +1476,7 @@ impl Front {
             relay = Some(r);
         }
         // A cold start's fifth agent is not running yet: agent-reach learns of it when it joins.
-        let live = AGENTS.min(agents.len());
+        let live = scenario.agents().min(agents.len());
         let kind = match router {
             "agent-reach" => {
                 let key = key_file(dir)?;
@@ -815,6 +1496,7 @@ impl Front {
                     key,
                     policy,
                     max_concurrency: scenario.max_concurrency(),
+                    probe: scenario.probe(),
                 };
                 for (i, addr) in agents.iter().enumerate().take(live) {
                     let half_open = scenario == Scenario::HalfOpen && i == 1;
@@ -1016,6 +1698,40 @@ impl Front {
             })
             .collect();
         Some(serde_json::json!({ "t": at.as_secs_f64(), "peers": views }).to_string())
+    }
+
+    /// agent-reach: the peers the caller sees in probation or ejected (by its own view, the
+    /// peer's, or the effective state), each with the worse of the two states.
+    fn peers_out(&self) -> Option<Vec<(String, &'static str)>> {
+        let Kind::Reach(r) = &self.kind else {
+            return None;
+        };
+        let status = serde_json::to_value(r.caller.status()).ok()?;
+        let views = status.get("peer_views")?.as_array()?;
+        Some(
+            views
+                .iter()
+                .filter_map(|p| {
+                    let states: Vec<&str> = [
+                        p.get("effective_state"),
+                        p.pointer("/view/state"),
+                        p.pointer("/self_view/view/state"),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(serde_json::Value::as_str)
+                    .collect();
+                    let worst = if states.contains(&"ejected") {
+                        "ejected"
+                    } else if states.contains(&"probation") {
+                        "probation"
+                    } else {
+                        return None;
+                    };
+                    Some((p.get("name")?.as_str()?.to_owned(), worst))
+                })
+                .collect(),
+        )
     }
 
     fn final_status(&self) -> Option<String> {
