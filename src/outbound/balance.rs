@@ -8,6 +8,10 @@
 
 use crate::peers::Scored;
 
+/// The share of picks that go to the first (cap-weighted) draw whatever the scores: every usable
+/// peer keeps being measured, so one old slow sample cannot starve it (docs/reach-model.md).
+const EXPLORE: f64 = 0.02;
+
 /// Scores closer than this are a tie, settled by the draw: small differences are estimation noise
 /// (priors, a poll's timing), and acting on them would herd traffic onto one peer.
 const TIE: f64 = 0.05;
@@ -24,6 +28,9 @@ pub fn pick(scored: &[Scored], tried: &[usize], mut random: impl FnMut() -> f64)
         eligible = (0..scored.len()).filter(usable).collect();
     }
     let first = draw(scored, &eligible, &mut random)?;
+    if random() < EXPLORE {
+        return Some(first);
+    }
     eligible.retain(|i| *i != first);
     let Some(second) = draw(scored, &eligible, &mut random) else {
         return Some(first);
@@ -73,14 +80,14 @@ fn draw(scored: &[Scored], eligible: &[usize], random: &mut impl FnMut() -> f64)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use super::*;
     use crate::reach::{Factors, State};
     use crate::registry::Peer;
 
-    fn candidate(name: &str, cap: f64, score: f64) -> Scored {
+    pub(crate) fn candidate(name: &str, cap: f64, score: f64) -> Scored {
         Scored {
             peer: Arc::new(Peer {
                 name: name.into(),
@@ -105,11 +112,15 @@ mod tests {
             timeout: std::time::Duration::from_secs(30),
             idempotent: false,
             latency_ms: None,
+            recent: None,
+            expected_ms: None,
+            cost_weight: 0.6,
             pending: 0,
+            queued: 0,
         }
     }
 
-    fn lcg(seed: u64) -> impl FnMut() -> f64 {
+    pub(crate) fn lcg(seed: u64) -> impl FnMut() -> f64 {
         let mut x = seed;
         move || {
             x = x
@@ -161,7 +172,11 @@ mod tests {
         c[0].latency_ms = Some(280.0);
         c[1].latency_ms = Some(60.0);
         let mut rng = lcg(5);
-        assert!((0..100).all(|_| pick(&c, &[], &mut rng) == Some(1)));
+        // All but the exploration share.
+        let won = (0..1000)
+            .filter(|_| pick(&c, &[], &mut rng) == Some(1))
+            .count();
+        assert!(won >= 970, "{won}");
         // Five calls pending on the fast one: 60 × 6 = 360 ms against 280, no longer clear.
         c[1].pending = 5;
         let fast = (0..2000)
@@ -174,7 +189,11 @@ mod tests {
     fn the_higher_score_wins_a_pair() {
         let c = vec![candidate("low", 1.0, 0.1), candidate("high", 1.0, 0.9)];
         let mut rng = lcg(1);
-        assert!((0..100).all(|_| pick(&c, &[], &mut rng) == Some(1)));
+        let won = (0..1000)
+            .filter(|_| pick(&c, &[], &mut rng) == Some(1))
+            .count();
+        // The low one gets only the exploration share's half: 1 %.
+        assert!((975..1000).contains(&won), "{won}");
     }
 
     #[test]

@@ -22,6 +22,8 @@ use hyper::body::Incoming;
 use crate::rate_limit::RateLimiters;
 use attempt::{Answer, Attempt};
 pub use balance::pick;
+#[cfg(test)]
+pub(crate) use balance::tests as balance_test_support;
 use retry::RetryBudgets;
 pub use sample::{score_candidates, SAMPLE};
 pub use target::capability_of;

@@ -6,6 +6,7 @@
 //! `GET /reach/v1/self` on the inbound port (`poll`).
 
 mod feed;
+mod latency;
 mod poll;
 mod score;
 
@@ -83,14 +84,31 @@ pub struct Scored {
     /// in flight there when scored.
     #[serde(skip)]
     pub latency_ms: Option<f64>,
+    /// What its calls took lately (ms), and how old that figure is (s).
+    #[serde(skip)]
+    pub recent: Option<(f64, f64)>,
+    /// Its latency as the pick compares it: the recent figure, decayed toward the candidates'
+    /// typical one while no sample refreshes it (set by `latency::judge`).
+    #[serde(skip)]
+    pub expected_ms: Option<f64>,
+    /// The weight of cost in its score, so the relative latency term can be added afterwards.
+    #[serde(skip)]
+    pub cost_weight: f64,
     #[serde(skip)]
     pub pending: usize,
+    /// Calls waiting in the peer's own queue, by its self-view (a held lock, a full pool).
+    #[serde(skip)]
+    pub queued: usize,
 }
 
 impl Scored {
-    /// Expected wait for one more call: latency × (calls pending + 1), Finagle's peak-EWMA load.
+    /// Expected wait for one more call: latency × (calls ahead of it + 1), Finagle's peak-EWMA
+    /// load, with the peer's own queue counted (a one-at-a-time agent's queue is its wait).
     pub fn load_ms(&self) -> Option<f64> {
-        self.latency_ms.map(|ms| ms * (self.pending as f64 + 1.0))
+        let ahead = (self.pending + self.queued) as f64;
+        self.expected_ms
+            .or(self.latency_ms)
+            .map(|ms| ms * (ahead + 1.0))
     }
 }
 

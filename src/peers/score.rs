@@ -29,7 +29,7 @@ impl PeerViews {
         let me = &snapshot.bootstrap.agent;
         let mut inner = self.lock();
         let mut transitions = Vec::new();
-        let scored = candidates
+        let mut scored = candidates
             .iter()
             .map(|peer| {
                 let entry = entry(&mut inner, peer, now);
@@ -88,12 +88,7 @@ impl PeerViews {
                     .policy
                     .zones
                     .distance((&me.zone, &me.region), (&peer.zone, &peer.region));
-                let cost = reach::cost(
-                    mine.estimates.latency_ms.map(|ms| ms / 1000.0),
-                    timeout,
-                    published.map_or(0.0, |c| c.cost),
-                    zone,
-                );
+                let cost = reach::cost(published.map_or(0.0, |c| c.cost), zone);
                 let mode = request
                     .mode
                     .or(published.map(|c| c.mode))
@@ -155,11 +150,16 @@ impl PeerViews {
                     timeout,
                     idempotent: published.is_some_and(|c| c.idempotent),
                     latency_ms: mine.estimates.latency_ms,
+                    recent: entry.view.recent_latency(now),
+                    expected_ms: None,
+                    cost_weight: weights.cost,
                     pending: entry.pending,
+                    queued: remote.map_or(0, |r| r.queued),
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
         drop(inner);
+        super::latency::judge(&mut scored);
         for (peer, t) in transitions {
             self.transitioned(&peer, t);
         }

@@ -48,6 +48,15 @@ impl Signal {
     }
 }
 
+/// The weight the recent-latency EWMA keeps of its old value on a new sample taken at once.
+const RECENT_KEEP: f64 = 0.7;
+
+/// How fast an old recent-latency value loses weight: ten calls' worth of time, at least 1 s —
+/// the time scale of the calls themselves, so a 20 ms service and a 30 s one forgive alike.
+pub fn recent_tau_s(latency_s: f64) -> f64 {
+    (latency_s * 10.0).max(1.0)
+}
+
 /// Tunables, from the policy.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EstimateParams {
@@ -93,6 +102,11 @@ pub struct Estimates {
     /// Peak-EWMA latency in seconds; `None` until the first sample.
     latency: Option<f64>,
     latency_at: Option<Instant>,
+    /// What this peer's calls have taken lately, in seconds: an EWMA that one outlier moves only
+    /// part of the way, and whose old value loses weight with time since it was taken (so the
+    /// first fresh sample after a quiet spell mostly replaces it). Routing compares peers by it
+    /// (`peers::latency`); the peak-EWMA above is for timeouts and load.
+    recent: Option<f64>,
     window: VecDeque<(Instant, f64)>,
     last_signal: Option<Instant>,
     load: Load,
@@ -124,6 +138,7 @@ impl Estimates {
             last_outcome: None,
             latency: None,
             latency_at: None,
+            recent: None,
             window: VecDeque::new(),
             last_signal: None,
             load: Load::default(),
@@ -169,6 +184,14 @@ impl Estimates {
 
     fn observe_latency(&mut self, d: Duration, now: Instant, p: &EstimateParams) {
         let rtt = d.as_secs_f64();
+        self.recent = Some(match (self.recent, self.latency_at) {
+            (Some(old), Some(at)) => {
+                let elapsed = now.saturating_duration_since(at).as_secs_f64();
+                let keep = RECENT_KEEP * (-elapsed / recent_tau_s(old)).exp();
+                old * keep + rtt * (1.0 - keep)
+            }
+            _ => rtt,
+        });
         self.latency = Some(match (self.latency, self.latency_at) {
             (Some(cost), Some(at)) if rtt <= cost => {
                 let elapsed = now.saturating_duration_since(at).as_secs_f64();
@@ -184,6 +207,15 @@ impl Estimates {
             self.window.pop_front();
         }
         self.window.push_back((now, rtt));
+    }
+
+    /// The recent latency in ms and how old its last sample is, in seconds.
+    pub fn recent(&self, now: Instant) -> Option<(f64, f64)> {
+        let recent = self.recent?;
+        let age = self
+            .latency_at
+            .map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
+        Some((recent * 1000.0, age))
     }
 
     pub fn set_load(&mut self, load: Load, now: Instant) {

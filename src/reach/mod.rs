@@ -7,7 +7,8 @@ mod state;
 mod view;
 
 pub use estimate::{
-    percentile, EstimateParams, EstimateSnapshot, Estimates, Load, Signal, UNKNOWN_AVAILABILITY,
+    percentile, recent_tau_s, EstimateParams, EstimateSnapshot, Estimates, Load, Signal,
+    UNKNOWN_AVAILABILITY,
 };
 pub use score::{capability_match, cost, score, Factors, Weights};
 pub use state::{Event, State, StateMachine, StateParams, Transition};

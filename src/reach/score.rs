@@ -1,9 +1,9 @@
 //! The reach score of one candidate for one request (DESIGN.md §3):
 //! `w_avail·availability + w_match·capability_match − w_cost·cost − w_sat·saturation`,
-//! with `cost = min(latency / timeout, 1) + declared cost + zone distance`.
+//! with `cost = relative latency + declared cost + zone distance`; the relative latency term
+//! needs every candidate at once and is added by `peers::latency`.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -34,10 +34,6 @@ impl Weights {
     };
 }
 
-/// The latency factor for a candidate with no latency estimate yet: optimistic, so an unmeasured
-/// peer gets tried (as PeakEWMA starts at zero); its traffic cap, not its score, bounds its share.
-const UNKNOWN_LATENCY_FACTOR: f64 = 0.0;
-
 /// Every factor of a score, kept for `/status` and the decision log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Factors {
@@ -61,13 +57,9 @@ pub fn capability_match(tags: &BTreeMap<String, f64>, wanted: &[String]) -> Opti
     Some(sum / wanted.len() as f64)
 }
 
-/// Latency over the capability's timeout (capped at 1), plus declared cost and zone distance.
-pub fn cost(latency_s: Option<f64>, timeout: Duration, declared: f64, zone_distance: f64) -> f64 {
-    let latency = match latency_s {
-        Some(l) => (l / timeout.as_secs_f64().max(1e-3)).min(1.0),
-        None => UNKNOWN_LATENCY_FACTOR,
-    };
-    latency + declared.max(0.0) + zone_distance.max(0.0)
+/// The cost terms that belong to one candidate alone: its declared cost and zone distance.
+pub fn cost(declared: f64, zone_distance: f64) -> f64 {
+    declared.max(0.0) + zone_distance.max(0.0)
 }
 
 pub fn score(
@@ -109,10 +101,9 @@ mod tests {
     }
 
     #[test]
-    fn cost_caps_latency_at_the_timeout() {
-        let timeout = Duration::from_secs(10);
-        assert_eq!(cost(Some(5.0), timeout, 0.0, 0.0), 0.5);
-        assert_eq!(cost(Some(50.0), timeout, 0.1, 0.2), 1.0 + 0.1 + 0.2);
+    fn cost_adds_declared_cost_and_zone_distance_and_ignores_negatives() {
+        assert_eq!(cost(0.1, 0.2), 0.1 + 0.2);
+        assert_eq!(cost(-1.0, 0.0), 0.0);
     }
 
     #[test]

@@ -72,6 +72,11 @@ impl ReachView {
         self.machine.on(event, now, sp)
     }
 
+    /// The recent latency (ms) and the age of its last sample (s): see [`Estimates`].
+    pub fn recent_latency(&self, now: Instant) -> Option<(f64, f64)> {
+        self.estimates.recent(now)
+    }
+
     /// Out because the agent refuses connections.
     pub fn is_unreachable(&self) -> bool {
         self.machine.is_unreachable()
