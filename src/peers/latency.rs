@@ -129,7 +129,7 @@ mod tests {
         let mut peers = [Estimates::new(1.0), Estimates::new(1.0)];
         let mut rng = lcg(11);
         let mut now = start;
-        let mut windows = vec![[0usize; 2]; 6];
+        let mut windows = [[0usize; 2]; 6];
         let mut slowed = false;
         while now < start + Duration::from_secs(60) {
             let mut c: Vec<Scored> = (0..2)
