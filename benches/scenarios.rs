@@ -1,8 +1,9 @@
 //! The seeds' failure modes, replayed through the routers people use today and through
 //! agent-reach. Each scenario runs a fresh fleet of four mock agents (20–60 ms, each with its own
 //! fixed seed for its random draws) on loopback, drives `code-review` calls from 16 workers (each
-//! giving up after 10 s) through one router, and breaks one agent (or two) a quarter of the way
-//! in. Never asserts on time.
+//! giving up after 10 s; the number of workers is the scenario's: one in equal-pair, up to 288
+//! during a burst) through one router, and breaks one agent (or two) a quarter of the way in.
+//! Never asserts on time.
 //!
 //! Scenarios: **healthy**; **fake-online** (business calls get 429, `/healthz` 200);
 //! **slow-dependency** (every call takes 2 s); **lock-held** (one call at a time);
@@ -15,6 +16,41 @@
 //! errors); **retry-storm** (two agents go fake-online at once); **cold-start** (a fifth agent
 //! joins the loaded fleet). crash-restart, half-open and cold-start run at least 60 s, so that a
 //! slow ramp, or health checks at 10 s intervals, can act inside the run.
+//!
+//! Then the everyday faults of issue 13, each with its own measures, printed in a small table
+//! of its own after the main one:
+//!
+//! - **burst** and **burst-3x**: every agent has a pool of 8 (its own queue holds the excess)
+//!   and agent-reach's sidecars declare `max_concurrency` 8 and a queue of 16: the fleet's
+//!   *room* is 4 × 24 = 96 calls, its *capacity* 4 × 8 ÷ 40 ms = 800 calls/s. For 5 s from the
+//!   fault (half the run, if that is shorter) more callers join, so that 1.5× (144) or 3× (288)
+//!   the room call at once; then the 16 go on alone, at least 1.5 s. In both burst scenarios a
+//!   caller whose call failed waits 40 ms (one mean call) before its next, so that a refusal
+//!   holds its place in the offered load instead of turning into a spin. Measures: *served/cap*,
+//!   the successful calls that ended during the burst ÷ what the capacity serves in as long
+//!   (goal ≥ 90 %); *left rot.*, the agents out of rotation from the burst on — for agent-reach
+//!   by the caller's `/status` (any peer in probation or ejected, by the caller's view, the
+//!   peer's own or the effective state), for the others by the traffic (an agent that got no
+//!   call for a whole second); failed calls among those made in the first second after the
+//!   burst (goal 0) and among all made after it. The static routers have no admission limit:
+//!   their excess waits in the agents' queues.
+//! - **slow-agent**: one agent goes from 20–60 ms to 400 ms (10× the mean), no errors. Its
+//!   share of the calls that reached agents over the 5 s from the slowdown (goal ≤ 5 %) and
+//!   after; the p95 of the calls made after the slowdown against the p95 of those made before
+//!   it, in the same run (goal ≤ 1.25×); failed calls made after it (goal 0).
+//! - **equal-pair**: two identical agents (4–6 ms, seeded), *one* caller making one call at a
+//!   time for 60 s; half way, exactly one call (whichever agent gets it) takes 17 ms: both
+//!   agents are slow until one business call reaches either, then normal again. Agent A's
+//!   lowest and highest share over each 10 s window, before the slow call and after it (goal:
+//!   35–65 % in every window).
+//! - **crash-same-address**: like crash (the agent process dies, its sidecar stays, the fleet
+//!   found by gossip), but agent-reach's sidecars declare no business probe, and 3 s later the
+//!   agent is back on the same port; nobody is told. Failed calls among those in flight at the
+//!   kill (these may fail), made after it until the return (goal 0) and made from the return on
+//!   (the ramp, goal 0); the returned agent's share of the calls that reached agents in the
+//!   10 s from its return (goal ≥ 15 %). Runs at least 17 s.
+//!
+//! lock-held (above) is the issue's fifth: its p95 against the healthy run's (goal ≤ 1.3×).
 //!
 //! Per scenario and router it prints the task failure rate, mean and p95 latency, p95 against the
 //! same router's healthy run (the goal is ≤ 1.3×), *bad out after* (from the fault to the end of
@@ -54,8 +90,9 @@
 //! all).
 //!
 //! Run: `cargo bench --bench scenarios` (`-- --seconds 30`, `-- --only fake-online,cold-start`,
-//! `-- --routers agent-reach,envoy`, `-- --smoke`: healthy, fake-online and thread-pool-full,
-//! 3 s each). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
+//! `-- --routers agent-reach,envoy`, `-- --smoke`: healthy, fake-online, thread-pool-full and
+//! burst, 3 s each, burst's burst 1.5 s; the newer scenarios alone: `-- --only
+//! burst,burst-3x,slow-agent,equal-pair,crash-same-address,lock-held`). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
 //! each half second and its final `/status`; `-- --decision-log` turns on the policy's decision
 //! log (printed with `RUST_LOG`, e.g. `RUST_LOG=agent_reach::decision=info`).
 
