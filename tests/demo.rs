@@ -80,6 +80,12 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     assert_eq!(h["state_after"], h["state_before"], "{h}");
     assert_eq!(h["failed"], 0, "{h}");
 
+    // One agent ten times slower: it loses nearly all its share, and no call fails.
+    let slow = &summary["slow"];
+    assert!(slow["share_before"].as_f64().unwrap() > 0.15, "{slow}");
+    assert!(slow["share_after"].as_f64().unwrap() < 0.10, "{slow}");
+    assert_eq!(slow["failed"], 0, "{slow}");
+
     // Membership by gossip: a crash leaves every table, a newcomer joins on parole and ramps up.
     let m = &summary["membership"];
     assert!(
@@ -118,6 +124,7 @@ fn demo_prints_a_table() {
         "coder-3",
         "caller saw",
         "hostile input",
+        "slow agent",
         "membership by gossip",
     ] {
         assert!(text.contains(needle), "missing {needle}:\n{text}");

@@ -3,7 +3,7 @@
 //! outbound port. Partway through, one agent goes fake-online the seeds' way (`/healthz` 200,
 //! business calls 429) and later heals; the summary shows it leave rotation and ramp back in
 //! while the caller's calls keep succeeding. Then a retry storm, then a stranger's hostile input,
-//! then a crash and a newcomer whose sidecar is set up by the injector from its pod's
+//! then one agent ten times slower, then a crash and a newcomer whose sidecar is set up by the injector from its pod's
 //! annotations, as in Kubernetes.
 
 mod drive;
@@ -11,6 +11,7 @@ mod hostile;
 mod injected;
 mod membership;
 mod report;
+mod slow;
 mod storm;
 
 use std::net::SocketAddr;
@@ -24,6 +25,7 @@ pub use hostile::HostileSummary;
 pub use injected::Injection;
 pub use membership::MembershipSummary;
 pub use report::render_table;
+pub use slow::SlowSummary;
 pub use storm::StormSummary;
 
 use crate::config::{Bootstrap, ConfigPaths, ConfigStore, HumanDuration, Policy, ProbeSpec};
@@ -69,6 +71,8 @@ pub struct DemoSummary {
     pub storm: StormSummary,
     /// A stranger's hostile input at one agent's inbound port, under traffic.
     pub hostile: HostileSummary,
+    /// One agent ten times slower: its share before and after.
+    pub slow: SlowSummary,
     /// A crash and a newcomer, found and forgotten by gossip.
     pub membership: MembershipSummary,
 }
@@ -218,12 +222,16 @@ impl Fleet {
     }
 }
 
+/// What a call takes once an agent's dependency slows down: ten times the usual 20–60 ms.
+const SLOW_LATENCY: Duration = Duration::from_millis(400);
+
 async fn start_agent(name: &str) -> Result<MockAgent, DemoError> {
     let mut config = MockConfig::new(name);
     config.latency = Latency {
         min: Duration::from_millis(20),
         max: Duration::from_millis(60),
     };
+    config.slow_latency = SLOW_LATENCY;
     Ok(MockAgent::start(SocketAddr::from(([127, 0, 0, 1], 0)), config).await?)
 }
 
@@ -344,6 +352,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         .collect();
     let storm = storm::run(&fleet, options.duration.mul_f64(0.4), options.concurrency).await;
     let hostile = hostile::run(&fleet, Duration::from_secs(2), options.concurrency).await;
+    let slow = slow::run(&fleet, options.concurrency).await;
     let membership = membership::run(
         &mut fleet,
         membership::act_length(options.duration),
@@ -361,6 +370,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         fault,
         storm,
         hostile,
+        slow,
         membership,
     })
 }

@@ -188,6 +188,20 @@ pub fn render_table(s: &DemoSummary) -> String {
         h.calls,
         h.failed
     ));
+    let sl = &s.slow;
+    out.push_str(&format!(
+        "\nslow agent: {}'s dependency turned ten times slower ({:.0} ms a call, no errors)\n",
+        sl.agent, sl.slow_ms
+    ));
+    out.push_str(&format!(
+        "  its share of calls {:.1}% before → {:.1}% from a second later; the caller's p95 {:.1} ms → {:.1} ms; {} of {} calls failed\n",
+        sl.share_before * 100.0,
+        sl.share_after * 100.0,
+        sl.p95_before_ms,
+        sl.p95_after_ms,
+        sl.failed,
+        sl.calls
+    ));
     let m = &s.membership;
     out.push_str(&format!(
         "\nmembership by gossip: the fleet found itself from one seed in {:.0} ms\n",
