@@ -22,6 +22,8 @@ use crate::reach::{Signal, State};
 
 /// How often the scheduler wakes to see which probes are due.
 const TICK: Duration = Duration::from_millis(100);
+/// How often an agent that refuses connections is tried again.
+const RECONNECT_EVERY: Duration = Duration::from_millis(500);
 
 /// Starts the probe thread; it stops when `stop` is cancelled.
 pub fn spawn(
@@ -65,11 +67,16 @@ async fn run(
         }
         let snapshot = store.snapshot();
         let now = Instant::now();
-        if local.is_unreachable() && now >= next_connect && !has_probes(&snapshot) {
-            // No business probe to tell us: a TCP connect does, every `fast_interval`.
-            next_connect = now + snapshot.policy.probes.fast_interval.get();
+        if local.is_unreachable() && now >= next_connect {
+            // The agent is not running: a TCP connect, cheap on loopback, notices its return
+            // within half a second. A business probe then confirms it at once (if it has one).
+            next_connect = now + RECONNECT_EVERY.min(snapshot.policy.probes.fast_interval.get());
             if accepts_connections(&snapshot).await {
-                local.reachable();
+                if has_probes(&snapshot) {
+                    due.values_mut().for_each(|at| *at = now);
+                } else {
+                    local.reachable();
+                }
             }
         }
         if local.take_probe_request() {
