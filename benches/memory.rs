@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{free_port, write};
+use common::{free_port, kib, write};
 
 const RESPONSE_BYTES: usize = 256 * 1024;
 
@@ -204,17 +204,6 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-fn kib(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0.0)
-}
 
 /// An upstream that answers everything with 256 KiB.
 async fn start_upstream() -> SocketAddr {

@@ -17,7 +17,7 @@ use bytes::Bytes;
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{free_port, write, Tools};
+use common::{free_port, kib, write, Tools};
 use http_body_util::channel::Channel;
 use http_body_util::{BodyExt, Full};
 
@@ -520,17 +520,6 @@ fn answers(port: u16) -> bool {
     std::io::Read::read_exact(&mut stream, &mut buf).is_ok() && buf.starts_with(b"HTTP/1.1 200")
 }
 
-fn kib(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0.0)
-}
 
 fn idle_rss(binary: &Path, upstream: SocketAddr, dir: &Path) -> Option<f64> {
     let cfg = write(

@@ -62,6 +62,19 @@ pub fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// A `/proc/<pid>/status` figure in KiB (`VmRSS:`, `VmHWM:`), 0 when unreadable.
+pub fn kib(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
 pub fn free_port() -> Result<u16, String> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     listener
