@@ -131,7 +131,13 @@ pub struct StateMachine {
     probe_gated: bool,
     /// Ejected because the agent refused connections: it leaves when it accepts them again.
     unreachable: bool,
+    /// Recovering from a restart (it refused connections, now it accepts them): the ramp is
+    /// short, because the cause is known and gone; a misbehaving agent ramps over `ramp`.
+    restarted: bool,
 }
+
+/// The longest ramp after a restart: a restarted agent takes a fair share within seconds.
+const RESTART_RAMP: Duration = Duration::from_secs(5);
 
 impl StateMachine {
     pub fn new(now: Instant, probe_gated: bool) -> Self {
@@ -146,6 +152,16 @@ impl StateMachine {
             ejections: 0,
             probe_gated,
             unreachable: false,
+            restarted: false,
+        }
+    }
+
+    /// How long the current recovery ramps.
+    fn ramp(&self, p: &StateParams) -> Duration {
+        if self.restarted {
+            p.ramp.min(RESTART_RAMP)
+        } else {
+            p.ramp
         }
     }
 
@@ -174,7 +190,7 @@ impl StateMachine {
             State::Probation => p.probation_cap,
             State::Ejected | State::Draining => 0.0,
             State::Recovering => {
-                let ramp = p.ramp.as_secs_f64().max(1e-3);
+                let ramp = self.ramp(p).as_secs_f64().max(1e-3);
                 let done =
                     (now.saturating_duration_since(self.since).as_secs_f64() / ramp).min(1.0);
                 p.recovering_start_cap + (1.0 - p.recovering_start_cap) * done
@@ -238,11 +254,13 @@ impl StateMachine {
         if self.state != State::Ejected {
             return None;
         }
-        self.enter(
+        let t = self.enter(
             State::Recovering,
             now,
             "the agent accepts connections again",
-        )
+        );
+        self.restarted = true;
+        t
     }
 
     fn on_success(&mut self, event: Event, now: Instant, p: &StateParams) -> Option<Transition> {
@@ -259,7 +277,9 @@ impl StateMachine {
             }
             State::Ejected if event == Event::ProbePassed && self.unreachable => {
                 self.unreachable = false;
-                self.enter(State::Recovering, now, "the agent answers again")
+                let t = self.enter(State::Recovering, now, "the agent answers again");
+                self.restarted = true;
+                t
             }
             State::Ejected
                 if event == Event::ProbePassed
@@ -327,7 +347,7 @@ impl StateMachine {
             {
                 self.enter(State::Recovering, now, "cool-off over")
             }
-            State::Recovering if elapsed >= p.ramp => {
+            State::Recovering if elapsed >= self.ramp(p) => {
                 self.enter(State::Healthy, now, "ramp complete")
             }
             State::Healthy if elapsed >= p.max_cool_off => {
@@ -363,6 +383,7 @@ impl StateMachine {
         }
         self.state = to;
         self.since = now;
+        self.restarted = false;
         self.window_ok = 0;
         self.window_failed = 0;
         match to {
@@ -467,6 +488,10 @@ mod tests {
         let t = m.on(Event::Reachable, later, &p());
         assert_eq!(t.map(|t| t.to), Some(State::Recovering));
         assert!(m.cap(later, &p()) > 0.0);
+        // A restart ramps over seconds, not the full ramp: the cause is known and gone.
+        let ramped = later + RESTART_RAMP;
+        assert_eq!(m.cap(ramped, &p()), 1.0);
+        assert_eq!(m.tick(ramped, &p()).map(|t| t.to), Some(State::Healthy));
         // A repeat is not punished with a doubled cool-off.
         assert_eq!(m.cool_off(&p()), p().cool_off);
     }
