@@ -14,14 +14,18 @@ use crate::reach::recent_tau_s;
 
 /// A latency this many times the best one costs the whole latency weight.
 const FULL_PENALTY_RATIO: f64 = 10.0;
+/// Up to this many times the best is noise and costs nothing: agents whose calls take 20–60 ms
+/// at random differ by that much from one sample to the next, and acting on it would herd.
+const NOISE_RATIO: f64 = 1.5;
 
-/// The latency term of the cost, in 0..1: `log(latency / best) / log(10)`, capped. 1.2× the best
-/// costs 0.08, 2× 0.30, 10× and beyond 1.
+/// The latency term of the cost, in 0..1: `log(ratio / 1.5) / log(10 / 1.5)` for `ratio` =
+/// latency / best, capped. 1.5× the best costs nothing, 2× 0.15, 4× 0.52, 10× and beyond 1.
 pub(super) fn relative_cost(latency_ms: f64, best_ms: f64) -> f64 {
     if !(latency_ms.is_finite() && best_ms.is_finite()) || best_ms <= 0.0 {
         return 0.0;
     }
-    ((latency_ms / best_ms).ln() / FULL_PENALTY_RATIO.ln()).clamp(0.0, 1.0)
+    let ratio = latency_ms / best_ms / NOISE_RATIO;
+    (ratio.ln() / (FULL_PENALTY_RATIO / NOISE_RATIO).ln()).clamp(0.0, 1.0)
 }
 
 /// A latency estimate `age_s` old, decayed toward `typical_ms` with time constant `tau_s`.

@@ -207,6 +207,10 @@ impl PeerViews {
             // Parole is for agents new to the fleet, which their own view shows; one that proved
             // itself there is not made to prove itself again to every caller.
             State::Healthy => entry.view.vouch(now),
+            // The peer was out by its own view too and is coming back (restarted, or its cool-off
+            // and probe passed): what ejected it here was most likely that same outage, and a
+            // caller has no probe of its own to see the return. Its own ramp bounds its share.
+            State::Recovering => entry.view.follow_recovery(now),
             _ => None,
         };
         entry.remote = Some((remote, now));

@@ -368,6 +368,17 @@ impl StateMachine {
         None
     }
 
+    /// A caller's view of a peer whose own view is recovering: an ejected view follows it into
+    /// recovering at once (with the short ramp: the peer's own ramp is the one that bounds it).
+    pub fn follow_recovery(&mut self, now: Instant) -> Option<Transition> {
+        if self.state != State::Ejected {
+            return None;
+        }
+        let t = self.enter(State::Recovering, now, "its own view is recovering");
+        self.restarted = true;
+        t
+    }
+
     /// The peer announced shutdown: no new work, for good.
     pub fn drain(&mut self, now: Instant) -> Option<Transition> {
         if self.state == State::Draining {

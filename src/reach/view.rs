@@ -94,6 +94,10 @@ impl ReachView {
         self.machine.vouch(now)
     }
 
+    pub fn follow_recovery(&mut self, now: Instant) -> Option<Transition> {
+        self.machine.follow_recovery(now)
+    }
+
     pub fn drain(&mut self, now: Instant) -> Option<Transition> {
         self.machine.drain(now)
     }
