@@ -8,8 +8,9 @@
 
 use crate::peers::Scored;
 
-/// The share of picks that go to the first (cap-weighted) draw whatever the scores: every usable
-/// peer keeps being measured, so one old slow sample cannot starve it (docs/reach-model.md).
+/// The share of picks that go to the first (cap-weighted) draw whatever the scores, unless it is
+/// full: every usable peer keeps being measured, so one old slow sample cannot starve it
+/// (docs/reach-model.md).
 const EXPLORE: f64 = 0.02;
 
 /// Scores closer than this are a tie, settled by the draw: small differences are estimation noise
@@ -28,7 +29,9 @@ pub fn pick(scored: &[Scored], tried: &[usize], mut random: impl FnMut() -> f64)
         eligible = (0..scored.len()).filter(usable).collect();
     }
     let first = draw(scored, &eligible, &mut random)?;
-    if random() < EXPLORE {
+    // Exploration measures peers, it does not load full ones: a busy or saturated peer is not
+    // explored.
+    if random() < EXPLORE && scored[first].factors.saturation < 1.0 {
         return Some(first);
     }
     eligible.retain(|i| *i != first);
