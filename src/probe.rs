@@ -67,16 +67,22 @@ async fn run(
         }
         let snapshot = store.snapshot();
         let now = Instant::now();
-        if local.is_unreachable() && now >= next_connect {
-            // The agent is not running: a TCP connect, cheap on loopback, notices its return
-            // within half a second. A business probe then confirms it at once (if it has one).
+        if now >= next_connect && local.barred() == Some(State::Ejected) {
+            // Out of rotation, the agent gets no traffic to tell us whether it runs: a TCP
+            // connect, cheap on loopback, does — every half second. Refused: it is not running
+            // (whatever ejected it), so it comes back as soon as it listens again. Accepted
+            // after that: back, and a business probe confirms it at once if it has one.
             next_connect = now + RECONNECT_EVERY.min(snapshot.policy.probes.fast_interval.get());
-            if accepts_connections(&snapshot).await {
-                if has_probes(&snapshot) {
-                    due.values_mut().for_each(|at| *at = now);
-                } else {
-                    local.reachable();
+            match connect(&snapshot).await {
+                Connect::Refused => local.observe(Signal::Unreachable(Duration::ZERO)),
+                Connect::Accepted if local.is_unreachable() => {
+                    if has_probes(&snapshot) {
+                        due.values_mut().for_each(|at| *at = now);
+                    } else {
+                        local.reachable();
+                    }
                 }
+                _ => {}
             }
         }
         if local.take_probe_request() {
@@ -137,14 +143,23 @@ fn has_probes(snapshot: &Snapshot) -> bool {
         .any(|c| c.probe.is_some())
 }
 
-/// Whether the agent accepts a TCP connection now (within the connect timeout).
-async fn accepts_connections(snapshot: &Snapshot) -> bool {
+/// What a TCP connect to the agent found.
+enum Connect {
+    Accepted,
+    /// Nothing listens there.
+    Refused,
+    /// Timed out or failed otherwise: no conclusion.
+    Unknown,
+}
+
+async fn connect(snapshot: &Snapshot) -> Connect {
     let address = snapshot.bootstrap.agent.address.as_str();
     let timeout = snapshot.policy.timeouts.connect.get();
-    matches!(
-        tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address)).await,
-        Ok(Ok(_))
-    )
+    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address)).await {
+        Ok(Ok(_)) => Connect::Accepted,
+        Ok(Err(err)) if err.kind() == std::io::ErrorKind::ConnectionRefused => Connect::Refused,
+        _ => Connect::Unknown,
+    }
 }
 
 /// The probe interval now: tighter while the agent is in trouble, looser while it is loaded.
