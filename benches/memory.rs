@@ -204,7 +204,6 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-
 /// An upstream that answers everything with 256 KiB.
 async fn start_upstream() -> SocketAddr {
     let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {

@@ -520,7 +520,6 @@ fn answers(port: u16) -> bool {
     std::io::Read::read_exact(&mut stream, &mut buf).is_ok() && buf.starts_with(b"HTTP/1.1 200")
 }
 
-
 fn idle_rss(binary: &Path, upstream: SocketAddr, dir: &Path) -> Option<f64> {
     let cfg = write(
         dir,
