@@ -96,7 +96,7 @@ struct Inner {
 
 impl LocalAgent {
     pub fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>, admission: Arc<Admission>) -> Self {
-        let probe_gated = has_probes(&store);
+        let probe_gated = store.snapshot().has_probes();
         Self {
             store,
             metrics,
@@ -216,7 +216,8 @@ impl LocalAgent {
         let mut inner = self.lock();
         // A reload may add or remove probes: an agent without them leaves ejection on the
         // cool-off alone, or it would never leave.
-        let gated = has_probes(&self.store) && self.prober_running.load(Ordering::Acquire);
+        let gated =
+            self.store.snapshot().has_probes() && self.prober_running.load(Ordering::Acquire);
         inner.view.set_probe_gated(gated);
         let reported = inner
             .reported_in_flight
@@ -310,16 +311,6 @@ impl LocalAgent {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-fn has_probes(store: &ConfigStore) -> bool {
-    store
-        .snapshot()
-        .bootstrap
-        .agent
-        .capabilities
-        .iter()
-        .any(|c| c.probe.is_some())
 }
 
 fn millis(d: Duration) -> u64 {

@@ -76,7 +76,7 @@ async fn run(
             match connect(&snapshot).await {
                 Connect::Refused => local.observe(Signal::Unreachable(Duration::ZERO)),
                 Connect::Accepted if local.is_unreachable() => {
-                    if has_probes(&snapshot) {
+                    if snapshot.has_probes() {
                         due.values_mut().for_each(|at| *at = now);
                     } else {
                         local.reachable();
@@ -132,15 +132,6 @@ async fn run(
             local.probed(record, signal);
         }
     }
-}
-
-fn has_probes(snapshot: &Snapshot) -> bool {
-    snapshot
-        .bootstrap
-        .agent
-        .capabilities
-        .iter()
-        .any(|c| c.probe.is_some())
 }
 
 /// What a TCP connect to the agent found.

@@ -176,6 +176,15 @@ impl Snapshot {
         self.peer_index.get(capability).map_or(&[], Vec::as_slice)
     }
 
+    /// Whether the local agent declares a business probe for any capability.
+    pub fn has_probes(&self) -> bool {
+        self.bootstrap
+            .agent
+            .capabilities
+            .iter()
+            .any(|c| c.probe.is_some())
+    }
+
     pub fn configured_peers(&self) -> &[Arc<Peer>] {
         &self.peers
     }
