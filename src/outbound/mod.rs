@@ -325,7 +325,11 @@ impl Outbound {
             });
             last = Some((attempt, chosen));
             let Some(reason) = retry else { break };
-            if !retry::withdraw(&budget) {
+            // A shed never reached an agent: moving it adds no load to any agent, so it does
+            // not spend the budget that guards agents against retry storms (429s do).
+            let shed =
+                matches!(&last, Some((Attempt::Refused(_, why), _)) if *why != "rate_limited");
+            if !shed && !retry::withdraw(&budget) {
                 // Fail fast with what we have: this is what stops a correlated retry storm.
                 self.metrics.retry_budget_exhausted(&route.capability);
                 break;
