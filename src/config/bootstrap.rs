@@ -282,7 +282,7 @@ pub struct Capability {
     #[serde(default)]
     pub timeout: Option<HumanDuration>,
     /// How long a call usually takes; without an explicit `timeout`, the timeout is 1.5× this
-    /// (code generation and retrieval must not share one number — seed 000 §4.3).
+    /// (code generation and retrieval must not share one number).
     #[serde(default)]
     pub expected_duration: Option<HumanDuration>,
     /// Which weight set scores calls that do not say (`reach-mode`).

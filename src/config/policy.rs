@@ -21,7 +21,7 @@ pub struct Policy {
     pub peer_views: PeerViewsPolicy,
     pub retry: RetryPolicy,
     pub idempotency: IdempotencyPolicy,
-    /// Capabilities served by plain services with no sidecar (seed 001's order, inventory and
+    /// Capabilities served by plain services with no sidecar (order, inventory or
     /// logistics services): the caller measures them itself with the same model.
     pub targets: Vec<ExternalTarget>,
     /// Write one JSON line per routed request (target `agent_reach::decision`).
@@ -207,7 +207,7 @@ impl Default for WeightSets {
     }
 }
 
-/// The state machine's thresholds and timings (DESIGN.md §3).
+/// The state machine's thresholds and timings (docs/reach-model.md, "State machine").
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StatesPolicy {
@@ -438,7 +438,7 @@ pub struct RetryPolicy {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct FallbackPolicy {
-    /// Pause between consecutive agents (seed 002: 2 s, so the previous one can clean up).
+    /// Pause between consecutive agents (2 s by default, so the previous one can clean up).
     pub interval: HumanDuration,
     /// Agents tried in all, 2 to 5.
     pub chain_length: u32,

@@ -6,7 +6,7 @@ use http::{header, Request, Response, Version};
 use hyper::body::Incoming;
 
 use super::client::{self, UpstreamClient};
-use super::request_target::{self as target, Target};
+use super::request_target;
 use super::{body, headers, ReachBody};
 use crate::error::ReachError;
 
@@ -20,15 +20,8 @@ pub async fn forward(
     target_name: &str,
     timeout: Duration,
 ) -> Result<Response<Incoming>, ReachError> {
-    let path = match target::of(&req)? {
-        Target::Path(path) => path,
-        Target::ServerOptions => {
-            return Err(ReachError::BadRequest(
-                "`OPTIONS *` is not forwarded".to_owned(),
-            ))
-        }
-    };
-    *req.uri_mut() = target::upstream_uri(authority, path)?;
+    // The target was checked at the listener's edge (`request_target::of`).
+    *req.uri_mut() = request_target::upstream_uri(authority, req.uri())?;
     // Upstream connections are HTTP/1.1 whatever the caller spoke.
     *req.version_mut() = Version::HTTP_11;
     req.headers_mut()

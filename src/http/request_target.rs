@@ -53,8 +53,18 @@ pub fn server_options() -> Response<ReachBody> {
     response
 }
 
-/// `http://{authority}{path}`, built from validated parts.
-pub fn upstream_uri(authority: &str, path: PathAndQuery) -> Result<Uri, ReachError> {
+/// `http://{authority}{path}`, built from validated parts: the path of `uri`, which must be
+/// origin-form (the edge refused anything else).
+pub fn upstream_uri(authority: &str, uri: &Uri) -> Result<Uri, ReachError> {
+    let path = match uri.path_and_query() {
+        Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
+        None => PathAndQuery::from_static("/"),
+        Some(_) => {
+            return Err(ReachError::BadRequest(format!(
+                "request target `{uri}` is not a path"
+            )))
+        }
+    };
     Uri::builder()
         .scheme("http")
         .authority(authority)
@@ -105,7 +115,7 @@ mod tests {
 
     #[test]
     fn the_upstream_uri_keeps_the_authority_port() {
-        let uri = upstream_uri("127.0.0.1:8080", PathAndQuery::from_static("/x"));
+        let uri = upstream_uri("127.0.0.1:8080", &Uri::from_static("/x"));
         assert_eq!(uri.ok().and_then(|u| u.port_u16()), Some(8080));
     }
 }

@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::activity::{Activity, Tracked};
@@ -39,25 +39,8 @@ pub async fn serve<H, F>(
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let first_byte_timeout = limits.header_read_timeout.get();
     let idle_timeout = limits.idle_timeout.get();
-    loop {
-        // Past the connection limit we stop accepting; clients wait in the kernel backlog.
-        let permit = tokio::select! {
-            _ = stop.cancelled() => break,
-            permit = slots.clone().acquire_owned() => match permit { Ok(p) => p, Err(_) => break },
-        };
-        let (stream, remote) = tokio::select! {
-            _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(err) => {
-                    // EMFILE and friends: back off briefly instead of spinning.
-                    tracing::warn!(listener = name, %err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
+    while let Some((permit, stream, remote)) = next_connection(name, &listener, &slots, &stop).await
+    {
         let activity = Activity::new();
         let service = {
             let (handler, activity) = (handler.clone(), activity.clone());
@@ -80,18 +63,13 @@ pub async fn serve<H, F>(
                     .serve_connection(TokioIo::new(stream), service)
                     .into_owned();
                 let mut conn = std::pin::pin!(conn);
-                // Asked to finish gracefully (open requests complete, h2 gets GOAWAY) when the
-                // listener stops, or when it has carried no request for `idle_timeout`: an idle
-                // h2 connection answers PINGs forever otherwise, holding memory.
+                let close = until_closing(&stop, &activity, idle_timeout);
+                let mut close = std::pin::pin!(close);
                 let mut closing = false;
                 let ended = loop {
                     tokio::select! {
                         ended = conn.as_mut() => break ended,
-                        _ = stop.cancelled(), if !closing => {
-                            conn.as_mut().graceful_shutdown();
-                            closing = true;
-                        }
-                        _ = activity.idle_for(idle_timeout), if !closing => {
+                        () = close.as_mut(), if !closing => {
                             conn.as_mut().graceful_shutdown();
                             closing = true;
                         }
@@ -116,6 +94,46 @@ pub async fn serve<H, F>(
         );
     }
     connections.abort_all();
+}
+
+/// The next connection, with its slot: past the connection limit we stop accepting and clients
+/// wait in the kernel backlog. `None` once the listener stops.
+async fn next_connection(
+    name: &'static str,
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+    stop: &CancellationToken,
+) -> Option<(OwnedSemaphorePermit, TcpStream, SocketAddr)> {
+    let permit = tokio::select! {
+        _ = stop.cancelled() => return None,
+        permit = slots.clone().acquire_owned() => permit.ok()?,
+    };
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, remote)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Some((permit, stream, remote));
+                }
+                Err(err) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(listener = name, %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+        }
+    }
+}
+
+/// When a connection should finish gracefully (open requests complete, h2 gets GOAWAY): the
+/// listener stops, or it has carried no request for `idle_timeout` — an idle h2 connection
+/// answers PINGs forever otherwise, holding memory.
+async fn until_closing(stop: &CancellationToken, activity: &Activity, idle_timeout: Duration) {
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = activity.idle_for(idle_timeout) => {}
+    }
 }
 
 fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {

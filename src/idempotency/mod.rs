@@ -10,7 +10,8 @@ mod table;
 
 use std::sync::Arc;
 
-use http::{HeaderMap, Method, Response};
+use http::request::Parts;
+use http::{HeaderMap, Response};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
@@ -18,6 +19,7 @@ pub use record::{Stored, Ticket};
 pub use table::{Budget, IdempotencyTable, TableUsage};
 
 use crate::error::ReachError;
+use crate::http::upload::Upload;
 use crate::http::ReachBody;
 
 pub const HEADER: &str = "idempotency-key";
@@ -43,20 +45,21 @@ pub enum Claim {
     Busy,
 }
 
-/// The fingerprint of a request. `body` is `None` for a body too large to buffer: then its
-/// declared length stands in for it.
-pub fn fingerprint(method: &Method, path: &str, body: Result<&[u8], Option<u64>>) -> Fingerprint {
+/// The fingerprint of a request: method, path and query, and its body — or, for a body too
+/// large to buffer, its declared length.
+pub fn fingerprint<B>(head: &Parts, upload: &Upload<B>) -> Fingerprint {
+    let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut hash = Sha256::new();
-    hash.update(method.as_str().as_bytes());
+    hash.update(head.method.as_str().as_bytes());
     hash.update([0]);
     hash.update(path.as_bytes());
     hash.update([0]);
-    match body {
-        Ok(bytes) => {
+    match upload {
+        Upload::Buffered(bytes) => {
             hash.update([1]);
             hash.update(bytes);
         }
-        Err(length) => {
+        Upload::Stream(_, length) => {
             hash.update([2]);
             hash.update(length.unwrap_or(u64::MAX).to_be_bytes());
         }

@@ -312,21 +312,19 @@ impl Inbound {
     ) -> Response<ReachBody> {
         let gap = snapshot.bootstrap.limits.body_read_timeout.get();
         let max = snapshot.policy.retry.max_body_bytes;
-        let (body, upload, fingerprint) = match upload::read(&parts.headers, incoming, max, gap)
-            .await
-        {
-            Ok(Upload::Buffered(bytes)) => {
-                let fp = idempotency::fingerprint(&parts.method, path_of(&parts), Ok(&bytes));
-                (body::full(bytes), UploadWatch::complete(), fp)
-            }
-            Ok(Upload::Stream(incoming, declared)) => {
-                let fp = idempotency::fingerprint(&parts.method, path_of(&parts), Err(declared));
-                let (body, upload) = WatchedUpload::new(incoming, gap);
-                (body::boxed(body), upload, fp)
-            }
+        let read = match upload::read(&parts.headers, incoming, max, gap).await {
+            Ok(read) => read,
             Err(err) => {
                 self.finish(&call.label, Outcome::Rejected, None, call.arrived.elapsed());
                 return err.into_response();
+            }
+        };
+        let fingerprint = idempotency::fingerprint(&parts, &read);
+        let (body, upload) = match read {
+            Upload::Buffered(bytes) => (body::full(bytes), UploadWatch::complete()),
+            Upload::Stream(incoming, _) => {
+                let (body, upload) = WatchedUpload::new(incoming, gap);
+                (body::boxed(body), upload)
             }
         };
         let (wait, by_deadline) = attempt_timeout(call.own_timeout, call.deadline);
@@ -431,10 +429,6 @@ fn signal_of<B>(response: &Response<B>, ttfb: Duration) -> Signal {
     } else {
         Signal::Success(ttfb)
     }
-}
-
-fn path_of(parts: &http::request::Parts) -> &str {
-    parts.uri.path_and_query().map_or("/", |p| p.as_str())
 }
 
 fn self_view(local: &LocalAgent) -> Response<ReachBody> {

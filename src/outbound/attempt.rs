@@ -1,18 +1,25 @@
-//! One attempt on one peer: how it ended, and whether that allows another.
+//! One attempt on one peer: sending it, what the peer's answer meant, and whether that allows
+//! another.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use http::{Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
+use super::Outbound;
 use crate::error::ReachError;
-use crate::http::headers;
+use crate::http::deadline::{self, attempt_timeout, Deadline};
+use crate::http::forward::forward;
+use crate::http::upload::UploadWatch;
+use crate::http::{headers, ReachBody};
+use crate::peers::Scored;
+use crate::reach::Signal;
 
 /// How one attempt ended, as far as retrying cares.
 pub(super) enum Attempt<B = Incoming> {
     Done(Response<B>),
     /// Refused without running the task (429, or a peer sidecar's 503): safe to try elsewhere.
-    Refused(Response<B>, &'static str),
+    Refused(Response<B>, Refusal),
     Failed(ReachError),
 }
 
@@ -33,7 +40,7 @@ impl<B> Attempt<B> {
             _ => false,
         };
         match self {
-            Attempt::Refused(_, why) => Some((why, false)),
+            Attempt::Refused(_, why) => Some((why.as_str(), false)),
             Attempt::Failed(ReachError::UpstreamConnect { .. }) => Some(("connect_failed", false)),
             _ if timed_out && keyed => Some(("timeout_keyed", true)),
             _ if timed_out && idempotent => Some(("timeout", false)),
@@ -44,6 +51,39 @@ impl<B> Attempt<B> {
             }
             _ => None,
         }
+    }
+}
+
+/// Why a peer refused a call that did not run: what the retry table, the metrics and the
+/// decision log say of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// `429`: the agent (or a rate limit) refused; it saw the call.
+    RateLimited,
+    /// `503 saturated` / `idempotency_busy`: the peer is full right now.
+    Full,
+    /// `503 draining` / `ejected`: out of rotation by its own view.
+    OutOfRotation,
+    /// `502 upstream_connect_failed`: the peer's agent is not running.
+    AgentUnreachable,
+    /// `404 unknown_capability`: this caller's registry is stale.
+    UnknownCapability,
+}
+
+impl Refusal {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Refusal::RateLimited => "rate_limited",
+            Refusal::Full => "saturated",
+            Refusal::OutOfRotation => "refused",
+            Refusal::AgentUnreachable => "agent_unreachable",
+            Refusal::UnknownCapability => "unknown_capability",
+        }
+    }
+
+    /// Moving the call adds load to no agent: it never reached one (only a 429 did).
+    pub(super) fn never_reached_an_agent(self) -> bool {
+        self != Refusal::RateLimited
     }
 }
 
@@ -60,10 +100,7 @@ pub(super) enum Answer {
     /// now), `idempotency_busy`, `draining`, `ejected`, or `upstream_connect_failed` (its agent
     /// is not running). Load or the peer's own news, never this caller's evidence against it;
     /// any method may go to another peer.
-    Shed {
-        retry_after: Duration,
-        why: &'static str,
-    },
+    Shed { retry_after: Duration, why: Refusal },
     /// `404 unknown_capability`: this caller's registry is stale.
     UnknownCapability,
     /// The peer's sidecar gave up on its agent (`504 timeout` / `deadline_exceeded`).
@@ -84,19 +121,101 @@ impl Answer {
             (StatusCode::TOO_MANY_REQUESTS, _) => Answer::RateLimited(retry_after()),
             (StatusCode::SERVICE_UNAVAILABLE, "saturated" | "idempotency_busy") => Answer::Shed {
                 retry_after: retry_after(),
-                why: "saturated",
+                why: Refusal::Full,
             },
             (StatusCode::SERVICE_UNAVAILABLE, "draining" | "ejected") => Answer::Shed {
                 retry_after: retry_after(),
-                why: "refused",
+                why: Refusal::OutOfRotation,
             },
             (StatusCode::BAD_GATEWAY, "upstream_connect_failed") => Answer::Shed {
                 retry_after: Duration::from_secs(1),
-                why: "agent_unreachable",
+                why: Refusal::AgentUnreachable,
             },
             (StatusCode::NOT_FOUND, "unknown_capability") => Answer::UnknownCapability,
             (StatusCode::GATEWAY_TIMEOUT, "timeout" | "deadline_exceeded") => Answer::TimedOut,
             _ => Answer::Served,
+        }
+    }
+}
+
+impl Outbound {
+    /// Sends one attempt and tells the caller's view of the peer what happened.
+    pub(super) async fn attempt(
+        &self,
+        mut request: Request<ReachBody>,
+        candidate: &Scored,
+        deadline: Option<Deadline>,
+        keyed_deadline: Option<Deadline>,
+        upload: &UploadWatch,
+    ) -> Attempt {
+        let peer = &candidate.peer;
+        let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
+        // The callee enforces the same budget: it stops work the caller no longer waits for.
+        let attempt_deadline = keyed_deadline.unwrap_or_else(|| Deadline::after(timeout));
+        request
+            .headers_mut()
+            .insert(deadline::DEADLINE, attempt_deadline.header_value());
+        let target = format!("peer {} ({})", peer.name, peer.address);
+        let sent = Instant::now();
+        let pending = self.peers.begin(peer, candidate.latency_ms);
+        let forwarded = forward(&self.client, request, &peer.address, &target, timeout).await;
+        if let Some(fault) = forwarded
+            .as_ref()
+            .err()
+            .and_then(|err| upload.caller_fault(matches!(err, ReachError::Timeout { .. })))
+        {
+            // The agent's own upload broke or stalled: nothing against the peer.
+            pending.discard();
+            return Attempt::Failed(fault);
+        }
+        match forwarded {
+            Ok(response) => {
+                let elapsed = sent.elapsed();
+                match Answer::of(&response) {
+                    Answer::RateLimited(retry_after) => {
+                        pending.finish(Signal::Refused { retry_after });
+                        Attempt::Refused(response, Refusal::RateLimited)
+                    }
+                    Answer::Shed { retry_after, why } => {
+                        // Never reached the agent: load, or news its own view carries.
+                        pending.finish(Signal::Shed { retry_after });
+                        Attempt::Refused(response, why)
+                    }
+                    Answer::TimedOut => {
+                        // The peer's sidecar gave up on its agent: a timeout, as if it were ours.
+                        pending.finish(Signal::Timeout(elapsed));
+                        Attempt::Done(response)
+                    }
+                    Answer::UnknownCapability => {
+                        // Our registry is stale: that peer no longer serves the capability.
+                        // Nothing ran; try another, and do not credit this one with a success.
+                        pending.discard();
+                        Attempt::Refused(response, Refusal::UnknownCapability)
+                    }
+                    Answer::Served if response.status().is_server_error() => {
+                        pending.finish(Signal::Failure(elapsed));
+                        Attempt::Done(response)
+                    }
+                    Answer::Served => {
+                        pending.finish(Signal::Success(elapsed));
+                        Attempt::Done(response)
+                    }
+                }
+            }
+            Err(ReachError::Timeout { .. }) if by_deadline => {
+                // The caller's budget ran out, not the peer's time: no evidence against the peer,
+                // unless the wait was far past what the peer usually takes (see `Pending`).
+                drop(pending);
+                Attempt::Failed(ReachError::DeadlineExceeded)
+            }
+            Err(err) => {
+                let signal = match err {
+                    ReachError::Timeout { .. } => Signal::Timeout(sent.elapsed()),
+                    _ => Signal::Failure(sent.elapsed()),
+                };
+                pending.finish(signal);
+                Attempt::Failed(err)
+            }
         }
     }
 }
@@ -130,14 +249,14 @@ mod tests {
             (502, None, Answer::Served),
             (503, None, Answer::Served),
             (429, None, Answer::RateLimited(Duration::from_secs(1))),
-            (503, Some("saturated"), shed("saturated")),
-            (503, Some("idempotency_busy"), shed("saturated")),
-            (503, Some("draining"), shed("refused")),
-            (503, Some("ejected"), shed("refused")),
+            (503, Some("saturated"), shed(Refusal::Full)),
+            (503, Some("idempotency_busy"), shed(Refusal::Full)),
+            (503, Some("draining"), shed(Refusal::OutOfRotation)),
+            (503, Some("ejected"), shed(Refusal::OutOfRotation)),
             (
                 502,
                 Some("upstream_connect_failed"),
-                shed("agent_unreachable"),
+                shed(Refusal::AgentUnreachable),
             ),
             (404, Some("unknown_capability"), Answer::UnknownCapability),
             (404, None, Answer::Served),
@@ -154,7 +273,7 @@ mod tests {
         }
     }
 
-    fn shed(why: &'static str) -> Answer {
+    fn shed(why: Refusal) -> Answer {
         Answer::Shed {
             retry_after: Duration::from_secs(1),
             why,
@@ -163,7 +282,7 @@ mod tests {
 
     #[test]
     fn the_retry_table() {
-        let refused = Attempt::Refused(response(429, None), "rate_limited");
+        let refused = Attempt::Refused(response(429, None), Refusal::RateLimited);
         let connect = Attempt::<()>::Failed(ReachError::UpstreamConnect {
             target: "p".into(),
             message: "refused".into(),

@@ -19,7 +19,7 @@ pub(super) fn log(
     let outcome = match outcome {
         Attempt::Done(r) => serde_json::json!({ "status": r.status().as_u16() }),
         Attempt::Refused(r, why) => {
-            serde_json::json!({ "status": r.status().as_u16(), "refused": why })
+            serde_json::json!({ "status": r.status().as_u16(), "refused": why.as_str() })
         }
         Attempt::Failed(e) => serde_json::json!({ "error": e.code() }),
     };

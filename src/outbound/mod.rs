@@ -20,7 +20,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::rate_limit::RateLimiters;
-use attempt::{Answer, Attempt};
+use attempt::{Attempt, Refusal};
 pub use balance::pick;
 #[cfg(test)]
 pub(crate) use balance::tests as balance_test_support;
@@ -32,8 +32,7 @@ use tiers::Tier;
 use crate::config::{ConfigStore, RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::client::UpstreamClient;
-use crate::http::deadline::{self, attempt_timeout, Deadline};
-use crate::http::forward::forward;
+use crate::http::deadline::{self, Deadline};
 use crate::http::measured::{BodyEnd, MeasuredBody};
 use crate::http::request_target::{self, Target};
 use crate::http::upload::{self, Upload, UploadWatch, WatchedUpload};
@@ -42,8 +41,7 @@ use crate::idempotency::{self, Claim, IdempotencyTable};
 use crate::inbound::Outcome;
 use crate::local::LocalAgent;
 use crate::metrics::{Direction, Metrics};
-use crate::peers::{PeerViews, RouteRequest, Scored};
-use crate::reach::Signal;
+use crate::peers::{PeerViews, RouteRequest};
 use crate::registry::Registry;
 
 /// The idempotency scope of the local agent's own keys (no peer is called by an empty name).
@@ -145,12 +143,7 @@ impl Outbound {
     }
 
     async fn keyed(self: Arc<Self>, call: Call, key: &str) -> Response<ReachBody> {
-        let path = call.parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let body = match &call.upload {
-            Upload::Buffered(bytes) => Ok(&bytes[..]),
-            Upload::Stream(_, declared) => Err(*declared),
-        };
-        let fingerprint = idempotency::fingerprint(&call.parts.method, path, body);
+        let fingerprint = idempotency::fingerprint(&call.parts, &call.upload);
         let claim = self
             .idempotency
             .claim(LOCAL_SCOPE, call.capability.as_str(), key, fingerprint);
@@ -327,8 +320,7 @@ impl Outbound {
             let Some(reason) = retry else { break };
             // A shed never reached an agent: moving it adds no load to any agent, so it does
             // not spend the budget that guards agents against retry storms (429s do).
-            let shed =
-                matches!(&last, Some((Attempt::Refused(_, why), _)) if *why != "rate_limited");
+            let shed = matches!(&last, Some((Attempt::Refused(_, why), _)) if why.never_reached_an_agent());
             if !shed && !retry::withdraw(&budget) {
                 // Fail fast with what we have: this is what stops a correlated retry storm.
                 self.metrics.retry_budget_exhausted(&route.capability);
@@ -351,7 +343,7 @@ impl Outbound {
             // refusing us, the next attempt waits for the refusal's retry-after (within the
             // deadline) instead of hammering a fleet that asked for a pause.
             let refused_after = match &last {
-                Some((Attempt::Refused(response, "rate_limited"), _)) => {
+                Some((Attempt::Refused(response, Refusal::RateLimited), _)) => {
                     headers::retry_after(response.headers())
                 }
                 _ => None,
@@ -367,7 +359,7 @@ impl Outbound {
                 // A full peer answered at once and nothing ran: the next may have a free slot
                 // now. No backoff; when every candidate is full, the last refusal (`503
                 // saturated`, with its retry-after) is the answer.
-                (_, Some((Attempt::Refused(_, "saturated"), _))) => Duration::ZERO,
+                (_, Some((Attempt::Refused(_, Refusal::Full), _))) => Duration::ZERO,
                 _ => pause,
             };
             tokio::time::sleep(deadline.map_or(pause, |d| pause.min(d.remaining()))).await;
@@ -446,86 +438,6 @@ impl Outbound {
         );
         h.insert("reach-attempt", attempt.into());
         request
-    }
-
-    /// Sends one attempt and tells the caller's view of the peer what happened.
-    async fn attempt(
-        &self,
-        mut request: Request<ReachBody>,
-        candidate: &Scored,
-        deadline: Option<Deadline>,
-        keyed_deadline: Option<Deadline>,
-        upload: &UploadWatch,
-    ) -> Attempt {
-        let peer = &candidate.peer;
-        let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
-        // The callee enforces the same budget: it stops work the caller no longer waits for.
-        let attempt_deadline = keyed_deadline.unwrap_or_else(|| Deadline::after(timeout));
-        request
-            .headers_mut()
-            .insert(deadline::DEADLINE, attempt_deadline.header_value());
-        let target = format!("peer {} ({})", peer.name, peer.address);
-        let sent = Instant::now();
-        let pending = self.peers.begin(peer, candidate.latency_ms);
-        let forwarded = forward(&self.client, request, &peer.address, &target, timeout).await;
-        if let Some(fault) = forwarded
-            .as_ref()
-            .err()
-            .and_then(|err| upload.caller_fault(matches!(err, ReachError::Timeout { .. })))
-        {
-            // The agent's own upload broke or stalled: nothing against the peer.
-            pending.discard();
-            return Attempt::Failed(fault);
-        }
-        match forwarded {
-            Ok(response) => {
-                let elapsed = sent.elapsed();
-                match Answer::of(&response) {
-                    Answer::RateLimited(retry_after) => {
-                        pending.finish(Signal::Refused { retry_after });
-                        Attempt::Refused(response, "rate_limited")
-                    }
-                    Answer::Shed { retry_after, why } => {
-                        // Never reached the agent: load, or news its own view carries.
-                        pending.finish(Signal::Shed { retry_after });
-                        Attempt::Refused(response, why)
-                    }
-                    Answer::TimedOut => {
-                        // The peer's sidecar gave up on its agent: a timeout, as if it were ours.
-                        pending.finish(Signal::Timeout(elapsed));
-                        Attempt::Done(response)
-                    }
-                    Answer::UnknownCapability => {
-                        // Our registry is stale: that peer no longer serves the capability.
-                        // Nothing ran; try another, and do not credit this one with a success.
-                        pending.discard();
-                        Attempt::Refused(response, "unknown_capability")
-                    }
-                    Answer::Served if response.status().is_server_error() => {
-                        pending.finish(Signal::Failure(elapsed));
-                        Attempt::Done(response)
-                    }
-                    Answer::Served => {
-                        pending.finish(Signal::Success(elapsed));
-                        Attempt::Done(response)
-                    }
-                }
-            }
-            Err(ReachError::Timeout { .. }) if by_deadline => {
-                // The caller's budget ran out, not the peer's time: no evidence against the peer,
-                // unless the wait was far past what the peer usually takes (see `Pending`).
-                drop(pending);
-                Attempt::Failed(ReachError::DeadlineExceeded)
-            }
-            Err(err) => {
-                let signal = match err {
-                    ReachError::Timeout { .. } => Signal::Timeout(sent.elapsed()),
-                    _ => Signal::Failure(sent.elapsed()),
-                };
-                pending.finish(signal);
-                Attempt::Failed(err)
-            }
-        }
     }
 
     fn respond(

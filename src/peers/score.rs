@@ -1,5 +1,5 @@
 //! Scoring the candidates for one request: this caller's view of each peer joined with the
-//! peer's own view, into an effective cap and the factors of DESIGN.md §3.
+//! peer's own view, into an effective cap and the factors of docs/reach-model.md ("Score").
 
 use std::time::Duration;
 

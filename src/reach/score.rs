@@ -1,4 +1,4 @@
-//! The reach score of one candidate for one request (DESIGN.md §3):
+//! The reach score of one candidate for one request (docs/reach-model.md, "Score"):
 //! `w_avail·availability + w_match·capability_match − w_cost·cost − w_sat·saturation`,
 //! with `cost = relative latency + declared cost + zone distance`; the relative latency term
 //! needs every candidate at once and is added by `peers::latency`.

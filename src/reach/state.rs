@@ -1,4 +1,4 @@
-//! The per-agent state machine and its traffic caps (DESIGN.md §3), pure and clock-driven.
+//! The per-agent state machine and its traffic caps (docs/reach-model.md, "State machine"), pure and clock-driven.
 //!
 //! parole → healthy → probation → ejected → recovering (ramp) → healthy, plus draining. The same
 //! machine runs in an agent's own sidecar (fed by inbound traffic and probes) and in every caller
