@@ -5,6 +5,7 @@
 //! rolls back (`table`), and the transport is UDP or an in-memory network (`transport`).
 //! `docs/gossip.md` explains the protocol, its timings and its threat model.
 
+mod address_warnings;
 pub mod envelope;
 mod node;
 mod status;

@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::address_warnings::{AddressRule, AddressWarnings};
 use super::envelope::{self, ClusterKey, Kind, Rejected, ReplayGuard, OVERHEAD};
 use super::status::{GossipStatus, MemberStatus, Stats};
 use super::table::{same_addr, Handler, Member, Origin, Table};
@@ -39,11 +40,6 @@ const REFRESH_BUDGET: f64 = 250.0;
 /// Even a state change waits this long after the previous publish (a flapping agent must not
 /// flood the fleet); it goes out on the next tick.
 const MIN_URGENT_GAP: Duration = Duration::from_millis(50);
-/// A peer whose datagrams break the address rule is warned about at most this often.
-const ADDRESS_WARN_EVERY: Duration = Duration::from_secs(60);
-/// Sources remembered for that; past this many at once (a key holder spoofing sources), new
-/// ones go unwarned until some age out.
-const ADDRESS_WARN_SOURCES: usize = 1024;
 
 /// Timings and identity of one node.
 #[derive(Clone, Debug)]
@@ -245,7 +241,7 @@ pub fn spawn(
         unserved: Vec::new(),
         status_at: None,
         status_stale: false,
-        address_warned: HashMap::new(),
+        address_warnings: AddressWarnings::default(),
         options,
     };
     let task = tokio::spawn(node.run(inbox, rx, stop));
@@ -294,30 +290,8 @@ struct Node {
     unserved: Vec<SocketAddr>,
     status_at: Option<Instant>,
     status_stale: bool,
-    /// When each source was last warned about for breaking the address rule.
-    address_warned: HashMap<SocketAddr, Instant>,
-}
-
-/// Which address rule a peer's datagrams break (see `warn_address`).
-#[derive(Clone, Copy, Debug)]
-enum AddressRule {
-    /// Items sent directly, about a node at another address than their source.
-    NotSender,
-    /// A `want` naming another address than its source: it is not answered.
-    WantSource,
-    /// A SWIM message whose sender identity is at another address than its source: its items
-    /// count as relayed, never first-hand.
-    SwimSource,
-}
-
-impl AddressRule {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::NotSender => Rejected::NotSender.as_str(),
-            Self::WantSource => "want_source",
-            Self::SwimSource => "swim_source",
-        }
-    }
+    /// Peers whose datagrams break the address rule, warned about once a minute each.
+    address_warnings: AddressWarnings,
 }
 
 impl Node {
@@ -389,7 +363,9 @@ impl Node {
             // forged source must not turn this node into a reflector toward someone else.
             Kind::Want => match wire::decode::<NodeId>(opened.body) {
                 Ok(asker) if asker.addr == from => self.send_items(from),
-                Ok(asker) => self.warn_address(from, asker.addr, AddressRule::WantSource),
+                Ok(asker) => self
+                    .address_warnings
+                    .warn(from, asker.addr, AddressRule::WantSource),
                 Err(_) => self.rejected(from, Rejected::Undecodable),
             },
         }
@@ -404,7 +380,8 @@ impl Node {
             <PostcardCodec as Codec<NodeId>>::decode_header(&mut PostcardCodec, body)
         {
             if !same_addr(header.src.addr, from) {
-                self.warn_address(from, header.src.addr, AddressRule::SwimSource);
+                self.address_warnings
+                    .warn(from, header.src.addr, AddressRule::SwimSource);
             }
         }
         self.handler.lock().from = Some(from);
@@ -422,37 +399,10 @@ impl Node {
                 self.handler.lock().apply(item, Origin::FirstHand, now);
             } else {
                 self.rejected(from, Rejected::NotSender);
-                self.warn_address(from, item.node.addr, AddressRule::NotSender);
+                self.address_warnings
+                    .warn(from, item.node.addr, AddressRule::NotSender);
             }
         }
-    }
-
-    /// Says loudly, once a minute per source, that a peer's datagrams break the address rule:
-    /// its items are refused, so it is silently unroutable otherwise (a node behind NAT,
-    /// multi-homed, or with `gossip.advertise` set to an address its datagrams do not leave
-    /// from).
-    fn warn_address(&mut self, from: SocketAddr, advertised: SocketAddr, rule: AddressRule) {
-        let now = Instant::now();
-        let recently = self
-            .address_warned
-            .get(&from)
-            .is_some_and(|at| now.saturating_duration_since(*at) < ADDRESS_WARN_EVERY);
-        if recently
-            || (self.address_warned.len() >= ADDRESS_WARN_SOURCES
-                && !self.address_warned.contains_key(&from))
-        {
-            return;
-        }
-        self.address_warned.insert(from, now);
-        tracing::warn!(
-            source = %from,
-            advertised = %advertised,
-            rule = rule.as_str(),
-            "gossip: datagrams from {from} come from the sidecar advertising {advertised}; a \
-             node is heard only from the gossip address it advertises, so that sidecar's items \
-             are refused and it is not routable from here. Set its gossip.advertise to the IP \
-             its datagrams leave from, with no NAT between sidecars"
-        );
     }
 
     fn rejected(&self, from: SocketAddr, reason: Rejected) {
@@ -678,8 +628,7 @@ impl Node {
                 );
             }
             self.replay.prune(envelope::unix_us());
-            self.address_warned
-                .retain(|_, at| now.saturating_duration_since(*at) < ADDRESS_WARN_EVERY);
+            self.address_warnings.prune(now);
             self.handler.lock().prune(now);
             self.wanted
                 .retain(|_, at| now.saturating_duration_since(*at) < WANT_EVERY * 10);
