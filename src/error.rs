@@ -67,6 +67,96 @@ pub enum ReachError {
     BadRequest(String),
     #[error("no such endpoint: {0}")]
     NotFound(String),
+    #[error("the sidecar failed while handling this request")]
+    Internal,
+}
+
+/// The `reach-reason` a sidecar puts on the answers it makes itself: the JSON `error` field too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    MissingCapability,
+    ForbiddenHost,
+    UnknownCapability,
+    NoAvailableInstance,
+    Saturated,
+    Ejected,
+    Draining,
+    UpstreamConnectFailed,
+    UpstreamFailed,
+    Timeout,
+    DeadlineExceeded,
+    IdempotencyConflict,
+    RateLimited,
+    IdempotencyMismatch,
+    IdempotencyBusy,
+    ClientBodyError,
+    BodyTimeout,
+    UnknownPath,
+    BadRequest,
+    NotFound,
+    Internal,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 21] = [
+        Reason::MissingCapability,
+        Reason::ForbiddenHost,
+        Reason::UnknownCapability,
+        Reason::NoAvailableInstance,
+        Reason::Saturated,
+        Reason::Ejected,
+        Reason::Draining,
+        Reason::UpstreamConnectFailed,
+        Reason::UpstreamFailed,
+        Reason::Timeout,
+        Reason::DeadlineExceeded,
+        Reason::IdempotencyConflict,
+        Reason::RateLimited,
+        Reason::IdempotencyMismatch,
+        Reason::IdempotencyBusy,
+        Reason::ClientBodyError,
+        Reason::BodyTimeout,
+        Reason::UnknownPath,
+        Reason::BadRequest,
+        Reason::NotFound,
+        Reason::Internal,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::MissingCapability => "missing_capability",
+            Reason::ForbiddenHost => "forbidden_host",
+            Reason::UnknownCapability => "unknown_capability",
+            Reason::NoAvailableInstance => "no_available_instance",
+            Reason::Saturated => "saturated",
+            Reason::Ejected => "ejected",
+            Reason::Draining => "draining",
+            Reason::UpstreamConnectFailed => "upstream_connect_failed",
+            Reason::UpstreamFailed => "upstream_failed",
+            Reason::Timeout => "timeout",
+            Reason::DeadlineExceeded => "deadline_exceeded",
+            Reason::IdempotencyConflict => "idempotency_conflict",
+            Reason::RateLimited => "rate_limited",
+            Reason::IdempotencyMismatch => "idempotency_mismatch",
+            Reason::IdempotencyBusy => "idempotency_busy",
+            Reason::ClientBodyError => "client_body_error",
+            Reason::BodyTimeout => "body_timeout",
+            Reason::UnknownPath => "unknown_path",
+            Reason::BadRequest => "bad_request",
+            Reason::NotFound => "not_found",
+            Reason::Internal => "internal",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+
+    /// The reason on a response, when a sidecar made it.
+    pub fn of<B>(response: &Response<B>) -> Option<Self> {
+        let value = response.headers().get(headers::REASON)?;
+        Reason::parse(value.to_str().ok()?)
+    }
 }
 
 impl ReachError {
@@ -94,42 +184,40 @@ impl ReachError {
             ReachError::Timeout { .. } | ReachError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
             }
+            ReachError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Why, typed: what the `reach-reason` header and the JSON `error` field say.
+    pub fn reason(&self) -> Reason {
+        match self {
+            ReachError::MissingCapability => Reason::MissingCapability,
+            ReachError::ForeignHost { .. } => Reason::ForbiddenHost,
+            ReachError::UnknownCapability { .. } => Reason::UnknownCapability,
+            ReachError::NoAvailableInstance { .. } => Reason::NoAvailableInstance,
+            ReachError::Saturated { .. } => Reason::Saturated,
+            ReachError::Ejected { .. } => Reason::Ejected,
+            ReachError::Draining => Reason::Draining,
+            ReachError::UpstreamConnect { .. } => Reason::UpstreamConnectFailed,
+            ReachError::Upstream { .. } => Reason::UpstreamFailed,
+            ReachError::Timeout { .. } => Reason::Timeout,
+            ReachError::DeadlineExceeded => Reason::DeadlineExceeded,
+            ReachError::IdempotencyConflict => Reason::IdempotencyConflict,
+            ReachError::RateLimited { .. } => Reason::RateLimited,
+            ReachError::IdempotencyMismatch => Reason::IdempotencyMismatch,
+            ReachError::IdempotencyBusy => Reason::IdempotencyBusy,
+            ReachError::ClientBody => Reason::ClientBodyError,
+            ReachError::BodyTimeout => Reason::BodyTimeout,
+            ReachError::UnknownPath { .. } => Reason::UnknownPath,
+            ReachError::BadRequest(_) => Reason::BadRequest,
+            ReachError::NotFound(_) => Reason::NotFound,
+            ReachError::Internal => Reason::Internal,
         }
     }
 
     /// The machine-readable code: the JSON `error` field and the `reach-reason` header.
     pub fn code(&self) -> &'static str {
-        match self {
-            ReachError::MissingCapability => "missing_capability",
-            ReachError::ForeignHost { .. } => "forbidden_host",
-            ReachError::UnknownCapability { .. } => "unknown_capability",
-            ReachError::NoAvailableInstance { .. } => "no_available_instance",
-            ReachError::Saturated { .. } => "saturated",
-            ReachError::Ejected { .. } => "ejected",
-            ReachError::Draining => "draining",
-            ReachError::UpstreamConnect { .. } => "upstream_connect_failed",
-            ReachError::Upstream { .. } => "upstream_failed",
-            ReachError::Timeout { .. } => "timeout",
-            ReachError::DeadlineExceeded => "deadline_exceeded",
-            ReachError::IdempotencyConflict => "idempotency_conflict",
-            ReachError::RateLimited { .. } => "rate_limited",
-            ReachError::IdempotencyMismatch => "idempotency_mismatch",
-            ReachError::IdempotencyBusy => "idempotency_busy",
-            ReachError::ClientBody => "client_body_error",
-            ReachError::BodyTimeout => "body_timeout",
-            ReachError::UnknownPath { .. } => "unknown_path",
-            ReachError::BadRequest(_) => "bad_request",
-            ReachError::NotFound(_) => "not_found",
-        }
-    }
-
-    /// The `outcome` label this error gives a request in metrics.
-    pub fn outcome(&self) -> &'static str {
-        match self {
-            ReachError::Timeout { .. } | ReachError::DeadlineExceeded => "timeout",
-            ReachError::UpstreamConnect { .. } | ReachError::Upstream { .. } => "failure",
-            _ => "rejected",
-        }
+        self.reason().as_str()
     }
 
     fn retry_after(&self) -> Option<Duration> {

@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod classify;
 pub mod config;
 pub mod demo;
 pub mod error;

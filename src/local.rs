@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::config::{ConfigStore, RouteMode};
+use crate::config::{ConfigStore, RouteMode, Snapshot};
 use crate::inbound::Admission;
 use crate::metrics::Metrics;
 use crate::reach::{Load, ReachView, Signal, Transition, ViewSnapshot};
@@ -113,9 +113,9 @@ impl LocalAgent {
         }
     }
 
-    /// A production request's outcome, as the inbound side measured it.
-    pub fn observe(&self, signal: Signal) {
-        let snapshot = self.store.snapshot();
+    /// A production request's outcome, as the inbound side measured it under the call's config
+    /// snapshot.
+    pub fn observe(&self, signal: Signal, snapshot: &Snapshot) {
         let now = Instant::now();
         let mut inner = self.lock();
         if matches!(signal, Signal::Success(_)) {
@@ -168,8 +168,7 @@ impl LocalAgent {
     }
 
     /// `PUT /reach/v1/busy` or a `reach-busy` response header.
-    pub fn report_busy(&self, busy: bool, in_flight: Option<usize>) {
-        let snapshot = self.store.snapshot();
+    pub fn report_busy(&self, busy: bool, in_flight: Option<usize>, snapshot: &Snapshot) {
         let now = Instant::now();
         let mut inner = self.lock();
         inner

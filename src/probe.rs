@@ -14,6 +14,7 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::classify::Class;
 use crate::config::{Capability, ConfigStore, ProbeSpec, Snapshot};
 use crate::http::{body, client};
 use crate::local::{LocalAgent, ProbeRecord, Traffic};
@@ -74,7 +75,7 @@ async fn run(
             // after that: back, and a business probe confirms it at once if it has one.
             next_connect = now + RECONNECT_EVERY.min(snapshot.policy.probes.fast_interval.get());
             match connect(&snapshot).await {
-                Connect::Refused => local.observe(Signal::Unreachable(Duration::ZERO)),
+                Connect::Refused => local.observe(Signal::Unreachable(Duration::ZERO), &snapshot),
                 Connect::Accepted if local.is_unreachable() => {
                     if snapshot.has_probes() {
                         due.values_mut().for_each(|at| *at = now);
@@ -201,9 +202,14 @@ async fn probe(
     let elapsed = started.elapsed();
     let (reason, signal) = match outcome {
         Err(_) => (Some("timeout".to_owned()), Signal::Timeout(elapsed)),
-        Ok(Err((message, true))) => (Some(message), Signal::Unreachable(elapsed)),
-        Ok(Err((message, false))) => (Some(message), Signal::Failure(elapsed)),
-        Ok(Ok((status, text))) => judge(spec, status, &text, elapsed),
+        Ok(Err((message, refused))) => {
+            let class = Class::Unreachable { refused };
+            (
+                Some(message),
+                class.signal(elapsed).unwrap_or(Signal::Failure(elapsed)),
+            )
+        }
+        Ok(Ok((class, status, text))) => judge(spec, class, status, &text, elapsed),
     };
     let record = ProbeRecord {
         capability: capability.name.to_string(),
@@ -220,7 +226,7 @@ async fn send(
     client: &client::UpstreamClient,
     snapshot: &Snapshot,
     spec: &ProbeSpec,
-) -> Result<(StatusCode, String), (String, bool)> {
+) -> Result<(Class, StatusCode, String), (String, bool)> {
     let method = Method::from_bytes(spec.method.as_bytes())
         .map_err(|_| (format!("bad method `{}`", spec.method), false))?;
     let mut builder = Request::builder()
@@ -253,28 +259,30 @@ async fn send(
         )
     })?;
     let status = response.status();
+    let class = Class::of_response(&response);
     let bytes = response
         .into_body()
         .collect()
         .await
         .map_err(|e| (format!("body error: {e}"), false))?
         .to_bytes();
-    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+    Ok((class, status, String::from_utf8_lossy(&bytes).into_owned()))
 }
 
+/// A probe passes on the status, body and JSON it expects. A miss is a failure, unless the
+/// classifier reads the answer as a refusal (a 429, an agent's 503 with `retry-after`): then
+/// it is load, with the cooldown the agent asked for.
 fn judge(
     spec: &ProbeSpec,
+    class: Class,
     status: StatusCode,
     text: &str,
     elapsed: Duration,
 ) -> (Option<String>, Signal) {
     if status.as_u16() != spec.expect_status {
-        let signal = if status == StatusCode::TOO_MANY_REQUESTS {
-            Signal::Refused {
-                retry_after: Duration::from_secs(1),
-            }
-        } else {
-            Signal::Failure(elapsed)
+        let signal = match class {
+            Class::Refused { retry_after } => Signal::Refused { retry_after },
+            _ => Signal::Failure(elapsed),
         };
         return (Some(format!("status {}", status.as_u16())), signal);
     }
@@ -318,15 +326,27 @@ mod tests {
     #[test]
     fn judges_status_body_and_json() {
         let d = Duration::from_millis(5);
-        assert_eq!(judge(&spec(), StatusCode::OK, r#"{"ok":true}"#, d).0, None);
+        let ok = Class::Success;
         assert_eq!(
-            judge(&spec(), StatusCode::TOO_MANY_REQUESTS, "", d)
-                .0
-                .as_deref(),
-            Some("status 429")
+            judge(&spec(), ok, StatusCode::OK, r#"{"ok":true}"#, d).0,
+            None
         );
+        let refused = Class::Refused {
+            retry_after: Duration::from_secs(7),
+        };
+        let (reason, signal) = judge(&spec(), refused, StatusCode::TOO_MANY_REQUESTS, "", d);
+        assert_eq!(reason.as_deref(), Some("status 429"));
+        // The agent's own cooldown, as the classifier read it.
         assert_eq!(
-            judge(&spec(), StatusCode::OK, r#"{"ok":false}"#, d)
+            signal,
+            Signal::Refused {
+                retry_after: Duration::from_secs(7)
+            }
+        );
+        let failed = judge(&spec(), Class::Failed, StatusCode::BAD_GATEWAY, "", d);
+        assert_eq!(failed.1, Signal::Failure(d));
+        assert_eq!(
+            judge(&spec(), ok, StatusCode::OK, r#"{"ok":false}"#, d)
                 .0
                 .as_deref(),
             Some("body mismatch")
@@ -337,9 +357,9 @@ mod tests {
             pointer: "/answer".into(),
             value: serde_json::json!(42),
         });
-        assert_eq!(judge(&s, StatusCode::OK, r#"{"answer":42}"#, d).0, None);
+        assert_eq!(judge(&s, ok, StatusCode::OK, r#"{"answer":42}"#, d).0, None);
         assert_eq!(
-            judge(&s, StatusCode::OK, r#"{"answer":41}"#, d)
+            judge(&s, ok, StatusCode::OK, r#"{"answer":41}"#, d)
                 .0
                 .as_deref(),
             Some("json mismatch at /answer")

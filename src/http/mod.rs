@@ -9,6 +9,11 @@ pub mod headers;
 pub mod measured;
 pub mod request_target;
 pub mod server;
+pub mod step;
 pub mod upload;
 
 pub use body::{BoxError, ReachBody};
+
+/// The address a request's connection came from, in the request's extensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientAddr(pub std::net::SocketAddr);

@@ -1,97 +1,150 @@
 //! Inbound requests with an `idempotency-key`: read and fingerprinted, claimed in the table, run
 //! once, and answered from the original's outcome.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::{Request, Response};
-use hyper::body::Incoming;
+use http::Response;
+use tower::layer::{layer_fn, Layer};
+use tower::{service_fn, ServiceExt};
 
-use super::{Call, Inbound, Outcome};
-use crate::config::Snapshot;
+use super::call::{Call, CallBody, Meta};
+use super::Inbound;
+use crate::classify::Outcome;
 use crate::error::ReachError;
 use crate::http::deadline::attempt_timeout;
+use crate::http::step::{answer, Step};
 use crate::http::upload::{self, Upload, UploadWatch, WatchedUpload};
 use crate::http::{body, ReachBody};
 use crate::idempotency::{self, Claim};
 use crate::metrics::Direction;
 
-impl Inbound {
-    /// A request with an `idempotency-key`: the first runs — to completion or the caller's
-    /// deadline, whatever its connection does, so a retry with the same key joins it rather
-    /// than running the task again — and every request with that key, the first included,
-    /// answers from its outcome. The key is the caller's, and holds one request: the same key
-    /// with another method, path or body gets 422.
-    pub(super) async fn keyed(
-        self: Arc<Self>,
-        parts: http::request::Parts,
-        incoming: Incoming,
-        key: &str,
-        scope: &str,
-        snapshot: Arc<Snapshot>,
-        call: Call,
-    ) -> Response<ReachBody> {
-        let gap = snapshot.bootstrap.limits.body_read_timeout.get();
-        let max = snapshot.policy.retry.max_body_bytes;
-        let read = match upload::read(&parts.headers, incoming, max, gap).await {
-            Ok(read) => read,
-            Err(err) => {
-                self.finish(&call.label, Outcome::Rejected, None, call.arrived.elapsed());
-                return err.into_response();
+pub(super) fn layer<S>(
+    inbound: Arc<Inbound>,
+) -> impl Layer<S, Service = impl Step<Call, Response = Response<ReachBody>>> + Clone
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    layer_fn(move |inner: S| {
+        let inbound = inbound.clone();
+        service_fn(move |call: Call| {
+            let (inbound, inner) = (inbound.clone(), inner.clone());
+            async move {
+                Ok::<_, Infallible>(match idempotency::key_of(&call.parts.headers) {
+                    Some(key) => keyed(&inbound, inner, call, &key).await,
+                    None => answer(inner.oneshot(call).await),
+                })
             }
-        };
-        let fingerprint = idempotency::fingerprint(&parts, &read);
-        let (body, upload) = match read {
-            Upload::Buffered(bytes) => (body::full(bytes), UploadWatch::complete()),
-            Upload::Stream(incoming, _) => {
-                let (body, upload) = WatchedUpload::new(incoming, gap);
-                (body::boxed(body), upload)
-            }
-        };
-        let (wait, by_deadline) = attempt_timeout(call.own_timeout, call.deadline);
-        let claim = self.idempotency.claim(scope, &call.label, key, fingerprint);
-        let (claim, first) = match claim {
-            Claim::First(ticket) => {
-                let joined = ticket.subscribe();
-                let this = self.clone();
-                // The agent is working on it: it runs until the caller's deadline (its retries
-                // join it), or its own timeout when the caller set none.
-                let retries = snapshot.policy.retry.max_retries.saturating_add(1);
-                let longest = call.own_timeout.saturating_mul(retries);
-                let run = Call {
-                    // Capped: a caller's far-off deadline must not hold a slot for days.
-                    own_timeout: call
-                        .deadline
-                        .map_or(call.own_timeout, |d| d.remaining().min(longest)),
-                    ..call.clone()
-                };
-                let req = Request::from_parts(parts, body);
-                tokio::spawn(async move {
-                    let response = this.clone().run(req, upload, &snapshot, run).await;
-                    ticket.settle(response).await;
-                });
-                (joined, true)
-            }
-            other => {
-                self.metrics.idempotent_replay();
-                (other, false)
-            }
-        };
-        match tokio::time::timeout(wait, idempotency::answer(claim)).await {
-            Ok(mut response) => {
-                if first {
-                    response.headers_mut().remove(idempotency::REPLAYED);
-                }
-                response
-            }
-            Err(_) if by_deadline => {
-                self.metrics.deadline_exceeded(Direction::Inbound);
-                ReachError::DeadlineExceeded.into_response()
-            }
-            Err(_) => ReachError::Timeout {
-                target: "the keyed original".to_owned(),
-                after: wait,
-            }
-            .into_response(),
+        })
+    })
+}
+
+/// A request with an `idempotency-key`: the first runs — to completion or the caller's deadline,
+/// whatever its connection does, so a retry with the same key joins it rather than running the
+/// task again — and every request with that key, the first included, answers from its outcome.
+/// The key is the caller's, and holds one request: the same key with another method, path or
+/// body gets 422.
+async fn keyed<S>(inbound: &Inbound, inner: S, mut call: Call, key: &str) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    let fingerprint = match read(inbound, &mut call).await {
+        Ok(fingerprint) => fingerprint,
+        Err(refused) => return refused,
+    };
+    let meta = call.meta.clone();
+    let (wait, by_deadline) = attempt_timeout(meta.own_timeout, meta.deadline);
+    let claim = inbound
+        .idempotency
+        .claim(&call.scope, &meta.label, key, fingerprint);
+    let (claim, first) = match claim {
+        Claim::First(ticket) => {
+            let joined = ticket.subscribe();
+            call.meta = runs_until(&call);
+            // The agent is working on it: it runs to the end whatever this connection does.
+            tokio::spawn(async move {
+                let response = answer(inner.oneshot(call).await);
+                ticket.settle(response).await;
+            });
+            (joined, true)
         }
+        other => {
+            inbound.metrics.idempotent_replay();
+            (other, false)
+        }
+    };
+    match tokio::time::timeout(wait, idempotency::answer(claim)).await {
+        Ok(mut response) => {
+            if first {
+                response.headers_mut().remove(idempotency::REPLAYED);
+            }
+            response
+        }
+        Err(_) if by_deadline => {
+            inbound.metrics.deadline_exceeded(Direction::Inbound);
+            ReachError::DeadlineExceeded.into_response()
+        }
+        Err(_) => ReachError::Timeout {
+            target: "the keyed original".to_owned(),
+            after: wait,
+        }
+        .into_response(),
+    }
+}
+
+/// Reads the body (up to the replay size) and fingerprints the request.
+#[allow(
+    clippy::result_large_err,
+    reason = "the refusal is the answer, moved once"
+)]
+async fn read(
+    inbound: &Inbound,
+    call: &mut Call,
+) -> Result<idempotency::Fingerprint, Response<ReachBody>> {
+    let snapshot = &call.snapshot;
+    let gap = snapshot.bootstrap.limits.body_read_timeout.get();
+    let max = snapshot.policy.retry.max_body_bytes;
+    let CallBody::Arriving(incoming) = std::mem::replace(
+        &mut call.body,
+        CallBody::Ready(body::empty(), UploadWatch::complete()),
+    ) else {
+        return Err(ReachError::BadRequest("the body was already read".to_owned()).into_response());
+    };
+    let read = match upload::read(&call.parts.headers, incoming, max, gap).await {
+        Ok(read) => read,
+        Err(err) => {
+            let m = &call.meta;
+            inbound.finish(
+                snapshot,
+                &m.label,
+                Outcome::Rejected,
+                None,
+                m.arrived.elapsed(),
+            );
+            return Err(err.into_response());
+        }
+    };
+    let fingerprint = idempotency::fingerprint(&call.parts, &read);
+    call.body = match read {
+        Upload::Buffered(bytes) => CallBody::Ready(body::full(bytes), UploadWatch::complete()),
+        Upload::Stream(incoming, _) => {
+            let (body, upload) = WatchedUpload::new(incoming, gap);
+            CallBody::Ready(body::boxed(body), upload)
+        }
+    };
+    Ok(fingerprint)
+}
+
+/// How long the original may run: to the caller's deadline (its retries join it), or its own
+/// timeout when the caller set none — capped, so a far-off deadline does not hold a slot for days.
+fn runs_until(call: &Call) -> Meta {
+    let meta = &call.meta;
+    let retries = call.snapshot.policy.retry.max_retries.saturating_add(1);
+    let longest = meta.own_timeout.saturating_mul(retries);
+    Meta {
+        own_timeout: meta
+            .deadline
+            .map_or(meta.own_timeout, |d| d.remaining().min(longest)),
+        ..meta.clone()
     }
 }

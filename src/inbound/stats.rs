@@ -6,39 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::classify::Outcome;
 use crate::reach::percentile;
-
-/// How one inbound request ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Success,
-    Failure,
-    Timeout,
-    /// Refused without running: by admission (saturated) or by the agent itself (429).
-    Rejected,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Success => "success",
-            Outcome::Failure => "failure",
-            Outcome::Timeout => "timeout",
-            Outcome::Rejected => "rejected",
-        }
-    }
-
-    /// Classifies an agent's response status.
-    pub fn of_status(status: http::StatusCode) -> Self {
-        if status == http::StatusCode::TOO_MANY_REQUESTS {
-            Outcome::Rejected
-        } else if status.is_server_error() {
-            Outcome::Failure
-        } else {
-            Outcome::Success
-        }
-    }
-}
 
 /// Durations kept for percentiles: enough for a stable p95, bounded in memory.
 const WINDOW: usize = 2048;
@@ -126,22 +95,5 @@ mod tests {
         // 101 timed samples (rejections are not timed): 1..=100 ms plus the 100 ms failure.
         assert_eq!(snap.p50_ms, 51.0);
         assert_eq!(snap.p95_ms, 96.0);
-    }
-
-    #[test]
-    fn classifies_statuses() {
-        assert_eq!(Outcome::of_status(http::StatusCode::OK), Outcome::Success);
-        assert_eq!(
-            Outcome::of_status(http::StatusCode::NOT_FOUND),
-            Outcome::Success
-        );
-        assert_eq!(
-            Outcome::of_status(http::StatusCode::TOO_MANY_REQUESTS),
-            Outcome::Rejected
-        );
-        assert_eq!(
-            Outcome::of_status(http::StatusCode::BAD_GATEWAY),
-            Outcome::Failure
-        );
     }
 }

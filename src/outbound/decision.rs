@@ -21,7 +21,7 @@ pub(super) fn log(
         Attempt::Refused(r, why) => {
             serde_json::json!({ "status": r.status().as_u16(), "refused": why.as_str() })
         }
-        Attempt::Failed(e) => serde_json::json!({ "error": e.code() }),
+        Attempt::Failed(e) | Attempt::Limited(e) => serde_json::json!({ "error": e.code() }),
     };
     let line = serde_json::json!({
         "capability": route.capability,

@@ -1,12 +1,19 @@
 //! The agent's own API on the outbound port: `PUT /reach/v1/busy` reports a busy agent (the only
 //! way a sidecar can see a workspace lock from outside).
 
+use std::convert::Infallible;
+use std::sync::Arc;
+
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
+use tower::layer::{layer_fn, Layer};
+use tower::{service_fn, ServiceExt};
 
+use crate::config::ConfigStore;
 use crate::error::ReachError;
+use crate::http::step::Step;
 use crate::http::{headers, server::text, ReachBody};
 use crate::local::LocalAgent;
 
@@ -20,12 +27,38 @@ struct BusyReport {
     in_flight: Option<usize>,
 }
 
+/// Answers the local API; passes capability calls on.
+pub(super) fn layer<S>(
+    local: Arc<LocalAgent>,
+    store: Arc<ConfigStore>,
+) -> impl Layer<S, Service = impl Step<Request<Incoming>, Response = Response<ReachBody>>> + Clone
+where
+    S: Step<Request<Incoming>, Response = Response<ReachBody>>,
+{
+    layer_fn(move |inner: S| {
+        let (local, store) = (local.clone(), store.clone());
+        service_fn(move |req: Request<Incoming>| {
+            let (local, store, inner) = (local.clone(), store.clone(), inner.clone());
+            async move {
+                if is_local_api(&req) {
+                    return Ok::<_, Infallible>(handle(&local, &store, req).await);
+                }
+                inner.oneshot(req).await
+            }
+        })
+    })
+}
+
 /// A request for the local API rather than a capability call.
-pub(super) fn is_local_api<B>(req: &Request<B>) -> bool {
+fn is_local_api<B>(req: &Request<B>) -> bool {
     req.uri().path().starts_with("/reach/v1/") && !req.headers().contains_key(headers::CAPABILITY)
 }
 
-pub(super) async fn handle(local: &LocalAgent, req: Request<Incoming>) -> Response<ReachBody> {
+async fn handle(
+    local: &LocalAgent,
+    store: &ConfigStore,
+    req: Request<Incoming>,
+) -> Response<ReachBody> {
     if req.uri().path() != BUSY_PATH {
         return ReachError::NotFound(req.uri().path().to_owned()).into_response();
     }
@@ -42,7 +75,7 @@ pub(super) async fn handle(local: &LocalAgent, req: Request<Incoming>) -> Respon
     };
     match serde_json::from_slice::<BusyReport>(&bytes) {
         Ok(report) => {
-            local.report_busy(report.busy, report.in_flight);
+            local.report_busy(report.busy, report.in_flight, &store.snapshot());
             text(StatusCode::NO_CONTENT, "text/plain", "")
         }
         Err(err) => ReachError::BadRequest(format!("bad busy report: {err}")).into_response(),

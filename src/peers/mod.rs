@@ -172,7 +172,11 @@ impl PeerViews {
 
     /// Evidence about `peer` from outside an attempt (its sidecar did not answer a poll).
     pub fn observe(&self, peer: &Peer, signal: Signal) {
-        let snapshot = self.store.snapshot();
+        self.record(peer, signal, &self.store.snapshot());
+    }
+
+    /// Evidence about `peer`, judged under the caller's config snapshot.
+    fn record(&self, peer: &Peer, signal: Signal, snapshot: &Snapshot) {
         let now = Instant::now();
         let mut inner = self.lock();
         let t = entry(&mut inner, peer, now).view.observe(
@@ -329,10 +333,10 @@ pub struct Pending<'v> {
 }
 
 impl Pending<'_> {
-    /// Ends the attempt with what this caller saw.
-    pub fn finish(mut self, signal: Signal) {
+    /// Ends the attempt with what this caller saw, under the call's config snapshot.
+    pub fn finish(mut self, signal: Signal, snapshot: &Snapshot) {
         self.done = true;
-        self.views.observe(self.peer, signal);
+        self.views.record(self.peer, signal, snapshot);
     }
 
     /// Ends the attempt with no evidence either way (nothing ran).

@@ -1,0 +1,73 @@
+//! What passes between the inbound steps: one call from a peer, and the same call holding a slot.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::request::Parts;
+use http::Request;
+use hyper::body::Incoming;
+
+use crate::config::Snapshot;
+use crate::http::deadline::Deadline;
+use crate::http::upload::{UploadWatch, WatchedUpload};
+use crate::http::{body, ReachBody};
+use crate::inbound::Slot;
+
+/// What one inbound call is, as the steps after the edge need it.
+#[derive(Clone, Debug)]
+pub(super) struct Meta {
+    /// The capability's metric label.
+    pub(super) label: String,
+    /// How long the agent may take to answer (the capability's timeout).
+    pub(super) own_timeout: Duration,
+    pub(super) deadline: Option<Deadline>,
+    pub(super) arrived: Instant,
+}
+
+/// One call from a peer, checked at the edge, under one config snapshot.
+pub(super) struct Call {
+    pub(super) meta: Meta,
+    pub(super) snapshot: Arc<Snapshot>,
+    /// Idempotency keys are scoped by caller: the verified name, else the connection's address.
+    pub(super) scope: String,
+    pub(super) parts: Parts,
+    pub(super) body: CallBody,
+}
+
+/// The call's body: as it arrives, or already read (a keyed call's, fingerprinted).
+pub(super) enum CallBody {
+    Arriving(Incoming),
+    Ready(ReachBody, UploadWatch),
+}
+
+impl Call {
+    /// The request to forward, and the watch on its upload.
+    pub(super) fn into_request(self) -> (Meta, Arc<Snapshot>, Request<ReachBody>, UploadWatch) {
+        let (body, upload) = match self.body {
+            CallBody::Arriving(incoming) => {
+                let gap = self.snapshot.bootstrap.limits.body_read_timeout.get();
+                let (body, upload) = WatchedUpload::new(incoming, gap);
+                (body::boxed(body), upload)
+            }
+            CallBody::Ready(body, upload) => (body, upload),
+        };
+        let request = Request::from_parts(self.parts, body);
+        (self.meta, self.snapshot, request, upload)
+    }
+}
+
+/// A call admitted to the agent: it holds a slot until its answer has been delivered.
+pub(super) struct Admitted {
+    pub(super) meta: Meta,
+    pub(super) snapshot: Arc<Snapshot>,
+    pub(super) request: Request<ReachBody>,
+    pub(super) upload: UploadWatch,
+    pub(super) slot: Slot,
+}
+
+/// The request to the agent, with how long it may take.
+pub(super) struct Forward {
+    pub(super) request: Request<ReachBody>,
+    pub(super) timeout: Duration,
+    pub(super) snapshot: Arc<Snapshot>,
+}

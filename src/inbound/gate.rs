@@ -1,0 +1,74 @@
+//! Refusals before any work: a deadline that has already passed, an agent out of rotation by its
+//! own view, and the agent's rate limit.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::Response;
+use tower::layer::{layer_fn, Layer};
+use tower::{service_fn, ServiceExt};
+
+use super::call::Call;
+use super::Inbound;
+use crate::classify::Outcome;
+use crate::error::ReachError;
+use crate::http::step::Step;
+use crate::http::ReachBody;
+use crate::metrics::Direction;
+use crate::reach::State;
+
+pub(super) fn layer<S>(
+    inbound: Arc<Inbound>,
+) -> impl Layer<S, Service = impl Step<Call, Response = Response<ReachBody>>> + Clone
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    layer_fn(move |inner: S| {
+        let inbound = inbound.clone();
+        service_fn(move |call: Call| {
+            let (inbound, inner) = (inbound.clone(), inner.clone());
+            async move {
+                if let Some(refused) = refuse_early(&inbound, &call) {
+                    return Ok::<_, Infallible>(refused);
+                }
+                inner.oneshot(call).await
+            }
+        })
+    })
+}
+
+fn refuse_early(inbound: &Inbound, call: &Call) -> Option<Response<ReachBody>> {
+    let agent = &call.snapshot.bootstrap.agent;
+    let refused = |outcome| {
+        let m = &call.meta;
+        inbound.finish(&call.snapshot, &m.label, outcome, None, m.arrived.elapsed());
+    };
+    if call.meta.deadline.is_some_and(|d| d.remaining().is_zero()) {
+        // The caller has already given up: running the task would be wasted work.
+        refused(Outcome::Timeout);
+        inbound.metrics.deadline_exceeded(Direction::Inbound);
+        return Some(ReachError::DeadlineExceeded.into_response());
+    }
+    // An agent out of rotation by its own view takes no new work; the caller moves on.
+    if let Some(state) = inbound.local.barred() {
+        refused(Outcome::Rejected);
+        let err = match state {
+            State::Draining => ReachError::Draining,
+            _ => ReachError::Ejected {
+                agent: agent.name.to_string(),
+            },
+        };
+        return Some(err.into_response());
+    }
+    let limit = agent.rate_limit?;
+    let retry_after = inbound.rate_limit.take("local", limit).err()?;
+    refused(Outcome::Rejected);
+    let target = agent.name.to_string();
+    Some(
+        ReachError::RateLimited {
+            target,
+            retry_after,
+        }
+        .into_response(),
+    )
+}

@@ -1,0 +1,156 @@
+//! What really happened to a call the agent took, as the classifier reads it: told to the agent's
+//! own view, the counters and the metrics. The call's slot is held until its answer has been
+//! delivered: the agent is busy until then.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{HeaderMap, Response};
+use hyper::body::Incoming;
+use tower::layer::{layer_fn, Layer};
+use tower::{service_fn, ServiceExt};
+
+use super::call::{Admitted, Forward, Meta};
+use super::Inbound;
+use crate::classify::{Class, Outcome};
+use crate::config::Snapshot;
+use crate::error::ReachError;
+use crate::http::deadline::attempt_timeout;
+use crate::http::measured::{BodyEnd, MeasuredBody};
+use crate::http::step::{answer, Step};
+use crate::http::upload::UploadWatch;
+use crate::http::{body, headers, ReachBody};
+use crate::metrics::Direction;
+use crate::reach::Signal;
+
+pub(super) fn layer<S>(
+    inbound: Arc<Inbound>,
+) -> impl Layer<S, Service = impl Step<Admitted, Response = Response<ReachBody>>> + Clone
+where
+    S: Step<Forward, Response = Result<Response<Incoming>, ReachError>>,
+{
+    layer_fn(move |inner: S| {
+        let inbound = inbound.clone();
+        service_fn(move |call: Admitted| {
+            let (inbound, inner) = (inbound.clone(), inner.clone());
+            async move { Ok::<_, Infallible>(measure(inbound, inner, call).await) }
+        })
+    })
+}
+
+async fn measure<S>(inbound: Arc<Inbound>, inner: S, call: Admitted) -> Response<ReachBody>
+where
+    S: Step<Forward, Response = Result<Response<Incoming>, ReachError>>,
+{
+    let Admitted {
+        meta,
+        snapshot,
+        request,
+        upload,
+        slot,
+    } = call;
+    let admitted = Instant::now();
+    let (timeout, by_deadline) = attempt_timeout(meta.own_timeout, meta.deadline);
+    let forward = Forward {
+        request,
+        timeout,
+        snapshot: snapshot.clone(),
+    };
+    let response = match answer(inner.oneshot(forward).await) {
+        Ok(response) => response,
+        Err(err) => {
+            let failed = Failed {
+                err,
+                upload: &upload,
+                by_deadline,
+                admitted,
+            };
+            return failed.answer(&inbound, &meta, &snapshot);
+        }
+    };
+    let ttfb = admitted.elapsed();
+    inbound.metrics.inbound_first_byte(&meta.label, ttfb);
+    agent_reports(&inbound, response.headers(), &snapshot);
+    let class = Class::of_response(&response);
+    // A response to a broken or stalled upload says nothing about the agent.
+    let signal = match upload.caller_fault(false) {
+        Some(_) => None,
+        None => class.signal(ttfb),
+    };
+    let (mut parts, incoming) = response.into_parts();
+    let agent = snapshot.bootstrap.agent.name.as_str();
+    parts.headers.insert(headers::AGENT, headers::value(agent));
+    let measured = MeasuredBody::new(incoming, move |end| {
+        let arrived = meta.arrived;
+        let (outcome, signal) = match end {
+            BodyEnd::Error => (Outcome::Failure, Some(Signal::Failure(arrived.elapsed()))),
+            _ => (class.outcome(), signal),
+        };
+        inbound.finish(&snapshot, &meta.label, outcome, signal, arrived.elapsed());
+        drop(slot);
+    });
+    Response::from_parts(parts, body::boxed(measured))
+}
+
+/// A forward that produced no response.
+struct Failed<'a> {
+    err: ReachError,
+    upload: &'a UploadWatch,
+    by_deadline: bool,
+    admitted: Instant,
+}
+
+impl Failed<'_> {
+    /// Whose fault it was decides what the view learns.
+    fn answer(self, inbound: &Inbound, meta: &Meta, snapshot: &Snapshot) -> Response<ReachBody> {
+        let timed_out = matches!(self.err, ReachError::Timeout { .. });
+        let (outcome, signal, err) = match self.upload.caller_fault(timed_out) {
+            // The caller's upload broke or stalled: no evidence against the agent.
+            Some(fault) => (Outcome::Rejected, None, fault),
+            // The caller's deadline, not the agent's timeout: no evidence against it.
+            None if timed_out && self.by_deadline => {
+                inbound.metrics.deadline_exceeded(Direction::Inbound);
+                (Outcome::Timeout, None, ReachError::DeadlineExceeded)
+            }
+            // Otherwise as the classifier reads it; nothing listening where the agent should be
+            // is `Unreachable`: it is not running, out at once.
+            None => {
+                let class = Class::of_error(&self.err);
+                let elapsed = self.admitted.elapsed();
+                (class.outcome(), class.signal(elapsed), self.err)
+            }
+        };
+        inbound.finish(
+            snapshot,
+            &meta.label,
+            outcome,
+            signal,
+            meta.arrived.elapsed(),
+        );
+        tracing::debug!(%err, capability = %meta.label, "inbound request failed");
+        let mut response = err.into_response();
+        let agent = snapshot.bootstrap.agent.name.as_str();
+        response
+            .headers_mut()
+            .insert(headers::AGENT, headers::value(agent));
+        response
+    }
+}
+
+/// `reach-busy` / `reach-load` on any response: the agent telling us how loaded it is.
+fn agent_reports(inbound: &Inbound, h: &HeaderMap, snapshot: &Snapshot) {
+    if let Some(busy) = h.get("reach-busy").and_then(|v| v.to_str().ok()) {
+        let busy = busy.trim().eq_ignore_ascii_case("true");
+        inbound.local.report_busy(busy, None, snapshot);
+    }
+    if let Some(load) = h
+        .get("reach-load")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+    {
+        if load.is_finite() {
+            inbound.local.report_load(load);
+        }
+    }
+}

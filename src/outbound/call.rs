@@ -1,0 +1,67 @@
+//! What passes between the outbound steps: a call, its plan, one attempt, and the routed answer.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::request::Parts;
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use super::tiers::Tier;
+use crate::config::{Name, Snapshot};
+use crate::error::ReachError;
+use crate::http::deadline::Deadline;
+use crate::http::upload::{Upload, UploadWatch};
+use crate::http::ReachBody;
+use crate::peers::{RouteRequest, Scored};
+
+/// One call from the local agent, its body read (or ready to stream), under one config snapshot.
+pub(super) struct Call {
+    pub(super) capability: Name,
+    pub(super) parts: Parts,
+    pub(super) upload: Upload<Incoming>,
+    pub(super) deadline: Option<Deadline>,
+    pub(super) snapshot: Arc<Snapshot>,
+    pub(super) started: Instant,
+}
+
+/// A call with its candidates: who may take it, best first by the pick's lights.
+pub(super) struct Plan {
+    pub(super) call: Call,
+    pub(super) route: RouteRequest,
+    pub(super) scored: Vec<Scored>,
+    pub(super) tiers: Vec<Tier>,
+}
+
+/// One attempt on one peer.
+pub(super) struct Try {
+    pub(super) request: Request<ReachBody>,
+    pub(super) candidate: Scored,
+    pub(super) deadline: Option<Deadline>,
+    /// A keyed call's original may run past one attempt's timeout, up to this.
+    pub(super) keyed_deadline: Option<Deadline>,
+    pub(super) upload: UploadWatch,
+    pub(super) snapshot: Arc<Snapshot>,
+}
+
+/// What routing came to, for the record step to answer with.
+pub(super) struct Routed {
+    pub(super) answer: Result<Response<Incoming>, ReachError>,
+    /// The capability's metric label (never a caller's typo: see `candidates`).
+    pub(super) label: String,
+    /// The peer that gave the answer, `-` when none did.
+    pub(super) peer: String,
+    /// Attempts made, for `reach-attempts`; `None` when routing never started.
+    pub(super) attempts: Option<usize>,
+}
+
+impl Routed {
+    pub(super) fn refused(label: &str, err: ReachError) -> Self {
+        Routed {
+            answer: Err(err),
+            label: label.to_owned(),
+            peer: "-".to_owned(),
+            attempts: None,
+        }
+    }
+}

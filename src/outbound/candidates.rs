@@ -1,0 +1,94 @@
+//! Who may take a call: the peers that serve its capability (a sample of them in a large fleet),
+//! each scored by this caller's view, in zone tiers.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::HeaderMap;
+use tower::layer::{layer_fn, Layer};
+use tower::{service_fn, ServiceExt};
+
+use super::call::{Call, Plan, Routed};
+use super::tiers::Tier;
+use super::{sample, Outbound};
+use crate::config::RouteMode;
+use crate::error::ReachError;
+use crate::http::step::{answer, Step};
+use crate::peers::RouteRequest;
+
+/// The metric label of a capability nobody serves: typed names must not grow the series.
+const UNKNOWN: &str = "unknown";
+
+pub(super) fn layer<S>(
+    out: Arc<Outbound>,
+) -> impl Layer<S, Service = impl Step<Call, Response = Routed>> + Clone
+where
+    S: Step<Plan, Response = Routed>,
+{
+    layer_fn(move |inner: S| {
+        let out = out.clone();
+        service_fn(move |call: Call| {
+            let (out, inner) = (out.clone(), inner.clone());
+            async move {
+                Ok::<_, Infallible>(match plan(&out, call) {
+                    Ok(plan) => answer(inner.oneshot(plan).await),
+                    Err(refused) => refused,
+                })
+            }
+        })
+    })
+}
+
+#[allow(
+    clippy::result_large_err,
+    reason = "the refusal is the answer, moved once"
+)]
+fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
+    let route = route_request(&call);
+    let scored = sample::score_candidates(&out.registry, &out.peers, &call.snapshot, &route, |n| {
+        rand::random_range(0..n)
+    });
+    if scored.is_empty() {
+        // Not labelled by name: a caller's typos must not grow the metric series.
+        out.metrics.no_candidate(UNKNOWN);
+        let err = ReachError::UnknownCapability {
+            capability: route.capability.clone(),
+        };
+        return Err(Routed::refused(UNKNOWN, err));
+    }
+    let me = &call.snapshot.bootstrap.agent;
+    let tiers = scored
+        .iter()
+        .map(|s| Tier::of((&me.zone, &me.region), (&s.peer.zone, &s.peer.region)))
+        .collect();
+    Ok(Plan {
+        call,
+        route,
+        scored,
+        tiers,
+    })
+}
+
+/// What the pick needs to know of the call: capability, required tags, sync or async.
+fn route_request(call: &Call) -> RouteRequest {
+    let headers = &call.parts.headers;
+    RouteRequest {
+        capability: call.capability.to_string(),
+        tags: header_list(headers, "reach-tags"),
+        mode: headers
+            .get("reach-mode")
+            .and_then(|v| v.to_str().ok())
+            .and_then(RouteMode::parse),
+    }
+}
+
+fn header_list(headers: &HeaderMap, name: &str) -> Vec<String> {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect()
+}

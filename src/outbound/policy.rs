@@ -1,0 +1,372 @@
+//! The attempt policy: which candidate takes the next attempt, and how long to wait first. A
+//! call is driven as a sequence of attempts that [`Attempts`] hands out one at a time — nearest
+//! tier first, never the same peer twice (but a keyed call that timed out goes back to its
+//! agent) — within the retry table, the capability's retry budget, the backoff and the deadline.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tower::layer::{layer_fn, Layer};
+use tower::retry::budget::TpsBudget;
+use tower::{service_fn, ServiceExt};
+
+use super::attempt::{Attempt, Refusal};
+use super::call::{Plan, Routed, Try};
+use super::tiers::{self, Tier};
+use super::{decision, pick, retry, Outbound};
+use crate::config::{RouteMode, Snapshot};
+use crate::error::ReachError;
+use crate::http::deadline::{self, Deadline};
+use crate::http::step::{answer, Step};
+use crate::http::upload::{Upload, UploadWatch, WatchedUpload};
+use crate::http::{body, headers, ReachBody};
+use crate::idempotency;
+use crate::peers::Scored;
+
+pub(super) fn layer<S>(
+    out: Arc<Outbound>,
+) -> impl Layer<S, Service = impl Step<Plan, Response = Routed>> + Clone
+where
+    S: Step<Try, Response = Attempt>,
+{
+    layer_fn(move |inner: S| {
+        let out = out.clone();
+        service_fn(move |plan: Plan| {
+            let (out, inner) = (out.clone(), inner.clone());
+            async move { Ok::<_, Infallible>(route(&out, inner, plan).await) }
+        })
+    })
+}
+
+/// Drives the call's attempts until one answers for good, the policy says stop, or the
+/// deadline passes.
+async fn route<S: Step<Try, Response = Attempt>>(out: &Outbound, inner: S, plan: Plan) -> Routed {
+    let Plan {
+        call,
+        route,
+        scored,
+        tiers,
+    } = plan;
+    let snapshot = call.snapshot;
+    let mut parts = call.parts;
+    // The relative form is for the calling agent; peers get the absolute deadline per attempt.
+    parts.headers.remove(deadline::TIMEOUT);
+    let mut bodies = Bodies::of(call.upload, &snapshot);
+    let shape = CallShape {
+        capability: &route.capability,
+        parts: &parts,
+        mode: route.mode,
+        scored: &scored,
+        deadline: call.deadline,
+        replayable: bodies.replay.is_some(),
+    };
+    let mut attempts = Attempts::new(out, &snapshot, shape);
+    let mut last: Option<(Attempt, usize)> = None;
+    loop {
+        if attempts.deadline_passed() {
+            // Retries never run past the deadline.
+            let peer = last
+                .as_ref()
+                .map_or("-", |(_, i)| scored[*i].peer.name.as_str());
+            return attempts.routed(Err(ReachError::DeadlineExceeded), peer);
+        }
+        let Some(chosen) = attempts.pick(&scored, &tiers) else {
+            break;
+        };
+        let Some(body) = bodies.next() else { break };
+        let n = attempts.made();
+        let request = upstream_request(&parts, body, &snapshot, &route.capability, n);
+        let try_ = attempts.attempt(request, &scored[chosen], &bodies.watch, &snapshot);
+        let attempt = answer(inner.clone().oneshot(try_).await);
+        if !matches!(attempt, Attempt::Limited(_)) {
+            out.metrics.tier_pick(tiers[chosen].as_str());
+            decision::log(&snapshot, &route, &scored, chosen, n, &attempt);
+        }
+        let pause = attempts.after(&attempt, chosen, &scored);
+        last = Some((attempt, chosen));
+        match pause {
+            Some(pause) => tokio::time::sleep(pause).await,
+            None => break,
+        }
+    }
+    conclude(out, last, &attempts, &scored, &route.capability)
+}
+
+/// What the last attempt leaves the caller with.
+fn conclude(
+    out: &Outbound,
+    last: Option<(Attempt, usize)>,
+    attempts: &Attempts<'_>,
+    scored: &[Scored],
+    capability: &str,
+) -> Routed {
+    let Some((attempt, chosen)) = last else {
+        out.metrics.no_candidate(capability);
+        let candidates = serde_json::to_value(decision::snapshot_of(scored)).unwrap_or_default();
+        let err = ReachError::NoAvailableInstance {
+            capability: capability.to_owned(),
+            candidates,
+            attempts: attempts.made(),
+        };
+        return Routed::refused(capability, err);
+    };
+    let answer = match attempt {
+        Attempt::Failed(err) | Attempt::Limited(err) => Err(err),
+        Attempt::Done(response) | Attempt::Refused(response, _) => Ok(response),
+    };
+    attempts.routed(answer, &scored[chosen].peer.name)
+}
+
+/// The policy's state for one call.
+struct Attempts<'a> {
+    out: &'a Outbound,
+    snapshot: &'a Snapshot,
+    capability: &'a str,
+    deadline: Option<Deadline>,
+    /// A keyed call's original may run past one attempt's timeout (a retry joins it), but not
+    /// past the time the whole call may take.
+    keyed_deadline: Option<Deadline>,
+    budget: Arc<TpsBudget>,
+    max: usize,
+    is_async: bool,
+    keyed: bool,
+    idempotent_method: bool,
+    tried: Vec<usize>,
+    /// The candidate the next attempt must go to (a keyed call back to its agent).
+    sticky: Option<usize>,
+}
+
+impl<'a> Attempts<'a> {
+    fn new(out: &'a Outbound, snapshot: &'a Snapshot, call: CallShape<'a>) -> Self {
+        let retry = &snapshot.policy.retry;
+        let budget = out.budgets.get(call.capability, retry);
+        // Every call earns its capability a fraction of a retry.
+        retry::deposit(&budget);
+        let is_async = call.mode == Some(RouteMode::Async);
+        // An async call walks a fallback chain of its own length; a sync one gets the retries;
+        // a body that streams gets one attempt.
+        let max = match (call.replayable, is_async) {
+            (false, _) => 1,
+            (true, true) => retry.fallback.chain_length.clamp(2, 5) as usize,
+            (true, false) => retry.max_retries as usize + 1,
+        };
+        let keyed = call.parts.headers.contains_key(idempotency::HEADER);
+        let keyed_deadline = keyed.then(|| {
+            call.deadline.unwrap_or_else(|| {
+                let longest = call
+                    .scored
+                    .iter()
+                    .map(|s| s.timeout)
+                    .max()
+                    .unwrap_or_default();
+                Deadline::after(longest.saturating_mul(max as u32))
+            })
+        });
+        Attempts {
+            out,
+            snapshot,
+            capability: call.capability,
+            deadline: call.deadline,
+            keyed_deadline,
+            budget,
+            max,
+            is_async,
+            keyed,
+            idempotent_method: call.parts.method.is_idempotent(),
+            tried: Vec::new(),
+            sticky: None,
+        }
+    }
+
+    fn made(&self) -> usize {
+        self.tried.len()
+    }
+
+    fn deadline_passed(&self) -> bool {
+        self.deadline.is_some_and(|d| d.remaining().is_zero())
+    }
+
+    /// The next candidate, or `None` when the call has had its attempts or nobody is left.
+    fn pick(&mut self, scored: &[Scored], tiers: &[Tier]) -> Option<usize> {
+        if self.tried.len() >= self.max {
+            return None;
+        }
+        // Nearest tier first: skip the other tiers' candidates while the nearest can serve.
+        let floor = self.snapshot.policy.zones.tier_min_score;
+        let mut skip = tiers::outside_nearest(scored, tiers, &self.tried, floor);
+        skip.extend_from_slice(&self.tried);
+        let chosen = match self.sticky.take() {
+            Some(same) => same,
+            None => pick(scored, &skip, rand::random::<f64>)?,
+        };
+        self.tried.push(chosen);
+        Some(chosen)
+    }
+
+    /// The attempt on `candidate`.
+    fn attempt(
+        &self,
+        request: Request<ReachBody>,
+        candidate: &Scored,
+        upload: &UploadWatch,
+        snapshot: &Arc<Snapshot>,
+    ) -> Try {
+        Try {
+            request,
+            candidate: candidate.clone(),
+            deadline: self.deadline,
+            keyed_deadline: self.keyed_deadline,
+            upload: upload.clone(),
+            snapshot: snapshot.clone(),
+        }
+    }
+
+    /// Whether another attempt follows this one, and after what pause.
+    fn after(&mut self, attempt: &Attempt, chosen: usize, scored: &[Scored]) -> Option<Duration> {
+        if let Attempt::Limited(_) = attempt {
+            // Refused here before anything was sent: the next candidate, at once, for free.
+            return Some(Duration::ZERO);
+        }
+        // A capability the agent deduplicates itself is safe to repeat on any agent.
+        let declared = scored[chosen].idempotent;
+        let keyed = self.keyed && !declared;
+        let (reason, same_peer) = attempt.retry(keyed, self.idempotent_method || declared)?;
+        if self.tried.len() >= self.max {
+            return None;
+        }
+        if same_peer {
+            self.sticky = Some(chosen);
+        }
+        // A shed never reached an agent: moving it adds no load to any agent, so it does not
+        // spend the budget that guards agents against retry storms (429s do).
+        let shed = matches!(attempt, Attempt::Refused(_, why) if why.never_reached_an_agent());
+        if !shed && !retry::withdraw(&self.budget) {
+            // Fail fast with what we have: this is what stops a correlated retry storm.
+            self.out.metrics.retry_budget_exhausted(self.capability);
+            return None;
+        }
+        self.out.metrics.retry(self.capability, reason);
+        let pause = self.pause(attempt, scored);
+        Some(self.deadline.map_or(pause, |d| pause.min(d.remaining())))
+    }
+
+    /// The pause before the next attempt.
+    fn pause(&self, attempt: &Attempt, scored: &[Scored]) -> Duration {
+        let policy = &self.snapshot.policy.retry;
+        let pause = if self.is_async {
+            // Give the previous agent time to clean up before the next takes over.
+            policy.fallback.interval.get()
+        } else {
+            retry::backoff(
+                self.tried.len() as u32,
+                policy.backoff_base.get(),
+                policy.backoff_max.get(),
+                rand::random::<f64>(),
+            )
+        };
+        match attempt {
+            // A full peer answered at once and nothing ran: the next may have a free slot now.
+            // No backoff; when every candidate is full, the last refusal (`503 saturated`, with
+            // its retry-after) is the answer.
+            Attempt::Refused(_, Refusal::Full) => Duration::ZERO,
+            // `retry-after` is honoured as a minimum when everyone left is cooling down after
+            // refusing us: the next attempt waits for it (within the deadline) instead of
+            // hammering a fleet that asked for a pause.
+            Attempt::Refused(response, Refusal::RateLimited) if self.only_cooling_left(scored) => {
+                headers::retry_after(response.headers()).map_or(pause, |after| pause.max(after))
+            }
+            _ => pause,
+        }
+    }
+
+    fn only_cooling_left(&self, scored: &[Scored]) -> bool {
+        let mut rest = scored
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| s.excluded.is_none() && !self.tried.contains(i));
+        rest.clone().next().is_some() && rest.all(|(_, s)| s.cooling_down)
+    }
+
+    fn routed(&self, answer: Result<Response<Incoming>, ReachError>, peer: &str) -> Routed {
+        Routed {
+            answer,
+            label: self.capability.to_owned(),
+            peer: peer.to_owned(),
+            attempts: Some(self.made()),
+        }
+    }
+}
+
+/// What the policy needs to know of a call to set its limits.
+struct CallShape<'a> {
+    capability: &'a str,
+    parts: &'a Parts,
+    mode: Option<RouteMode>,
+    scored: &'a [Scored],
+    deadline: Option<Deadline>,
+    replayable: bool,
+}
+
+/// The call's body for each attempt: a buffered one replays, a streamed one goes once.
+struct Bodies {
+    replay: Option<Bytes>,
+    stream: Option<WatchedUpload<Incoming>>,
+    /// Whether the caller's upload broke or stalled (then nothing is held against a peer).
+    watch: UploadWatch,
+}
+
+impl Bodies {
+    fn of(upload: Upload<Incoming>, snapshot: &Snapshot) -> Self {
+        match upload {
+            Upload::Buffered(bytes) => Bodies {
+                replay: Some(bytes),
+                stream: None,
+                watch: UploadWatch::complete(),
+            },
+            Upload::Stream(incoming, _) => {
+                let gap = snapshot.bootstrap.limits.body_read_timeout.get();
+                let (body, watch) = WatchedUpload::new(incoming, gap);
+                Bodies {
+                    replay: None,
+                    stream: Some(body),
+                    watch,
+                }
+            }
+        }
+    }
+
+    fn next(&mut self) -> Option<ReachBody> {
+        match (&self.replay, self.stream.take()) {
+            (Some(bytes), _) => Some(body::full(bytes.clone())),
+            (None, Some(streamed)) => Some(body::boxed(streamed)),
+            (None, None) => None,
+        }
+    }
+}
+
+/// The agent's request as a peer receives it: the sidecar's own `reach-*` headers added.
+fn upstream_request(
+    parts: &Parts,
+    body: ReachBody,
+    snapshot: &Snapshot,
+    capability: &str,
+    attempt: usize,
+) -> Request<ReachBody> {
+    let mut request = Request::new(body);
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = parts.uri.clone();
+    *request.headers_mut() = parts.headers.clone();
+    let h = request.headers_mut();
+    h.insert(headers::CAPABILITY, headers::value(capability));
+    h.insert(
+        headers::CALLER,
+        headers::value(snapshot.bootstrap.agent.name.as_str()),
+    );
+    h.insert(headers::ATTEMPT, attempt.into());
+    request
+}

@@ -1,0 +1,107 @@
+//! The last word on a call: the metrics of how it ended (when its body has been delivered, for
+//! an answer that streams) and `reach-attempts`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::Response;
+use hyper::body::Incoming;
+use tower::layer::{layer_fn, Layer};
+use tower::{service_fn, ServiceExt};
+
+use super::call::{Call, Routed};
+use crate::classify::{Class, Outcome};
+use crate::error::ReachError;
+use crate::http::measured::{BodyEnd, MeasuredBody};
+use crate::http::step::{answer, Step};
+use crate::http::{body, ReachBody};
+use crate::metrics::{Direction, Metrics};
+
+const ATTEMPTS: &str = "reach-attempts";
+
+pub(super) fn layer<S>(
+    metrics: Arc<Metrics>,
+) -> impl Layer<S, Service = impl Step<Call, Response = Response<ReachBody>>> + Clone
+where
+    S: Step<Call, Response = Routed>,
+{
+    layer_fn(move |inner: S| {
+        let metrics = metrics.clone();
+        service_fn(move |call: Call| {
+            let (metrics, inner) = (metrics.clone(), inner.clone());
+            async move {
+                let started = call.started;
+                let routed = answer(inner.oneshot(call).await);
+                Ok::<_, Infallible>(respond(&metrics, routed, started))
+            }
+        })
+    })
+}
+
+fn respond(metrics: &Arc<Metrics>, routed: Routed, started: Instant) -> Response<ReachBody> {
+    let Routed {
+        answer,
+        label,
+        peer,
+        attempts,
+    } = routed;
+    let mut response = match answer {
+        Ok(response) => measured(metrics.clone(), response, label, peer, started),
+        Err(err) => refuse(metrics, &label, &peer, err, started),
+    };
+    if let Some(attempts) = attempts {
+        response.headers_mut().insert(ATTEMPTS, attempts.into());
+    }
+    response
+}
+
+/// A peer's answer, recorded when its body has been delivered.
+fn measured(
+    metrics: Arc<Metrics>,
+    response: Response<Incoming>,
+    label: String,
+    peer: String,
+    started: Instant,
+) -> Response<ReachBody> {
+    let outcome = Class::of_response(&response).outcome();
+    let (parts, incoming) = response.into_parts();
+    let measured = MeasuredBody::new(incoming, move |end| {
+        let outcome = if end == BodyEnd::Error {
+            Outcome::Failure
+        } else {
+            outcome
+        };
+        let elapsed = started.elapsed();
+        metrics.request_finished(
+            Direction::Outbound,
+            &label,
+            &peer,
+            outcome.as_str(),
+            elapsed,
+        );
+    });
+    Response::from_parts(parts, body::boxed(measured))
+}
+
+/// The sidecar's own answer, recorded now.
+pub(super) fn refuse(
+    metrics: &Metrics,
+    label: &str,
+    peer: &str,
+    err: ReachError,
+    started: Instant,
+) -> Response<ReachBody> {
+    if matches!(err, ReachError::DeadlineExceeded) {
+        metrics.deadline_exceeded(Direction::Outbound);
+    }
+    let outcome = Class::of_error(&err).outcome();
+    metrics.request_finished(
+        Direction::Outbound,
+        label,
+        peer,
+        outcome.as_str(),
+        started.elapsed(),
+    );
+    err.into_response()
+}
