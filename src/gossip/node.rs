@@ -23,7 +23,7 @@ use super::model;
 use super::status::{GossipStatus, MemberStatus, Stats};
 use super::table::{same_addr, Handler, Member, Origin, Table};
 use super::transport::{Inbox, Transport};
-use super::wire::{self, Body, Item, Live, NodeId, Read, WireError};
+use super::wire::{self, Body, Item, Live, NodeId, Decoded, WireError};
 
 /// Largest datagram sent or accepted (under a 1500-byte MTU with IP and UDP headers).
 pub const MAX_DATAGRAM: usize = 1400;
@@ -404,15 +404,15 @@ impl Node {
         let now = Instant::now();
         for read in wire::decode_items(body) {
             match read {
-                Ok(Read::Known(item)) if same_addr(item.node.addr, from) => {
+                Ok(Decoded::Known(item)) if same_addr(item.node.addr, from) => {
                     self.handler.lock().apply(&item, Origin::FirstHand, now);
                 }
-                Ok(Read::Known(item)) => {
+                Ok(Decoded::Known(item)) => {
                     self.rejected(from, Rejected::NotSender);
                     self.address_warnings
                         .warn(from, item.node.addr, AddressRule::NotSender);
                 }
-                Ok(Read::Unknown { .. }) => self.rejected(from, Rejected::UnknownKind),
+                Ok(Decoded::Unknown { .. }) => self.rejected(from, Rejected::UnknownKind),
                 Err(_) => self.rejected(from, Rejected::Undecodable),
             }
         }

@@ -15,7 +15,7 @@ use tokio::time::{Duration, Instant};
 use super::envelope::{self, Rejected};
 use super::model;
 use super::status::Stats;
-use super::wire::{self, Body, Item, Live, NodeId, Profile, Read};
+use super::wire::{self, Body, Decoded, Item, Live, NodeId, Profile};
 
 /// How long a dead member stays listed (as `down`) in `/status`.
 const DOWN_LISTED_FOR: Duration = Duration::from_secs(60);
@@ -426,9 +426,19 @@ impl foca::BroadcastHandler<NodeId> for Handler {
         data: &[u8],
         sender: Option<&NodeId>,
     ) -> Result<Option<ItemKey>, BadItem> {
-        let item = match wire::decode_item(data)? {
-            Read::Known(item) => item,
-            Read::Unknown {
+        let decoded = match wire::decode_item(data) {
+            Ok(decoded) => decoded,
+            // One item that does not decode is dropped alone (foca would drop the rest of the
+            // message's items with it on an error).
+            Err(_) if sender.is_some() => {
+                self.lock().stats.reject(Rejected::Undecodable);
+                return Ok(None);
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let item = match decoded {
+            Decoded::Known(item) => item,
+            Decoded::Unknown {
                 kind,
                 name,
                 node,
@@ -830,8 +840,13 @@ mod tests {
         let newer = wire::future::encode_item(&head).unwrap_or_default();
         assert!(matches!(h.receive_item(&newer, Some(&n)), Ok(Some(_))));
         assert_eq!(inbound_of(&h.lock(), "a"), Some("10.0.0.1:3".into()));
-        // Garbage is an error, counted by the node as `undecodable`.
-        assert!(h.receive_item(&[2, 1, 1, 0xff], Some(&n)).is_err());
+        // Garbage is dropped alone and counted; this node's own would be an error.
+        assert!(matches!(
+            h.receive_item(&[2, 1, 1, 0xff], Some(&n)),
+            Ok(None)
+        ));
+        assert_eq!(h.lock().stats.rejected(Rejected::Undecodable), 1);
+        assert!(h.receive_item(&[2, 1, 1, 0xff], None).is_err());
     }
 
     #[test]

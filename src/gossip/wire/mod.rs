@@ -371,7 +371,7 @@ pub enum WireError {
 
 /// One item as read off the wire.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Read {
+pub enum Decoded {
     Known(Item),
     /// An item of a kind this sidecar does not know (a newer one sent it): skipped. Every kind
     /// starts with the same head, so it can still be told whose it is.
@@ -426,7 +426,7 @@ pub(crate) fn write_frame(
 }
 
 /// Exactly one item (a SWIM piggyback carries one per broadcast).
-pub fn decode_item(bytes: &[u8]) -> Result<Read, WireError> {
+pub fn decode_item(bytes: &[u8]) -> Result<Decoded, WireError> {
     let (frame, rest) = split_frame(bytes)?;
     if !rest.is_empty() {
         return Err(WireError::Invalid("bytes after the item"));
@@ -447,7 +447,7 @@ pub struct Items<'a> {
 }
 
 impl Iterator for Items<'_> {
-    type Item = Result<Read, WireError>;
+    type Item = Result<Decoded, WireError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.rest.is_empty() {
@@ -497,11 +497,11 @@ pub(crate) fn split_frame(bytes: &[u8]) -> Result<(Frame<'_>, &[u8]), WireError>
 
 impl Frame<'_> {
     /// The item, read as far as this sidecar knows its kind.
-    pub(crate) fn read(&self) -> Result<Read, WireError> {
+    pub(crate) fn read(&self) -> Result<Decoded, WireError> {
         let Some(kind) = ItemKind::from_code(self.kind) else {
             // The head is all every kind shares; the rest is another version's business.
             let mut f = Fields::new(self.version, 0, self.record);
-            return Ok(Read::Unknown {
+            return Ok(Decoded::Unknown {
                 kind: self.kind,
                 version: self.version,
                 name: f.take()?,
@@ -518,7 +518,7 @@ impl Frame<'_> {
             ItemKind::Live => Body::Live(Live::read(&mut f)?),
         };
         f.finish()?;
-        Ok(Read::Known(Item {
+        Ok(Decoded::Known(Item {
             name,
             node,
             seq,

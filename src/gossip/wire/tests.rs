@@ -60,9 +60,9 @@ fn profile_item() -> Item {
     }
 }
 
-fn known(read: Result<Read, WireError>) -> Option<Item> {
+fn known(read: Result<Decoded, WireError>) -> Option<Item> {
     match read {
-        Ok(Read::Known(item)) => Some(item),
+        Ok(Decoded::Known(item)) => Some(item),
         _ => None,
     }
 }
@@ -173,14 +173,14 @@ fn bytes_after_the_fields_of_a_version_this_sidecar_knows_are_refused() {
 fn an_item_of_an_unknown_kind_is_skipped_and_the_rest_is_read() {
     let (profile, live) = (profile_item(), live_item());
     let bytes = future::encode_items([&profile, &live]).unwrap_or_default();
-    let read: Vec<Read> = decode_items(&bytes).filter_map(Result::ok).collect();
+    let read: Vec<Decoded> = decode_items(&bytes).filter_map(Result::ok).collect();
     assert_eq!(read.len(), 3);
     assert!(matches!(
         &read[0],
-        Read::Unknown { kind: future::NEW_KIND, name, seq: 1233, .. } if name == "coder-2"
+        Decoded::Unknown { kind: future::NEW_KIND, name, seq: 1233, .. } if name == "coder-2"
     ));
-    assert_eq!(read[1], Read::Known(profile));
-    assert_eq!(read[2], Read::Known(live));
+    assert_eq!(read[1], Decoded::Known(profile));
+    assert_eq!(read[2], Decoded::Known(live));
 }
 
 #[test]
@@ -301,7 +301,7 @@ mod properties {
     fn all_known(bytes: &[u8]) -> Option<Vec<Item>> {
         decode_items(bytes)
             .map(|r| match r {
-                Ok(Read::Known(item)) => Some(item),
+                Ok(Decoded::Known(item)) => Some(item),
                 _ => None,
             })
             .collect()
@@ -325,11 +325,11 @@ mod properties {
         #[test]
         fn a_newer_version_of_any_item_reads_as_the_item(items in vec(item(), 1..4)) {
             let bytes = future::encode_items(&items).unwrap_or_default();
-            let read: Vec<Read> = decode_items(&bytes).filter_map(Result::ok).collect();
+            let read: Vec<Decoded> = decode_items(&bytes).filter_map(Result::ok).collect();
             prop_assert_eq!(read.len(), items.len() + 1, "every item, and the unknown kind");
             let known: Vec<Item> = read
                 .into_iter()
-                .filter_map(|r| match r { Read::Known(i) => Some(i), Read::Unknown { .. } => None })
+                .filter_map(|r| match r { Decoded::Known(i) => Some(i), Decoded::Unknown { .. } => None })
                 .collect();
             prop_assert_eq!(known, items);
         }
@@ -338,7 +338,7 @@ mod properties {
         fn arbitrary_bytes_decode_or_give_an_error(bytes in vec(any::<u8>(), 0..1400)) {
             // Decoding returns (never panics, never allocates past the input); a known item
             // encodes again.
-            if let Ok(Read::Known(item)) = decode_item(&bytes) {
+            if let Ok(Decoded::Known(item)) = decode_item(&bytes) {
                 prop_assert!(encode_item(&item).is_ok());
             }
             prop_assert!(decode_items(&bytes).count() <= bytes.len());
