@@ -23,7 +23,7 @@ use super::model;
 use super::status::{GossipStatus, MemberStatus, Stats};
 use super::table::{same_addr, Handler, Member, Origin, Table};
 use super::transport::{Inbox, Transport};
-use super::wire::{self, Body, Item, Live, NodeId, Decoded, WireError};
+use super::wire::{self, Body, Decoded, Item, Live, NodeId, WireError};
 
 /// Largest datagram sent or accepted (under a 1500-byte MTU with IP and UDP headers).
 pub const MAX_DATAGRAM: usize = 1400;
@@ -402,8 +402,8 @@ impl Node {
             return self.rejected(from, Rejected::Undecodable);
         }
         let now = Instant::now();
-        for read in wire::decode_items(body) {
-            match read {
+        for decoded in wire::decode_items(body) {
+            match decoded {
                 Ok(Decoded::Known(item)) if same_addr(item.node.addr, from) => {
                     self.handler.lock().apply(&item, Origin::FirstHand, now);
                 }
