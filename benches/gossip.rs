@@ -74,7 +74,7 @@ fn profile(i: usize) -> Profile {
         zone: format!("zone-{}", i % 3),
         region: "region-1".into(),
         max_concurrency: 8,
-        capabilities: vec![gossip::wire::WireCapability {
+        capabilities: vec![gossip::Capability {
             name: format!("capability-{}", i % 5),
             tags: [("python".to_owned(), 900u16), ("go".to_owned(), 600u16)]
                 .into_iter()

@@ -402,7 +402,7 @@ async fn sigterm_on_the_binary_announces_draining_then_leaves_and_no_call_fails(
 
 /// One item signed with the cluster key, as a forger who holds the key would send it.
 fn forged_items(key: &ClusterKey, items: &[wire::Item]) -> Vec<u8> {
-    let body = wire::encode(&items.to_vec()).unwrap();
+    let body = wire::encode_items(items).unwrap();
     key.seal(envelope::Kind::Items, envelope::unix_us(), &body)
 }
 
@@ -416,11 +416,11 @@ fn forged_item(name: &str, node: wire::NodeId, seq: u64, inbound: SocketAddr) ->
             zone: String::new(),
             region: String::new(),
             max_concurrency: 64,
-            capabilities: vec![wire::WireCapability {
+            capabilities: vec![wire::Capability {
                 name: CAP.into(),
                 tags: Default::default(),
                 timeout_ms: 30_000,
-                mode: agent_reach::config::RouteMode::Sync,
+                mode: wire::Mode::Sync,
                 cost_milli: 0,
                 idempotent: false,
             }],

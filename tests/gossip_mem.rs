@@ -203,9 +203,9 @@ async fn forged_and_replayed_packets_are_dropped_and_counted() {
             epoch: u64::MAX,
         },
         seq: u64::MAX,
-        body: wire::Body::Live(live(State::Draining, 0)),
+        body: wire::Body::Live(live(State::Draining, 0).into()),
     };
-    let body = wire::encode(&vec![forged_item]).unwrap_or_default();
+    let body = wire::encode_items([&forged_item]).unwrap_or_default();
     let now = gossip::envelope::unix_us();
     let forged = forger.seal(gossip::envelope::Kind::Items, now, &body);
     net.inject(addr(99), addr(0), forged);
@@ -283,7 +283,7 @@ async fn a_want_with_a_forged_source_is_not_answered() {
     // victim's address as its source.
     let victim = addr(50);
     let (_victim_transport, mut victim_inbox) = net.join(victim);
-    let asker = wire::encode(&wire::NodeId {
+    let asker = wire::encode_want(&wire::NodeId {
         addr: addr(1),
         epoch: 1,
     })
@@ -298,7 +298,7 @@ async fn a_want_with_a_forged_source_is_not_answered() {
     let honest = key.seal(
         gossip::envelope::Kind::Want,
         gossip::envelope::unix_us(),
-        &wire::encode(&wire::NodeId {
+        &wire::encode_want(&wire::NodeId {
             addr: victim,
             epoch: 1,
         })
@@ -324,7 +324,7 @@ async fn a_profile_too_large_to_gossip_is_refused_loudly() {
     let a = start(&net, 0, &key);
     let mut big = profile(0);
     for i in 0..40 {
-        big.capabilities.push(gossip::wire::WireCapability {
+        big.capabilities.push(gossip::Capability {
             name: format!("capability-number-{i}"),
             tags: [("python".to_owned(), 900u16)].into_iter().collect(),
             timeout_ms: 30_000,
@@ -574,9 +574,9 @@ async fn items_from_another_address_than_their_node_are_refused_with_one_warning
                 epoch: gossip::envelope::unix_us(),
             },
             seq,
-            body: wire::Body::Profile(profile(9)),
+            body: wire::Body::Profile((&profile(9)).into()),
         };
-        let body = wire::encode(&vec![item]).unwrap_or_default();
+        let body = wire::encode_items([&item]).unwrap_or_default();
         let sent_at = gossip::envelope::unix_us() + seq;
         let packet = key.seal(gossip::envelope::Kind::Items, sent_at, &body);
         net.inject(source, addr(0), packet);

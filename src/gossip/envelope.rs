@@ -15,7 +15,9 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 const MAGIC: &[u8; 3] = b"ARG";
-const VERSION: u8 = 1;
+/// 2: items framed and versioned one by one (`wire`). Version 1 sidecars and these count each
+/// other's datagrams `malformed`.
+const VERSION: u8 = 2;
 const HEADER: usize = 3 + 1 + 1 + 8;
 const TAG: usize = 16;
 /// Bytes the envelope adds to a body.
@@ -46,7 +48,7 @@ impl Kind {
 }
 
 /// Why a datagram (or one item in it) was dropped; the `reason` label of
-/// `reach_gossip_rejected_total`. The last four are items that were authenticated but refused.
+/// `reach_gossip_rejected_total`. The last five are items that were authenticated but refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Rejected {
     #[error("not an agent-reach gossip packet, or a version this sidecar does not speak")]
@@ -69,6 +71,8 @@ pub enum Rejected {
     BadAddress,
     #[error("an item from the future, or with a seq beyond what its node can have published")]
     OutOfRange,
+    #[error("an item of a kind this sidecar does not know (a newer sidecar sent it): skipped")]
+    UnknownKind,
 }
 
 impl Rejected {
@@ -84,10 +88,11 @@ impl Rejected {
             Self::NameTaken => "name_taken",
             Self::BadAddress => "bad_address",
             Self::OutOfRange => "out_of_range",
+            Self::UnknownKind => "unknown_kind",
         }
     }
 
-    pub const ALL: [Rejected; 10] = [
+    pub const ALL: [Rejected; 11] = [
         Self::Malformed,
         Self::Oversized,
         Self::BadMac,
@@ -98,6 +103,7 @@ impl Rejected {
         Self::NameTaken,
         Self::BadAddress,
         Self::OutOfRange,
+        Self::UnknownKind,
     ];
 }
 
@@ -323,6 +329,14 @@ mod tests {
     }
 
     #[test]
+    fn an_envelope_of_another_version_is_malformed() {
+        // Version 1 is what sidecars before per-item versioning send.
+        let mut packet = key(1).seal(Kind::Items, 42, b"x");
+        packet[3] = 1;
+        assert_eq!(key(1).open(&packet, 1400).err(), Some(Rejected::Malformed));
+    }
+
+    #[test]
     fn a_rotated_key_verifies_while_the_first_signs() {
         let both = ClusterKey::from_secrets(&[vec![2; 32], vec![1; 32]]);
         let old = key(1).seal(Kind::Swim, 1, b"x");
@@ -371,7 +385,8 @@ mod tests {
                 kind in 0u8..=255,
                 rest in vec(any::<u8>(), 0..1400),
             ) {
-                let mut bytes = b"ARG\x01".to_vec();
+                let mut bytes = b"ARG".to_vec();
+                bytes.push(VERSION);
                 bytes.push(kind);
                 bytes.extend_from_slice(&rest);
                 let opened = key(1).open(&bytes, 1400);

@@ -19,10 +19,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::address_warnings::{AddressRule, AddressWarnings};
 use super::envelope::{self, ClusterKey, Kind, Rejected, ReplayGuard, OVERHEAD};
+use super::model;
 use super::status::{GossipStatus, MemberStatus, Stats};
 use super::table::{same_addr, Handler, Member, Origin, Table};
 use super::transport::{Inbox, Transport};
-use super::wire::{self, Body, Item, Live, NodeId, Profile};
+use super::wire::{self, Body, Decoded, Item, Live, NodeId, WireError};
 
 /// Largest datagram sent or accepted (under a 1500-byte MTU with IP and UDP headers).
 pub const MAX_DATAGRAM: usize = 1400;
@@ -62,6 +63,10 @@ pub struct NodeOptions {
     pub replay_window: Duration,
     /// Times each item is passed on; grows with the fleet (see `max_transmissions`).
     pub max_transmissions: u8,
+    /// Tests: this node writes its items as the next version of the sidecar would
+    /// (`wire::future`), so a fleet of old and new encodings can be tried.
+    #[cfg(test)]
+    pub(crate) newer_wire: bool,
 }
 
 impl NodeOptions {
@@ -77,6 +82,8 @@ impl NodeOptions {
             min_publish_interval: Duration::from_millis(250),
             replay_window: Duration::from_secs(30),
             max_transmissions: max_transmissions(256),
+            #[cfg(test)]
+            newer_wire: false,
         }
     }
 
@@ -112,12 +119,12 @@ pub trait Membership: Send + Sync + 'static {
     /// The members that can be routed to (alive, profile known), after any change.
     fn members(&self, members: &[Member]);
     /// A routable member published a new live view.
-    fn live(&self, member: &Member, live: &Live);
+    fn live(&self, member: &Member, live: &model::Live);
 }
 
 enum Command {
-    Profile(Profile),
-    Live(Live),
+    Profile(model::Profile),
+    Live(model::Live),
     Seeds(Vec<SocketAddr>),
     Key(ClusterKey),
     Leave(oneshot::Sender<()>),
@@ -134,13 +141,13 @@ pub struct GossipHandle {
 
 impl GossipHandle {
     /// Publishes a new profile (at start, and when the bootstrap's profile changes).
-    pub fn publish_profile(&self, profile: Profile) {
+    pub fn publish_profile(&self, profile: model::Profile) {
         let _ = self.commands.send(Command::Profile(profile));
     }
 
     /// Offers the current live view; the node publishes it when it moved meaningfully, at once
     /// when its state changed, and at least every refresh interval.
-    pub fn publish_live(&self, live: Live) {
+    pub fn publish_live(&self, live: model::Live) {
         let _ = self.commands.send(Command::Live(live));
     }
 
@@ -355,13 +362,10 @@ impl Node {
                 ) => self.rejected(from, Rejected::Undecodable),
                 Err(err) => tracing::debug!(%from, ?err, "gossip message ignored"),
             },
-            Kind::Items => match wire::decode::<Vec<Item>>(opened.body) {
-                Ok(items) => self.take_items(from, &items),
-                Err(_) => self.rejected(from, Rejected::Undecodable),
-            },
+            Kind::Items => self.take_items(from, opened.body),
             // Answer only at the address the asker names as its own: a `want` replayed with a
             // forged source must not turn this node into a reflector toward someone else.
-            Kind::Want => match wire::decode::<NodeId>(opened.body) {
+            Kind::Want => match wire::decode_want(opened.body) {
                 Ok(asker) if asker.addr == from => self.send_items(from),
                 Ok(asker) => self
                     .address_warnings
@@ -391,16 +395,25 @@ impl Node {
     }
 
     /// Items sent directly: each must be about the node that sent it (a node only ever sends
-    /// its own this way).
-    fn take_items(&mut self, from: SocketAddr, items: &[Item]) {
+    /// its own this way). Each is read on its own: one this sidecar cannot read (a kind it does
+    /// not know, a damaged one) is counted and the others still count.
+    fn take_items(&mut self, from: SocketAddr, body: &[u8]) {
+        if body.is_empty() {
+            return self.rejected(from, Rejected::Undecodable);
+        }
         let now = Instant::now();
-        for item in items {
-            if same_addr(item.node.addr, from) {
-                self.handler.lock().apply(item, Origin::FirstHand, now);
-            } else {
-                self.rejected(from, Rejected::NotSender);
-                self.address_warnings
-                    .warn(from, item.node.addr, AddressRule::NotSender);
+        for decoded in wire::decode_items(body) {
+            match decoded {
+                Ok(Decoded::Known(item)) if same_addr(item.node.addr, from) => {
+                    self.handler.lock().apply(&item, Origin::FirstHand, now);
+                }
+                Ok(Decoded::Known(item)) => {
+                    self.rejected(from, Rejected::NotSender);
+                    self.address_warnings
+                        .warn(from, item.node.addr, AddressRule::NotSender);
+                }
+                Ok(Decoded::Unknown { .. }) => self.rejected(from, Rejected::UnknownKind),
+                Err(_) => self.rejected(from, Rejected::Undecodable),
             }
         }
     }
@@ -413,6 +426,7 @@ impl Node {
     fn on_command(&mut self, command: Command) {
         match command {
             Command::Profile(profile) => {
+                let profile = wire::Profile::from(&profile);
                 let unchanged = self
                     .profile
                     .as_ref()
@@ -436,7 +450,7 @@ impl Node {
                     }
                 }
             }
-            Command::Live(live) => self.offer_live(live),
+            Command::Live(live) => self.offer_live(live.into()),
             // Joining before there is a profile to show would leave the members that answer
             // without it until the next round: wait for the first profile.
             Command::Seeds(addrs) if self.profile.is_none() => self.deferred_seeds = addrs,
@@ -506,7 +520,7 @@ impl Node {
             seq: self.seq,
             body,
         };
-        let Ok(bytes) = wire::encode(&item) else {
+        let Ok(bytes) = self.encode_item(&item) else {
             return;
         };
         if bytes.len() > MAX_ITEM {
@@ -530,6 +544,13 @@ impl Node {
                 bytes = bytes.len(),
                 "cannot publish a gossip item (too large?)"
             );
+        }
+        // The next version also publishes a kind this one does not know, beside its live view.
+        #[cfg(test)]
+        if self.options.newer_wire && relayed {
+            if let Ok(new_kind) = wire::future::new_kind_item(&item) {
+                let _ = self.foca.add_broadcast(&new_kind);
+            }
         }
         let published = Some(Published {
             item,
@@ -556,9 +577,26 @@ impl Node {
             self.unserved.push(to);
             return;
         }
-        if let Ok(body) = wire::encode(&items) {
+        if let Ok(body) = self.encode_items(items) {
             self.send(to, Kind::Items, &body);
         }
+    }
+
+    /// This node's item in the current wire format (or, in tests, the next version's).
+    fn encode_item(&self, item: &Item) -> Result<Vec<u8>, WireError> {
+        #[cfg(test)]
+        if self.options.newer_wire {
+            return wire::future::encode_item(item);
+        }
+        wire::encode_item(item)
+    }
+
+    fn encode_items(&self, items: Vec<&Item>) -> Result<Vec<u8>, WireError> {
+        #[cfg(test)]
+        if self.options.newer_wire {
+            return wire::future::encode_items(items);
+        }
+        wire::encode_items(items)
     }
 
     /// This node's current items, sent straight to every member SWIM counts alive (a new
@@ -709,7 +747,7 @@ impl Node {
                 .is_some_and(|at| now.saturating_duration_since(*at) < WANT_EVERY);
             if !recently {
                 self.wanted.insert(node.clone(), now);
-                if let Ok(me) = wire::encode(self.foca.identity()) {
+                if let Ok(me) = wire::encode_want(self.foca.identity()) {
                     self.send(node.addr, Kind::Want, &me);
                 }
             }
@@ -749,7 +787,7 @@ impl Node {
                 continue;
             };
             if let Some((_, live)) = table.get(&name).and_then(|e| e.live.as_ref()) {
-                self.sink.live(member, live);
+                self.sink.live(member, &model::Live::from(*live));
             }
         }
     }
@@ -780,7 +818,7 @@ impl Node {
                     last_seen_s: now.saturating_duration_since(e.last_heard).as_secs_f64(),
                     version: e.profile.as_ref().map(|(_, p)| p.version.clone()),
                     inbound: e.profile.as_ref().map(|(_, p)| p.inbound.clone()),
-                    state: e.live.as_ref().map(|(_, l)| l.state),
+                    state: e.live.as_ref().map(|(_, l)| l.state.into()),
                     profile_seq: e.profile.as_ref().map(|(s, _)| *s),
                     live_seq: e.live.as_ref().map(|(s, _)| *s),
                 }

@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::time::{Duration, Instant};
 
 use super::envelope::{self, Rejected};
+use super::model;
 use super::status::Stats;
-use super::wire::{self, Body, Item, ItemKind, Live, NodeId, Profile};
+use super::wire::{self, Body, Decoded, Item, Live, NodeId, Profile};
 
 /// How long a dead member stays listed (as `down`) in `/status`.
 const DOWN_LISTED_FOR: Duration = Duration::from_secs(60);
@@ -302,7 +303,7 @@ impl Table {
                 e.profile.as_ref().map(|(_, p)| Member {
                     name: name.clone(),
                     node: e.node.clone(),
-                    profile: Arc::new(p.clone()),
+                    profile: Arc::new(model::Profile::from(p)),
                 })
             })
             .collect();
@@ -379,14 +380,15 @@ fn plausible(item: &Item, now_us: u64, window_us: u64) -> Result<(), Rejected> {
 pub struct Member {
     pub name: String,
     pub node: NodeId,
-    pub profile: Arc<Profile>,
+    pub profile: Arc<model::Profile>,
 }
 
 /// The key foca uses to stop passing on an item once a newer one of the same kind exists.
 #[derive(Clone, Debug)]
 pub(super) struct ItemKey {
     name: String,
-    kind: ItemKind,
+    /// The kind's byte on the wire.
+    kind: u8,
     epoch: u64,
     seq: u64,
 }
@@ -424,10 +426,43 @@ impl foca::BroadcastHandler<NodeId> for Handler {
         data: &[u8],
         sender: Option<&NodeId>,
     ) -> Result<Option<ItemKey>, BadItem> {
-        let item: Item = wire::decode(data)?;
+        let decoded = match wire::decode_item(data) {
+            Ok(decoded) => decoded,
+            // One item that does not decode is dropped alone (foca would drop the rest of the
+            // message's items with it on an error).
+            Err(_) if sender.is_some() => {
+                self.lock().stats.reject(Rejected::Undecodable);
+                return Ok(None);
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let item = match decoded {
+            Decoded::Known(item) => item,
+            Decoded::Unknown {
+                kind,
+                name,
+                node,
+                seq,
+                ..
+            } => {
+                if sender.is_none() {
+                    // This node's own (only a newer sidecar, or a test, publishes one).
+                    return Ok(Some(ItemKey {
+                        name,
+                        kind,
+                        epoch: node.epoch,
+                        seq,
+                    }));
+                }
+                // A newer sidecar's: skipped, not passed on (nothing here can judge it), and
+                // the other items riding on the same message are read all the same.
+                self.lock().stats.reject(Rejected::UnknownKind);
+                return Ok(None);
+            }
+        };
         let key = ItemKey {
             name: item.name.clone(),
-            kind: item.kind(),
+            kind: item.kind().code(),
             epoch: item.node.epoch,
             seq: item.seq,
         };
@@ -447,7 +482,7 @@ impl foca::BroadcastHandler<NodeId> for Handler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reach::State;
+    use wire::AgentState as State;
     use Origin::{FirstHand, Relayed};
 
     fn node(port: u16, epoch: u64) -> NodeId {
@@ -783,6 +818,35 @@ mod tests {
         }
         let good = item("a", young, 1, profile("10.0.0.1:4143"));
         assert_eq!(plausible(&good, now_us, window), Ok(()));
+    }
+
+    #[test]
+    fn an_item_of_a_kind_this_sidecar_does_not_know_is_skipped_and_counted() {
+        use foca::BroadcastHandler;
+        let mut h = Handler {
+            table: Arc::new(Mutex::new(table())),
+        };
+        let n = node(2, envelope::unix_us());
+        h.lock().member_up(&n);
+        let head = item("a", n.clone(), 1, profile("10.0.0.1:3"));
+        let unknown = wire::future::new_kind_item(&head).unwrap_or_default();
+        assert!(matches!(h.receive_item(&unknown, Some(&n)), Ok(None)));
+        assert_eq!(h.lock().stats.rejected(Rejected::UnknownKind), 1);
+        assert!(h.lock().get("a").is_none(), "it changed nothing");
+        // This node's own are passed on (a newer sidecar publishing its new kind).
+        assert!(matches!(h.receive_item(&unknown, None), Ok(Some(_))));
+        // A newer version of a kind it knows is read, as far as it knows it.
+        h.lock().from = Some(n.addr);
+        let newer = wire::future::encode_item(&head).unwrap_or_default();
+        assert!(matches!(h.receive_item(&newer, Some(&n)), Ok(Some(_))));
+        assert_eq!(inbound_of(&h.lock(), "a"), Some("10.0.0.1:3".into()));
+        // Garbage is dropped alone and counted; this node's own would be an error.
+        assert!(matches!(
+            h.receive_item(&[2, 1, 1, 0xff], Some(&n)),
+            Ok(None)
+        ));
+        assert_eq!(h.lock().stats.rejected(Rejected::Undecodable), 1);
+        assert!(h.receive_item(&[2, 1, 1, 0xff], None).is_err());
     }
 
     #[test]

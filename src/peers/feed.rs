@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::config::Snapshot;
-use crate::gossip::wire::{milli, unmilli, WireCapability};
+use crate::gossip::{milli, unmilli, Capability as WireCapability};
 use crate::gossip::{Live, Member, Membership, Profile};
 use crate::local::{PublishedCapability, SelfView};
 use crate::reach::{EstimateSnapshot, ViewSnapshot};

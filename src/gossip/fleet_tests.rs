@@ -1,0 +1,182 @@
+//! An old and a new encoding in one fleet (issue 14): nodes of this version beside one that
+//! writes as the next version would — every item a version newer with fields appended, and a
+//! kind of item this version does not know, both sent directly and riding on SWIM. The fleet
+//! still converges: everyone routes to everyone, with the right profiles and live views, and
+//! the old nodes count what they skipped instead of dropping what came with it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{spawn, Capability, ClusterKey, GossipHandle, Live, MemNetwork, Member};
+use super::{Membership, NodeOptions, Profile, Rejected};
+use crate::config::RouteMode;
+use crate::reach::State;
+
+#[derive(Default)]
+struct Seen {
+    members: Mutex<Vec<Member>>,
+    lives: Mutex<HashMap<String, Live>>,
+}
+
+impl Membership for Seen {
+    fn members(&self, members: &[Member]) {
+        *self.members.lock().unwrap_or_else(|p| p.into_inner()) = members.to_vec();
+    }
+    fn live(&self, member: &Member, live: &Live) {
+        self.lives
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(member.name.clone(), *live);
+    }
+}
+
+impl Seen {
+    fn member(&self, name: &str) -> Option<Member> {
+        let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        members.iter().find(|m| m.name == name).cloned()
+    }
+    fn live_of(&self, name: &str) -> Option<Live> {
+        let lives = self.lives.lock().unwrap_or_else(|p| p.into_inner());
+        lives.get(name).copied()
+    }
+}
+
+struct Node {
+    handle: GossipHandle,
+    seen: Arc<Seen>,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+fn addr(i: usize) -> SocketAddr {
+    SocketAddr::from(([10, 2, 0, i as u8 + 1], 4190))
+}
+
+fn name(i: usize) -> String {
+    format!("agent-{i}")
+}
+
+fn profile(i: usize) -> Profile {
+    Profile {
+        inbound: format!("{}:4143", addr(i).ip()),
+        zone: format!("zone-{i}"),
+        region: "region".into(),
+        max_concurrency: 4,
+        capabilities: vec![Capability {
+            name: format!("capability-{i}"),
+            tags: [("python".to_owned(), 900u16)].into_iter().collect(),
+            timeout_ms: 30_000,
+            mode: RouteMode::Async,
+            cost_milli: 1500,
+            idempotent: true,
+        }],
+        version: if i == NEWER { "next" } else { "this" }.into(),
+    }
+}
+
+fn live(state: State, in_flight: u32) -> Live {
+    Live {
+        profile_seq: 0,
+        state,
+        state_age_s: 0,
+        cap: 1000,
+        availability: 1000,
+        saturation: 0,
+        latency_ms: Some(10),
+        p50_ms: None,
+        p95_ms: None,
+        busy: false,
+        cooling_down: false,
+        in_flight,
+        queued: 0,
+    }
+}
+
+/// The node that writes as the next version.
+const NEWER: usize = 1;
+
+fn start(net: &Arc<MemNetwork>, i: usize, key: &ClusterKey) -> Node {
+    let mut o = NodeOptions::new(name(i), addr(i), key.clone());
+    o.probe_interval = Duration::from_millis(200);
+    o.probe_timeout = Duration::from_millis(60);
+    o.suspect_timeout = Duration::from_millis(600);
+    o.refresh_interval = Duration::from_millis(500);
+    o.min_publish_interval = Duration::from_millis(50);
+    o.newer_wire = i == NEWER;
+    let (transport, inbox) = net.join(addr(i));
+    let seen = Arc::new(Seen::default());
+    let stop = CancellationToken::new();
+    let handle = spawn(o, transport, inbox, seen.clone(), stop.clone());
+    handle.publish_profile(profile(i));
+    handle.publish_live(live(State::Healthy, i as u32));
+    if i != 0 {
+        handle.announce(vec![addr(0)]);
+    }
+    Node {
+        handle,
+        seen,
+        _stop: stop.drop_guard(),
+    }
+}
+
+async fn eventually(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
+    let start = tokio::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether `node` routes to every other with its profile and the live view it published.
+fn sees_everyone(nodes: &[Node], me: usize, state_of: impl Fn(usize) -> State) -> bool {
+    (0..nodes.len()).filter(|j| *j != me).all(|j| {
+        let member = nodes[me].seen.member(&name(j));
+        let live = nodes[me].seen.live_of(&name(j));
+        member.is_some_and(|m| *m.profile == profile(j))
+            && live.is_some_and(|l| l.state == state_of(j) && l.in_flight == j as u32)
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_old_and_a_new_encoding_in_one_fleet_converge() {
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    // The seed and the third node are this version; the second writes as the next one.
+    let nodes: Vec<Node> = (0..3).map(|i| start(&net, i, &key)).collect();
+    eventually(
+        "everyone to route to everyone",
+        Duration::from_secs(10),
+        || (0..3).all(|i| sees_everyone(&nodes, i, |_| State::Healthy)),
+    )
+    .await;
+
+    // Changes spread both ways: the newer node's (a version-2 live view riding on SWIM, beside
+    // an item of the new kind) to the old ones, an old node's to the newer one.
+    nodes[NEWER]
+        .handle
+        .publish_live(live(State::Draining, NEWER as u32));
+    nodes[2].handle.publish_live(live(State::Probation, 2));
+    let states = |j| match j {
+        NEWER => State::Draining,
+        2 => State::Probation,
+        _ => State::Healthy,
+    };
+    eventually("the changes to spread", Duration::from_secs(5), || {
+        (0..3).all(|i| sees_everyone(&nodes, i, states))
+    })
+    .await;
+
+    for (i, node) in nodes.iter().enumerate() {
+        let stats = node.handle.stats();
+        assert_eq!(stats.rejected(Rejected::Undecodable), 0, "node {i}");
+        if i != NEWER {
+            // The new kind, sent directly and on SWIM, skipped and counted.
+            assert!(stats.rejected(Rejected::UnknownKind) > 0, "node {i}");
+        }
+        let status = node.handle.status();
+        assert_eq!(status.alive, 2, "node {i}: {status:?}");
+    }
+}

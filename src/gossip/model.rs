@@ -1,0 +1,251 @@
+//! An agent's profile and live view as the sidecar hands them to gossip and gets them back, in
+//! the routing model's terms (`reach::State`, `config::RouteMode`), and their conversion to and
+//! from gossip's own wire types. This is the one place gossip meets the model: the wire never
+//! names its types, so the model can change without changing a byte, and the bytes can grow
+//! (a field appended, `docs/gossip.md`) without the model knowing.
+
+use std::collections::BTreeMap;
+
+use super::wire;
+use crate::config::RouteMode;
+use crate::reach::State;
+
+/// What an agent is: changes rarely (a config reload), sent on change and on request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Profile {
+    /// The sidecar's inbound address, where peers send work.
+    pub inbound: String,
+    pub zone: String,
+    pub region: String,
+    pub max_concurrency: u32,
+    pub capabilities: Vec<Capability>,
+    /// The sidecar's version.
+    pub version: String,
+}
+
+/// One capability as gossip publishes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Capability {
+    pub name: String,
+    /// Tag → proficiency in thousandths.
+    pub tags: BTreeMap<String, u16>,
+    pub timeout_ms: u64,
+    pub mode: RouteMode,
+    /// Declared cost in thousandths.
+    pub cost_milli: u32,
+    pub idempotent: bool,
+}
+
+/// How the agent is doing now, as its own sidecar sees it: small, sent often.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Live {
+    /// The `seq` of the profile this view goes with (gossip sets it when publishing).
+    pub profile_seq: u64,
+    pub state: State,
+    pub state_age_s: u32,
+    /// Fractions in thousandths.
+    pub cap: u16,
+    pub availability: u16,
+    pub saturation: u16,
+    pub latency_ms: Option<u32>,
+    pub p50_ms: Option<u32>,
+    pub p95_ms: Option<u32>,
+    pub busy: bool,
+    pub cooling_down: bool,
+    pub in_flight: u32,
+    pub queued: u32,
+}
+
+// Every match below is exhaustive: a new state or mode in the model does not compile until it
+// is given a wire value (a new field, by the compatibility rule: older sidecars would refuse a
+// new value in an existing one).
+
+impl From<State> for wire::AgentState {
+    fn from(state: State) -> Self {
+        match state {
+            State::Parole => Self::Parole,
+            State::Healthy => Self::Healthy,
+            State::Probation => Self::Probation,
+            State::Ejected => Self::Ejected,
+            State::Recovering => Self::Recovering,
+            State::Draining => Self::Draining,
+        }
+    }
+}
+
+impl From<wire::AgentState> for State {
+    fn from(state: wire::AgentState) -> Self {
+        match state {
+            wire::AgentState::Parole => Self::Parole,
+            wire::AgentState::Healthy => Self::Healthy,
+            wire::AgentState::Probation => Self::Probation,
+            wire::AgentState::Ejected => Self::Ejected,
+            wire::AgentState::Recovering => Self::Recovering,
+            wire::AgentState::Draining => Self::Draining,
+        }
+    }
+}
+
+impl From<RouteMode> for wire::Mode {
+    fn from(mode: RouteMode) -> Self {
+        match mode {
+            RouteMode::Sync => Self::Sync,
+            RouteMode::Async => Self::Async,
+        }
+    }
+}
+
+impl From<wire::Mode> for RouteMode {
+    fn from(mode: wire::Mode) -> Self {
+        match mode {
+            wire::Mode::Sync => Self::Sync,
+            wire::Mode::Async => Self::Async,
+        }
+    }
+}
+
+impl From<&Capability> for wire::Capability {
+    fn from(c: &Capability) -> Self {
+        Self {
+            name: c.name.clone(),
+            tags: c.tags.clone(),
+            timeout_ms: c.timeout_ms,
+            mode: c.mode.into(),
+            cost_milli: c.cost_milli,
+            idempotent: c.idempotent,
+        }
+    }
+}
+
+impl From<&wire::Capability> for Capability {
+    fn from(c: &wire::Capability) -> Self {
+        Self {
+            name: c.name.clone(),
+            tags: c.tags.clone(),
+            timeout_ms: c.timeout_ms,
+            mode: c.mode.into(),
+            cost_milli: c.cost_milli,
+            idempotent: c.idempotent,
+        }
+    }
+}
+
+impl From<&Profile> for wire::Profile {
+    fn from(p: &Profile) -> Self {
+        Self {
+            inbound: p.inbound.clone(),
+            zone: p.zone.clone(),
+            region: p.region.clone(),
+            max_concurrency: p.max_concurrency,
+            capabilities: p.capabilities.iter().map(Into::into).collect(),
+            version: p.version.clone(),
+        }
+    }
+}
+
+impl From<&wire::Profile> for Profile {
+    fn from(p: &wire::Profile) -> Self {
+        Self {
+            inbound: p.inbound.clone(),
+            zone: p.zone.clone(),
+            region: p.region.clone(),
+            max_concurrency: p.max_concurrency,
+            capabilities: p.capabilities.iter().map(Into::into).collect(),
+            version: p.version.clone(),
+        }
+    }
+}
+
+impl From<Live> for wire::Live {
+    fn from(l: Live) -> Self {
+        Self {
+            profile_seq: l.profile_seq,
+            state: l.state.into(),
+            state_age_s: l.state_age_s,
+            cap: l.cap,
+            availability: l.availability,
+            saturation: l.saturation,
+            latency_ms: l.latency_ms,
+            p50_ms: l.p50_ms,
+            p95_ms: l.p95_ms,
+            busy: l.busy,
+            cooling_down: l.cooling_down,
+            in_flight: l.in_flight,
+            queued: l.queued,
+        }
+    }
+}
+
+impl From<wire::Live> for Live {
+    fn from(l: wire::Live) -> Self {
+        Self {
+            profile_seq: l.profile_seq,
+            state: l.state.into(),
+            state_age_s: l.state_age_s,
+            cap: l.cap,
+            availability: l.availability,
+            saturation: l.saturation,
+            latency_ms: l.latency_ms,
+            p50_ms: l.p50_ms,
+            p95_ms: l.p95_ms,
+            busy: l.busy,
+            cooling_down: l.cooling_down,
+            in_flight: l.in_flight,
+            queued: l.queued,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_and_mode_crosses_the_boundary_and_back() {
+        for state in State::ALL {
+            assert_eq!(State::from(wire::AgentState::from(state)), state);
+        }
+        for state in wire::AgentState::ALL {
+            assert_eq!(wire::AgentState::from(State::from(state)), state);
+        }
+        for mode in [RouteMode::Sync, RouteMode::Async] {
+            assert_eq!(RouteMode::from(wire::Mode::from(mode)), mode);
+        }
+    }
+
+    #[test]
+    fn a_profile_and_a_live_view_cross_the_boundary_unchanged() {
+        let profile = Profile {
+            inbound: "10.0.0.1:4143".into(),
+            zone: "z".into(),
+            region: "r".into(),
+            max_concurrency: 3,
+            capabilities: vec![Capability {
+                name: "code".into(),
+                tags: [("rust".to_owned(), 800)].into_iter().collect(),
+                timeout_ms: 1000,
+                mode: RouteMode::Async,
+                cost_milli: 250,
+                idempotent: true,
+            }],
+            version: "v".into(),
+        };
+        assert_eq!(Profile::from(&wire::Profile::from(&profile)), profile);
+        let live = Live {
+            profile_seq: 4,
+            state: State::Probation,
+            state_age_s: 9,
+            cap: 500,
+            availability: 900,
+            saturation: 100,
+            latency_ms: Some(5),
+            p50_ms: None,
+            p95_ms: Some(50),
+            busy: true,
+            cooling_down: false,
+            in_flight: 2,
+            queued: 1,
+        };
+        assert_eq!(Live::from(wire::Live::from(live)), live);
+    }
+}

@@ -1,0 +1,538 @@
+//! What travels inside the envelope besides SWIM: each node's identity, profile and live view,
+//! in gossip's own types. No routing type crosses into this module: `super::model` converts at
+//! the boundary, so the bytes change only when this file does.
+//!
+//! Every item is framed and versioned on its own (`docs/gossip.md`, "Compatibility"):
+//!
+//! ```text
+//! kind (1) | version (1) | length (varint) | name | node | seq | the kind's fields, oldest first
+//! ```
+//!
+//! Fields are postcard-encoded (compact, no field names); fractions are quantized to 1/1000. A
+//! reader takes the fields it knows and skips what a newer version appended; an item of an older
+//! version gets defaults for the fields it lacks; an item of a kind it does not know is skipped
+//! whole, and the items after it are read all the same.
+
+mod fields;
+#[cfg(test)]
+pub(crate) mod future;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+pub(crate) use fields::{Fields, Writer};
+
+/// A member as SWIM knows it: its gossip address, and an epoch that grows with every start (and
+/// every rejoin after being declared down), so a restarted sidecar replaces its old self.
+///
+/// foca encodes it in every SWIM message: it never changes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NodeId {
+    pub addr: SocketAddr,
+    pub epoch: u64,
+}
+
+impl foca::Identity for NodeId {
+    type Addr = SocketAddr;
+
+    fn renew(&self) -> Option<Self> {
+        Some(Self {
+            addr: self.addr,
+            epoch: self.epoch.wrapping_add(1),
+        })
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn win_addr_conflict(&self, adversary: &Self) -> bool {
+        self.epoch > adversary.epoch
+    }
+}
+
+/// One published fact about one agent. `seq` grows with every item a node publishes, so the
+/// newest of each kind wins and an old one played back changes nothing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Item {
+    pub name: String,
+    pub node: NodeId,
+    pub seq: u64,
+    pub body: Body,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Body {
+    Profile(Profile),
+    Live(Live),
+}
+
+impl Item {
+    pub fn kind(&self) -> ItemKind {
+        match self.body {
+            Body::Profile(_) => ItemKind::Profile,
+            Body::Live(_) => ItemKind::Live,
+        }
+    }
+}
+
+/// The kinds of item this sidecar knows, and the version of each it writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ItemKind {
+    Profile,
+    Live,
+}
+
+impl ItemKind {
+    /// The kind's byte on the wire. A new kind takes a new byte; a byte is never reused.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Profile => 1,
+            Self::Live => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(Self::Profile),
+            2 => Some(Self::Live),
+            _ => None,
+        }
+    }
+
+    /// The newest version of the kind this sidecar writes and reads. Appending a field bumps it.
+    pub fn version(self) -> u8 {
+        match self {
+            Self::Profile => 1,
+            Self::Live => 1,
+        }
+    }
+}
+
+/// What an agent is: changes rarely (a config reload), sent on change and on request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Profile {
+    /// The sidecar's inbound address, where peers send work.
+    pub inbound: String,
+    pub zone: String,
+    pub region: String,
+    pub max_concurrency: u32,
+    pub capabilities: Vec<Capability>,
+    /// The sidecar's version.
+    pub version: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Capability {
+    pub name: String,
+    /// Tag → proficiency in thousandths.
+    pub tags: BTreeMap<String, u16>,
+    pub timeout_ms: u64,
+    pub mode: Mode,
+    /// Declared cost in thousandths.
+    pub cost_milli: u32,
+    pub idempotent: bool,
+}
+
+/// How a capability is routed, as the wire says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Sync,
+    Async,
+}
+
+/// How the agent is doing now, as its own sidecar sees it: small, sent often.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Live {
+    /// The `seq` of the profile this view goes with: a receiver without it asks for it.
+    pub profile_seq: u64,
+    pub state: AgentState,
+    pub state_age_s: u32,
+    /// Fractions in thousandths.
+    pub cap: u16,
+    pub availability: u16,
+    pub saturation: u16,
+    pub latency_ms: Option<u32>,
+    pub p50_ms: Option<u32>,
+    pub p95_ms: Option<u32>,
+    pub busy: bool,
+    pub cooling_down: bool,
+    pub in_flight: u32,
+    pub queued: u32,
+}
+
+/// An agent's state in the reach model, as the wire says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AgentState {
+    Parole,
+    Healthy,
+    Probation,
+    Ejected,
+    Recovering,
+    Draining,
+}
+
+impl AgentState {
+    pub const ALL: [AgentState; 6] = [
+        Self::Parole,
+        Self::Healthy,
+        Self::Probation,
+        Self::Ejected,
+        Self::Recovering,
+        Self::Draining,
+    ];
+}
+
+/// A closed set of values written as one byte each. A byte is never reused; a new value is one
+/// older sidecars refuse (the item does not decode), so it needs a new field instead.
+trait Code: Sized + Copy + PartialEq + 'static {
+    const CODES: &'static [(Self, u8)];
+
+    fn code(self) -> u8 {
+        Self::CODES
+            .iter()
+            .find(|(v, _)| *v == self)
+            .map_or(u8::MAX, |(_, c)| *c)
+    }
+
+    fn from_code(code: u8) -> Result<Self, WireError> {
+        Self::CODES
+            .iter()
+            .find(|(_, c)| *c == code)
+            .map(|(v, _)| *v)
+            .ok_or(WireError::Invalid("a value this sidecar does not know"))
+    }
+}
+
+impl Code for Mode {
+    const CODES: &'static [(Self, u8)] = &[(Self::Sync, 0), (Self::Async, 1)];
+}
+
+impl Code for AgentState {
+    const CODES: &'static [(Self, u8)] = &[
+        (Self::Parole, 0),
+        (Self::Healthy, 1),
+        (Self::Probation, 2),
+        (Self::Ejected, 3),
+        (Self::Recovering, 4),
+        (Self::Draining, 5),
+    ];
+}
+
+// Each kind's fields, in wire order. A new version appends its fields at the end of `write`, and
+// reads them in `read` with `f.since(version)`, defaulting when the item is older. Nothing is
+// ever removed, reordered or retyped (`docs/gossip.md`, "Compatibility").
+
+impl Profile {
+    pub(crate) fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        w.put(&self.inbound)?;
+        w.put(&self.zone)?;
+        w.put(&self.region)?;
+        w.put(&self.max_concurrency)?;
+        w.put(&len_u32(self.capabilities.len())?)?;
+        for c in &self.capabilities {
+            w.record(|w| c.write(w))?;
+        }
+        w.put(&self.version)
+    }
+
+    pub(crate) fn read(f: &mut Fields<'_>) -> Result<Self, WireError> {
+        let inbound = f.take()?;
+        let zone = f.take()?;
+        let region = f.take()?;
+        let max_concurrency = f.take()?;
+        let count: u32 = f.take()?;
+        let mut capabilities = Vec::new();
+        for _ in 0..count {
+            // Each capability is a record of its own: a newer version may append to it.
+            let mut c = f.record()?;
+            capabilities.push(Capability::read(&mut c)?);
+            c.finish()?;
+        }
+        let version = f.take()?;
+        Ok(Self {
+            inbound,
+            zone,
+            region,
+            max_concurrency,
+            capabilities,
+            version,
+        })
+    }
+}
+
+impl Capability {
+    pub(crate) fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        w.put(&self.name)?;
+        w.put(&self.tags)?;
+        w.put(&self.timeout_ms)?;
+        w.put(&self.mode.code())?;
+        w.put(&self.cost_milli)?;
+        w.put(&self.idempotent)
+    }
+
+    pub(crate) fn read(f: &mut Fields<'_>) -> Result<Self, WireError> {
+        let name = f.take()?;
+        let tags = f.take()?;
+        let timeout_ms = f.take()?;
+        let mode = Mode::from_code(f.take()?)?;
+        let cost_milli = f.take()?;
+        let idempotent = f.take()?;
+        Ok(Self {
+            name,
+            tags,
+            timeout_ms,
+            mode,
+            cost_milli,
+            idempotent,
+        })
+    }
+}
+
+impl Live {
+    pub(crate) fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        w.put(&self.profile_seq)?;
+        w.put(&self.state.code())?;
+        w.put(&self.state_age_s)?;
+        w.put(&self.cap)?;
+        w.put(&self.availability)?;
+        w.put(&self.saturation)?;
+        w.put(&self.latency_ms)?;
+        w.put(&self.p50_ms)?;
+        w.put(&self.p95_ms)?;
+        w.put(&self.busy)?;
+        w.put(&self.cooling_down)?;
+        w.put(&self.in_flight)?;
+        w.put(&self.queued)
+    }
+
+    pub(crate) fn read(f: &mut Fields<'_>) -> Result<Self, WireError> {
+        let profile_seq = f.take()?;
+        let state = AgentState::from_code(f.take()?)?;
+        let state_age_s = f.take()?;
+        let cap = f.take()?;
+        let availability = f.take()?;
+        let saturation = f.take()?;
+        let latency_ms = f.take()?;
+        let p50_ms = f.take()?;
+        let p95_ms = f.take()?;
+        let busy = f.take()?;
+        let cooling_down = f.take()?;
+        let in_flight = f.take()?;
+        let queued = f.take()?;
+        Ok(Self {
+            profile_seq,
+            state,
+            state_age_s,
+            cap,
+            availability,
+            saturation,
+            latency_ms,
+            p50_ms,
+            p95_ms,
+            busy,
+            cooling_down,
+            in_flight,
+            queued,
+        })
+    }
+}
+
+fn len_u32(n: usize) -> Result<u32, WireError> {
+    u32::try_from(n).map_err(|_| WireError::Invalid("too many"))
+}
+
+/// 0..1 → thousandths, clamped (NaN is 0).
+pub fn milli(x: f64) -> u16 {
+    if x.is_finite() {
+        (x.clamp(0.0, 1.0) * 1000.0).round() as u16
+    } else {
+        0
+    }
+}
+
+/// Thousandths → 0..1, clamped (a hostile 65535 is 1).
+pub fn unmilli(x: u16) -> f64 {
+    f64::from(x.min(1000)) / 1000.0
+}
+
+/// Bytes that are not a well-formed item (or a value that cannot be encoded).
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("gossip wire format: {0}")]
+    Postcard(#[from] postcard::Error),
+    #[error("gossip wire format: {0}")]
+    Invalid(&'static str),
+}
+
+/// One item as read off the wire.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decoded {
+    Known(Item),
+    /// An item of a kind this sidecar does not know (a newer one sent it): skipped. Every kind
+    /// starts with the same head, so it can still be told whose it is.
+    Unknown {
+        kind: u8,
+        version: u8,
+        name: String,
+        node: NodeId,
+        seq: u64,
+    },
+}
+
+/// One item's bytes: its frame, head and fields.
+pub fn encode_item(item: &Item) -> Result<Vec<u8>, WireError> {
+    let mut w = Writer::default();
+    write_item(&mut w, item)?;
+    Ok(w.into_bytes())
+}
+
+/// Items one after another, as an `items` datagram carries them.
+pub fn encode_items<'a>(items: impl IntoIterator<Item = &'a Item>) -> Result<Vec<u8>, WireError> {
+    let mut w = Writer::default();
+    for item in items {
+        write_item(&mut w, item)?;
+    }
+    Ok(w.into_bytes())
+}
+
+fn write_item(w: &mut Writer, item: &Item) -> Result<(), WireError> {
+    let kind = item.kind();
+    write_frame(w, kind.code(), kind.version(), item, |w| match &item.body {
+        Body::Profile(p) => p.write(w),
+        Body::Live(l) => l.write(w),
+    })
+}
+
+/// A frame: kind, version, then the head and the kind's fields as one record.
+pub(crate) fn write_frame(
+    w: &mut Writer,
+    kind: u8,
+    version: u8,
+    head: &Item,
+    body: impl FnOnce(&mut Writer) -> Result<(), WireError>,
+) -> Result<(), WireError> {
+    w.raw(&[kind, version]);
+    w.record(|w| {
+        w.put(&head.name)?;
+        w.put(&head.node)?;
+        w.put(&head.seq)?;
+        body(w)
+    })
+}
+
+/// Exactly one item (a SWIM piggyback carries one per broadcast).
+pub fn decode_item(bytes: &[u8]) -> Result<Decoded, WireError> {
+    let (frame, rest) = split_frame(bytes)?;
+    if !rest.is_empty() {
+        return Err(WireError::Invalid("bytes after the item"));
+    }
+    frame.read()
+}
+
+/// The items of an `items` datagram, one by one: an item that does not decode is an `Err` and
+/// the next is read all the same, unless the frames themselves are broken (then that `Err` is
+/// the last).
+pub fn decode_items(bytes: &[u8]) -> Items<'_> {
+    Items { rest: bytes }
+}
+
+#[derive(Debug)]
+pub struct Items<'a> {
+    rest: &'a [u8],
+}
+
+impl Iterator for Items<'_> {
+    type Item = Result<Decoded, WireError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        match split_frame(self.rest) {
+            Ok((frame, rest)) => {
+                self.rest = rest;
+                Some(frame.read())
+            }
+            Err(err) => {
+                self.rest = &[];
+                Some(Err(err))
+            }
+        }
+    }
+}
+
+/// One item's frame, split off but not yet read.
+pub(crate) struct Frame<'a> {
+    pub kind: u8,
+    pub version: u8,
+    pub record: &'a [u8],
+}
+
+/// Splits the first frame off `bytes`.
+pub(crate) fn split_frame(bytes: &[u8]) -> Result<(Frame<'_>, &[u8]), WireError> {
+    let [kind, version, rest @ ..] = bytes else {
+        return Err(WireError::Invalid("a truncated item"));
+    };
+    if *version == 0 {
+        return Err(WireError::Invalid("item version 0"));
+    }
+    let (len, rest) = postcard::take_from_bytes::<u32>(rest)?;
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    if len > rest.len() {
+        return Err(WireError::Invalid("an item longer than its datagram"));
+    }
+    let (record, rest) = rest.split_at(len);
+    let frame = Frame {
+        kind: *kind,
+        version: *version,
+        record,
+    };
+    Ok((frame, rest))
+}
+
+impl Frame<'_> {
+    /// The item, read as far as this sidecar knows its kind.
+    pub(crate) fn read(&self) -> Result<Decoded, WireError> {
+        let Some(kind) = ItemKind::from_code(self.kind) else {
+            // The head is all every kind shares; the rest is another version's business.
+            let mut f = Fields::new(self.version, 0, self.record);
+            return Ok(Decoded::Unknown {
+                kind: self.kind,
+                version: self.version,
+                name: f.take()?,
+                node: f.take()?,
+                seq: f.take()?,
+            });
+        };
+        let mut f = Fields::new(self.version, kind.version(), self.record);
+        let name = f.take()?;
+        let node = f.take()?;
+        let seq = f.take()?;
+        let body = match kind {
+            ItemKind::Profile => Body::Profile(Profile::read(&mut f)?),
+            ItemKind::Live => Body::Live(Live::read(&mut f)?),
+        };
+        f.finish()?;
+        Ok(Decoded::Known(Item {
+            name,
+            node,
+            seq,
+            body,
+        }))
+    }
+}
+
+/// A `want`'s body: the asker. A newer version may append to it; this one reads the asker and
+/// ignores the rest.
+pub fn encode_want(asker: &NodeId) -> Result<Vec<u8>, WireError> {
+    Ok(postcard::to_allocvec(asker)?)
+}
+
+pub fn decode_want(bytes: &[u8]) -> Result<NodeId, WireError> {
+    Ok(postcard::take_from_bytes(bytes)?.0)
+}

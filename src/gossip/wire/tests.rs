@@ -1,0 +1,378 @@
+use super::future::{self, NextLive};
+use super::*;
+
+fn node() -> NodeId {
+    NodeId {
+        addr: "10.1.2.3:4190"
+            .parse()
+            .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
+        epoch: 1_764_489_600_123,
+    }
+}
+
+fn live() -> Live {
+    Live {
+        profile_seq: 1,
+        state: AgentState::Healthy,
+        state_age_s: 120,
+        cap: 1000,
+        availability: 990,
+        saturation: 250,
+        latency_ms: Some(40),
+        p50_ms: Some(38),
+        p95_ms: Some(90),
+        busy: false,
+        cooling_down: false,
+        in_flight: 3,
+        queued: 0,
+    }
+}
+
+fn live_item() -> Item {
+    Item {
+        name: "coder-2".into(),
+        node: node(),
+        seq: 1234,
+        body: Body::Live(live()),
+    }
+}
+
+fn profile_item() -> Item {
+    Item {
+        name: "coder-2".into(),
+        node: node(),
+        seq: 1233,
+        body: Body::Profile(Profile {
+            inbound: "10.1.2.3:4143".into(),
+            zone: "a".into(),
+            region: "r".into(),
+            max_concurrency: 4,
+            capabilities: vec![Capability {
+                name: "code".into(),
+                tags: [("python".to_owned(), 900)].into_iter().collect(),
+                timeout_ms: 30_000,
+                mode: Mode::Async,
+                cost_milli: 1500,
+                idempotent: true,
+            }],
+            version: "0.1.0".into(),
+        }),
+    }
+}
+
+fn known(read: Result<Decoded, WireError>) -> Option<Item> {
+    match read {
+        Ok(Decoded::Known(item)) => Some(item),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_live_item_is_small() {
+    let item = live_item();
+    let bytes = encode_item(&item).unwrap_or_default();
+    assert!(bytes.len() < 64, "{} bytes", bytes.len());
+    assert_eq!(known(decode_item(&bytes)), Some(item));
+}
+
+#[test]
+fn an_item_starts_with_its_kind_version_and_length() {
+    let bytes = encode_item(&live_item()).unwrap_or_default();
+    assert_eq!(bytes[0], ItemKind::Live.code());
+    assert_eq!(bytes[1], ItemKind::Live.version());
+    assert_eq!(usize::from(bytes[2]), bytes.len() - 3, "a one-byte varint");
+}
+
+#[test]
+fn garbage_does_not_decode() {
+    assert!(decode_item(&[0xff; 40]).is_err());
+    assert!(decode_item(&[]).is_err());
+    assert!(decode_want(&[]).is_err());
+    let mut two = encode_item(&live_item()).unwrap_or_default();
+    two.extend_from_slice(&two.clone());
+    assert!(decode_item(&two).is_err(), "one broadcast is one item");
+}
+
+#[test]
+fn fractions_are_clamped_both_ways() {
+    assert_eq!(milli(f64::NAN), 0);
+    assert_eq!(milli(2.0), 1000);
+    assert_eq!(unmilli(u16::MAX), 1.0);
+}
+
+#[test]
+fn every_code_is_distinct_and_reads_back() {
+    for state in AgentState::ALL {
+        assert_eq!(AgentState::from_code(state.code()).ok(), Some(state));
+    }
+    let codes: std::collections::HashSet<u8> = AgentState::ALL.iter().map(|s| s.code()).collect();
+    assert_eq!(codes.len(), AgentState::ALL.len());
+    for mode in [Mode::Sync, Mode::Async] {
+        assert_eq!(Mode::from_code(mode.code()).ok(), Some(mode));
+    }
+    assert!(AgentState::from_code(6).is_err());
+}
+
+/// The old and the new encoding of `Live` on each other's decoder: this sidecar (version 1) and
+/// the next (`NextLive`, version 2, one field appended).
+#[test]
+fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
+    let head = live_item();
+    let next = NextLive {
+        live: live(),
+        queue_limit: 16,
+    };
+    let new_bytes = next.encode(&head).unwrap_or_default();
+    assert_eq!(new_bytes[1], 2, "written as version 2");
+    // Old reads new: every field it knows, the appended one ignored.
+    assert_eq!(known(decode_item(&new_bytes)), Some(head.clone()));
+    // New reads old: the missing field takes its default.
+    let old_bytes = encode_item(&head).unwrap_or_default();
+    let read = NextLive::decode(&old_bytes).ok();
+    assert_eq!(
+        read,
+        Some((
+            head.clone(),
+            NextLive {
+                live: live(),
+                queue_limit: 0
+            }
+        ))
+    );
+    // New reads new.
+    assert_eq!(
+        NextLive::decode(&new_bytes)
+            .ok()
+            .map(|(_, n)| n.queue_limit),
+        Some(16)
+    );
+}
+
+#[test]
+fn a_newer_profile_reads_with_its_appended_fields_skipped() {
+    for item in [profile_item(), live_item()] {
+        let bytes = future::encode_item(&item).unwrap_or_default();
+        assert_eq!(known(decode_item(&bytes)), Some(item));
+    }
+}
+
+#[test]
+fn bytes_after_the_fields_of_a_version_this_sidecar_knows_are_refused() {
+    // Version 1 with a field appended: an item no sender of version 1 writes.
+    let mut w = Writer::default();
+    let head = live_item();
+    let written = write_frame(&mut w, ItemKind::Live.code(), 1, &head, |w| {
+        live().write(w)?;
+        w.put(&7u8)
+    });
+    assert!(written.is_ok());
+    assert!(decode_item(&w.into_bytes()).is_err());
+}
+
+#[test]
+fn an_item_of_an_unknown_kind_is_skipped_and_the_rest_is_read() {
+    let (profile, live) = (profile_item(), live_item());
+    let bytes = future::encode_items([&profile, &live]).unwrap_or_default();
+    let read: Vec<Decoded> = decode_items(&bytes).filter_map(Result::ok).collect();
+    assert_eq!(read.len(), 3);
+    assert!(matches!(
+        &read[0],
+        Decoded::Unknown { kind: future::NEW_KIND, name, seq: 1233, .. } if name == "coder-2"
+    ));
+    assert_eq!(read[1], Decoded::Known(profile));
+    assert_eq!(read[2], Decoded::Known(live));
+}
+
+#[test]
+fn an_item_that_does_not_decode_does_not_take_the_next_one_with_it() {
+    // A live view with a state this sidecar does not know (a change the rule forbids).
+    let mut w = Writer::default();
+    let written = write_frame(&mut w, ItemKind::Live.code(), 1, &live_item(), |w| {
+        w.put(&1u64)?;
+        w.put(&9u8)
+    });
+    assert!(written.is_ok());
+    let mut bytes = w.into_bytes();
+    bytes.extend(encode_item(&live_item()).unwrap_or_default());
+    let read: Vec<bool> = decode_items(&bytes).map(|r| r.is_ok()).collect();
+    assert_eq!(read, vec![false, true]);
+}
+
+#[test]
+fn a_want_reads_its_asker_and_ignores_what_a_newer_version_appended() {
+    let mut bytes = encode_want(&node()).unwrap_or_default();
+    bytes.extend_from_slice(b"more");
+    assert_eq!(decode_want(&bytes).ok(), Some(node()));
+}
+
+mod properties {
+    use proptest::collection::{btree_map, vec};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn node() -> impl Strategy<Value = NodeId> {
+        (any::<[u8; 4]>(), any::<u16>(), any::<u64>()).prop_map(|(ip, port, epoch)| NodeId {
+            addr: SocketAddr::from((ip, port)),
+            epoch,
+        })
+    }
+
+    fn capability() -> impl Strategy<Value = Capability> {
+        let mode = prop_oneof![Just(Mode::Sync), Just(Mode::Async)];
+        (
+            "[a-z-]{0,16}",
+            btree_map("[a-z]{0,8}", any::<u16>(), 0..4),
+            any::<u64>(),
+            mode,
+            any::<u32>(),
+            any::<bool>(),
+        )
+            .prop_map(|(name, tags, timeout_ms, mode, cost_milli, idempotent)| {
+                Capability {
+                    name,
+                    tags,
+                    timeout_ms,
+                    mode,
+                    cost_milli,
+                    idempotent,
+                }
+            })
+    }
+
+    fn profile() -> impl Strategy<Value = Profile> {
+        (
+            ".{0,24}",
+            ".{0,8}",
+            ".{0,8}",
+            any::<u32>(),
+            vec(capability(), 0..4),
+            ".{0,8}",
+        )
+            .prop_map(
+                |(inbound, zone, region, max_concurrency, capabilities, version)| Profile {
+                    inbound,
+                    zone,
+                    region,
+                    max_concurrency,
+                    capabilities,
+                    version,
+                },
+            )
+    }
+
+    fn live() -> impl Strategy<Value = Live> {
+        let figures = (any::<u64>(), any::<u32>(), any::<[u16; 3]>());
+        let latencies = any::<[Option<u32>; 3]>();
+        let rest = (any::<[bool; 2]>(), any::<[u32; 2]>());
+        let state = prop::sample::select(AgentState::ALL.to_vec());
+        (state, figures, latencies, rest).prop_map(
+            |(state, (profile_seq, state_age_s, [cap, availability, saturation]), l, r)| Live {
+                profile_seq,
+                state,
+                state_age_s,
+                cap,
+                availability,
+                saturation,
+                latency_ms: l[0],
+                p50_ms: l[1],
+                p95_ms: l[2],
+                busy: r.0[0],
+                cooling_down: r.0[1],
+                in_flight: r.1[0],
+                queued: r.1[1],
+            },
+        )
+    }
+
+    fn item() -> impl Strategy<Value = Item> {
+        let body = prop_oneof![
+            profile().prop_map(Body::Profile),
+            live().prop_map(Body::Live)
+        ];
+        (".{0,24}", node(), any::<u64>(), body).prop_map(|(name, node, seq, body)| Item {
+            name,
+            node,
+            seq,
+            body,
+        })
+    }
+
+    fn all_known(bytes: &[u8]) -> Option<Vec<Item>> {
+        decode_items(bytes)
+            .map(|r| match r {
+                Ok(Decoded::Known(item)) => Some(item),
+                _ => None,
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn an_item_round_trips(item in item()) {
+            let bytes = encode_item(&item);
+            prop_assert!(bytes.is_ok());
+            let back = known(decode_item(&bytes.unwrap_or_default()));
+            prop_assert_eq!(back, Some(item));
+        }
+
+        #[test]
+        fn a_batch_of_items_round_trips(items in vec(item(), 0..4)) {
+            let bytes = encode_items(&items).unwrap_or_default();
+            prop_assert_eq!(all_known(&bytes), Some(items));
+        }
+
+        #[test]
+        fn a_newer_version_of_any_item_reads_as_the_item(items in vec(item(), 1..4)) {
+            let bytes = future::encode_items(&items).unwrap_or_default();
+            let read: Vec<Decoded> = decode_items(&bytes).filter_map(Result::ok).collect();
+            prop_assert_eq!(read.len(), items.len() + 1, "every item, and the unknown kind");
+            let known: Vec<Item> = read
+                .into_iter()
+                .filter_map(|r| match r { Decoded::Known(i) => Some(i), Decoded::Unknown { .. } => None })
+                .collect();
+            prop_assert_eq!(known, items);
+        }
+
+        #[test]
+        fn arbitrary_bytes_decode_or_give_an_error(bytes in vec(any::<u8>(), 0..1400)) {
+            // Decoding returns (never panics, never allocates past the input); a known item
+            // encodes again.
+            if let Ok(Decoded::Known(item)) = decode_item(&bytes) {
+                prop_assert!(encode_item(&item).is_ok());
+            }
+            prop_assert!(decode_items(&bytes).count() <= bytes.len());
+            let _ = decode_want(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_fields_behind_a_valid_frame_decode_or_give_an_error(
+            kind in 0u8..4,
+            version in 0u8..4,
+            fields in vec(any::<u8>(), 0..300),
+        ) {
+            let mut w = Writer::default();
+            w.raw(&[kind, version]);
+            let framed = w.record(|w| { w.raw(&fields); Ok(()) });
+            prop_assert!(framed.is_ok());
+            let bytes = w.into_bytes();
+            let _ = decode_item(&bytes);
+            prop_assert!(decode_items(&bytes).count() == 1);
+        }
+
+        #[test]
+        fn a_damaged_item_decodes_or_gives_an_error(
+            item in item(),
+            cut in any::<prop::sample::Index>(),
+            flip in any::<prop::sample::Index>(),
+            bits in 1u8..=255,
+        ) {
+            let mut bytes = encode_items([&item, &item]).unwrap_or_default();
+            let at = flip.index(bytes.len());
+            bytes[at] ^= bits;
+            bytes.truncate(cut.index(bytes.len() + 1));
+            let _ = decode_items(&bytes).count();
+            let _ = decode_item(&bytes);
+        }
+    }
+}
