@@ -100,7 +100,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         GOSSIP_REJECTED_TOTAL,
-        "Gossip datagrams dropped unread, and authenticated items refused, by reason (bad_mac, expired, replayed, malformed, oversized, undecodable; not_sender, name_taken, bad_address, out_of_range).",
+        "Gossip datagrams dropped unread, and authenticated items refused, by reason (bad_mac, expired, replayed, malformed, oversized, undecodable; not_sender, name_taken, bad_address, out_of_range, unknown_kind).",
     ),
 ];
 
