@@ -45,8 +45,8 @@ pub(super) struct Try {
 }
 
 /// What routing came to, for the record step to answer with.
-pub(super) struct Routed {
-    pub(super) answer: Result<Response<Incoming>, ReachError>,
+pub(super) struct Routed<B = Incoming> {
+    pub(super) answer: Result<Response<B>, ReachError>,
     /// The capability's metric label (never a caller's typo: see `candidates`).
     pub(super) label: String,
     /// The peer that gave the answer, `-` when none did.
@@ -55,7 +55,7 @@ pub(super) struct Routed {
     pub(super) attempts: Option<usize>,
 }
 
-impl Routed {
+impl<B> Routed<B> {
     pub(super) fn refused(label: &str, err: ReachError) -> Self {
         Routed {
             answer: Err(err),

@@ -5,13 +5,13 @@ use super::attempt::Attempt;
 use crate::config::Snapshot;
 use crate::peers::{RouteRequest, Scored};
 
-pub(super) fn log(
+pub(super) fn log<B>(
     snapshot: &Snapshot,
     route: &RouteRequest,
     scored: &[Scored],
     chosen: usize,
     attempt: usize,
-    outcome: &Attempt,
+    outcome: &Attempt<B>,
 ) {
     if !snapshot.policy.decision_log {
         return;

@@ -71,3 +71,81 @@ where
         }
     }
 }
+
+/// The step against a stub that counts what runs: no sockets, paused time.
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+    use http::Request;
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::config::{Name, Policy};
+    use crate::http::upload::Upload;
+    use crate::http::{body, step::answer};
+    use crate::outbound::for_tests;
+
+    fn call(out: &Outbound, key: Option<&str>, body: &'static [u8]) -> Call {
+        let mut builder = Request::builder().method("POST").uri("/review");
+        if let Some(key) = key {
+            builder = builder.header(idempotency::HEADER, key);
+        }
+        let (parts, ()) = builder.body(()).unwrap_or_default().into_parts();
+        Call {
+            capability: Name::parse("review").unwrap_or_else(|e| panic!("{e}")),
+            parts,
+            upload: Upload::Buffered(Bytes::from_static(body)),
+            deadline: None,
+            snapshot: out.store.snapshot(),
+            started: Instant::now(),
+        }
+    }
+
+    /// A stub that takes 100 ms to run a call and counts how many ran.
+    fn counting(ran: Arc<AtomicUsize>) -> impl Step<Call, Response = Response<ReachBody>> {
+        tower::service_fn(move |_call: Call| {
+            let ran = ran.clone();
+            async move {
+                ran.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok::<_, Infallible>(Response::new(body::full("done")))
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resent_keyed_call_runs_once_and_a_different_body_is_refused() {
+        let out = for_tests(Policy::default());
+        let ran = Arc::new(AtomicUsize::new(0));
+        let step = layer(out.clone()).layer(counting(ran.clone()));
+        let first = tokio::spawn(step.clone().oneshot(call(&out, Some("k"), b"{}")));
+        let resent = tokio::spawn(step.clone().oneshot(call(&out, Some("k"), b"{}")));
+        let first = answer(first.await.unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(first.status(), 200);
+        // The original's answer is kept as it is delivered; the resent call replays it.
+        let delivered = first.into_body().collect().await.map(|b| b.to_bytes());
+        assert_eq!(delivered.ok().as_deref(), Some(&b"done"[..]));
+        let resent = answer(resent.await.unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            1,
+            "the resent call joined the first"
+        );
+        assert_eq!(resent.status(), 200);
+        assert_eq!(resent.headers()[idempotency::REPLAYED], "true");
+        // The same key for another request is the caller's mistake, not a replay.
+        let other = answer(
+            step.clone()
+                .oneshot(call(&out, Some("k"), b"{\"x\":1}"))
+                .await,
+        );
+        assert_eq!(other.status(), 422);
+        // Unkeyed calls all run.
+        answer(step.clone().oneshot(call(&out, None, b"{}")).await);
+        answer(step.oneshot(call(&out, None, b"{}")).await);
+        assert_eq!(ran.load(Ordering::SeqCst), 3);
+    }
+}

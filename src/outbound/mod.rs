@@ -113,3 +113,32 @@ impl Outbound {
         answer(self.stack().oneshot(req).await)
     }
 }
+
+/// An `Outbound` with no listener, for the steps' own tests.
+#[cfg(test)]
+pub(super) fn for_tests(policy: crate::config::Policy) -> Arc<Outbound> {
+    use crate::config::{Bootstrap, ConfigPaths};
+    use crate::inbound::Admission;
+    let addr = SocketAddr::from(([127, 0, 0, 1], 9));
+    let bootstrap = Bootstrap::local("caller", addr, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let client = crate::http::client::build(&policy);
+    let store = Arc::new(ConfigStore::new(bootstrap, policy, ConfigPaths::default()));
+    let metrics = Arc::new(Metrics::new("test"));
+    let local = LocalAgent::new(store.clone(), metrics.clone(), Admission::new(1));
+    let idempotency = IdempotencyTable::new(crate::idempotency::Budget {
+        max_keys: 100,
+        ttl: std::time::Duration::from_secs(60),
+        max_body: 1 << 16,
+        max_total_bytes: 1 << 20,
+        per_caller_share: 1.0,
+    });
+    Arc::new(Outbound::new(
+        store.clone(),
+        metrics.clone(),
+        client,
+        Arc::new(Registry::new()),
+        Arc::new(PeerViews::new(store, metrics.clone())),
+        Arc::new(local),
+        idempotency,
+    ))
+}

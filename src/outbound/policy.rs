@@ -45,7 +45,10 @@ where
 
 /// Drives the call's attempts until one answers for good, the policy says stop, or the
 /// deadline passes.
-async fn route<S: Step<Try, Response = Attempt>>(out: &Outbound, inner: S, plan: Plan) -> Routed {
+async fn route<B, S>(out: &Outbound, inner: S, plan: Plan) -> Routed<B>
+where
+    S: Step<Try, Response = Attempt<B>>,
+{
     let Plan {
         call,
         route,
@@ -66,7 +69,7 @@ async fn route<S: Step<Try, Response = Attempt>>(out: &Outbound, inner: S, plan:
         replayable: bodies.replay.is_some(),
     };
     let mut attempts = Attempts::new(out, &snapshot, shape);
-    let mut last: Option<(Attempt, usize)> = None;
+    let mut last: Option<(Attempt<B>, usize)> = None;
     loop {
         if attempts.deadline_passed() {
             // Retries never run past the deadline.
@@ -98,13 +101,13 @@ async fn route<S: Step<Try, Response = Attempt>>(out: &Outbound, inner: S, plan:
 }
 
 /// What the last attempt leaves the caller with.
-fn conclude(
+fn conclude<B>(
     out: &Outbound,
-    last: Option<(Attempt, usize)>,
+    last: Option<(Attempt<B>, usize)>,
     attempts: &Attempts<'_>,
     scored: &[Scored],
     capability: &str,
-) -> Routed {
+) -> Routed<B> {
     let Some((attempt, chosen)) = last else {
         out.metrics.no_candidate(capability);
         let candidates = serde_json::to_value(decision::snapshot_of(scored)).unwrap_or_default();
@@ -227,7 +230,12 @@ impl<'a> Attempts<'a> {
     }
 
     /// Whether another attempt follows this one, and after what pause.
-    fn after(&mut self, attempt: &Attempt, chosen: usize, scored: &[Scored]) -> Option<Duration> {
+    fn after<B>(
+        &mut self,
+        attempt: &Attempt<B>,
+        chosen: usize,
+        scored: &[Scored],
+    ) -> Option<Duration> {
         if let Attempt::Limited(_) = attempt {
             // Refused here before anything was sent: the next candidate, at once, for free.
             return Some(Duration::ZERO);
@@ -256,7 +264,7 @@ impl<'a> Attempts<'a> {
     }
 
     /// The pause before the next attempt.
-    fn pause(&self, attempt: &Attempt, scored: &[Scored]) -> Duration {
+    fn pause<B>(&self, attempt: &Attempt<B>, scored: &[Scored]) -> Duration {
         let policy = &self.snapshot.policy.retry;
         let pause = if self.is_async {
             // Give the previous agent time to clean up before the next takes over.
@@ -292,7 +300,7 @@ impl<'a> Attempts<'a> {
         rest.clone().next().is_some() && rest.all(|(_, s)| s.cooling_down)
     }
 
-    fn routed(&self, answer: Result<Response<Incoming>, ReachError>, peer: &str) -> Routed {
+    fn routed<B>(&self, answer: Result<Response<B>, ReachError>, peer: &str) -> Routed<B> {
         Routed {
             answer,
             label: self.capability.to_owned(),
@@ -369,4 +377,207 @@ fn upstream_request(
     );
     h.insert(headers::ATTEMPT, attempt.into());
     request
+}
+
+/// The policy driven against a scripted peer (a stub inner step) on paused time: no sockets.
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use http::StatusCode;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::config::Policy;
+    use crate::outbound::balance_test_support::candidate;
+    use crate::outbound::call::Call;
+    use crate::outbound::for_tests;
+    use crate::peers::RouteRequest;
+
+    /// What the stub peer answers, in order, and the peers it was asked.
+    #[derive(Clone, Default)]
+    struct Script {
+        answers: Arc<Mutex<VecDeque<Attempt<()>>>>,
+        asked: Arc<Mutex<Vec<(String, Duration)>>>,
+    }
+
+    fn status(code: u16, reason: Option<&'static str>) -> Attempt<()> {
+        let mut r = Response::new(());
+        *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+        if let Some(reason) = reason {
+            r.headers_mut()
+                .insert(headers::REASON, http::HeaderValue::from_static(reason));
+        }
+        match crate::classify::Class::of_response(&r) {
+            crate::classify::Class::Refused { .. } => Attempt::Refused(r, Refusal::RateLimited),
+            crate::classify::Class::Shed { why, .. } => Attempt::Refused(r, why),
+            _ => Attempt::Done(r),
+        }
+    }
+
+    fn timeout() -> Attempt<()> {
+        Attempt::Failed(ReachError::Timeout {
+            target: "p".into(),
+            after: Duration::from_secs(1),
+        })
+    }
+
+    fn plan(out: &Outbound, method: &str, key: bool, peers: &[&str]) -> Plan {
+        let mut builder = Request::builder().method(method).uri("/review");
+        if key {
+            builder = builder.header(idempotency::HEADER, "k-1");
+        }
+        let (parts, ()) = builder.body(()).unwrap_or_default().into_parts();
+        let scored: Vec<Scored> = peers.iter().map(|p| candidate(p, 1.0, 0.9)).collect();
+        Plan {
+            call: Call {
+                capability: crate::config::Name::parse("review").unwrap_or_else(|e| panic!("{e}")),
+                parts,
+                upload: Upload::Buffered(Bytes::from_static(b"{}")),
+                deadline: None,
+                snapshot: out.store.snapshot(),
+                started: std::time::Instant::now(),
+            },
+            route: RouteRequest {
+                capability: "review".into(),
+                ..RouteRequest::default()
+            },
+            tiers: vec![Tier::Any; scored.len()],
+            scored,
+        }
+    }
+
+    /// Routes `plan` against the script; returns the routed answer and who was asked when.
+    async fn run(
+        out: &Arc<Outbound>,
+        plan: Plan,
+        answers: Vec<Attempt<()>>,
+    ) -> (Routed<()>, Vec<(String, Duration)>) {
+        let script = Script {
+            answers: Arc::new(Mutex::new(answers.into())),
+            ..Script::default()
+        };
+        let start = Instant::now();
+        let stub = {
+            let script = script.clone();
+            tower::service_fn(move |t: Try| {
+                let script = script.clone();
+                async move {
+                    let mut asked = script.asked.lock().unwrap_or_else(|p| p.into_inner());
+                    asked.push((t.candidate.peer.name.clone(), start.elapsed()));
+                    let mut answers = script.answers.lock().unwrap_or_else(|p| p.into_inner());
+                    Ok::<_, Infallible>(answers.pop_front().unwrap_or_else(|| status(200, None)))
+                }
+            })
+        };
+        let routed = route(out, stub, plan).await;
+        let asked = script
+            .asked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        (routed, asked)
+    }
+
+    fn names(asked: &[(String, Duration)]) -> Vec<&str> {
+        asked.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    fn answered(routed: &Routed<()>) -> Option<u16> {
+        routed.answer.as_ref().ok().map(|r| r.status().as_u16())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_moves_the_call_to_another_peer() {
+        let out = for_tests(Policy::default());
+        let p = plan(&out, "POST", false, &["a", "b"]);
+        let (routed, asked) = run(&out, p, vec![status(429, None)]).await;
+        assert_eq!(answered(&routed), Some(200));
+        assert_eq!(routed.attempts, Some(2));
+        assert_eq!(asked.len(), 2);
+        assert_ne!(asked[0].0, asked[1].0, "never the same peer twice");
+        assert_eq!(routed.peer, asked[1].0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_peer_is_followed_at_once_and_a_shed_costs_no_budget() {
+        let mut policy = Policy::default();
+        // No budget at all: only retries that never reached an agent may go on.
+        policy.retry.budget.ratio = 0.0;
+        policy.retry.budget.min_per_second = 0;
+        policy.retry.backoff_base = crate::config::HumanDuration::from_millis(100);
+        let out = for_tests(policy);
+        let p = plan(&out, "POST", false, &["a", "b", "c"]);
+        let full = || status(503, Some("saturated"));
+        let (routed, asked) = run(&out, p, vec![full(), full()]).await;
+        assert_eq!(answered(&routed), Some(200), "{:?}", names(&asked));
+        assert_eq!(asked.len(), 3);
+        assert!(
+            asked.iter().all(|(_, at)| at.is_zero()),
+            "no backoff: {asked:?}"
+        );
+        // A 429 reached an agent: with the budget spent, the call fails fast with it.
+        let p = plan(&out, "POST", false, &["a", "b", "c"]);
+        let (routed, asked) = run(&out, p, vec![status(429, None)]).await;
+        assert_eq!(answered(&routed), Some(429));
+        assert_eq!(asked.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_may_have_run_is_retried_only_when_safe() {
+        let out = for_tests(Policy::default());
+        // A POST that timed out may have run: final.
+        let p = plan(&out, "POST", false, &["a", "b"]);
+        let (routed, asked) = run(&out, p, vec![timeout()]).await;
+        assert!(matches!(routed.answer, Err(ReachError::Timeout { .. })));
+        assert_eq!(asked.len(), 1);
+        // A GET moves on.
+        let p = plan(&out, "GET", false, &["a", "b"]);
+        let (routed, asked) = run(&out, p, vec![timeout()]).await;
+        assert_eq!(answered(&routed), Some(200));
+        assert_eq!(asked.len(), 2);
+        assert_ne!(asked[0].0, asked[1].0);
+        // A keyed POST goes back to the same agent, whose sidecar joins the original.
+        let p = plan(&out, "POST", true, &["a", "b"]);
+        let (routed, asked) = run(&out, p, vec![timeout()]).await;
+        assert_eq!(answered(&routed), Some(200));
+        assert_eq!(names(&asked)[0], names(&asked)[1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_stop_at_the_limit_and_the_deadline() {
+        let mut policy = Policy::default();
+        policy.retry.max_retries = 1;
+        let out = for_tests(policy);
+        let p = plan(&out, "GET", false, &["a", "b", "c"]);
+        let (routed, asked) = run(&out, p, vec![status(429, None), status(429, None)]).await;
+        assert_eq!(asked.len(), 2, "one retry");
+        assert_eq!(answered(&routed), Some(429));
+        // A deadline already spent: no attempt at all.
+        let mut p = plan(&out, "GET", false, &["a", "b"]);
+        p.call.deadline = Some(Deadline::after(Duration::ZERO));
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let (routed, asked) = run(&out, p, vec![]).await;
+        assert!(asked.is_empty());
+        assert!(matches!(routed.answer, Err(ReachError::DeadlineExceeded)));
+        assert_eq!(routed.attempts, Some(0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nobody_left_is_no_available_instance_with_every_candidate() {
+        let out = for_tests(Policy::default());
+        let mut p = plan(&out, "GET", false, &["a", "b"]);
+        for s in &mut p.scored {
+            s.excluded = Some("ejected".into());
+        }
+        let (routed, asked) = run(&out, p, vec![]).await;
+        assert!(asked.is_empty());
+        match routed.answer {
+            Err(ReachError::NoAvailableInstance { candidates, .. }) => {
+                assert_eq!(candidates.as_array().map(Vec::len), Some(2));
+            }
+            other => panic!("{:?}", other.map(|r| r.status())),
+        }
+    }
 }
