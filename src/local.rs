@@ -242,9 +242,9 @@ impl LocalAgent {
 
     /// The state that bars new work (ejected or draining), if the agent is in one. Checked on
     /// every inbound request, so it only ticks the state machine.
-    pub fn barred(&self) -> Option<crate::reach::State> {
+    pub fn barred(&self, snapshot: &Snapshot) -> Option<crate::reach::State> {
         use crate::reach::State;
-        let sp = self.store.snapshot().policy.states.params();
+        let sp = snapshot.policy.states.params();
         let mut inner = self.lock();
         let t = inner.view.tick(Instant::now(), &sp);
         let state = inner.view.state();

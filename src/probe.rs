@@ -68,7 +68,7 @@ async fn run(
         }
         let snapshot = store.snapshot();
         let now = Instant::now();
-        if now >= next_connect && local.barred() == Some(State::Ejected) {
+        if now >= next_connect && local.barred(&snapshot) == Some(State::Ejected) {
             // Out of rotation, the agent gets no traffic to tell us whether it runs: a TCP
             // connect, cheap on loopback, does — every half second. Refused: it is not running
             // (whatever ejected it), so it comes back as soon as it listens again. Accepted

@@ -50,7 +50,7 @@ fn refuse_early(inbound: &Inbound, call: &Call) -> Option<Response<ReachBody>> {
         return Some(ReachError::DeadlineExceeded.into_response());
     }
     // An agent out of rotation by its own view takes no new work; the caller moves on.
-    if let Some(state) = inbound.local.barred() {
+    if let Some(state) = inbound.local.barred(&call.snapshot) {
         refused(Outcome::Rejected);
         let err = match state {
             State::Draining => ReachError::Draining,
