@@ -11,7 +11,7 @@ use crate::config::Snapshot;
 use crate::http::deadline::Deadline;
 use crate::http::upload::{UploadWatch, WatchedUpload};
 use crate::http::{body, ReachBody};
-use crate::inbound::Slot;
+use crate::local::Slot;
 
 /// What one inbound call is, as the steps after the edge need it.
 #[derive(Clone, Debug)]

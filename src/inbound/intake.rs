@@ -20,8 +20,7 @@ use crate::http::deadline::Deadline;
 use crate::http::request_target::{self, Target};
 use crate::http::step::{answer, Step};
 use crate::http::{headers, ClientAddr, ReachBody};
-use crate::local::LocalAgent;
-use crate::peers::SELF_PATH;
+use crate::local::{LocalAgent, SELF_PATH};
 
 /// Capability label for requests that named none, or one this agent does not declare.
 const OTHER: &str = "other";

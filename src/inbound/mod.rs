@@ -4,7 +4,6 @@
 //! The request path is one stack, built in [`Inbound::stack`] in request order; each step is a
 //! tower service in a file of its own.
 
-mod admission;
 mod agent;
 mod call;
 mod edge;
@@ -23,7 +22,6 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::{ServiceBuilder, ServiceExt};
 
-pub use admission::{Admission, AdmissionLimits, Load, Refusal, Slot};
 pub use stats::{InboundStats, StatsSnapshot};
 
 use crate::classify::Outcome;
@@ -32,7 +30,7 @@ use crate::http::client::UpstreamClient;
 use crate::http::step::{answer, Step};
 use crate::http::{ClientAddr, ReachBody};
 use crate::idempotency::IdempotencyTable;
-use crate::local::LocalAgent;
+use crate::local::{Admission, Load, LocalAgent};
 use crate::metrics::{Direction, Metrics};
 use crate::rate_limit::RateLimiters;
 use crate::reach::Signal;

@@ -10,12 +10,13 @@ use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
 
 use super::call::{Admitted, Call};
-use super::{AdmissionLimits, Inbound};
+use super::Inbound;
 use crate::classify::Outcome;
 use crate::error::ReachError;
 use crate::http::deadline::attempt_timeout;
 use crate::http::step::Step;
 use crate::http::ReachBody;
+use crate::local::AdmissionLimits;
 
 pub(super) fn layer<S>(
     inbound: Arc<Inbound>,

@@ -118,7 +118,7 @@ impl Outbound {
 #[cfg(test)]
 pub(super) fn for_tests(policy: crate::config::Policy) -> Arc<Outbound> {
     use crate::config::{Bootstrap, ConfigPaths};
-    use crate::inbound::Admission;
+    use crate::local::Admission;
     let addr = SocketAddr::from(([127, 0, 0, 1], 9));
     let bootstrap = Bootstrap::local("caller", addr, &[]).unwrap_or_else(|e| panic!("{e}"));
     let client = crate::http::client::build(&policy);

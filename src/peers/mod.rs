@@ -26,9 +26,6 @@ use crate::metrics::Metrics;
 use crate::reach::{self, Factors, ReachView, Signal, State, ViewSnapshot};
 use crate::registry::Peer;
 
-/// Path of the self-view on every sidecar's inbound port.
-pub const SELF_PATH: &str = "/reach/v1/self";
-
 /// A self-view older than this many refresh intervals is ignored.
 const SELF_VIEW_LIFETIME_POLLS: u32 = 5;
 

@@ -9,10 +9,10 @@ use http_body_util::{BodyExt, Limited};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{PeerViews, SELF_PATH};
+use super::PeerViews;
 use crate::config::ConfigStore;
 use crate::http::{body, client::UpstreamClient};
-use crate::local::SelfView;
+use crate::local::{SelfView, SELF_PATH};
 use crate::registry::Registry;
 
 /// Polls every known peer's self-view; a peer whose sidecar cannot be reached counts a failure.

@@ -2,6 +2,8 @@
 //! busy reports feed one reach view — the view that catches a fake-online agent — which peers read
 //! at `GET /reach/v1/self` on the inbound port.
 
+mod admission;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,10 +12,14 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+pub use admission::{Admission, AdmissionLimits, Load, Refusal, Slot};
+
 use crate::config::{ConfigStore, RouteMode, Snapshot};
-use crate::inbound::Admission;
 use crate::metrics::Metrics;
-use crate::reach::{Load, ReachView, Signal, Transition, ViewSnapshot};
+use crate::reach::{self, ReachView, Signal, Transition, ViewSnapshot};
+
+/// Path of the self-view ([`SelfView`]) on every sidecar's inbound port.
+pub const SELF_PATH: &str = "/reach/v1/self";
 
 /// When production traffic last succeeded, and last failed or was refused.
 #[derive(Clone, Copy, Debug, Default)]
@@ -223,7 +229,7 @@ impl LocalAgent {
             .filter(|(_, at)| now.saturating_duration_since(*at) <= ep.busy_ttl)
             .map_or(0, |(n, _)| n);
         let agent = &snapshot.bootstrap.agent;
-        inner.view.estimates_mut().set_load_quietly(Load {
+        inner.view.estimates_mut().set_load_quietly(reach::Load {
             in_flight: load.in_flight.max(reported),
             max_concurrency: agent.max_concurrency.get(),
             queued: load.queued,
@@ -259,7 +265,7 @@ impl LocalAgent {
         self.metrics.self_view(&view);
     }
 
-    pub fn load(&self) -> crate::inbound::Load {
+    pub fn load(&self) -> Load {
         self.admission.load()
     }
 
