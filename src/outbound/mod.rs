@@ -11,6 +11,8 @@ mod candidates;
 mod decision;
 mod dedupe;
 mod endpoint;
+#[cfg(test)]
+mod latency_share;
 mod local_api;
 mod policy;
 mod record;
@@ -29,8 +31,6 @@ use hyper::body::Incoming;
 use tower::{ServiceBuilder, ServiceExt};
 
 pub use balance::pick;
-#[cfg(test)]
-pub(crate) use balance::tests as balance_test_support;
 pub use sample::{score_candidates, SAMPLE};
 pub use target::capability_of;
 

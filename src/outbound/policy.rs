@@ -390,7 +390,7 @@ mod tests {
 
     use super::*;
     use crate::config::Policy;
-    use crate::outbound::balance_test_support::candidate;
+    use crate::outbound::balance::tests::candidate;
     use crate::outbound::call::Call;
     use crate::outbound::for_tests;
     use crate::peers::RouteRequest;

@@ -11,6 +11,8 @@ mod poll;
 mod score;
 
 pub use feed::{live, profile, self_view, self_view_lifetime, GossipFeed};
+#[cfg(test)]
+pub(crate) use latency::judge;
 pub use poll::spawn_poller;
 
 use std::collections::HashMap;
