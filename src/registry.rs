@@ -87,6 +87,51 @@ impl Peer {
     }
 }
 
+/// The peers config declares (the bootstrap's static list and the policy's external targets),
+/// and capability name → those serving it: built once per config generation, not per request.
+#[derive(Debug, Default)]
+struct Configured {
+    /// The snapshot generation these were built from (0: none yet).
+    generation: u64,
+    peers: Vec<Arc<Peer>>,
+    index: HashMap<String, Vec<Arc<Peer>>>,
+}
+
+impl Configured {
+    fn of(snapshot: &Snapshot) -> Self {
+        let peers: Vec<Arc<Peer>> = snapshot
+            .bootstrap
+            .peers
+            .iter()
+            .map(|p| Arc::new(Peer::from_static(p)))
+            .chain(
+                snapshot
+                    .policy
+                    .targets
+                    .iter()
+                    .flat_map(Peer::from_target)
+                    .map(Arc::new),
+            )
+            .collect();
+        let mut index: HashMap<String, Vec<Arc<Peer>>> = HashMap::new();
+        for peer in &peers {
+            for cap in &peer.capabilities {
+                index.entry(cap.clone()).or_default().push(peer.clone());
+            }
+        }
+        Self {
+            generation: snapshot.generation,
+            peers,
+            index,
+        }
+    }
+
+    /// The configured peers serving `capability`, as one slice (sampling indexes into it).
+    fn serving(&self, capability: &str) -> &[Arc<Peer>] {
+        self.index.get(capability).map_or(&[], Vec::as_slice)
+    }
+}
+
 /// The members gossip currently counts routable, indexed by capability.
 #[derive(Debug, Default)]
 struct Directory {
@@ -95,10 +140,13 @@ struct Directory {
     index: HashMap<String, Vec<Arc<Peer>>>,
 }
 
-/// The peer directory consulted once per outbound request.
+/// The peer directory consulted once per outbound request. One registry serves one
+/// `ConfigStore`: its snapshots' generations tell the configured peers apart.
 #[derive(Debug, Default)]
 pub struct Registry {
     gossip: ArcSwap<Directory>,
+    /// The configured peers of the newest config generation seen.
+    configured: ArcSwap<Configured>,
 }
 
 impl Registry {
@@ -123,6 +171,27 @@ impl Registry {
         }));
     }
 
+    /// The configured peers of `snapshot`: the cached index when it is of the same generation,
+    /// else built now (and kept when `snapshot` is newer than the cached one; a request still on
+    /// an older snapshot right after a reload builds its own).
+    fn configured(&self, snapshot: &Snapshot) -> Arc<Configured> {
+        let cached = self.configured.load();
+        if cached.generation == snapshot.generation {
+            return Arc::clone(&cached);
+        }
+        let built = Arc::new(Configured::of(snapshot));
+        if snapshot.generation > cached.generation {
+            self.configured.rcu(|current| {
+                if current.generation < built.generation {
+                    Arc::clone(&built)
+                } else {
+                    Arc::clone(current)
+                }
+            });
+        }
+        built
+    }
+
     pub fn gossip_peer(&self, name: &str) -> Option<Arc<Peer>> {
         self.gossip.load().by_name.get(name).cloned()
     }
@@ -131,8 +200,10 @@ impl Registry {
     /// peer of the same name: what the agent says of itself now beats what a file said.
     pub fn candidates(&self, snapshot: &Snapshot, capability: &str) -> Vec<Arc<Peer>> {
         let gossip = self.gossip.load();
-        let mut out: Vec<Arc<Peer>> = snapshot
-            .peers_serving(capability)
+        let configured = self.configured(snapshot);
+        let mut out: Vec<Arc<Peer>> = configured
+            .serving(capability)
+            .iter()
             .filter(|p| !gossip.by_name.contains_key(&p.name))
             .cloned()
             .collect();
@@ -151,7 +222,8 @@ impl Registry {
         mut random: impl FnMut(usize) -> usize,
     ) -> (Vec<Arc<Peer>>, usize) {
         let gossip = self.gossip.load();
-        let statics = snapshot.peers_serving_slice(capability);
+        let configured = self.configured(snapshot);
+        let statics = configured.serving(capability);
         let gossiped = gossip.index.get(capability).map_or(&[][..], Vec::as_slice);
         let n = statics.len() + gossiped.len();
         if n <= k {
@@ -178,8 +250,9 @@ impl Registry {
     /// Every known peer, for `/status` and the self-view poller.
     pub fn peers(&self, snapshot: &Snapshot) -> Vec<Arc<Peer>> {
         let gossip = self.gossip.load();
-        let mut out: Vec<Arc<Peer>> = snapshot
-            .configured_peers()
+        let mut out: Vec<Arc<Peer>> = self
+            .configured(snapshot)
+            .peers
             .iter()
             .filter(|p| !gossip.by_name.contains_key(&p.name))
             .cloned()
@@ -191,8 +264,8 @@ impl Registry {
     /// The peer called `name`: a gossip member first, else a configured peer.
     pub fn find(&self, snapshot: &Snapshot, name: &str) -> Option<Arc<Peer>> {
         self.gossip_peer(name).or_else(|| {
-            snapshot
-                .configured_peers()
+            self.configured(snapshot)
+                .peers
                 .iter()
                 .find(|p| p.name == name)
                 .cloned()
@@ -205,5 +278,44 @@ impl Registry {
             .iter()
             .map(|p| p.name.clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+    use crate::config::{Bootstrap, Policy};
+
+    fn snapshot(peers: &[&str], generation: u64) -> Snapshot {
+        let mut b = Bootstrap::local("me", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+            .unwrap_or_else(|e| panic!("{e}"));
+        for (i, name) in peers.iter().enumerate() {
+            let addr = SocketAddr::from(([10, 0, 0, i as u8 + 1], 4143));
+            b = b
+                .with_peer(name, addr, &["review"])
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        Snapshot::new(b, Policy::default(), generation)
+    }
+
+    fn names(peers: &[Arc<Peer>]) -> Vec<&str> {
+        peers.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    #[test]
+    fn configured_peers_are_those_of_the_snapshot_asked_about() {
+        let registry = Registry::new();
+        let old = snapshot(&["a"], 1);
+        let new = snapshot(&["a", "b"], 2);
+        assert_eq!(names(&registry.candidates(&old, "review")), ["a"]);
+        assert_eq!(names(&registry.candidates(&new, "review")), ["a", "b"]);
+        // A request still on the older snapshot sees its own peers; the newer index stays.
+        assert_eq!(names(&registry.candidates(&old, "review")), ["a"]);
+        assert_eq!(registry.configured.load().generation, 2);
+        assert!(registry.find(&new, "b").is_some());
+        assert!(registry.find(&old, "b").is_none());
+        assert_eq!(names(&registry.peers(&new)), ["a", "b"]);
     }
 }

@@ -8,13 +8,10 @@ mod scalar;
 mod watch;
 mod yaml;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-
-use crate::registry::Peer;
 
 pub use bootstrap::{
     AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Limits, Listen, ProbeSpec,
@@ -126,54 +123,18 @@ pub fn check_file(path: &Path) -> Result<FileKind, ConfigError> {
 pub struct Snapshot {
     pub bootstrap: Bootstrap,
     pub policy: Policy,
-    /// Peers from config (the bootstrap's static list and the policy's external targets), and
-    /// capability name → those serving it: built once per load, not per request.
-    peers: Vec<Arc<Peer>>,
-    peer_index: HashMap<String, Vec<Arc<Peer>>>,
-    /// Bumped on every accepted reload.
+    /// Bumped on every accepted reload: within one store, one generation is one content (the
+    /// registry indexes the configured peers once per generation).
     pub generation: u64,
 }
 
 impl Snapshot {
     pub fn new(bootstrap: Bootstrap, policy: Policy, generation: u64) -> Self {
-        let peers: Vec<Arc<Peer>> = bootstrap
-            .peers
-            .iter()
-            .map(|p| Arc::new(Peer::from_static(p)))
-            .chain(
-                policy
-                    .targets
-                    .iter()
-                    .flat_map(Peer::from_target)
-                    .map(Arc::new),
-            )
-            .collect();
-        let mut peer_index: HashMap<String, Vec<Arc<Peer>>> = HashMap::new();
-        for peer in &peers {
-            for cap in &peer.capabilities {
-                peer_index
-                    .entry(cap.clone())
-                    .or_default()
-                    .push(peer.clone());
-            }
-        }
         Self {
             bootstrap,
             policy,
-            peers,
-            peer_index,
             generation,
         }
-    }
-
-    /// Configured peers that serve `capability`.
-    pub fn peers_serving(&self, capability: &str) -> impl Iterator<Item = &Arc<Peer>> {
-        self.peer_index.get(capability).into_iter().flatten()
-    }
-
-    /// The static peers serving `capability`, as one slice (sampling indexes into it).
-    pub fn peers_serving_slice(&self, capability: &str) -> &[Arc<Peer>] {
-        self.peer_index.get(capability).map_or(&[], Vec::as_slice)
     }
 
     /// Whether the local agent declares a business probe for any capability.
@@ -183,10 +144,6 @@ impl Snapshot {
             .capabilities
             .iter()
             .any(|c| c.probe.is_some())
-    }
-
-    pub fn configured_peers(&self) -> &[Arc<Peer>] {
-        &self.peers
     }
 
     /// The local agent's timeout for `capability`, or the policy default.
