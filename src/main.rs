@@ -1,12 +1,12 @@
 //! The `agent-reach` command: run the sidecar, check config files, run the demo.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use agent_reach::config::{self, ConfigPaths, ConfigStore, HumanDuration};
+use agent_reach::config::{self, ConfigError, ConfigPaths, ConfigStore, FileKind, HumanDuration};
 use agent_reach::inject::{inject_manifests, Injector, InjectorConfig};
 use agent_reach::{demo, Sidecar};
 
@@ -150,7 +150,7 @@ fn main() -> ExitCode {
 fn check(files: &[PathBuf]) -> ExitCode {
     let mut failed = false;
     for file in files {
-        match config::check_file(file) {
+        match check_file(file) {
             Ok(kind) => println!("{}: ok ({})", file.display(), kind.as_str()),
             Err(err) => {
                 eprintln!("{err}");
@@ -163,6 +163,18 @@ fn check(files: &[PathBuf]) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// Validates one file of any kind: a bootstrap, a policy, or the injector's.
+fn check_file(path: &Path) -> Result<FileKind, ConfigError> {
+    let text = config::read_file(path)?;
+    let kind = config::detect_kind(path, &text)?;
+    match kind {
+        FileKind::Bootstrap => config::parse_bootstrap(path, &text).map(drop),
+        FileKind::Policy => config::parse_policy(path, &text).map(drop),
+        FileKind::Injector => InjectorConfig::parse(path, &text).map(drop),
+    }?;
+    Ok(kind)
 }
 
 fn run(paths: ConfigPaths, worker_threads: Option<usize>) -> ExitCode {

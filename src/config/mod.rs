@@ -107,17 +107,6 @@ pub fn load_policy(path: &Path) -> Result<Policy, ConfigError> {
     parse_policy(path, &read_file(path)?)
 }
 
-/// Validates one file of either kind; what `agent-reach check` runs.
-pub fn check_file(path: &Path) -> Result<FileKind, ConfigError> {
-    let text = read_file(path)?;
-    let kind = detect_kind(path, &text)?;
-    match kind {
-        FileKind::Bootstrap => parse_bootstrap(path, &text).map(|_| kind),
-        FileKind::Policy => parse_policy(path, &text).map(|_| kind),
-        FileKind::Injector => crate::inject::InjectorConfig::parse(path, &text).map(|_| kind),
-    }
-}
-
 /// Everything a request needs from config, loaded once per request from one `ArcSwap`.
 #[derive(Debug)]
 pub struct Snapshot {
