@@ -1,11 +1,11 @@
-//! Errors the sidecar itself answers with, and the one place they become HTTP responses.
+//! Errors the sidecar itself answers with, and the reasons (`reach-reason`) they give. They become
+//! HTTP responses, and a response's reason is read back, in one place: `http::error_response`.
 
 use std::time::Duration;
 
-use http::{header, Response, StatusCode};
+use http::StatusCode;
 
 use crate::config::format_duration;
-use crate::http::{body, headers, ReachBody};
 
 /// Why the sidecar answered a request itself instead of passing on an agent's response.
 #[derive(Debug, thiserror::Error)]
@@ -151,12 +151,6 @@ impl Reason {
     pub fn parse(text: &str) -> Option<Self> {
         Reason::ALL.into_iter().find(|r| r.as_str() == text)
     }
-
-    /// The reason on a response, when a sidecar made it.
-    pub fn of<B>(response: &Response<B>) -> Option<Self> {
-        let value = response.headers().get(headers::REASON)?;
-        Reason::parse(value.to_str().ok()?)
-    }
 }
 
 impl ReachError {
@@ -220,7 +214,8 @@ impl ReachError {
         self.reason().as_str()
     }
 
-    fn retry_after(&self) -> Option<Duration> {
+    /// How long the caller should wait before trying this agent again, when it should wait.
+    pub fn retry_after(&self) -> Option<Duration> {
         match self {
             ReachError::Saturated { retry_after, .. }
             | ReachError::RateLimited { retry_after, .. } => Some(*retry_after),
@@ -230,53 +225,5 @@ impl ReachError {
             | ReachError::NoAvailableInstance { .. } => Some(Duration::from_secs(1)),
             _ => None,
         }
-    }
-
-    pub fn into_response(self) -> Response<ReachBody> {
-        let mut body = serde_json::json!({ "error": self.code(), "message": self.to_string() });
-        if let ReachError::NoAvailableInstance {
-            candidates,
-            attempts,
-            ..
-        } = &self
-        {
-            // The snapshot says why each peer was passed over: the caller never has to guess.
-            body["candidates"] = candidates.clone();
-            body["attempts"] = (*attempts).into();
-        }
-        let mut response = Response::new(body::full(body.to_string()));
-        *response.status_mut() = self.status();
-        let h = response.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static("application/json"),
-        );
-        h.insert(
-            headers::REASON,
-            header::HeaderValue::from_static(self.code()),
-        );
-        if let Some(after) = self.retry_after() {
-            // Whole seconds, at least 1: RFC 9110's delay-seconds.
-            let secs = after.as_secs_f64().ceil().max(1.0) as u64;
-            h.insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
-        }
-        response
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn saturated_is_503_with_reason_and_retry_after() {
-        let r = ReachError::Saturated {
-            agent: "a".into(),
-            retry_after: Duration::from_millis(200),
-        }
-        .into_response();
-        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(r.headers()[headers::REASON], "saturated");
-        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
     }
 }

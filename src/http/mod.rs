@@ -4,6 +4,7 @@ pub mod activity;
 pub mod body;
 pub mod client;
 pub mod deadline;
+mod error_response;
 pub mod forward;
 pub mod headers;
 pub mod measured;

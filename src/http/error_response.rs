@@ -1,0 +1,74 @@
+//! A [`ReachError`] as the response the sidecar answers with: a JSON body with `error` and
+//! `message`, the `reach-reason` header, and `retry-after` when the caller should wait; and the
+//! [`Reason`] read back from a response.
+//!
+//! Inherent impls written here, beside the body and headers they use, so `error` does not import
+//! `http`.
+
+use http::{header, Response};
+
+use super::{body, headers, ReachBody};
+use crate::error::{ReachError, Reason};
+
+impl Reason {
+    /// The reason on a response, when a sidecar made it.
+    pub fn of<B>(response: &Response<B>) -> Option<Self> {
+        let value = response.headers().get(headers::REASON)?;
+        Reason::parse(value.to_str().ok()?)
+    }
+}
+
+impl ReachError {
+    /// The response the sidecar answers with for this error.
+    pub fn into_response(self) -> Response<ReachBody> {
+        let mut body = serde_json::json!({ "error": self.code(), "message": self.to_string() });
+        if let ReachError::NoAvailableInstance {
+            candidates,
+            attempts,
+            ..
+        } = &self
+        {
+            // The snapshot says why each peer was passed over: the caller never has to guess.
+            body["candidates"] = candidates.clone();
+            body["attempts"] = (*attempts).into();
+        }
+        let mut response = Response::new(body::full(body.to_string()));
+        *response.status_mut() = self.status();
+        let h = response.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        h.insert(
+            headers::REASON,
+            header::HeaderValue::from_static(self.code()),
+        );
+        if let Some(after) = self.retry_after() {
+            // Whole seconds, at least 1: RFC 9110's delay-seconds.
+            let secs = after.as_secs_f64().ceil().max(1.0) as u64;
+            h.insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http::StatusCode;
+
+    use super::*;
+
+    #[test]
+    fn saturated_is_503_with_reason_and_retry_after() {
+        let r = ReachError::Saturated {
+            agent: "a".into(),
+            retry_after: Duration::from_millis(200),
+        }
+        .into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[headers::REASON], "saturated");
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+}
