@@ -4,6 +4,7 @@
 
 mod annotations;
 mod config;
+mod load;
 mod manifest;
 mod patch;
 mod pod;
