@@ -4,6 +4,8 @@ mod bootstrap;
 mod bounds;
 mod duration;
 mod policy;
+#[cfg(test)]
+mod rule_tables;
 mod scalar;
 mod watch;
 mod yaml;
