@@ -6,6 +6,7 @@
 //! answered with someone else's response. Bounded in keys, age, bytes, and per caller.
 
 mod record;
+mod stored;
 mod table;
 
 use std::sync::Arc;
@@ -15,8 +16,8 @@ use http::{HeaderMap, Response};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
-pub use record::{Stored, Ticket};
-pub use table::{Budget, IdempotencyTable, TableUsage};
+pub use stored::Stored;
+pub use table::{Budget, IdempotencyTable, TableUsage, Ticket};
 
 use crate::error::ReachError;
 use crate::http::upload::Upload;

@@ -1,5 +1,5 @@
-//! Running a keyed request once and keeping its response: the ticket that settles the key, the
-//! body tee that copies the response as it streams to the caller, and the stored response.
+//! Keeping a keyed request's response: a ticket settles its key with the response, through the
+//! body tee that copies it as it streams to the caller.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -9,42 +9,11 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
-use super::table::{Held, IdempotencyTable, Slot};
-use super::{Claim, REPLAYED};
+use super::stored::Stored;
+use super::table::{Held, IdempotencyTable, Slot, Ticket};
 use crate::http::{body, BoxError, ReachBody};
 
-/// A response kept for replay.
-#[derive(Debug)]
-pub struct Stored {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-/// The right to run a keyed request. Dropped without an outcome (the request failed before a
-/// response, or was cancelled), it frees the key: nothing is known to have run.
-#[derive(Debug)]
-pub struct Ticket {
-    table: Arc<IdempotencyTable>,
-    key: Option<Held>,
-}
-
 impl Ticket {
-    pub(super) fn new(table: Arc<IdempotencyTable>, key: Held) -> Self {
-        Self {
-            table,
-            key: Some(key),
-        }
-    }
-
-    /// Waits on this ticket's outcome, like a duplicate would.
-    pub fn subscribe(&self) -> Claim {
-        match &self.key {
-            Some(key) => self.table.subscribe(key),
-            None => Claim::Conflict,
-        }
-    }
-
     /// Settles the key with the original's response, driving its body to the end. A response the
     /// sidecar made itself (it carries `reach-reason`: the agent was never reached, or gave no
     /// answer) is passed to those waiting but not kept: a later retry may run the task.
@@ -60,11 +29,7 @@ impl Ticket {
                 .await
                 .map(|b| b.to_bytes())
                 .unwrap_or_default();
-            let stored = Arc::new(Stored {
-                status: parts.status,
-                headers: parts.headers,
-                body,
-            });
+            let stored = Arc::new(Stored::new(parts.status, parts.headers, body));
             if let Some(key) = self.key.take() {
                 self.table.settle_passing(&key, stored);
             }
@@ -94,14 +59,6 @@ impl Ticket {
             ticket: self.key.take().map(|k| (self.table.clone(), k)),
         };
         Response::from_parts(parts, body::boxed(tee))
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            self.table.settle(&key, None);
-        }
     }
 }
 
@@ -158,11 +115,9 @@ where
         if ended {
             if let Some((table, key)) = this.ticket.take() {
                 let slot = match (this.buffer.take(), this.head.take()) {
-                    (Some(buffer), Some((status, headers))) => Slot::Done(Arc::new(Stored {
-                        status,
-                        headers,
-                        body: exact(buffer),
-                    })),
+                    (Some(buffer), Some((status, headers))) => {
+                        Slot::Done(Arc::new(Stored::new(status, headers, exact(buffer))))
+                    }
                     _ => Slot::TooLarge,
                 };
                 table.settle(&key, Some(slot));
@@ -187,27 +142,5 @@ fn exact(buffer: BytesMut) -> Bytes {
         Bytes::copy_from_slice(&buffer)
     } else {
         buffer.freeze()
-    }
-}
-
-impl Stored {
-    /// What keeping it costs: the body, and the head at its text size plus map overhead.
-    pub(super) fn size(&self) -> usize {
-        let head: usize = self
-            .headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 48)
-            .sum();
-        self.body.len() + head + 64
-    }
-
-    pub fn replay(&self) -> Response<ReachBody> {
-        let mut response = Response::new(body::full(self.body.clone()));
-        *response.status_mut() = self.status;
-        *response.headers_mut() = self.headers.clone();
-        response
-            .headers_mut()
-            .insert(REPLAYED, http::HeaderValue::from_static("true"));
-        response
     }
 }

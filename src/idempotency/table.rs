@@ -1,5 +1,6 @@
-//! The keys themselves: who holds which, what each stored response costs, and eviction within a
-//! byte budget with a per-caller share (one caller's flood must not evict everyone's keys).
+//! The keys themselves: who holds which (a ticket is the right to run under one), what each stored
+//! response costs, and eviction within a byte budget with a per-caller share (one caller's flood
+//! must not evict everyone's keys).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -8,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::record::{Stored, Ticket};
+use super::stored::Stored;
 use super::{Claim, Fingerprint, Outcome};
 
 /// A key is scoped by who sent it and for what: another caller's `order-42` is another key.
@@ -40,6 +41,40 @@ pub(super) enum Slot {
     Done(Arc<Stored>),
     /// Ran, but its response was too large to keep: a duplicate must not run it again.
     TooLarge,
+}
+
+/// The right to run a keyed request. Dropped without an outcome (the request failed before a
+/// response, or was cancelled), it frees the key: nothing is known to have run. Its response is
+/// kept through `Ticket::record` and `Ticket::settle` (`record.rs`).
+#[derive(Debug)]
+pub struct Ticket {
+    pub(super) table: Arc<IdempotencyTable>,
+    pub(super) key: Option<Held>,
+}
+
+impl Ticket {
+    fn new(table: Arc<IdempotencyTable>, key: Held) -> Self {
+        Self {
+            table,
+            key: Some(key),
+        }
+    }
+
+    /// Waits on this ticket's outcome, like a duplicate would.
+    pub fn subscribe(&self) -> Claim {
+        match &self.key {
+            Some(key) => self.table.subscribe(key),
+            None => Claim::Conflict,
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.table.settle(&key, None);
+        }
+    }
 }
 
 #[derive(Debug)]
