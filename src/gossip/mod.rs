@@ -20,10 +20,8 @@ pub mod wire;
 
 pub use envelope::{ClusterKey, KeyError, Rejected};
 pub use model::{Capability, Live, Profile};
-pub use node::{
-    max_transmissions, spawn, GossipHandle, Membership, NodeOptions, MAX_DATAGRAM, MAX_ITEM,
-};
+pub use node::{max_transmissions, spawn, GossipHandle, Membership, NodeOptions, MAX_ITEM};
 pub use status::{GossipStatus, MemberStatus, Stats};
 pub use table::Member;
-pub use transport::{MemNetwork, Transport};
+pub use transport::{MemNetwork, Transport, MAX_DATAGRAM};
 pub use wire::{milli, unmilli, NodeId};

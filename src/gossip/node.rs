@@ -22,11 +22,9 @@ use super::envelope::{self, ClusterKey, Kind, Rejected, ReplayGuard, OVERHEAD};
 use super::model;
 use super::status::{GossipStatus, MemberStatus, Stats};
 use super::table::{same_addr, Handler, Member, Origin, Table};
-use super::transport::{Inbox, Transport};
+use super::transport::{Inbox, Transport, MAX_DATAGRAM};
 use super::wire::{self, Body, Decoded, Item, Live, NodeId, WireError};
 
-/// Largest datagram sent or accepted (under a 1500-byte MTU with IP and UDP headers).
-pub const MAX_DATAGRAM: usize = 1400;
 /// Largest item published: it must fit in a datagram after foca's header (and the envelope's).
 pub const MAX_ITEM: usize = 1100;
 /// How often the node does its housekeeping (pending publishes, status, pruning).

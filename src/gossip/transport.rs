@@ -9,6 +9,9 @@ use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+/// Largest datagram sent or accepted (under a 1500-byte MTU with IP and UDP headers).
+pub const MAX_DATAGRAM: usize = 1400;
+
 /// Datagrams received, with the address they came from.
 pub type Inbox = mpsc::Receiver<(SocketAddr, Vec<u8>)>;
 type Outlet = mpsc::Sender<(SocketAddr, Vec<u8>)>;
@@ -43,7 +46,7 @@ pub async fn udp(
                 Ok((len, from)) => {
                     // An oversized datagram is kept only far enough to be rejected as such: a
                     // flood of 64 KiB datagrams must not pin 64 KiB per queue slot.
-                    let kept = len.min(super::MAX_DATAGRAM + 1);
+                    let kept = len.min(MAX_DATAGRAM + 1);
                     if tx.try_send((from, buf[..kept].to_vec())).is_err() && tx.is_closed() {
                         return;
                     }
