@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::{Admin, Status};
 use crate::config::{spawn_watcher, ConfigStore};
 use crate::gossip::GossipHandle;
-use crate::http::{client, server};
+use crate::http::client::{AgentClient, PeerClient};
+use crate::http::server;
 use crate::inbound::Inbound;
 use crate::local::{Admission, LocalAgent};
 use crate::metrics::Metrics;
@@ -87,7 +88,8 @@ impl Sidecar {
             );
         }
         let metrics = Arc::new(Metrics::new(snapshot.bootstrap.agent.name.as_str()));
-        let client = client::build(&snapshot.policy);
+        let agent_client = AgentClient::new(&snapshot.policy);
+        let peer_client = PeerClient::new(&snapshot.policy);
         let registry = Arc::new(Registry::new());
         let admission = Admission::new(snapshot.bootstrap.agent.max_concurrency.get());
         let local = Arc::new(LocalAgent::new(
@@ -101,7 +103,7 @@ impl Sidecar {
         let inbound = Arc::new(Inbound::new(
             store.clone(),
             metrics.clone(),
-            client.clone(),
+            agent_client,
             admission,
             local.clone(),
             registry.clone(),
@@ -110,7 +112,7 @@ impl Sidecar {
         let outbound = Arc::new(Outbound::new(
             store.clone(),
             metrics.clone(),
-            client.clone(),
+            peer_client.clone(),
             registry.clone(),
             peers.clone(),
             local.clone(),
@@ -182,7 +184,13 @@ impl Sidecar {
             )),
             spawn_watcher(store.clone(), metrics.clone(), stop_rest.clone()),
             spawn_upkeep(metrics.clone(), local.clone(), stop_rest.clone()),
-            peers::spawn_poller(store.clone(), registry, peers, client, stop_rest.clone()),
+            peers::spawn_poller(
+                store.clone(),
+                registry,
+                peers,
+                peer_client,
+                stop_rest.clone(),
+            ),
         ];
         // Probes run on their own low-priority thread; failing to start it is logged, not fatal.
         let probes = probe::spawn(store.clone(), local.clone(), metrics, stop_rest.clone())

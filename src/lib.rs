@@ -26,6 +26,7 @@ pub mod rate_limit;
 pub mod reach;
 pub mod redact;
 pub mod registry;
+pub mod transport;
 
 pub use app::{BoundAddrs, Sidecar, StartError};
 pub use config::{Bootstrap, ConfigStore, Policy};

@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::classify::Class;
 use crate::config::{Capability, ConfigStore, ProbeSpec, Snapshot};
-use crate::http::{body, client};
+use crate::http::body;
+use crate::http::client::{self, AgentClient};
 use crate::local::{LocalAgent, ProbeRecord, Traffic};
 use crate::metrics::Metrics;
 use crate::reach::{Signal, State};
@@ -54,7 +55,9 @@ async fn run(
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
-    let client = client::build(&store.snapshot().policy);
+    // Its own client: pooled connections belong to the runtime that opened them, and the data
+    // path's must not live on this low-priority thread.
+    let client = AgentClient::new(&store.snapshot().policy);
     // Capability → when its next probe is due. New capabilities are probed at once.
     let mut due: HashMap<String, Instant> = HashMap::new();
     // Capability → when its last probe ran.
@@ -191,7 +194,7 @@ fn skip_reason(
 
 /// Runs one probe and judges it. A refused connection is `Unreachable`: the agent is not running.
 async fn probe(
-    client: &client::UpstreamClient,
+    client: &AgentClient,
     snapshot: &Snapshot,
     capability: &Capability,
     spec: &ProbeSpec,
@@ -223,7 +226,7 @@ async fn probe(
 }
 
 async fn send(
-    client: &client::UpstreamClient,
+    client: &AgentClient,
     snapshot: &Snapshot,
     spec: &ProbeSpec,
 ) -> Result<(Class, StatusCode, String), (String, bool)> {
@@ -232,8 +235,10 @@ async fn send(
     let mut builder = Request::builder()
         .method(method)
         .uri(format!(
-            "http://{}{}",
-            snapshot.bootstrap.agent.address, spec.path
+            "{}://{}{}",
+            client.scheme(),
+            snapshot.bootstrap.agent.address,
+            spec.path
         ))
         .header(
             http::header::HOST,

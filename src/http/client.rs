@@ -1,39 +1,38 @@
-//! The pooled upstream client: to peer sidecars (outbound) and to the local agent (inbound).
+//! The pooled upstream clients: one to the local agent ([`AgentClient`], inbound), one to peer
+//! sidecars ([`PeerClient`], outbound), each over its own transport (`transport::connect`).
 
-use std::time::Duration;
+use std::ops::Deref;
 
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
+use http::uri::Scheme;
+use http::Request;
+use hyper_util::client::legacy::{self, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::ReachBody;
 use crate::config::Policy;
+use crate::transport::{Connect, ConnectTcp, TcpSettings};
 
 /// The largest read buffer of one upstream connection.
 const READ_BUFFER_MAX: usize = 64 * 1024;
 
-pub type UpstreamClient = Client<HttpConnector, ReachBody>;
+/// A pooled HTTP/1.1 client sending absolute URIs (tests, the demo and the benchmarks use it as
+/// a plain HTTP client).
+pub type UpstreamClient<C = ConnectTcp> = legacy::Client<C, ReachBody>;
 
-/// Builds a pooled HTTP/1.1 client. Idle connections expire, and TCP keepalive notices a peer that
-/// vanished without a FIN, so a half-open pooled connection fails fast instead of hanging.
-pub fn build(policy: &Policy) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(policy.timeouts.connect.get()));
-    connector.set_keepalive(Some(policy.pool.tcp_keepalive.get()));
-    connector.set_keepalive_interval(Some(Duration::from_secs(5)));
-    connector.set_keepalive_retries(Some(3));
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(policy.pool.idle_timeout.get())
-        .pool_max_idle_per_host(policy.pool.max_idle_per_host)
-        // Each pooled connection keeps its read buffer; hyper grows it to ~400 KiB for a large
-        // response, so 64 idle connections could hold 25 MiB. Bodies stream in 64 KiB reads.
-        .http1_max_buf_size(READ_BUFFER_MAX)
-        // The sidecar sets Host itself: the capability authority is not the peer's address.
-        .set_host(false)
-        .build(connector)
+/// A pooled client bound to its transport: it knows the scheme its connections speak.
+#[derive(Clone, Debug)]
+pub struct Upstream<C = ConnectTcp> {
+    client: UpstreamClient<C>,
+    scheme: Scheme,
 }
+
+/// The client to the local agent.
+#[derive(Clone, Debug)]
+pub struct AgentClient(Upstream);
+
+/// The client to peer sidecars (and external targets): where mutual TLS will go.
+#[derive(Clone, Debug)]
+pub struct PeerClient(Upstream);
 
 /// How a client error happened: did the request ever reach the upstream?
 #[derive(Debug)]
@@ -45,8 +44,87 @@ pub struct Failure {
     pub message: String,
 }
 
+/// A plain-TCP pooled client with the policy's connect and pool settings.
+pub fn build(policy: &Policy) -> UpstreamClient {
+    pooled(policy, ConnectTcp::new(TcpSettings::from_policy(policy)))
+}
+
+/// Pools connections made by `connect`. Idle connections expire, and the transport's keepalive
+/// notices a peer that vanished without a FIN.
+fn pooled<C: Connect>(policy: &Policy, connect: C) -> UpstreamClient<C> {
+    legacy::Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(policy.pool.idle_timeout.get())
+        .pool_max_idle_per_host(policy.pool.max_idle_per_host)
+        // Each pooled connection keeps its read buffer; hyper grows it to ~400 KiB for a large
+        // response, so 64 idle connections could hold 25 MiB. Bodies stream in 64 KiB reads.
+        .http1_max_buf_size(READ_BUFFER_MAX)
+        // The sidecar sets Host itself: the capability authority is not the peer's address.
+        .set_host(false)
+        .build(connect)
+}
+
+// === impl Upstream ===
+
+impl<C: Connect> Upstream<C> {
+    pub fn new(policy: &Policy, connect: C) -> Self {
+        let scheme = connect.scheme().clone();
+        Self {
+            client: pooled(policy, connect),
+            scheme,
+        }
+    }
+
+    /// The scheme of this client's upstream URIs.
+    pub fn scheme(&self) -> &Scheme {
+        &self.scheme
+    }
+
+    pub fn request(&self, req: Request<ReachBody>) -> ResponseFuture {
+        self.client.request(req)
+    }
+}
+
+// === impl AgentClient ===
+
+impl AgentClient {
+    pub fn new(policy: &Policy) -> Self {
+        Self(Upstream::new(
+            policy,
+            ConnectTcp::new(TcpSettings::from_policy(policy)),
+        ))
+    }
+}
+
+impl Deref for AgentClient {
+    type Target = Upstream;
+
+    fn deref(&self) -> &Upstream {
+        &self.0
+    }
+}
+
+// === impl PeerClient ===
+
+impl PeerClient {
+    pub fn new(policy: &Policy) -> Self {
+        Self(Upstream::new(
+            policy,
+            ConnectTcp::new(TcpSettings::from_policy(policy)),
+        ))
+    }
+}
+
+impl Deref for PeerClient {
+    type Target = Upstream;
+
+    fn deref(&self) -> &Upstream {
+        &self.0
+    }
+}
+
 /// Classifies a client error for the caller.
-pub fn describe(err: &hyper_util::client::legacy::Error) -> Failure {
+pub fn describe(err: &legacy::Error) -> Failure {
     use std::error::Error as _;
     let mut message = err.to_string();
     let mut refused = false;
@@ -63,5 +141,29 @@ pub fn describe(err: &hyper_util::client::legacy::Error) -> Failure {
         connect: err.is_connect(),
         refused: refused && err.is_connect(),
         message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::http::body;
+
+    #[tokio::test]
+    async fn a_refused_connection_is_described_as_refused_before_reaching_anyone() {
+        let addr = {
+            let stub = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            stub.local_addr().unwrap()
+        };
+        let client = PeerClient::new(&Policy::default());
+        let uri = format!("{}://{addr}/", client.scheme());
+        let err = client
+            .request(Request::get(uri).body(body::empty()).unwrap())
+            .await
+            .expect_err("nothing listens");
+        let failure = describe(&err);
+        assert!(failure.connect && failure.refused, "{failure:?}");
     }
 }

@@ -3,7 +3,7 @@
 //! upstream URI is never built from something that is not a path (an `*` once turned into a
 //! request to port 80 of the upstream host).
 
-use http::uri::PathAndQuery;
+use http::uri::{PathAndQuery, Scheme};
 use http::{header, Method, Request, Response, StatusCode, Uri};
 
 use super::{body, ReachBody};
@@ -53,9 +53,9 @@ pub fn server_options() -> Response<ReachBody> {
     response
 }
 
-/// `http://{authority}{path}`, built from validated parts: the path of `uri`, which must be
-/// origin-form (the edge refused anything else).
-pub fn upstream_uri(authority: &str, uri: &Uri) -> Result<Uri, ReachError> {
+/// `{scheme}://{authority}{path}`, built from validated parts: the path of `uri`, which must be
+/// origin-form (the edge refused anything else). The scheme is the client's transport's.
+pub fn upstream_uri(scheme: &Scheme, authority: &str, uri: &Uri) -> Result<Uri, ReachError> {
     let path = match uri.path_and_query() {
         Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
         None => PathAndQuery::from_static("/"),
@@ -66,7 +66,7 @@ pub fn upstream_uri(authority: &str, uri: &Uri) -> Result<Uri, ReachError> {
         }
     };
     Uri::builder()
-        .scheme("http")
+        .scheme(scheme.clone())
         .authority(authority)
         .path_and_query(path)
         .build()
@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn the_upstream_uri_keeps_the_authority_port() {
-        let uri = upstream_uri("127.0.0.1:8080", &Uri::from_static("/x"));
+        let uri = upstream_uri(&Scheme::HTTP, "127.0.0.1:8080", &Uri::from_static("/x"));
         assert_eq!(uri.ok().and_then(|u| u.port_u16()), Some(8080));
     }
 }

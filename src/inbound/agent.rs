@@ -9,12 +9,12 @@ use tower::service_fn;
 
 use super::call::Forward;
 use crate::error::ReachError;
-use crate::http::client::UpstreamClient;
+use crate::http::client::AgentClient;
 use crate::http::forward::forward;
 use crate::http::step::Step;
 
 pub(super) fn endpoint(
-    client: UpstreamClient,
+    client: AgentClient,
 ) -> impl Step<Forward, Response = Result<Response<Incoming>, ReachError>> {
     service_fn(move |call: Forward| {
         let client = client.clone();

@@ -11,7 +11,7 @@ use super::attempt::{Attempt, Refusal};
 use super::call::Try;
 use crate::classify::Class;
 use crate::error::ReachError;
-use crate::http::client::UpstreamClient;
+use crate::http::client::PeerClient;
 use crate::http::deadline::{self, attempt_timeout, Deadline};
 use crate::http::forward::forward;
 use crate::http::step::Step;
@@ -20,7 +20,7 @@ use crate::reach::Signal;
 
 /// The innermost outbound step.
 pub(super) fn endpoint(
-    client: UpstreamClient,
+    client: PeerClient,
     peers: Arc<PeerViews>,
 ) -> impl Step<Try, Response = Attempt> {
     service_fn(move |attempt: Try| {
@@ -30,7 +30,7 @@ pub(super) fn endpoint(
 }
 
 /// Sends one attempt and tells the caller's view of the peer what happened.
-async fn send(client: &UpstreamClient, peers: &PeerViews, attempt: Try) -> Attempt {
+async fn send(client: &PeerClient, peers: &PeerViews, attempt: Try) -> Attempt {
     let Try {
         mut request,
         candidate,

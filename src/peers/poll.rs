@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::PeerViews;
 use crate::config::ConfigStore;
-use crate::http::{body, client::UpstreamClient};
+use crate::http::{body, client::PeerClient};
 use crate::local::{SelfView, SELF_PATH};
 use crate::registry::Registry;
 
@@ -20,7 +20,7 @@ pub fn spawn_poller(
     store: Arc<ConfigStore>,
     registry: Arc<Registry>,
     views: Arc<PeerViews>,
-    client: UpstreamClient,
+    client: PeerClient,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -84,12 +84,8 @@ enum Fetch {
     Unreadable,
 }
 
-async fn fetch(
-    client: &UpstreamClient,
-    address: &str,
-    timeout: Duration,
-) -> Result<SelfView, Fetch> {
-    let request = Request::get(format!("http://{address}{SELF_PATH}"))
+async fn fetch(client: &PeerClient, address: &str, timeout: Duration) -> Result<SelfView, Fetch> {
+    let request = Request::get(format!("{}://{address}{SELF_PATH}", client.scheme()))
         .header(http::header::HOST, address)
         .body(body::empty())
         .map_err(|_| Fetch::Unreadable)?;

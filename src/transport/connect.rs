@@ -1,0 +1,148 @@
+//! The client side of the transport seam: a connector is a tower service from an upstream's URI
+//! to an open connection, and says which scheme its connections speak.
+//!
+//! Why a seam and not hyper's `HttpConnector` used directly: mutual TLS between sidecars wraps
+//! [`ConnectTcp`] in a TLS connector (which answers `https`), and the clients, `forward` and the
+//! routing above them stay as they are: they build URIs with [`Connect::scheme`] and never name
+//! the transport.
+
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::uri::Scheme;
+use http::Uri;
+use hyper_util::client::legacy::connect::{self as legacy, HttpConnector};
+use tower::Service;
+
+use crate::config::Policy;
+
+/// A transport the pooled upstream client dials through.
+pub trait Connect: legacy::Connect + Clone + Send + Sync + 'static {
+    /// The scheme of the URIs this transport serves: `http` for plain TCP.
+    fn scheme(&self) -> &Scheme;
+}
+
+/// How a TCP connection to an upstream is set up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpSettings {
+    /// Give up on a connection not established within this.
+    pub connect_timeout: Duration,
+    /// Idle time before TCP keepalive probes start: a peer that vanished without a FIN is
+    /// noticed, so a half-open pooled connection fails fast instead of hanging.
+    pub keepalive: Duration,
+    pub keepalive_interval: Duration,
+    pub keepalive_retries: u32,
+}
+
+impl TcpSettings {
+    pub fn from_policy(policy: &Policy) -> Self {
+        Self {
+            connect_timeout: policy.timeouts.connect.get(),
+            keepalive: policy.pool.tcp_keepalive.get(),
+            keepalive_interval: Duration::from_secs(5),
+            keepalive_retries: 3,
+        }
+    }
+}
+
+/// Plain TCP: nodelay (requests are small and latency-bound), a connect timeout and keepalive.
+#[derive(Clone, Debug)]
+pub struct ConnectTcp {
+    connector: HttpConnector,
+}
+
+// === impl ConnectTcp ===
+
+impl ConnectTcp {
+    pub fn new(settings: TcpSettings) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(settings.connect_timeout));
+        connector.set_keepalive(Some(settings.keepalive));
+        connector.set_keepalive_interval(Some(settings.keepalive_interval));
+        connector.set_keepalive_retries(Some(settings.keepalive_retries));
+        Self { connector }
+    }
+}
+
+impl Service<Uri> for ConnectTcp {
+    type Response = <HttpConnector as Service<Uri>>::Response;
+    type Error = <HttpConnector as Service<Uri>>::Error;
+    type Future = <HttpConnector as Service<Uri>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.connector.poll_ready(cx)
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        self.connector.call(dst)
+    }
+}
+
+impl Connect for ConnectTcp {
+    fn scheme(&self) -> &Scheme {
+        &Scheme::HTTP
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use tower::ServiceExt;
+
+    fn settings() -> TcpSettings {
+        TcpSettings {
+            connect_timeout: Duration::from_secs(2),
+            keepalive: Duration::from_secs(30),
+            keepalive_interval: Duration::from_secs(5),
+            keepalive_retries: 3,
+        }
+    }
+
+    #[tokio::test]
+    async fn connects_to_a_listener_with_nodelay_and_speaks_http() {
+        let stub = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = stub.local_addr().unwrap();
+        let connect = ConnectTcp::new(settings());
+        assert_eq!(connect.scheme(), &Scheme::HTTP);
+        let uri: Uri = format!("http://{addr}/x").parse().unwrap();
+        let (conn, accepted) = tokio::join!(connect.oneshot(uri), stub.accept());
+        let conn = conn.expect("connects");
+        let (_, from) = accepted.expect("the stub accepts");
+        assert_eq!(conn.inner().peer_addr().unwrap(), addr);
+        assert_eq!(conn.inner().local_addr().unwrap(), from);
+        assert!(conn.inner().nodelay().unwrap(), "nodelay is set");
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_a_refused_connect_error() {
+        // Bind and drop: nothing listens there now.
+        let addr = {
+            let stub = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            stub.local_addr().unwrap()
+        };
+        let uri: Uri = format!("http://{addr}/").parse().unwrap();
+        let err = ConnectTcp::new(settings()).oneshot(uri).await.err();
+        let refused = err.as_ref().is_some_and(|e| {
+            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+            std::iter::from_fn(|| {
+                let s = source?;
+                source = s.source();
+                Some(s)
+            })
+            .any(|s| {
+                s.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+            })
+        });
+        assert!(refused, "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_uri_of_another_scheme_is_not_dialled_in_plain_text() {
+        let uri: Uri = "https://127.0.0.1:9/".parse().unwrap();
+        assert!(ConnectTcp::new(settings()).oneshot(uri).await.is_err());
+    }
+}
