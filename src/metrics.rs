@@ -40,6 +40,7 @@ pub const GOSSIP_MEMBERS: &str = "reach_gossip_members";
 pub const GOSSIP_MESSAGES_TOTAL: &str = "reach_gossip_messages_total";
 pub const GOSSIP_BYTES_TOTAL: &str = "reach_gossip_bytes_total";
 pub const GOSSIP_REJECTED_TOTAL: &str = "reach_gossip_rejected_total";
+pub const PANICS_TOTAL: &str = "reach_panics_total";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -62,6 +63,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Config file reloads by file and result (ok or error).",
     ),
     (CONNECTIONS_TOTAL, "Connections accepted by listener."),
+    (
+        PANICS_TOTAL,
+        "Panics by listener: in a request handler (answered 500 internal) or a connection (closed).",
+    ),
     (
         STATE_TRANSITIONS_TOTAL,
         "State transitions by view (self or peer), agent, from and to.",
@@ -433,6 +438,15 @@ impl Metrics {
         self.with(|| {
             counter!(RETRY_BUDGET_EXHAUSTED_TOTAL, "capability" => capability).increment(1)
         });
+    }
+
+    /// The panic counter of `listener`, registered now so it shows 0 before the first panic.
+    pub fn panics(&self, listener: &'static str) -> Counter {
+        self.with(|| counter!(PANICS_TOTAL, "listener" => listener))
+    }
+
+    pub fn panicked(&self, listener: &'static str) {
+        self.panics(listener).increment(1);
     }
 
     pub fn connection_closed(&self, listener: &'static str) {

@@ -7,6 +7,7 @@ pub mod deadline;
 mod error_response;
 pub mod forward;
 pub mod headers;
+pub mod layers;
 pub mod measured;
 pub mod request_target;
 pub mod server;

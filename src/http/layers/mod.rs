@@ -1,0 +1,248 @@
+//! The edge layers every listener wraps its service in: a panic becomes a 500, each request gets
+//! an `x-request-id` and a span, and credentials never reach a log ([`edge`]). The admin, the
+//! outbound port's local API and the injector also get a timeout and a body limit
+//! ([`guarded`]), and the admin's `/metrics` and `/status` are gzip-compressed on request
+//! ([`compressed`]). The streaming data path gets only [`edge`]: nothing there buffers a body.
+//!
+//! Each function builds its stack in request order, one layer per line with why it is there, and
+//! returns a concrete, statically typed service: no box per request.
+//!
+//! The request span is at INFO, so the default log filter puts every warning and error raised
+//! while serving a request in its context (listener, method, path, request id and what routing
+//! recorded). A filter of `agent_reach::http::layers=warn` turns the spans off, and their cost
+//! with them.
+
+mod panic;
+mod refusal;
+mod request_id;
+mod span;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, SET_COOKIE};
+use http::{HeaderName, Request, Response, StatusCode};
+use http_body::Body;
+use tower::{Service, ServiceBuilder};
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::compression::predicate::{DefaultPredicate, Predicate};
+use tower_http::compression::CompressionLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::sensitive_headers::{
+    SetSensitiveRequestHeadersLayer, SetSensitiveResponseHeadersLayer,
+};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::{DefaultOnFailure, DefaultOnRequest, DefaultOnResponse, TraceLayer};
+
+use super::body::{BoxError, ReachBody};
+use crate::metrics::Metrics;
+pub use panic::Panicked;
+pub use request_id::RandomId;
+pub use span::{field, RequestSpan};
+
+/// The request id header: kept when the client sent one, generated when not.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Headers whose values are marked sensitive: never logged, never indexed by HPACK.
+pub const SENSITIVE_HEADERS: [HeaderName; 4] =
+    [AUTHORIZATION, PROXY_AUTHORIZATION, COOKIE, SET_COOKIE];
+
+/// Put in a response's extensions to have [`compressed`] gzip it for a client that accepts it.
+#[derive(Clone, Copy, Debug)]
+pub struct Compressible;
+
+/// Wraps a listener's service in the layers every listener has.
+pub fn edge<S, ReqB, B>(
+    listener: &'static str,
+    metrics: &Metrics,
+    service: S,
+) -> impl Service<
+    Request<ReqB>,
+    Response = Response<impl Body<Data = Bytes, Error = BoxError> + Send + 'static>,
+    Error = Infallible,
+    Future = impl Send + 'static,
+> + Clone
+       + Send
+       + 'static
+where
+    S: Service<Request<ReqB>, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    ReqB: Body + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let trace = TraceLayer::new_for_http()
+        .make_span_with(RequestSpan::new(listener))
+        .on_request(DefaultOnRequest::new())
+        .on_response(DefaultOnResponse::new())
+        .on_body_chunk(())
+        .on_eos(())
+        // A 5xx is routine on a proxy (`503 saturated` is load, not failure): debug, not error.
+        .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG));
+    ServiceBuilder::new()
+        // First, before anything could log the request's headers.
+        .layer(SetSensitiveRequestHeadersLayer::new(SENSITIVE_HEADERS))
+        // Before the span, so the span carries the id; the handlers copy request headers
+        // upstream, so the same id reaches the peer's sidecar and the agent.
+        .layer(SetRequestIdLayer::new(X_REQUEST_ID, RandomId))
+        // One span per request: everything below runs in it, and routing fills its fields.
+        .layer(trace)
+        // Inside the span, so `set-cookie` is marked before a response event could log it.
+        .layer(SetSensitiveResponseHeadersLayer::new(SENSITIVE_HEADERS))
+        // Every response names its request, a panic's 500 included.
+        .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
+        // Innermost: the panic is logged in the request's span, and its 500 passes every layer
+        // above like any response. The connection task's own panics are the accept loop's.
+        .layer(CatchPanicLayer::custom(Panicked::new(listener, metrics)))
+        .service(service)
+}
+
+/// Bounds a request's time and body, for listeners that never stream: the admin, the local API
+/// and the injector. Their refusals answer in the sidecar's error format.
+pub fn guarded<S, ReqB, B>(
+    timeout: Duration,
+    body_limit: usize,
+    service: S,
+) -> impl Service<
+    Request<ReqB>,
+    Response = Response<ReachBody>,
+    Error = Infallible,
+    Future = impl Send + 'static,
+> + Clone
+       + Send
+       + 'static
+where
+    S: Service<
+            Request<tower_http::body::Limited<ReqB>>,
+            Response = Response<B>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    ReqB: Body + Send + 'static,
+    B: Body<Data = Bytes> + Default + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    ServiceBuilder::new()
+        // The two layers below answer in plain text; the sidecar's refusals are JSON.
+        .map_response(move |response| refusal::in_wire_format(response, timeout, body_limit))
+        // A stuck handler or a client trickling its body gives up its request in time.
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            timeout,
+        ))
+        // A declared oversize body is refused unread; an undeclared one stops at the limit.
+        .layer(RequestBodyLimitLayer::new(body_limit))
+        .service(service)
+}
+
+/// Gzips the responses marked [`Compressible`] for clients that accept gzip, when they are worth
+/// it (tower-http's default predicate: not tiny, not an image, not an event stream).
+pub fn compressed<S, ReqB, B>(
+    service: S,
+) -> impl Service<
+    Request<ReqB>,
+    Response = Response<impl Body<Data = Bytes, Error = BoxError> + Default + Send + 'static>,
+    Error = Infallible,
+    Future = impl Send + 'static,
+> + Clone
+       + Send
+       + 'static
+where
+    S: Service<Request<ReqB>, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    ReqB: Send + 'static,
+    B: Body<Data = Bytes> + Default + Send + 'static,
+    B::Error: Into<BoxError> + Send,
+{
+    let marked = |_: StatusCode, _: http::Version, _: &http::HeaderMap, e: &http::Extensions| {
+        e.get::<Compressible>().is_some()
+    };
+    ServiceBuilder::new()
+        .layer(CompressionLayer::new().compress_when(DefaultPredicate::new().and(marked)))
+        .service(service)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use http_body_util::{BodyExt, Full};
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::http::{body, headers};
+
+    type Limited = tower_http::body::Limited<Full<Bytes>>;
+
+    fn reason(response: &Response<ReachBody>) -> &str {
+        response.headers()[headers::REASON].to_str().unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_guarded_handler_that_hangs_answers_408_timeout() {
+        let hang = tower::service_fn(|_: Request<Limited>| {
+            std::future::pending::<Result<Response<ReachBody>, Infallible>>()
+        });
+        let answered = guarded(Duration::from_secs(10), 1024, hang)
+            .oneshot(Request::new(Full::new(Bytes::new())))
+            .await
+            .unwrap();
+        assert_eq!(answered.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(reason(&answered), "timeout");
+    }
+
+    #[tokio::test]
+    async fn a_declared_oversize_body_is_refused_unread() {
+        let called = Arc::new(AtomicBool::new(false));
+        let seen = called.clone();
+        let handler = tower::service_fn(move |_: Request<Limited>| {
+            seen.store(true, Ordering::Relaxed);
+            async { Ok::<_, Infallible>(Response::new(body::empty())) }
+        });
+        let request = Request::builder()
+            .header(http::header::CONTENT_LENGTH, "2048")
+            .body(Full::new(Bytes::from(vec![0u8; 2048])))
+            .unwrap();
+        let answered = guarded(Duration::from_secs(10), 1024, handler)
+            .oneshot(request)
+            .await
+            .unwrap();
+        assert_eq!(answered.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(reason(&answered), "bad_request");
+        assert!(!called.load(Ordering::Relaxed));
+    }
+
+    #[tokio::test]
+    async fn edge_marks_credentials_sensitive_and_names_the_request() {
+        let echo = tower::service_fn(|req: Request<Full<Bytes>>| async move {
+            let sensitive = req.headers()[http::header::AUTHORIZATION].is_sensitive();
+            let mut response = Response::new(body::full(sensitive.to_string()));
+            response.headers_mut().insert(
+                http::header::SET_COOKIE,
+                http::HeaderValue::from_static("s=1"),
+            );
+            Ok::<_, Infallible>(response)
+        });
+        let request = Request::builder()
+            .header(http::header::AUTHORIZATION, "Bearer secret")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let metrics = Metrics::new("test");
+        let response = edge("test", &metrics, echo).oneshot(request).await.unwrap();
+        assert!(response.headers()[http::header::SET_COOKIE].is_sensitive());
+        assert!(response.headers().contains_key(X_REQUEST_ID));
+        let text = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            &text[..],
+            b"true",
+            "the handler saw a sensitive authorization"
+        );
+    }
+}
