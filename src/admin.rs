@@ -1,16 +1,15 @@
 //! The admin listener: `/metrics`, `/live`, `/ready`, `/status` and a small index page.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use serde::Serialize;
 
 use crate::config::{AgentProfile, ConfigStore, Policy};
 use crate::error::ReachError;
 use crate::gossip::{GossipHandle, GossipStatus};
+use crate::http::layers::Compressible;
 use crate::http::server::text;
 use crate::http::ReachBody;
 use crate::inbound::{Inbound, StatsSnapshot};
@@ -58,11 +57,8 @@ pub struct Status {
 }
 
 impl Admin {
-    pub async fn handle(
-        self: Arc<Self>,
-        req: Request<Incoming>,
-        _remote: SocketAddr,
-    ) -> Response<ReachBody> {
+    /// Answers one admin request; the body, if any, is not read.
+    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ReachBody> {
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return ReachError::BadRequest("admin endpoints answer GET only".to_owned())
                 .into_response();
@@ -74,11 +70,11 @@ impl Admin {
                 if let Some(g) = &self.gossip {
                     self.metrics.gossip(g.stats(), &g.status());
                 }
-                text(
+                compressible(text(
                     StatusCode::OK,
                     "text/plain; version=0.0.4",
                     self.metrics.render(),
-                )
+                ))
             }
             "/live" => text(StatusCode::OK, "text/plain", "live\n"),
             "/ready" => {
@@ -92,7 +88,7 @@ impl Admin {
                 let body = serde_json::to_string_pretty(&self.status()).unwrap_or_else(|e| {
                     serde_json::json!({ "error": "internal", "message": e.to_string() }).to_string()
                 });
-                text(StatusCode::OK, "application/json", body)
+                compressible(text(StatusCode::OK, "application/json", body))
             }
             "/" => text(StatusCode::OK, "text/plain", INDEX),
             other => ReachError::NotFound(other.to_owned()).into_response(),
@@ -121,6 +117,12 @@ impl Admin {
             version: env!("CARGO_PKG_VERSION"),
         }
     }
+}
+
+/// Scrapes and status documents are large and repetitive: gzip them for a client that asks.
+fn compressible(mut response: Response<ReachBody>) -> Response<ReachBody> {
+    response.extensions_mut().insert(Compressible);
+    response
 }
 
 const INDEX: &str = "agent-reach admin\n\n/metrics  Prometheus metrics\n/live     liveness\n/ready    readiness\n/status   this agent and its peers (JSON)\n";

@@ -1,10 +1,13 @@
 //! Wires one sidecar: binds the listeners, starts the background tasks, and drains on shutdown.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -13,7 +16,8 @@ use crate::admin::{Admin, Status};
 use crate::config::{spawn_watcher, ConfigStore};
 use crate::gossip::GossipHandle;
 use crate::http::client::{AgentClient, PeerClient};
-use crate::http::server;
+use crate::http::server::{self, ServerSettings};
+use crate::http::{layers, ReachBody};
 use crate::inbound::Inbound;
 use crate::local::{Admission, LocalAgent};
 use crate::metrics::Metrics;
@@ -21,8 +25,14 @@ use crate::outbound::Outbound;
 use crate::peers::{self, PeerViews};
 use crate::probe;
 use crate::registry::Registry;
+use crate::transport::PlainTcp;
 
 mod gossip_wiring;
+
+/// The admin listener never streams: a request that takes longer than this is stuck.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Admin endpoints answer GET; a body is never read.
+const ADMIN_BODY_LIMIT: usize = 16 * 1024;
 
 /// The sidecar could not start.
 #[derive(Debug, thiserror::Error)]
@@ -150,37 +160,37 @@ impl Sidecar {
             ready: ready.clone(),
         });
 
-        let drain = limits.drain_timeout.get();
+        let traffic_settings = ServerSettings::from_limits(&limits, limits.drain_timeout.get());
+        let accept = PlainTcp::new(limits.header_read_timeout.get());
         let traffic = vec![
             tokio::spawn(server::serve(
                 "outbound",
                 outbound_listener,
-                move |req, remote| outbound.clone().handle(req, remote),
-                limits.clone(),
+                accept,
+                layers::edge("outbound", &metrics, outbound.stack()),
+                traffic_settings.clone(),
                 metrics.clone(),
                 stop_traffic.clone(),
-                drain,
             )),
             tokio::spawn(server::serve(
                 "inbound",
                 inbound_listener,
-                move |req, remote| inbound.clone().handle(req, remote),
-                limits.clone(),
+                accept,
+                layers::edge("inbound", &metrics, inbound.stack()),
+                traffic_settings,
                 metrics.clone(),
                 stop_traffic.clone(),
-                drain,
             )),
         ];
-        let admin_handler = admin.clone();
         let rest = vec![
             tokio::spawn(server::serve(
                 "admin",
                 admin_listener,
-                move |req, remote| admin_handler.clone().handle(req, remote),
-                limits,
+                accept,
+                layers::edge("admin", &metrics, admin_service(admin.clone())),
+                ServerSettings::from_limits(&limits, Duration::from_secs(1)),
                 metrics.clone(),
                 stop_rest.clone(),
-                Duration::from_secs(1),
             )),
             spawn_watcher(store.clone(), metrics.clone(), stop_rest.clone()),
             spawn_upkeep(metrics.clone(), local.clone(), stop_rest.clone()),
@@ -279,6 +289,24 @@ impl Sidecar {
         }
         tracing::info!("drained; stopped");
     }
+}
+
+/// The admin listener's service: bounded, and `/metrics` and `/status` gzipped on request.
+fn admin_service(
+    admin: Arc<Admin>,
+) -> impl tower::Service<
+    Request<Incoming>,
+    Response = Response<ReachBody>,
+    Error = Infallible,
+    Future = impl Send + 'static,
+> + Clone
+       + Send
+       + 'static {
+    let admin = tower::service_fn(move |req| {
+        let admin = admin.clone();
+        async move { Ok::<_, Infallible>(admin.handle(req).await) }
+    });
+    layers::guarded(ADMIN_TIMEOUT, ADMIN_BODY_LIMIT, layers::compressed(admin))
 }
 
 fn idempotency_table(policy: &crate::config::Policy) -> Arc<crate::idempotency::IdempotencyTable> {

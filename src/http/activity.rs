@@ -2,12 +2,14 @@
 //! body is done, and when the last one finished. The accept loop closes connections idle past
 //! the listener's `idle_timeout`.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
@@ -116,6 +118,38 @@ impl<B: Body> Body for Tracked<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response on its way: the request is in flight from the call until its body is done.
+    pub struct TrackedFuture<F> {
+        #[pin]
+        inner: F,
+        busy: Option<Busy>,
+    }
+}
+
+impl<F> TrackedFuture<F> {
+    pub fn new(inner: F, busy: Busy) -> Self {
+        Self {
+            inner,
+            busy: Some(busy),
+        }
+    }
+}
+
+impl<F, B, E> Future for TrackedFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<Tracked<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = std::task::ready!(this.inner.poll(cx));
+        let busy = this.busy.take();
+        Poll::Ready(response.map(|r| r.map(|inner| Tracked { inner, busy })))
     }
 }
 

@@ -16,6 +16,6 @@ pub mod upload;
 
 pub use body::{BoxError, ReachBody};
 
-/// The address a request's connection came from, in the request's extensions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClientAddr(pub std::net::SocketAddr);
+/// The address a request's connection came from, in the request's extensions (put there by the
+/// accept loop; defined with the transport, where the TLS peer identity will join it).
+pub use crate::transport::ClientAddr;

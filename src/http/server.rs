@@ -1,91 +1,123 @@
-//! The accept loop every listener runs: HTTP/1.1 and h2c, connection and header limits, graceful drain.
+//! The accept loop every listener runs, the injector's too: a transport acceptor (plain TCP or
+//! TLS), HTTP/1.1 and h2, connection and header limits, idle close and graceful drain. Each
+//! connection serves the listener's tower service, wrapped per request by
+//! `hyper_util::service::TowerToHyperService`.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
+use tower::Service;
 
-use super::activity::{Activity, Tracked};
-use super::body::{self, ReachBody};
+use super::activity::{Activity, Tracked, TrackedFuture};
+use super::body::{self, BoxError, ReachBody};
+use super::layers;
 use crate::config::Limits;
 use crate::metrics::Metrics;
+use crate::transport::{Accept, ClientAddr};
 
-/// Serves `handler` on `listener` until `stop` is cancelled, then lets open requests finish for up
-/// to `drain` before returning.
-pub async fn serve<H, F>(
+/// How a listener serves its connections.
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    /// Open connections; past it the listener stops accepting and clients wait in the backlog.
+    pub max_connections: usize,
+    /// Largest request head (HTTP/1.1) or header list (h2), in bytes.
+    pub max_header_bytes: usize,
+    /// A client must finish sending its request head within this time (slowloris guard).
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight is closed gracefully after this.
+    pub idle_timeout: Duration,
+    /// How long open requests may finish once the listener stops.
+    pub drain: Duration,
+    /// Streams one h2 connection may carry at once; hyper's default when `None`.
+    pub h2_max_streams: Option<u32>,
+    pub h2_keep_alive_interval: Duration,
+    /// An h2 PING unanswered this long closes the connection.
+    pub h2_keep_alive_timeout: Duration,
+}
+
+/// One connection's view of the listener's service: each request carries the client's address
+/// and keeps the connection busy until its response body is done.
+#[derive(Clone, Debug)]
+struct PerConnection<S> {
+    inner: S,
+    client: ClientAddr,
+    activity: Activity,
+}
+
+/// A connection counted open until dropped: also when its task panics, or is aborted when the
+/// drain runs out. Holds the connection's slot.
+struct Open {
+    name: &'static str,
+    metrics: Arc<Metrics>,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// Serves `service` on `listener` through `acceptor` until `stop` is cancelled, then lets open
+/// requests finish for up to `settings.drain` before returning.
+pub async fn serve<A, S, B>(
     name: &'static str,
     listener: TcpListener,
-    handler: H,
-    limits: Limits,
+    acceptor: A,
+    service: S,
+    settings: ServerSettings,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
-    drain: Duration,
 ) where
-    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<ReachBody>> + Send + 'static,
+    A: Accept,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
 {
-    let builder = Arc::new(builder(&limits));
+    let builder = Arc::new(builder(&settings));
     // Every connection's task, so the ones still open when the drain runs out can be closed.
-    let mut connections = tokio::task::JoinSet::new();
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let first_byte_timeout = limits.header_read_timeout.get();
-    let idle_timeout = limits.idle_timeout.get();
-    while let Some((permit, stream, remote)) = next_connection(name, &listener, &slots, &stop).await
-    {
-        let activity = Activity::new();
-        let service = {
-            let (handler, activity) = (handler.clone(), activity.clone());
-            hyper::service::service_fn(move |req| {
-                let busy = activity.begin();
-                let response = handler(req, remote);
-                async move { Ok::<_, Infallible>(response.await.map(|b| Tracked::new(b, busy))) }
-            })
-        };
-        let builder = builder.clone();
-        let stop = stop.clone();
-        let metrics = metrics.clone();
+    let mut connections = JoinSet::new();
+    let slots = Arc::new(Semaphore::new(settings.max_connections.max(1)));
+    while let Some((slot, stream, remote)) = next_connection(name, &listener, &slots, &stop).await {
         metrics.connection_opened(name);
-        while connections.try_join_next().is_some() {}
-        connections.spawn(async move {
-            // hyper's header-read timeout starts only once the protocol is known; a client that
-            // connects and sends nothing must not hold a connection slot either.
-            if wait_first_byte(&stream, first_byte_timeout).await {
-                let conn = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .into_owned();
-                let mut conn = std::pin::pin!(conn);
-                let close = until_closing(&stop, &activity, idle_timeout);
-                let mut close = std::pin::pin!(close);
-                let mut closing = false;
-                let ended = loop {
-                    tokio::select! {
-                        ended = conn.as_mut() => break ended,
-                        () = close.as_mut(), if !closing => {
-                            conn.as_mut().graceful_shutdown();
-                            closing = true;
-                        }
-                    }
-                };
-                if let Err(err) = ended {
-                    tracing::debug!(listener = name, %remote, err = %err, "connection ended with an error");
-                }
-            }
-            metrics.connection_closed(name);
-            drop(permit);
-        });
+        let open = Open {
+            name,
+            metrics: metrics.clone(),
+            _slot: slot,
+        };
+        while let Some(ended) = connections.try_join_next() {
+            reap(name, &metrics, ended);
+        }
+        connections.spawn(serve_connection(
+            stream,
+            acceptor.clone(),
+            PerConnection {
+                inner: service.clone(),
+                client: ClientAddr(remote),
+                activity: Activity::new(),
+            },
+            builder.clone(),
+            settings.idle_timeout,
+            stop.clone(),
+            open,
+        ));
     }
     drop(listener);
-    let drained = tokio::time::timeout(drain, async {
-        while connections.join_next().await.is_some() {}
+    let drained = tokio::time::timeout(settings.drain, async {
+        while let Some(ended) = connections.join_next().await {
+            reap(name, &metrics, ended);
+        }
     });
     if drained.await.is_err() {
         tracing::warn!(
@@ -94,6 +126,55 @@ pub async fn serve<H, F>(
         );
     }
     connections.abort_all();
+}
+
+/// One connection, from the acceptor to its last response: closed gracefully (open requests
+/// complete, h2 gets GOAWAY) when the listener stops or the connection idles.
+async fn serve_connection<A, S, B>(
+    stream: TcpStream,
+    acceptor: A,
+    service: PerConnection<S>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    idle_timeout: Duration,
+    stop: CancellationToken,
+    open: Open,
+) where
+    A: Accept,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (name, remote) = (open.name, service.client.0);
+    let io = match acceptor.accept(stream).await {
+        Ok(io) => io,
+        Err(err) => {
+            tracing::debug!(listener = name, %remote, %err, "connection not established");
+            return;
+        }
+    };
+    let activity = service.activity.clone();
+    let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+    let mut conn = std::pin::pin!(conn);
+    let close = until_closing(&stop, &activity, idle_timeout);
+    let mut close = std::pin::pin!(close);
+    let mut closing = false;
+    let ended = loop {
+        tokio::select! {
+            ended = conn.as_mut() => break ended,
+            () = close.as_mut(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    };
+    if let Err(err) = ended {
+        tracing::debug!(listener = name, %remote, err = %err, "connection ended with an error");
+    }
+    drop(open);
 }
 
 /// The next connection, with its slot: past the connection limit we stop accepting and clients
@@ -126,9 +207,8 @@ async fn next_connection(
     }
 }
 
-/// When a connection should finish gracefully (open requests complete, h2 gets GOAWAY): the
-/// listener stops, or it has carried no request for `idle_timeout` — an idle h2 connection
-/// answers PINGs forever otherwise, holding memory.
+/// When a connection should finish gracefully: the listener stops, or it has carried no request
+/// for `idle_timeout` — an idle h2 connection answers PINGs forever otherwise, holding memory.
 async fn until_closing(stop: &CancellationToken, activity: &Activity, idle_timeout: Duration) {
     tokio::select! {
         _ = stop.cancelled() => {}
@@ -136,25 +216,38 @@ async fn until_closing(stop: &CancellationToken, activity: &Activity, idle_timeo
     }
 }
 
-fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+/// A finished connection task: one that panicked (outside a request handler, which
+/// `layers::edge` guards) is counted and logged; its connection was closed with it.
+fn reap(name: &'static str, metrics: &Metrics, ended: Result<(), JoinError>) {
+    if let Err(err) = ended {
+        if err.is_panic() {
+            let panic = err.into_panic();
+            metrics.panicked(name);
+            tracing::error!(
+                listener = name,
+                panic = layers::panic_message(panic.as_ref()),
+                "a connection task panicked; its connection was closed"
+            );
+        }
+    }
+}
+
+fn builder(settings: &ServerSettings) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout.get())
-        .max_buf_size(limits.max_header_bytes.get())
+        .header_read_timeout(settings.header_read_timeout)
+        .max_buf_size(settings.max_header_bytes)
         .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(limits.max_header_bytes.get() as u32)
-        .keep_alive_interval(Some(Duration::from_secs(20)));
+        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(settings.h2_max_streams)
+        .keep_alive_interval(Some(settings.h2_keep_alive_interval))
+        .keep_alive_timeout(settings.h2_keep_alive_timeout);
     builder
-}
-
-async fn wait_first_byte(stream: &TcpStream, timeout: Duration) -> bool {
-    let mut byte = [0u8; 1];
-    matches!(tokio::time::timeout(timeout, stream.peek(&mut byte)).await, Ok(Ok(n)) if n > 0)
 }
 
 /// A plain-text response, for the admin endpoints.
@@ -170,4 +263,51 @@ pub fn text(
         http::HeaderValue::from_static(content_type),
     );
     response
+}
+
+// === impl ServerSettings ===
+
+impl ServerSettings {
+    /// A sidecar listener's settings, from the bootstrap's limits.
+    pub fn from_limits(limits: &Limits, drain: Duration) -> Self {
+        Self {
+            max_connections: limits.max_connections,
+            max_header_bytes: limits.max_header_bytes.get(),
+            header_read_timeout: limits.header_read_timeout.get(),
+            idle_timeout: limits.idle_timeout.get(),
+            drain,
+            h2_max_streams: None,
+            h2_keep_alive_interval: Duration::from_secs(20),
+            h2_keep_alive_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+// === impl PerConnection ===
+
+impl<S, B> Service<Request<Incoming>> for PerConnection<S>
+where
+    S: Service<Request<Incoming>, Response = Response<B>>,
+{
+    type Response = Response<Tracked<B>>;
+    type Error = S::Error;
+    type Future = TrackedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(self.client);
+        let busy = self.activity.begin();
+        TrackedFuture::new(self.inner.call(req), busy)
+    }
+}
+
+// === impl Open ===
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.metrics.connection_closed(self.name);
+    }
 }

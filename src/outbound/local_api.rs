@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -14,7 +15,7 @@ use tower::{service_fn, ServiceExt};
 use crate::config::ConfigStore;
 use crate::error::ReachError;
 use crate::http::step::Step;
-use crate::http::{headers, server::text, ReachBody};
+use crate::http::{headers, layers, server::text, ReachBody};
 use crate::local::LocalAgent;
 
 pub(super) const BUSY_PATH: &str = "/reach/v1/busy";
@@ -27,7 +28,11 @@ struct BusyReport {
     in_flight: Option<usize>,
 }
 
-/// Answers the local API; passes capability calls on.
+/// The local API never streams: bounded in time and body like the admin.
+const TIMEOUT: Duration = Duration::from_secs(10);
+const BODY_LIMIT: usize = 4096;
+
+/// Answers the local API, bounded by `layers::guarded`; passes capability calls on.
 pub(super) fn layer<S>(
     local: Arc<LocalAgent>,
     store: Arc<ConfigStore>,
@@ -35,15 +40,24 @@ pub(super) fn layer<S>(
 where
     S: Step<Request<Incoming>, Response = Response<ReachBody>>,
 {
+    let api = layers::guarded(
+        TIMEOUT,
+        BODY_LIMIT,
+        service_fn(move |req| {
+            let (local, store) = (local.clone(), store.clone());
+            async move { Ok::<_, Infallible>(handle(&local, &store, req).await) }
+        }),
+    );
     layer_fn(move |inner: S| {
-        let (local, store) = (local.clone(), store.clone());
+        let api = api.clone();
         service_fn(move |req: Request<Incoming>| {
-            let (local, store, inner) = (local.clone(), store.clone(), inner.clone());
+            let api = is_local_api(&req).then(|| api.clone());
+            let inner = inner.clone();
             async move {
-                if is_local_api(&req) {
-                    return Ok::<_, Infallible>(handle(&local, &store, req).await);
+                match api {
+                    Some(api) => api.oneshot(req).await,
+                    None => inner.oneshot(req).await,
                 }
-                inner.oneshot(req).await
             }
         })
     })
@@ -54,11 +68,11 @@ fn is_local_api<B>(req: &Request<B>) -> bool {
     req.uri().path().starts_with("/reach/v1/") && !req.headers().contains_key(headers::CAPABILITY)
 }
 
-async fn handle(
-    local: &LocalAgent,
-    store: &ConfigStore,
-    req: Request<Incoming>,
-) -> Response<ReachBody> {
+async fn handle<B>(local: &LocalAgent, store: &ConfigStore, req: Request<B>) -> Response<ReachBody>
+where
+    B: http_body::Body,
+    B::Error: Into<crate::http::BoxError>,
+{
     if req.uri().path() != BUSY_PATH {
         return ReachError::NotFound(req.uri().path().to_owned()).into_response();
     }

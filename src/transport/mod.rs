@@ -1,7 +1,27 @@
-//! The transport seam: everything below HTTP. How a client opens a connection to an upstream
-//! (plain TCP now, [`connect`]). Routing code never sees which: mutual TLS between sidecars adds
-//! a connector here, and nothing above changes.
+//! The transport seam: everything below HTTP. How a listener readies an accepted connection
+//! (plain TCP or TLS, [`accept`]) and how a client opens one to an upstream (plain TCP now,
+//! [`connect`]). Routing code never sees which: mutual TLS between sidecars adds an acceptor
+//! and a connector here and a peer identity beside [`ClientAddr`], and nothing above changes.
 
+pub mod accept;
 pub mod connect;
 
+use std::net::SocketAddr;
+
+pub use accept::{Accept, PlainTcp, Tls};
 pub use connect::{Connect, ConnectTcp, TcpSettings};
+
+/// The address of the client a request came from. The accept loop puts it in every request's
+/// extensions; the TLS peer identity will sit beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientAddr(pub SocketAddr);
+
+impl ClientAddr {
+    /// The client address of `req`, or the unspecified address when it came from no accept loop
+    /// (a service called directly, as in unit tests).
+    pub fn of<B>(req: &http::Request<B>) -> SocketAddr {
+        req.extensions()
+            .get::<ClientAddr>()
+            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |c| c.0)
+    }
+}

@@ -38,6 +38,7 @@ use tower_http::trace::{DefaultOnFailure, DefaultOnRequest, DefaultOnResponse, T
 
 use super::body::{BoxError, ReachBody};
 use crate::metrics::Metrics;
+pub(crate) use panic::panic_message;
 pub use panic::Panicked;
 pub use request_id::RandomId;
 pub use span::{field, RequestSpan};
