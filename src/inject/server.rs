@@ -1,26 +1,18 @@
-//! The webhook's HTTPS server: rustls with a certificate re-read from its files while it runs
-//! (cert-manager and the chart rotate them in place), `/inject`, `/inject-namespace`, `/healthz`
-//! and `/metrics`.
+//! The webhook's HTTPS server: `/inject`, `/inject-namespace`, `/healthz` and `/metrics`, served
+//! by the shared accept loop over TLS with a certificate re-read from its files while it runs
+//! (`transport::certs`).
 
-use std::collections::hash_map::DefaultHasher;
 use std::convert::Infallible;
-use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response, StatusCode};
+use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
-use rustls::sign::CertifiedKey;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -29,8 +21,12 @@ use super::config::InjectorConfig;
 use super::pod::OptIn;
 use super::review::{answer, Verdict};
 use crate::error::ReachError;
-use crate::http::server::text;
-use crate::http::ReachBody;
+use crate::http::server::{self, text, ServerSettings};
+use crate::http::{layers, ReachBody};
+use crate::metrics::Metrics;
+pub use crate::transport::certs::load_certified_key;
+use crate::transport::certs::{self, CertError, Reloaded, ReloadingCert};
+use crate::transport::Tls;
 
 /// A pod's AdmissionReview is a few KiB; etcd caps an object at 1.5 MiB.
 const MAX_BODY: usize = 3 << 20;
@@ -44,14 +40,14 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_CONNECTIONS: usize = 1024;
 const H2_STREAMS: u32 = 8;
+/// Longer than the API server's client keeps an idle connection (Go's 90 s): the server never
+/// closes one the client is about to reuse.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Debug, thiserror::Error)]
 pub enum InjectError {
-    #[error("{path}: cannot read: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Cert(#[from] CertError),
     #[error("{path}: {message}")]
     BadTls { path: String, message: String },
     #[error("cannot listen on {addr}: {source}")]
@@ -59,50 +55,6 @@ pub enum InjectError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-}
-
-/// The certificate being served, swapped whole when the files change.
-#[derive(Debug)]
-struct ReloadingCert {
-    current: ArcSwap<CertifiedKey>,
-}
-
-impl ResolvesServerCert for ReloadingCert {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.load_full())
-    }
-}
-
-/// Reads a PEM certificate chain and its private key, and checks that they belong together.
-pub fn load_certified_key(cert: &Path, key: &Path) -> Result<(CertifiedKey, u64), InjectError> {
-    let read = |path: &Path| {
-        std::fs::read(path).map_err(|source| InjectError::Read {
-            path: path.display().to_string(),
-            source,
-        })
-    };
-    let bad = |path: &Path, message: String| InjectError::BadTls {
-        path: path.display().to_string(),
-        message,
-    };
-    let (cert_pem, key_pem) = (read(cert)?, read(key)?);
-    let mut hasher = DefaultHasher::new();
-    (&cert_pem, &key_pem).hash(&mut hasher);
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| bad(cert, format!("not a PEM certificate chain: {e:?}")))?;
-    if chain.is_empty() {
-        return Err(bad(cert, "holds no certificate".to_owned()));
-    }
-    let private = PrivateKeyDer::from_pem_slice(&key_pem)
-        .map_err(|e| bad(key, format!("not a PEM private key: {e:?}")))?;
-    let signer = rustls::crypto::ring::sign::any_supported_type(&private)
-        .map_err(|e| bad(key, format!("unusable private key: {e}")))?;
-    let certified = CertifiedKey::new(chain, signer);
-    certified
-        .keys_match()
-        .map_err(|e| bad(key, format!("does not match the certificate: {e}")))?;
-    Ok((certified, hasher.finish()))
 }
 
 /// Counters behind `/metrics`.
@@ -117,6 +69,14 @@ struct Stats {
 }
 
 impl Stats {
+    fn cert_reloaded(&self, reloaded: &Reloaded) {
+        let counter = match reloaded {
+            Reloaded::Renewed => &self.cert_reloads_ok,
+            Reloaded::Failed(_) => &self.cert_reloads_error,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn render(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
@@ -148,24 +108,23 @@ pub struct Injector {
     task: JoinHandle<()>,
 }
 
+/// What a review's handler shares with the others.
+#[derive(Debug)]
+struct Webhook {
+    config: InjectorConfig,
+    stats: Stats,
+    turns: Turns,
+    metrics: Arc<Metrics>,
+}
+
 impl Injector {
     /// Loads the certificate, binds, and serves until [`Injector::shutdown`].
     pub async fn start(config: InjectorConfig) -> Result<Self, InjectError> {
-        let (certified, hash) = load_certified_key(&config.tls.cert_file, &config.tls.key_file)?;
-        let resolver = Arc::new(ReloadingCert {
-            current: ArcSwap::from_pointee(certified),
-        });
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| InjectError::BadTls {
-                path: config.tls.cert_file.display().to_string(),
-                message: e.to_string(),
-            })?
-            .with_no_client_auth()
-            .with_cert_resolver(resolver.clone());
-        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let cert = ReloadingCert::load(&config.tls.cert_file, &config.tls.key_file)?;
+        let tls = certs::server_config(cert.clone()).map_err(|e| InjectError::BadTls {
+            path: config.tls.cert_file.display().to_string(),
+            message: e.to_string(),
+        })?;
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -178,16 +137,31 @@ impl Injector {
             source,
         })?;
         let stop = CancellationToken::new();
-        let stats = Arc::new(Stats::default());
-        let config = Arc::new(config);
-        tokio::spawn(reload_certs(
-            config.clone(),
-            resolver,
-            hash,
-            stats.clone(),
+        let metrics = Arc::new(Metrics::new("injector"));
+        let hook = Arc::new(Webhook {
+            stats: Stats::default(),
+            turns: Turns {
+                parse: tokio::sync::Semaphore::new(REVIEWS_IN_FLIGHT),
+                body_bytes: tokio::sync::Semaphore::new(BODY_BUDGET),
+            },
+            metrics: metrics.clone(),
+            config,
+        });
+        let counted = hook.clone();
+        cert.spawn_watch(
+            hook.config.tls.reload_interval.get(),
+            move |reloaded| counted.stats.cert_reloaded(reloaded),
+            stop.clone(),
+        );
+        let task = tokio::spawn(server::serve(
+            "injector",
+            listener,
+            Tls::new(Arc::new(tls), HANDSHAKE_TIMEOUT),
+            service(hook),
+            settings(),
+            metrics,
             stop.clone(),
         ));
-        let task = tokio::spawn(serve(listener, acceptor, config, stats, stop.clone()));
         tracing::info!(%addr, "injector listening (HTTPS)");
         Ok(Self { addr, stop, task })
     }
@@ -199,130 +173,42 @@ impl Injector {
     }
 }
 
-async fn reload_certs(
-    config: Arc<InjectorConfig>,
-    resolver: Arc<ReloadingCert>,
-    mut hash: u64,
-    stats: Arc<Stats>,
-    stop: CancellationToken,
-) {
-    let interval = config
-        .tls
-        .reload_interval
-        .get()
-        .max(Duration::from_millis(10));
-    let mut failing = false;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-        let (cert, key) = (config.tls.cert_file.clone(), config.tls.key_file.clone());
-        let loaded = tokio::task::spawn_blocking(move || load_certified_key(&cert, &key)).await;
-        match loaded {
-            Ok(Ok((certified, new_hash))) => {
-                failing = false;
-                if new_hash != hash {
-                    resolver.current.store(Arc::new(certified));
-                    hash = new_hash;
-                    stats.cert_reloads_ok.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!("serving the renewed certificate");
-                }
-            }
-            Ok(Err(err)) => {
-                // Mid-rotation the two files can disagree for a moment: keep the old pair and
-                // say so once per failure run.
-                if !failing {
-                    stats.cert_reloads_error.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%err, "certificate not reloaded; keeping the one being served");
-                }
-                failing = true;
-            }
-            Err(_) => {}
-        }
-    }
+/// The webhook's request path: the edge layers, then a bound on each review's time and body.
+fn service(
+    hook: Arc<Webhook>,
+) -> impl tower::Service<
+    Request<Incoming>,
+    Response = Response<impl Body<Data = Bytes, Error = crate::http::BoxError> + Send + 'static>,
+    Error = Infallible,
+    Future = impl Send + 'static,
+> + Clone
+       + Send
+       + 'static {
+    let metrics = hook.metrics.clone();
+    let route = tower::service_fn(move |req: Request<tower_http::body::Limited<Incoming>>| {
+        let hook = hook.clone();
+        async move { Ok::<_, Infallible>(route(req, &hook).await) }
+    });
+    layers::edge(
+        "injector",
+        &metrics,
+        layers::guarded(REQUEST_TIMEOUT, MAX_BODY, route),
+    )
 }
 
-async fn serve(
-    listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    config: Arc<InjectorConfig>,
-    stats: Arc<Stats>,
-    stop: CancellationToken,
-) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let turns = Arc::new(Turns {
-        parse: tokio::sync::Semaphore::new(REVIEWS_IN_FLIGHT),
-        body_bytes: tokio::sync::Semaphore::new(BODY_BUDGET),
-    });
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(err) => {
-                    tracing::warn!(%err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            continue; // over the cap: drop the connection; the API server retries
-        };
-        let (acceptor, config, stats, turns) = (
-            acceptor.clone(),
-            config.clone(),
-            stats.clone(),
-            turns.clone(),
-        );
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(err)) => {
-                    tracing::debug!(%peer, %err, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => return,
-            };
-            let service = hyper::service::service_fn(move |req| {
-                let (config, stats, turns) = (config.clone(), stats.clone(), turns.clone());
-                async move {
-                    let answered =
-                        tokio::time::timeout(REQUEST_TIMEOUT, route(req, &config, &stats, &turns))
-                            .await;
-                    Ok::<_, Infallible>(answered.unwrap_or_else(|_| {
-                        let mut response = ReachError::Timeout {
-                            target: "the review".to_owned(),
-                            after: REQUEST_TIMEOUT,
-                        }
-                        .into_response();
-                        *response.status_mut() = StatusCode::REQUEST_TIMEOUT;
-                        response
-                    }))
-                }
-            });
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            // Without a timer hyper turns its header-read timeout off: a client that opens a
-            // connection and sends nothing would hold a slot for ever.
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(REQUEST_TIMEOUT);
-            builder
-                .http2()
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(H2_STREAMS)
-                .keep_alive_interval(Some(Duration::from_secs(30)))
-                .keep_alive_timeout(Duration::from_secs(10));
-            let conn = builder.serve_connection(TokioIo::new(tls), service);
-            let _ = watcher.watch(conn.into_owned()).await;
-        });
+/// Few streams per connection and short keepalives: the API server is the only client.
+fn settings() -> ServerSettings {
+    ServerSettings {
+        max_connections: MAX_CONNECTIONS,
+        max_header_bytes: 64 * 1024,
+        header_read_timeout: REQUEST_TIMEOUT,
+        idle_timeout: IDLE_TIMEOUT,
+        // `shutdown` waits 5 s for the whole listener.
+        drain: Duration::from_secs(4),
+        h2_max_streams: Some(H2_STREAMS),
+        h2_keep_alive_interval: Duration::from_secs(30),
+        h2_keep_alive_timeout: Duration::from_secs(10),
     }
-    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
 }
 
 /// What bounds the reviews in memory: turns to parse one, and the bytes of bodies arriving.
@@ -333,12 +219,17 @@ struct Turns {
 }
 
 /// Reads a body of at most [`MAX_BODY`] bytes, holding each chunk against the shared byte
-/// budget; the permits are returned with the bytes and must live as long as they do.
-async fn read_body(
-    body: Incoming,
+/// budget; the permits are returned with the bytes and must live as long as they do. (The edge
+/// refuses a longer body first; the limit here keeps the budget's guarantee local.)
+async fn read_body<B>(
+    body: B,
     budget: &tokio::sync::Semaphore,
-) -> Result<(Bytes, Vec<tokio::sync::SemaphorePermit<'_>>), String> {
-    let mut body = Limited::new(body, MAX_BODY);
+) -> Result<(Bytes, Vec<tokio::sync::SemaphorePermit<'_>>), String>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<crate::http::BoxError>,
+{
+    let mut body = std::pin::pin!(Limited::new(body, MAX_BODY));
     let mut bytes = BytesMut::new();
     let mut held = Vec::new();
     while let Some(frame) = body.frame().await {
@@ -355,16 +246,22 @@ async fn read_body(
     Ok((bytes.freeze(), held))
 }
 
-async fn route(
-    req: Request<Incoming>,
-    config: &InjectorConfig,
-    stats: &Stats,
-    turns: &Turns,
-) -> Response<ReachBody> {
+async fn route<B>(req: Request<B>, hook: &Webhook) -> Response<ReachBody>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<crate::http::BoxError>,
+{
+    let Webhook {
+        config,
+        stats,
+        turns,
+        metrics,
+    } = hook;
     let opt_in = match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => return text(StatusCode::OK, "text/plain", "ok\n"),
         (&Method::GET, "/metrics") => {
-            return text(StatusCode::OK, "text/plain; version=0.0.4", stats.render())
+            let rendered = stats.render() + &metrics.render();
+            return text(StatusCode::OK, "text/plain; version=0.0.4", rendered);
         }
         (&Method::POST, "/inject") => OptIn::Annotation,
         (&Method::POST, "/inject-namespace") => OptIn::Namespace,

@@ -1,9 +1,11 @@
 //! The transport seam: everything below HTTP. How a listener readies an accepted connection
-//! (plain TCP or TLS, [`accept`]) and how a client opens one to an upstream (plain TCP now,
-//! [`connect`]). Routing code never sees which: mutual TLS between sidecars adds an acceptor
-//! and a connector here and a peer identity beside [`ClientAddr`], and nothing above changes.
+//! (plain TCP or TLS, [`accept`]), how a client opens one to an upstream (plain TCP now,
+//! [`connect`]), and the certificates TLS serves ([`certs`]). Routing code never sees which:
+//! mutual TLS between sidecars adds an acceptor and a connector here and a peer identity beside
+//! [`ClientAddr`], and nothing above changes.
 
 pub mod accept;
+pub mod certs;
 pub mod connect;
 
 use std::net::SocketAddr;
