@@ -192,7 +192,7 @@ impl Sidecar {
                 metrics.clone(),
                 stop_rest.clone(),
             )),
-            spawn_watcher(store.clone(), metrics.clone(), stop_rest.clone()),
+            spawn_watcher(store.clone(), reloads(&metrics), stop_rest.clone()),
             spawn_upkeep(metrics.clone(), local.clone(), stop_rest.clone()),
             peers::spawn_poller(
                 store.clone(),
@@ -353,4 +353,10 @@ fn spawn_upkeep(
             }
         }
     })
+}
+
+/// Config reloads, counted.
+fn reloads(metrics: &Arc<Metrics>) -> crate::config::OnReload {
+    let metrics = metrics.clone();
+    Arc::new(move |file, ok| metrics.config_reload(file, ok))
 }

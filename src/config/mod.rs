@@ -25,7 +25,7 @@ pub use policy::{
     RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, WeightSets, Zones,
 };
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
-pub use watch::spawn_watcher;
+pub use watch::{spawn_watcher, OnReload};
 
 /// A config file that could not be read or is not valid.
 #[derive(Debug, thiserror::Error)]

@@ -15,7 +15,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{parse_bootstrap, parse_policy, ConfigStore, FileKind};
-use crate::metrics::Metrics;
 
 /// The content hash of what the watcher last read from one file (`None`: unreadable).
 #[derive(Clone, Copy, Default)]
@@ -23,10 +22,14 @@ struct Seen {
     hash: Option<u64>,
 }
 
+/// Hears each reload's result: the file's kind (`bootstrap`, `policy`) and whether it applied.
+/// A callback, so config does not depend on who counts reloads (the metrics).
+pub type OnReload = Arc<dyn Fn(&'static str, bool) + Send + Sync>;
+
 /// Starts the watcher; it stops when `stop` is cancelled.
 pub fn spawn_watcher(
     store: Arc<ConfigStore>,
-    metrics: Arc<Metrics>,
+    on_reload: OnReload,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -49,7 +52,7 @@ pub fn spawn_watcher(
             if let Some(path) = store.paths.bootstrap.clone() {
                 poll(
                     &store,
-                    &metrics,
+                    &on_reload,
                     &path,
                     FileKind::Bootstrap,
                     &mut seen_bootstrap,
@@ -57,7 +60,14 @@ pub fn spawn_watcher(
                 .await;
             }
             if let Some(path) = store.paths.policy.clone() {
-                poll(&store, &metrics, &path, FileKind::Policy, &mut seen_policy).await;
+                poll(
+                    &store,
+                    &on_reload,
+                    &path,
+                    FileKind::Policy,
+                    &mut seen_policy,
+                )
+                .await;
             }
         }
     })
@@ -65,7 +75,7 @@ pub fn spawn_watcher(
 
 async fn poll(
     store: &ConfigStore,
-    metrics: &Metrics,
+    on_reload: &OnReload,
     path: &Path,
     kind: FileKind,
     seen: &mut Seen,
@@ -76,7 +86,7 @@ async fn poll(
             // Reported once per disappearance, not on every poll.
             if seen.hash.take().is_some() {
                 tracing::warn!(file = %path.display(), %err, "config file unreadable; keeping the running config");
-                metrics.config_reload(kind.as_str(), false);
+                on_reload(kind.as_str(), false);
             }
             return;
         }
@@ -99,11 +109,11 @@ async fn poll(
         Ok(false) => {}
         Ok(true) => {
             tracing::info!(file = %path.display(), kind = kind.as_str(), generation = store.snapshot().generation, "config reloaded");
-            metrics.config_reload(kind.as_str(), true);
+            on_reload(kind.as_str(), true);
         }
         Err(err) => {
             tracing::error!(%err, kind = kind.as_str(), "config reload rejected; the running config stays");
-            metrics.config_reload(kind.as_str(), false);
+            on_reload(kind.as_str(), false);
         }
     }
 }

@@ -11,12 +11,14 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
+use tracing::Span;
 
 use super::call::{Call, CallBody, Meta};
 use super::{edge, Inbound};
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
+use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
 use crate::http::step::{answer, Step};
 use crate::http::{headers, ClientAddr, ReachBody};
@@ -62,6 +64,9 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     let snapshot = inbound.store.snapshot();
     let refuse = |err: ReachError| err.into_response();
     let capability = capability_of(&req, &snapshot).map_err(refuse)?;
+    if let Some(name) = capability {
+        Span::current().record(field::CAPABILITY, name);
+    }
     edge::check_path(&snapshot, capability, path.path()).map_err(refuse)?;
     let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
     let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);

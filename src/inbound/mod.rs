@@ -126,6 +126,7 @@ impl Inbound {
         if let Some(signal) = signal {
             self.local.observe(signal, snapshot);
         }
+        tracing::Span::current().record(crate::http::layers::field::OUTCOME, outcome.as_str());
         self.stats.record(outcome, duration);
         self.metrics.request_finished(
             Direction::Inbound,

@@ -14,6 +14,7 @@ use hyper::body::Incoming;
 use tower::layer::{layer_fn, Layer};
 use tower::retry::budget::TpsBudget;
 use tower::{service_fn, ServiceExt};
+use tracing::Span;
 
 use super::attempt::{Attempt, Refusal};
 use super::call::{Plan, Routed, Try};
@@ -22,6 +23,7 @@ use super::{decision, pick, retry, Outbound};
 use crate::config::{RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
+use crate::http::layers::field;
 use crate::http::step::{answer, Step};
 use crate::http::upload::{Upload, UploadWatch, WatchedUpload};
 use crate::http::{body, headers, ReachBody};
@@ -83,6 +85,9 @@ where
         };
         let Some(body) = bodies.next() else { break };
         let n = attempts.made();
+        let span = Span::current();
+        span.record(field::ATTEMPT, n);
+        span.record(field::PEER, scored[chosen].peer.name.as_str());
         let request = upstream_request(&parts, body, &snapshot, &route.capability, n);
         let try_ = attempts.attempt(request, &scored[chosen], &bodies.watch, &snapshot);
         let attempt = answer(inner.clone().oneshot(try_).await);

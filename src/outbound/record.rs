@@ -9,10 +9,12 @@ use http::Response;
 use hyper::body::Incoming;
 use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
+use tracing::Span;
 
 use super::call::{Call, Routed};
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
+use crate::http::layers::field;
 use crate::http::measured::{BodyEnd, MeasuredBody};
 use crate::http::step::{answer, Step};
 use crate::http::{body, ReachBody};
@@ -65,6 +67,7 @@ fn measured(
     started: Instant,
 ) -> Response<ReachBody> {
     let outcome = Class::of_response(&response).outcome();
+    Span::current().record(field::OUTCOME, outcome.as_str());
     let (parts, incoming) = response.into_parts();
     let measured = MeasuredBody::new(incoming, move |end| {
         let outcome = if end == BodyEnd::Error {
@@ -96,6 +99,7 @@ pub(super) fn refuse(
         metrics.deadline_exceeded(Direction::Outbound);
     }
     let outcome = Class::of_error(&err).outcome();
+    Span::current().record(field::OUTCOME, outcome.as_str());
     metrics.request_finished(
         Direction::Outbound,
         label,

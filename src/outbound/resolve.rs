@@ -10,11 +10,13 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
+use tracing::Span;
 
 use super::call::Call;
 use super::record;
 use super::{capability_of, Outbound};
 use crate::http::deadline::Deadline;
+use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
 use crate::http::step::{answer, Step};
 use crate::http::{headers, upload, ReachBody};
@@ -52,6 +54,7 @@ async fn resolve(out: &Outbound, mut req: Request<Incoming>) -> Result<Call, Res
     }
     // First: a proxy request for a foreign host (CONNECT included) is `forbidden_host`.
     let capability = capability_of(&req).map_err(refuse)?;
+    Span::current().record(field::CAPABILITY, capability.as_str());
     target.map_err(refuse)?;
     let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
     // Before the sidecar adds its own headers: a `Connection` header naming them must not
