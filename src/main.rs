@@ -10,6 +10,12 @@ use agent_reach::config::{self, ConfigError, ConfigPaths, ConfigStore, FileKind,
 use agent_reach::inject::{inject_manifests, Injector, InjectorConfig};
 use agent_reach::{demo, Sidecar};
 
+/// mimalloc instead of glibc malloc: a hop makes ~50 allocations, several of them hyper's 8 KiB
+/// read buffers, which glibc serves from its slow path (no tcache above 1 KiB) and consolidates
+/// on free; mimalloc serves both from per-thread free lists.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "agent-reach",

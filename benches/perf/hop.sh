@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Per-request cost of one agent-reach sidecar pair (or an nginx pair), measured in ways that do
+# not depend on how busy the machine is:
+#   callgrind  instructions per request in each sidecar (user space; valgrind serialises threads)
+#   perf       context switches, CPU migrations and task-clock (CPU ms) per request (perf stat -p)
+#   strace     syscalls per request (strace -c -f -p)
+#   wall       plain wrk throughput (noisy while others compile)
+#
+# Topology as in benches/proxies.rs: wrk (1 thread) → front → back → upstream (nginx `return
+# 200`, 128 bytes, its own process so it is never counted).
+#
+# Usage: benches/perf/hop.sh MODE [conns] [seconds]
+#   MODE: callgrind | perf | strace | wall | nginx-perf | nginx-strace
+#   BIN=/path/to/agent-reach  (default: $CARGO_TARGET_DIR/release/agent-reach)
+#   OUT=dir                    (where callgrind.out files and logs go; default /tmp/hop-perf)
+#   WORKERS=1                  (--worker-threads for each sidecar)
+set -uo pipefail
+
+MODE=${1:?mode}
+CONNS=${2:-16}
+SECS=${3:-5}
+BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/agent-reach}
+OUT=${OUT:-/tmp/hop-perf}
+WORKERS=${WORKERS:-1}
+mkdir -p "$OUT"
+DIR=$(mktemp -d /tmp/hop-perf.XXXXXX)
+PIDS=()
+
+cleanup() {
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    sleep 0.3
+    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_port() {
+    for _ in $(seq 1 400); do
+        if (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; then return 0; fi
+        sleep 0.05
+    done
+    echo "port $1 never opened" >&2
+    return 1
+}
+
+nginx_conf() { # tag listen upstream-addr [return]
+    local p="$DIR/nginx-$1"
+    mkdir -p "$p/logs"
+    local loc
+    if [ "$3" = return ]; then
+        loc="location / { return 200 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'; }"
+        ups=""
+    else
+        loc="location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_buffering off; proxy_request_buffering off; }"
+        ups="upstream up { server $3; keepalive 256; }"
+    fi
+    cat >"$p/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $p/nginx.pid;
+error_log $p/logs/error.log error;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $p/body;
+  proxy_temp_path $p/proxy;
+  keepalive_requests 1000000;
+  $ups
+  server { listen 127.0.0.1:$2; client_max_body_size 1m; $loc }
+}
+EOF
+    echo "$p"
+}
+
+start_nginx() { # prefix -> pid of the worker
+    local p=$1
+    nginx -p "$p" -c "$p/nginx.conf" -e "$p/logs/error.log" >/dev/null 2>&1 &
+    PIDS+=($!)
+}
+
+worker_of() { # nginx master pid -> worker pid
+    for _ in $(seq 1 100); do
+        local w
+        w=$(pgrep -P "$1" | head -1)
+        if [ -n "$w" ]; then echo "$w"; return; fi
+        sleep 0.05
+    done
+}
+
+UP=$(port)
+start_nginx "$(nginx_conf up "$UP" return)"
+UP_PID=${PIDS[-1]}
+wait_port "$UP"
+
+FRONT=$(port)
+BACK=$(port)
+WRAP=()
+case $MODE in
+    callgrind) WRAP=(valgrind --tool=callgrind --instr-atstart=no --dump-instr=no
+                     --callgrind-out-file="$OUT/callgrind.%q{ROLE}.out") ;;
+esac
+
+if [[ $MODE == nginx-* ]]; then
+    start_nginx "$(nginx_conf back "$BACK" "127.0.0.1:$UP")"; BACK_PID=$(worker_of "${PIDS[-1]}")
+    start_nginx "$(nginx_conf front "$FRONT" "127.0.0.1:$BACK")"; FRONT_PID=$(worker_of "${PIDS[-1]}")
+else
+    cat >"$DIR/back.yaml" <<EOF
+listen: { outbound: 127.0.0.1:$(port), inbound: 127.0.0.1:$BACK, admin: 127.0.0.1:$(port) }
+agent: { name: back, address: 127.0.0.1:$UP, max_concurrency: 4096, queue: { capacity: 4096 },
+  capabilities: [ { name: bench } ] }
+EOF
+    cat >"$DIR/front.yaml" <<EOF
+listen: { outbound: 127.0.0.1:$FRONT, inbound: 127.0.0.1:$(port), admin: 127.0.0.1:$(port) }
+agent: { name: front, address: 127.0.0.1:9, max_concurrency: 1 }
+peers: [ { name: back, address: 127.0.0.1:$BACK, capabilities: [bench] } ]
+EOF
+    ROLE=back "${WRAP[@]}" "$BIN" run --worker-threads "$WORKERS" --log error --config "$DIR/back.yaml" \
+        >/dev/null 2>"$OUT/back.log" &
+    BACK_PID=$!; PIDS+=($BACK_PID)
+    ROLE=front "${WRAP[@]}" "$BIN" run --worker-threads "$WORKERS" --log error --config "$DIR/front.yaml" \
+        >/dev/null 2>"$OUT/front.log" &
+    FRONT_PID=$!; PIDS+=($FRONT_PID)
+fi
+wait_port "$BACK"
+wait_port "$FRONT"
+
+cat >"$DIR/report.lua" <<'EOF'
+wrk.headers["reach-capability"] = "bench"
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %d %d %d %d %d %d\n", summary.requests, summary.duration,
+    e.connect + e.read + e.write + e.timeout + e.status,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9)))
+end
+EOF
+load() { # seconds -> "requests duration_us errors p50 p99 p999"
+    wrk -t1 -c"$CONNS" -d"$1"s -s "$DIR/report.lua" "http://127.0.0.1:$FRONT/" | awk '/^RESULT/ {print $2,$3,$4,$5,$6,$7}'
+}
+
+# Warm up: connections pooled, first-use registrations done.
+load 2 >/dev/null
+
+ticks() { # pid -> "utime stime" in clock ticks (all threads)
+    awk '{sub(/.*\) /, ""); print $12, $13}' /proc/"$1"/stat
+}
+
+per() { python3 -c "import sys; print(f'{float(sys.argv[1])/max(float(sys.argv[2]),1):.3f}')" "$1" "$2"; }
+
+case $MODE in
+    callgrind)
+        callgrind_control -i on "$BACK_PID" >/dev/null; callgrind_control -i on "$FRONT_PID" >/dev/null
+        load 1 >/dev/null
+        callgrind_control -z "$BACK_PID" >/dev/null; callgrind_control -z "$FRONT_PID" >/dev/null
+        read -r N DUR ERR P50 P99 P999 < <(load "$SECS")
+        callgrind_control -i off "$BACK_PID" >/dev/null; callgrind_control -i off "$FRONT_PID" >/dev/null
+        callgrind_control -d "$BACK_PID" >/dev/null; callgrind_control -d "$FRONT_PID" >/dev/null
+        sleep 1
+        echo "requests=$N errors=$ERR conns=$CONNS"
+        for role in front back; do
+            f=$(ls -t "$OUT"/callgrind."$role".out* 2>/dev/null | head -1)
+            ir=$(grep -h '^summary:\|^totals:' "$f" | tail -1 | awk '{print $2}')
+            echo "$role Ir=$ir Ir/req=$(per "$ir" "$N") file=$f"
+        done
+        ;;
+    perf|nginx-perf)
+        perf stat -x, -e context-switches,cpu-migrations,task-clock,page-faults -p "$FRONT_PID" -o "$DIR/front.stat" &
+        PF=$!
+        perf stat -x, -e context-switches,cpu-migrations,task-clock,page-faults -p "$BACK_PID" -o "$DIR/back.stat" &
+        PB=$!
+        sleep 0.3
+        T0F=$(ticks "$FRONT_PID"); T0B=$(ticks "$BACK_PID")
+        read -r N DUR ERR P50 P99 P999 < <(load "$SECS")
+        T1F=$(ticks "$FRONT_PID"); T1B=$(ticks "$BACK_PID")
+        kill -INT $PF $PB; wait $PF $PB 2>/dev/null
+        rps=$(python3 -c "print(round($N/($DUR/1e6)))")
+        echo "requests=$N rps=$rps errors=$ERR p50=${P50}us p99=${P99}us p999=${P999}us conns=$CONNS"
+        for role in front back; do
+            cs=$(awk -F, '$3=="context-switches"{print $1}' "$DIR/$role.stat")
+            mig=$(awk -F, '$3=="cpu-migrations"{print $1}' "$DIR/$role.stat")
+            clk=$(awk -F, '$3=="task-clock"{print $1}' "$DIR/$role.stat")
+            pf=$(awk -F, '$3=="page-faults"{print $1}' "$DIR/$role.stat")
+            if [ $role = front ]; then t0=$T0F; t1=$T1F; else t0=$T0B; t1=$T1B; fi
+            read -r u0 s0 <<<"$t0"; read -r u1 s1 <<<"$t1"
+            echo "$role cs/req=$(per "$cs" "$N") migrations/req=$(per "$mig" "$N") faults/req=$(per "$pf" "$N") cpu_us/req=$(per "$(python3 -c "print($clk*1000)")" "$N") user_us/req=$(per $(( (u1-u0)*10000 )) "$N") sys_us/req=$(per $(( (s1-s0)*10000 )) "$N")"
+        done
+        ;;
+    strace|nginx-strace)
+        strace -c -f -p "$FRONT_PID" -o "$DIR/front.strace" &
+        SF=$!
+        strace -c -f -p "$BACK_PID" -o "$DIR/back.strace" &
+        SB=$!
+        sleep 0.5
+        read -r N DUR ERR P50 P99 P999 < <(load "$SECS")
+        kill -INT $SF $SB; wait $SF $SB 2>/dev/null
+        echo "requests=$N errors=$ERR conns=$CONNS"
+        for role in front back; do
+            python3 - "$DIR/$role.strace" "$N" "$role" <<'PY'
+import sys
+rows, n, role = [], float(sys.argv[2]), sys.argv[3]
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+        rows.append((int(f[3]), f[-1]))
+    if f and f[-1] == "total":
+        total = int(f[3]) if len(f) >= 5 else 0
+rows.sort(reverse=True)
+print(f"{role} syscalls/req={total/n:.3f}  " + "  ".join(f"{name}={c/n:.3f}" for c, name in rows[:8]))
+PY
+        done
+        ;;
+    wall)
+        read -r N DUR ERR P50 P99 P999 < <(load "$SECS")
+        rps=$(python3 -c "print(round($N/($DUR/1e6)))")
+        echo "requests=$N rps=$rps errors=$ERR p50=${P50}us p99=${P99}us p999=${P999}us conns=$CONNS"
+        ;;
+esac
