@@ -1,7 +1,6 @@
 //! Token buckets for external targets: over the limit, a call is refused at once with 429 and
 //! `retry-after` — never a queue that grows.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -11,7 +10,7 @@ use crate::config::RateLimit;
 
 #[derive(Debug, Default)]
 pub struct RateLimiters {
-    buckets: Mutex<HashMap<String, Bucket>>,
+    buckets: Mutex<crate::fast_hash::FastMap<String, Bucket>>,
 }
 
 #[derive(Debug)]
@@ -28,11 +27,19 @@ impl RateLimiters {
         let per_second = limit.per_second.max(1e-6);
         let burst = f64::from(limit.burst.max(1));
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        let bucket = buckets.entry(target.to_owned()).or_insert(Bucket {
-            limit,
-            tokens: burst,
-            at: now,
-        });
+        if !buckets.contains_key(target) {
+            buckets.insert(
+                target.to_owned(),
+                Bucket {
+                    limit,
+                    tokens: burst,
+                    at: now,
+                },
+            );
+        }
+        let Some(bucket) = buckets.get_mut(target) else {
+            unreachable!("inserted above")
+        };
         if bucket.limit != limit {
             // The policy changed: start from a full bucket of the new size.
             *bucket = Bucket {

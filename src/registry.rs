@@ -1,7 +1,9 @@
 //! Who is out there: the peers that can serve each capability. Members found by gossip come
 //! first; the bootstrap's static peers and the policy's external targets are there too.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+
+use crate::fast_hash::FastMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -136,8 +138,8 @@ impl Configured {
 #[derive(Debug, Default)]
 struct Directory {
     peers: Vec<Arc<Peer>>,
-    by_name: HashMap<String, Arc<Peer>>,
-    index: HashMap<String, Vec<Arc<Peer>>>,
+    by_name: FastMap<String, Arc<Peer>>,
+    index: FastMap<String, Vec<Arc<Peer>>>,
 }
 
 /// The peer directory consulted once per outbound request. One registry serves one
@@ -157,7 +159,7 @@ impl Registry {
     /// Replaces the gossip members (called on every membership or profile change).
     pub fn set_gossip(&self, peers: Vec<Peer>) {
         let peers: Vec<Arc<Peer>> = peers.into_iter().map(Arc::new).collect();
-        let mut index: HashMap<String, Vec<Arc<Peer>>> = HashMap::new();
+        let mut index: FastMap<String, Vec<Arc<Peer>>> = FastMap::default();
         for peer in &peers {
             for cap in &peer.capabilities {
                 index.entry(cap.clone()).or_default().push(peer.clone());

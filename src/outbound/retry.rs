@@ -6,7 +6,6 @@
 //! recent traffic (plus a small floor, so quiet callers can still retry), as linkerd and Finagle
 //! do; tower's `TpsBudget` keeps the books.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use crate::config::RetryPolicy;
 /// One budget per capability, rebuilt when the policy's budget changes.
 #[derive(Debug, Default)]
 pub(super) struct RetryBudgets {
-    budgets: Mutex<HashMap<String, (BudgetKey, Arc<TpsBudget>)>>,
+    budgets: Mutex<crate::fast_hash::FastMap<String, (BudgetKey, Arc<TpsBudget>)>>,
 }
 
 /// The policy values a budget was built from.

@@ -15,7 +15,7 @@ pub use feed::{live, profile, self_view, self_view_lifetime, GossipFeed};
 pub(crate) use latency::judge;
 pub use poll::spawn_poller;
 
-use std::collections::HashMap;
+use crate::fast_hash::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ const SELF_VIEW_LIFETIME_POLLS: u32 = 5;
 pub struct PeerViews {
     store: Arc<ConfigStore>,
     metrics: Arc<Metrics>,
-    inner: Mutex<HashMap<String, Entry>>,
+    inner: Mutex<FastMap<String, Entry>>,
 }
 
 #[derive(Debug)]
@@ -131,7 +131,7 @@ impl PeerViews {
         Self {
             store,
             metrics,
-            inner: Mutex::new(HashMap::new()),
+            inner: Mutex::new(FastMap::default()),
         }
     }
 
@@ -288,7 +288,7 @@ impl PeerViews {
         self.metrics.transition("peer", peer, t);
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+    fn lock(&self) -> MutexGuard<'_, FastMap<String, Entry>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -363,10 +363,14 @@ const OVERDUE_FLOOR: Duration = Duration::from_secs(1);
 
 /// The entry for `peer`; a peer seen at a new address starts over (a restarted agent is a new
 /// agent: its old address must not keep its history).
-fn entry<'m>(map: &'m mut HashMap<String, Entry>, peer: &Peer, now: Instant) -> &'m mut Entry {
-    let e = map
-        .entry(peer.name.clone())
-        .or_insert_with(|| fresh_entry(peer, now));
+fn entry<'m>(map: &'m mut FastMap<String, Entry>, peer: &Peer, now: Instant) -> &'m mut Entry {
+    // Looked up by `&str` first: the common case allocates nothing.
+    if !map.contains_key(peer.name.as_str()) {
+        map.insert(peer.name.clone(), fresh_entry(peer, now));
+    }
+    let Some(e) = map.get_mut(peer.name.as_str()) else {
+        unreachable!("inserted above")
+    };
     if e.address != peer.address {
         *e = fresh_entry(peer, now);
     }
