@@ -11,6 +11,7 @@ pub mod classify;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod fast_hash;
 pub mod gossip;
 pub mod http;
 pub mod idempotency;

@@ -96,7 +96,7 @@ struct Configured {
     /// The snapshot generation these were built from (0: none yet).
     generation: u64,
     peers: Vec<Arc<Peer>>,
-    index: HashMap<String, Vec<Arc<Peer>>>,
+    index: FastMap<String, Vec<Arc<Peer>>>,
 }
 
 impl Configured {
@@ -115,7 +115,7 @@ impl Configured {
                     .map(Arc::new),
             )
             .collect();
-        let mut index: HashMap<String, Vec<Arc<Peer>>> = HashMap::new();
+        let mut index: FastMap<String, Vec<Arc<Peer>>> = FastMap::default();
         for peer in &peers {
             for cap in &peer.capabilities {
                 index.entry(cap.clone()).or_default().push(peer.clone());
