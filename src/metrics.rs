@@ -3,13 +3,13 @@
 //! Each sidecar owns its recorder instead of installing a process-global one, so several sidecars
 //! in one process (tests, `agent-reach demo`) keep separate `/metrics`.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram, Counter, Histogram, Recorder, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
+use crate::fast_hash::FastMap;
 use crate::reach::{State, Transition, ViewSnapshot};
 
 pub const REQUESTS_TOTAL: &str = "reach_requests_total";
@@ -181,19 +181,26 @@ impl Direction {
 /// The outcomes a request ends with (`outcome` label), in the order of the handle cache.
 const OUTCOMES: [&str; 4] = ["success", "failure", "timeout", "rejected"];
 
+/// The zone tiers of `reach_tier_picks_total` (`outbound::tiers::Tier::as_str`).
+const TIERS: [&str; 3] = ["zone", "region", "any"];
+
 /// A request's counter and duration histogram, for one direction and outcome.
 type RequestHandles = (Counter, Histogram);
 
 /// Handles per capability, then per peer, then per direction × outcome. Registering a metric
 /// builds its key (label strings, a hash) on every call; a found handle is two atomic adds. The
 /// maps grow only as the registry's capability and peer names do.
-type HandleCache = HashMap<String, HashMap<String, [Option<RequestHandles>; 8]>>;
+type HandleCache = FastMap<String, FastMap<String, [Option<RequestHandles>; 8]>>;
 
 /// One sidecar's metrics registry.
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     requests: Mutex<HandleCache>,
+    /// `reach_tier_picks_total` by tier (zone, region, any), registered on first use.
+    tier_picks: [std::sync::OnceLock<Counter>; 3],
+    /// `reach_inbound_time_to_first_byte_seconds` by capability.
+    first_byte: Mutex<FastMap<String, Histogram>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -216,6 +223,8 @@ impl Metrics {
             recorder,
             handle,
             requests: Mutex::default(),
+            tier_picks: Default::default(),
+            first_byte: Mutex::default(),
         };
         metrics.describe();
         let agent = agent.to_owned();
@@ -278,7 +287,7 @@ impl Metrics {
             None => {
                 let handles = self.register_request(direction, capability, peer, outcome);
                 if !cache.contains_key(capability) {
-                    cache.insert(capability.to_owned(), HashMap::new());
+                    cache.insert(capability.to_owned(), FastMap::default());
                 }
                 if let Some(peers) = cache.get_mut(capability) {
                     peers.entry(peer.to_owned()).or_default()[slot] = Some(handles.clone());
@@ -308,10 +317,18 @@ impl Metrics {
     }
 
     pub fn inbound_first_byte(&self, capability: &str, ttfb: Duration) {
-        let capability = capability.to_owned();
-        self.with(|| {
-            histogram!(INBOUND_TTFB, "capability" => capability).record(ttfb.as_secs_f64())
-        });
+        let mut cache = self.first_byte.lock().unwrap_or_else(|p| p.into_inner());
+        let histogram = match cache.get(capability) {
+            Some(h) => h.clone(),
+            None => {
+                let label = capability.to_owned();
+                let h = self.with(|| histogram!(INBOUND_TTFB, "capability" => label));
+                cache.insert(capability.to_owned(), h.clone());
+                h
+            }
+        };
+        drop(cache);
+        histogram.record(ttfb.as_secs_f64());
     }
 
     pub fn inbound_load(&self, in_flight: usize, queued: usize) {
@@ -430,7 +447,12 @@ impl Metrics {
     }
 
     pub fn tier_pick(&self, tier: &'static str) {
-        self.with(|| counter!(TIER_PICKS_TOTAL, "tier" => tier).increment(1));
+        match TIERS.iter().position(|t| *t == tier) {
+            Some(i) => self.tier_picks[i]
+                .get_or_init(|| self.with(|| counter!(TIER_PICKS_TOTAL, "tier" => tier)))
+                .increment(1),
+            None => self.with(|| counter!(TIER_PICKS_TOTAL, "tier" => tier).increment(1)),
+        }
     }
 
     pub fn retry_budget_exhausted(&self, capability: &str) {

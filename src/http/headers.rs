@@ -13,9 +13,27 @@ pub const CALLER: HeaderName = HeaderName::from_static("reach-caller");
 
 /// Which attempt of the caller's this is (1 for the first).
 pub const ATTEMPT: HeaderName = HeaderName::from_static("reach-attempt");
+/// How many attempts a routed call took (on the response to the agent).
+pub const ATTEMPTS: HeaderName = HeaderName::from_static("reach-attempts");
+/// Routing hints from the calling agent.
+pub const TAGS: HeaderName = HeaderName::from_static("reach-tags");
+pub const MODE: HeaderName = HeaderName::from_static("reach-mode");
+/// The local agent reporting its own load on a response.
+pub const BUSY: HeaderName = HeaderName::from_static("reach-busy");
+pub const LOAD: HeaderName = HeaderName::from_static("reach-load");
 
+/// A small count as a header value: static for 0–9 (no allocation), formatted above.
+pub fn count(n: usize) -> HeaderValue {
+    const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    match DIGITS.get(n) {
+        Some(digit) => HeaderValue::from_static(digit),
+        None => n.into(),
+    }
+}
+
+const HOPS: usize = 8;
 /// Headers that describe one connection and must not be forwarded.
-const HOP_BY_HOP: [HeaderName; 8] = [
+const HOP_BY_HOP: [HeaderName; HOPS] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -29,22 +47,40 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Removes hop-by-hop headers, including every header the `Connection` header names.
 /// `te: trailers` survives: it is end-to-end in practice (gRPC needs it).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none of them: one pass over the names (cheap comparisons of standard
-    // names) instead of nine hashed removals.
-    let any = headers
-        .keys()
-        .any(|name| name == header::TE || HOP_BY_HOP.contains(name));
-    if !any {
+    // Most messages carry none of them, and most others only `Connection: keep-alive`: one pass
+    // over the names (cheap comparisons of standard names) finds which are there, and only
+    // those are removed (each removal hashes).
+    let mut found = [false; HOPS];
+    let mut te = false;
+    for name in headers.keys() {
+        if name == header::TE {
+            te = true;
+        } else if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            found[i] = true;
+        }
+    }
+    if !te && !found.contains(&true) {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    if found[0] {
+        // `Connection` (HOP_BY_HOP[0]) and every header it names.
+        let values: Vec<HeaderValue> = match headers.entry(header::CONNECTION) {
+            header::Entry::Occupied(entry) => entry.remove_entry_mult().1.collect(),
+            header::Entry::Vacant(_) => Vec::new(),
+        };
+        for text in values.iter().filter_map(|v| v.to_str().ok()) {
+            for token in text.split(',').map(str::trim) {
+                let listed = HOP_BY_HOP
+                    .iter()
+                    .any(|h| h.as_str().eq_ignore_ascii_case(token));
+                // Looked up by `&str`: no header name is allocated for `keep-alive` or `close`.
+                if !token.is_empty() && !listed && headers.contains_key(token) {
+                    headers.remove(token);
+                }
+            }
+        }
+    }
+    for (name, _) in HOP_BY_HOP.iter().zip(found).skip(1).filter(|(_, f)| *f) {
         headers.remove(name);
     }
     let keep_te = headers
@@ -90,6 +126,19 @@ mod tests {
             HeaderValue::from_static("chunked"),
         );
         h.insert(header::TE, HeaderValue::from_static("gzip"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn every_connection_header_counts_and_tokens_ignore_case() {
+        let mut h = HeaderMap::new();
+        h.append(header::CONNECTION, HeaderValue::from_static("close"));
+        h.append(header::CONNECTION, HeaderValue::from_static("X-One , te"));
+        h.insert("x-one", HeaderValue::from_static("1"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
         h.insert("x-kept", HeaderValue::from_static("1"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");

@@ -23,8 +23,8 @@ use crate::error::ReachError;
 use crate::http::upload::Upload;
 use crate::http::ReachBody;
 
-pub const HEADER: &str = "idempotency-key";
-pub const REPLAYED: &str = "reach-replayed";
+pub const HEADER: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+pub const REPLAYED: http::HeaderName = http::HeaderName::from_static("reach-replayed");
 
 type Outcome = Option<Arc<Stored>>;
 
