@@ -140,12 +140,12 @@ impl Failed<'_> {
 
 /// `reach-busy` / `reach-load` on any response: the agent telling us how loaded it is.
 fn agent_reports(inbound: &Inbound, h: &HeaderMap, snapshot: &Snapshot) {
-    if let Some(busy) = h.get("reach-busy").and_then(|v| v.to_str().ok()) {
+    if let Some(busy) = h.get(headers::BUSY).and_then(|v| v.to_str().ok()) {
         let busy = busy.trim().eq_ignore_ascii_case("true");
         inbound.local.report_busy(busy, None, snapshot);
     }
     if let Some(load) = h
-        .get("reach-load")
+        .get(headers::LOAD)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
     {

@@ -13,6 +13,7 @@ use super::tiers::Tier;
 use super::{sample, Outbound};
 use crate::config::RouteMode;
 use crate::error::ReachError;
+use crate::http::headers;
 use crate::http::step::{answer, Step};
 use crate::peers::RouteRequest;
 
@@ -74,15 +75,15 @@ fn route_request(call: &Call) -> RouteRequest {
     let headers = &call.parts.headers;
     RouteRequest {
         capability: call.capability.to_string(),
-        tags: header_list(headers, "reach-tags"),
+        tags: header_list(headers, headers::TAGS),
         mode: headers
-            .get("reach-mode")
+            .get(headers::MODE)
             .and_then(|v| v.to_str().ok())
             .and_then(RouteMode::parse),
     }
 }
 
-fn header_list(headers: &HeaderMap, name: &str) -> Vec<String> {
+fn header_list(headers: &HeaderMap, name: http::HeaderName) -> Vec<String> {
     headers
         .get_all(name)
         .iter()

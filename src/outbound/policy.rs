@@ -380,7 +380,7 @@ fn upstream_request(
         headers::CALLER,
         headers::value(snapshot.bootstrap.agent.name.as_str()),
     );
-    h.insert(headers::ATTEMPT, attempt.into());
+    h.insert(headers::ATTEMPT, headers::count(attempt));
     request
 }
 

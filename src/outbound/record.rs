@@ -17,10 +17,8 @@ use crate::error::ReachError;
 use crate::http::layers::field;
 use crate::http::measured::{BodyEnd, MeasuredBody};
 use crate::http::step::{answer, Step};
-use crate::http::{body, ReachBody};
+use crate::http::{body, headers, ReachBody};
 use crate::metrics::{Direction, Metrics};
-
-const ATTEMPTS: &str = "reach-attempts";
 
 pub(super) fn layer<S>(
     metrics: Arc<Metrics>,
@@ -53,7 +51,7 @@ fn respond(metrics: &Arc<Metrics>, routed: Routed, started: Instant) -> Response
         Err(err) => refuse(metrics, &label, &peer, err, started),
     };
     if let Some(attempts) = attempts {
-        response.headers_mut().insert(ATTEMPTS, attempts.into());
+        response.headers_mut().insert(headers::ATTEMPTS, headers::count(attempts));
     }
     response
 }
