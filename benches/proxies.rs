@@ -51,8 +51,12 @@ fn main() {
     };
     let upstream = start_upstream();
     let mut systems: Vec<System> = vec![System::direct(upstream)];
+    // BENCH_COMPARE=/path/to/agent-reach adds that build as a second system ("ar-compare"),
+    // interleaved with the others round by round: before/after in one run.
+    let compare = std::env::var_os("BENCH_COMPARE").map(PathBuf::from);
     for (name, found) in [
         ("agent-reach", Some(tools.agent_reach.clone())),
+        ("ar-compare", compare),
         ("envoy", tools.envoy.clone()),
         ("nginx", tools.nginx.clone()),
         ("haproxy", tools.haproxy.clone()),
@@ -306,13 +310,13 @@ impl System {
     ) -> Result<Self, String> {
         let (front, back) = (free_port()?, free_port()?);
         let children = match name {
-            "agent-reach" => {
-                let back_cfg = write(dir, "reach-back.yaml", &format!(
+            "agent-reach" | "ar-compare" => {
+                let back_cfg = write(dir, &format!("{name}-back.yaml"), &format!(
                     "listen: {{ outbound: 127.0.0.1:{}, inbound: 127.0.0.1:{back}, admin: 127.0.0.1:{} }}\n\
                      agent: {{ name: back, address: {upstream}, max_concurrency: 4096, queue: {{ capacity: 4096 }},\n  \
                      capabilities: [ {{ name: bench }} ] }}\n",
                     free_port()?, free_port()?))?;
-                let front_cfg = write(dir, "reach-front.yaml", &format!(
+                let front_cfg = write(dir, &format!("{name}-front.yaml"), &format!(
                     "listen: {{ outbound: 127.0.0.1:{front}, inbound: 127.0.0.1:{}, admin: 127.0.0.1:{} }}\n\
                      agent: {{ name: front, address: 127.0.0.1:9, max_concurrency: 1 }}\n\
                      peers: [ {{ name: back, address: 127.0.0.1:{back}, capabilities: [bench] }} ]\n",

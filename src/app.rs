@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::{Admin, Status};
 use crate::config::{spawn_watcher, ConfigStore};
 use crate::gossip::GossipHandle;
-use crate::http::client::{AgentClient, PeerClient};
+use crate::http::client::PeerClient;
+use crate::http::pool::Pool;
 use crate::http::server::{self, ServerSettings};
 use crate::http::{layers, ReachBody};
 use crate::inbound::Inbound;
@@ -98,7 +99,10 @@ impl Sidecar {
             );
         }
         let metrics = Arc::new(Metrics::new(snapshot.bootstrap.agent.name.as_str()));
-        let agent_client = AgentClient::new(&snapshot.policy);
+        // The data path's pools drive each connection in the request's own task; one to the
+        // local agent, one to peers (where mutual TLS goes). The poller keeps a pooled client.
+        let agent_pool = Pool::build(&snapshot.policy);
+        let peer_pool = Pool::build(&snapshot.policy);
         let peer_client = PeerClient::new(&snapshot.policy);
         let registry = Arc::new(Registry::new());
         let admission = Admission::new(snapshot.bootstrap.agent.max_concurrency.get());
@@ -113,7 +117,7 @@ impl Sidecar {
         let inbound = Arc::new(Inbound::new(
             store.clone(),
             metrics.clone(),
-            agent_client,
+            agent_pool,
             admission,
             local.clone(),
             registry.clone(),
@@ -122,7 +126,7 @@ impl Sidecar {
         let outbound = Arc::new(Outbound::new(
             store.clone(),
             metrics.clone(),
-            peer_client.clone(),
+            peer_pool,
             registry.clone(),
             peers.clone(),
             local.clone(),

@@ -12,7 +12,8 @@ use agent_reach::{demo, Sidecar};
 
 /// mimalloc instead of glibc malloc: a hop makes ~50 allocations, several of them hyper's 8 KiB
 /// read buffers, which glibc serves from its slow path (no tcache above 1 KiB) and consolidates
-/// on free; mimalloc serves both from per-thread free lists.
+/// on free; mimalloc serves both from per-thread free lists. Built with `no_thp`: with
+/// transparent huge pages its arenas commit 2 MiB pages eagerly, +9 MiB of idle RSS.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -2,7 +2,8 @@
 # Per-request cost of one agent-reach sidecar pair (or an nginx pair), measured in ways that do
 # not depend on how busy the machine is:
 #   callgrind  instructions per request in each sidecar (user space; valgrind serialises threads)
-#   perf       context switches, CPU migrations and task-clock (CPU ms) per request (perf stat -p)
+#   perf       context switches (and how many were voluntary), task-clock, user/system CPU and
+#              peak RSS per request (perf stat -p, /proc)
 #   strace     syscalls per request (strace -c -f -p)
 #   wall       plain wrk throughput (noisy while others compile)
 #
@@ -10,10 +11,11 @@
 # 200`, 128 bytes, its own process so it is never counted).
 #
 # Usage: benches/perf/hop.sh MODE [conns] [seconds]
-#   MODE: callgrind | perf | strace | wall | nginx-perf | nginx-strace
+#   MODE: callgrind | perf | strace | record | wall | nginx-perf | nginx-strace | nginx-record
 #   BIN=/path/to/agent-reach  (default: $CARGO_TARGET_DIR/release/agent-reach)
 #   OUT=dir                    (where callgrind.out files and logs go; default /tmp/hop-perf)
 #   WORKERS=1                  (--worker-threads for each sidecar)
+#   UPSTREAM_BIN=path          (the upstream: `cargo build --release --example perf_upstream`)
 set -uo pipefail
 
 MODE=${1:?mode}
@@ -91,8 +93,14 @@ worker_of() { # nginx master pid -> worker pid
 }
 
 UP=$(port)
-start_nginx "$(nginx_conf up "$UP" return)"
-UP_PID=${PIDS[-1]}
+# The same minimal hyper upstream as benches/proxies.rs (no `Connection` header in responses);
+# UPSTREAM=nginx uses an nginx `return 200` instead.
+if [ "${UPSTREAM:-hyper}" = nginx ]; then
+    start_nginx "$(nginx_conf up "$UP" return)"
+else
+    "${UPSTREAM_BIN:-$(dirname "$BIN")/examples/perf_upstream}" "$UP" &
+    PIDS+=($!)
+fi
 wait_port "$UP"
 
 FRONT=$(port)
@@ -143,6 +151,10 @@ load() { # seconds -> "requests duration_us errors p50 p99 p999"
 # Warm up: connections pooled, first-use registrations done.
 load 2 >/dev/null
 
+switches() { # pid -> "voluntary nonvoluntary" context switches, all threads
+    cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^voluntary_ctxt/{v+=$2} /^nonvoluntary_ctxt/{n+=$2} END{print v+0, n+0}'
+}
+
 ticks() { # pid -> "utime stime" in clock ticks (all threads)
     awk '{sub(/.*\) /, ""); print $12, $13}' /proc/"$1"/stat
 }
@@ -172,8 +184,10 @@ case $MODE in
         PB=$!
         sleep 0.3
         T0F=$(ticks "$FRONT_PID"); T0B=$(ticks "$BACK_PID")
+        C0F=$(switches "$FRONT_PID"); C0B=$(switches "$BACK_PID")
         read -r N DUR ERR P50 P99 P999 < <(load "$SECS")
         T1F=$(ticks "$FRONT_PID"); T1B=$(ticks "$BACK_PID")
+        C1F=$(switches "$FRONT_PID"); C1B=$(switches "$BACK_PID")
         kill -INT $PF $PB; wait $PF $PB 2>/dev/null
         rps=$(python3 -c "print(round($N/($DUR/1e6)))")
         echo "requests=$N rps=$rps errors=$ERR p50=${P50}us p99=${P99}us p999=${P999}us conns=$CONNS"
@@ -184,7 +198,11 @@ case $MODE in
             pf=$(awk -F, '$3=="page-faults"{print $1}' "$DIR/$role.stat")
             if [ $role = front ]; then t0=$T0F; t1=$T1F; else t0=$T0B; t1=$T1B; fi
             read -r u0 s0 <<<"$t0"; read -r u1 s1 <<<"$t1"
-            echo "$role cs/req=$(per "$cs" "$N") migrations/req=$(per "$mig" "$N") faults/req=$(per "$pf" "$N") cpu_us/req=$(per "$(python3 -c "print($clk*1000)")" "$N") user_us/req=$(per $(( (u1-u0)*10000 )) "$N") sys_us/req=$(per $(( (s1-s0)*10000 )) "$N")"
+            if [ $role = front ]; then c0=$C0F; c1=$C1F; else c0=$C0B; c1=$C1B; fi
+            read -r v0 n0 <<<"$c0"; read -r v1 n1 <<<"$c1"
+            pid=$FRONT_PID; [ $role = back ] && pid=$BACK_PID
+            rss=$(awk '/VmHWM/{printf "peak_rss=%.1fMiB", $2/1024}' /proc/$pid/status)
+            echo "$role $rss cs/req=$(per "$cs" "$N") (voluntary $(per $((v1-v0)) "$N"), involuntary $(per $((n1-n0)) "$N")) migrations/req=$(per "$mig" "$N") faults/req=$(per "$pf" "$N") cpu_us/req=$(per "$(python3 -c "print($clk*1000)")" "$N") user_us/req=$(per $(( (u1-u0)*10000 )) "$N") sys_us/req=$(per $(( (s1-s0)*10000 )) "$N")"
         done
         ;;
     strace|nginx-strace)
@@ -210,6 +228,16 @@ rows.sort(reverse=True)
 print(f"{role} syscalls/req={total/n:.3f}  " + "  ".join(f"{name}={c/n:.3f}" for c, name in rows[:8]))
 PY
         done
+        ;;
+    record|nginx-record)
+        perf record -q -e cpu-clock -F 2000 -g -p "$FRONT_PID" -o "$OUT/front.perf.data" 2>/dev/null &
+        RF=$!
+        perf record -q -e cpu-clock -F 2000 -g -p "$BACK_PID" -o "$OUT/back.perf.data" 2>/dev/null &
+        RB=$!
+        sleep 0.5
+        read -r N DUR ERR P50 P99 P999 < <(load "$SECS")
+        kill -INT $RF $RB; wait $RF $RB 2>/dev/null
+        echo "requests=$N errors=$ERR conns=$CONNS; perf report -i $OUT/{front,back}.perf.data"
         ;;
     wall)
         read -r N DUR ERR P50 P99 P999 < <(load "$SECS")

@@ -9,6 +9,7 @@ pub mod forward;
 pub mod headers;
 pub mod layers;
 pub mod measured;
+pub mod pool;
 pub mod request_target;
 pub mod server;
 pub mod step;

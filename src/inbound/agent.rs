@@ -4,23 +4,21 @@
 use std::convert::Infallible;
 
 use http::Response;
-use hyper::body::Incoming;
 use tower::service_fn;
 
 use super::call::Forward;
 use crate::error::ReachError;
-use crate::http::client::AgentClient;
-use crate::http::forward::forward;
+use crate::http::pool::{forward, Named, Pool, UpstreamBody};
 use crate::http::step::Step;
 
 pub(super) fn endpoint(
-    client: AgentClient,
-) -> impl Step<Forward, Response = Result<Response<Incoming>, ReachError>> {
+    client: Pool,
+) -> impl Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>> {
     service_fn(move |call: Forward| {
         let client = client.clone();
         async move {
             let agent = &call.snapshot.bootstrap.agent;
-            let target = format!("agent {}", agent.name);
+            let target = Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "agent {}", agent.name));
             let address = agent.address.as_str();
             let forwarded = forward(&client, call.request, address, &target, call.timeout).await;
             Ok::<_, Infallible>(forwarded)

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::{HeaderMap, Response};
-use hyper::body::Incoming;
 use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
 
@@ -18,6 +17,7 @@ use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::attempt_timeout;
 use crate::http::measured::{BodyEnd, MeasuredBody};
+use crate::http::pool::UpstreamBody;
 use crate::http::step::{answer, Step};
 use crate::http::upload::UploadWatch;
 use crate::http::{body, headers, ReachBody};
@@ -28,7 +28,7 @@ pub(super) fn layer<S>(
     inbound: Arc<Inbound>,
 ) -> impl Layer<S, Service = impl Step<Admitted, Response = Response<ReachBody>>> + Clone
 where
-    S: Step<Forward, Response = Result<Response<Incoming>, ReachError>>,
+    S: Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>>,
 {
     layer_fn(move |inner: S| {
         let inbound = inbound.clone();
@@ -41,7 +41,7 @@ where
 
 async fn measure<S>(inbound: Arc<Inbound>, inner: S, call: Admitted) -> Response<ReachBody>
 where
-    S: Step<Forward, Response = Result<Response<Incoming>, ReachError>>,
+    S: Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>>,
 {
     let Admitted {
         meta,

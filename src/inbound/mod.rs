@@ -26,7 +26,7 @@ pub use stats::{InboundStats, StatsSnapshot};
 
 use crate::classify::Outcome;
 use crate::config::{ConfigStore, Snapshot};
-use crate::http::client::AgentClient;
+use crate::http::pool::Pool;
 use crate::http::step::{answer, Step};
 use crate::http::{ClientAddr, ReachBody};
 use crate::idempotency::IdempotencyTable;
@@ -41,7 +41,7 @@ use crate::registry::Registry;
 pub struct Inbound {
     store: Arc<ConfigStore>,
     metrics: Arc<Metrics>,
-    client: AgentClient,
+    client: Pool,
     admission: Arc<Admission>,
     local: Arc<LocalAgent>,
     registry: Arc<Registry>,
@@ -54,7 +54,7 @@ impl Inbound {
     pub fn new(
         store: Arc<ConfigStore>,
         metrics: Arc<Metrics>,
-        client: AgentClient,
+        client: Pool,
         admission: Arc<Admission>,
         local: Arc<LocalAgent>,
         registry: Arc<Registry>,

@@ -1,14 +1,14 @@
 //! How one attempt ended, and whether that allows another: the retry table.
 
 use http::Response;
-use hyper::body::Incoming;
 
 use crate::classify::Class;
 pub(super) use crate::classify::Refusal;
 use crate::error::ReachError;
+use crate::http::pool::UpstreamBody;
 
 /// How one attempt ended, as far as retrying cares.
-pub(super) enum Attempt<B = Incoming> {
+pub(super) enum Attempt<B = UpstreamBody> {
     Done(Response<B>),
     /// Refused without running the task (429, or a peer sidecar's 503): safe to try elsewhere.
     Refused(Response<B>, Refusal),

@@ -11,6 +11,7 @@ use super::tiers::Tier;
 use crate::config::{Name, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
+use crate::http::pool::UpstreamBody;
 use crate::http::upload::{Upload, UploadWatch};
 use crate::http::ReachBody;
 use crate::peers::{RouteRequest, Scored};
@@ -45,7 +46,7 @@ pub(super) struct Try {
 }
 
 /// What routing came to, for the record step to answer with.
-pub(super) struct Routed<B = Incoming> {
+pub(super) struct Routed<B = UpstreamBody> {
     pub(super) answer: Result<Response<B>, ReachError>,
     /// The capability's metric label (never a caller's typo: see `candidates`).
     pub(super) label: String,

@@ -11,18 +11,14 @@ use super::attempt::{Attempt, Refusal};
 use super::call::Try;
 use crate::classify::Class;
 use crate::error::ReachError;
-use crate::http::client::PeerClient;
 use crate::http::deadline::{self, attempt_timeout, Deadline};
-use crate::http::forward::forward;
+use crate::http::pool::{forward, Named, Pool};
 use crate::http::step::Step;
 use crate::peers::PeerViews;
 use crate::reach::Signal;
 
 /// The innermost outbound step.
-pub(super) fn endpoint(
-    client: PeerClient,
-    peers: Arc<PeerViews>,
-) -> impl Step<Try, Response = Attempt> {
+pub(super) fn endpoint(client: Pool, peers: Arc<PeerViews>) -> impl Step<Try, Response = Attempt> {
     service_fn(move |attempt: Try| {
         let (client, peers) = (client.clone(), peers.clone());
         async move { Ok::<_, Infallible>(send(&client, &peers, attempt).await) }
@@ -30,7 +26,7 @@ pub(super) fn endpoint(
 }
 
 /// Sends one attempt and tells the caller's view of the peer what happened.
-async fn send(client: &PeerClient, peers: &PeerViews, attempt: Try) -> Attempt {
+async fn send(client: &Pool, peers: &PeerViews, attempt: Try) -> Attempt {
     let Try {
         mut request,
         candidate,
@@ -46,7 +42,9 @@ async fn send(client: &PeerClient, peers: &PeerViews, attempt: Try) -> Attempt {
     request
         .headers_mut()
         .insert(deadline::DEADLINE, attempt_deadline.header_value());
-    let target = format!("peer {} ({})", peer.name, peer.address);
+    // Named only if it fails: no string per attempt.
+    let target =
+        Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {} ({})", peer.name, peer.address));
     let sent = Instant::now();
     let pending = peers.begin(peer, candidate.latency_ms);
     let forwarded = forward(client, request, &peer.address, &target, timeout).await;

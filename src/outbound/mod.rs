@@ -35,7 +35,7 @@ pub use sample::{score_candidates, SAMPLE};
 pub use target::capability_of;
 
 use crate::config::ConfigStore;
-use crate::http::client::PeerClient;
+use crate::http::pool::Pool;
 use crate::http::step::{answer, Step};
 use crate::http::ReachBody;
 use crate::idempotency::IdempotencyTable;
@@ -51,7 +51,7 @@ use retry::RetryBudgets;
 pub struct Outbound {
     store: Arc<ConfigStore>,
     metrics: Arc<Metrics>,
-    client: PeerClient,
+    client: Pool,
     registry: Arc<Registry>,
     peers: Arc<PeerViews>,
     local: Arc<LocalAgent>,
@@ -64,7 +64,7 @@ impl Outbound {
     pub fn new(
         store: Arc<ConfigStore>,
         metrics: Arc<Metrics>,
-        client: PeerClient,
+        client: Pool,
         registry: Arc<Registry>,
         peers: Arc<PeerViews>,
         local: Arc<LocalAgent>,
@@ -121,7 +121,7 @@ pub(super) fn for_tests(policy: crate::config::Policy) -> Arc<Outbound> {
     use crate::local::Admission;
     let addr = SocketAddr::from(([127, 0, 0, 1], 9));
     let bootstrap = Bootstrap::local("caller", addr, &[]).unwrap_or_else(|e| panic!("{e}"));
-    let client = crate::http::client::PeerClient::new(&policy);
+    let client = crate::http::pool::Pool::build(&policy);
     let store = Arc::new(ConfigStore::new(bootstrap, policy, ConfigPaths::default()));
     let metrics = Arc::new(Metrics::new("test"));
     let local = LocalAgent::new(store.clone(), metrics.clone(), Admission::new(1));

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::Response;
-use hyper::body::Incoming;
 use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
 use tracing::Span;
@@ -16,6 +15,7 @@ use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::layers::field;
 use crate::http::measured::{BodyEnd, MeasuredBody};
+use crate::http::pool::UpstreamBody;
 use crate::http::step::{answer, Step};
 use crate::http::{body, headers, ReachBody};
 use crate::metrics::{Direction, Metrics};
@@ -51,7 +51,9 @@ fn respond(metrics: &Arc<Metrics>, routed: Routed, started: Instant) -> Response
         Err(err) => refuse(metrics, &label, &peer, err, started),
     };
     if let Some(attempts) = attempts {
-        response.headers_mut().insert(headers::ATTEMPTS, headers::count(attempts));
+        response
+            .headers_mut()
+            .insert(headers::ATTEMPTS, headers::count(attempts));
     }
     response
 }
@@ -59,7 +61,7 @@ fn respond(metrics: &Arc<Metrics>, routed: Routed, started: Instant) -> Response
 /// A peer's answer, recorded when its body has been delivered.
 fn measured(
     metrics: Arc<Metrics>,
-    response: Response<Incoming>,
+    response: Response<UpstreamBody>,
     label: String,
     peer: String,
     started: Instant,

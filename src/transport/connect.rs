@@ -16,8 +16,21 @@ use tower::Service;
 
 use crate::config::Policy;
 
-/// A transport the pooled upstream client dials through.
-pub trait Connect: legacy::Connect + Clone + Send + Sync + 'static {
+/// A transport the upstream clients dial through: a service from an upstream's URI to an open
+/// connection (the data path's pool calls it; hyper-util's pooled client takes it as its
+/// connector).
+pub trait Connect:
+    legacy::Connect
+    + Service<
+        Uri,
+        Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+        Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
     /// The scheme of the URIs this transport serves: `http` for plain TCP.
     fn scheme(&self) -> &Scheme;
 }

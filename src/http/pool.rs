@@ -1,0 +1,833 @@
+//! A small HTTP/1.1 client pool that drives each connection inside the task of the request using
+//! it (see docs/perf-levers.md), dialing through the transport seam (`transport::Connect`).
+//!
+//! hyper-util's legacy `Client` spawns a task per connection and hands every request to it over
+//! an mpsc channel, answering over a oneshot: per request two wakeups of another task (three
+//! polls of it), a pool `Mutex` keyed by a SipHashed `(Scheme, Authority)`, the request future
+//! boxed and moved (~4.5 k instructions of `memcpy` per hop), and an absolute URI built and
+//! parsed again. Here a connection is owned by whoever uses it: the request's own future polls it
+//! until the response head arrives, then the response body (`UpstreamBody`) polls it while the
+//! server connection task streams that body out. The connection's socket wakes the request's
+//! own task; no other task runs. When the body ends the connection goes back to the pool, idle
+//! and unpolled, for the next request on any task.
+//!
+//! Kept from the legacy client: connect timeout, TCP keepalive (time, 5 s interval, 3 probes),
+//! `TCP_NODELAY`, the 64 KiB read-buffer cap, idle expiry and a maximum of idle connections per
+//! authority, a pooled connection found closed before the request was written is retried on
+//! another (the request never left: hyper gives it back), and the `connect`/`refused`
+//! classification routing relies on (the request never reached the upstream).
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use http::{header, Request, Response, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use tower::ServiceExt;
+
+use super::client::Failure;
+use super::{headers, ReachBody};
+use crate::config::Policy;
+use crate::error::ReachError;
+
+/// The largest read buffer of one upstream connection (as the legacy client).
+const READ_BUFFER_MAX: usize = 64 * 1024;
+
+type Conn = Connection<Io, ReachBody>;
+
+/// An open connection from the transport, whatever it is (plain TCP now, TLS later): boxed once
+/// per connection, so the pool and the bodies it hands out name no transport.
+type Io = Box<dyn Transported>;
+
+/// What the pool needs of a transport's connection.
+trait Transported: hyper::rt::Read + hyper::rt::Write + Unpin + Send {}
+impl<T: hyper::rt::Read + hyper::rt::Write + Unpin + Send> Transported for T {}
+
+/// Dials an authority through a transport, erasing its type.
+type Dial =
+    Arc<dyn Fn(Uri) -> Pin<Box<dyn Future<Output = Result<Io, Failure>> + Send>> + Send + Sync>;
+
+fn dialer<C: crate::transport::Connect>(connect: C) -> Dial {
+    Arc::new(move |uri: Uri| {
+        let connect = connect.clone();
+        Box::pin(async move {
+            match connect.oneshot(uri).await {
+                Ok(io) => Ok(Box::new(io) as Io),
+                Err(err) => Err(connect_failure(&*err.into())),
+            }
+        })
+    })
+}
+type Map<V> = crate::fast_hash::FastMap<Box<str>, V>;
+
+/// What the pool needs from the policy.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    pub connect_timeout: Duration,
+    pub tcp_keepalive: Duration,
+    pub idle_timeout: Duration,
+    pub max_idle_per_host: usize,
+}
+
+impl PoolConfig {
+    pub fn from_policy(policy: &Policy) -> Self {
+        Self {
+            connect_timeout: policy.timeouts.connect.get(),
+            tcp_keepalive: policy.pool.tcp_keepalive.get(),
+            idle_timeout: policy.pool.idle_timeout.get(),
+            max_idle_per_host: policy.pool.max_idle_per_host,
+        }
+    }
+}
+
+/// A pool of HTTP/1.1 connections per authority (`host:port`). Cheap to clone.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    config: PoolConfig,
+    builder: http1::Builder,
+    dial: Dial,
+    scheme: http::uri::Scheme,
+    /// Idle connections per authority.
+    idle: Mutex<Map<Vec<Idle>>>,
+    sweeping: AtomicBool,
+}
+
+/// A connection and the handle that sends requests on it.
+struct Pooled {
+    tx: SendRequest<ReachBody>,
+    conn: Pin<Box<Conn>>,
+    /// The waker every poll of `conn` registers (see `Guard`).
+    guard: Arc<Guard>,
+    waker: Waker,
+}
+
+/// The waker a connection registers everywhere inside hyper (socket readiness, the request
+/// channel, the response promise, the body channel's want): it wakes the task now using the
+/// connection — except while that task is inside this module's own poll loop, where the wake is
+/// only noted and the loop goes round again. Sending a request, fulfilling the promise and
+/// asking for body data are all done by the connection, polled by that same loop: without the
+/// guard each would wake the task that is already running, for one more poll of everything.
+#[derive(Default)]
+struct Guard {
+    task: Mutex<Option<Waker>>,
+    polling: AtomicBool,
+    woken: AtomicBool,
+}
+
+impl std::task::Wake for Guard {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::SeqCst);
+        if !self.polling.load(Ordering::SeqCst) {
+            let task = self.task.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(waker) = task.as_ref() {
+                waker.wake_by_ref();
+            }
+        }
+    }
+}
+
+impl Guard {
+    /// Enters the poll loop of the task whose waker is `waker`.
+    fn enter(&self, waker: &Waker) {
+        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
+        if !task.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *task = Some(waker.clone());
+        }
+        drop(task);
+        self.woken.store(false, Ordering::SeqCst);
+        self.polling.store(true, Ordering::SeqCst);
+    }
+
+    /// The connection goes idle in the pool: its wakes (a close, the next request being queued
+    /// before the next task's first poll) wake nobody.
+    fn idle(&self) {
+        *self.task.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Leaves it; true when the connection was woken meanwhile (poll again).
+    fn leave(&self) -> bool {
+        self.polling.store(false, Ordering::SeqCst);
+        self.woken.swap(false, Ordering::SeqCst)
+    }
+}
+
+/// Rounds of the poll loop before falling back to an ordinary self-wake.
+const ROUNDS: usize = 8;
+
+struct Idle {
+    pooled: Pooled,
+    since: Instant,
+}
+
+impl Pool {
+    /// A pool whose connections `connect` opens.
+    pub fn new<C: crate::transport::Connect>(config: PoolConfig, connect: C) -> Self {
+        let scheme = connect.scheme().clone();
+        let mut builder = http1::Builder::new();
+        // Each pooled connection keeps its read buffer; bodies stream in 64 KiB reads.
+        builder.max_buf_size(READ_BUFFER_MAX);
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                builder,
+                dial: dialer(connect),
+                scheme,
+                idle: Mutex::new(Map::default()),
+                sweeping: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// A plain-TCP pool with the policy's connect and pool settings.
+    pub fn build(policy: &Policy) -> Self {
+        let tcp = crate::transport::TcpSettings::from_policy(policy);
+        Self::new(
+            PoolConfig::from_policy(policy),
+            crate::transport::ConnectTcp::new(tcp),
+        )
+    }
+
+    /// The scheme its transport speaks.
+    pub fn scheme(&self) -> &http::uri::Scheme {
+        &self.inner.scheme
+    }
+
+    /// Idle connections now pooled (all authorities).
+    pub fn idle_count(&self) -> usize {
+        self.lock().values().map(Vec::len).sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Map<Vec<Idle>>> {
+        self.inner.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The most recently idle live connection to `authority`, if any.
+    fn checkout(&self, authority: &str) -> Option<Pooled> {
+        let now = Instant::now();
+        let idle_timeout = self.inner.config.idle_timeout;
+        loop {
+            let idle = {
+                let mut map = self.lock();
+                let list = map.get_mut(authority)?;
+                let idle = list.pop()?;
+                if list.is_empty() {
+                    // Keep the key: the next release reuses its allocation.
+                }
+                idle
+            };
+            if now.saturating_duration_since(idle.since) >= idle_timeout {
+                // Older ones sit below it: let them all go.
+                self.lock().remove(authority);
+                return None;
+            }
+            // Not polled here: a close that arrived while it sat idle is read by the exchange's
+            // first poll, before the request is written, and hyper gives the request back
+            // (`Unsent`), which `send` retries on the next connection.
+            if idle.pooled.tx.is_closed() {
+                continue;
+            }
+            return Some(idle.pooled);
+        }
+    }
+
+    /// Puts a connection whose exchange is over back, if it can take another request.
+    fn release(&self, authority: &str, mut pooled: Pooled) {
+        // Usually the poll that delivered the body's end already left the connection idle and
+        // asking for the next request; otherwise one poll (waking nobody) gets it there.
+        if !pooled.tx.is_ready() && pooled.poll_noop().is_ready() || !pooled.tx.is_ready() {
+            // Closed, or still busy (the upstream answered before reading the whole request
+            // body): dropping it closes it.
+            return;
+        }
+        let max = self.inner.config.max_idle_per_host;
+        if max == 0 {
+            return;
+        }
+        {
+            let mut map = self.lock();
+            let list = match map.get_mut(authority) {
+                Some(list) => list,
+                None => map.entry(authority.into()).or_default(),
+            };
+            if list.len() >= max {
+                return;
+            }
+            pooled.guard.idle();
+            list.push(Idle {
+                pooled,
+                since: Instant::now(),
+            });
+        }
+        self.sweep_later();
+    }
+
+    /// Starts the sweeper that closes connections idle past the timeout (once per pool).
+    fn sweep_later(&self) {
+        if self.inner.sweeping.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.inner.sweeping.store(false, Ordering::Relaxed);
+            return;
+        };
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let every = (self.inner.config.idle_timeout / 2).max(Duration::from_millis(50));
+        runtime.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let expired = Instant::now().checked_sub(inner.config.idle_timeout);
+                {
+                    let mut map = inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+                    for list in map.values_mut() {
+                        list.retain(|idle| expired.is_none_or(|t| idle.since > t));
+                    }
+                    map.retain(|_, list| !list.is_empty());
+                }
+            }
+        });
+    }
+
+    async fn connect(&self, authority: &str) -> Result<Pooled, Failure> {
+        let uri = Uri::builder()
+            .scheme(self.inner.scheme.clone())
+            .authority(authority)
+            .path_and_query("/")
+            .build()
+            .map_err(|err| Failure {
+                connect: true,
+                refused: false,
+                message: format!("bad upstream address `{authority}`: {err}"),
+            })?;
+        let io = (self.inner.dial)(uri).await?;
+        let (tx, conn) = self
+            .inner
+            .builder
+            .handshake(io)
+            .await
+            .map_err(|err| Failure {
+                connect: true,
+                refused: false,
+                message: chain(&err),
+            })?;
+        let guard = Arc::new(Guard::default());
+        Ok(Pooled {
+            tx,
+            conn: Box::pin(conn),
+            waker: Waker::from(guard.clone()),
+            guard,
+        })
+    }
+
+    /// Sends `req` (origin-form URI, `Host` set) to `authority`, on an idle connection if one is
+    /// pooled. A pooled connection found closed before the request left is skipped.
+    pub async fn send(
+        &self,
+        mut req: Request<ReachBody>,
+        authority: &str,
+    ) -> Result<Response<UpstreamBody>, Failure> {
+        loop {
+            let (pooled, reused) = match self.checkout(authority) {
+                Some(pooled) => (pooled, true),
+                None => (self.connect(authority).await?, false),
+            };
+            let mut pooled = Some(pooled);
+            match exchange(&mut pooled, req).await {
+                Ok(response) => {
+                    let lease = pooled.take().map(|pooled| Lease {
+                        pool: self.clone(),
+                        authority: authority.into(),
+                        pooled,
+                    });
+                    return Ok(response.map(|incoming| UpstreamBody {
+                        incoming,
+                        lease,
+                        ended: false,
+                    }));
+                }
+                Err(Unsent(back)) if reused => {
+                    // A stale pooled connection: the request never left. Try the next.
+                    req = back;
+                }
+                Err(Unsent(_)) => {
+                    return Err(Failure {
+                        connect: true,
+                        refused: false,
+                        message: "the new connection closed before the request was sent".to_owned(),
+                    })
+                }
+                Err(Sent(err)) => {
+                    return Err(Failure {
+                        connect: false,
+                        refused: false,
+                        message: chain(&err),
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// A request that failed: given back unsent, or lost after it was written.
+#[allow(clippy::large_enum_variant)] // moved once, on a failure; boxing would allocate to retry
+enum SendFailure {
+    Unsent(Request<ReachBody>),
+    Sent(hyper::Error),
+}
+use SendFailure::{Sent, Unsent};
+
+/// One request on one connection, up to the response head: polls the connection and the
+/// response promise in the caller's task. The connection is dropped (`None`) once it has closed.
+async fn exchange(
+    pooled: &mut Option<Pooled>,
+    req: Request<ReachBody>,
+) -> Result<Response<Incoming>, SendFailure> {
+    let Some(conn) = pooled.as_mut() else {
+        return Err(Unsent(req));
+    };
+    let (guard, waker) = (conn.guard.clone(), conn.waker.clone());
+    let mut sending = std::pin::pin!(conn.tx.try_send_request(req));
+    std::future::poll_fn(|cx| {
+        let mut inner = Context::from_waker(&waker);
+        for _ in 0..ROUNDS {
+            guard.enter(cx.waker());
+            // The connection first: it writes the request, reads the response and fulfils the
+            // promise, all in this poll.
+            if let Some(conn) = pooled.as_mut() {
+                if conn.conn.as_mut().poll(&mut inner).is_ready() {
+                    // Closed (or failed): the promise now holds the error.
+                    *pooled = None;
+                }
+            }
+            let polled = sending.as_mut().poll(&mut inner);
+            let again = guard.leave();
+            if let Poll::Ready(result) = polled {
+                return Poll::Ready(result.map_err(|mut err| match err.take_message() {
+                    Some(req) => Unsent(req),
+                    None => Sent(err.into_error()),
+                }));
+            }
+            if !again {
+                return Poll::Pending;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
+impl Pooled {
+    /// Polls the connection with a waker that wakes nobody; ready when it has closed.
+    fn poll_noop(&mut self) -> Poll<()> {
+        let mut cx = Context::from_waker(Waker::noop());
+        self.conn.as_mut().poll(&mut cx).map(|_| ())
+    }
+}
+
+/// A connection lent to one response body; back to the pool when the body has ended.
+struct Lease {
+    pool: Pool,
+    authority: Box<str>,
+    pooled: Pooled,
+}
+
+/// A response body from the pool: it drives its connection while it is read, so the bytes come
+/// in on the task that reads them.
+pub struct UpstreamBody {
+    incoming: Incoming,
+    lease: Option<Lease>,
+    ended: bool,
+}
+
+impl fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpstreamBody")
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UpstreamBody {
+    /// What a poll of `incoming` means for the connection.
+    fn frame(
+        &mut self,
+        polled: Poll<Option<Result<Frame<Bytes>, hyper::Error>>>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match &polled {
+            Poll::Ready(None) => {
+                self.ended = true;
+                self.release();
+            }
+            Poll::Ready(Some(Err(_))) => self.lease = None,
+            Poll::Ready(Some(Ok(_))) if self.incoming.is_end_stream() => self.ended = true,
+            _ => {}
+        }
+        polled
+    }
+
+    fn release(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.pool.release(&lease.authority, lease.pooled);
+        }
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        if self.ended || self.incoming.is_end_stream() {
+            self.release();
+        }
+        // Otherwise the body was abandoned mid-way: dropping the connection closes it, as hyper
+        // does when a response body is dropped early.
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let Some(lease) = this.lease.as_mut() else {
+            // No connection to drive (it closed): `incoming` holds what is left.
+            let polled = Pin::new(&mut this.incoming).poll_frame(cx);
+            return this.frame(polled);
+        };
+        let (guard, waker) = (lease.pooled.guard.clone(), lease.pooled.waker.clone());
+        let mut inner = Context::from_waker(&waker);
+        for _ in 0..ROUNDS {
+            guard.enter(cx.waker());
+            let mut polled = Pin::new(&mut this.incoming).poll_frame(&mut inner);
+            if polled.is_pending() {
+                // Nothing buffered: drive the connection, which feeds `incoming`, then look again.
+                if let Some(lease) = this.lease.as_mut() {
+                    if lease.pooled.conn.as_mut().poll(&mut inner).is_ready() {
+                        // Done; `incoming` now has its last frame or its error.
+                        this.lease = None;
+                    }
+                }
+                polled = Pin::new(&mut this.incoming).poll_frame(&mut inner);
+            }
+            let again = guard.leave();
+            if polled.is_ready() {
+                return this.frame(polled);
+            }
+            if !again {
+                return Poll::Pending;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.incoming.size_hint()
+    }
+}
+
+/// Rewrites `req` for `authority` and sends it; gives up on the response headers after
+/// `timeout`. `target` names the upstream in errors (formatted only on failure).
+pub async fn forward(
+    pool: &Pool,
+    mut req: Request<ReachBody>,
+    authority: &str,
+    target: &(dyn fmt::Display + Sync),
+    timeout: Duration,
+) -> Result<Response<UpstreamBody>, ReachError> {
+    // Origin-form: the edge already refused anything that is not a path; an absolute-form
+    // request keeps only its path (the authority is ours to choose, never the caller's).
+    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        let path = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        *req.uri_mut() = Uri::from(path);
+    }
+    if !req.uri().path().starts_with('/') {
+        return Err(ReachError::BadRequest(format!(
+            "request target `{}` is not a path",
+            req.uri()
+        )));
+    }
+    *req.version_mut() = Version::HTTP_11;
+    req.headers_mut()
+        .insert(header::HOST, headers::value(authority));
+    match tokio::time::timeout(timeout, pool.send(req, authority)).await {
+        Ok(Ok(mut response)) => {
+            headers::strip_hop_by_hop(response.headers_mut());
+            Ok(response)
+        }
+        Ok(Err(failure)) => {
+            let (target, message) = (target.to_string(), failure.message);
+            Err(if failure.connect {
+                ReachError::UpstreamConnect {
+                    target,
+                    message,
+                    refused: failure.refused,
+                }
+            } else {
+                ReachError::Upstream { target, message }
+            })
+        }
+        Err(_) => Err(ReachError::Timeout {
+            target: target.to_string(),
+            after: timeout,
+        }),
+    }
+}
+
+/// Names an upstream in errors, formatted only when one happens.
+pub struct Named<F>(pub F);
+
+impl<F> fmt::Debug for Named<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Named")
+    }
+}
+
+impl<F: Fn(&mut fmt::Formatter<'_>) -> fmt::Result> fmt::Display for Named<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (self.0)(f)
+    }
+}
+
+/// A transport that could not connect: refused when nothing listens there (an `io::Error` of
+/// that kind anywhere in the chain).
+fn connect_failure(err: &(dyn std::error::Error + 'static)) -> Failure {
+    let mut refused = false;
+    let mut source = Some(err);
+    while let Some(s) = source {
+        refused |= s
+            .downcast_ref::<io::Error>()
+            .is_some_and(|io| io.kind() == io::ErrorKind::ConnectionRefused);
+        source = s.source();
+    }
+    Failure {
+        connect: true,
+        refused,
+        message: format!("connect error: {}", chain(err)),
+    }
+}
+
+/// An error and its sources, as the legacy client's `describe` spells them.
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        source = s.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::body;
+    use http_body_util::BodyExt;
+    use hyper_util::rt::TokioIo;
+    use std::net::SocketAddr;
+    use std::sync::atomic::AtomicUsize;
+
+    /// An upstream that answers every request with its path, counting connections.
+    async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                        let path = req.uri().path().to_owned();
+                        let _ = req.into_body().collect().await;
+                        Ok::<_, std::convert::Infallible>(Response::new(body::full(path)))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn tcp() -> crate::transport::ConnectTcp {
+        crate::transport::ConnectTcp::new(crate::transport::TcpSettings {
+            connect_timeout: Duration::from_secs(2),
+            keepalive: Duration::from_secs(30),
+            keepalive_interval: Duration::from_secs(5),
+            keepalive_retries: 3,
+        })
+    }
+
+    fn config() -> PoolConfig {
+        PoolConfig {
+            connect_timeout: Duration::from_secs(1),
+            tcp_keepalive: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(5),
+            max_idle_per_host: 4,
+        }
+    }
+
+    async fn get(pool: &Pool, authority: &str, path: &str) -> Result<String, ReachError> {
+        let req = Request::get(path)
+            .body(body::empty())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let response = forward(pool, req, authority, &"test", Duration::from_secs(2)).await?;
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| ReachError::BadRequest(e.to_string()))?
+            .to_bytes();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    #[tokio::test]
+    async fn connections_are_reused_one_after_another() {
+        let (addr, accepted) = upstream().await;
+        let pool = Pool::new(config(), tcp());
+        let authority = addr.to_string();
+        for i in 0..5 {
+            let path = format!("/r{i}");
+            assert_eq!(
+                get(&pool, &authority, &path).await.ok().as_deref(),
+                Some(path.as_str())
+            );
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.idle_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_open_connections_and_keep_at_most_the_idle_maximum() {
+        let (addr, accepted) = upstream().await;
+        let pool = Pool::new(config(), tcp());
+        let authority = addr.to_string();
+        let calls: Vec<_> = (0..8)
+            .map(|_| {
+                let (pool, authority) = (pool.clone(), authority.clone());
+                tokio::spawn(async move { get(&pool, &authority, "/x").await.is_ok() })
+            })
+            .collect();
+        for call in calls {
+            assert!(call.await.unwrap_or(false));
+        }
+        assert!(accepted.load(Ordering::SeqCst) >= 1);
+        assert!(pool.idle_count() <= 4);
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_a_refused_connect_failure() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        drop(listener);
+        let pool = Pool::new(config(), tcp());
+        let err = get(&pool, &addr.to_string(), "/").await.err();
+        assert!(
+            matches!(err, Some(ReachError::UpstreamConnect { refused: true, .. })),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pooled_connection_closed_by_the_upstream_is_skipped() {
+        // An upstream that answers one request per connection with keep-alive, then closes it
+        // while it sits idle in the pool.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = stream.read(&mut buf).await;
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    // Dropped here: closed while the connection sits in the caller's pool.
+                });
+            }
+        });
+        let pool = Pool::new(config(), tcp());
+        let authority = addr.to_string();
+        for _ in 0..3 {
+            assert_eq!(
+                get(&pool, &authority, "/").await.ok().as_deref(),
+                Some("ok")
+            );
+            // Long enough for the close to arrive (the race with a close still in flight is
+            // the upstream's idle timeout's business: callers' pools expire first).
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Each call found the previous connection closed and opened another, without an error.
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn an_absolute_form_target_keeps_only_its_path() {
+        let (addr, _) = upstream().await;
+        let pool = Pool::new(config(), tcp());
+        let req = Request::get("http://evil:80/x?y=1")
+            .body(body::empty())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let response = forward(
+            &pool,
+            req,
+            &addr.to_string(),
+            &"test",
+            Duration::from_secs(2),
+        )
+        .await;
+        let body = match response {
+            Ok(r) => r.into_body().collect().await.map(|b| b.to_bytes()).ok(),
+            Err(_) => None,
+        };
+        assert_eq!(body.as_deref(), Some(&b"/x"[..]));
+    }
+}
