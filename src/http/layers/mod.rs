@@ -102,17 +102,16 @@ where
         .service(boxed(service))
 }
 
+/// A listener's future, boxed.
+type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
+
 /// The listener's own future, boxed where it starts: it holds the whole request path (about
 /// 10 KiB), and every layer above would otherwise move it by value as it wraps it — a memcpy
 /// of the whole future per layer per request. Built inside the box, it is never moved.
 fn boxed<S, R>(
     service: S,
-) -> impl Service<
-    R,
-    Response = S::Response,
-    Error = Infallible,
-    Future = Pin<Box<dyn Future<Output = Result<S::Response, Infallible>> + Send>>,
-> + Clone
+) -> impl Service<R, Response = S::Response, Error = Infallible, Future = Boxed<S::Response>>
+       + Clone
        + Send
        + 'static
 where
@@ -122,8 +121,7 @@ where
 {
     tower::service_fn(move |req: R| {
         let service = service.clone();
-        Box::pin(async move { service.oneshot(req).await })
-            as Pin<Box<dyn Future<Output = Result<S::Response, Infallible>> + Send>>
+        Box::pin(async move { service.oneshot(req).await }) as Boxed<S::Response>
     })
 }
 
