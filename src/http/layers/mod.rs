@@ -107,7 +107,7 @@ type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
 
 /// The listener's own future, boxed where it starts: it holds the whole request path (about
 /// 10 KiB), and every layer above would otherwise move it by value as it wraps it — a memcpy
-/// of the whole future per layer per request. Built inside the box, it is never moved.
+/// of the whole future per layer per request. Boxed here, it is copied once.
 fn boxed<S, R>(
     service: S,
 ) -> impl Service<R, Response = S::Response, Error = Infallible, Future = Boxed<S::Response>>
