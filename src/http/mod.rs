@@ -5,7 +5,6 @@ pub mod body;
 pub mod client;
 pub mod deadline;
 mod error_response;
-pub mod forward;
 pub mod headers;
 pub mod layers;
 pub mod measured;

@@ -3,8 +3,8 @@
 //! upstream URI is never built from something that is not a path (an `*` once turned into a
 //! request to port 80 of the upstream host).
 
-use http::uri::{PathAndQuery, Scheme};
-use http::{header, Method, Request, Response, StatusCode, Uri};
+use http::uri::PathAndQuery;
+use http::{header, Method, Request, Response, StatusCode};
 
 use super::{body, ReachBody};
 use crate::error::ReachError;
@@ -53,28 +53,6 @@ pub fn server_options() -> Response<ReachBody> {
     response
 }
 
-/// `{scheme}://{authority}{path}`, built from validated parts: the path of `uri`, which must be
-/// origin-form (the edge refused anything else). The scheme is the client's transport's.
-pub fn upstream_uri(scheme: &Scheme, authority: &str, uri: &Uri) -> Result<Uri, ReachError> {
-    let path = match uri.path_and_query() {
-        Some(pq) if pq.as_str().starts_with('/') => pq.clone(),
-        None => PathAndQuery::from_static("/"),
-        Some(_) => {
-            return Err(ReachError::BadRequest(format!(
-                "request target `{uri}` is not a path"
-            )))
-        }
-    };
-    Uri::builder()
-        .scheme(scheme.clone())
-        .authority(authority)
-        .path_and_query(path)
-        .build()
-        .map_err(|_| {
-            ReachError::BadRequest(format!("cannot form an upstream URI for `{authority}`"))
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,11 +89,5 @@ mod tests {
             Err(ReachError::BadRequest(_))
         ));
         assert!(matches!(target("GET", "*"), Err(ReachError::BadRequest(_))));
-    }
-
-    #[test]
-    fn the_upstream_uri_keeps_the_authority_port() {
-        let uri = upstream_uri(&Scheme::HTTP, "127.0.0.1:8080", &Uri::from_static("/x"));
-        assert_eq!(uri.ok().and_then(|u| u.port_u16()), Some(8080));
     }
 }
