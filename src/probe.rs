@@ -3,7 +3,7 @@
 //!
 //! Why a thread of its own at a lower OS priority: probes must never compete with production
 //! traffic for the sidecar's CPU. Why business requests and not `/healthz`: a fake-online agent
-//! answers `/healthz` while its model backend answers 429 (seed 000).
+//! answers `/healthz` while its model backend answers 429 (`docs/reach-model.md`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -247,7 +247,7 @@ fn write_cluster_key() -> Result<PathBuf, DemoError> {
     Ok(dir)
 }
 
-/// A 1-token business call through the agent's whole chain, as seed 000 recommends.
+/// A 1-token business call through the agent's whole chain (`docs/reach-model.md`, business probes).
 pub fn probe_spec() -> ProbeSpec {
     ProbeSpec {
         method: "POST".to_owned(),

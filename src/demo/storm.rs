@@ -1,7 +1,7 @@
 //! The demo's second act: a correlated failure. Two of the three agents refuse at once (their
 //! shared model backend is rate-limited); every call's retries land on the one that is left. The
 //! retry budget, jittered backoff and cooldowns keep that fallback's load near its fair share —
-//! the calls themselves — instead of the burst of retries that melted seed 003's fallback.
+//! the calls themselves — instead of a burst of retries that would melt it (`docs/reach-model.md`).
 
 use std::time::{Duration, Instant};
 

@@ -125,23 +125,37 @@ impl Deref for PeerClient {
 
 /// Classifies a client error for the caller.
 pub fn describe(err: &legacy::Error) -> Failure {
-    use std::error::Error as _;
+    Failure {
+        connect: err.is_connect(),
+        refused: err.is_connect() && refused(err),
+        message: chain(err),
+    }
+}
+
+/// An error and its sources, one after another.
+pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut message = err.to_string();
-    let mut refused = false;
     let mut source = err.source();
     while let Some(s) = source {
         message.push_str(": ");
         message.push_str(&s.to_string());
-        refused |= s
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
         source = s.source();
     }
-    Failure {
-        connect: err.is_connect(),
-        refused: refused && err.is_connect(),
-        message,
+    message
+}
+
+/// Whether a connection was refused (nothing listens there): an `io::Error` of that kind
+/// anywhere in the chain.
+pub(crate) fn refused(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    while let Some(s) = source {
+        let io = s.downcast_ref::<std::io::Error>();
+        if io.is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused) {
+            return true;
+        }
+        source = s.source();
     }
+    false
 }
 
 #[cfg(test)]

@@ -19,7 +19,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -34,7 +33,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use tower::ServiceExt;
 
-use super::client::Failure;
+use super::client::{self, Failure};
 use super::{headers, ReachBody};
 use crate::config::Policy;
 use crate::error::ReachError;
@@ -72,8 +71,6 @@ type Map<V> = crate::fast_hash::FastMap<Box<str>, V>;
 /// What the pool needs from the policy.
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
-    pub connect_timeout: Duration,
-    pub tcp_keepalive: Duration,
     pub idle_timeout: Duration,
     pub max_idle_per_host: usize,
 }
@@ -81,8 +78,6 @@ pub struct PoolConfig {
 impl PoolConfig {
     pub fn from_policy(policy: &Policy) -> Self {
         Self {
-            connect_timeout: policy.timeouts.connect.get(),
-            tcp_keepalive: policy.pool.tcp_keepalive.get(),
             idle_timeout: policy.pool.idle_timeout.get(),
             max_idle_per_host: policy.pool.max_idle_per_host,
         }
@@ -333,7 +328,7 @@ impl Pool {
             .map_err(|err| Failure {
                 connect: true,
                 refused: false,
-                message: chain(&err),
+                message: client::chain(&err),
             })?;
         let guard = Arc::new(Guard::default());
         Ok(Pooled {
@@ -385,7 +380,7 @@ impl Pool {
                     return Err(Failure {
                         connect: false,
                         refused: false,
-                        message: chain(&err),
+                        message: client::chain(&err),
                     })
                 }
             }
@@ -625,34 +620,13 @@ impl<F: Fn(&mut fmt::Formatter<'_>) -> fmt::Result> fmt::Display for Named<F> {
     }
 }
 
-/// A transport that could not connect: refused when nothing listens there (an `io::Error` of
-/// that kind anywhere in the chain).
+/// A transport that could not connect: refused when nothing listens there.
 fn connect_failure(err: &(dyn std::error::Error + 'static)) -> Failure {
-    let mut refused = false;
-    let mut source = Some(err);
-    while let Some(s) = source {
-        refused |= s
-            .downcast_ref::<io::Error>()
-            .is_some_and(|io| io.kind() == io::ErrorKind::ConnectionRefused);
-        source = s.source();
-    }
     Failure {
         connect: true,
-        refused,
-        message: format!("connect error: {}", chain(err)),
+        refused: client::refused(err),
+        message: format!("connect error: {}", client::chain(err)),
     }
-}
-
-/// An error and its sources, as the legacy client's `describe` spells them.
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        message.push_str(": ");
-        message.push_str(&s.to_string());
-        source = s.source();
-    }
-    message
 }
 
 #[cfg(test)]
@@ -701,8 +675,6 @@ mod tests {
 
     fn config() -> PoolConfig {
         PoolConfig {
-            connect_timeout: Duration::from_secs(1),
-            tcp_keepalive: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(5),
             max_idle_per_host: 4,
         }

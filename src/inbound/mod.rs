@@ -14,21 +14,20 @@ mod measure;
 mod slot;
 mod stats;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::ServiceBuilder;
 
 pub use stats::{InboundStats, StatsSnapshot};
 
 use crate::classify::Outcome;
 use crate::config::{ConfigStore, Snapshot};
 use crate::http::pool::Pool;
-use crate::http::step::{answer, Step};
-use crate::http::{ClientAddr, ReachBody};
+use crate::http::step::Step;
+use crate::http::ReachBody;
 use crate::idempotency::IdempotencyTable;
 use crate::local::{Admission, Load, LocalAgent};
 use crate::metrics::{Direction, Metrics};
@@ -89,16 +88,6 @@ impl Inbound {
             .layer(measure::layer(self.clone()))
             // The local agent, over the agent client, within the call's timeout.
             .service(agent::endpoint(self.client.clone()))
-    }
-
-    /// Serves one request on a stack built for it (tests and callers without a listener).
-    pub async fn handle(
-        self: Arc<Self>,
-        mut req: Request<Incoming>,
-        remote: SocketAddr,
-    ) -> Response<ReachBody> {
-        req.extensions_mut().insert(ClientAddr(remote));
-        answer(self.stack().oneshot(req).await)
     }
 
     pub fn load(&self) -> Load {

@@ -3,7 +3,7 @@
 //!
 //! Why refuse at once instead of queueing without bound: a caller's sidecar that hears
 //! `503 saturated` moves to another agent now; one that waits discovers the same thing only after
-//! its timeout, and the work piles up here (seed 003's melt-down).
+//! its timeout, and the work piles up here until it melts down.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -23,12 +23,11 @@ mod target;
 mod target_limit;
 mod tiers;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::ServiceBuilder;
 
 pub use balance::pick;
 pub use sample::{score_candidates, SAMPLE};
@@ -36,7 +35,7 @@ pub use target::capability_of;
 
 use crate::config::ConfigStore;
 use crate::http::pool::Pool;
-use crate::http::step::{answer, Step};
+use crate::http::step::Step;
 use crate::http::ReachBody;
 use crate::idempotency::IdempotencyTable;
 use crate::local::LocalAgent;
@@ -103,15 +102,6 @@ impl Outbound {
             // One attempt on one peer, over the peer client; the caller's view hears the answer.
             .service(endpoint::endpoint(self.client.clone(), self.peers.clone()))
     }
-
-    /// Serves one request on a stack built for it (tests and callers without a listener).
-    pub async fn handle(
-        self: Arc<Self>,
-        req: Request<Incoming>,
-        _remote: SocketAddr,
-    ) -> Response<ReachBody> {
-        answer(self.stack().oneshot(req).await)
-    }
 }
 
 /// An `Outbound` with no listener, for the steps' own tests.
@@ -119,7 +109,7 @@ impl Outbound {
 pub(super) fn for_tests(policy: crate::config::Policy) -> Arc<Outbound> {
     use crate::config::{Bootstrap, ConfigPaths};
     use crate::local::Admission;
-    let addr = SocketAddr::from(([127, 0, 0, 1], 9));
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 9));
     let bootstrap = Bootstrap::local("caller", addr, &[]).unwrap_or_else(|e| panic!("{e}"));
     let client = crate::http::pool::Pool::build(&policy);
     let store = Arc::new(ConfigStore::new(bootstrap, policy, ConfigPaths::default()));

@@ -2,7 +2,7 @@
 //!
 //! Why a budget and not just a maximum per call: when every agent fails at once (a shared model
 //! backend rate-limits the fleet), "up to 2 retries" per call triples the load on whatever is
-//! left — the retry storm of seed 003 §4.3. A budget lets retries add at most a fraction of the
+//! left — a retry storm (`docs/reach-model.md`). A budget lets retries add at most a fraction of the
 //! recent traffic (plus a small floor, so quiet callers can still retry), as linkerd and Finagle
 //! do; tower's `TpsBudget` keeps the books.
 

@@ -1,5 +1,5 @@
-//! Zone tiers: candidates in the caller's zone first, then its region, then anywhere (seed 003
-//! §5.2). A tier is passed over when none of its candidates can take the call: all out of
+//! Zone tiers: candidates in the caller's zone first, then its region, then anywhere
+//! (`docs/reach-model.md`). A tier is passed over when none of its candidates can take the call: all out of
 //! rotation, already tried, or scoring below the policy's floor.
 
 use crate::peers::Scored;
