@@ -15,6 +15,7 @@ pub mod fast_hash;
 pub mod gossip;
 pub mod http;
 pub mod idempotency;
+pub mod identity;
 pub mod inbound;
 pub mod inject;
 pub mod local;

@@ -8,6 +8,8 @@ use serde::{de, Deserialize, Deserializer, Serialize};
 
 use super::bounds::{ms, secs, Row, Rule, DAY, HOUR, MS, ZERO};
 use super::duration::HumanDuration;
+use super::mesh::TlsFiles;
+use crate::identity::SpiffeId;
 use super::scalar::{self, Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 
 /// `config/agent-reach.yaml`. Listener addresses and limits need a restart; the rest hot-reloads.
@@ -24,6 +26,9 @@ pub struct Bootstrap {
     /// Membership and state sharing with the other sidecars; without it, only static peers.
     #[serde(default)]
     pub gossip: Option<GossipConfig>,
+    /// This sidecar's certificate, key and trust bundle for mutual TLS with its peers.
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
     /// How often the config files are checked for changes.
     #[serde(default = "default_watch_interval")]
     pub watch_interval: HumanDuration,
@@ -380,6 +385,10 @@ pub struct StaticPeer {
     #[serde(default)]
     pub region: String,
     pub capabilities: Vec<Name>,
+    /// The SPIFFE ID the peer's certificate must carry; with mutual TLS on, it is called over
+    /// TLS and refused if its certificate says otherwise.
+    #[serde(default)]
+    pub identity: Option<SpiffeId>,
 }
 
 fn unique_capabilities<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Capability>, D::Error> {
@@ -441,6 +450,7 @@ impl Bootstrap {
             },
             peers: Vec::new(),
             gossip: None,
+            tls: None,
             watch_interval: default_watch_interval(),
         })
     }
@@ -475,6 +485,7 @@ impl Bootstrap {
                 .iter()
                 .map(|c| Name::parse(c))
                 .collect::<Result<_, _>>()?,
+            identity: None,
         });
         Ok(self)
     }

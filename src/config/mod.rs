@@ -3,6 +3,7 @@
 mod bootstrap;
 mod bounds;
 mod duration;
+mod mesh;
 mod policy;
 #[cfg(test)]
 mod rule_tables;
@@ -19,6 +20,7 @@ pub use bootstrap::{
     AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Limits, Listen, ProbeSpec,
     QueueConfig, RouteMode, StaticPeer,
 };
+pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use policy::{
     EstimatesPolicy, ExternalTarget, Fraction, Policy, Pool, ProbesPolicy, RateLimit,
@@ -135,6 +137,16 @@ impl Snapshot {
             .capabilities
             .iter()
             .any(|c| c.probe.is_some())
+    }
+
+    /// The mutual TLS mode in force: the policy's, or by default `permissive` where this
+    /// sidecar has certificates and `disabled` where it has none.
+    pub fn mtls_mode(&self) -> MtlsMode {
+        match (self.policy.mtls.mode, &self.bootstrap.tls) {
+            (Some(mode), _) => mode,
+            (None, Some(_)) => MtlsMode::Permissive,
+            (None, None) => MtlsMode::Disabled,
+        }
     }
 
     /// The local agent's timeout for `capability`, or the policy default.

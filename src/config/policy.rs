@@ -4,6 +4,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::bounds::{ms, secs, Row, Rule, DAY, HOUR, MINUTE, MS, ZERO};
 use super::duration::HumanDuration;
+use super::mesh::{Authorization, MtlsPolicy};
 use super::scalar::{HostPort, Name, NumVisitor};
 use crate::reach::{EstimateParams, StateParams, Weights};
 
@@ -30,6 +31,10 @@ pub struct Policy {
     /// `proxy-authorization`, `cookie`, `set-cookie`, `x-api-key`): masked wherever shown.
     #[serde(deserialize_with = "super::scalar::header_names")]
     pub redact_headers: Vec<String>,
+    /// Mutual TLS between sidecars (`docs/mtls.md`).
+    pub mtls: MtlsPolicy,
+    /// Which callers may call which capabilities.
+    pub authorization: Authorization,
 }
 
 /// Every number in the file and what it may be: checked where it is written, so an error names

@@ -1,0 +1,122 @@
+//! Mutual TLS and authorization settings: the bootstrap's certificate files (per pod) and the
+//! policy's mode and per-capability allow lists (per fleet, reloaded live). `docs/mtls.md`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::identity::{IdentityPattern, SpiffeId};
+
+/// Bootstrap `tls`: where this sidecar's certificate, key and trust bundle are. Relative paths
+/// are relative to the bootstrap file. Re-read when they change.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    /// PEM chain, leaf first; its URI SAN is this workload's SPIFFE ID.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// PEM trust bundle: the CAs peers' certificates must chain to.
+    pub ca: PathBuf,
+}
+
+impl TlsFiles {
+    /// The three paths, relative ones taken from `base` (the bootstrap's directory).
+    pub fn resolved(&self, base: Option<&Path>) -> Self {
+        let at = |p: &PathBuf| match base {
+            Some(dir) if p.is_relative() => dir.join(p),
+            _ => p.clone(),
+        };
+        Self {
+            cert: at(&self.cert),
+            key: at(&self.key),
+            ca: at(&self.ca),
+        }
+    }
+}
+
+/// Policy `mtls`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MtlsPolicy {
+    /// Unset: `permissive` where the bootstrap has `tls`, `disabled` where it has not.
+    pub mode: Option<MtlsMode>,
+}
+
+/// What the inbound listener accepts and what the caller speaks to peers.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum MtlsMode {
+    /// TLS with a verified client certificate only; peers are called over TLS only.
+    Strict,
+    /// TLS or plaintext accepted (a migration); peers that present an identity are called over
+    /// TLS, the others in plaintext.
+    Permissive,
+    /// Plaintext both ways.
+    Disabled,
+}
+
+impl MtlsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Strict => "strict",
+            Self::Permissive => "permissive",
+            Self::Disabled => "disabled",
+        }
+    }
+}
+
+/// Policy `authorization`: which callers may call which of this fleet's capabilities.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Authorization {
+    /// For a capability with no entry below (and for plain traffic naming no capability).
+    pub default: Verdict,
+    pub capabilities: BTreeMap<String, CapabilityAuthorization>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CapabilityAuthorization {
+    /// Caller identities allowed; anyone else (a plaintext caller included) is refused.
+    pub allow: Vec<IdentityPattern>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    #[default]
+    Allow,
+    Deny,
+}
+
+impl Authorization {
+    /// Whether `caller` (none: it presented no certificate) may call `capability` (none: plain
+    /// traffic).
+    pub fn allows(&self, capability: Option<&str>, caller: Option<&SpiffeId>) -> bool {
+        match capability.and_then(|c| self.capabilities.get(c)) {
+            Some(rule) => caller.is_some_and(|id| rule.allow.iter().any(|p| p.matches(id))),
+            None => self.default == Verdict::Allow,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_capabilities_need_a_matching_identity_and_the_rest_follow_the_default() {
+        let yaml = "authorization:\n  default: deny\n  capabilities:\n    payments:\n      allow: [\"spiffe://prod.example/ns/billing/sa/*\"]\n";
+        let policy = super::super::parse_policy(Path::new("p.yaml"), yaml);
+        assert!(policy.is_ok(), "{policy:?}");
+        let authz = policy.map(|p| p.authorization).unwrap_or_default();
+        let billing = SpiffeId::parse("spiffe://prod.example/ns/billing/sa/api").ok();
+        let coder = SpiffeId::parse("spiffe://prod.example/ns/dev/sa/coder").ok();
+        assert!(authz.allows(Some("payments"), billing.as_ref()));
+        assert!(!authz.allows(Some("payments"), coder.as_ref()));
+        assert!(!authz.allows(Some("payments"), None), "plaintext is nobody");
+        assert!(!authz.allows(Some("search"), billing.as_ref()), "default deny");
+        assert!(Authorization::default().allows(Some("search"), None));
+    }
+}
