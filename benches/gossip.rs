@@ -85,6 +85,7 @@ fn profile(i: usize) -> Profile {
             idempotent: false,
         }],
         version: env!("CARGO_PKG_VERSION").into(),
+        identity: None,
     }
 }
 

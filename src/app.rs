@@ -13,10 +13,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Admin, Status};
+use crate::config::MtlsMode;
 use crate::config::{spawn_watcher, ConfigStore};
 use crate::gossip::GossipHandle;
-use crate::http::client::PeerClient;
-use crate::http::pool::Pool;
+use crate::http::pool::{Pool, PoolConfig};
 use crate::http::server::{self, ServerSettings};
 use crate::http::{layers, ReachBody};
 use crate::inbound::Inbound;
@@ -26,7 +26,8 @@ use crate::outbound::Outbound;
 use crate::peers::{self, PeerViews};
 use crate::probe;
 use crate::registry::Registry;
-use crate::transport::PlainTcp;
+use crate::transport::mtls::MeshTls;
+use crate::transport::{ConnectMesh, ConnectTcp, Mesh, PlainTcp, TcpSettings};
 
 mod gossip_wiring;
 
@@ -46,6 +47,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     GossipKey(#[from] crate::gossip::KeyError),
+    #[error("mutual TLS: {0}")]
+    Tls(#[from] crate::transport::certs::CertError),
 }
 
 /// The addresses the listeners actually bound (useful with port 0).
@@ -99,11 +102,20 @@ impl Sidecar {
             );
         }
         let metrics = Arc::new(Metrics::new(snapshot.bootstrap.agent.name.as_str()));
+        let tls = mesh_tls(&store, &snapshot)?;
         // The data path's pools drive each connection in the request's own task; one to the
-        // local agent, one to peers (where mutual TLS goes). The poller keeps a pooled client.
+        // local agent (plaintext, loopback), one to peers (mutual TLS where the mode says so).
         let agent_pool = Pool::build(&snapshot.policy);
-        let peer_pool = Pool::build(&snapshot.policy);
-        let peer_client = PeerClient::new(&snapshot.policy);
+        let peer_pool = Pool::with_mesh(
+            PoolConfig::from_policy(&snapshot.policy),
+            ConnectTcp::new(TcpSettings::from_policy(&snapshot.policy)),
+            tls.clone().map(|tls| {
+                ConnectMesh::new(
+                    ConnectTcp::new(TcpSettings::from_policy(&snapshot.policy)),
+                    tls,
+                )
+            }),
+        );
         let registry = Arc::new(Registry::new());
         let admission = Admission::new(snapshot.bootstrap.agent.max_concurrency.get());
         let local = Arc::new(LocalAgent::new(
@@ -126,7 +138,7 @@ impl Sidecar {
         let outbound = Arc::new(Outbound::new(
             store.clone(),
             metrics.clone(),
-            peer_pool,
+            peer_pool.clone(),
             registry.clone(),
             peers.clone(),
             local.clone(),
@@ -144,6 +156,7 @@ impl Sidecar {
                     registry.clone(),
                     peers.clone(),
                     local.clone(),
+                    tls.clone(),
                     stop_rest.clone(),
                 )
                 .await?;
@@ -179,7 +192,7 @@ impl Sidecar {
             tokio::spawn(server::serve(
                 "inbound",
                 inbound_listener,
-                accept,
+                mesh_accept(&store, tls.clone(), &limits, &metrics),
                 layers::edge("inbound", &metrics, inbound.stack()),
                 traffic_settings,
                 metrics.clone(),
@@ -198,14 +211,22 @@ impl Sidecar {
             )),
             spawn_watcher(store.clone(), reloads(&metrics), stop_rest.clone()),
             spawn_upkeep(metrics.clone(), local.clone(), stop_rest.clone()),
-            peers::spawn_poller(
-                store.clone(),
-                registry,
-                peers,
-                peer_client,
-                stop_rest.clone(),
-            ),
+            peers::spawn_poller(store.clone(), registry, peers, peer_pool, stop_rest.clone()),
         ];
+        let mut rest = rest;
+        if let Some(tls) = tls {
+            let reloads = reloads(&metrics);
+            rest.push(tls.spawn_watch(
+                snapshot.bootstrap.watch_interval.get(),
+                move |r| {
+                    reloads(
+                        "tls",
+                        matches!(r, crate::transport::certs::Reloaded::Renewed),
+                    )
+                },
+                stop_rest.clone(),
+            ));
+        }
         // Probes run on their own low-priority thread; failing to start it is logged, not fatal.
         let probes = probe::spawn(store.clone(), local.clone(), metrics, stop_rest.clone())
             .map_err(|err| {
@@ -357,6 +378,48 @@ fn spawn_upkeep(
             }
         }
     })
+}
+
+/// This sidecar's mutual TLS material, when the bootstrap names its files. A configured mode
+/// without them is warned about: `strict` then refuses every peer, `permissive` is plaintext.
+fn mesh_tls(
+    store: &ConfigStore,
+    snapshot: &crate::config::Snapshot,
+) -> Result<Option<Arc<MeshTls>>, StartError> {
+    let Some(files) = &snapshot.bootstrap.tls else {
+        if snapshot.mtls_mode() != MtlsMode::Disabled {
+            tracing::warn!(
+                mode = snapshot.mtls_mode().as_str(),
+                "the policy asks for mutual TLS but the bootstrap names no tls files"
+            );
+        }
+        return Ok(None);
+    };
+    let base = store
+        .paths
+        .bootstrap
+        .as_deref()
+        .and_then(std::path::Path::parent);
+    let tls = MeshTls::load(files.resolved(base))?;
+    tracing::info!(identity = %tls.identity(), mode = snapshot.mtls_mode().as_str(), "mutual TLS");
+    Ok(Some(tls))
+}
+
+/// The inbound listener's acceptor: TLS or plaintext as the live policy's mode allows.
+fn mesh_accept(
+    store: &Arc<ConfigStore>,
+    tls: Option<Arc<MeshTls>>,
+    limits: &crate::config::Limits,
+    metrics: &Arc<Metrics>,
+) -> Mesh {
+    let (store, metrics) = (store.clone(), metrics.clone());
+    Mesh::new(
+        tls,
+        Arc::new(move || store.snapshot().mtls_mode()),
+        limits.header_read_timeout.get(),
+        limits.header_read_timeout.get(),
+        Arc::new(move |reason| metrics.tls_handshake_failed(reason)),
+    )
 }
 
 /// Config reloads, counted.

@@ -98,6 +98,9 @@ impl Class {
                 why: Refusal::AgentUnreachable,
             },
             (StatusCode::NOT_FOUND, Some(Reason::UnknownCapability)) => Class::Stale,
+            // The fleet's policy refused the caller: any peer would say the same, and the
+            // agent never saw the call.
+            (StatusCode::FORBIDDEN, Some(Reason::Forbidden)) => Class::Rejected,
             (StatusCode::GATEWAY_TIMEOUT, Some(Reason::Timeout | Reason::DeadlineExceeded)) => {
                 Class::TimedOut
             }

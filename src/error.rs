@@ -61,6 +61,8 @@ pub enum ReachError {
     ClientBody,
     #[error("the request body stopped arriving")]
     BodyTimeout,
+    #[error("this caller is not allowed to call capability `{capability}`")]
+    Forbidden { capability: String },
     #[error("capability `{capability}` is not served at `{path}`")]
     UnknownPath { capability: String, path: String },
     #[error("{0}")]
@@ -95,10 +97,11 @@ pub enum Reason {
     BadRequest,
     NotFound,
     Internal,
+    Forbidden,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 22] = [
         Reason::MissingCapability,
         Reason::ForbiddenHost,
         Reason::UnknownCapability,
@@ -120,6 +123,7 @@ impl Reason {
         Reason::BadRequest,
         Reason::NotFound,
         Reason::Internal,
+        Reason::Forbidden,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -145,6 +149,7 @@ impl Reason {
             Reason::BadRequest => "bad_request",
             Reason::NotFound => "not_found",
             Reason::Internal => "internal",
+            Reason::Forbidden => "forbidden",
         }
     }
 
@@ -161,7 +166,7 @@ impl ReachError {
             }
             ReachError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ReachError::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
-            ReachError::ForeignHost { .. } => StatusCode::FORBIDDEN,
+            ReachError::ForeignHost { .. } | ReachError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ReachError::IdempotencyConflict => StatusCode::CONFLICT,
             ReachError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ReachError::UnknownCapability { .. }
@@ -206,6 +211,7 @@ impl ReachError {
             ReachError::BadRequest(_) => Reason::BadRequest,
             ReachError::NotFound(_) => Reason::NotFound,
             ReachError::Internal => Reason::Internal,
+            ReachError::Forbidden { .. } => Reason::Forbidden,
         }
     }
 

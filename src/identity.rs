@@ -154,7 +154,8 @@ mod tests {
         let coder = pattern("spiffe://prod.example/ns/*/sa/coder");
         assert!(coder.matches(&id("spiffe://prod.example/ns/team-a/sa/coder")));
         assert!(!coder.matches(&id("spiffe://prod.example/ns/team-a/sa/reviewer")));
-        assert!(pattern("spiffe://prod.example/ns/a/sa/b").matches(&id("spiffe://prod.example/ns/a/sa/b")));
+        assert!(pattern("spiffe://prod.example/ns/a/sa/b")
+            .matches(&id("spiffe://prod.example/ns/a/sa/b")));
     }
 
     #[test]
@@ -172,7 +173,10 @@ mod tests {
             let err = SpiffeId::parse(bad).err();
             assert!(err.is_some_and(|e| e.contains("not a SPIFFE ID")), "{bad}");
         }
-        assert!(SpiffeId::parse("spiffe://p/ns/*").is_err(), "no wildcard in an ID");
+        assert!(
+            SpiffeId::parse("spiffe://p/ns/*").is_err(),
+            "no wildcard in an ID"
+        );
         assert!(IdentityPattern::parse("spiffe://p/ns/*").is_ok());
         assert_eq!(id("spiffe://p/ns/a/sa/coder").leaf(), "coder");
     }

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod mock_agent;
 pub mod outbound;
 pub mod peers;
+pub mod pki;
 pub mod probe;
 pub mod rate_limit;
 pub mod reach;

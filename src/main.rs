@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use agent_reach::config::{self, ConfigError, ConfigPaths, ConfigStore, FileKind, HumanDuration};
+use agent_reach::config::{self, ConfigPaths, ConfigStore, FileKind, HumanDuration};
 use agent_reach::inject::{inject_manifests, Injector, InjectorConfig};
 use agent_reach::{demo, Sidecar};
 
@@ -158,7 +158,7 @@ fn check(files: &[PathBuf]) -> ExitCode {
     let mut failed = false;
     for file in files {
         match check_file(file) {
-            Ok(kind) => println!("{}: ok ({})", file.display(), kind.as_str()),
+            Ok(summary) => println!("{}: ok ({summary})", file.display()),
             Err(err) => {
                 eprintln!("{err}");
                 failed = true;
@@ -172,16 +172,58 @@ fn check(files: &[PathBuf]) -> ExitCode {
     }
 }
 
-/// Validates one file of any kind: a bootstrap, a policy, or the injector's.
-fn check_file(path: &Path) -> Result<FileKind, ConfigError> {
-    let text = config::read_file(path)?;
-    let kind = config::detect_kind(path, &text)?;
+/// Validates one file of any kind: a bootstrap (and the TLS files it names), a policy, or the
+/// injector's.
+fn check_file(path: &Path) -> Result<String, String> {
+    let text = config::read_file(path).map_err(|e| e.to_string())?;
+    let kind = config::detect_kind(path, &text).map_err(|e| e.to_string())?;
+    let mut summary = kind.as_str().to_owned();
     match kind {
-        FileKind::Bootstrap => config::parse_bootstrap(path, &text).map(drop),
-        FileKind::Policy => config::parse_policy(path, &text).map(drop),
-        FileKind::Injector => InjectorConfig::parse(path, &text).map(drop),
-    }?;
-    Ok(kind)
+        FileKind::Bootstrap => {
+            let bootstrap = config::parse_bootstrap(path, &text).map_err(|e| e.to_string())?;
+            if let Some(files) = &bootstrap.tls {
+                let tls = check_tls(&files.resolved(path.parent()))
+                    .map_err(|e| format!("{}: tls: {e}", path.display()))?;
+                summary = format!("{summary}; {tls}");
+            }
+        }
+        FileKind::Policy => drop(config::parse_policy(path, &text).map_err(|e| e.to_string())?),
+        FileKind::Injector => drop(InjectorConfig::parse(path, &text).map_err(|e| e.to_string())?),
+    }
+    Ok(summary)
+}
+
+/// The TLS files as the sidecar would load them (readable, key matching the certificate, a
+/// SPIFFE URI SAN, a usable trust bundle), and the certificate's validity now.
+fn check_tls(files: &config::TlsFiles) -> Result<String, String> {
+    const DAY: i64 = 24 * 3600;
+    let checked = agent_reach::transport::mtls::check(files).map_err(|e| e.to_string())?;
+    if checked.expires_in <= 0 {
+        return Err(format!(
+            "{}: the certificate of {} expired {} days ago",
+            files.cert.display(),
+            checked.identity,
+            -checked.expires_in / DAY
+        ));
+    }
+    if checked.valid_in > 0 {
+        return Err(format!(
+            "{}: the certificate of {} is not valid for another {} s",
+            files.cert.display(),
+            checked.identity,
+            checked.valid_in
+        ));
+    }
+    let soon = if checked.expires_in < 7 * DAY {
+        " — renew it soon"
+    } else {
+        ""
+    };
+    Ok(format!(
+        "tls identity {}, certificate expires in {} days{soon}",
+        checked.identity,
+        checked.expires_in / DAY
+    ))
 }
 
 fn run(paths: ConfigPaths, worker_threads: Option<usize>) -> ExitCode {

@@ -41,6 +41,8 @@ pub const GOSSIP_MESSAGES_TOTAL: &str = "reach_gossip_messages_total";
 pub const GOSSIP_BYTES_TOTAL: &str = "reach_gossip_bytes_total";
 pub const GOSSIP_REJECTED_TOTAL: &str = "reach_gossip_rejected_total";
 pub const PANICS_TOTAL: &str = "reach_panics_total";
+pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "reach_tls_handshake_failures_total";
+pub const AUTHZ_DENIED_TOTAL: &str = "reach_authz_denied_total";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -50,6 +52,14 @@ const SECONDS_BUCKETS: &[f64] = &[
 
 /// Help texts: promtool wants one for every metric.
 const COUNTERS: &[(&str, &str)] = &[
+    (
+        TLS_HANDSHAKE_FAILURES_TOTAL,
+        "Connections refused by the inbound listener's mutual TLS, by reason: plaintext (in strict mode), unknown_ca, no_client_certificate, expired, bad_certificate, timeout, …",
+    ),
+    (
+        AUTHZ_DENIED_TOTAL,
+        "Inbound calls refused by the authorization policy (403 forbidden), by capability.",
+    ),
     (
         REQUESTS_TOTAL,
         "Requests through the sidecar by direction, capability, peer and outcome.",
@@ -465,6 +475,15 @@ impl Metrics {
     /// The panic counter of `listener`, registered now so it shows 0 before the first panic.
     pub fn panics(&self, listener: &'static str) -> Counter {
         self.with(|| counter!(PANICS_TOTAL, "listener" => listener))
+    }
+
+    pub fn tls_handshake_failed(&self, reason: &'static str) {
+        self.with(|| counter!(TLS_HANDSHAKE_FAILURES_TOTAL, "reason" => reason).increment(1));
+    }
+
+    pub fn authz_denied(&self, capability: &str) {
+        let capability = capability.to_owned();
+        self.with(|| counter!(AUTHZ_DENIED_TOTAL, "capability" => capability).increment(1));
     }
 
     pub fn panicked(&self, listener: &'static str) {

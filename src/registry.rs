@@ -9,8 +9,10 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use crate::config::{ExternalTarget, Snapshot, StaticPeer};
+use crate::config::{ExternalTarget, MtlsMode, Snapshot, StaticPeer};
+use crate::error::ReachError;
 use crate::gossip::Member;
+use crate::identity::SpiffeId;
 
 /// A peer sidecar that can take calls for some capabilities.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -32,6 +34,10 @@ pub struct Peer {
     pub timeout: Option<std::time::Duration>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<usize>,
+    /// The SPIFFE ID the peer's sidecar must present over mutual TLS (announced in gossip, or
+    /// configured for a static peer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<SpiffeId>,
 }
 
 impl Peer {
@@ -46,6 +52,7 @@ impl Peer {
             target: None,
             timeout: None,
             max_concurrency: None,
+            identity: peer.identity.clone(),
         }
     }
 
@@ -61,6 +68,7 @@ impl Peer {
             target: None,
             timeout: None,
             max_concurrency: None,
+            identity: p.identity.clone(),
         }
     }
 
@@ -80,12 +88,30 @@ impl Peer {
                 target: Some(target.name.to_string()),
                 timeout: target.timeout.map(|t| t.get()),
                 max_concurrency: target.max_concurrency,
+                identity: None,
             })
             .collect()
     }
 
     pub fn is_external(&self) -> bool {
         self.source == "external"
+    }
+
+    /// The identity a call to this peer must be made to, over mutual TLS, under `mode`; `None`:
+    /// plaintext. A plain service (an external target) is always called in plaintext; a peer
+    /// sidecar that announces no identity only outside `strict`.
+    pub fn dial_identity(&self, mode: MtlsMode) -> Result<Option<&SpiffeId>, ReachError> {
+        match (mode, &self.identity) {
+            (MtlsMode::Disabled, _) => Ok(None),
+            _ if self.is_external() => Ok(None),
+            (_, Some(identity)) => Ok(Some(identity)),
+            (MtlsMode::Permissive, None) => Ok(None),
+            (MtlsMode::Strict, None) => Err(ReachError::UpstreamConnect {
+                target: format!("peer {} ({})", self.name, self.address),
+                message: "mtls mode is strict and the peer announces no identity".to_owned(),
+                refused: false,
+            }),
+        }
     }
 }
 

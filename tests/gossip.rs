@@ -425,6 +425,7 @@ fn forged_item(name: &str, node: wire::NodeId, seq: u64, inbound: SocketAddr) ->
                 idempotent: false,
             }],
             version: "forged".into(),
+            identity: String::new(),
         }),
     }
 }

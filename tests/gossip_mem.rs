@@ -73,6 +73,7 @@ fn profile_at(at: SocketAddr) -> Profile {
         max_concurrency: 4,
         capabilities: vec![],
         version: "test".into(),
+        identity: None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! that publishes this agent's profile and live view, the one that resolves seeds, and the one
 //! that takes a changed key file.
 
+use crate::transport::mtls::MeshTls;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ pub(super) async fn start(
     registry: Arc<Registry>,
     views: Arc<PeerViews>,
     local: Arc<LocalAgent>,
+    tls: Option<Arc<MeshTls>>,
     stop: CancellationToken,
 ) -> Result<(Arc<GossipHandle>, SocketAddr), StartError> {
     let key_path = match (&store.paths.bootstrap, config.key_file.is_relative()) {
@@ -75,6 +77,7 @@ pub(super) async fn start(
         handle.clone(),
         local,
         published_inbound,
+        tls,
         stop.clone(),
     ));
     if !config.seeds.is_empty() {
@@ -136,6 +139,7 @@ async fn offer_views(
     handle: Arc<GossipHandle>,
     local: Arc<LocalAgent>,
     inbound: String,
+    tls: Option<Arc<MeshTls>>,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(OFFER_EVERY);
@@ -146,7 +150,9 @@ async fn offer_views(
         }
         let view = local.self_view();
         // The node ignores a profile equal to the last one.
-        handle.publish_profile(peers::profile(&view, inbound.clone()));
+        // The identity is read each time: a rotation may change it.
+        let identity = tls.as_ref().map(|t| t.identity());
+        handle.publish_profile(peers::profile(&view, inbound.clone(), identity));
         handle.publish_live(peers::live(&view));
     }
 }

@@ -9,8 +9,8 @@ use serde::{de, Deserialize, Deserializer, Serialize};
 use super::bounds::{ms, secs, Row, Rule, DAY, HOUR, MS, ZERO};
 use super::duration::HumanDuration;
 use super::mesh::TlsFiles;
-use crate::identity::SpiffeId;
 use super::scalar::{self, Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
+use crate::identity::SpiffeId;
 
 /// `config/agent-reach.yaml`. Listener addresses and limits need a restart; the rest hot-reloads.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -116,7 +116,10 @@ mod tests {
         assert!(authz.allows(Some("payments"), billing.as_ref()));
         assert!(!authz.allows(Some("payments"), coder.as_ref()));
         assert!(!authz.allows(Some("payments"), None), "plaintext is nobody");
-        assert!(!authz.allows(Some("search"), billing.as_ref()), "default deny");
+        assert!(
+            !authz.allows(Some("search"), billing.as_ref()),
+            "default deny"
+        );
         assert!(Authorization::default().allows(Some("search"), None));
     }
 }

@@ -20,8 +20,8 @@ pub use bootstrap::{
     AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Limits, Listen, ProbeSpec,
     QueueConfig, RouteMode, StaticPeer,
 };
-pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
 pub use duration::{format_duration, parse_duration, HumanDuration};
+pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
 pub use policy::{
     EstimatesPolicy, ExternalTarget, Fraction, Policy, Pool, ProbesPolicy, RateLimit,
     RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, WeightSets, Zones,

@@ -74,6 +74,7 @@ fn profile(i: usize) -> Profile {
             idempotent: true,
         }],
         version: if i == NEWER { "next" } else { "this" }.into(),
+        identity: None,
     }
 }
 

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use super::wire;
 use crate::config::RouteMode;
+use crate::identity::SpiffeId;
 use crate::reach::State;
 
 /// What an agent is: changes rarely (a config reload), sent on change and on request.
@@ -21,6 +22,9 @@ pub struct Profile {
     pub capabilities: Vec<Capability>,
     /// The sidecar's version.
     pub version: String,
+    /// The SPIFFE ID its sidecar presents: a caller refuses a peer whose certificate says
+    /// otherwise. `None` without mutual TLS (or from an older sidecar).
+    pub identity: Option<SpiffeId>,
 }
 
 /// One capability as gossip publishes it.
@@ -139,6 +143,10 @@ impl From<&Profile> for wire::Profile {
             max_concurrency: p.max_concurrency,
             capabilities: p.capabilities.iter().map(Into::into).collect(),
             version: p.version.clone(),
+            identity: p
+                .identity
+                .as_ref()
+                .map_or_else(String::new, |i| i.to_string()),
         }
     }
 }
@@ -152,6 +160,8 @@ impl From<&wire::Profile> for Profile {
             max_concurrency: p.max_concurrency,
             capabilities: p.capabilities.iter().map(Into::into).collect(),
             version: p.version.clone(),
+            // A malformed ID is no identity: a caller in strict mode will not call it.
+            identity: SpiffeId::parse(&p.identity).ok(),
         }
     }
 }
@@ -229,6 +239,7 @@ mod tests {
                 idempotent: true,
             }],
             version: "v".into(),
+            identity: SpiffeId::parse("spiffe://td/ns/a/sa/b").ok(),
         };
         assert_eq!(Profile::from(&wire::Profile::from(&profile)), profile);
         let live = Live {

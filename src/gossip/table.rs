@@ -527,6 +527,7 @@ mod tests {
             max_concurrency: 1,
             capabilities: vec![],
             version: "test".into(),
+            identity: String::new(),
         })
     }
 

@@ -1,5 +1,5 @@
-//! The pooled upstream clients: one to the local agent ([`AgentClient`], inbound), one to peer
-//! sidecars ([`PeerClient`], outbound), each over its own transport (`transport::connect`).
+//! The pooled client the prober uses to the local agent ([`AgentClient`]), over its own
+//! transport (`transport::connect`); the data path and the self-view poller use `http::pool`.
 
 use std::ops::Deref;
 
@@ -29,10 +29,6 @@ pub struct Upstream<C = ConnectTcp> {
 /// The client to the local agent.
 #[derive(Clone, Debug)]
 pub struct AgentClient(Upstream);
-
-/// The client to peer sidecars (and external targets): where mutual TLS will go.
-#[derive(Clone, Debug)]
-pub struct PeerClient(Upstream);
 
 /// How a client error happened: did the request ever reach the upstream?
 #[derive(Debug)]
@@ -104,25 +100,6 @@ impl Deref for AgentClient {
     }
 }
 
-// === impl PeerClient ===
-
-impl PeerClient {
-    pub fn new(policy: &Policy) -> Self {
-        Self(Upstream::new(
-            policy,
-            ConnectTcp::new(TcpSettings::from_policy(policy)),
-        ))
-    }
-}
-
-impl Deref for PeerClient {
-    type Target = Upstream;
-
-    fn deref(&self) -> &Upstream {
-        &self.0
-    }
-}
-
 /// Classifies a client error for the caller.
 pub fn describe(err: &legacy::Error) -> Failure {
     Failure {
@@ -171,7 +148,7 @@ mod tests {
             let stub = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             stub.local_addr().unwrap()
         };
-        let client = PeerClient::new(&Policy::default());
+        let client = AgentClient::new(&Policy::default());
         let uri = format!("{}://{addr}/", client.scheme());
         let err = client
             .request(Request::get(uri).body(body::empty()).unwrap())

@@ -10,6 +10,8 @@ pub const REASON: HeaderName = HeaderName::from_static("reach-reason");
 pub const AGENT: HeaderName = HeaderName::from_static("reach-agent");
 /// The agent whose sidecar sent the request.
 pub const CALLER: HeaderName = HeaderName::from_static("reach-caller");
+/// The caller's SPIFFE ID, set by the callee's sidecar from the verified client certificate.
+pub const CALLER_IDENTITY: HeaderName = HeaderName::from_static("reach-caller-identity");
 
 /// Which attempt of the caller's this is (1 for the first).
 pub const ATTEMPT: HeaderName = HeaderName::from_static("reach-attempt");

@@ -37,6 +37,8 @@ use super::client::{self, Failure};
 use super::{headers, ReachBody};
 use crate::config::Policy;
 use crate::error::ReachError;
+use crate::identity::SpiffeId;
+use crate::transport::ConnectMesh;
 
 /// The largest read buffer of one upstream connection (as the legacy client).
 const READ_BUFFER_MAX: usize = 64 * 1024;
@@ -51,17 +53,34 @@ type Io = Box<dyn Transported>;
 trait Transported: hyper::rt::Read + hyper::rt::Write + Unpin + Send {}
 impl<T: hyper::rt::Read + hyper::rt::Write + Unpin + Send> Transported for T {}
 
-/// Dials an authority through a transport, erasing its type.
-type Dial =
-    Arc<dyn Fn(Uri) -> Pin<Box<dyn Future<Output = Result<Io, Failure>> + Send>> + Send + Sync>;
+/// Dials an authority through a transport, erasing its type: in plaintext, or with mutual TLS
+/// to a peer that must present the identity given.
+type Dial = Arc<
+    dyn Fn(Uri, Option<SpiffeId>) -> Pin<Box<dyn Future<Output = Result<Io, Failure>> + Send>>
+        + Send
+        + Sync,
+>;
 
-fn dialer<C: crate::transport::Connect>(connect: C) -> Dial {
-    Arc::new(move |uri: Uri| {
-        let connect = connect.clone();
+fn dialer<C: crate::transport::Connect>(connect: C, mesh: Option<ConnectMesh>) -> Dial {
+    Arc::new(move |uri: Uri, identity: Option<SpiffeId>| {
+        let (connect, mesh) = (connect.clone(), mesh.clone());
         Box::pin(async move {
-            match connect.oneshot(uri).await {
-                Ok(io) => Ok(Box::new(io) as Io),
-                Err(err) => Err(connect_failure(&*err.into())),
+            match (identity, mesh) {
+                (None, _) => match connect.oneshot(uri).await {
+                    Ok(io) => Ok(Box::new(io) as Io),
+                    Err(err) => Err(connect_failure(&*err.into())),
+                },
+                (Some(identity), Some(mesh)) => match mesh.connect(uri, &identity).await {
+                    Ok(io) => Ok(Box::new(io) as Io),
+                    Err(err) => Err(connect_failure(&err)),
+                },
+                (Some(identity), None) => Err(Failure {
+                    connect: true,
+                    refused: false,
+                    message: format!(
+                        "the peer is `{identity}` but this sidecar has no certificate (bootstrap `tls`)"
+                    ),
+                }),
             }
         })
     })
@@ -108,6 +127,8 @@ struct Inner {
 
 /// A connection and the handle that sends requests on it.
 struct Pooled {
+    /// The identity the peer proved in the TLS handshake; `None` in plaintext.
+    identity: Option<SpiffeId>,
     tx: SendRequest<ReachBody>,
     conn: Pin<Box<Conn>>,
     /// The waker every poll of `conn` registers (see `Guard`).
@@ -178,8 +199,18 @@ struct Idle {
 }
 
 impl Pool {
-    /// A pool whose connections `connect` opens.
+    /// A pool whose connections `connect` opens (plaintext only).
     pub fn new<C: crate::transport::Connect>(config: PoolConfig, connect: C) -> Self {
+        Self::with_mesh(config, connect, None)
+    }
+
+    /// A pool whose plaintext connections `connect` opens, and its TLS ones (to a request that
+    /// names a peer identity) `mesh`.
+    pub fn with_mesh<C: crate::transport::Connect>(
+        config: PoolConfig,
+        connect: C,
+        mesh: Option<ConnectMesh>,
+    ) -> Self {
         let scheme = connect.scheme().clone();
         let mut builder = http1::Builder::new();
         // Each pooled connection keeps its read buffer; bodies stream in 64 KiB reads.
@@ -188,7 +219,7 @@ impl Pool {
             inner: Arc::new(Inner {
                 config,
                 builder,
-                dial: dialer(connect),
+                dial: dialer(connect, mesh),
                 scheme,
                 idle: Mutex::new(Map::default()),
                 sweeping: AtomicBool::new(false),
@@ -219,23 +250,28 @@ impl Pool {
         self.inner.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The most recently idle live connection to `authority`, if any.
-    fn checkout(&self, authority: &str) -> Option<Pooled> {
+    /// The most recently idle live connection to `authority` that proved `identity` (or is
+    /// plaintext, for none), if any.
+    fn checkout(&self, authority: &str, identity: Option<&SpiffeId>) -> Option<Pooled> {
         let now = Instant::now();
         let idle_timeout = self.inner.config.idle_timeout;
         loop {
             let idle = {
                 let mut map = self.lock();
                 let list = map.get_mut(authority)?;
-                let idle = list.pop()?;
-                if list.is_empty() {
-                    // Keep the key: the next release reuses its allocation.
-                }
-                idle
+                // Usually the last one; two identities at one address only while a member lies
+                // about its address or a mode changes. An empty list keeps its key (and
+                // allocation) for the next release.
+                let at = list
+                    .iter()
+                    .rposition(|i| i.pooled.identity.as_ref() == identity)?;
+                list.remove(at)
             };
             if now.saturating_duration_since(idle.since) >= idle_timeout {
-                // Older ones sit below it: let them all go.
-                self.lock().remove(authority);
+                // Older ones sit below it: let them go (the sweeper takes any left).
+                if let Some(list) = self.lock().get_mut(authority) {
+                    list.retain(|i| now.saturating_duration_since(i.since) < idle_timeout);
+                }
                 return None;
             }
             // Not polled here: a close that arrived while it sat idle is read by the exchange's
@@ -308,7 +344,11 @@ impl Pool {
         });
     }
 
-    async fn connect(&self, authority: &str) -> Result<Pooled, Failure> {
+    async fn connect(
+        &self,
+        authority: &str,
+        identity: Option<&SpiffeId>,
+    ) -> Result<Pooled, Failure> {
         let uri = Uri::builder()
             .scheme(self.inner.scheme.clone())
             .authority(authority)
@@ -319,7 +359,7 @@ impl Pool {
                 refused: false,
                 message: format!("bad upstream address `{authority}`: {err}"),
             })?;
-        let io = (self.inner.dial)(uri).await?;
+        let io = (self.inner.dial)(uri, identity.cloned()).await?;
         let (tx, conn) = self
             .inner
             .builder
@@ -332,6 +372,7 @@ impl Pool {
             })?;
         let guard = Arc::new(Guard::default());
         Ok(Pooled {
+            identity: identity.cloned(),
             tx,
             conn: Box::pin(conn),
             waker: Waker::from(guard.clone()),
@@ -339,17 +380,19 @@ impl Pool {
         })
     }
 
-    /// Sends `req` (origin-form URI, `Host` set) to `authority`, on an idle connection if one is
-    /// pooled. A pooled connection found closed before the request left is skipped.
+    /// Sends `req` (origin-form URI, `Host` set) to `authority` — over mutual TLS to a peer that
+    /// must prove `identity`, when one is given — on an idle connection if one is pooled. A
+    /// pooled connection found closed before the request left is skipped.
     pub async fn send(
         &self,
         mut req: Request<ReachBody>,
         authority: &str,
+        identity: Option<&SpiffeId>,
     ) -> Result<Response<UpstreamBody>, Failure> {
         loop {
-            let (pooled, reused) = match self.checkout(authority) {
+            let (pooled, reused) = match self.checkout(authority, identity) {
                 Some(pooled) => (pooled, true),
-                None => (self.connect(authority).await?, false),
+                None => (self.connect(authority, identity).await?, false),
             };
             let mut pooled = Some(pooled);
             match exchange(&mut pooled, req).await {
@@ -553,12 +596,14 @@ impl Body for UpstreamBody {
     }
 }
 
-/// Rewrites `req` for `authority` and sends it; gives up on the response headers after
-/// `timeout`. `target` names the upstream in errors (formatted only on failure).
+/// Rewrites `req` for `authority` and sends it (over mutual TLS to a peer that must prove
+/// `identity`, when one is given); gives up on the response headers after `timeout`. `target`
+/// names the upstream in errors (formatted only on failure).
 pub async fn forward(
     pool: &Pool,
     mut req: Request<ReachBody>,
     authority: &str,
+    identity: Option<&SpiffeId>,
     target: &(dyn fmt::Display + Sync),
     timeout: Duration,
 ) -> Result<Response<UpstreamBody>, ReachError> {
@@ -581,7 +626,7 @@ pub async fn forward(
     *req.version_mut() = Version::HTTP_11;
     req.headers_mut()
         .insert(header::HOST, headers::value(authority));
-    match tokio::time::timeout(timeout, pool.send(req, authority)).await {
+    match tokio::time::timeout(timeout, pool.send(req, authority, identity)).await {
         Ok(Ok(mut response)) => {
             headers::strip_hop_by_hop(response.headers_mut());
             Ok(response)
@@ -684,7 +729,7 @@ mod tests {
         let req = Request::get(path)
             .body(body::empty())
             .unwrap_or_else(|e| panic!("{e}"));
-        let response = forward(pool, req, authority, &"test", Duration::from_secs(2)).await?;
+        let response = forward(pool, req, authority, None, &"test", Duration::from_secs(2)).await?;
         let bytes = response
             .into_body()
             .collect()
@@ -792,6 +837,7 @@ mod tests {
             &pool,
             req,
             &addr.to_string(),
+            None,
             &"test",
             Duration::from_secs(2),
         )

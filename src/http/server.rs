@@ -26,7 +26,7 @@ use super::body::{self, BoxError, ReachBody};
 use super::layers;
 use crate::config::Limits;
 use crate::metrics::Metrics;
-use crate::transport::{Accept, ClientAddr};
+use crate::transport::{Accept, ClientAddr, PeerIdentity};
 
 /// How a listener serves its connections.
 #[derive(Clone, Debug)]
@@ -54,6 +54,8 @@ pub struct ServerSettings {
 struct PerConnection<S> {
     inner: S,
     client: ClientAddr,
+    /// The client's verified identity, once the acceptor has read it from its certificate.
+    identity: Option<PeerIdentity>,
     activity: Activity,
 }
 
@@ -105,6 +107,7 @@ pub async fn serve<A, S, B>(
             PerConnection {
                 inner: service.clone(),
                 client: ClientAddr(remote),
+                identity: None,
                 activity: Activity::new(),
             },
             builder.clone(),
@@ -149,6 +152,7 @@ async fn serve_connection<A, S, B>(
     B::Error: Into<BoxError>,
 {
     let (name, remote) = (open.name, service.client.0);
+    let mut service = service;
     let io = match acceptor.accept(stream).await {
         Ok(io) => io,
         Err(err) => {
@@ -156,6 +160,7 @@ async fn serve_connection<A, S, B>(
             return;
         }
     };
+    service.identity = A::identity(&io).map(PeerIdentity);
     let activity = service.activity.clone();
     let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
     let mut conn = std::pin::pin!(conn);
@@ -299,6 +304,9 @@ where
 
     fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
         req.extensions_mut().insert(self.client);
+        if let Some(identity) = &self.identity {
+            req.extensions_mut().insert(identity.clone());
+        }
         let busy = self.activity.begin();
         TrackedFuture::new(self.inner.call(req), busy)
     }

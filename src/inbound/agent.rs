@@ -20,7 +20,8 @@ pub(super) fn endpoint(
             let agent = &call.snapshot.bootstrap.agent;
             let target = Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "agent {}", agent.name));
             let address = agent.address.as_str();
-            let forwarded = forward(&client, call.request, address, &target, call.timeout).await;
+            let forwarded =
+                forward(&client, call.request, address, None, &target, call.timeout).await;
             Ok::<_, Infallible>(forwarded)
         }
     })

@@ -11,6 +11,7 @@ use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
 use crate::http::headers;
+use crate::identity::SpiffeId;
 use crate::registry::Registry;
 
 /// The headers the sidecar re-adds once the caller's `reach-*` headers are gone.
@@ -18,8 +19,10 @@ use crate::registry::Registry;
 pub(super) struct Vouched<'a> {
     pub(super) capability: Option<&'a str>,
     pub(super) deadline: Option<Deadline>,
-    /// A caller name the sidecar could check (see [`verified_caller`]).
+    /// A caller name the sidecar could check (see [`verified_caller`], [`caller_named_by`]).
     pub(super) caller: Option<String>,
+    /// The caller's SPIFFE ID, from the certificate it presented.
+    pub(super) identity: Option<&'a SpiffeId>,
     pub(super) attempt: Option<u16>,
 }
 
@@ -37,6 +40,7 @@ pub(super) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>) {
             "reach-capability" => vouched.capability.is_some_and(|c| value == c),
             "reach-deadline" => vouched.deadline.is_some_and(|d| d.is(value)),
             "reach-caller" => vouched.caller.as_deref().is_some_and(|c| value == c),
+            "reach-caller-identity" => vouched.identity.is_some_and(|i| value == i.as_str()),
             "reach-attempt" => vouched.attempt.is_some_and(|a| {
                 value.to_str().ok().and_then(|v| v.trim().parse().ok()) == Some(a)
             }),
@@ -62,6 +66,11 @@ pub(super) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>) {
     if let Some(caller) = vouched.caller {
         if !headers.contains_key(headers::CALLER) {
             headers.insert(headers::CALLER, headers::value(&caller));
+        }
+    }
+    if let Some(identity) = vouched.identity {
+        if !headers.contains_key(headers::CALLER_IDENTITY) {
+            headers.insert(headers::CALLER_IDENTITY, headers::value(identity.as_str()));
         }
     }
     if let Some(attempt) = vouched.attempt {
@@ -90,6 +99,41 @@ pub(super) fn verified_caller<B>(
     let ip: IpAddr = host.trim_matches(['[', ']']).parse().ok()?;
     // A dual-stack listener sees IPv4 peers as `::ffff:a.b.c.d`.
     (ip.to_canonical() == remote.ip().to_canonical()).then(|| peer.name.clone())
+}
+
+/// The caller's name when its certificate proved `identity`: the member it claims to be if that
+/// member announced this identity, else a member with this identity at the connection's
+/// address, else the identity's last segment (the service account). Never a name the
+/// certificate does not back.
+pub(super) fn caller_named_by<B>(
+    req: &Request<B>,
+    identity: &SpiffeId,
+    remote: Option<SocketAddr>,
+    registry: &Registry,
+    snapshot: &Snapshot,
+) -> String {
+    let claimed = req
+        .headers()
+        .get(headers::CALLER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|name| registry.find(snapshot, name.trim()));
+    if let Some(peer) = claimed.filter(|p| p.identity.as_ref() == Some(identity)) {
+        return peer.name.clone();
+    }
+    let at_address = |p: &crate::registry::Peer| {
+        let host = p
+            .address
+            .rsplit_once(':')
+            .map_or(p.address.as_str(), |(h, _)| h);
+        let ip: Option<IpAddr> = host.trim_matches(['[', ']']).parse().ok();
+        ip.zip(remote)
+            .is_some_and(|(ip, r)| ip.to_canonical() == r.ip().to_canonical())
+    };
+    registry
+        .peers(snapshot)
+        .iter()
+        .find(|p| p.identity.as_ref() == Some(identity) && at_address(p))
+        .map_or_else(|| identity.leaf().to_owned(), |p| p.name.clone())
 }
 
 /// `reach-attempt` as a small number, or nothing.
@@ -211,6 +255,7 @@ mod tests {
             capability: Some("code-review"),
             deadline: Some(Deadline::after(std::time::Duration::from_secs(5))),
             caller: None,
+            identity: None,
             attempt: Some(2),
         };
         rewrite(&mut h, vouched);

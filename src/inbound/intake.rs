@@ -14,7 +14,7 @@ use tower::{service_fn, ServiceExt};
 use tracing::Span;
 
 use super::call::{Call, CallBody, Meta};
-use super::{edge, Inbound};
+use super::{authorize, edge, Inbound};
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
@@ -23,6 +23,7 @@ use crate::http::request_target::{self, Target};
 use crate::http::step::{answer, Step};
 use crate::http::{headers, ClientAddr, ReachBody};
 use crate::local::{LocalAgent, SELF_PATH};
+use crate::transport::PeerIdentity;
 
 /// Capability label for requests that named none, or one this agent does not declare.
 const OTHER: &str = "other";
@@ -70,17 +71,38 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     edge::check_path(&snapshot, capability, path.path()).map_err(refuse)?;
     let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
     let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);
-    let caller = remote.and_then(|r| edge::verified_caller(&req, r, &inbound.registry, &snapshot));
+    let identity = PeerIdentity::of(&req).cloned();
+    let label = capability.unwrap_or(OTHER);
+    authorize::check(
+        &snapshot,
+        &inbound.metrics,
+        capability,
+        label,
+        identity.as_ref(),
+        remote,
+    )
+    .map_err(refuse)?;
+    let caller = match &identity {
+        Some(id) => Some(edge::caller_named_by(
+            &req,
+            id,
+            remote,
+            &inbound.registry,
+            &snapshot,
+        )),
+        None => remote.and_then(|r| edge::verified_caller(&req, r, &inbound.registry, &snapshot)),
+    };
     let (mut parts, incoming) = req.into_parts();
     let vouched = edge::Vouched {
         capability,
         deadline,
         caller: caller.clone(),
+        identity: identity.as_ref(),
         attempt: edge::attempt_of(&parts.headers),
     };
     edge::rewrite(&mut parts.headers, vouched);
     let meta = Meta {
-        label: capability.unwrap_or(OTHER).to_owned(),
+        label: label.to_owned(),
         own_timeout: snapshot.capability_timeout(capability),
         deadline,
         arrived,

@@ -5,6 +5,7 @@
 //! tower service in a file of its own.
 
 mod agent;
+mod authorize;
 mod call;
 mod edge;
 mod gate;

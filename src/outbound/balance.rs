@@ -98,6 +98,7 @@ pub(crate) mod tests {
                 zone: String::new(),
                 region: String::new(),
                 capabilities: vec![],
+                identity: None,
                 source: "static",
                 target: None,
                 timeout: None,

@@ -1,6 +1,7 @@
 //! The glue between gossip and routing: members become peers in the registry, their live views
 //! feed this caller's peer views; and this agent's own profile and view become gossip items.
 
+use crate::identity::SpiffeId;
 use std::sync::Arc;
 
 use crate::config::Snapshot;
@@ -85,8 +86,9 @@ pub fn self_view(member: &Member, live: &Live) -> SelfView {
 }
 
 /// This agent's profile as gossip carries it; `inbound` is where peers reach its sidecar.
-pub fn profile(view: &SelfView, inbound: String) -> Profile {
+pub fn profile(view: &SelfView, inbound: String, identity: Option<SpiffeId>) -> Profile {
     Profile {
+        identity,
         inbound,
         zone: view.zone.clone(),
         region: view.region.clone(),

@@ -11,16 +11,18 @@ use tokio_util::sync::CancellationToken;
 
 use super::PeerViews;
 use crate::config::ConfigStore;
-use crate::http::{body, client::PeerClient};
+use crate::config::MtlsMode;
+use crate::http::body;
+use crate::http::pool::{forward, Named, Pool};
 use crate::local::{SelfView, SELF_PATH};
-use crate::registry::Registry;
+use crate::registry::{Peer, Registry};
 
 /// Polls every known peer's self-view; a peer whose sidecar cannot be reached counts a failure.
 pub fn spawn_poller(
     store: Arc<ConfigStore>,
     registry: Arc<Registry>,
     views: Arc<PeerViews>,
-    client: PeerClient,
+    client: Pool,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -46,10 +48,12 @@ pub fn spawn_poller(
             let mut polls = tokio::task::JoinSet::new();
             for peer in peers {
                 let (client, views) = (client.clone(), views.clone());
+                let mode = snapshot.mtls_mode();
                 polls.spawn(async move {
                     match fetch(
                         &client,
-                        &peer.address,
+                        &peer,
+                        mode,
                         interval.max(Duration::from_millis(200)),
                     )
                     .await
@@ -84,16 +88,20 @@ enum Fetch {
     Unreadable,
 }
 
-async fn fetch(client: &PeerClient, address: &str, timeout: Duration) -> Result<SelfView, Fetch> {
-    let request = Request::get(format!("{}://{address}{SELF_PATH}", client.scheme()))
-        .header(http::header::HOST, address)
+async fn fetch(
+    client: &Pool,
+    peer: &Peer,
+    mode: MtlsMode,
+    timeout: Duration,
+) -> Result<SelfView, Fetch> {
+    let identity = peer.dial_identity(mode).map_err(|_| Fetch::Unreachable)?;
+    let request = Request::get(SELF_PATH)
         .body(body::empty())
         .map_err(|_| Fetch::Unreadable)?;
-    let response = match tokio::time::timeout(timeout, client.request(request)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) if e.is_connect() => return Err(Fetch::Unreachable),
-        Ok(Err(_)) | Err(_) => return Err(Fetch::Unreachable),
-    };
+    let target = Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {}", peer.address));
+    let response = forward(client, request, &peer.address, identity, &target, timeout)
+        .await
+        .map_err(|_| Fetch::Unreachable)?;
     if !response.status().is_success() {
         return Err(Fetch::Unreadable);
     }

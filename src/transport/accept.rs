@@ -11,6 +11,10 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use super::mtls::{self, MeshTls};
+use crate::config::MtlsMode;
+use crate::identity::SpiffeId;
+
 /// Readies an accepted connection for HTTP, within a time bound of its own: a client that
 /// connects and then says nothing must not hold a connection slot.
 pub trait Accept: Clone + Send + Sync + 'static {
@@ -19,6 +23,12 @@ pub trait Accept: Clone + Send + Sync + 'static {
 
     /// An error ends the connection before any request was read.
     fn accept(&self, stream: TcpStream) -> impl Future<Output = io::Result<Self::Io>> + Send;
+
+    /// The verified identity of the client on `io`: the SPIFFE ID of its certificate, when it
+    /// presented one that chains to the trust bundle.
+    fn identity(_io: &Self::Io) -> Option<SpiffeId> {
+        None
+    }
 }
 
 /// Plain TCP. hyper's header-read timeout starts only once it knows the protocol, so the first
@@ -34,6 +44,35 @@ pub struct Tls {
     acceptor: tokio_rustls::TlsAcceptor,
     handshake_timeout: Duration,
 }
+
+/// The inbound listener between sidecars: TLS or plaintext, told apart by the first byte, and
+/// accepted as the mTLS mode in force allows. The mode is read at every accept, so a policy
+/// reload takes effect on the next connection; the certificates are the latest loaded.
+#[derive(Clone)]
+pub struct Mesh {
+    tls: Option<Arc<MeshTls>>,
+    mode: Arc<dyn Fn() -> MtlsMode + Send + Sync>,
+    first_byte_timeout: Duration,
+    handshake_timeout: Duration,
+    /// Hears of each connection refused, with the reason (the failure counter).
+    refused: Arc<dyn Fn(&'static str) + Send + Sync>,
+}
+
+/// A connection accepted by [`Mesh`].
+#[derive(Debug)]
+pub enum MeshIo {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// The first byte of a TLS record carrying a handshake (the ClientHello).
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// What a plaintext client gets in `strict` mode before the connection closes: a clear answer
+/// instead of an empty reply, without reading its request.
+const PLAINTEXT_REFUSED: &[u8] = b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\n\
+reach-reason: mtls_required\r\nconnection: close\r\ncontent-length: 93\r\n\r\n\
+{\"error\":\"mtls_required\",\"message\":\"this listener takes mutual TLS only (mtls mode strict)\"}\n";
 
 // === impl PlainTcp ===
 
@@ -83,6 +122,158 @@ impl Accept for Tls {
         match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(stream)).await {
             Ok(handshake) => handshake,
             Err(_) => Err(io::ErrorKind::TimedOut.into()),
+        }
+    }
+}
+
+// === impl Mesh ===
+
+impl Mesh {
+    pub fn new(
+        tls: Option<Arc<MeshTls>>,
+        mode: Arc<dyn Fn() -> MtlsMode + Send + Sync>,
+        first_byte_timeout: Duration,
+        handshake_timeout: Duration,
+        refused: Arc<dyn Fn(&'static str) + Send + Sync>,
+    ) -> Self {
+        Self {
+            tls,
+            mode,
+            first_byte_timeout,
+            handshake_timeout,
+            refused,
+        }
+    }
+
+    fn refuse(&self, reason: &'static str) -> io::Error {
+        (self.refused)(reason);
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("refused: {reason}"),
+        )
+    }
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh")
+            .field("tls", &self.tls.is_some())
+            .field("mode", &(self.mode)())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Accept for Mesh {
+    type Io = MeshIo;
+
+    async fn accept(&self, stream: TcpStream) -> io::Result<MeshIo> {
+        let stream = PlainTcp::new(self.first_byte_timeout)
+            .accept(stream)
+            .await?;
+        let mut first = [0u8; 1];
+        stream.peek(&mut first).await?;
+        let mode = (self.mode)();
+        if first[0] != TLS_HANDSHAKE {
+            if mode == MtlsMode::Strict {
+                let err = self.refuse("plaintext");
+                let _ = tokio::time::timeout(self.handshake_timeout, async {
+                    use tokio::io::AsyncWriteExt;
+                    let mut stream = stream;
+                    let _ = stream.write_all(PLAINTEXT_REFUSED).await;
+                    let _ = stream.shutdown().await;
+                })
+                .await;
+                return Err(err);
+            }
+            return Ok(MeshIo::Plain(stream));
+        }
+        let loaded = match (&self.tls, mode) {
+            (_, MtlsMode::Disabled) => return Err(self.refuse("tls_disabled")),
+            (None, _) => return Err(self.refuse("tls_not_configured")),
+            (Some(tls), _) => tls.current(),
+        };
+        let config = match mode {
+            MtlsMode::Strict => loaded.strict.clone(),
+            _ => loaded.permissive.clone(),
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        match tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => Ok(MeshIo::Tls(Box::new(tls))),
+            Ok(Err(err)) => Err(self.refuse(mtls::failure_reason(&err))),
+            Err(_) => Err(self.refuse("timeout")),
+        }
+    }
+
+    fn identity(io: &MeshIo) -> Option<SpiffeId> {
+        match io {
+            MeshIo::Plain(_) => None,
+            MeshIo::Tls(tls) => mtls::identity_of(tls.get_ref().1.peer_certificates()?.first()?),
+        }
+    }
+}
+
+// === impl MeshIo ===
+
+impl AsyncRead for MeshIo {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            MeshIo::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            MeshIo::Tls(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for MeshIo {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        match self.get_mut() {
+            MeshIo::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            MeshIo::Tls(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        match self.get_mut() {
+            MeshIo::Plain(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
+            MeshIo::Tls(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            MeshIo::Plain(s) => s.is_write_vectored(),
+            MeshIo::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            MeshIo::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            MeshIo::Tls(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            MeshIo::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            MeshIo::Tls(s) => std::pin::Pin::new(s).poll_shutdown(cx),
         }
     }
 }

@@ -69,34 +69,8 @@ impl ReloadingCert {
         on_reload: impl Fn(&Reloaded) + Send + 'static,
         stop: CancellationToken,
     ) -> JoinHandle<()> {
-        let interval = interval.max(Duration::from_millis(10));
-        tokio::spawn(async move {
-            let mut failing = false;
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(interval) => {}
-                }
-                let me = self.clone();
-                let Ok(reloaded) = tokio::task::spawn_blocking(move || me.reload()).await else {
-                    continue;
-                };
-                match reloaded {
-                    Ok(false) => failing = false,
-                    Ok(true) => {
-                        failing = false;
-                        tracing::info!(cert = %self.cert_file.display(), "serving the renewed certificate");
-                        on_reload(&Reloaded::Renewed);
-                    }
-                    Err(err) if !failing => {
-                        failing = true;
-                        tracing::warn!(%err, "certificate not reloaded; keeping the one being served");
-                        on_reload(&Reloaded::Failed(err));
-                    }
-                    Err(_) => {}
-                }
-            }
-        })
+        let label = self.cert_file.display().to_string();
+        watch(label, interval, move || self.reload(), on_reload, stop)
     }
 
     /// Reads the files; `true` when they changed and the new pair is now served.
@@ -117,6 +91,47 @@ impl ResolvesServerCert for ReloadingCert {
     }
 }
 
+/// Calls `reload` every `interval` (at least 10 ms, on the blocking pool: it reads files) until
+/// `stop`. `reload` answers whether the files changed and are now served; `on_reload` hears of
+/// each renewal and of the first failure of each run of failures.
+pub(super) fn watch(
+    label: String,
+    interval: Duration,
+    reload: impl Fn() -> Result<bool, CertError> + Send + Sync + 'static,
+    on_reload: impl Fn(&Reloaded) + Send + 'static,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    let interval = interval.max(Duration::from_millis(10));
+    let reload = Arc::new(reload);
+    tokio::spawn(async move {
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            let me = reload.clone();
+            let Ok(reloaded) = tokio::task::spawn_blocking(move || me()).await else {
+                continue;
+            };
+            match reloaded {
+                Ok(false) => failing = false,
+                Ok(true) => {
+                    failing = false;
+                    tracing::info!(cert = %label, "serving the renewed certificate");
+                    on_reload(&Reloaded::Renewed);
+                }
+                Err(err) if !failing => {
+                    failing = true;
+                    tracing::warn!(%err, "certificate not reloaded; keeping the one being served");
+                    on_reload(&Reloaded::Failed(err));
+                }
+                Err(_) => {}
+            }
+        }
+    })
+}
+
 /// A TLS server config that serves `cert` to every client, h2 or HTTP/1.1 by ALPN, and asks for
 /// no client certificate.
 pub fn server_config(cert: Arc<ReloadingCert>) -> Result<rustls::ServerConfig, rustls::Error> {
@@ -132,26 +147,23 @@ pub fn server_config(cert: Arc<ReloadingCert>) -> Result<rustls::ServerConfig, r
 /// Reads a PEM certificate chain and its private key, and checks that they belong together.
 /// Returns a hash of the files' bytes too, to tell a later read whether they changed.
 pub fn load_certified_key(cert: &Path, key: &Path) -> Result<(CertifiedKey, u64), CertError> {
-    let read = |path: &Path| {
-        std::fs::read(path).map_err(|source| CertError::Read {
-            path: path.display().to_string(),
-            source,
-        })
-    };
-    let bad = |path: &Path, message: String| CertError::BadTls {
-        path: path.display().to_string(),
-        message,
-    };
     let (cert_pem, key_pem) = (read(cert)?, read(key)?);
     let mut hasher = DefaultHasher::new();
     (&cert_pem, &key_pem).hash(&mut hasher);
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| bad(cert, format!("not a PEM certificate chain: {e:?}")))?;
-    if chain.is_empty() {
-        return Err(bad(cert, "holds no certificate".to_owned()));
-    }
-    let private = PrivateKeyDer::from_pem_slice(&key_pem)
+    let (_, certified) = parse_pair(cert, &cert_pem, key, &key_pem)?;
+    Ok((certified, hasher.finish()))
+}
+
+/// A PEM chain (leaf first) and a PEM private key, parsed and checked to belong together: a
+/// pair caught mid-rotation (one file rewritten, not the other) is refused here.
+pub(super) fn parse_pair(
+    cert: &Path,
+    cert_pem: &[u8],
+    key: &Path,
+    key_pem: &[u8],
+) -> Result<(PrivateKeyDer<'static>, CertifiedKey), CertError> {
+    let chain = parse_chain(cert, cert_pem)?;
+    let private = PrivateKeyDer::from_pem_slice(key_pem)
         .map_err(|e| bad(key, format!("not a PEM private key: {e:?}")))?;
     let signer = rustls::crypto::ring::sign::any_supported_type(&private)
         .map_err(|e| bad(key, format!("unusable private key: {e}")))?;
@@ -159,5 +171,33 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<(CertifiedKey, u64)
     certified
         .keys_match()
         .map_err(|e| bad(key, format!("does not match the certificate: {e}")))?;
-    Ok((certified, hasher.finish()))
+    Ok((private, certified))
+}
+
+/// PEM certificates, at least one.
+pub(super) fn parse_chain(
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, CertError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(path, format!("not a PEM certificate chain: {e:?}")))?;
+    if chain.is_empty() {
+        return Err(bad(path, "holds no certificate".to_owned()));
+    }
+    Ok(chain)
+}
+
+pub(super) fn read(path: &Path) -> Result<Vec<u8>, CertError> {
+    std::fs::read(path).map_err(|source| CertError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn bad(path: &Path, message: String) -> CertError {
+    CertError::BadTls {
+        path: path.display().to_string(),
+        message,
+    }
 }

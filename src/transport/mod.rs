@@ -7,14 +7,27 @@
 pub mod accept;
 pub mod certs;
 pub mod connect;
+pub mod mtls;
 
 use std::net::SocketAddr;
 
-pub use accept::{Accept, PlainTcp, Tls};
-pub use connect::{Connect, ConnectTcp, TcpSettings};
+pub use accept::{Accept, Mesh, MeshIo, PlainTcp, Tls};
+pub use connect::{Connect, ConnectMesh, ConnectTcp, MeshConnectError, TcpSettings};
+
+/// The verified identity of the client a request came from (the SPIFFE ID of the certificate it
+/// presented in the TLS handshake). The accept loop puts it in the request's extensions; a
+/// plaintext request has none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerIdentity(pub crate::identity::SpiffeId);
+
+impl PeerIdentity {
+    pub fn of<B>(req: &http::Request<B>) -> Option<&crate::identity::SpiffeId> {
+        req.extensions().get::<PeerIdentity>().map(|p| &p.0)
+    }
+}
 
 /// The address of the client a request came from. The accept loop puts it in every request's
-/// extensions; the TLS peer identity will sit beside it.
+/// extensions; the TLS peer identity ([`PeerIdentity`]) sits beside it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ClientAddr(pub SocketAddr);
 

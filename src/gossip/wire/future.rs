@@ -41,7 +41,8 @@ fn write_profile(w: &mut Writer, p: &Profile) -> Result<(), WireError> {
             w.put(EXTRA)
         })?;
     }
-    w.put(&p.version)
+    w.put(&p.version)?;
+    w.put(&p.identity)
 }
 
 /// An item of a kind this sidecar does not know, about `head`'s node.

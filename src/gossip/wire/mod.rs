@@ -107,7 +107,8 @@ impl ItemKind {
     /// The newest version of the kind this sidecar writes and reads. Appending a field bumps it.
     pub fn version(self) -> u8 {
         match self {
-            Self::Profile => 1,
+            // 2: `identity` appended.
+            Self::Profile => 2,
             Self::Live => 1,
         }
     }
@@ -124,6 +125,8 @@ pub struct Profile {
     pub capabilities: Vec<Capability>,
     /// The sidecar's version.
     pub version: String,
+    /// The SPIFFE ID its certificate presents to callers; empty without mutual TLS (v2).
+    pub identity: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -237,7 +240,8 @@ impl Profile {
         for c in &self.capabilities {
             w.record(|w| c.write(w))?;
         }
-        w.put(&self.version)
+        w.put(&self.version)?;
+        w.put(&self.identity)
     }
 
     pub(crate) fn read(f: &mut Fields<'_>) -> Result<Self, WireError> {
@@ -254,6 +258,7 @@ impl Profile {
             c.finish()?;
         }
         let version = f.take()?;
+        let identity = f.since(2)?.unwrap_or_default();
         Ok(Self {
             inbound,
             zone,
@@ -261,6 +266,7 @@ impl Profile {
             max_concurrency,
             capabilities,
             version,
+            identity,
         })
     }
 }

@@ -56,6 +56,7 @@ fn profile_item() -> Item {
                 idempotent: true,
             }],
             version: "0.1.0".into(),
+            identity: "spiffe://prod.example/ns/a/sa/coder".into(),
         }),
     }
 }
@@ -146,6 +147,36 @@ fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
             .map(|(_, n)| n.queue_limit),
         Some(16)
     );
+}
+
+/// A profile from a sidecar before mutual TLS (version 1, no `identity`) reads with none, and
+/// this one's (version 2) carries it.
+#[test]
+fn a_version_1_profile_reads_with_no_identity() {
+    let mut item = profile_item();
+    let Body::Profile(p) = &item.body else {
+        unreachable!()
+    };
+    let mut w = Writer::default();
+    let written = write_frame(&mut w, ItemKind::Profile.code(), 1, &item, |w| {
+        w.put(&p.inbound)?;
+        w.put(&p.zone)?;
+        w.put(&p.region)?;
+        w.put(&p.max_concurrency)?;
+        w.put(&(p.capabilities.len() as u32))?;
+        for c in &p.capabilities {
+            w.record(|w| c.write(w))?;
+        }
+        w.put(&p.version)
+    });
+    assert!(written.is_ok());
+    if let Body::Profile(p) = &mut item.body {
+        p.identity = String::new();
+    }
+    assert_eq!(known(decode_item(&w.into_bytes())), Some(item.clone()));
+    let bytes = encode_item(&profile_item()).unwrap_or_default();
+    assert_eq!(bytes[1], 2, "written as version 2");
+    assert_eq!(known(decode_item(&bytes)), Some(profile_item()));
 }
 
 #[test]
@@ -248,15 +279,19 @@ mod properties {
             any::<u32>(),
             vec(capability(), 0..4),
             ".{0,8}",
+            ".{0,40}",
         )
             .prop_map(
-                |(inbound, zone, region, max_concurrency, capabilities, version)| Profile {
-                    inbound,
-                    zone,
-                    region,
-                    max_concurrency,
-                    capabilities,
-                    version,
+                |(inbound, zone, region, max_concurrency, capabilities, version, identity)| {
+                    Profile {
+                        inbound,
+                        zone,
+                        region,
+                        max_concurrency,
+                        capabilities,
+                        version,
+                        identity,
+                    }
                 },
             )
     }

@@ -1,0 +1,293 @@
+//! Mutual TLS between sidecars: this workload's certificate, key and trust bundle, read from the
+//! bootstrap's `tls` files and re-read when they change, as the rustls configs the inbound
+//! acceptor and the peer connector hand out for each new handshake (`docs/mtls.md`).
+//!
+//! TLS 1.3 only, ring provider, both sides authenticated against the trust bundle. Peers are
+//! named by SPIFFE ID, not DNS name: a certificate's chain is verified, its host name is not, and
+//! its URI SAN is the identity the caller checks (`connect::ConnectMesh`) and the callee hands to
+//! authorization (`accept::Mesh`).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig,
+    SignatureScheme,
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::certs::{self, CertError, Reloaded};
+use crate::config::TlsFiles;
+use crate::identity::SpiffeId;
+
+/// This sidecar's mutual TLS material, swapped whole when its files change. Handshakes already
+/// done keep the configs they started with: a rotation never cuts a connection.
+#[derive(Debug)]
+pub struct MeshTls {
+    files: TlsFiles,
+    current: ArcSwap<Loaded>,
+    /// A hash of the three files' bytes last loaded.
+    loaded: AtomicU64,
+}
+
+/// One consistent load of the three files.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The URI SAN of this sidecar's certificate.
+    pub identity: SpiffeId,
+    /// Requires a client certificate (`strict`).
+    pub strict: Arc<ServerConfig>,
+    /// Verifies a client certificate when one is sent (`permissive`).
+    pub permissive: Arc<ServerConfig>,
+    /// Presents this sidecar's certificate and verifies the peer's chain.
+    pub client: Arc<ClientConfig>,
+}
+
+impl MeshTls {
+    /// Loads the files once; a sidecar configured for TLS cannot start without them.
+    pub fn load(files: TlsFiles) -> Result<Arc<Self>, CertError> {
+        let (loaded, hash) = load(&files)?;
+        Ok(Arc::new(Self {
+            files,
+            current: ArcSwap::from_pointee(loaded),
+            loaded: hash.into(),
+        }))
+    }
+
+    pub fn current(&self) -> Arc<Loaded> {
+        self.current.load_full()
+    }
+
+    /// This sidecar's identity now.
+    pub fn identity(&self) -> SpiffeId {
+        self.current.load().identity.clone()
+    }
+
+    /// Reads the files again every `interval` until `stop`; a changed, consistent set is used
+    /// for every handshake from then on, anything else (a half-written pair) is refused and the
+    /// old set stays.
+    pub fn spawn_watch(
+        self: Arc<Self>,
+        interval: Duration,
+        on_reload: impl Fn(&Reloaded) + Send + 'static,
+        stop: CancellationToken,
+    ) -> JoinHandle<()> {
+        let label = self.files.cert.display().to_string();
+        certs::watch(label, interval, move || self.reload(), on_reload, stop)
+    }
+
+    /// Reads the files; `true` when they changed and the new set is now used.
+    fn reload(&self) -> Result<bool, CertError> {
+        let (loaded, hash) = load(&self.files)?;
+        if self.loaded.swap(hash, Ordering::AcqRel) == hash {
+            return Ok(false);
+        }
+        self.current.store(Arc::new(loaded));
+        Ok(true)
+    }
+}
+
+/// The SPIFFE ID a certificate carries: its `spiffe://` URI SAN.
+pub fn identity_of(cert: &CertificateDer<'_>) -> Option<SpiffeId> {
+    use x509_parser::extensions::GeneralName;
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let san = parsed.subject_alternative_name().ok()??;
+    san.value.general_names.iter().find_map(|name| match name {
+        GeneralName::URI(uri) if uri.starts_with("spiffe://") => SpiffeId::parse(uri).ok(),
+        _ => None,
+    })
+}
+
+/// What `agent-reach check` reports of a set of files: the identity and when it expires.
+#[derive(Debug)]
+pub struct Checked {
+    pub identity: SpiffeId,
+    /// Seconds until the leaf certificate expires (negative: expired).
+    pub expires_in: i64,
+    /// Seconds until it becomes valid (positive: not yet).
+    pub valid_in: i64,
+}
+
+/// Loads the files as the sidecar would and reports on the leaf certificate's validity.
+pub fn check(files: &TlsFiles) -> Result<Checked, CertError> {
+    let (loaded, _) = load(files)?;
+    let chain = certs::parse_chain(&files.cert, &certs::read(&files.cert)?)?;
+    let (_, leaf) = x509_parser::parse_x509_certificate(chain[0].as_ref())
+        .map_err(|e| bad(&files.cert, format!("cannot parse the certificate: {e}")))?;
+    let now = UnixTime::now().as_secs() as i64;
+    let validity = leaf.validity();
+    Ok(Checked {
+        identity: loaded.identity.clone(),
+        expires_in: validity.not_after.timestamp() - now,
+        valid_in: validity.not_before.timestamp() - now,
+    })
+}
+
+/// Reads and checks the three files together, and builds the configs from them.
+fn load(files: &TlsFiles) -> Result<(Loaded, u64), CertError> {
+    use std::hash::{Hash, Hasher};
+    let cert_pem = certs::read(&files.cert)?;
+    let key_pem = certs::read(&files.key)?;
+    let ca_pem = certs::read(&files.ca)?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (&cert_pem, &key_pem, &ca_pem).hash(&mut hasher);
+    let (key, certified) = certs::parse_pair(&files.cert, &cert_pem, &files.key, &key_pem)?;
+    let chain = certified.cert.clone();
+    let identity = identity_of(&chain[0]).ok_or_else(|| {
+        bad(
+            &files.cert,
+            "has no spiffe:// URI SAN: a sidecar's certificate names its workload identity \
+             (spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>)"
+                .to_owned(),
+        )
+    })?;
+    let mut roots = RootCertStore::empty();
+    for ca in certs::parse_chain(&files.ca, &ca_pem)? {
+        roots
+            .add(ca)
+            .map_err(|e| bad(&files.ca, format!("not a usable CA certificate: {e}")))?;
+    }
+    let (strict, permissive, client) =
+        configs(Arc::new(roots), chain, key).map_err(|e| bad(&files.cert, e))?;
+    let loaded = Loaded {
+        identity,
+        strict,
+        permissive,
+        client,
+    };
+    Ok((loaded, hasher.finish()))
+}
+
+fn bad(path: &Path, message: String) -> CertError {
+    CertError::BadTls {
+        path: path.display().to_string(),
+        message,
+    }
+}
+
+type Configs = (Arc<ServerConfig>, Arc<ServerConfig>, Arc<ClientConfig>);
+
+fn configs(
+    roots: Arc<RootCertStore>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Configs, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls13 = &[&rustls::version::TLS13];
+    let server = |allow_anonymous: bool| -> Result<Arc<ServerConfig>, String> {
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone());
+        let verifier = if allow_anonymous {
+            verifier.allow_unauthenticated()
+        } else {
+            verifier
+        };
+        let verifier = verifier.build().map_err(|e| e.to_string())?;
+        let mut config = ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(tls13)
+            .map_err(|e| e.to_string())?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(|e| e.to_string())?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    };
+    let verifier = WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut client = ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(tls13)
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ChainOnly(verifier)))
+        .with_client_auth_cert(chain.clone(), key.clone_key())
+        .map_err(|e| e.to_string())?;
+    // The peer pool speaks HTTP/1.1 (docs/perf-levers.md): it offers nothing else.
+    client.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok((server(false)?, server(true)?, Arc::new(client)))
+}
+
+/// Verifies a peer's chain against the trust bundle and nothing about its host name: a peer is
+/// named by the SPIFFE ID in its URI SAN, which the connector checks once the handshake is done.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // webpki checks the chain (issuer, validity, usage) before the name: a name error means
+        // the chain passed.
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// Why a handshake failed, as `reach_tls_handshake_failures_total{reason}` labels it.
+pub fn failure_reason(err: &std::io::Error) -> &'static str {
+    use std::io::ErrorKind;
+    if let Some(tls) = err
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+    {
+        return match tls {
+            rustls::Error::NoCertificatesPresented => "no_client_certificate",
+            rustls::Error::InvalidCertificate(c) => match c {
+                CertificateError::UnknownIssuer | CertificateError::BadSignature => "unknown_ca",
+                CertificateError::Expired
+                | CertificateError::ExpiredContext { .. }
+                | CertificateError::NotValidYet
+                | CertificateError::NotValidYetContext { .. } => "expired",
+                _ => "bad_certificate",
+            },
+            rustls::Error::AlertReceived(_) => "alert_received",
+            _ => "protocol",
+        };
+    }
+    match err.kind() {
+        ErrorKind::TimedOut => "timeout",
+        ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset => "closed",
+        _ => "protocol",
+    }
+}
