@@ -153,8 +153,11 @@ impl Sidecar {
                     &config,
                     &store,
                     addrs.inbound,
-                    registry.clone(),
-                    peers.clone(),
+                    peers::GossipFeed {
+                        registry: registry.clone(),
+                        views: peers.clone(),
+                        store: store.clone(),
+                    },
                     local.clone(),
                     tls.clone(),
                     stop_rest.clone(),

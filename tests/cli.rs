@@ -142,7 +142,9 @@ fn check_refuses_a_file_cut_short_and_takes_an_empty_one() {
     let example = std::fs::read_to_string(format!("{root}/config/agent-reach.yaml")).unwrap();
     // Cut in half (here mid flow mapping), mid quoted string, or after a key whose value never
     // came: each an error, never the defaults.
-    let half = &example[..example.len() / 2];
+    let middle = example.len() / 2;
+    let flow = middle + example[middle..].find("{ ").unwrap() + 3;
+    let half = &example[..flow];
     let mid_string = &example[..example.find("\"max_tokens").unwrap()];
     let at = example.find("  capabilities:").unwrap();
     let no_value = format!("{}  capabilities:\n", &example[..at]);

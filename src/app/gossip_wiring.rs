@@ -14,8 +14,7 @@ use super::StartError;
 use crate::config::{ConfigStore, GossipConfig, HostPort, Snapshot};
 use crate::gossip::{self, ClusterKey, GossipHandle, NodeOptions};
 use crate::local::LocalAgent;
-use crate::peers::{self, GossipFeed, PeerViews};
-use crate::registry::Registry;
+use crate::peers::{self, GossipFeed};
 
 /// How often the agent's view is offered to gossip (which sends only meaningful moves).
 const OFFER_EVERY: Duration = Duration::from_millis(200);
@@ -28,8 +27,7 @@ pub(super) async fn start(
     config: &GossipConfig,
     store: &Arc<ConfigStore>,
     inbound: SocketAddr,
-    registry: Arc<Registry>,
-    views: Arc<PeerViews>,
+    feed: GossipFeed,
     local: Arc<LocalAgent>,
     tls: Option<Arc<MeshTls>>,
     stop: CancellationToken,
@@ -64,11 +62,7 @@ pub(super) async fn start(
     options.refresh_interval = config.refresh_interval.get();
     options.max_transmissions =
         gossip::max_transmissions(u32::try_from(config.expected_members.get()).unwrap_or(u32::MAX));
-    let feed = Arc::new(GossipFeed {
-        registry,
-        views,
-        store: store.clone(),
-    });
+    let feed = Arc::new(feed);
     let handle = Arc::new(gossip::spawn(options, transport, inbox, feed, stop.clone()));
     tracing::info!(agent = %name, gossip = %addr, inbound = %published_inbound, seeds = config.seeds.len(), "gossip started");
 

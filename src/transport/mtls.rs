@@ -291,3 +291,83 @@ pub fn failure_reason(err: &std::io::Error) -> &'static str {
         _ => "protocol",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::pki::DevCa;
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "agent-reach-mtls-unit-{}-{tag}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn a_half_written_pair_is_refused_and_the_old_one_stays() {
+        let ca = DevCa::new("unit").unwrap();
+        let files = ca
+            .write_files(&scratch("half"), "spiffe://t/ns/a/sa/one")
+            .unwrap();
+        let tls = MeshTls::load(files.clone()).unwrap();
+        assert_eq!(tls.identity().as_str(), "spiffe://t/ns/a/sa/one");
+        assert!(!tls.reload().unwrap(), "unchanged files swap nothing");
+
+        let next = ca
+            .issue("spiffe://t/ns/a/sa/two", Duration::from_secs(60))
+            .unwrap();
+        std::fs::write(&files.key, &next.key_pem).unwrap();
+        let err = tls
+            .reload()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("does not match the certificate"), "{err}");
+        assert_eq!(tls.identity().as_str(), "spiffe://t/ns/a/sa/one");
+
+        std::fs::write(&files.cert, &next.cert_pem).unwrap();
+        assert!(tls.reload().unwrap());
+        assert_eq!(tls.identity().as_str(), "spiffe://t/ns/a/sa/two");
+    }
+
+    #[test]
+    fn a_certificate_without_a_spiffe_id_or_a_trust_bundle_is_refused_with_the_reason() {
+        let dir = scratch("plain");
+        let ca = DevCa::new("unit").unwrap();
+        let files = ca.write_files(&dir, "spiffe://t/ns/a/sa/one").unwrap();
+        let plain = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        std::fs::write(&files.cert, plain.cert.pem()).unwrap();
+        std::fs::write(&files.key, plain.key_pair.serialize_pem()).unwrap();
+        let err = MeshTls::load(files.clone()).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("has no spiffe:// URI SAN")),
+            "{err:?}"
+        );
+
+        let files = ca.write_files(&dir, "spiffe://t/ns/a/sa/one").unwrap();
+        std::fs::write(&files.ca, "not a certificate").unwrap();
+        let err = MeshTls::load(files).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("ca.crt")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn check_reports_the_identity_and_the_time_left() {
+        let ca = DevCa::new("unit").unwrap();
+        let files = ca
+            .write_files(&scratch("check"), "spiffe://t/ns/a/sa/one")
+            .unwrap();
+        let checked = check(&files).unwrap();
+        assert_eq!(checked.identity.as_str(), "spiffe://t/ns/a/sa/one");
+        assert!(checked.expires_in > 29 * 24 * 3600, "{checked:?}");
+        assert!(checked.valid_in <= 0, "{checked:?}");
+    }
+}
