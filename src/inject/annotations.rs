@@ -56,6 +56,8 @@ pub enum AnnotationError {
     Linkerd,
     #[error("the object is not a pod: {0}")]
     NotAPod(String),
+    #[error("service account `{account}` has no certificate for mutual TLS (those that have: {known}); add it to the chart's mtls.certificate.serviceAccounts")]
+    NoCertificate { account: String, known: String },
 }
 
 /// The per-pod settings, from annotations or the injector's defaults.
@@ -68,6 +70,8 @@ pub struct Settings {
     pub probe_path: Option<String>,
     /// A ConfigMap holding the whole bootstrap instead.
     pub config_map: Option<String>,
+    /// The sidecar gets the injector's certificate volume and the bootstrap's `tls`.
+    pub mtls: bool,
 }
 
 impl Settings {
@@ -81,6 +85,7 @@ impl Settings {
             probe_path: (!config.defaults.probe_path.is_empty())
                 .then(|| config.defaults.probe_path.clone()),
             config_map: None,
+            mtls: config.mtls.is_some(),
         }
     }
 
@@ -111,6 +116,8 @@ impl Settings {
             }
         }
         let mut settings = Settings::defaults(config);
+        // Beside a whole bootstrap (`CONFIG`) the volume is still mounted; that bootstrap names
+        // the files itself.
         if let Some(name) = get(CONFIG) {
             for other in [AGENT_PORT, CAPABILITIES, MAX_CONCURRENCY, ZONE, PROBE_PATH] {
                 if annotations.contains_key(other) {
