@@ -15,10 +15,12 @@ pub const CONFIG: &str = "agent-reach.io/config";
 pub const MAX_CONCURRENCY: &str = "agent-reach.io/max-concurrency";
 pub const ZONE: &str = "agent-reach.io/zone";
 pub const PROBE_PATH: &str = "agent-reach.io/probe-path";
+/// `disabled`: no certificate for this pod's sidecar, though the injector gives them out.
+pub const MTLS: &str = "agent-reach.io/mtls";
 /// The label injected pods carry: the gossip Service, NetworkPolicy and PodMonitor select it.
 pub const INJECTED_LABEL: &str = "agent-reach.io/injected";
 
-const KNOWN: [&str; 8] = [
+const KNOWN: [&str; 9] = [
     INJECT,
     STATUS,
     AGENT_PORT,
@@ -27,6 +29,7 @@ const KNOWN: [&str; 8] = [
     MAX_CONCURRENCY,
     ZONE,
     PROBE_PATH,
+    MTLS,
 ];
 
 /// Why a pod cannot be admitted as written: the denial message the user sees.
@@ -56,7 +59,7 @@ pub enum AnnotationError {
     Linkerd,
     #[error("the object is not a pod: {0}")]
     NotAPod(String),
-    #[error("service account `{account}` has no certificate for mutual TLS (those that have: {known}); add it to the chart's mtls.certificate.serviceAccounts")]
+    #[error("service account `{account}` has no certificate for mutual TLS (those that have: {known}); add it to the chart's mtls.certificate.serviceAccounts, or annotate the pod {MTLS}: disabled")]
     NoCertificate { account: String, known: String },
 }
 
@@ -116,6 +119,19 @@ impl Settings {
             }
         }
         let mut settings = Settings::defaults(config);
+        match get(MTLS) {
+            None => {}
+            Some("disabled") => settings.mtls = false,
+            Some("enabled") if config.mtls.is_some() => {}
+            Some("enabled") => {
+                return Err(invalid(
+                    MTLS,
+                    "enabled",
+                    "asks for a certificate, but the injector gives none out (the chart's mtls.enabled)",
+                ))
+            }
+            Some(other) => return Err(invalid(MTLS, other, "is not `enabled` or `disabled`")),
+        }
         // Beside a whole bootstrap (`CONFIG`) the volume is still mounted; that bootstrap names
         // the files itself.
         if let Some(name) = get(CONFIG) {

@@ -16,7 +16,7 @@ mod tests;
 
 pub use annotations::{
     AnnotationError, Settings, AGENT_PORT, CAPABILITIES, CONFIG, INJECT, INJECTED_LABEL,
-    MAX_CONCURRENCY, PREFIX, PROBE_PATH, STATUS, ZONE,
+    MAX_CONCURRENCY, MTLS, PREFIX, PROBE_PATH, STATUS, ZONE,
 };
 pub use config::{Defaults, InjectorConfig, Mtls, Prometheus, TlsFiles};
 pub use manifest::{inject_manifests, ManifestError};

@@ -161,7 +161,7 @@ mod tests {
         let err = volume(&mtls, &pod, "billing").err().map(|e| e.to_string());
         assert_eq!(
             err.as_deref(),
-            Some("service account `billing/coder` has no certificate for mutual TLS (those that have: agents/coder, agents/writer); add it to the chart's mtls.certificate.serviceAccounts")
+            Some("service account `billing/coder` has no certificate for mutual TLS (those that have: agents/coder, agents/writer); add it to the chart's mtls.certificate.serviceAccounts, or annotate the pod agent-reach.io/mtls: disabled")
         );
     }
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::annotations::AnnotationError;
+use super::annotations::{AnnotationError, MTLS};
 use super::config::InjectorConfig;
 use super::mtls::{TLS_DIR, TLS_VOLUME};
 use super::patch::apply;
@@ -168,6 +168,34 @@ fn certificate_source_mounts_the_service_accounts_secret_and_refuses_an_unlisted
         matches!(&err, Some(AnnotationError::NoCertificate { account, .. }) if account == "agents/default"),
         "{err:?}"
     );
+}
+
+#[test]
+fn a_pod_can_opt_out_and_cannot_opt_in_where_the_injector_has_no_certificates() {
+    let mut annotations = enabled();
+    annotations[MTLS] = json!("disabled");
+    let with = config(CERTIFICATE);
+    // Opted out, an unlisted service account is no reason to refuse the pod.
+    let pod = match injected(&with, &new_pod(annotations.clone(), Some("intern"))) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(tls_volume(&pod), None);
+    assert_eq!(tls_mount(&pod), None);
+    assert_eq!(bootstrap(&pod).get("tls"), None);
+
+    let without = config("");
+    annotations[MTLS] = json!("enabled");
+    let err = injected(&without, &new_pod(annotations.clone(), None))
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("the chart's mtls.enabled")),
+        "{err:?}"
+    );
+    annotations[MTLS] = json!("sometimes");
+    assert!(injected(&with, &new_pod(annotations, Some("coder"))).is_err());
 }
 
 #[test]
