@@ -488,7 +488,8 @@ PY
 # Mutual TLS as rendered with SOURCE (csi | certificate): the certificate objects, the injector's
 # `mtls`, the fleet policy's mode and authorization; and, when the examples were injected with this
 # render's config (a built binary), each injected pod: the volume, its read-only mount where the
-# bootstrap's `tls` points, and that bootstrap through `agent-reach check` with generated files.
+# bootstrap's `tls` points, and that bootstrap through `agent-reach check` with generated files
+# (and refused by it with the files missing).
 mtls_render() { # mtls_render RENDER LABEL SOURCE MODE TRUST_DOMAIN
     python3 - "$@" "$out" "$agent_reach" <<'PY'
 import glob, os, subprocess, sys
@@ -506,7 +507,7 @@ USAGES = {"server auth", "client auth", "digital signature", "key encipherment"}
 def make_certs(work, identity):
     """A throwaway CA (ca.crt) and a certificate for `identity` (tls.crt, tls.key) in `work`, of
     the shape cert-manager writes: ECDSA P-256, PKCS#8, the identity as the only URI SAN."""
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1"]
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "30"]
     at = lambda f: os.path.join(work, f)
     for args in (
         ["-keyout", at("ca.key"), "-out", at("ca.crt"), "-subj", "/CN=chart-ci-mtls-ca",
@@ -644,9 +645,8 @@ for path in injected:
         missing = dict(boot, tls={k: os.path.join(work, "missing", os.path.basename(v)) for k, v in tls.items()})
         open(boot_path, "w").write(yaml.safe_dump(missing, sort_keys=False))
         result = subprocess.run([binary, "check", boot_path], capture_output=True, text=True)
-        if result.returncode == 0:
-            print("    note: this agent-reach check does not read the tls files (yet): a bootstrap naming missing ones passes")
-        else:
+        check(result.returncode != 0, f"{name}: agent-reach check passed a bootstrap whose tls files do not exist")
+        if result.returncode != 0:
             print(f"    and with missing files it refuses: {(result.stdout + result.stderr).strip().splitlines()[0]}")
 
 for e in errors:
