@@ -14,6 +14,13 @@
 #     Secret the injector mounts;
 #   - the injector's preStop hook: `agent-reach hook pre-stop`, shorter than the grace period (and,
 #     with a built binary, run as written);
+#   - mutual TLS (mtls.enabled) with each certificate source: csi (csi-driver-spiffe's volume, the
+#     RBAC its requests need) and certificate (a cert-manager Certificate per service account, its
+#     URI SAN spiffe://<trust domain>/ns/<namespace>/sa/<name>, its Secret what the injector mounts
+#     for pods of that service account); the fleet policy's mtls.mode and authorization; with a
+#     built binary, the examples injected with each render's config carry the certificate volume,
+#     mounted read-only where their bootstrap's `tls` points, and that bootstrap passes
+#     `agent-reach check` with a throwaway CA and certificate made by openssl;
 #   - values the schema must reject are rejected;
 #   - the default render, with its random parts masked, compared with charts/golden/default.yaml
 #     (UPDATE_GOLDEN=1 .ci/chart.sh rewrites it).
@@ -108,6 +115,18 @@ render_custom() { "$helm" template "$release" "$chart" --namespace "$namespace" 
 issuer_args=(--set webhook.certManager.enabled=true --set webhook.certManager.issuerRef.name=corp-ca
     --set webhook.certManager.issuerRef.kind=ClusterIssuer)
 render_issuer() { "$helm" template "$release" "$chart" --namespace "$namespace" "${issuer_args[@]}" >"$out/issuer.yaml"; }
+# Mutual TLS, one render per certificate source, for the examples' namespace and service accounts.
+mtls_csi_args=(--set mtls.enabled=true --set mtls.mode=strict --set 'fleet.namespaces={agents}'
+    --set 'authorization.default=deny'
+    --set 'authorization.capabilities.code-review.allow={spiffe://cluster.local/ns/agents/sa/writer}'
+    --set 'authorization.capabilities.summarize.allow={spiffe://cluster.local/ns/*/sa/coder}')
+mtls_certificate_args=(--set mtls.enabled=true --set mtls.source=certificate --set mtls.trustDomain=prod.example
+    --set mtls.issuer.name=agents-ca --set 'fleet.namespaces={agents}'
+    --set 'mtls.certificate.serviceAccounts={coder,agents/writer}')
+lint_mtls() { "$helm" lint --strict "$chart" --namespace "$namespace" "${mtls_csi_args[@]}" &&
+    "$helm" lint --strict "$chart" --namespace "$namespace" "${mtls_certificate_args[@]}"; }
+render_mtls_csi() { "$helm" template "$release" "$chart" --namespace "$namespace" "${mtls_csi_args[@]}" >"$out/mtls-csi.yaml"; }
+render_mtls_certificate() { "$helm" template "$release" "$chart" --namespace "$namespace" "${mtls_certificate_args[@]}" >"$out/mtls-certificate.yaml"; }
 
 # Values the schema (or the chart's own checks) must refuse.
 rejects() {
@@ -125,6 +144,21 @@ rejects() {
         image.pullPolicy=Sometimes \
         podMonitor.interval=soon \
         policy.no_such_section=1 \
+        policy.mtls.mode=strict \
+        mtls.mode=sometimes \
+        mtls.source=spire \
+        mtls.trustDomain=Not_A_Domain! \
+        mtls.certificate.duration=30m \
+        mtls.issuer.kind=Vault \
+        'mtls.certificate.serviceAccounts={Coder}' \
+        mtls.enabled=true,mtls.source=certificate,mtls.certificate.serviceAccounts={coder} \
+        mtls.enabled=true,mtls.source=certificate,mtls.issuer.name=ca \
+        mtls.enabled=true,mtls.source=certificate,mtls.issuer.name=ca,mtls.certificate.serviceAccounts={elsewhere/coder} \
+        'authorization.capabilities.payments.allow={spiffe://cluster.local/ns/billing/sa/api}' \
+        authorization.default=deny \
+        mtls.enabled=true,mtls.mode=disabled,authorization.default=deny \
+        'mtls.enabled=true,authorization.capabilities.payments.allow={billing}' \
+        'mtls.enabled=true,authorization.capabilities.Pay_Ments.allow={spiffe://a/b}' \
         no_such_value=1; do
         if "$helm" template "$release" "$chart" --namespace "$namespace" --set "$bad" >/dev/null 2>"$out/reject.err"; then
             echo "accepted a bad value: --set $bad"
@@ -216,6 +250,9 @@ def check(cond, message):
 
 expected = {"listen", "tls", "native_sidecar", "termination_grace_seconds", "prometheus",
             "defaults", "sidecar", "volumes", "bootstrap"}
+if "mtls" in cfg:  # only with mtls.enabled
+    expected.add("mtls")
+    check(set(cfg["mtls"]) in ({"volume"}, {"volume", "service_accounts"}), f"mtls keys: {sorted(cfg['mtls'])}")
 check(set(cfg) == expected, f"injector.yaml keys {sorted(cfg)} != {sorted(expected)}")
 check(set(cfg["tls"]) == {"cert_file", "key_file"}, f"tls keys: {sorted(cfg['tls'])}")
 check(set(cfg["prometheus"]) == {"port", "path"}, f"prometheus keys: {sorted(cfg['prometheus'])}")
@@ -242,9 +279,15 @@ check(mounts == volumes, f"sidecar mounts {sorted(mounts)} != volumes {sorted(vo
 # The sidecar as Kubernetes would get it from the webhook, in both forms.
 k8s = str(max(Version(v) for v in utils.all_versions()))
 agent = {"name": "agent", "image": "agent:1"}
+volumes = list(cfg["volumes"])
+sidecar_mounts = list(cfg["sidecar"]["volumeMounts"])
+if "mtls" in cfg:  # as the webhook adds them (src/inject/mtls.rs)
+    volume = yaml.safe_load(yaml.safe_dump(cfg["mtls"]["volume"]).replace("{service_account}", "coder"))
+    volumes.append(dict(volume, name="agent-reach-tls"))
+    sidecar_mounts.append({"name": "agent-reach-tls", "mountPath": "/var/run/agent-reach/tls", "readOnly": True})
 for native in (True, False):
-    sidecar = dict(cfg["sidecar"])
-    spec = {"volumes": cfg["volumes"], "terminationGracePeriodSeconds": cfg["termination_grace_seconds"]}
+    sidecar = dict(cfg["sidecar"], volumeMounts=sidecar_mounts)
+    spec = {"volumes": volumes, "terminationGracePeriodSeconds": cfg["termination_grace_seconds"]}
     if native:
         spec["initContainers"] = [dict(sidecar, restartPolicy="Always")]
         spec["containers"] = [agent]
@@ -442,6 +485,176 @@ sys.exit(1 if errors else 0)
 PY
 }
 
+# Mutual TLS as rendered with SOURCE (csi | certificate): the certificate objects, the injector's
+# `mtls`, the fleet policy's mode and authorization; and, when the examples were injected with this
+# render's config (a built binary), each injected pod: the volume, its read-only mount where the
+# bootstrap's `tls` points, and that bootstrap through `agent-reach check` with generated files
+# (and refused by it with the files missing).
+mtls_render() { # mtls_render RENDER LABEL SOURCE MODE TRUST_DOMAIN
+    python3 - "$@" "$out" "$agent_reach" <<'PY'
+import glob, os, subprocess, sys
+import yaml
+
+render, label, source, mode, domain, out, binary = sys.argv[1:8]
+docs = [d for d in yaml.safe_load_all(open(render)) if d]
+errors = []
+def check(cond, message):
+    if not cond:
+        errors.append(message)
+TLS_DIR, VOLUME = "/var/run/agent-reach/tls", "agent-reach-tls"
+USAGES = {"server auth", "client auth", "digital signature", "key encipherment"}
+
+def make_certs(work, identity):
+    """A throwaway CA (ca.crt) and a certificate for `identity` (tls.crt, tls.key) in `work`, of
+    the shape cert-manager writes: ECDSA P-256, PKCS#8, the identity as the only URI SAN."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "30"]
+    at = lambda f: os.path.join(work, f)
+    for args in (
+        ["-keyout", at("ca.key"), "-out", at("ca.crt"), "-subj", "/CN=chart-ci-mtls-ca",
+         "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+        ["-keyout", at("tls.key"), "-out", at("tls.crt"), "-subj", "/O=agent-reach-ci",
+         "-CA", at("ca.crt"), "-CAkey", at("ca.key"),
+         "-addext", "basicConstraints=critical,CA:FALSE",
+         "-addext", "keyUsage=critical,digitalSignature,keyEncipherment",
+         "-addext", "extendedKeyUsage=serverAuth,clientAuth",
+         "-addext", f"subjectAltName=URI:{identity}"],
+    ):
+        subprocess.run(["openssl", "req", "-x509", *ec, *args], check=True, capture_output=True)
+
+(injector,) = [d for d in docs if d["kind"] == "ConfigMap" and "injector.yaml" in d.get("data", {})]
+cfg = yaml.safe_load(injector["data"]["injector.yaml"])
+mtls = cfg.get("mtls")
+check(mtls is not None, "the injector's config has no `mtls`")
+mtls = mtls or {"volume": {}}
+gid = cfg["sidecar"]["securityContext"].get("runAsGroup")
+fleet = sorted({d["metadata"]["namespace"] for d in docs if d["kind"] == "ConfigMap" and "policy.yaml" in d.get("data", {})})
+
+# The fleet policy: the mode, and authorization only where the values set it.
+for d in docs:
+    if d["kind"] == "ConfigMap" and "policy.yaml" in d.get("data", {}):
+        policy = yaml.safe_load(d["data"]["policy.yaml"])
+        check(policy.get("mtls") == {"mode": mode}, f"policy in {d['metadata']['namespace']}: mtls {policy.get('mtls')} != mode {mode}")
+        for cap, rule in policy.get("authorization", {}).get("capabilities", {}).items():
+            print(f"  policy {d['metadata']['namespace']}: {cap} allows {', '.join(rule['allow'])}")
+
+# The certificate objects.
+certs = [d for d in docs if d["apiVersion"] == "cert-manager.io/v1" and d["kind"] == "Certificate"
+         and d["metadata"]["labels"].get("app.kubernetes.io/component") == "mtls"]
+secrets = {}  # (namespace, secret) -> the identity in it
+if source == "csi":
+    check(not certs, f"source csi renders Certificates {[c['metadata']['name'] for c in certs]}")
+    volume = mtls["volume"]
+    csi = volume.get("csi", {})
+    check(set(volume) == {"csi"}, f"the volume is {sorted(volume)}, not a csi volume")
+    check(csi.get("driver") == "spiffe.csi.cert-manager.io", f"CSI driver {csi.get('driver')}")
+    check(csi.get("readOnly") is True, "the CSI volume is not readOnly (csi-driver-spiffe refuses writable volumes)")
+    group = csi.get("volumeAttributes", {}).get("spiffe.csi.cert-manager.io/fs-group")
+    check(group is not None and gid is not None and int(group) == gid,
+          f"fs-group {group} != the sidecar's runAsGroup {gid}: the 0440 files would be unreadable")
+    check("service_accounts" not in mtls, "csi with a service account list")
+    for ns in fleet:
+        roles = [d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == ns]
+        bindings = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == ns]
+        check(any(r["rules"] == [{"apiGroups": ["cert-manager.io"], "resources": ["certificaterequests"], "verbs": ["create"]}] for r in roles),
+              f"{ns}: no Role allowing certificaterequests create (and nothing more)")
+        check(any(b["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": f"system:serviceaccounts:{ns}"}]
+                  and any(b["roleRef"]["name"] == r["metadata"]["name"] for r in roles) for b in bindings),
+              f"{ns}: no RoleBinding of that Role to the namespace's service accounts")
+    print(f"  csi: driver {csi.get('driver')}, readOnly, fs-group {group} = runAsGroup {gid}; RBAC for CertificateRequests in {', '.join(fleet)}")
+else:
+    accounts = mtls.get("service_accounts") or []
+    check(accounts, "certificate source without service_accounts")
+    template = mtls["volume"].get("secret", {}).get("secretName", "")
+    check("{service_account}" in template, f"secretName {template!r} lacks the literal {{service_account}}")
+    check(len(certs) == len(accounts), f"{len(certs)} Certificates for {len(accounts)} service accounts")
+    for cert in certs:
+        ns, spec = cert["metadata"]["namespace"], cert["spec"]
+        secrets[(ns, spec["secretName"])] = spec.get("uris")
+        matching = [a for a in accounts if template.replace("{service_account}", a.split("/")[1]) == spec["secretName"] and a.split("/")[0] == ns]
+        check(len(matching) == 1, f"Certificate {ns}/{cert['metadata']['name']}: its Secret {spec['secretName']} is no listed service account's")
+        for a in matching:
+            want = f"spiffe://{domain}/ns/{ns}/sa/{a.split('/')[1]}"
+            check(spec.get("uris") == [want], f"Certificate {ns}/{cert['metadata']['name']}: uris {spec.get('uris')} != [{want}]")
+        check(set(spec.get("usages", [])) == USAGES, f"Certificate {cert['metadata']['name']}: usages {spec.get('usages')}")
+        check(not spec.get("isCA") and not spec.get("dnsNames") and not spec.get("commonName"), f"Certificate {cert['metadata']['name']}: isCA, dnsNames or commonName")
+        check(spec.get("privateKey", {}).get("rotationPolicy") == "Always", f"Certificate {cert['metadata']['name']}: key not rotated at renewal")
+        check(spec["issuerRef"]["name"] and spec["issuerRef"]["kind"] in ("Issuer", "ClusterIssuer"), f"Certificate {cert['metadata']['name']}: issuerRef {spec['issuerRef']}")
+        print(f"  Certificate {ns}/{cert['metadata']['name']}: {', '.join(spec['uris'])} -> Secret {spec['secretName']} ({spec['duration']}, issuer {spec['issuerRef']['kind']}/{spec['issuerRef']['name']})")
+    check(not [d for d in docs if d["kind"] in ("Role", "RoleBinding")], "source certificate renders RBAC for csi-driver-spiffe")
+
+# The examples as the webhook injects them with this config.
+injected = sorted(glob.glob(os.path.join(out, f"injected-{label}-*.yaml"))) if binary else []
+if not binary or not injected:
+    print("  skipped the injected pods: no agent-reach binary (cargo build first, or set AGENT_REACH_BIN)")
+for path in injected:
+    for d in yaml.safe_load_all(open(path)):
+        if not d or d.get("kind") != "Deployment":
+            continue
+        ns, pod = d["metadata"]["namespace"], d["spec"]["template"]["spec"]
+        name = f"{os.path.basename(path)}: {d['metadata']['name']}"
+        sidecars = [c for c in pod.get("initContainers", []) + pod["containers"] if c["name"] == cfg["sidecar"]["name"]]
+        check(len(sidecars) == 1, f"{name}: {len(sidecars)} sidecars")
+        if not sidecars:
+            continue
+        sidecar = sidecars[0]
+        volumes = [v for v in pod.get("volumes", []) if v["name"] == VOLUME]
+        mounts = [m for m in sidecar.get("volumeMounts", []) if m["name"] == VOLUME]
+        check(len(volumes) == 1 and len(mounts) == 1, f"{name}: volume {VOLUME} x{len(volumes)}, mounted x{len(mounts)}")
+        check(mounts == [{"name": VOLUME, "mountPath": TLS_DIR, "readOnly": True}], f"{name}: mount {mounts}")
+        others = [c["name"] for c in pod.get("initContainers", []) + pod["containers"]
+                  if c is not sidecar and any(m["name"] == VOLUME for m in c.get("volumeMounts", []))]
+        check(not others, f"{name}: {others} mount the sidecar's key too")
+        sc = sidecar.get("securityContext", {})
+        check(sc.get("capabilities") == {"drop": ["ALL"]} and sc.get("allowPrivilegeEscalation") is False,
+              f"{name}: the sidecar's securityContext grew privileges: {sc}")
+        account = pod.get("serviceAccountName", "default")
+        if source == "certificate" and volumes:
+            secret = volumes[0].get("secret", {}).get("secretName")
+            check(secrets.get((ns, secret)) == [f"spiffe://{domain}/ns/{ns}/sa/{account}"],
+                  f"{name}: mounts Secret {secret}, which no Certificate for {ns}/{account} writes")
+        (env,) = [e for e in sidecar["env"] if e["name"] == "AGENT_REACH_BOOTSTRAP"]
+        boot = yaml.safe_load(env["value"])
+        tls = boot.get("tls") or {}
+        want = {"cert": f"{TLS_DIR}/tls.crt", "key": f"{TLS_DIR}/tls.key", "ca": f"{TLS_DIR}/ca.crt"}
+        check(tls == want, f"{name}: bootstrap tls {tls} != {want}")
+        print(f"  {name}: sa {account}, volume {VOLUME} ({next(iter(set(volumes[0]) - {'name'}), '?') if volumes else '-'}) read-only at {TLS_DIR}, bootstrap tls -> {', '.join(os.path.basename(p) for p in tls.values())}")
+
+        # `agent-reach check` of that bootstrap and the policy, with files of the same shape: a
+        # throwaway CA and a certificate for this pod's identity (openssl), where `tls` points.
+        work = os.path.join(out, f"certs-{label}-{d['metadata']['name']}")
+        os.makedirs(work, exist_ok=True)
+        identity = f"spiffe://{domain}/ns/{ns}/sa/{account}"
+        try:
+            make_certs(work, identity)
+        except (OSError, subprocess.CalledProcessError) as e:
+            print(f"  skipped `agent-reach check` of {name}'s bootstrap with certificate files: openssl failed or is missing ({e}); apt-get install openssl")
+            continue
+        policy_path = os.path.join(out, f"policy-{ns}.yaml")
+        for p in docs:
+            if p["kind"] == "ConfigMap" and "policy.yaml" in p.get("data", {}) and p["metadata"]["namespace"] == ns:
+                open(policy_path, "w").write(p["data"]["policy.yaml"])
+        boot["tls"] = {k: os.path.join(work, os.path.basename(v)) for k, v in tls.items()}
+        boot["gossip"]["key_file"] = os.path.join(work, "gossip.key")
+        open(boot["gossip"]["key_file"], "w").write("k" * 48 + "\n")
+        boot_path = os.path.join(work, "bootstrap.yaml")
+        open(boot_path, "w").write(yaml.safe_dump(boot, sort_keys=False))
+        result = subprocess.run([binary, "check", boot_path, policy_path], capture_output=True, text=True)
+        print("\n".join("    " + l for l in (result.stdout + result.stderr).strip().splitlines()))
+        check(result.returncode == 0, f"{name}: agent-reach check of the bootstrap with {identity} failed")
+        # The same bootstrap with files that do not exist: a check that reads them refuses it.
+        missing = dict(boot, tls={k: os.path.join(work, "missing", os.path.basename(v)) for k, v in tls.items()})
+        open(boot_path, "w").write(yaml.safe_dump(missing, sort_keys=False))
+        result = subprocess.run([binary, "check", boot_path], capture_output=True, text=True)
+        check(result.returncode != 0, f"{name}: agent-reach check passed a bootstrap whose tls files do not exist")
+        if result.returncode != 0:
+            print(f"    and with missing files it refuses: {(result.stdout + result.stderr).strip().splitlines()[0]}")
+
+for e in errors:
+    print(f"  ERROR {e}")
+sys.exit(1 if errors else 0)
+PY
+}
+
 # The injector's preStop hook keeps it serving while its endpoint is withdrawn: it must be the
 # image's own `agent-reach hook pre-stop` (no shell there), end within the grace period, and (with
 # a built binary) run as written.
@@ -527,16 +740,26 @@ step "helm lint --strict ($custom)" lint_custom
 step "helm template (default values)" render_default
 step "helm template ($custom)" render_custom
 step "helm template (cert-manager with issuerRef ${issuer_args[*]})" render_issuer
+step "helm lint --strict (mtls, each source)" lint_mtls
+step "helm template (mtls.source=csi)" render_mtls_csi
+step "helm template (mtls.source=certificate)" render_mtls_certificate
 step "values the chart must reject" rejects
 step "kubernetes-validate: default render" validate "$out/default.yaml"
 step "kubernetes-validate: custom render" validate "$out/custom.yaml"
 step "kubernetes-validate: issuerRef render" validate "$out/issuer.yaml"
+step "kubernetes-validate: mtls renders" validate "$out/mtls-csi.yaml" "$out/mtls-certificate.yaml"
 step "kubernetes-validate: examples/k8s" validate examples/k8s/*.yaml
 step "injector config (default values)" injector_config "$out/default.yaml" default
 step "injector config ($custom)" injector_config "$out/custom.yaml" custom
+step "injector config (mtls.source=csi)" injector_config "$out/mtls-csi.yaml" mtls-csi
+step "injector config (mtls.source=certificate)" injector_config "$out/mtls-certificate.yaml" mtls-certificate
 step "config/injector.yaml matches the chart's defaults" injector_copy
 step "agent-reach inject: examples/k8s (default values: native sidecar)" inject_examples default
 step "agent-reach inject: examples/k8s ($custom: plain container)" inject_examples custom
+step "agent-reach inject: examples/k8s (mtls.source=csi)" inject_examples mtls-csi
+step "agent-reach inject: examples/k8s (mtls.source=certificate)" inject_examples mtls-certificate
+step "mtls (source csi, mode strict, authorization)" mtls_render "$out/mtls-csi.yaml" mtls-csi csi strict cluster.local
+step "mtls (source certificate, mode permissive)" mtls_render "$out/mtls-certificate.yaml" mtls-certificate certificate permissive prod.example
 step "webhook TLS (default values)" webhook_tls "$out/default.yaml"
 step "cert-manager chain ($custom)" cert_manager "$out/custom.yaml"
 step "cert-manager with the user's issuer" cert_manager "$out/issuer.yaml" ClusterIssuer/corp-ca

@@ -15,10 +15,12 @@ pub const CONFIG: &str = "agent-reach.io/config";
 pub const MAX_CONCURRENCY: &str = "agent-reach.io/max-concurrency";
 pub const ZONE: &str = "agent-reach.io/zone";
 pub const PROBE_PATH: &str = "agent-reach.io/probe-path";
+/// `disabled`: no certificate for this pod's sidecar, though the injector gives them out.
+pub const MTLS: &str = "agent-reach.io/mtls";
 /// The label injected pods carry: the gossip Service, NetworkPolicy and PodMonitor select it.
 pub const INJECTED_LABEL: &str = "agent-reach.io/injected";
 
-const KNOWN: [&str; 8] = [
+const KNOWN: [&str; 9] = [
     INJECT,
     STATUS,
     AGENT_PORT,
@@ -27,6 +29,7 @@ const KNOWN: [&str; 8] = [
     MAX_CONCURRENCY,
     ZONE,
     PROBE_PATH,
+    MTLS,
 ];
 
 /// Why a pod cannot be admitted as written: the denial message the user sees.
@@ -56,6 +59,8 @@ pub enum AnnotationError {
     Linkerd,
     #[error("the object is not a pod: {0}")]
     NotAPod(String),
+    #[error("service account `{account}` has no certificate for mutual TLS (those that have: {known}); add it to the chart's mtls.certificate.serviceAccounts, or annotate the pod {MTLS}: disabled")]
+    NoCertificate { account: String, known: String },
 }
 
 /// The per-pod settings, from annotations or the injector's defaults.
@@ -68,6 +73,8 @@ pub struct Settings {
     pub probe_path: Option<String>,
     /// A ConfigMap holding the whole bootstrap instead.
     pub config_map: Option<String>,
+    /// The sidecar gets the injector's certificate volume and the bootstrap's `tls`.
+    pub mtls: bool,
 }
 
 impl Settings {
@@ -81,6 +88,7 @@ impl Settings {
             probe_path: (!config.defaults.probe_path.is_empty())
                 .then(|| config.defaults.probe_path.clone()),
             config_map: None,
+            mtls: config.mtls.is_some(),
         }
     }
 
@@ -111,6 +119,21 @@ impl Settings {
             }
         }
         let mut settings = Settings::defaults(config);
+        match get(MTLS) {
+            None => {}
+            Some("disabled") => settings.mtls = false,
+            Some("enabled") if config.mtls.is_some() => {}
+            Some("enabled") => {
+                return Err(invalid(
+                    MTLS,
+                    "enabled",
+                    "asks for a certificate, but the injector gives none out (the chart's mtls.enabled)",
+                ))
+            }
+            Some(other) => return Err(invalid(MTLS, other, "is not `enabled` or `disabled`")),
+        }
+        // Beside a whole bootstrap (`CONFIG`) the volume is still mounted; that bootstrap names
+        // the files itself.
         if let Some(name) = get(CONFIG) {
             for other in [AGENT_PORT, CAPABILITIES, MAX_CONCURRENCY, ZONE, PROBE_PATH] {
                 if annotations.contains_key(other) {

@@ -33,6 +33,10 @@ pub struct InjectorConfig {
     /// Pod volumes the sidecar mounts (policy ConfigMap, gossip key Secret).
     #[serde(default)]
     pub volumes: Vec<serde_json::Value>,
+    /// Mutual TLS between sidecars: the certificate volume every sidecar mounts. Absent: no
+    /// certificates (the fleet speaks plaintext).
+    #[serde(default)]
+    pub mtls: Option<Mtls>,
     /// Every injected pod's bootstrap without `agent`, which comes from the pod's annotations.
     /// `{namespace}` in a gossip seed becomes the pod's namespace.
     pub bootstrap: serde_json::Map<String, serde_json::Value>,
@@ -51,6 +55,23 @@ pub struct TlsFiles {
     /// How often the files are read again (cert-manager and the chart rotate them in place).
     #[serde(default = "default_reload_interval")]
     pub reload_interval: HumanDuration,
+}
+
+/// `mtls`: where a pod's certificate comes from. The webhook names the volume, mounts it
+/// read-only in the sidecar at `/var/run/agent-reach/tls` and names its `tls.crt`, `tls.key` and
+/// `ca.crt` in the bootstrap's `tls` (`mtls.rs`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Mtls {
+    /// A Kubernetes volume without its `name`: `csi` for csi-driver-spiffe (a certificate per
+    /// pod), `secret` for a cert-manager Certificate's Secret (one per service account).
+    /// `{service_account}` in a string becomes the pod's service account.
+    pub volume: serde_json::Map<String, serde_json::Value>,
+    /// When set, only pods running as one of these service accounts (`namespace/name`) are
+    /// injected; any other is denied, since the Secret its volume would name does not exist and
+    /// the pod would never start.
+    #[serde(default)]
+    pub service_accounts: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]

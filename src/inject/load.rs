@@ -7,6 +7,7 @@ use std::path::Path;
 
 use super::annotations::Settings;
 use super::config::InjectorConfig;
+use super::mtls;
 use super::pod::bootstrap_text;
 use crate::config::{self, ConfigError};
 
@@ -44,6 +45,7 @@ impl InjectorConfig {
                     .to_owned(),
             ));
         }
+        mtls::check(&config).map_err(invalid)?;
         for volume in &config.volumes {
             if volume.get("name").and_then(|n| n.as_str()).is_none() {
                 return Err(invalid("volumes: every volume needs a `name`".to_owned()));

@@ -6,17 +6,21 @@ mod annotations;
 mod config;
 mod load;
 mod manifest;
+mod mtls;
 mod patch;
 mod pod;
 mod review;
 mod server;
+#[cfg(test)]
+mod tests;
 
 pub use annotations::{
     AnnotationError, Settings, AGENT_PORT, CAPABILITIES, CONFIG, INJECT, INJECTED_LABEL,
-    MAX_CONCURRENCY, PREFIX, PROBE_PATH, STATUS, ZONE,
+    MAX_CONCURRENCY, MTLS, PREFIX, PROBE_PATH, STATUS, ZONE,
 };
-pub use config::{Defaults, InjectorConfig, Prometheus, TlsFiles};
+pub use config::{Defaults, InjectorConfig, Mtls, Prometheus, TlsFiles};
 pub use manifest::{inject_manifests, ManifestError};
+pub use mtls::{TLS_DIR, TLS_VOLUME};
 pub use patch::{apply, escape, Op, PatchError};
 pub use pod::{bootstrap_text, decide, Decision, OptIn};
 pub use review::{answer, Answer, BadReview, Verdict};

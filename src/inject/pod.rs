@@ -6,6 +6,7 @@ use serde_json::{json, Map, Value};
 
 use super::annotations::{join, AnnotationError, Settings, INJECT, INJECTED_LABEL, STATUS};
 use super::config::InjectorConfig;
+use super::mtls;
 use super::patch::{escape, Op};
 use crate::config::{parse_bootstrap, Bootstrap};
 
@@ -196,6 +197,9 @@ pub fn bootstrap_text(
         .collect();
     agent.insert("capabilities".into(), Value::Array(capabilities));
     bootstrap.insert("agent".into(), Value::Object(agent));
+    if settings.mtls && config.mtls.is_some() {
+        bootstrap.insert("tls".into(), mtls::bootstrap_tls());
+    }
     let text = serde_yaml::to_string(&Value::Object(bootstrap)).map_err(|e| e.to_string())?;
     let parsed = parse_bootstrap(Path::new("bootstrap"), &text).map_err(|e| e.to_string())?;
     Ok((text, parsed))
@@ -230,6 +234,10 @@ fn patch(
     }
     for e in env {
         push(&mut container, "env", e);
+    }
+    if let Some(source) = config.mtls.as_ref().filter(|_| settings.mtls) {
+        volumes.push(mtls::volume(source, pod, namespace)?);
+        push(&mut container, "volumeMounts", mtls::mount());
     }
     let admin = config.admin_port();
     if config.native_sidecar {

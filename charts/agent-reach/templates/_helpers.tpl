@@ -137,4 +137,63 @@ webhook's caBundle and the Deployment's checksum/tls must all see the same certi
 {{- if has (int .Values.fleet.defaults.agentPort) $ports }}
 {{- fail (printf "fleet.defaults.agentPort %d is one of the sidecar's ports (sidecar.ports)" (int .Values.fleet.defaults.agentPort)) }}
 {{- end }}
+{{- include "agent-reach.validateMtls" . }}
+{{- end }}
+
+{{/* Checks of mtls.* and authorization.* (called by agent-reach.validate). */}}
+{{- define "agent-reach.validateMtls" -}}
+{{- $m := .Values.mtls }}
+{{- $authz := .Values.authorization }}
+{{- if and (or $authz.capabilities (eq $authz.default "deny")) (or (not $m.enabled) (eq $m.mode "disabled")) }}
+{{- fail "authorization lists capabilities (or denies by default) but sidecars have no verified identities (mtls.enabled=false or mtls.mode=disabled): every caller would be refused; set mtls.enabled=true and mtls.mode permissive or strict" }}
+{{- end }}
+{{- if and $m.enabled (eq $m.source "certificate") }}
+{{- if not $m.issuer.name }}
+{{- fail "mtls.source=certificate needs mtls.issuer.name: the cert-manager Issuer or ClusterIssuer that signs the sidecars' certificates" }}
+{{- end }}
+{{- if not $m.certificate.serviceAccounts }}
+{{- fail "mtls.source=certificate needs mtls.certificate.serviceAccounts: the injector refuses pods whose service account has no certificate, so with none listed it would refuse every pod" }}
+{{- end }}
+{{- $fleet := include "agent-reach.fleetNamespaces" . | fromJsonArray }}
+{{- range $m.certificate.serviceAccounts }}
+{{- if contains "/" . }}
+{{- $ns := first (splitList "/" .) }}
+{{- if not (has $ns $fleet) }}
+{{- fail (printf "mtls.certificate.serviceAccounts: %s is not in a fleet namespace (%s)" . (join ", " $fleet)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range include "agent-reach.mtlsServiceAccounts" . | fromJsonArray }}
+{{- $secret := printf "%s-%s" (include "agent-reach.mtlsSecretPrefix" $) .name }}
+{{- if gt (len $secret) 253 }}
+{{- fail (printf "mtls.certificate.serviceAccounts: the Secret name %s is longer than 253 characters" $secret) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The prefix of the per-service-account certificate Secrets (source=certificate): <prefix>-<service account>. */}}
+{{- define "agent-reach.mtlsSecretPrefix" -}}
+{{- include "agent-reach.fullname" . }}-mtls
+{{- end }}
+
+{{/*
+The service accounts that get a Certificate (mtls.source=certificate), as a JSON list of
+{"namespace": …, "name": …}: a bare name in every fleet namespace, namespace/name in that one.
+*/}}
+{{- define "agent-reach.mtlsServiceAccounts" -}}
+{{- $fleet := include "agent-reach.fleetNamespaces" . | fromJsonArray }}
+{{- $out := list }}
+{{- range .Values.mtls.certificate.serviceAccounts }}
+{{- if contains "/" . }}
+{{- $parts := splitList "/" . }}
+{{- $out = append $out (dict "namespace" (index $parts 0) "name" (index $parts 1)) }}
+{{- else }}
+{{- $name := . }}
+{{- range $fleet }}
+{{- $out = append $out (dict "namespace" . "name" $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $out | uniq | toJson }}
 {{- end }}

@@ -61,6 +61,11 @@ resources:
 securityContext:
   runAsNonRoot: true
   runAsUser: 65532
+  {{- if .Values.mtls.enabled }}
+  # The group csi-driver-spiffe gives the certificate files (its fs-group volume attribute): they
+  # are 0440, readable by this group only.
+  runAsGroup: 65532
+  {{- end }}
   readOnlyRootFilesystem: true
   allowPrivilegeEscalation: false
   capabilities:
@@ -84,4 +89,34 @@ volumeMounts:
 - name: agent-reach-gossip-key
   secret:
     secretName: {{ include "agent-reach.gossipKeyName" . }}
+{{- end }}
+
+{{/*
+The certificate volume of mtls.enabled (injector.yaml, key `mtls`): the injector names it, mounts
+it read-only at /var/run/agent-reach/tls in the sidecar and adds `tls` to the bootstrap.
+*/}}
+{{- define "agent-reach.mtlsInjector" -}}
+{{- $m := .Values.mtls -}}
+{{- if eq $m.source "csi" -}}
+# csi-driver-spiffe: a certificate per pod for its service account, requested when the pod starts
+# and renewed in place; the driver is configured with the issuer and trust domain at its install.
+volume:
+  csi:
+    driver: spiffe.csi.cert-manager.io
+    readOnly: true
+    volumeAttributes:
+      # The files' group (0440): the sidecar's runAsGroup.
+      spiffe.csi.cert-manager.io/fs-group: "65532"
+{{- else -}}
+# The Secret of the pod's service account's Certificate; `{service_account}` is literal: the
+# webhook puts the pod's service account there, and refuses a pod whose service account is not
+# listed below (its Secret does not exist).
+volume:
+  secret:
+    secretName: {{ printf "%s-{service_account}" (include "agent-reach.mtlsSecretPrefix" .) | quote }}
+service_accounts:
+  {{- range include "agent-reach.mtlsServiceAccounts" . | fromJsonArray }}
+  - {{ printf "%s/%s" .namespace .name | quote }}
+  {{- end }}
+{{- end }}
 {{- end }}

@@ -1,0 +1,248 @@
+//! Unit tests across the injector's pieces: the shipped `injector.yaml` with an `mtls` section,
+//! a pod decided and patched, and the pod JSON as the API server would store it.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::annotations::{AnnotationError, MTLS};
+use super::config::InjectorConfig;
+use super::mtls::{TLS_DIR, TLS_VOLUME};
+use super::patch::apply;
+use super::pod::{decide, Decision, OptIn};
+use crate::config::parse_bootstrap;
+
+const SHIPPED: &str = include_str!("../../config/injector.yaml");
+
+/// What the chart renders with mtls.source=csi.
+const CSI: &str = r#"
+mtls:
+  volume:
+    csi:
+      driver: spiffe.csi.cert-manager.io
+      readOnly: true
+      volumeAttributes: { spiffe.csi.cert-manager.io/fs-group: "65532" }
+"#;
+
+/// What the chart renders with mtls.source=certificate.
+const CERTIFICATE: &str = r#"
+mtls:
+  volume:
+    secret: { secretName: "agent-reach-mtls-{service_account}" }
+  service_accounts: ["agents/coder", "agents/writer"]
+"#;
+
+fn config(extra: &str) -> InjectorConfig {
+    let text = format!("{SHIPPED}{extra}");
+    match InjectorConfig::parse(Path::new("injector.yaml"), &text) {
+        Ok(c) => c,
+        Err(err) => panic!("injector.yaml with {extra}: {err}"),
+    }
+}
+
+fn new_pod(annotations: Value, service_account: Option<&str>) -> Value {
+    let mut pod = json!({
+        "metadata": { "name": "coder-0", "annotations": annotations },
+        "spec": { "containers": [{ "name": "agent", "image": "agent:1" }] },
+    });
+    if let Some(sa) = service_account {
+        pod["spec"]["serviceAccountName"] = json!(sa);
+    }
+    pod
+}
+
+fn enabled() -> Value {
+    json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/capabilities": "code-review" })
+}
+
+/// The pod after the webhook's patch.
+fn injected(config: &InjectorConfig, pod: &Value) -> Result<Value, AnnotationError> {
+    let mut pod = pod.clone();
+    match decide(config, &pod, "agents", OptIn::Annotation)? {
+        Decision::Inject(ops) => {
+            if let Err(err) = apply(&mut pod, &ops) {
+                panic!("patch: {err}");
+            }
+            Ok(pod)
+        }
+        Decision::Skip { reason, .. } => panic!("skipped: {reason}"),
+    }
+}
+
+fn sidecar(pod: &Value) -> &Value {
+    &pod["spec"]["initContainers"][0]
+}
+
+fn tls_volume(pod: &Value) -> Option<&Value> {
+    pod["spec"]["volumes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == TLS_VOLUME)
+}
+
+fn tls_mount(pod: &Value) -> Option<&Value> {
+    sidecar(pod)["volumeMounts"]
+        .as_array()?
+        .iter()
+        .find(|m| m["name"] == TLS_VOLUME)
+}
+
+/// The sidecar's bootstrap, from its environment, as YAML and as the sidecar parses it.
+fn bootstrap(pod: &Value) -> Value {
+    let env = sidecar(pod)["env"].as_array().cloned().unwrap_or_default();
+    let text = env
+        .iter()
+        .find(|e| e["name"] == "AGENT_REACH_BOOTSTRAP")
+        .and_then(|e| e["value"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    if let Err(err) = parse_bootstrap(Path::new("bootstrap"), &text) {
+        panic!("the injected bootstrap does not parse: {err}\n{text}");
+    }
+    serde_yaml::from_str(&text).unwrap_or(Value::Null)
+}
+
+#[test]
+fn csi_source_mounts_the_driver_volume_read_only_and_names_the_files_in_the_bootstrap() {
+    let config = config(CSI);
+    let pod = match injected(&config, &new_pod(enabled(), Some("coder"))) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(
+        tls_volume(&pod),
+        Some(&json!({
+            "name": TLS_VOLUME,
+            "csi": {
+                "driver": "spiffe.csi.cert-manager.io",
+                "readOnly": true,
+                "volumeAttributes": { "spiffe.csi.cert-manager.io/fs-group": "65532" },
+            },
+        }))
+    );
+    assert_eq!(
+        tls_mount(&pod),
+        Some(&json!({ "name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": true }))
+    );
+    assert_eq!(
+        bootstrap(&pod)["tls"],
+        json!({
+            "cert": "/var/run/agent-reach/tls/tls.crt",
+            "key": "/var/run/agent-reach/tls/tls.key",
+            "ca": "/var/run/agent-reach/tls/ca.crt",
+        })
+    );
+    // No privilege for it: the sidecar's securityContext is the chart's, untouched.
+    assert_eq!(
+        sidecar(&pod)["securityContext"],
+        config.sidecar["securityContext"]
+    );
+    assert_eq!(
+        sidecar(&pod)["securityContext"]["capabilities"],
+        json!({ "drop": ["ALL"] })
+    );
+    // The agent's own container sees none of it.
+    assert_eq!(pod["spec"]["containers"][0].get("volumeMounts"), None);
+}
+
+#[test]
+fn certificate_source_mounts_the_service_accounts_secret_and_refuses_an_unlisted_one() {
+    let config = config(CERTIFICATE);
+    let pod = match injected(&config, &new_pod(enabled(), Some("writer"))) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(
+        tls_volume(&pod),
+        Some(&json!({ "name": TLS_VOLUME, "secret": { "secretName": "agent-reach-mtls-writer" } }))
+    );
+    assert!(tls_mount(&pod).is_some());
+    assert_eq!(
+        bootstrap(&pod)["tls"]["cert"],
+        json!("/var/run/agent-reach/tls/tls.crt")
+    );
+
+    // No serviceAccountName: `default`, which has no certificate here.
+    let err = injected(&config, &new_pod(enabled(), None)).err();
+    assert!(
+        matches!(&err, Some(AnnotationError::NoCertificate { account, .. }) if account == "agents/default"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_pod_can_opt_out_and_cannot_opt_in_where_the_injector_has_no_certificates() {
+    let mut annotations = enabled();
+    annotations[MTLS] = json!("disabled");
+    let with = config(CERTIFICATE);
+    // Opted out, an unlisted service account is no reason to refuse the pod.
+    let pod = match injected(&with, &new_pod(annotations.clone(), Some("intern"))) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(tls_volume(&pod), None);
+    assert_eq!(tls_mount(&pod), None);
+    assert_eq!(bootstrap(&pod).get("tls"), None);
+
+    let without = config("");
+    annotations[MTLS] = json!("enabled");
+    let err = injected(&without, &new_pod(annotations.clone(), None))
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("the chart's mtls.enabled")),
+        "{err:?}"
+    );
+    annotations[MTLS] = json!("sometimes");
+    assert!(injected(&with, &new_pod(annotations, Some("coder"))).is_err());
+}
+
+#[test]
+fn without_mtls_a_pod_gets_no_certificate_volume_and_no_tls() {
+    let config = config("");
+    let pod = match injected(&config, &new_pod(enabled(), Some("coder"))) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(tls_volume(&pod), None);
+    assert_eq!(tls_mount(&pod), None);
+    assert_eq!(bootstrap(&pod).get("tls"), None);
+}
+
+#[test]
+fn a_pod_with_a_volume_of_the_same_name_is_denied() {
+    let config = config(CSI);
+    let mut taken = new_pod(enabled(), Some("coder"));
+    taken["spec"]["volumes"] = json!([{ "name": TLS_VOLUME, "emptyDir": {} }]);
+    assert_eq!(
+        injected(&config, &taken).err(),
+        Some(AnnotationError::NameTaken {
+            what: "volume",
+            name: TLS_VOLUME.to_owned()
+        })
+    );
+}
+
+#[test]
+fn mtls_mistakes_in_the_injectors_file_fail_at_load() {
+    let path = Path::new("injector.yaml");
+    let error = |extra: &str| {
+        InjectorConfig::parse(path, &format!("{SHIPPED}{extra}"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    assert!(error("mtls:\n  volume: { name: x, csi: { driver: d } }\n").contains("without `name`"));
+    assert!(error("mtls:\n  volume: {}\n").contains("mtls.volume"));
+    assert!(error(&CERTIFICATE.replace("agents/writer", "writer")).contains("not namespace/name"));
+    let with_tls = SHIPPED.replace(
+        "bootstrap:                             # each pod's bootstrap; annotations fill `agent`\n",
+        "bootstrap:\n  tls: { cert: a, key: b, ca: c }\n",
+    );
+    let err = InjectorConfig::parse(path, &format!("{with_tls}{CSI}"))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("must not have `tls` beside `mtls`"), "{err}");
+}
