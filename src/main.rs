@@ -72,6 +72,22 @@ enum Command {
         #[arg(long)]
         log_json: bool,
     },
+    /// Write a throwaway CA and a SPIFFE workload certificate per name, for mutual TLS between
+    /// sidecars run by hand (a cluster gets them from cert-manager: docs/kubernetes.md).
+    DevCerts {
+        /// Where to write `<name>/tls.crt`, `<name>/tls.key` and `<name>/ca.crt`.
+        #[arg(long)]
+        out: PathBuf,
+        /// The trust domain of the SPIFFE IDs.
+        #[arg(long, default_value = "dev.local")]
+        trust_domain: String,
+        /// The namespace part of the IDs.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// One workload (service account) per name: `spiffe://<trust-domain>/ns/<ns>/sa/<name>`.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
     /// Container lifecycle hooks for the plain-container sidecar (images have no shell).
     #[command(hide = true)]
     Hook {
@@ -116,6 +132,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { files } => check(&files),
+        Command::DevCerts {
+            out,
+            trust_domain,
+            namespace,
+            names,
+        } => dev_certs(&out, &trust_domain, &namespace, &names),
         Command::Run {
             config,
             policy,
@@ -150,6 +172,38 @@ fn main() -> ExitCode {
         } => {
             init_tracing("warn", false);
             demo_command(duration, concurrency, json)
+        }
+    }
+}
+
+fn dev_certs(out: &Path, trust_domain: &str, namespace: &str, names: &[String]) -> ExitCode {
+    let issued = agent_reach::pki::DevCa::new("agent-reach dev CA").and_then(|ca| {
+        names
+            .iter()
+            .map(|name| {
+                let id = format!("spiffe://{trust_domain}/ns/{namespace}/sa/{name}");
+                agent_reach::identity::SpiffeId::parse(&id)
+                    .map_err(agent_reach::pki::PkiError::BadUri)?;
+                ca.write_files(&out.join(name), &id)
+                    .map(|files| (id, files))
+            })
+            .collect::<Result<Vec<_>, _>>()
+    });
+    match issued {
+        Ok(issued) => {
+            for (id, files) in issued {
+                println!(
+                    "{id}: {} {} {}",
+                    files.cert.display(),
+                    files.key.display(),
+                    files.ca.display()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("{err}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -214,15 +268,21 @@ fn check_tls(files: &config::TlsFiles) -> Result<String, String> {
             checked.valid_in
         ));
     }
-    let soon = if checked.expires_in < 7 * DAY {
-        " — renew it soon"
+    // cert-manager renews at two thirds of a certificate's life: past that, it is late.
+    let lifetime = (checked.expires_in - checked.valid_in).max(1);
+    let soon = if checked.expires_in * 3 < lifetime {
+        " — past two thirds of its life: is its renewal running?"
     } else {
         ""
     };
+    let left = if checked.expires_in >= DAY {
+        format!("{} days", checked.expires_in / DAY)
+    } else {
+        format!("{} min", checked.expires_in / 60)
+    };
     Ok(format!(
-        "tls identity {}, certificate expires in {} days{soon}",
-        checked.identity,
-        checked.expires_in / DAY
+        "tls identity {}, certificate expires in {left}{soon}",
+        checked.identity
     ))
 }
 

@@ -16,7 +16,7 @@ async fn routes_by_header_over_http1() {
     let pair = Pair::start(MockConfig::new("coder-1")).await;
     let reply = call(&client(), pair.outbound()).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    assert_eq!(reply.header("reach-agent"), "coder-1");
+    assert_eq!(reply.header("reach-agent"), "coder-1", "{reply:?}");
     assert_eq!(reply.json()["agent"], "coder-1");
     assert_eq!(
         reply.json()["received_bytes"],
@@ -31,7 +31,7 @@ async fn routes_by_capability_authority() {
     let url = format!("http://{}/review", pair.outbound());
     let reply = send(&client(), "GET", &url, &[("host", "code-review.reach")], "").await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    assert_eq!(reply.header("reach-agent"), "coder-1");
+    assert_eq!(reply.header("reach-agent"), "coder-1", "{reply:?}");
 }
 
 #[tokio::test]
@@ -182,7 +182,7 @@ async fn an_agent_that_never_answers_times_out_with_504() {
     let reply = call(&client(), pair.outbound()).await;
     assert_eq!(reply.status, 504, "{}", reply.body);
     assert_eq!(reply.header("reach-reason"), "timeout");
-    assert_eq!(reply.header("reach-agent"), "coder-1");
+    assert_eq!(reply.header("reach-agent"), "coder-1", "{reply:?}");
 }
 
 #[tokio::test]

@@ -12,6 +12,9 @@ use crate::reach::{self, State};
 use crate::registry::Peer;
 use std::sync::Arc;
 
+/// How much longer than a peer's published timeout a caller waits for its answer.
+const PUBLISHED_TIMEOUT_GRACE: Duration = Duration::from_millis(50);
+
 impl PeerViews {
     /// Scores every candidate for a request; excluded ones carry the reason.
     pub fn score(
@@ -80,7 +83,10 @@ impl PeerViews {
                 };
                 let timeout = peer.timeout.unwrap_or_else(|| {
                     published.map_or(snapshot.policy.timeouts.request.get(), |c| {
-                        Duration::from_millis(c.timeout_ms)
+                        // The callee enforces its own timeout and answers 504 naming its agent;
+                        // waiting a moment longer lets that answer, not a bare timeout of our
+                        // own, be what comes back.
+                        Duration::from_millis(c.timeout_ms) + PUBLISHED_TIMEOUT_GRACE
                     })
                 });
                 let at_limit = peer.max_concurrency.is_some_and(|max| entry.pending >= max);
