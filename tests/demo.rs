@@ -74,6 +74,19 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
 
     // Hostile input at coder-1's inbound: every answerable request refused, nothing counted
     // against the agent, no call of the caller failed.
+    // Strict mTLS with authorization: the intruder refused every time, nothing reached an agent,
+    // plaintext refused at the handshake, the caller's own calls unharmed.
+    let a = &summary["authorization"];
+    assert_eq!(a["intruder_forbidden"], a["intruder_calls"], "{a}");
+    assert_eq!(a["denied_counted"], a["intruder_calls"], "{a}");
+    assert_eq!(a["reached_agents"], 0, "{a}");
+    assert_eq!(a["plaintext_status"], 403, "{a}");
+    assert!(a["calls"].as_u64().unwrap() > 0, "{a}");
+    assert!(
+        a["failed"].as_u64().unwrap() * 100 <= a["calls"].as_u64().unwrap(),
+        "{a}"
+    );
+
     let h = &summary["hostile"];
     assert_eq!(h["refused_as_expected"], h["answerable"], "{h}");
     assert_eq!(h["agent_failures_added"], 0, "{h}");

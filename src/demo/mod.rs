@@ -3,9 +3,11 @@
 //! outbound port. Partway through, one agent goes fake-online the seeds' way (`/healthz` 200,
 //! business calls 429) and later heals; the summary shows it leave rotation and ramp back in
 //! while the caller's calls keep succeeding. Then a retry storm, then a stranger's hostile input,
-//! then one agent ten times slower, then a crash and a newcomer whose sidecar is set up by the injector from its pod's
-//! annotations, as in Kubernetes.
+//! then one agent ten times slower, then a crash and a newcomer whose sidecar is set up by the
+//! injector from its pod's annotations, as in Kubernetes. Every sidecar hop is mutual TLS; last,
+//! the policy turns strict with per-capability authorization and an intruder is refused.
 
+mod authorized;
 mod drive;
 mod hostile;
 mod injected;
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use authorized::AuthorizationSummary;
 pub use hostile::HostileSummary;
 pub use injected::Injection;
 pub use membership::MembershipSummary;
@@ -34,6 +37,8 @@ use crate::reach::State;
 use crate::Sidecar;
 
 const CAPABILITY: &str = "code-review";
+/// The fleet's SPIFFE trust domain: agent `x` is `spiffe://demo.local/ns/agents/sa/x`.
+const TRUST_DOMAIN: &str = "spiffe://demo.local";
 const AGENTS: [&str; 3] = ["coder-1", "coder-2", "coder-3"];
 /// The agent that goes fake-online.
 const BROKEN: usize = 1;
@@ -75,6 +80,8 @@ pub struct DemoSummary {
     pub slow: SlowSummary,
     /// A crash and a newcomer, found and forgotten by gossip.
     pub membership: MembershipSummary,
+    /// Strict mutual TLS and per-capability authorization: an intruder refused.
+    pub authorization: AuthorizationSummary,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -140,6 +147,8 @@ pub struct Fleet {
     policy: Policy,
     seed: Vec<SocketAddr>,
     key_dir: PathBuf,
+    /// Issues every sidecar's workload certificate (`tls` in its bootstrap).
+    ca: crate::pki::DevCa,
 }
 
 impl Fleet {
@@ -148,19 +157,20 @@ impl Fleet {
     pub async fn start(policy: Policy) -> Result<Self, DemoError> {
         let started = Instant::now();
         let key_dir = write_cluster_key()?;
+        let ca = crate::pki::DevCa::new("agent-reach demo CA")
+            .map_err(|e| DemoError::Config(e.to_string()))?;
+        let caller = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+            .map_err(DemoError::Config)?
+            .with_gossip(&[], key_dir.join("gossip.key"));
+        let caller = tls_files(&ca, &key_dir, caller, &agent_identity("caller"))?;
         let mut fleet = Self {
             agents: Vec::new(),
-            caller: start_sidecar(
-                Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
-                    .map_err(DemoError::Config)?
-                    .with_gossip(&[], key_dir.join("gossip.key")),
-                policy.clone(),
-            )
-            .await?,
+            caller: start_sidecar(caller, policy.clone()).await?,
             found_after: Duration::ZERO,
             policy,
             seed: Vec::new(),
             key_dir,
+            ca,
         };
         fleet.seed = fleet.caller.addrs.gossip.into_iter().collect();
         for name in AGENTS {
@@ -192,6 +202,7 @@ impl Fleet {
         }
         // Short, so the hostile act's stalled uploads are refused within the act.
         bootstrap.limits.body_read_timeout = HumanDuration::from_millis(300);
+        let bootstrap = self.with_tls(bootstrap, &agent_identity(name))?;
         let sidecar = start_sidecar(bootstrap, self.policy.clone()).await?;
         self.agents.push((agent, sidecar));
         Ok(())
@@ -207,9 +218,32 @@ impl Fleet {
             &self.seed,
             self.key_dir.join("gossip.key"),
         )?;
+        let bootstrap = self.with_tls(bootstrap, &agent_identity(name))?;
         let sidecar = start_sidecar(bootstrap, self.policy.clone()).await?;
         self.agents.push((agent, sidecar));
         Ok(injection)
+    }
+
+    /// `bootstrap` with a certificate for `identity` from the fleet's CA.
+    fn with_tls(&self, bootstrap: Bootstrap, identity: &str) -> Result<Bootstrap, DemoError> {
+        tls_files(&self.ca, &self.key_dir, bootstrap, identity)
+    }
+
+    /// Every sidecar of the fleet: the agents' and the caller's.
+    fn sidecars(&self) -> impl Iterator<Item = &Sidecar> {
+        self.agents
+            .iter()
+            .map(|(_, s)| s)
+            .chain(std::iter::once(&self.caller))
+    }
+
+    /// A counter summed over the agents' sidecars: every series starting with `prefix`.
+    async fn metric_sum(&self, prefix: &str) -> u64 {
+        let mut sum = 0;
+        for (_, sidecar) in &self.agents {
+            sum += metric(sidecar, prefix).await;
+        }
+        sum
     }
 
     pub async fn shutdown(self) {
@@ -220,6 +254,60 @@ impl Fleet {
         self.caller.shutdown().await;
         let _ = std::fs::remove_dir_all(&self.key_dir);
     }
+}
+
+/// An agent's SPIFFE ID: its service account is its name.
+fn agent_identity(name: &str) -> String {
+    format!("{TRUST_DOMAIN}/ns/agents/sa/{name}")
+}
+
+/// Issues a certificate for `identity` into `dir/tls/<name>` and names the files in `bootstrap`.
+fn tls_files(
+    ca: &crate::pki::DevCa,
+    dir: &std::path::Path,
+    mut bootstrap: Bootstrap,
+    identity: &str,
+) -> Result<Bootstrap, DemoError> {
+    let at = dir.join("tls").join(bootstrap.agent.name.as_str());
+    let files = ca
+        .write_files(&at, identity)
+        .map_err(|e| DemoError::Config(e.to_string()))?;
+    bootstrap.tls = Some(files);
+    Ok(bootstrap)
+}
+
+/// A counter on `sidecar`'s `/metrics`: the sum of the series starting with `prefix`.
+async fn metric(sidecar: &Sidecar, prefix: &str) -> u64 {
+    use http_body_util::BodyExt;
+    let client = crate::http::client::build(&Policy::default());
+    let Ok(request) = http::Request::get(format!("http://{}/metrics", sidecar.addrs.admin))
+        .body(crate::http::body::empty())
+    else {
+        return 0;
+    };
+    let Ok(response) = client.request(request).await else {
+        return 0;
+    };
+    let Ok(body) = response.into_body().collect().await else {
+        return 0;
+    };
+    String::from_utf8_lossy(&body.to_bytes())
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Polls `done` every 20 ms for up to `within`.
+async fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    done()
 }
 
 /// What a call takes once an agent's dependency slows down: ten times the usual 20–60 ms.
@@ -359,6 +447,8 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         options.concurrency,
     )
     .await?;
+    let authorization =
+        authorized::run(&mut fleet, Duration::from_secs(2), options.concurrency).await?;
     fleet.shutdown().await;
     let fault = report::fault_summary(AGENTS[BROKEN], &samples, &calls.take(), fault_at, heal_at);
     Ok(DemoSummary {
@@ -372,6 +462,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         hostile,
         slow,
         membership,
+        authorization,
     })
 }
 
