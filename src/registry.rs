@@ -300,6 +300,24 @@ impl Registry {
         })
     }
 
+    /// The first known peer `matches` accepts (gossip members first), without collecting them:
+    /// the inbound path asks this per call.
+    pub fn find_where(
+        &self,
+        snapshot: &Snapshot,
+        matches: impl Fn(&Peer) -> bool,
+    ) -> Option<Arc<Peer>> {
+        let gossip = self.gossip.load();
+        if let Some(p) = gossip.peers.iter().find(|p| matches(p)) {
+            return Some(p.clone());
+        }
+        self.configured(snapshot)
+            .peers
+            .iter()
+            .find(|p| !gossip.by_name.contains_key(&p.name) && matches(p))
+            .cloned()
+    }
+
     /// Names of every known peer.
     pub fn names(&self, snapshot: &Snapshot) -> HashSet<String> {
         self.peers(snapshot)

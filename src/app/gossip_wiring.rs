@@ -71,7 +71,7 @@ pub(super) async fn start(
         handle.clone(),
         local,
         published_inbound,
-        tls,
+        (store.clone(), tls),
         stop.clone(),
     ));
     if !config.seeds.is_empty() {
@@ -133,7 +133,7 @@ async fn offer_views(
     handle: Arc<GossipHandle>,
     local: Arc<LocalAgent>,
     inbound: String,
-    tls: Option<Arc<MeshTls>>,
+    (store, tls): (Arc<ConfigStore>, Option<Arc<MeshTls>>),
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(OFFER_EVERY);
@@ -144,8 +144,12 @@ async fn offer_views(
         }
         let view = local.self_view();
         // The node ignores a profile equal to the last one.
-        // The identity is read each time: a rotation may change it.
-        let identity = tls.as_ref().map(|t| t.identity());
+        // Read each time: a rotation may change the identity, a reload the mode. With mTLS
+        // disabled this sidecar takes no TLS, so it announces none (callers speak plaintext).
+        let identity = tls
+            .as_ref()
+            .filter(|_| store.snapshot().mtls_mode() != crate::config::MtlsMode::Disabled)
+            .map(|t| t.identity());
         handle.publish_profile(peers::profile(&view, inbound.clone(), identity));
         handle.publish_live(peers::live(&view));
     }

@@ -130,9 +130,9 @@ pub(super) fn caller_named_by<B>(
             .is_some_and(|(ip, r)| ip.to_canonical() == r.ip().to_canonical())
     };
     registry
-        .peers(snapshot)
-        .iter()
-        .find(|p| p.identity.as_ref() == Some(identity) && at_address(p))
+        .find_where(snapshot, |p| {
+            p.identity.as_ref() == Some(identity) && at_address(p)
+        })
         .map_or_else(|| identity.leaf().to_owned(), |p| p.name.clone())
 }
 
