@@ -422,6 +422,51 @@ async fn a_forged_caller_header_is_replaced_by_the_certificates_identity() {
     assert_eq!(headers.get_all("reach-caller-identity").iter().count(), 1);
 }
 
+// The inbound listener offers ALPN h2 and http/1.1: a client that speaks only h2 over TLS is
+// served over h2.
+#[tokio::test]
+async fn an_h2_client_negotiates_h2_by_alpn() {
+    let pki = Pki::new("alpn");
+    let (agent, seen) = echo_agent().await;
+    let callee = start(
+        with_tls(
+            Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
+            pki.files("coder", &id("agents", "coder")),
+        ),
+        policy(Some(MtlsMode::Strict)),
+    )
+    .await;
+    let tls = MeshTls::load(pki.files("h2", &id("agents", "h2"))).unwrap();
+    let mut config = (*tls.current().client).clone();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(callee.addrs.inbound)
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let stream = connector.connect(name, tcp).await.unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut tx, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let request = Request::post(format!("https://{}/review", callee.addrs.inbound))
+        .header("reach-capability", CAP)
+        .body(Full::new(Bytes::from_static(b"x")))
+        .unwrap();
+    let response = tx.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    let headers = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(
+        headers["reach-caller-identity"],
+        id("agents", "h2").as_str()
+    );
+}
+
 /// Rewrites a certificate pair in place the way a careless rotation would: the key first, the
 /// certificate a moment later (a reader in between sees a pair that does not match).
 fn rotate(ca: &DevCa, files: &TlsFiles, spiffe_id: &str) {
