@@ -13,46 +13,12 @@ use agent_reach::config::HumanDuration;
 use agent_reach::mock_agent::{MockConfig, Mode};
 use agent_reach::reach::State;
 use agent_reach::Bootstrap;
-use http::{HeaderMap, Request, Response};
+use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// An agent that answers 200 and remembers the head of every request it got.
-async fn echo_agent() -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>) {
-    sized_agent(2).await
-}
-
-/// An agent that answers every request with `size` bytes and remembers each request's head.
-async fn sized_agent(size: usize) -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>) {
-    let body = bytes::Bytes::from(vec![b'x'; size]);
-    let listener = TcpListener::bind(any_port()).await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
-    let record = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let (record, body) = (record.clone(), body.clone());
-            tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                        let (record, body) = (record.clone(), body.clone());
-                        async move {
-                            record.lock().unwrap().push(req.headers().clone());
-                            let _ = req.into_body().collect().await;
-                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(body)))
-                        }
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (addr, seen)
-}
 
 /// Writes `request` on a new connection and reads what comes back until the peer closes (or 5 s).
 async fn raw(addr: SocketAddr, request: &str) -> String {

@@ -22,11 +22,10 @@ use agent_reach::pki::DevCa;
 use agent_reach::transport::mtls::MeshTls;
 use agent_reach::{Bootstrap, Sidecar};
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
+use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use support::*;
-use tokio::net::TcpListener;
 
 const TRUST_DOMAIN: &str = "spiffe://test.example";
 
@@ -72,6 +71,40 @@ fn with_tls(mut b: Bootstrap, files: TlsFiles) -> Bootstrap {
     b
 }
 
+/// A sidecar started from `b` with a certificate for `identity` (files under `who`).
+async fn meshed(
+    pki: &Pki,
+    b: Bootstrap,
+    who: &str,
+    identity: &str,
+    mode: Option<MtlsMode>,
+) -> Sidecar {
+    start(with_tls(b, pki.files(who, identity)), policy(mode)).await
+}
+
+/// `coder-1` (agent at `agent`, identity `…/sa/coder`) behind its sidecar, and a caller
+/// (`…/sa/caller`) that knows it as a static peer, both under `mode`.
+async fn pair(pki: &Pki, agent: SocketAddr, mode: Option<MtlsMode>) -> (Sidecar, Sidecar) {
+    let coder = id("agents", "coder");
+    let callee = meshed(
+        pki,
+        Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
+        "coder",
+        &coder,
+        mode,
+    )
+    .await;
+    let caller = meshed(
+        pki,
+        caller_of("caller", &callee, "coder-1", &coder),
+        "caller",
+        &id("agents", "caller"),
+        mode,
+    )
+    .await;
+    (callee, caller)
+}
+
 /// A caller that knows `callee` as a static peer with `identity`.
 fn caller_of(name: &str, callee: &Sidecar, callee_name: &str, identity: &str) -> Bootstrap {
     let mut b = Bootstrap::local(name, SocketAddr::from(([127, 0, 0, 1], 9)), &[])
@@ -80,36 +113,6 @@ fn caller_of(name: &str, callee: &Sidecar, callee_name: &str, identity: &str) ->
         .unwrap();
     b.peers[0].identity = Some(SpiffeId::parse(identity).unwrap());
     b
-}
-
-/// An agent that answers 200 and remembers every request's headers.
-async fn echo_agent() -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>) {
-    let listener = TcpListener::bind(any_port()).await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
-    let record = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let record = record.clone();
-            tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                        let record = record.clone();
-                        async move {
-                            record.lock().unwrap().push(req.headers().clone());
-                            let _ = req.into_body().collect().await;
-                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(
-                                Bytes::from_static(b"{\"ok\":true}"),
-                            )))
-                        }
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (addr, seen)
 }
 
 async fn metrics(s: &Sidecar) -> String {
@@ -172,23 +175,7 @@ async fn tls_request(
 async fn strict_serves_verified_peers_and_refuses_plaintext_and_a_foreign_ca() {
     let pki = Pki::new("strict");
     let (agent, seen) = echo_agent().await;
-    let coder = id("agents", "coder");
-    let callee = start(
-        with_tls(
-            Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
-            pki.files("coder", &coder),
-        ),
-        policy(Some(MtlsMode::Strict)),
-    )
-    .await;
-    let caller = start(
-        with_tls(
-            caller_of("caller", &callee, "coder-1", &coder),
-            pki.files("caller", &id("agents", "caller")),
-        ),
-        policy(Some(MtlsMode::Strict)),
-    )
-    .await;
+    let (callee, caller) = pair(&pki, agent, Some(MtlsMode::Strict)).await;
 
     let reply = call(&client(), caller.addrs.outbound).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
@@ -251,22 +238,7 @@ async fn permissive_accepts_plaintext_and_tls() {
     let pki = Pki::new("permissive");
     let (agent, seen) = echo_agent().await;
     let coder = id("agents", "coder");
-    let callee = start(
-        with_tls(
-            Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
-            pki.files("coder", &coder),
-        ),
-        policy(None),
-    )
-    .await;
-    let caller = start(
-        with_tls(
-            caller_of("caller", &callee, "coder-1", &coder),
-            pki.files("caller", &id("agents", "caller")),
-        ),
-        policy(None),
-    )
-    .await;
+    let (callee, caller) = pair(&pki, agent, None).await;
 
     let tls = call(&client(), caller.addrs.outbound).await;
     assert_eq!(tls.status, 200, "{}", tls.body);
@@ -343,12 +315,12 @@ async fn an_identity_outside_allow_is_forbidden_and_the_agent_never_sees_the_cal
         policy(Some(MtlsMode::Strict)),
     )
     .await;
-    let billing = start(
-        with_tls(
-            caller_of("billing", &callee, "coder-1", &coder),
-            pki.files("billing", &id("billing", "invoices")),
-        ),
-        policy(Some(MtlsMode::Strict)),
+    let billing = meshed(
+        &pki,
+        caller_of("billing", &callee, "coder-1", &coder),
+        "billing",
+        &id("billing", "invoices"),
+        Some(MtlsMode::Strict),
     )
     .await;
 
@@ -390,12 +362,12 @@ async fn an_identity_outside_allow_is_forbidden_and_the_agent_never_sees_the_cal
 async fn a_forged_caller_header_is_replaced_by_the_certificates_identity() {
     let pki = Pki::new("forged");
     let (agent, seen) = echo_agent().await;
-    let callee = start(
-        with_tls(
-            Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
-            pki.files("coder", &id("agents", "coder")),
-        ),
-        policy(Some(MtlsMode::Strict)),
+    let callee = meshed(
+        &pki,
+        Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
+        "coder",
+        &id("agents", "coder"),
+        Some(MtlsMode::Strict),
     )
     .await;
     let reply = tls_request(
@@ -428,12 +400,12 @@ async fn a_forged_caller_header_is_replaced_by_the_certificates_identity() {
 async fn an_h2_client_negotiates_h2_by_alpn() {
     let pki = Pki::new("alpn");
     let (agent, seen) = echo_agent().await;
-    let callee = start(
-        with_tls(
-            Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
-            pki.files("coder", &id("agents", "coder")),
-        ),
-        policy(Some(MtlsMode::Strict)),
+    let callee = meshed(
+        &pki,
+        Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
+        "coder",
+        &id("agents", "coder"),
+        Some(MtlsMode::Strict),
     )
     .await;
     let tls = MeshTls::load(pki.files("h2", &id("agents", "h2"))).unwrap();
@@ -645,12 +617,12 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
     .await;
     // The rogue's sidecar: a real certificate from the fleet's CA, under its own identity.
     let rogue_agent = mock(agent_reach::mock_agent::MockConfig::new("rogue")).await;
-    let rogue = start(
-        with_tls(
-            Bootstrap::local("rogue", rogue_agent.addr, &[CAP]).unwrap(),
-            pki.files("rogue", &id("agents", "rogue")),
-        ),
-        policy(None),
+    let rogue = meshed(
+        &pki,
+        Bootstrap::local("rogue", rogue_agent.addr, &[CAP]).unwrap(),
+        "rogue",
+        &id("agents", "rogue"),
+        None,
     )
     .await;
     // The forger's gossip node announces "agent-evil" at the rogue's address as agent-b.

@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_reach::config::{ConfigPaths, ConfigStore, Policy};
@@ -11,8 +11,10 @@ use agent_reach::http::body;
 use agent_reach::http::client::{self, UpstreamClient};
 use agent_reach::mock_agent::{MockAgent, MockConfig};
 use agent_reach::{Bootstrap, Sidecar};
-use http::{HeaderMap, Request, StatusCode};
-use http_body_util::BodyExt;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
 
 pub const CAP: &str = "code-review";
 
@@ -167,4 +169,38 @@ where
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// An agent that answers 200 and remembers the head of every request it got.
+pub async fn echo_agent() -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>) {
+    sized_agent(2).await
+}
+
+/// An agent that answers every request with `size` bytes and remembers each request's head.
+pub async fn sized_agent(size: usize) -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>) {
+    let body = bytes::Bytes::from(vec![b'x'; size]);
+    let listener = TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (record, body) = (record.clone(), body.clone());
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let (record, body) = (record.clone(), body.clone());
+                        async move {
+                            record.lock().unwrap().push(req.headers().clone());
+                            let _ = req.into_body().collect().await;
+                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(body)))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
 }
