@@ -3,6 +3,13 @@
 //! process per proxy, one worker thread each, on the same machine in one run, interleaved round
 //! by round so noise hits every system alike; medians over rounds. Never asserts on time.
 //!
+//! Mutual TLS: `ar-mtls` and `envoy-mtls` are the same pairs with the hop between the two
+//! proxies over TLS 1.3, both certificates verified (agent-reach: policy `mtls.mode: strict`, the
+//! caller checks the callee's SPIFFE ID), beside their plaintext rows in the same rounds. Then
+//! handshakes: the agent-reach pairs again with the caller keeping no idle connection
+//! (`pool.max_idle_per_host: 0`), so every request dials the callee, and an in-memory loop of
+//! full and resumed handshakes with the same certificates (`common/tls.rs` says why both).
+//!
 //! Run: `cargo bench --bench proxies` (or `-- --smoke`, `-- --runs 5 --seconds 5`). Missing tools
 //! are installed by `benches/tools.sh` when possible, else reported and skipped.
 
@@ -17,6 +24,7 @@ use bytes::Bytes;
 
 #[path = "common/mod.rs"]
 mod common;
+use common::tls::{handshake_loop, Pki};
 use common::{free_port, kib, write, Tools};
 use http_body_util::channel::Channel;
 use http_body_util::{BodyExt, Full};
@@ -50,14 +58,20 @@ fn main() {
         return;
     };
     let upstream = start_upstream();
+    // One throwaway CA; the caller and callee certificates every mTLS pair uses.
+    let pki = Pki::write(&dir)
+        .map_err(|err| println!("cannot make certificates, mTLS rows skipped: {err}"))
+        .ok();
     let mut systems: Vec<System> = vec![System::direct(upstream)];
     // BENCH_COMPARE=/path/to/agent-reach adds that build as a second system ("ar-compare"),
     // interleaved with the others round by round: before/after in one run.
     let compare = std::env::var_os("BENCH_COMPARE").map(PathBuf::from);
     for (name, found) in [
         ("agent-reach", Some(tools.agent_reach.clone())),
+        ("ar-mtls", Some(tools.agent_reach.clone())),
         ("ar-compare", compare),
         ("envoy", tools.envoy.clone()),
+        ("envoy-mtls", tools.envoy.clone()),
         ("nginx", tools.nginx.clone()),
         ("haproxy", tools.haproxy.clone()),
     ] {
@@ -65,12 +79,12 @@ fn main() {
             println!("{name}: not found, skipped (benches/tools.sh installs it)");
             continue;
         };
-        match System::pair(name, &binary, upstream, &dir) {
+        match System::pair(name, &binary, upstream, &dir, pki.as_ref()) {
             Ok(system) => systems.push(system),
             Err(err) => {
                 println!("{name}: cannot start: {err}");
                 // The smoke run (CI) exists to catch exactly this for our own proxy.
-                if smoke && name == "agent-reach" {
+                if smoke && (name == "agent-reach" || name == "ar-mtls") {
                     std::process::exit(1);
                 }
             }
@@ -104,6 +118,7 @@ fn main() {
         }
     }
     print_table(&systems, &concurrency, &results);
+    print_mtls(&systems, &concurrency, &results);
 
     // Bodies and streams: agent-reach against direct only.
     let mut extra: BTreeMap<(&str, usize), Vec<Run>> = BTreeMap::new();
@@ -154,11 +169,29 @@ fn main() {
     if let Some(idle) = idle_rss(&tools.agent_reach, upstream, &dir) {
         println!("idle RSS of one agent-reach sidecar: {idle:.1} MiB");
     }
+    drop(systems);
+
+    if let Some(pki) = &pki {
+        let conns = if smoke { 1 } else { 16 };
+        if !handshakes(
+            &tools.agent_reach,
+            upstream,
+            &dir,
+            pki,
+            &wrk,
+            &script,
+            conns,
+            runs,
+            seconds,
+        ) && smoke
+        {
+            std::process::exit(1);
+        }
+    }
     println!(
         "\nreproduce: cargo bench --bench proxies{}",
         if smoke { " -- --smoke" } else { "" }
     );
-    drop(systems);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -285,11 +318,187 @@ fn print_table(
     }
 }
 
+/// Each mTLS pair beside its plaintext pair from the same rounds: throughput as a ratio (the
+/// median of the per-round ratios, and their range: the spread), p50, p99 and CPU per request.
+fn print_mtls(
+    systems: &[System],
+    concurrency: &[usize],
+    results: &BTreeMap<(usize, usize), Vec<Run>>,
+) {
+    let index = |name: &str| systems.iter().position(|s| s.name == name);
+    let pairs: Vec<(usize, usize)> = [("agent-reach", "ar-mtls"), ("envoy", "envoy-mtls")]
+        .into_iter()
+        .filter_map(|(plain, mtls)| Some((index(plain)?, index(mtls)?)))
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    println!(
+        "\nmutual TLS between the two proxies (TLS 1.3, client certificates verified; connections pooled), against the same pair in plaintext, same rounds:\n"
+    );
+    println!(
+        "{:<12} {:>5} {:>10} {:>13} {:>15} {:>15} {:>24}",
+        "system", "conns", "req/s ×", "rounds", "p50 µs", "p99 µs", "CPU s/10k req (×)"
+    );
+    for &c in concurrency {
+        for &(plain, mtls) in &pairs {
+            let (Some(p), Some(m)) = (results.get(&(c, plain)), results.get(&(c, mtls))) else {
+                continue;
+            };
+            let mut ratios: Vec<f64> = p
+                .iter()
+                .zip(m)
+                .map(|(p, m)| m.rps / p.rps.max(1.0))
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            let (pm, mm) = (median(p), median(m));
+            let cpu =
+                |r: &Run| r.cpu_ticks as f64 / 100.0 / (r.requests as f64 / 10_000.0).max(1e-9);
+            println!(
+                "{:<12} {:>5} {:>10.3} {:>13} {:>15} {:>15} {:>24}",
+                systems[mtls].name,
+                c,
+                ratios[ratios.len() / 2],
+                format!("{:.2}–{:.2}", ratios[0], ratios[ratios.len() - 1]),
+                format!("{} → {}", pm.p50, mm.p50),
+                format!("{} → {}", pm.p99, mm.p99),
+                format!(
+                    "{:.3} → {:.3} ({:.2})",
+                    cpu(&pm),
+                    cpu(&mm),
+                    cpu(&mm) / cpu(&pm).max(1e-9)
+                ),
+            );
+        }
+    }
+    println!(
+        "(req/s ×: mTLS ÷ plaintext; rounds: its lowest and highest round; a → b: plaintext → mTLS)"
+    );
+}
+
+/// Handshakes: the agent-reach pairs with a caller that keeps no idle connection, plaintext and
+/// mTLS interleaved, then the in-memory loop. `false` when a pair could not start.
+#[allow(clippy::too_many_arguments)]
+fn handshakes(
+    binary: &Path,
+    upstream: SocketAddr,
+    dir: &Path,
+    pki: &Pki,
+    wrk: &Path,
+    script: &Path,
+    conns: usize,
+    runs: usize,
+    seconds: u64,
+) -> bool {
+    let mut systems = Vec::new();
+    for name in ["ar-nopool", "ar-mtls-nopool"] {
+        match System::pair(name, binary, upstream, dir, Some(pki)) {
+            Ok(system) => systems.push(system),
+            Err(err) => {
+                println!("{name}: cannot start: {err}");
+                return false;
+            }
+        }
+    }
+    let mut results: Vec<Vec<Run>> = vec![Vec::new(); systems.len()];
+    for _ in 0..runs {
+        for (i, system) in systems.iter().enumerate() {
+            let cpu_before = system.cpu_ticks();
+            if let Some(run) = wrk_run(wrk, script, system.port, "/", conns, seconds) {
+                let cpu = system.cpu_ticks().saturating_sub(cpu_before);
+                results[i].push(Run {
+                    cpu_ticks: cpu,
+                    ..run
+                });
+            }
+        }
+    }
+    println!(
+        "\nconnections not reused: the caller's policy says pool.max_idle_per_host: 0, so every request opens (and closes) a caller → callee connection:\n"
+    );
+    println!(
+        "{:<15} {:>5} {:>9} {:>8} {:>8} {:>14} {:>7}",
+        "system", "conns", "req/s", "p50 µs", "p99 µs", "CPU s/10k req", "errors"
+    );
+    let cpu_per_request = |r: &Run| r.cpu_ticks as f64 / 100.0 / (r.requests as f64).max(1.0);
+    let mut medians = Vec::new();
+    for (system, runs) in systems.iter().zip(&results) {
+        if runs.is_empty() {
+            continue;
+        }
+        let m = median(runs);
+        println!(
+            "{:<15} {:>5} {:>9.0} {:>8} {:>8} {:>14.3} {:>7}",
+            system.name,
+            conns,
+            m.rps,
+            m.p50,
+            m.p99,
+            cpu_per_request(&m) * 10_000.0,
+            m.errors
+        );
+        medians.push(m);
+    }
+    if let [plain, mtls] = medians[..] {
+        let spread: Vec<String> = results[1].iter().map(|r| format!("{:.0}", r.rps)).collect();
+        println!(
+            "mTLS handshakes through the pair: {:.0}/s, one per request (rounds: {}); each costs {:.0} µs of CPU more than the plaintext pair's connect, both sidecars together.\n\
+             These are resumed handshakes: rustls resumes by default (the caller keeps the callee's session tickets).",
+            mtls.rps,
+            spread.join(", "),
+            (cpu_per_request(&mtls) - cpu_per_request(&plain)) * 1e6
+        );
+    }
+    if let Some(failures) = systems[1]
+        .callee_admin
+        .and_then(|port| metric_sum(port, "reach_tls_handshake_failures_total"))
+    {
+        println!("handshake failures the callee counted: {failures}");
+    }
+    drop(systems);
+    // What a full handshake costs against a resumed one: in memory, the same configs.
+    let duration = Duration::from_millis(if runs > 1 { 2000 } else { 300 });
+    for (label, resume) in [("full", false), ("resumed", true)] {
+        match handshake_loop(pki, resume, duration) {
+            Ok(h) => println!(
+                "in-memory handshake loop, {label:<7}: {:>6.0}/s on one thread doing both ends ({:.0} µs each; {:.0}% resumed)",
+                h.per_second,
+                1e6 / h.per_second.max(1e-9),
+                h.resumed * 100.0
+            ),
+            Err(err) => {
+                println!("in-memory handshake loop, {label}: {err}");
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// The sum of a counter's series on an agent-reach admin port's `/metrics`.
+fn metric_sum(admin: u16, name: &str) -> Option<f64> {
+    let mut stream = TcpStream::connect(("127.0.0.1", admin)).ok()?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut text).ok()?;
+    Some(
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(0.0, |sum, v| sum + v),
+    )
+}
+
 /// A system under test: where wrk sends load, and the proxy processes behind it.
 struct System {
     name: &'static str,
     port: u16,
     children: Vec<Child>,
+    /// The back agent-reach sidecar's admin port (its `/metrics`).
+    callee_admin: Option<u16>,
 }
 
 impl System {
@@ -298,39 +507,38 @@ impl System {
             name: "direct",
             port: upstream.port(),
             children: Vec::new(),
+            callee_admin: None,
         }
     }
 
-    /// Front proxy → back proxy → upstream.
+    /// Front proxy → back proxy → upstream; the `-mtls` systems with the hop between them over
+    /// mutual TLS, from `pki`'s certificates.
     fn pair(
         name: &'static str,
         binary: &Path,
         upstream: SocketAddr,
         dir: &Path,
+        pki: Option<&Pki>,
     ) -> Result<Self, String> {
         let (front, back) = (free_port()?, free_port()?);
+        let mut callee_admin = None;
         let children = match name {
-            "agent-reach" | "ar-compare" => {
-                let back_cfg = write(dir, &format!("{name}-back.yaml"), &format!(
-                    "listen: {{ outbound: 127.0.0.1:{}, inbound: 127.0.0.1:{back}, admin: 127.0.0.1:{} }}\n\
-                     agent: {{ name: back, address: {upstream}, max_concurrency: 4096, queue: {{ capacity: 4096 }},\n  \
-                     capabilities: [ {{ name: bench }} ] }}\n",
-                    free_port()?, free_port()?))?;
-                let front_cfg = write(dir, &format!("{name}-front.yaml"), &format!(
-                    "listen: {{ outbound: 127.0.0.1:{front}, inbound: 127.0.0.1:{}, admin: 127.0.0.1:{} }}\n\
-                     agent: {{ name: front, address: 127.0.0.1:9, max_concurrency: 1 }}\n\
-                     peers: [ {{ name: back, address: 127.0.0.1:{back}, capabilities: [bench] }} ]\n",
-                    free_port()?, free_port()?))?;
-                let run = |cfg: &Path| {
-                    Command::new(binary)
-                        .args(["run", "--worker-threads", "1", "--log", "error", "--config"])
-                        .arg(cfg)
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .spawn()
-                        .map_err(|e| e.to_string())
+            "agent-reach" | "ar-compare" | "ar-mtls" | "ar-nopool" | "ar-mtls-nopool" => {
+                let mtls = match name.contains("mtls") {
+                    true => Some(pki.ok_or("no certificates")?),
+                    false => None,
                 };
-                vec![run(&back_cfg)?, run(&front_cfg)?]
+                let (children, admin) = agent_reach_pair(
+                    name,
+                    binary,
+                    upstream,
+                    dir,
+                    (front, back),
+                    mtls,
+                    !name.ends_with("nopool"),
+                )?;
+                callee_admin = Some(admin);
+                children
             }
             "nginx" => {
                 let conf = |tag: &str, listen: u16, to: SocketAddr| -> Result<PathBuf, String> {
@@ -380,18 +588,28 @@ impl System {
                     spawn(conf("front", front, back_addr)?)?,
                 ]
             }
-            "envoy" => {
-                let conf = |tag: &str, listen: u16, to: SocketAddr| {
+            "envoy" | "envoy-mtls" => {
+                // With mTLS the back's listener requires a client certificate and the front's
+                // cluster presents one and accepts only the back's SPIFFE ID.
+                let mtls = match name == "envoy-mtls" {
+                    true => Some(pki.ok_or("no certificates")?),
+                    false => None,
+                };
+                let conf = |tag: &str,
+                            listen: u16,
+                            to: SocketAddr,
+                            downstream: String,
+                            upstream: String| {
                     write(
                         dir,
-                        &format!("envoy-{tag}.yaml"),
+                        &format!("{name}-{tag}.yaml"),
                         &format!(
                             r#"
 static_resources:
   listeners:
   - address: {{ socket_address: {{ address: 127.0.0.1, port_value: {listen} }} }}
     filter_chains:
-    - filters:
+    - {downstream}filters:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
@@ -405,7 +623,7 @@ static_resources:
   - name: up
     type: STATIC
     connect_timeout: 1s
-    load_assignment:
+    {upstream}load_assignment:
       cluster_name: up
       endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: {ip}, port_value: {port} }} }} }} }} ] }} ]
 "#,
@@ -414,13 +632,37 @@ static_resources:
                         ),
                     )
                 };
+                let (downstream, upstream_tls) = match mtls {
+                    Some(pki) => (
+                        format!(
+                            "transport_socket: {}\n      ",
+                            envoy_tls(
+                                &pki.callee,
+                                "DownstreamTlsContext",
+                                "require_client_certificate: true, ",
+                                None
+                            )
+                        ),
+                        format!(
+                            "transport_socket: {}\n    ",
+                            envoy_tls(&pki.caller, "UpstreamTlsContext", "", Some(&pki.callee_id))
+                        ),
+                    ),
+                    None => (String::new(), String::new()),
+                };
                 let spawn = |cfg: PathBuf, base_id: u16| {
                     common::spawn_quiet(common::envoy(binary, &cfg, base_id))
                 };
                 let back_addr = SocketAddr::from(([127, 0, 0, 1], back));
                 vec![
-                    spawn(conf("back", back, upstream)?, back)?,
-                    spawn(conf("front", front, back_addr)?, front)?,
+                    spawn(
+                        conf("back", back, upstream, downstream, String::new())?,
+                        back,
+                    )?,
+                    spawn(
+                        conf("front", front, back_addr, String::new(), upstream_tls)?,
+                        front,
+                    )?,
                 ]
             }
             other => return Err(format!("unknown system {other}")),
@@ -429,6 +671,7 @@ static_resources:
             name,
             port: front,
             children,
+            callee_admin,
         };
         // Ready when the front answers a request end to end.
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -487,6 +730,102 @@ impl Drop for System {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// An agent-reach pair: the front (caller) sidecar routes capability `bench` to the back
+/// (callee) sidecar, a static peer, whose agent is the upstream. With `mtls`, both name their
+/// certificate files, both policies say `mtls.mode: strict`, and the peer carries the callee's
+/// SPIFFE ID; without `pooled`, the caller keeps no idle connection to the callee. Returns the
+/// processes (back first) and the back's admin port.
+fn agent_reach_pair(
+    name: &str,
+    binary: &Path,
+    upstream: SocketAddr,
+    dir: &Path,
+    (front, back): (u16, u16),
+    mtls: Option<&Pki>,
+    pooled: bool,
+) -> Result<(Vec<Child>, u16), String> {
+    let tls = |files: &agent_reach::config::TlsFiles| {
+        format!(
+            "tls: {{ cert: {}, key: {}, ca: {} }}\n",
+            files.cert.display(),
+            files.key.display(),
+            files.ca.display()
+        )
+    };
+    let back_admin = free_port()?;
+    let back_cfg = write(dir, &format!("{name}-back.yaml"), &format!(
+        "listen: {{ outbound: 127.0.0.1:{}, inbound: 127.0.0.1:{back}, admin: 127.0.0.1:{back_admin} }}\n\
+         agent: {{ name: back, address: {upstream}, max_concurrency: 4096, queue: {{ capacity: 4096 }},\n  \
+         capabilities: [ {{ name: bench }} ] }}\n{}",
+        free_port()?, mtls.map(|p| tls(&p.callee)).unwrap_or_default()))?;
+    let identity = mtls
+        .map(|p| format!(", identity: \"{}\"", p.callee_id))
+        .unwrap_or_default();
+    let front_cfg = write(dir, &format!("{name}-front.yaml"), &format!(
+        "listen: {{ outbound: 127.0.0.1:{front}, inbound: 127.0.0.1:{}, admin: 127.0.0.1:{} }}\n\
+         agent: {{ name: front, address: 127.0.0.1:9, max_concurrency: 1 }}\n\
+         peers: [ {{ name: back, address: 127.0.0.1:{back}, capabilities: [bench]{identity} }} ]\n{}",
+        free_port()?, free_port()?, mtls.map(|p| tls(&p.caller)).unwrap_or_default()))?;
+    let strict = if mtls.is_some() {
+        "mtls: { mode: strict }\n"
+    } else {
+        ""
+    };
+    let back_policy = write(dir, &format!("{name}-back-policy.yaml"), strict)?;
+    let front_policy = write(
+        dir,
+        &format!("{name}-front-policy.yaml"),
+        &format!(
+            "{strict}{}",
+            if pooled {
+                ""
+            } else {
+                "pool: { max_idle_per_host: 0 }\n"
+            }
+        ),
+    )?;
+    let run = |cfg: &Path, policy: &Path| {
+        Command::new(binary)
+            .args(["run", "--worker-threads", "1", "--log", "error", "--config"])
+            .arg(cfg)
+            .arg("--policy")
+            .arg(policy)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())
+    };
+    let back_child = run(&back_cfg, &back_policy)?;
+    Ok((
+        vec![back_child, run(&front_cfg, &front_policy)?],
+        back_admin,
+    ))
+}
+
+/// An Envoy `transport_socket` (flow YAML) presenting `files`' certificate and verifying the
+/// peer's against its CA, TLS 1.3 only; `san`: the URI SAN the peer must carry.
+fn envoy_tls(
+    files: &agent_reach::config::TlsFiles,
+    context: &str,
+    extra: &str,
+    san: Option<&str>,
+) -> String {
+    let san = san
+        .map(|id| {
+            format!(", match_typed_subject_alt_names: [ {{ san_type: URI, matcher: {{ exact: \"{id}\" }} }} ]")
+        })
+        .unwrap_or_default();
+    format!(
+        "{{ name: envoy.transport_sockets.tls, typed_config: {{ \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.{context}, {extra}\
+         common_tls_context: {{ tls_params: {{ tls_minimum_protocol_version: TLSv1_3, tls_maximum_protocol_version: TLSv1_3 }}, \
+         tls_certificates: [ {{ certificate_chain: {{ filename: \"{}\" }}, private_key: {{ filename: \"{}\" }} }} ], \
+         validation_context: {{ trusted_ca: {{ filename: \"{}\" }}{san} }} }} }} }}",
+        files.cert.display(),
+        files.key.display(),
+        files.ca.display()
+    )
 }
 
 /// The fields of `/proc/<pid>/stat` after the command name.

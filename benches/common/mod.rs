@@ -6,6 +6,8 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+pub mod tls;
+
 pub struct Tools {
     pub wrk: Option<PathBuf>,
     pub nginx: Option<PathBuf>,
