@@ -10,8 +10,9 @@
 //! (`pool.max_idle_per_host: 0`), so every request dials the callee, and an in-memory loop of
 //! full and resumed handshakes with the same certificates (`common/tls.rs` says why both).
 //!
-//! Run: `cargo bench --bench proxies` (or `-- --smoke`, `-- --runs 5 --seconds 5`). Missing tools
-//! are installed by `benches/tools.sh` when possible, else reported and skipped.
+//! Run: `cargo bench --bench proxies` (or `-- --smoke`, `-- --runs 5 --seconds 5`, `-- --only
+//! agent-reach,ar-mtls,handshakes` for those systems and sections alone). Missing tools are
+//! installed by `benches/tools.sh` when possible, else reported and skipped.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -44,6 +45,13 @@ fn main() {
     let runs = value("--runs").unwrap_or(if smoke { 1 } else { 3 }) as usize;
     let seconds = value("--seconds").unwrap_or(if smoke { 1 } else { 4 });
     let concurrency: Vec<usize> = if smoke { vec![1] } else { vec![1, 16, 64] };
+    // --only a,b: those systems (direct always) and sections (bodies, handshakes).
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(str::to_owned).collect());
+    let selected = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|n| n == name));
 
     let dir = std::env::temp_dir().join(format!("agent-reach-proxies-{}", std::process::id()));
     if std::fs::create_dir_all(&dir).is_err() {
@@ -75,6 +83,9 @@ fn main() {
         ("nginx", tools.nginx.clone()),
         ("haproxy", tools.haproxy.clone()),
     ] {
+        if !selected(name) {
+            continue;
+        }
         let Some(binary) = found else {
             println!("{name}: not found, skipped (benches/tools.sh installs it)");
             continue;
@@ -122,32 +133,36 @@ fn main() {
 
     // Bodies and streams: agent-reach against direct only.
     let mut extra: BTreeMap<(&str, usize), Vec<Run>> = BTreeMap::new();
-    let reach = systems.iter().position(|s| s.name == "agent-reach");
-    for _ in 0..runs {
-        for (case, path, script) in [
-            ("64 KiB POST", "/", &post_script),
-            ("SSE, 10 events", "/sse", &script),
-        ] {
-            for i in [Some(0), reach].into_iter().flatten() {
-                if let Some(run) = wrk_run(&wrk, script, systems[i].port, path, 16, seconds) {
-                    extra.entry((case, i)).or_default().push(run);
+    let reach = selected("bodies")
+        .then(|| systems.iter().position(|s| s.name == "agent-reach"))
+        .flatten();
+    if reach.is_some() {
+        for _ in 0..runs {
+            for (case, path, script) in [
+                ("64 KiB POST", "/", &post_script),
+                ("SSE, 10 events", "/sse", &script),
+            ] {
+                for i in [Some(0), reach].into_iter().flatten() {
+                    if let Some(run) = wrk_run(&wrk, script, systems[i].port, path, 16, seconds) {
+                        extra.entry((case, i)).or_default().push(run);
+                    }
                 }
             }
         }
-    }
-    println!(
-        "\n{:<16} {:<14} {:>9} {:>9} {:>9} {:>9}",
-        "case (16 conns)", "path", "req/s", "p50 µs", "p99 µs", "ratio"
-    );
-    for case in ["64 KiB POST", "SSE, 10 events"] {
-        let direct = extra.get(&(case, 0)).map(|r| median(r));
-        for i in [Some(0), reach].into_iter().flatten() {
-            if let Some(m) = extra.get(&(case, i)).map(|r| median(r)) {
-                let ratio = direct.map_or(0.0, |d| m.rps / d.rps.max(1.0));
-                println!(
-                    "{:<16} {:<14} {:>9.0} {:>9} {:>9} {:>9.2}",
-                    case, systems[i].name, m.rps, m.p50, m.p99, ratio
-                );
+        println!(
+            "\n{:<16} {:<14} {:>9} {:>9} {:>9} {:>9}",
+            "case (16 conns)", "path", "req/s", "p50 µs", "p99 µs", "ratio"
+        );
+        for case in ["64 KiB POST", "SSE, 10 events"] {
+            let direct = extra.get(&(case, 0)).map(|r| median(r));
+            for i in [Some(0), reach].into_iter().flatten() {
+                if let Some(m) = extra.get(&(case, i)).map(|r| median(r)) {
+                    let ratio = direct.map_or(0.0, |d| m.rps / d.rps.max(1.0));
+                    println!(
+                        "{:<16} {:<14} {:>9.0} {:>9} {:>9} {:>9.2}",
+                        case, systems[i].name, m.rps, m.p50, m.p99, ratio
+                    );
+                }
             }
         }
     }
@@ -171,7 +186,7 @@ fn main() {
     }
     drop(systems);
 
-    if let Some(pki) = &pki {
+    if let Some(pki) = pki.as_ref().filter(|_| selected("handshakes")) {
         let conns = if smoke { 1 } else { 16 };
         if !handshakes(
             &tools.agent_reach,
@@ -188,9 +203,16 @@ fn main() {
             std::process::exit(1);
         }
     }
+    let passed: Vec<&str> = args
+        .iter()
+        .skip(1)
+        .map(String::as_str)
+        .filter(|a| *a != "--bench")
+        .collect();
     println!(
-        "\nreproduce: cargo bench --bench proxies{}",
-        if smoke { " -- --smoke" } else { "" }
+        "\nreproduce: cargo bench --bench proxies{}{}",
+        if passed.is_empty() { "" } else { " -- " },
+        passed.join(" ")
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -449,11 +471,18 @@ fn handshakes(
             (cpu_per_request(&mtls) - cpu_per_request(&plain)) * 1e6
         );
     }
-    if let Some(failures) = systems[1]
+    if let Some(series) = systems[1]
         .callee_admin
-        .and_then(|port| metric_sum(port, "reach_tls_handshake_failures_total"))
+        .and_then(|port| metric_series(port, "reach_tls_handshake_failures_total"))
     {
-        println!("handshake failures the callee counted: {failures}");
+        println!(
+            "handshake failures the callee counted: {}",
+            if series.is_empty() {
+                "none".to_owned()
+            } else {
+                series.join(", ")
+            }
+        );
     }
     drop(systems);
     // What a full handshake costs against a resumed one: in memory, the same configs.
@@ -475,8 +504,9 @@ fn handshakes(
     true
 }
 
-/// The sum of a counter's series on an agent-reach admin port's `/metrics`.
-fn metric_sum(admin: u16, name: &str) -> Option<f64> {
+/// A metric's series with a non-zero value on an agent-reach admin port's `/metrics`, as
+/// `labels value`.
+fn metric_series(admin: u16, name: &str) -> Option<Vec<String>> {
     let mut stream = TcpStream::connect(("127.0.0.1", admin)).ok()?;
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
     stream
@@ -486,9 +516,10 @@ fn metric_sum(admin: u16, name: &str) -> Option<f64> {
     std::io::Read::read_to_string(&mut stream, &mut text).ok()?;
     Some(
         text.lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .fold(0.0, |sum, v| sum + v),
+            .filter_map(|l| l.strip_prefix(name))
+            .filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) != Some(0.0))
+            .map(str::to_owned)
+            .collect(),
     )
 }
 
