@@ -199,6 +199,9 @@ impl Accept for Mesh {
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         match tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)).await {
             Ok(Ok(tls)) => Ok(MeshIo::Tls(Box::new(tls))),
+            // A client that hung up mid-handshake (a caller cancelling a dial, a port scan) was
+            // not refused: not counted.
+            Ok(Err(err)) if mtls::failure_reason(&err) == "closed" => Err(err),
             Ok(Err(err)) => Err(self.refuse(mtls::failure_reason(&err))),
             Err(_) => Err(self.refuse("timeout")),
         }
