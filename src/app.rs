@@ -67,6 +67,7 @@ pub struct Sidecar {
     pub addrs: BoundAddrs,
     store: Arc<ConfigStore>,
     admin: Arc<Admin>,
+    outbound: Arc<Outbound>,
     local: Arc<LocalAgent>,
     probes: Option<std::thread::JoinHandle<()>>,
     ready: Arc<AtomicBool>,
@@ -248,6 +249,7 @@ impl Sidecar {
             addrs,
             store,
             admin,
+            outbound,
             local,
             probes,
             ready,
@@ -261,6 +263,11 @@ impl Sidecar {
 
     pub fn store(&self) -> &Arc<ConfigStore> {
         &self.store
+    }
+
+    /// What observe-only mode found so far, per capability.
+    pub fn observed(&self) -> Vec<(String, crate::outbound::ObserveCounts)> {
+        self.outbound.observed()
     }
 
     /// What `/status` would answer now.

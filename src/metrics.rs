@@ -43,6 +43,8 @@ pub const GOSSIP_REJECTED_TOTAL: &str = "reach_gossip_rejected_total";
 pub const PANICS_TOTAL: &str = "reach_panics_total";
 pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "reach_tls_handshake_failures_total";
 pub const AUTHZ_DENIED_TOTAL: &str = "reach_authz_denied_total";
+pub const OBSERVE_CALLS_TOTAL: &str = "reach_observe_calls_total";
+pub const OBSERVE_AVOIDABLE_FAILURES_TOTAL: &str = "reach_observe_avoidable_failures_total";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -52,6 +54,14 @@ const SECONDS_BUCKETS: &[f64] = &[
 
 /// Help texts: promtool wants one for every metric.
 const COUNTERS: &[(&str, &str)] = &[
+    (
+        OBSERVE_CALLS_TOTAL,
+        "Calls routed in observe-only mode, by capability and whether the model would have chosen the same agent (agreement=same|different).",
+    ),
+    (
+        OBSERVE_AVOIDABLE_FAILURES_TOTAL,
+        "Observe-only calls that failed on an agent the model would have avoided, by capability.",
+    ),
     (
         TLS_HANDSHAKE_FAILURES_TOTAL,
         "Connections refused by the inbound listener's mutual TLS, by reason: plaintext (in strict mode), unknown_ca, no_client_certificate, expired, bad_certificate, timeout, …",
@@ -479,6 +489,20 @@ impl Metrics {
 
     pub fn tls_handshake_failed(&self, reason: &'static str) {
         self.with(|| counter!(TLS_HANDSHAKE_FAILURES_TOTAL, "reason" => reason).increment(1));
+    }
+
+    /// One observe-only call: whether the model agreed, and whether it failed where the model
+    /// would not have gone.
+    pub fn observed(&self, capability: &str, same: bool, avoidable_failure: bool) {
+        let agreement = if same { "same" } else { "different" };
+        let label = capability.to_owned();
+        self.with(|| {
+            counter!(OBSERVE_CALLS_TOTAL, "capability" => label.clone(), "agreement" => agreement)
+                .increment(1);
+            if avoidable_failure {
+                counter!(OBSERVE_AVOIDABLE_FAILURES_TOTAL, "capability" => label).increment(1);
+            }
+        });
     }
 
     pub fn authz_denied(&self, capability: &str) {

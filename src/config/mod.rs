@@ -23,8 +23,8 @@ pub use bootstrap::{
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
 pub use policy::{
-    EstimatesPolicy, ExternalTarget, Fraction, Policy, Pool, ProbesPolicy, RateLimit,
-    RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, WeightSets, Zones,
+    CapabilityPolicy, EstimatesPolicy, ExternalTarget, Fraction, Policy, Pool, ProbesPolicy,
+    RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, WeightSets, Zones,
 };
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 pub use watch::{spawn_watcher, OnReload};
@@ -147,6 +147,17 @@ impl Snapshot {
             (None, Some(_)) => MtlsMode::Permissive,
             (None, None) => MtlsMode::Disabled,
         }
+    }
+
+    /// Whether calls for `capability` are observed, not routed (policy `observe_only`, or the
+    /// capability's own setting).
+    pub fn observe_only(&self, capability: &str) -> bool {
+        let policy = &self.policy;
+        policy
+            .capabilities
+            .get(capability)
+            .and_then(|c| c.observe_only)
+            .unwrap_or(policy.observe_only)
     }
 
     /// The local agent's timeout for `capability`, or the policy default.

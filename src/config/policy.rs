@@ -35,6 +35,19 @@ pub struct Policy {
     pub mtls: MtlsPolicy,
     /// Which callers may call which capabilities.
     pub authorization: Authorization,
+    /// Route as a plain proxy (round robin, no ejection, no caps) and only record what the model
+    /// would have chosen: the trial run before letting it decide.
+    pub observe_only: bool,
+    /// Per-capability settings, by capability name.
+    pub capabilities: std::collections::BTreeMap<String, CapabilityPolicy>,
+}
+
+/// Policy `capabilities.<name>`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CapabilityPolicy {
+    /// Overrides the fleet's `observe_only` for this capability.
+    pub observe_only: Option<bool>,
 }
 
 /// Every number in the file and what it may be: checked where it is written, so an error names

@@ -49,8 +49,13 @@ fn refuse_early(inbound: &Inbound, call: &Call) -> Option<Response<ReachBody>> {
         inbound.metrics.deadline_exceeded(Direction::Inbound);
         return Some(ReachError::DeadlineExceeded.into_response());
     }
-    // An agent out of rotation by its own view takes no new work; the caller moves on.
-    if let Some(state) = inbound.local.barred(&call.snapshot) {
+    // An agent out of rotation by its own view takes no new work; the caller moves on. Not in
+    // observe-only mode, where nothing is taken out of rotation (a draining agent still is).
+    let barred = inbound
+        .local
+        .barred(&call.snapshot)
+        .filter(|state| *state == State::Draining || !call.snapshot.observe_only(&call.meta.label));
+    if let Some(state) = barred {
         refused(Outcome::Rejected);
         let err = match state {
             State::Draining => ReachError::Draining,

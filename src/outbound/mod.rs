@@ -14,6 +14,7 @@ mod endpoint;
 #[cfg(test)]
 mod latency_share;
 mod local_api;
+mod observe;
 mod policy;
 mod record;
 mod resolve;
@@ -30,6 +31,7 @@ use hyper::body::Incoming;
 use tower::ServiceBuilder;
 
 pub use balance::pick;
+pub use observe::{ObserveCounts, ObserveLog};
 pub use sample::{score_candidates, SAMPLE};
 pub use target::capability_of;
 
@@ -57,6 +59,8 @@ pub struct Outbound {
     budgets: RetryBudgets,
     rate_limits: RateLimiters,
     idempotency: Arc<IdempotencyTable>,
+    /// Observe-only mode's round robin and its comparison with the model.
+    observe: ObserveLog,
 }
 
 impl Outbound {
@@ -79,7 +83,13 @@ impl Outbound {
             budgets: RetryBudgets::default(),
             rate_limits: RateLimiters::default(),
             idempotency,
+            observe: ObserveLog::default(),
         }
+    }
+
+    /// What observe-only mode found so far, per capability.
+    pub fn observed(&self) -> Vec<(String, ObserveCounts)> {
+        self.observe.snapshot()
     }
 
     /// The outbound request path, in request order.

@@ -19,7 +19,7 @@ use tracing::Span;
 use super::attempt::{Attempt, Refusal};
 use super::call::{Plan, Routed, Try};
 use super::tiers::{self, Tier};
-use super::{decision, pick, retry, Outbound};
+use super::{decision, observe, pick, retry, Outbound};
 use crate::config::{RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
@@ -51,6 +51,9 @@ async fn route<B, S>(out: &Outbound, inner: S, plan: Plan) -> Routed<B>
 where
     S: Step<Try, Response = Attempt<B>>,
 {
+    if plan.call.snapshot.observe_only(&plan.route.capability) {
+        return observe::route(out, inner, plan).await;
+    }
     let Plan {
         call,
         route,
@@ -326,15 +329,15 @@ struct CallShape<'a> {
 }
 
 /// The call's body for each attempt: a buffered one replays, a streamed one goes once.
-struct Bodies {
+pub(super) struct Bodies {
     replay: Option<Bytes>,
     stream: Option<WatchedUpload<Incoming>>,
     /// Whether the caller's upload broke or stalled (then nothing is held against a peer).
-    watch: UploadWatch,
+    pub(super) watch: UploadWatch,
 }
 
 impl Bodies {
-    fn of(upload: Upload<Incoming>, snapshot: &Snapshot) -> Self {
+    pub(super) fn of(upload: Upload<Incoming>, snapshot: &Snapshot) -> Self {
         match upload {
             Upload::Buffered(bytes) => Bodies {
                 replay: Some(bytes),
@@ -353,7 +356,7 @@ impl Bodies {
         }
     }
 
-    fn next(&mut self) -> Option<ReachBody> {
+    pub(super) fn next(&mut self) -> Option<ReachBody> {
         match (&self.replay, self.stream.take()) {
             (Some(bytes), _) => Some(body::full(bytes.clone())),
             (None, Some(streamed)) => Some(body::boxed(streamed)),
@@ -363,7 +366,7 @@ impl Bodies {
 }
 
 /// The agent's request as a peer receives it: the sidecar's own `reach-*` headers added.
-fn upstream_request(
+pub(super) fn upstream_request(
     parts: &Parts,
     body: ReachBody,
     snapshot: &Snapshot,
