@@ -74,6 +74,18 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
 
     // Hostile input at coder-1's inbound: every answerable request refused, nothing counted
     // against the agent, no call of the caller failed.
+    // Observe-only first: the plain proxy's failures, and the model would have avoided most.
+    let o = &summary["observe"];
+    let failed = o["failed"].as_u64().unwrap();
+    let avoidable = o["avoidable_failures"].as_u64().unwrap();
+    assert!(o["calls"].as_u64().unwrap() > 0, "{o}");
+    assert!(
+        failed > 0,
+        "round robin sent calls to the broken agent: {o}"
+    );
+    assert!(avoidable * 2 >= failed && avoidable <= failed, "{o}");
+    assert!(o["healthy_again_after_ms"].as_f64().is_some(), "{o}");
+
     // Strict mTLS with authorization: the intruder refused every time, nothing reached an agent,
     // plaintext refused at the handshake, the caller's own calls unharmed.
     let a = &summary["authorization"];

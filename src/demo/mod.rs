@@ -12,6 +12,7 @@ mod drive;
 mod hostile;
 mod injected;
 mod membership;
+mod observed;
 mod report;
 mod slow;
 mod storm;
@@ -27,6 +28,7 @@ pub use authorized::AuthorizationSummary;
 pub use hostile::HostileSummary;
 pub use injected::Injection;
 pub use membership::MembershipSummary;
+pub use observed::ObserveSummary;
 pub use report::render_table;
 pub use slow::SlowSummary;
 pub use storm::StormSummary;
@@ -67,6 +69,8 @@ pub struct DemoSummary {
     pub duration_s: f64,
     pub capability: &'static str,
     pub concurrency: usize,
+    /// The fault once first with the fleet in observe-only mode: what the model would have saved.
+    pub observe: ObserveSummary,
     /// Per agent, as its own sidecar measured it.
     pub agents: Vec<AgentSummary>,
     /// What the caller saw.
@@ -222,6 +226,17 @@ impl Fleet {
         let sidecar = start_sidecar(bootstrap, self.policy.clone()).await?;
         self.agents.push((agent, sidecar));
         Ok(injection)
+    }
+
+    /// Turns observe-only mode on or off in every sidecar's policy, live.
+    fn set_observe_only(&mut self, on: bool) {
+        self.policy.observe_only = on;
+        for sidecar in self.sidecars() {
+            let snapshot = sidecar.store().snapshot();
+            let mut policy = snapshot.policy.clone();
+            policy.observe_only = on;
+            sidecar.store().replace(snapshot.bootstrap.clone(), policy);
+        }
     }
 
     /// `bootstrap` with a certificate for `identity` from the fleet's CA.
@@ -385,6 +400,12 @@ async fn start_sidecar(bootstrap: Bootstrap, policy: Policy) -> Result<Sidecar, 
 /// Runs the demo and returns its summary.
 pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
     let mut fleet = Fleet::start(demo_policy()).await?;
+    let observe = observed::run(
+        &mut fleet,
+        options.duration.mul_f64(0.5),
+        options.concurrency,
+    )
+    .await?;
     let started = Instant::now();
     let fault_at = options.duration.mul_f64(0.2);
     let heal_at = options.duration.mul_f64(0.55);
@@ -455,6 +476,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         duration_s: round(elapsed.as_secs_f64()),
         capability: CAPABILITY,
         concurrency: options.concurrency,
+        observe,
         agents,
         total: report::totals(&calls.take(), elapsed),
         fault,

@@ -108,6 +108,21 @@ pub fn render_table(s: &DemoSummary) -> String {
         s.capability,
         s.concurrency
     );
+    let o = &s.observe;
+    out.push_str(&format!(
+        "observe-only first ({:.1}s, every sidecar routing round robin like a plain proxy): {} went rate-limited\n  {} of {} calls failed; the model disagreed on {} calls and would have avoided {} of those failures ({:.0}%) and {:.1} s of latency\n  observe-only off, live: {} healthy in every view again after {}\n\n",
+        o.duration_s,
+        o.agent,
+        o.failed,
+        o.calls,
+        o.disagreements,
+        o.avoidable_failures,
+        pct(o.avoidable_failures, o.failed),
+        o.avoidable_latency_s,
+        o.agent,
+        o.healthy_again_after_ms
+            .map_or("never (within 20 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0))
+    ));
     out.push_str(&format!(
         "{:<10} {:>9} {:>9} {:>8} {:>8} {:>10}  {}\n",
         "agent", "requests", "success", "p50 ms", "p95 ms", "in-flight", "state (caller's view)"
@@ -254,19 +269,15 @@ pub fn render_table(s: &DemoSummary) -> String {
     ));
     let a = &s.authorization;
     out.push_str(&format!(
-        "
-identity and authorization: every sidecar hop was mutual TLS 1.3 (the caller is {}); the policy turned strict and opened {} to {} only, live
-",
+        "\nidentity and authorization: the fleet ran mutual TLS 1.3 from the start (permissive; the caller is {}); now the policy turns strict and opens {} to {} only, live\n",
         a.caller_identity, super::CAPABILITY, a.allowed
     ));
     out.push_str(&format!(
-        "  an intruder with a valid certificate ({}) made {} calls: {} refused 403 forbidden ({} counted by the agents' sidecars), {} reached an agent
-",
+        "  an intruder with a valid certificate ({}) made {} calls: {} refused 403 forbidden ({} counted by the agents' sidecars), {} reached an agent\n",
         a.intruder_identity, a.intruder_calls, a.intruder_forbidden, a.denied_counted, a.reached_agents
     ));
     out.push_str(&format!(
-        "  a plaintext request at an agent's inbound port: refused at the handshake ({}, {} counted); the caller's {} calls meanwhile: {} failed
-",
+        "  a plaintext request at an agent's inbound port: refused at the handshake ({}, {} counted); the caller's {} calls after, TLS-only: {} failed\n",
         a.plaintext_status, a.plaintext_refusals_counted, a.calls, a.failed
     ));
     let t = &s.total;
