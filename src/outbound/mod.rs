@@ -17,6 +17,7 @@ mod local_api;
 mod observe;
 mod policy;
 mod record;
+mod request;
 mod resolve;
 mod retry;
 mod sample;

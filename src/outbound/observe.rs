@@ -14,7 +14,7 @@ use tower::ServiceExt;
 
 use super::attempt::Attempt;
 use super::call::{Plan, Routed, Try};
-use super::policy::{upstream_request, Bodies};
+use super::request::{upstream_request, Bodies};
 use super::{pick, tiers, Outbound};
 use crate::config::Snapshot;
 use crate::error::ReachError;

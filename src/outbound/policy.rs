@@ -7,10 +7,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tower::layer::{layer_fn, Layer};
 use tower::retry::budget::TpsBudget;
 use tower::{service_fn, ServiceExt};
@@ -18,6 +16,7 @@ use tracing::Span;
 
 use super::attempt::{Attempt, Refusal};
 use super::call::{Plan, Routed, Try};
+use super::request::{upstream_request, Bodies};
 use super::tiers::{self, Tier};
 use super::{decision, observe, pick, retry, Outbound};
 use crate::config::{RouteMode, Snapshot};
@@ -25,8 +24,8 @@ use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
 use crate::http::layers::field;
 use crate::http::step::{answer, Step};
-use crate::http::upload::{Upload, UploadWatch, WatchedUpload};
-use crate::http::{body, headers, ReachBody};
+use crate::http::upload::UploadWatch;
+use crate::http::{headers, ReachBody};
 use crate::idempotency;
 use crate::peers::Scored;
 
@@ -328,65 +327,6 @@ struct CallShape<'a> {
     replayable: bool,
 }
 
-/// The call's body for each attempt: a buffered one replays, a streamed one goes once.
-pub(super) struct Bodies {
-    replay: Option<Bytes>,
-    stream: Option<WatchedUpload<Incoming>>,
-    /// Whether the caller's upload broke or stalled (then nothing is held against a peer).
-    pub(super) watch: UploadWatch,
-}
-
-impl Bodies {
-    pub(super) fn of(upload: Upload<Incoming>, snapshot: &Snapshot) -> Self {
-        match upload {
-            Upload::Buffered(bytes) => Bodies {
-                replay: Some(bytes),
-                stream: None,
-                watch: UploadWatch::complete(),
-            },
-            Upload::Stream(incoming, _) => {
-                let gap = snapshot.bootstrap.limits.body_read_timeout.get();
-                let (body, watch) = WatchedUpload::new(incoming, gap);
-                Bodies {
-                    replay: None,
-                    stream: Some(body),
-                    watch,
-                }
-            }
-        }
-    }
-
-    pub(super) fn next(&mut self) -> Option<ReachBody> {
-        match (&self.replay, self.stream.take()) {
-            (Some(bytes), _) => Some(body::full(bytes.clone())),
-            (None, Some(streamed)) => Some(body::boxed(streamed)),
-            (None, None) => None,
-        }
-    }
-}
-
-/// The agent's request as a peer receives it: the sidecar's own `reach-*` headers added.
-pub(super) fn upstream_request(
-    parts: &Parts,
-    body: ReachBody,
-    snapshot: &Snapshot,
-    capability: &str,
-    attempt: usize,
-) -> Request<ReachBody> {
-    let mut request = Request::new(body);
-    *request.method_mut() = parts.method.clone();
-    *request.uri_mut() = parts.uri.clone();
-    *request.headers_mut() = parts.headers.clone();
-    let h = request.headers_mut();
-    h.insert(headers::CAPABILITY, headers::value(capability));
-    h.insert(
-        headers::CALLER,
-        headers::value(snapshot.bootstrap.agent.name.as_str()),
-    );
-    h.insert(headers::ATTEMPT, headers::count(attempt));
-    request
-}
-
 /// The policy driven against a scripted peer (a stub inner step) on paused time: no sockets.
 #[cfg(test)]
 mod tests {
@@ -398,10 +338,12 @@ mod tests {
 
     use super::*;
     use crate::config::Policy;
+    use crate::http::upload::Upload;
     use crate::outbound::balance::tests::candidate;
     use crate::outbound::call::Call;
     use crate::outbound::for_tests;
     use crate::peers::RouteRequest;
+    use bytes::Bytes;
 
     /// What the stub peer answers, in order, and the peers it was asked.
     #[derive(Clone, Default)]

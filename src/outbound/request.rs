@@ -1,0 +1,70 @@
+//! What goes to a peer for each attempt: the agent's request with the sidecar's own `reach-*`
+//! headers, and its body — replayed when buffered, sent once when it streams.
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::Request;
+use hyper::body::Incoming;
+
+use crate::config::Snapshot;
+use crate::http::upload::{Upload, UploadWatch, WatchedUpload};
+use crate::http::{body, headers, ReachBody};
+
+/// The call's body for each attempt: a buffered one replays, a streamed one goes once.
+pub(super) struct Bodies {
+    pub(super) replay: Option<Bytes>,
+    stream: Option<WatchedUpload<Incoming>>,
+    /// Whether the caller's upload broke or stalled (then nothing is held against a peer).
+    pub(super) watch: UploadWatch,
+}
+
+impl Bodies {
+    pub(super) fn of(upload: Upload<Incoming>, snapshot: &Snapshot) -> Self {
+        match upload {
+            Upload::Buffered(bytes) => Bodies {
+                replay: Some(bytes),
+                stream: None,
+                watch: UploadWatch::complete(),
+            },
+            Upload::Stream(incoming, _) => {
+                let gap = snapshot.bootstrap.limits.body_read_timeout.get();
+                let (body, watch) = WatchedUpload::new(incoming, gap);
+                Bodies {
+                    replay: None,
+                    stream: Some(body),
+                    watch,
+                }
+            }
+        }
+    }
+
+    pub(super) fn next(&mut self) -> Option<ReachBody> {
+        match (&self.replay, self.stream.take()) {
+            (Some(bytes), _) => Some(body::full(bytes.clone())),
+            (None, Some(streamed)) => Some(body::boxed(streamed)),
+            (None, None) => None,
+        }
+    }
+}
+
+/// The agent's request as a peer receives it: the sidecar's own `reach-*` headers added.
+pub(super) fn upstream_request(
+    parts: &Parts,
+    body: ReachBody,
+    snapshot: &Snapshot,
+    capability: &str,
+    attempt: usize,
+) -> Request<ReachBody> {
+    let mut request = Request::new(body);
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = parts.uri.clone();
+    *request.headers_mut() = parts.headers.clone();
+    let h = request.headers_mut();
+    h.insert(headers::CAPABILITY, headers::value(capability));
+    h.insert(
+        headers::CALLER,
+        headers::value(snapshot.bootstrap.agent.name.as_str()),
+    );
+    h.insert(headers::ATTEMPT, headers::count(attempt));
+    request
+}
