@@ -288,31 +288,35 @@ fn peer_row(p: &Value) -> [String; 8] {
             count("success")
         )
     };
-    let mut last = match p.get("last_transition").filter(|t| !t.is_null()) {
-        Some(t) => format!(
+    let mut why = Vec::new();
+    let own = &p["self_view"];
+    if !own.is_null() {
+        let own_state = text(&own["view"]["state"]);
+        if own_state == text(&p["effective_state"]) && own_state != text(&p["view"]["state"]) {
+            why.push(format!("own view {own_state}"));
+        }
+        let probe = &own["last_probe"];
+        if probe["ok"].as_bool() == Some(false) {
+            why.push(format!(
+                "its probe failed: {}",
+                probe["reason"].as_str().unwrap_or("unknown")
+            ));
+        }
+    }
+    if let Some(t) = p.get("last_transition").filter(|t| !t.is_null()) {
+        why.push(format!(
             "{}→{} {} ago ({})",
             text(&t["from"]),
             text(&t["to"]),
             secs(t["age_s"].as_f64()),
             text(&t["reason"])
-        ),
-        None => "-".to_owned(),
-    };
-    let own = &p["self_view"];
-    if !own.is_null() {
-        let own_state = text(&own["view"]["state"]);
-        if own_state == text(&p["effective_state"]) && own_state != text(&p["view"]["state"]) {
-            let _ = write!(last, "; own view {own_state}");
-        }
-        let probe = &own["last_probe"];
-        if probe["ok"].as_bool() == Some(false) {
-            let _ = write!(
-                last,
-                "; its probe failed: {}",
-                probe["reason"].as_str().unwrap_or("unknown")
-            );
-        }
+        ));
     }
+    let last = if why.is_empty() {
+        "-".to_owned()
+    } else {
+        why.join("; ")
+    };
     [
         text(&p["name"]),
         text(&p["effective_state"]),

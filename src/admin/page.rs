@@ -510,9 +510,9 @@ fn sparkline(
     let top = top
         .unwrap_or_else(|| known.iter().copied().fold(0.0, f64::max))
         .max(f64::EPSILON);
-    let step = W / (super::history::SAMPLES_KEPT as f64);
-    // Newest at the right edge: a short history fills from the right, as time passes.
-    let x0 = W - step * (values.len().saturating_sub(1)) as f64;
+    // The points span the width (a sparkline shows a shape; its title gives the span).
+    let step = (W - 4.0) / (values.len().saturating_sub(1).max(1)) as f64;
+    let x0 = 2.0;
     let mut paths = String::new();
     let mut run = String::new();
     let mut dot = (0.0, 0.0);
@@ -541,13 +541,14 @@ fn sparkline(
     };
     format!(
         "<svg class=\"spark\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" role=\"img\">\
-         <title>{what}: {label} now; {} points</title>\
+         <title>{what}: {label} now; {} points, one per {every} s</title>\
          <line x1=\"0\" y1=\"{base}\" x2=\"{W}\" y2=\"{base}\" class=\"base\"/>{paths}\
          <circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"2.2\"/></svg>",
         known.len(),
+        every = SAMPLE_EVERY.as_secs(),
         base = H - 2.0,
-        x = dot.0.min(W - 2.2),
-        y = dot.1,
+        x = dot.0,
+        y = dot.1.clamp(2.2, H - 2.2),
     )
 }
 
