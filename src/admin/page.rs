@@ -50,7 +50,7 @@ pub(super) fn render(status: &Status, history: &BTreeMap<String, Vec<Sample>>) -
         "</main><footer>JSON: <a href=\"/status\">/status</a> · \
          <a href=\"/metrics\">/metrics</a> · <a href=\"/?format=text\">index</a></footer>",
     );
-    let _ = write!(out, "<script>{SCRIPT}</script></body></html>\n");
+    let _ = writeln!(out, "<script>{SCRIPT}</script></body></html>");
     out
 }
 
