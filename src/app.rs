@@ -179,6 +179,7 @@ impl Sidecar {
             registry: registry.clone(),
             gossip: gossip.clone(),
             ready: ready.clone(),
+            history: Default::default(),
         });
 
         let traffic_settings = ServerSettings::from_limits(&limits, limits.drain_timeout.get());
@@ -216,6 +217,7 @@ impl Sidecar {
             spawn_watcher(store.clone(), reloads(&metrics), stop_rest.clone()),
             spawn_upkeep(metrics.clone(), local.clone(), stop_rest.clone()),
             peers::spawn_poller(store.clone(), registry, peers, peer_pool, stop_rest.clone()),
+            admin.spawn_history(stop_rest.clone()),
         ];
         let mut rest = rest;
         if let Some(tls) = tls {

@@ -88,6 +88,18 @@ enum Command {
         #[arg(required = true)]
         names: Vec<String>,
     },
+    /// This agent and its peers as a sidecar sees them, one line per peer, from its admin port.
+    Status {
+        /// The sidecar's admin address.
+        #[arg(long, default_value = agent_reach::admin::cli::DEFAULT_ADMIN)]
+        admin: String,
+        /// Redraw every 2 s.
+        #[arg(long)]
+        watch: bool,
+        /// Print the `/status` document as it is.
+        #[arg(long)]
+        json: bool,
+    },
     /// Container lifecycle hooks for the plain-container sidecar (images have no shell).
     #[command(hide = true)]
     Hook {
@@ -164,6 +176,7 @@ fn main() -> ExitCode {
             init_tracing(&log, log_json);
             inject(&config, file.as_deref(), &namespace)
         }
+        Command::Status { admin, watch, json } => agent_reach::admin::cli::run(&admin, watch, json),
         Command::Hook { hook } => run_hook(hook),
         Command::Demo {
             duration,

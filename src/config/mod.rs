@@ -181,6 +181,18 @@ pub struct ConfigPaths {
 pub struct ConfigStore {
     current: ArcSwap<Snapshot>,
     pub paths: ConfigPaths,
+    /// The last rejected reload, cleared when its file parses again.
+    reload_error: std::sync::Mutex<Option<ReloadError>>,
+}
+
+/// A config file change that was rejected: the running config stayed.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ReloadError {
+    /// `bootstrap` or `policy`.
+    pub file: &'static str,
+    pub message: String,
+    /// Wall-clock time of the rejection, milliseconds since the Unix epoch.
+    pub unix_ms: u64,
 }
 
 impl ConfigStore {
@@ -188,6 +200,7 @@ impl ConfigStore {
         Self {
             current: ArcSwap::from_pointee(Snapshot::new(bootstrap, policy, 1)),
             paths,
+            reload_error: std::sync::Mutex::new(None),
         }
     }
 
@@ -216,6 +229,34 @@ impl ConfigStore {
 
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// The last rejected reload, if its file has not parsed since.
+    pub fn reload_error(&self) -> Option<ReloadError> {
+        self.reload_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Records a reload's result: an error is kept until that file parses again.
+    pub(crate) fn reloaded(&self, file: &'static str, result: Result<(), String>) {
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let mut kept = self.reload_error.lock().unwrap_or_else(|p| p.into_inner());
+        match result {
+            Err(message) => {
+                *kept = Some(ReloadError {
+                    file,
+                    message,
+                    unix_ms,
+                })
+            }
+            // The other file's error stands until that file is fixed.
+            Ok(()) if kept.as_ref().is_some_and(|e| e.file == file) => *kept = None,
+            Ok(()) => {}
+        }
     }
 
     /// Replaces the running snapshot if anything changed; listener addresses and limits keep

@@ -86,6 +86,7 @@ async fn poll(
             // Reported once per disappearance, not on every poll.
             if seen.hash.take().is_some() {
                 tracing::warn!(file = %path.display(), %err, "config file unreadable; keeping the running config");
+                store.reloaded(kind.as_str(), Err(format!("{}: {err}", path.display())));
                 on_reload(kind.as_str(), false);
             }
             return;
@@ -105,6 +106,9 @@ async fn poll(
             parse_policy(path, &text).map(|policy| store.replace(current.bootstrap.clone(), policy))
         }
     };
+    if result.is_ok() {
+        store.reloaded(kind.as_str(), Ok(()));
+    }
     match result {
         Ok(false) => {}
         Ok(true) => {
@@ -113,6 +117,7 @@ async fn poll(
         }
         Err(err) => {
             tracing::error!(%err, kind = kind.as_str(), "config reload rejected; the running config stays");
+            store.reloaded(kind.as_str(), Err(err.to_string()));
             on_reload(kind.as_str(), false);
         }
     }

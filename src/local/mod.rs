@@ -16,7 +16,9 @@ pub use admission::{Admission, AdmissionLimits, Load, Refusal, Slot};
 
 use crate::config::{ConfigStore, RouteMode, Snapshot};
 use crate::metrics::Metrics;
-use crate::reach::{self, ReachView, Signal, Transition, ViewSnapshot};
+use crate::reach::{
+    self, ReachView, Signal, Transition, TransitionLog, TransitionRecord, ViewSnapshot,
+};
 
 /// Path of the self-view ([`SelfView`]) on every sidecar's inbound port.
 pub const SELF_PATH: &str = "/reach/v1/self";
@@ -87,6 +89,8 @@ pub struct LocalAgent {
     probe_now: AtomicBool,
     /// Whether a prober runs at all: without one, ejection cannot wait for a passing probe.
     prober_running: AtomicBool,
+    /// The own view's last transitions, with their reasons.
+    transitions: TransitionLog,
 }
 
 #[derive(Debug)]
@@ -116,6 +120,7 @@ impl LocalAgent {
             }),
             probe_now: AtomicBool::new(false),
             prober_running: AtomicBool::new(true),
+            transitions: TransitionLog::default(),
         }
     }
 
@@ -310,7 +315,14 @@ impl LocalAgent {
             let agent = self.store.snapshot().bootstrap.agent.name.to_string();
             tracing::info!(view = "self", agent = %agent, from = t.from.as_str(), to = t.to.as_str(), reason = t.reason, "state transition");
             self.metrics.transition("self", &agent, t);
+            self.transitions
+                .push(TransitionRecord::new("self", &agent, t));
         }
+    }
+
+    /// The own view's last transitions, newest first.
+    pub fn transitions(&self) -> Vec<TransitionRecord> {
+        self.transitions.recent()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

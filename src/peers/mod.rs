@@ -25,7 +25,9 @@ use tokio::time::Instant;
 use crate::config::{ConfigStore, RouteMode, Snapshot};
 use crate::local::SelfView;
 use crate::metrics::Metrics;
-use crate::reach::{self, Factors, ReachView, Signal, State, ViewSnapshot};
+use crate::reach::{
+    self, Factors, ReachView, Signal, State, TransitionLog, TransitionRecord, ViewSnapshot,
+};
 use crate::registry::Peer;
 
 /// A self-view older than this many refresh intervals is ignored.
@@ -36,6 +38,8 @@ pub struct PeerViews {
     store: Arc<ConfigStore>,
     metrics: Arc<Metrics>,
     inner: Mutex<FastMap<String, Entry>>,
+    /// The last transitions of this caller's views of its peers, with their reasons.
+    transitions: TransitionLog,
 }
 
 #[derive(Debug)]
@@ -50,6 +54,46 @@ struct Entry {
     pending_at_poll: usize,
     /// Since when polls of the peer's self-view have failed to connect.
     unreachable_since: Option<Instant>,
+    /// This caller's view's last transition.
+    last_transition: Option<TransitionRecord>,
+    /// What this caller's attempts on the peer came to, since the entry was made.
+    outcomes: Outcomes,
+}
+
+/// This caller's attempts on one peer by what they came to, counted since the peer was first
+/// seen at its address (a restarted peer starts over).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Outcomes {
+    pub success: u64,
+    /// Errors and 5xx.
+    pub failure: u64,
+    pub timeout: u64,
+    /// The agent refused the task (429, or 503 with `retry-after`).
+    pub refused: u64,
+    /// The peer's sidecar turned the call away before its agent saw it.
+    pub shed: u64,
+    /// Nothing listened at the peer's address.
+    pub unreachable: u64,
+}
+
+impl Outcomes {
+    fn count(&mut self, signal: Signal) {
+        let n = match signal {
+            Signal::Success(_) => &mut self.success,
+            Signal::Failure(_) => &mut self.failure,
+            Signal::Timeout(_) => &mut self.timeout,
+            Signal::Refused { .. } => &mut self.refused,
+            Signal::Shed { .. } => &mut self.shed,
+            Signal::Unreachable(_) => &mut self.unreachable,
+        };
+        *n += 1;
+    }
+
+    /// Calls that reached a verdict on the agent: everything but a shed call (load on the peer's
+    /// sidecar, retried elsewhere). A refusal counts as not served.
+    pub fn judged(&self) -> u64 {
+        self.success + self.failure + self.timeout + self.refused + self.unreachable
+    }
 }
 
 /// What one routing decision needs to know about the request.
@@ -124,6 +168,10 @@ pub struct PeerStatus {
     pub last_score: Option<f64>,
     pub self_view: Option<SelfView>,
     pub self_view_age_s: Option<f64>,
+    /// This caller's view's last transition, and why.
+    pub last_transition: Option<TransitionRecord>,
+    /// This caller's attempts on the peer by outcome.
+    pub outcomes: Outcomes,
 }
 
 impl PeerViews {
@@ -132,6 +180,7 @@ impl PeerViews {
             store,
             metrics,
             inner: Mutex::new(FastMap::default()),
+            transitions: TransitionLog::default(),
         }
     }
 
@@ -178,7 +227,9 @@ impl PeerViews {
     fn record(&self, peer: &Peer, signal: Signal, snapshot: &Snapshot) {
         let now = Instant::now();
         let mut inner = self.lock();
-        let t = entry(&mut inner, peer, now).view.observe(
+        let e = entry(&mut inner, peer, now);
+        e.outcomes.count(signal);
+        let t = e.view.observe(
             signal,
             now,
             &snapshot.policy.estimates.params(),
@@ -246,11 +297,14 @@ impl PeerViews {
             snapshot.policy.estimates.params(),
             snapshot.policy.states.params(),
         );
+        let mut ticked = Vec::new();
         let mut inner = self.lock();
         let mut out: Vec<PeerStatus> = inner
             .iter_mut()
             .map(|(name, e)| {
-                e.view.tick(now, &sp);
+                if let Some(t) = e.view.tick(now, &sp) {
+                    ticked.push((name.clone(), t));
+                }
                 let view = e.view.snapshot(now, &ep, &sp);
                 let remote = e.remote.as_ref().map(|(r, _)| r.view);
                 let (effective_state, effective_cap) = match remote {
@@ -269,11 +323,23 @@ impl PeerViews {
                         .remote
                         .as_ref()
                         .map(|(_, at)| now.saturating_duration_since(*at).as_secs_f64()),
+                    last_transition: e.last_transition.clone().map(TransitionRecord::aged),
+                    outcomes: e.outcomes,
                 }
             })
             .collect();
+        drop(inner);
+        // A time-driven move (a cool-off ending) seen first here is a transition like any other.
+        for (name, t) in ticked {
+            self.transitioned(&name, t);
+        }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
+    }
+
+    /// The last transitions of this caller's views of its peers, newest first.
+    pub fn transitions(&self) -> Vec<TransitionRecord> {
+        self.transitions.recent()
     }
 
     fn transitioned(&self, peer: &str, t: reach::Transition) {
@@ -286,6 +352,11 @@ impl PeerViews {
             "state transition"
         );
         self.metrics.transition("peer", peer, t);
+        let record = TransitionRecord::new("peer", peer, t);
+        if let Some(e) = self.lock().get_mut(peer) {
+            e.last_transition = Some(record.clone());
+        }
+        self.transitions.push(record);
     }
 
     fn lock(&self) -> MutexGuard<'_, FastMap<String, Entry>> {
@@ -386,5 +457,7 @@ fn fresh_entry(peer: &Peer, now: Instant) -> Entry {
         pending: 0,
         pending_at_poll: 0,
         unreachable_since: None,
+        last_transition: None,
+        outcomes: Outcomes::default(),
     }
 }

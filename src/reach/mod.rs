@@ -2,6 +2,7 @@
 //! machine. No I/O; every function takes the clock as an argument, so tests run on virtual time.
 
 mod estimate;
+mod log;
 mod score;
 mod state;
 mod view;
@@ -10,6 +11,7 @@ pub use estimate::{
     percentile, recent_tau_s, EstimateParams, EstimateSnapshot, Estimates, Load, Signal,
     UNKNOWN_AVAILABILITY,
 };
+pub use log::{TransitionLog, TransitionRecord, TRANSITIONS_KEPT};
 pub use score::{capability_match, cost, score, Factors, Weights};
 pub use state::{Event, State, StateMachine, StateParams, Transition};
 pub use view::{ReachView, ViewSnapshot};

@@ -1,12 +1,21 @@
-//! The admin listener: `/metrics`, `/live`, `/ready`, `/status` and a small index page.
+//! The admin listener: `/metrics`, `/live`, `/ready`, `/status` and the status page at `/`
+//! (`page`, with the sparklines' history in `history`); `cli` is `agent-reach status`, which
+//! reads `/status` from outside.
+
+pub mod cli;
+pub mod history;
+mod page;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
 use http::{Method, Request, Response, StatusCode};
 use serde::Serialize;
 
-use crate::config::{AgentProfile, ConfigStore, Policy};
+use crate::config::{AgentProfile, ConfigStore, Policy, ReloadError};
 use crate::error::ReachError;
 use crate::gossip::{GossipHandle, GossipStatus};
 use crate::http::layers::Compressible;
@@ -16,7 +25,7 @@ use crate::inbound::{Inbound, StatsSnapshot};
 use crate::local::{Load, LocalAgent, ProbeRecord};
 use crate::metrics::Metrics;
 use crate::peers::{PeerStatus, PeerViews};
-use crate::reach::ViewSnapshot;
+use crate::reach::{State, TransitionRecord, ViewSnapshot, TRANSITIONS_KEPT};
 use crate::registry::{Peer, Registry};
 
 #[derive(Debug)]
@@ -30,6 +39,8 @@ pub struct Admin {
     pub gossip: Option<Arc<GossipHandle>>,
     /// Listeners bound and not draining.
     pub ready: Arc<AtomicBool>,
+    /// Each peer's recent success rate and p95, for the status page.
+    pub history: Arc<history::History>,
 }
 
 /// The `/status` document.
@@ -52,6 +63,11 @@ pub struct Status {
     pub gossip: Option<Arc<GossipStatus>>,
     pub policy: Policy,
     pub config_generation: u64,
+    /// The last rejected config reload, until its file parses again.
+    pub reload_error: Option<ReloadError>,
+    /// The last state transitions of this agent's own view and of this caller's views of its
+    /// peers, newest first.
+    pub transitions: Vec<TransitionRecord>,
     pub ready: bool,
     pub version: &'static str,
 }
@@ -90,13 +106,36 @@ impl Admin {
                 });
                 compressible(text(StatusCode::OK, "application/json", body))
             }
+            "/" if wants_html(&req) => {
+                let status = self.status();
+                let history = self.history.series(&status.peer_views);
+                compressible(text(
+                    StatusCode::OK,
+                    "text/html; charset=utf-8",
+                    page::render(&status, &history),
+                ))
+            }
             "/" => text(StatusCode::OK, "text/plain", INDEX),
             other => ReachError::NotFound(other.to_owned()).into_response(),
         }
     }
 
+    /// Samples the peers for the status page's sparklines until `stop`.
+    pub fn spawn_history(&self, stop: CancellationToken) -> JoinHandle<()> {
+        history::spawn(
+            self.history.clone(),
+            self.peers.clone(),
+            self.store.clone(),
+            stop,
+        )
+    }
+
     pub fn status(&self) -> Status {
         let snapshot = self.store.snapshot();
+        let mut transitions = self.local.transitions();
+        transitions.extend(self.peers.transitions());
+        transitions.sort_by(|a, b| a.age_s.total_cmp(&b.age_s));
+        transitions.truncate(TRANSITIONS_KEPT);
         Status {
             // The admin port listens on every address: a probe's credentials are not shown.
             agent: crate::redact::profile(
@@ -113,9 +152,24 @@ impl Admin {
             gossip: self.gossip.as_ref().map(|g| g.status()),
             policy: snapshot.policy.clone(),
             config_generation: snapshot.generation,
+            reload_error: self.store.reload_error(),
+            transitions,
             ready: self.ready.load(Ordering::Acquire),
             version: env!("CARGO_PKG_VERSION"),
         }
+    }
+}
+
+/// Problems first, on the page and in `agent-reach status`: the states that take an agent out
+/// of rotation, then those that limit it.
+fn severity(state: State) -> u8 {
+    match state {
+        State::Ejected => 0,
+        State::Probation => 1,
+        State::Draining => 2,
+        State::Recovering => 3,
+        State::Parole => 4,
+        State::Healthy => 5,
     }
 }
 
@@ -125,4 +179,20 @@ fn compressible(mut response: Response<ReachBody>) -> Response<ReachBody> {
     response
 }
 
-const INDEX: &str = "agent-reach admin\n\n/metrics  Prometheus metrics\n/live     liveness\n/ready    readiness\n/status   this agent and its peers (JSON)\n";
+/// A browser gets the status page, curl and scripts the plain index; `?format=html|text` picks.
+fn wants_html<B>(req: &Request<B>) -> bool {
+    let format = req
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("format=")));
+    if let Some(format) = format {
+        return format == "html";
+    }
+    req.headers()
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/html"))
+}
+
+const INDEX: &str = "agent-reach admin\n\n/         the status page (HTML, for a browser)\n/metrics  Prometheus metrics\n/live     liveness\n/ready    readiness\n/status   this agent and its peers (JSON)\n";
