@@ -174,6 +174,7 @@ impl Sidecar {
             store: store.clone(),
             metrics: metrics.clone(),
             inbound: inbound.clone(),
+            outbound: outbound.clone(),
             local: local.clone(),
             peers: peers.clone(),
             registry: registry.clone(),

@@ -97,6 +97,29 @@ async fn observe_only_routes_round_robin_and_counts_what_the_model_would_have_av
         "{avoidable} of {failed} failures avoidable:\n{metrics}"
     );
     assert!(avoidable <= failed);
+    let status = get(&client(), &format!("http://{}/status", caller.addrs.admin))
+        .await
+        .json();
+    let in_status = &status["observe"][CAP];
+    assert_eq!(in_status["calls"], 60, "{status}");
+    assert_eq!(in_status["avoidable_failures"], avoidable, "{status}");
+    assert!(
+        in_status["avoidable_latency_ms"].as_f64().is_some(),
+        "{status}"
+    );
+    let page = send(
+        &client(),
+        "GET",
+        &format!("http://{}/?format=html", caller.addrs.admin),
+        &[],
+        "",
+    )
+    .await
+    .body;
+    assert!(
+        page.contains("Observe-only"),
+        "the page shows the comparison"
+    );
     let observed = caller.observed();
     assert_eq!(observed.len(), 1);
     assert_eq!(observed[0].1.calls, 60);

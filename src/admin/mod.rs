@@ -33,6 +33,7 @@ pub struct Admin {
     pub store: Arc<ConfigStore>,
     pub metrics: Arc<Metrics>,
     pub inbound: Arc<Inbound>,
+    pub outbound: Arc<crate::outbound::Outbound>,
     pub local: Arc<LocalAgent>,
     pub peers: Arc<PeerViews>,
     pub registry: Arc<Registry>,
@@ -68,6 +69,10 @@ pub struct Status {
     /// The last state transitions of this agent's own view and of this caller's views of its
     /// peers, newest first.
     pub transitions: Vec<TransitionRecord>,
+    /// Observe-only mode's comparison with the model, per capability (absent when no call was
+    /// ever observed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observe: Option<std::collections::BTreeMap<String, crate::outbound::ObserveCounts>>,
     pub ready: bool,
     pub version: &'static str,
 }
@@ -154,6 +159,8 @@ impl Admin {
             config_generation: snapshot.generation,
             reload_error: self.store.reload_error(),
             transitions,
+            observe: Some(self.outbound.observed().into_iter().collect())
+                .filter(|o: &std::collections::BTreeMap<_, _>| !o.is_empty()),
             ready: self.ready.load(Ordering::Acquire),
             version: env!("CARGO_PKG_VERSION"),
         }

@@ -373,12 +373,12 @@ fn outcomes(out: &mut String, peers: &[&PeerStatus]) {
 /// Observe-only comparisons: rendered from `/status`'s `observe` field when the sidecar has one
 /// (observe-only mode, issue 16 item 1), as a table per capability or as JSON.
 fn observe(out: &mut String, status: &Status) {
-    let doc = serde_json::to_value(status).unwrap_or_default();
-    let Some(observe) = doc.get("observe").filter(|v| !v.is_null()) else {
+    let Some(observe) = &status.observe else {
         return;
     };
+    let doc = serde_json::to_value(observe).unwrap_or_default();
     out.push_str("<section id=\"observe\"><h2>Observe-only: what the model would have done</h2>");
-    json_table(out, observe);
+    json_table(out, &doc);
     out.push_str("</section>");
 }
 
