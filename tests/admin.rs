@@ -4,9 +4,13 @@
 mod support;
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
+use agent_reach::config::{ConfigPaths, HumanDuration, MetricsPolicy, Policy};
 use agent_reach::mock_agent::MockConfig;
+use agent_reach::Bootstrap;
 use support::*;
 
 #[tokio::test]
@@ -30,7 +34,11 @@ async fn metrics_count_requests_after_traffic() {
     assert_eq!(caller.status, 200);
     let text = &caller.body;
     assert!(
-        text.contains(r#"reach_requests_total{direction="outbound",capability="code-review",peer="coder-1",outcome="success"} 3"#),
+        text.contains(r#"reach_requests_total{direction="outbound",capability="code-review",outcome="success"} 3"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"reach_peer_requests_total{peer="coder-1",outcome="success"} 3"#),
         "{text}"
     );
     assert!(
@@ -47,7 +55,7 @@ async fn metrics_count_requests_after_traffic() {
         .await
         .body;
     assert!(
-        callee.contains(r#"reach_requests_total{direction="inbound",capability="code-review",peer="local",outcome="success"} 3"#),
+        callee.contains(r#"reach_requests_total{direction="inbound",capability="code-review",outcome="success"} 3"#),
         "{callee}"
     );
     assert!(callee.contains("reach_inbound_in_flight 0"), "{callee}");
@@ -57,6 +65,101 @@ async fn metrics_count_requests_after_traffic() {
     );
     promtool_accepts(&callee);
     promtool_accepts(text);
+}
+
+/// A caller with many peers: every peer is counted in `reach_peers{state}` and every call in
+/// the per-capability aggregates, but at most `metrics.max_peer_series` peers with traffic get
+/// series of their own, and they expire once idle for `metrics.idle_timeout`.
+#[tokio::test]
+async fn per_peer_series_are_bounded_and_expire() {
+    let mut agents = Vec::new();
+    let mut callees = Vec::new();
+    let mut caller =
+        Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
+    for i in 0..5 {
+        let (name, cap) = (format!("peer-{i}"), format!("cap-{i}"));
+        let agent = mock(MockConfig::new(&name)).await;
+        let callee = sidecar(Bootstrap::local(&name, agent.addr, &[cap.as_str()]).unwrap()).await;
+        caller = caller
+            .with_peer(&name, callee.addrs.inbound, &[cap.as_str()])
+            .unwrap();
+        agents.push(agent);
+        callees.push(callee);
+    }
+    let policy = Policy {
+        metrics: MetricsPolicy {
+            max_peer_series: 2,
+            idle_timeout: HumanDuration::from_secs(1),
+        },
+        ..Policy::default()
+    };
+    let caller = sidecar_with(caller, policy, ConfigPaths::default()).await;
+    let c = client();
+    let metrics = || {
+        let c = c.clone();
+        let url = format!("http://{}/metrics", caller.addrs.admin);
+        async move { get(&c, &url).await.body }
+    };
+    let call_cap = |i: usize| {
+        let c = c.clone();
+        let url = format!("http://{}/review", caller.addrs.outbound);
+        async move {
+            let cap = format!("cap-{i}");
+            send(&c, "POST", &url, &[("reach-capability", cap.as_str())], "x").await
+        }
+    };
+    for i in 0..4 {
+        assert_eq!(call_cap(i).await.status, 200, "cap-{i}");
+    }
+
+    let text = metrics().await;
+    promtool_accepts(&text);
+    let tracked = |text: &str| {
+        let mut peers: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("reach_peer_requests_total{"))
+            .filter_map(|l| l.split('"').nth(1).map(str::to_owned))
+            .collect();
+        peers.dedup();
+        peers
+    };
+    assert_eq!(tracked(&text), ["peer-0", "peer-1"], "{text}");
+    for i in 0..4 {
+        let line = format!(
+            r#"reach_requests_total{{direction="outbound",capability="cap-{i}",outcome="success"}} 1"#
+        );
+        assert!(text.contains(&line), "{line}\n{text}");
+    }
+    assert!(!text.contains(r#"peer="peer-2""#), "{text}");
+    // Every known peer is counted by state, whether or not it has series of its own.
+    eventually(Duration::from_secs(5), "reach_peers sums to 5", || async {
+        let text = metrics().await;
+        let total: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("reach_peers{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        total == 5.0
+    })
+    .await;
+
+    // Idle for a second: the tracked peers' series go, and their slots are free again.
+    eventually(
+        Duration::from_secs(10),
+        "idle peers' series expire",
+        || async { tracked(&metrics().await).is_empty() },
+    )
+    .await;
+    assert_eq!(call_cap(3).await.status, 200);
+    let text = metrics().await;
+    assert_eq!(tracked(&text), ["peer-3"], "{text}");
+    assert!(
+        text.contains(
+            r#"reach_requests_total{direction="outbound",capability="cap-3",outcome="success"} 2"#
+        ),
+        "the aggregates never expire: {text}"
+    );
+    promtool_accepts(&text);
 }
 
 /// `promtool check metrics` when promtool is installed (`.ci/run` installs it).

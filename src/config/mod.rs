@@ -23,8 +23,9 @@ pub use bootstrap::{
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
 pub use policy::{
-    CapabilityPolicy, EstimatesPolicy, ExternalTarget, Fraction, Policy, Pool, ProbesPolicy,
-    RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, WeightSets, Zones,
+    CapabilityPolicy, EstimatesPolicy, ExternalTarget, Fraction, MetricsPolicy, Policy, Pool,
+    ProbesPolicy, RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, WeightSets,
+    Zones,
 };
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 pub use watch::{spawn_watcher, OnReload};

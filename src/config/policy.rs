@@ -40,6 +40,8 @@ pub struct Policy {
     pub observe_only: bool,
     /// Per-capability settings, by capability name.
     pub capabilities: std::collections::BTreeMap<String, CapabilityPolicy>,
+    /// How many peers get series of their own on `/metrics`, and for how long.
+    pub metrics: MetricsPolicy,
 }
 
 /// Policy `capabilities.<name>`.
@@ -118,6 +120,9 @@ pub(super) const RULES: &[Row] = &[
     ("idempotency.max_total_bytes", Rule::Whole(0, 4 << 30)),
     // A share of 0 would let no caller keep anything.
     ("idempotency.per_caller_share", Rule::Above(0.0, 1.0)),
+    // Per-peer series: each peer costs about ten; a thousand peers is already a lot of series.
+    ("metrics.max_peer_series", Rule::Whole(0, 1_000)),
+    ("metrics.idle_timeout", Rule::Span(secs(1), DAY)),
 ];
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -433,6 +438,34 @@ impl Default for PeerViewsPolicy {
     fn default() -> Self {
         Self {
             poll_interval: HumanDuration::from_secs(1),
+        }
+    }
+}
+
+/// `/metrics` per peer: aggregates cover the whole fleet, and at most `max_peer_series` peers
+/// this caller sends traffic to get series of their own, dropped after `idle_timeout` without
+/// traffic or a state change (`docs/metrics.md`). Reloaded live.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsPolicy {
+    pub max_peer_series: usize,
+    pub idle_timeout: HumanDuration,
+}
+
+impl Default for MetricsPolicy {
+    fn default() -> Self {
+        Self {
+            max_peer_series: 20,
+            idle_timeout: HumanDuration::from_secs(600),
+        }
+    }
+}
+
+impl MetricsPolicy {
+    pub fn limits(&self) -> crate::metrics::PeerSeriesLimits {
+        crate::metrics::PeerSeriesLimits {
+            max_peers: self.max_peer_series,
+            idle_timeout: self.idle_timeout.get(),
         }
     }
 }

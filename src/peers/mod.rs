@@ -279,16 +279,18 @@ impl PeerViews {
         self.lock().retain(|name, _| names.contains(name));
     }
 
-    /// Sets the per-peer gauges from the current views.
+    /// Sets the peer gauges from the current views.
     pub(crate) fn publish(&self, snapshot: &Snapshot) {
-        for p in self.status(snapshot) {
-            self.metrics.peer(
-                &p.name,
-                p.effective_state,
-                p.effective_cap,
-                p.last_score.unwrap_or(0.0),
-            );
-        }
+        let status = self.status(snapshot);
+        let views = status.iter().map(|p| {
+            let gauges = crate::metrics::PeerGauges {
+                state: p.effective_state,
+                cap: p.effective_cap,
+                score: p.last_score.unwrap_or(0.0),
+            };
+            (p.name.as_str(), gauges)
+        });
+        self.metrics.peers(snapshot.policy.metrics.limits(), views);
     }
 
     pub fn status(&self, snapshot: &Snapshot) -> Vec<PeerStatus> {

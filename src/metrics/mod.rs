@@ -2,15 +2,25 @@
 //!
 //! Each sidecar owns its recorder instead of installing a process-global one, so several sidecars
 //! in one process (tests, `agent-reach demo`) keep separate `/metrics`.
+//!
+//! Series stay bounded as the fleet grows: the recorder holds aggregates only (labels from fixed
+//! sets, capability names this agent or the registry declares, never a value a caller typed),
+//! and the per-peer series are a bounded, expiring table of their own ([`peers`]).
+//! `docs/metrics.md` lists every series.
+
+mod peers;
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram, Counter, Histogram, Recorder, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 use crate::fast_hash::FastMap;
 use crate::reach::{State, Transition, ViewSnapshot};
+
+use peers::PeerSeries;
+pub use peers::{Limits as PeerSeriesLimits, PeerGauges};
 
 pub const REQUESTS_TOTAL: &str = "reach_requests_total";
 pub const REQUEST_DURATION: &str = "reach_request_duration_seconds";
@@ -24,11 +34,13 @@ pub const CONNECTIONS_TOTAL: &str = "reach_connections_total";
 pub const INFO: &str = "reach_info";
 pub const STATE_TRANSITIONS_TOTAL: &str = "reach_state_transitions_total";
 pub const SELF_STATE: &str = "reach_self_state";
-pub const SELF_SATURATION: &str = "reach_self_saturation";
-pub const SELF_AVAILABILITY: &str = "reach_self_availability";
-pub const PEER_SCORE: &str = "reach_peer_score";
-pub const PEER_STATE: &str = "reach_peer_state";
-pub const PEER_CAP: &str = "reach_peer_cap";
+pub const SELF_SATURATION: &str = "reach_self_saturation_ratio";
+pub const SELF_AVAILABILITY: &str = "reach_self_availability_ratio";
+pub const PEERS: &str = "reach_peers";
+pub const PEER_REQUESTS_TOTAL: &str = peers::PEER_REQUESTS_TOTAL;
+pub const PEER_SCORE: &str = peers::PEER_SCORE;
+pub const PEER_STATE: &str = peers::PEER_STATE;
+pub const PEER_CAP: &str = peers::PEER_CAP;
 pub const PROBES_TOTAL: &str = "reach_probes_total";
 pub const PROBE_DURATION: &str = "reach_probe_duration_seconds";
 pub const RETRIES_TOTAL: &str = "reach_retries_total";
@@ -72,7 +84,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         REQUESTS_TOTAL,
-        "Requests through the sidecar by direction, capability, peer and outcome.",
+        "Requests through the sidecar by direction, capability and outcome (per peer: reach_peer_requests_total).",
     ),
     (
         NO_CANDIDATE_TOTAL,
@@ -89,7 +101,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         STATE_TRANSITIONS_TOTAL,
-        "State transitions by view (self or peer), agent, from and to.",
+        "State transitions by view (self or peer), from, to and reason.",
     ),
     (
         PROBES_TOTAL,
@@ -156,14 +168,9 @@ const GAUGES: &[(&str, &str)] = &[
         "This agent's availability estimate in 0..1, from its own view.",
     ),
     (
-        PEER_SCORE,
-        "The reach score of each peer at its last routing decision.",
+        PEERS,
+        "Peers this caller knows, by the state of whichever view allows less traffic (its own or the peer's).",
     ),
-    (
-        PEER_STATE,
-        "1 for the state this caller's view of each peer is in, 0 for the others.",
-    ),
-    (PEER_CAP, "The effective traffic cap of each peer in 0..1."),
     (
         GOSSIP_MEMBERS,
         "Gossip members this sidecar knows, by liveness (alive, suspect, down).",
@@ -207,10 +214,10 @@ const TIERS: [&str; 3] = ["zone", "region", "any"];
 /// A request's counter and duration histogram, for one direction and outcome.
 type RequestHandles = (Counter, Histogram);
 
-/// Handles per capability, then per peer, then per direction × outcome. Registering a metric
-/// builds its key (label strings, a hash) on every call; a found handle is two atomic adds. The
-/// maps grow only as the registry's capability and peer names do.
-type HandleCache = FastMap<String, FastMap<String, [Option<RequestHandles>; 8]>>;
+/// Handles per capability, then per direction × outcome. Registering a metric builds its key
+/// (label strings, a hash) on every call; a found handle is two atomic adds. The map grows only
+/// as the declared capability names do.
+type HandleCache = FastMap<String, [Option<RequestHandles>; 8]>;
 
 /// One sidecar's metrics registry.
 pub struct Metrics {
@@ -221,6 +228,8 @@ pub struct Metrics {
     tier_picks: [std::sync::OnceLock<Counter>; 3],
     /// `reach_inbound_time_to_first_byte_seconds` by capability.
     first_byte: Mutex<FastMap<String, Histogram>>,
+    /// The bounded, expiring per-peer series.
+    peers: Mutex<PeerSeries>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -245,6 +254,7 @@ impl Metrics {
             requests: Mutex::default(),
             tier_picks: Default::default(),
             first_byte: Mutex::default(),
+            peers: Mutex::default(),
         };
         metrics.describe();
         let agent = agent.to_owned();
@@ -272,14 +282,22 @@ impl Metrics {
         metrics::with_local_recorder(&self.recorder, f)
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition: the aggregates, then the tracked peers' series.
     pub fn render(&self) -> String {
-        self.handle.render()
+        let mut text = self.handle.render();
+        self.peer_series().render(&mut text, Instant::now());
+        text
     }
 
-    /// Drains histogram samples into buckets; called periodically so memory stays flat between scrapes.
+    /// Drains histogram samples into buckets and expires idle peers' series; called
+    /// periodically so memory stays flat between scrapes.
     pub fn run_upkeep(&self) {
         self.handle.run_upkeep();
+        self.peer_series().expire(Instant::now());
+    }
+
+    fn peer_series(&self) -> std::sync::MutexGuard<'_, PeerSeries> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn request_finished(
@@ -290,28 +308,24 @@ impl Metrics {
         outcome: &'static str,
         duration: Duration,
     ) {
+        // Outbound answers only: an inbound call's peer is the local agent, and `-` is none.
+        if direction == Direction::Outbound && peer != "-" {
+            self.peer_series().request(peer, outcome, Instant::now());
+        }
         let Some(o) = OUTCOMES.iter().position(|x| *x == outcome) else {
-            let (counter, histogram) = self.register_request(direction, capability, peer, outcome);
+            let (counter, histogram) = self.register_request(direction, capability, outcome);
             counter.increment(1);
             histogram.record(duration.as_secs_f64());
             return;
         };
         let slot = o * 2 + direction as usize;
         let mut cache = self.requests.lock().unwrap_or_else(|p| p.into_inner());
-        let cached = cache
-            .get(capability)
-            .and_then(|peers| peers.get(peer))
-            .and_then(|slots| slots[slot].clone());
+        let cached = cache.get(capability).and_then(|slots| slots[slot].clone());
         let (counter, histogram) = match cached {
             Some(handles) => handles,
             None => {
-                let handles = self.register_request(direction, capability, peer, outcome);
-                if !cache.contains_key(capability) {
-                    cache.insert(capability.to_owned(), FastMap::default());
-                }
-                if let Some(peers) = cache.get_mut(capability) {
-                    peers.entry(peer.to_owned()).or_default()[slot] = Some(handles.clone());
-                }
+                let handles = self.register_request(direction, capability, outcome);
+                cache.entry(capability.to_owned()).or_default()[slot] = Some(handles.clone());
                 handles
             }
         };
@@ -324,13 +338,12 @@ impl Metrics {
         &self,
         direction: Direction,
         capability: &str,
-        peer: &str,
         outcome: &'static str,
     ) -> RequestHandles {
-        let (capability, peer) = (capability.to_owned(), peer.to_owned());
+        let capability = capability.to_owned();
         self.with(|| {
             (
-                counter!(REQUESTS_TOTAL, "direction" => direction.as_str(), "capability" => capability.clone(), "peer" => peer, "outcome" => outcome),
+                counter!(REQUESTS_TOTAL, "direction" => direction.as_str(), "capability" => capability.clone(), "outcome" => outcome),
                 histogram!(REQUEST_DURATION, "direction" => direction.as_str(), "capability" => capability, "outcome" => outcome),
             )
         })
@@ -377,10 +390,15 @@ impl Metrics {
         });
     }
 
+    /// A state transition, counted without the agent's name (per-peer figures are the bounded
+    /// table's); a tracked peer's series stay while it moves.
     pub fn transition(&self, view: &'static str, agent: &str, t: Transition) {
-        let agent = agent.to_owned();
+        if view == "peer" {
+            self.peer_series().touch(agent, Instant::now());
+        }
+        let reason = reason_label(t.reason);
         self.with(|| {
-            counter!(STATE_TRANSITIONS_TOTAL, "view" => view, "agent" => agent, "from" => t.from.as_str(), "to" => t.to.as_str())
+            counter!(STATE_TRANSITIONS_TOTAL, "view" => view, "from" => t.from.as_str(), "to" => t.to.as_str(), "reason" => reason)
                 .increment(1)
         });
     }
@@ -399,16 +417,26 @@ impl Metrics {
         });
     }
 
-    pub fn peer(&self, peer: &str, state: State, cap: f64, score: f64) {
-        let peer = peer.to_owned();
-        self.with(|| {
-            for s in State::ALL {
-                gauge!(PEER_STATE, "peer" => peer.clone(), "state" => s.as_str())
-                    .set(if s == state { 1.0 } else { 0.0 });
+    /// Every known peer as this caller sees it: `reach_peers{state}` counts them all, the
+    /// tracked ones get their gauges; `limits` is the live policy's `metrics`.
+    pub fn peers<'a>(
+        &self,
+        limits: PeerSeriesLimits,
+        views: impl IntoIterator<Item = (&'a str, PeerGauges)>,
+    ) {
+        let views: Vec<(&str, PeerGauges)> = views.into_iter().collect();
+        let mut by_state = [0usize; State::ALL.len()];
+        for (_, g) in &views {
+            if let Some(i) = State::ALL.iter().position(|s| *s == g.state) {
+                by_state[i] += 1;
             }
-            gauge!(PEER_CAP, "peer" => peer.clone()).set(cap);
-            gauge!(PEER_SCORE, "peer" => peer).set(score);
+        }
+        self.with(|| {
+            for (state, n) in State::ALL.iter().zip(by_state) {
+                gauge!(PEERS, "state" => state.as_str()).set(n as f64);
+            }
         });
+        self.peer_series().views(limits, views, Instant::now());
     }
 
     /// Gossip counters and membership, copied from the node at scrape time.
@@ -517,4 +545,9 @@ impl Metrics {
     pub fn connection_closed(&self, listener: &'static str) {
         self.with(|| gauge!(CONNECTIONS_OPEN, "listener" => listener).decrement(1.0));
     }
+}
+
+/// A transition's reason as a label value: the state machine's fixed sentences, spaces as `_`.
+fn reason_label(reason: &'static str) -> String {
+    reason.replace(' ', "_")
 }
