@@ -280,3 +280,75 @@ async fn sigterm_under_load_loses_no_accepted_request() {
         .unwrap();
     assert!(status.success(), "exit status {status:?}");
 }
+
+/// `AGENT_REACH_LOG_FORMAT=json`: every log line is one JSON object, and the decision log's
+/// choice and outcome are fields of their own (not a JSON string inside the message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_by_env_carry_the_decision_as_fields() {
+    let pair = Pair::start(MockConfig::new("coder-1")).await;
+    let bootstrap = temp_file(
+        "json-logs.yaml",
+        &format!(
+            "listen: {{ outbound: 127.0.0.1:0, inbound: 127.0.0.1:0, admin: 127.0.0.1:0 }}\n\
+             agent:\n  name: caller\n  address: 127.0.0.1:9\n  max_concurrency: 4\n  capabilities: []\n\
+             peers:\n  - {{ name: coder-1, address: {}, capabilities: [{CAP}] }}\n",
+            pair.callee.addrs.inbound
+        ),
+    );
+    let policy = temp_file("json-logs-policy.yaml", "decision_log: true\n");
+    let mut child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&bootstrap)
+        .arg("--policy")
+        .arg(&policy)
+        .env("AGENT_REACH_LOG_FORMAT", "json")
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let next = || {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a log line within 20 s");
+        let event: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|err| panic!("not a JSON line ({err}): {line}"));
+        event
+    };
+    let outbound: SocketAddr = loop {
+        let event = next();
+        if let Some(addr) = event["outbound"].as_str() {
+            break addr.parse().unwrap();
+        }
+    };
+
+    let reply = call(&client(), outbound).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let decision = loop {
+        let event = next();
+        if event["target"] == "agent_reach::decision" {
+            break event;
+        }
+    };
+    let _ = Command::new("sh")
+        .args(["-c", &format!("kill -TERM {}", child.id())])
+        .status();
+    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+
+    assert_eq!(decision["capability"], CAP, "{decision}");
+    assert_eq!(decision["chosen"], "coder-1", "{decision}");
+    assert_eq!(decision["attempt"], 1, "{decision}");
+    assert_eq!(decision["status"], 200, "{decision}");
+    assert_eq!(decision["direction"], "outbound", "{decision}");
+    assert!(decision["score"].is_number(), "{decision}");
+    let candidates: serde_json::Value =
+        serde_json::from_str(decision["candidates"].as_str().unwrap()).unwrap();
+    assert_eq!(candidates[0]["peer"], "coder-1", "{decision}");
+}

@@ -24,14 +24,16 @@ pub(super) fn check(
     }
     metrics.authz_denied(label);
     if snapshot.policy.decision_log {
-        let line = serde_json::json!({
-            "direction": "inbound",
-            "capability": label,
-            "caller_identity": caller.map(SpiffeId::as_str),
-            "remote": remote.map(|r| r.to_string()),
-            "outcome": { "status": 403, "error": "forbidden" },
-        });
-        tracing::info!(target: "agent_reach::decision", decision = %line, "forbidden");
+        tracing::info!(
+            target: "agent_reach::decision",
+            direction = "inbound",
+            capability = label,
+            caller_identity = caller.map(SpiffeId::as_str),
+            remote = remote.map(tracing::field::display),
+            status = 403u16,
+            error = "forbidden",
+            "forbidden"
+        );
     }
     Err(ReachError::Forbidden {
         capability: label.to_owned(),

@@ -1,8 +1,12 @@
-//! The decision log: one JSON line per routed attempt (tracing target `agent_reach::decision`)
-//! with every candidate's factors, the choice and the outcome — the data to tune weights from.
+//! The decision log: one event per routed attempt (tracing target `agent_reach::decision`) with
+//! the choice, the outcome and every candidate's factors — the data to tune weights from.
+//!
+//! The choice and the outcome are fields of their own, so a log pipeline filters and counts on
+//! them (`capability`, `attempt`, `chosen`, `status`, …); only the candidates, a list of records
+//! with nested factors, are one JSON value (`candidates`), as a flat field cannot hold them.
 
 use super::attempt::Attempt;
-use crate::config::Snapshot;
+use crate::config::{RouteMode, Snapshot};
 use crate::peers::{RouteRequest, Scored};
 
 pub(super) fn log<B>(
@@ -16,23 +20,39 @@ pub(super) fn log<B>(
     if !snapshot.policy.decision_log {
         return;
     }
-    let outcome = match outcome {
-        Attempt::Done(r) => serde_json::json!({ "status": r.status().as_u16() }),
-        Attempt::Refused(r, why) => {
-            serde_json::json!({ "status": r.status().as_u16(), "refused": why.as_str() })
-        }
-        Attempt::Failed(e) | Attempt::Limited(e) => serde_json::json!({ "error": e.code() }),
+    let (status, refused, error) = match outcome {
+        Attempt::Done(r) => (Some(r.status().as_u16()), None, None),
+        Attempt::Refused(r, why) => (Some(r.status().as_u16()), Some(why.as_str()), None),
+        Attempt::Failed(e) | Attempt::Limited(e) => (None, None, Some(e.code())),
     };
-    let line = serde_json::json!({
-        "capability": route.capability,
-        "tags": route.tags,
-        "mode": route.mode,
-        "attempt": attempt,
-        "chosen": scored[chosen].peer.name,
-        "candidates": snapshot_of(scored),
-        "outcome": outcome,
-    });
-    tracing::info!(target: "agent_reach::decision", decision = %line, "routed");
+    let Some(pick) = scored.get(chosen) else {
+        return;
+    };
+    let candidates = serde_json::Value::from(snapshot_of(scored));
+    tracing::info!(
+        target: "agent_reach::decision",
+        direction = "outbound",
+        capability = %route.capability,
+        tags = %route.tags.join(","),
+        mode = route.mode.map(mode_str),
+        attempt,
+        chosen = %pick.peer.name,
+        chosen_state = pick.state.as_str(),
+        score = pick.factors.score,
+        candidates_count = scored.len(),
+        status,
+        refused,
+        error,
+        candidates = %candidates,
+        "routed"
+    );
+}
+
+fn mode_str(mode: RouteMode) -> &'static str {
+    match mode {
+        RouteMode::Sync => "sync",
+        RouteMode::Async => "async",
+    }
 }
 
 /// The candidate snapshot shown in `no_available_instance` and the decision log.
