@@ -22,6 +22,8 @@
 #     mounted read-only where their bootstrap's `tls` points, and that bootstrap passes
 #     `agent-reach check` with a throwaway CA and certificate made by openssl;
 #   - values the schema must reject are rejected;
+#   - the Grafana dashboard ConfigMap (dashboard.enabled) carries docs/grafana/agent-reach.json
+#     unchanged, and logFormat json sets AGENT_REACH_LOG_FORMAT on the sidecar and the injector;
 #   - the default render, with its random parts masked, compared with charts/golden/default.yaml
 #     (UPDATE_GOLDEN=1 .ci/chart.sh rewrites it).
 # Needs python3 with pip and PyPI only: helm and kubectl come from the PyPI wheel
@@ -143,6 +145,10 @@ rejects() {
         gossip.key=too-short \
         image.pullPolicy=Sometimes \
         podMonitor.interval=soon \
+        dashboard.enabled=maybe \
+        dashboard.namespace=Not_A_Namespace \
+        sidecar.logFormat=xml \
+        injector.logFormat=logfmt \
         policy.no_such_section=1 \
         policy.mtls.mode=strict \
         mtls.mode=sometimes \
@@ -722,6 +728,55 @@ open(dst, "w").write("".join(out))
 PY
 }
 
+# The dashboard (dashboard.enabled): one ConfigMap labelled for Grafana's sidecar, holding
+# docs/grafana/agent-reach.json unchanged (.ci/dashboard.sh checks its queries); none by default.
+# logFormat json: AGENT_REACH_LOG_FORMAT=json on the sidecar and the injector; text sets nothing.
+dashboard_and_logs() {
+    python3 - "$out/default.yaml" "$out/custom.yaml" docs/grafana/agent-reach.json <<'PY'
+import json, sys
+import yaml
+
+default, custom, dashboard = sys.argv[1:4]
+errors = []
+def docs(path):
+    return [d for d in yaml.safe_load_all(open(path)) if d]
+def dashboards(ds):
+    return [d for d in ds if d["kind"] == "ConfigMap" and d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+def log_format(ds):
+    found = {}
+    for d in ds:
+        if d["kind"] == "Deployment":
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                found[c["name"]] = {e["name"]: e.get("value") for e in c.get("env", [])}.get("AGENT_REACH_LOG_FORMAT")
+        if d["kind"] == "ConfigMap" and "injector.yaml" in d.get("data", {}):
+            sidecar = yaml.safe_load(d["data"]["injector.yaml"])["sidecar"]
+            found["sidecar"] = {e["name"]: e.get("value") for e in sidecar.get("env", [])}.get("AGENT_REACH_LOG_FORMAT")
+    return found
+
+d, c = docs(default), docs(custom)
+if dashboards(d):
+    errors.append("default values render a dashboard ConfigMap")
+maps = dashboards(c)
+if len(maps) != 1:
+    errors.append(f"custom values: expected one dashboard ConfigMap, found {len(maps)}")
+else:
+    m = maps[0]
+    if m["metadata"].get("namespace") != "monitoring":
+        errors.append(f"dashboard namespace {m['metadata'].get('namespace')} != monitoring (dashboard.namespace)")
+    if m["metadata"].get("annotations", {}).get("grafana_folder") != "agents":
+        errors.append("dashboard.annotations not rendered")
+    if json.loads(m["data"]["agent-reach.json"]) != json.load(open(dashboard)):
+        errors.append(f"the ConfigMap's agent-reach.json is not {dashboard}")
+if log_format(d) != {"injector": None, "sidecar": None}:
+    errors.append(f"default values set a log format: {log_format(d)}")
+if log_format(c) != {"injector": "json", "sidecar": "json"}:
+    errors.append(f"logFormat json not rendered: {log_format(c)}")
+if errors:
+    sys.exit("\n".join(errors))
+print("dashboard ConfigMap and log formats as the values say")
+PY
+}
+
 golden_compare() {
     mask "$out/default.yaml" "$out/default.masked.yaml"
     if [ "${UPDATE_GOLDEN:-}" = 1 ]; then
@@ -766,6 +821,7 @@ step "cert-manager with the user's issuer" cert_manager "$out/issuer.yaml" Clust
 step "injector preStop hook (default values)" injector_prestop "$out/default.yaml"
 step "NOTES.txt (default values)" notes
 step "NOTES.txt ($custom)" notes -f "$custom"
+step "dashboard ConfigMap and logFormat" dashboard_and_logs
 step "golden: $golden" golden_compare
 
 echo

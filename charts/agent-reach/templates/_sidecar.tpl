@@ -27,6 +27,10 @@ env:
     value: /etc/agent-reach/policy/policy.yaml
   - name: AGENT_REACH_LOG
     value: {{ .Values.sidecar.logLevel | quote }}
+  {{- if eq .Values.sidecar.logFormat "json" }}
+  - name: AGENT_REACH_LOG_FORMAT
+    value: json
+  {{- end }}
   {{- with .Values.sidecar.extraEnv }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
