@@ -534,6 +534,7 @@ fn init_tracing(filter: &str, format: LogFormat) {
             .json()
             .flatten_event(true)
             .with_current_span(true)
+            .with_span_list(false)
             .init();
     } else {
         builder.init();
