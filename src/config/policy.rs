@@ -461,15 +461,6 @@ impl Default for MetricsPolicy {
     }
 }
 
-impl MetricsPolicy {
-    pub fn limits(&self) -> crate::metrics::PeerSeriesLimits {
-        crate::metrics::PeerSeriesLimits {
-            max_peers: self.max_peer_series,
-            idle_timeout: self.idle_timeout.get(),
-        }
-    }
-}
-
 /// Retries on another candidate for calls that never reached an agent.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]

@@ -290,7 +290,11 @@ impl PeerViews {
             };
             (p.name.as_str(), gauges)
         });
-        self.metrics.peers(snapshot.policy.metrics.limits(), views);
+        let limits = crate::metrics::PeerSeriesLimits {
+            max_peers: snapshot.policy.metrics.max_peer_series,
+            idle_timeout: snapshot.policy.metrics.idle_timeout.get(),
+        };
+        self.metrics.peers(limits, views);
     }
 
     pub fn status(&self, snapshot: &Snapshot) -> Vec<PeerStatus> {
