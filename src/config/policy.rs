@@ -25,7 +25,7 @@ pub struct Policy {
     /// Capabilities served by plain services with no sidecar (order, inventory or
     /// logistics services): the caller measures them itself with the same model.
     pub targets: Vec<ExternalTarget>,
-    /// Write one JSON line per routed request (target `agent_reach::decision`).
+    /// Log one event per routed attempt, as structured fields (target `agent_reach::decision`).
     pub decision_log: bool,
     /// Header names whose values are secrets, besides the built-in list (`authorization`,
     /// `proxy-authorization`, `cookie`, `set-cookie`, `x-api-key`): masked wherever shown.

@@ -167,6 +167,7 @@ fn compare<B>(
     if snapshot.policy.decision_log {
         tracing::info!(
             target: "agent_reach::decision",
+            direction = "outbound",
             observe_only = true,
             capability,
             chosen = scored[chosen].peer.name.as_str(),
