@@ -105,6 +105,19 @@ async fn pair(pki: &Pki, agent: SocketAddr, mode: Option<MtlsMode>) -> (Sidecar,
     (callee, caller)
 }
 
+/// `coder-1` (identity `…/sa/coder`) behind its sidecar in strict mode.
+async fn strict_coder(pki: &Pki, agent: SocketAddr) -> Sidecar {
+    let b = Bootstrap::local("coder-1", agent, &[CAP]).unwrap();
+    meshed(
+        pki,
+        b,
+        "coder",
+        &id("agents", "coder"),
+        Some(MtlsMode::Strict),
+    )
+    .await
+}
+
 /// A caller that knows `callee` as a static peer with `identity`.
 fn caller_of(name: &str, callee: &Sidecar, callee_name: &str, identity: &str) -> Bootstrap {
     let mut b = Bootstrap::local(name, SocketAddr::from(([127, 0, 0, 1], 9)), &[])
@@ -119,15 +132,6 @@ async fn metrics(s: &Sidecar) -> String {
     get(&client(), &format!("http://{}/metrics", s.addrs.admin))
         .await
         .body
-}
-
-fn counter(metrics: &str, series: &str) -> u64 {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
 }
 
 /// Sends one request straight to `addr` over TLS with `files`' certificate, as a hand-written
@@ -362,14 +366,7 @@ async fn an_identity_outside_allow_is_forbidden_and_the_agent_never_sees_the_cal
 async fn a_forged_caller_header_is_replaced_by_the_certificates_identity() {
     let pki = Pki::new("forged");
     let (agent, seen) = echo_agent().await;
-    let callee = meshed(
-        &pki,
-        Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
-        "coder",
-        &id("agents", "coder"),
-        Some(MtlsMode::Strict),
-    )
-    .await;
+    let callee = strict_coder(&pki, agent).await;
     let reply = tls_request(
         callee.addrs.inbound,
         pki.files("writer", &id("agents", "writer")),
@@ -400,14 +397,7 @@ async fn a_forged_caller_header_is_replaced_by_the_certificates_identity() {
 async fn an_h2_client_negotiates_h2_by_alpn() {
     let pki = Pki::new("alpn");
     let (agent, seen) = echo_agent().await;
-    let callee = meshed(
-        &pki,
-        Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
-        "coder",
-        &id("agents", "coder"),
-        Some(MtlsMode::Strict),
-    )
-    .await;
+    let callee = strict_coder(&pki, agent).await;
     let tls = MeshTls::load(pki.files("h2", &id("agents", "h2"))).unwrap();
     let mut config = (*tls.current().client).clone();
     config.alpn_protocols = vec![b"h2".to_vec()];

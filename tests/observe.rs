@@ -39,15 +39,6 @@ async fn fleet(policy: Policy) -> (Vec<(MockAgent, Sidecar)>, Sidecar) {
     (agents, caller)
 }
 
-fn counter(metrics: &str, series: &str) -> u64 {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observe_only_routes_round_robin_and_counts_what_the_model_would_have_avoided() {
     let mut policy = Policy::default();

@@ -204,3 +204,14 @@ pub async fn sized_agent(size: usize) -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>
     });
     (addr, seen)
 }
+
+/// The value of the first series in `metrics` (Prometheus text) starting with `series` (name
+/// and labels), 0 when there is none.
+pub fn counter(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
