@@ -26,6 +26,7 @@ use crate::outbound::Outbound;
 use crate::peers::{self, PeerViews};
 use crate::probe;
 use crate::registry::Registry;
+use crate::trace::{self, Tracer};
 use crate::transport::mtls::MeshTls;
 use crate::transport::{ConnectMesh, ConnectTcp, Mesh, PlainTcp, TcpSettings};
 
@@ -49,6 +50,8 @@ pub enum StartError {
     GossipKey(#[from] crate::gossip::KeyError),
     #[error("mutual TLS: {0}")]
     Tls(#[from] crate::transport::certs::CertError),
+    #[error(transparent)]
+    Tracing(#[from] crate::trace::SettingsError),
 }
 
 /// The addresses the listeners actually bound (useful with port 0).
@@ -78,6 +81,8 @@ pub struct Sidecar {
     stop_rest: CancellationToken,
     traffic: Vec<JoinHandle<()>>,
     rest: Vec<JoinHandle<()>>,
+    /// The span exporter, when tracing is on: told to flush and stop after the drain.
+    traces: Option<(Tracer, CancellationToken, JoinHandle<()>)>,
 }
 
 impl Sidecar {
@@ -147,6 +152,8 @@ impl Sidecar {
         ));
         let stop_traffic = CancellationToken::new();
         let stop_rest = CancellationToken::new();
+        let traces = start_traces(&snapshot)?;
+        let tracer = traces.as_ref().map_or_else(Tracer::off, |t| t.0.clone());
         let mut addrs = addrs;
         let gossip = match snapshot.bootstrap.gossip.clone() {
             Some(config) => {
@@ -190,7 +197,11 @@ impl Sidecar {
                 "outbound",
                 outbound_listener,
                 accept,
-                layers::edge("outbound", &metrics, outbound.stack()),
+                layers::edge(
+                    "outbound",
+                    &metrics,
+                    tracer.server("outbound", outbound.stack()),
+                ),
                 traffic_settings.clone(),
                 metrics.clone(),
                 stop_traffic.clone(),
@@ -199,7 +210,11 @@ impl Sidecar {
                 "inbound",
                 inbound_listener,
                 mesh_accept(&store, tls.clone(), &limits, &metrics),
-                layers::edge("inbound", &metrics, inbound.stack()),
+                layers::edge(
+                    "inbound",
+                    &metrics,
+                    tracer.server("inbound", inbound.stack()),
+                ),
                 traffic_settings,
                 metrics.clone(),
                 stop_traffic.clone(),
@@ -261,6 +276,7 @@ impl Sidecar {
             stop_rest,
             traffic,
             rest,
+            traces,
         })
     }
 
@@ -290,6 +306,17 @@ impl Sidecar {
         if let Some(g) = &self.gossip {
             g.abort();
         }
+        if let Some((_, _, exporter)) = self.traces {
+            exporter.abort();
+        }
+    }
+
+    /// What the span exporter did so far (all zero when tracing is off).
+    pub fn trace_counts(&self) -> crate::trace::Counts {
+        self.traces
+            .as_ref()
+            .map(|t| t.0.counts())
+            .unwrap_or_default()
     }
 
     /// Graceful shutdown: report not-ready, stop accepting, let in-flight requests finish (bounded
@@ -314,6 +341,11 @@ impl Sidecar {
         for task in self.traffic {
             let _ = task.await;
         }
+        // Every request has ended: its spans are queued. Send them before leaving.
+        if let Some((_, stop, exporter)) = self.traces {
+            stop.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), exporter).await;
+        }
         // Then leave: members drop this node at once instead of waiting to detect it dead.
         if let Some(g) = &self.gossip {
             g.leave().await;
@@ -327,6 +359,21 @@ impl Sidecar {
         }
         tracing::info!("drained; stopped");
     }
+}
+
+/// Starts the span exporter when the bootstrap or the `OTEL_*` variables name an endpoint.
+fn start_traces(
+    snapshot: &crate::config::Snapshot,
+) -> Result<Option<(Tracer, CancellationToken, JoinHandle<()>)>, StartError> {
+    let bootstrap = &snapshot.bootstrap;
+    let resolved = trace::Settings::resolve(bootstrap.tracing.as_ref(), |k| std::env::var(k).ok())?;
+    Ok(resolved.map(|settings| {
+        tracing::info!(endpoint = %settings.endpoint, "exporting traces");
+        let stop = CancellationToken::new();
+        let name = bootstrap.agent.name.as_str();
+        let (tracer, task) = Tracer::start(settings, name, &snapshot.policy, stop.clone());
+        (tracer, stop, task)
+    }))
 }
 
 /// The admin listener's service: bounded, and `/metrics` and `/status` gzipped on request.

@@ -29,6 +29,7 @@ pub mod rate_limit;
 pub mod reach;
 pub mod redact;
 pub mod registry;
+pub mod trace;
 pub mod transport;
 
 pub use app::{BoundAddrs, Sidecar, StartError};

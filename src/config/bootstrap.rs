@@ -32,6 +32,31 @@ pub struct Bootstrap {
     /// How often the config files are checked for changes.
     #[serde(default = "default_watch_interval")]
     pub watch_interval: HumanDuration,
+    /// Where OpenTelemetry spans go (`docs/traces.md`); without it, the standard `OTEL_*`
+    /// variables, else tracing is off. Needs a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingConfig>,
+}
+
+/// `tracing:` — OTLP/HTTP export of the sidecar's spans.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP base URL (`http://collector:4318`); `/v1/traces` is appended.
+    /// Default: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, then `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of the spans. Default: `OTEL_SERVICE_NAME`, else `agent-reach`.
+    #[serde(default)]
+    pub service_name: Option<String>,
+    /// The share of new traces recorded; a call that arrives with a `traceparent` follows the
+    /// caller's decision.
+    #[serde(default = "default_sample_ratio")]
+    pub sample_ratio: f64,
+}
+
+fn default_sample_ratio() -> f64 {
+    1.0
 }
 
 fn default_watch_interval() -> HumanDuration {
@@ -75,6 +100,7 @@ pub(super) const RULES: &[Row] = &[
     ("gossip.refresh_interval", Rule::Span(ms(10), HOUR)),
     ("gossip.resolve_interval", Rule::Span(secs(1), DAY)),
     ("gossip.expected_members", Rule::Whole(1, 100_000)),
+    ("tracing.sample_ratio", Rule::Real(0.0, 1.0)),
 ];
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -452,6 +478,7 @@ impl Bootstrap {
             gossip: None,
             tls: None,
             watch_interval: default_watch_interval(),
+            tracing: None,
         })
     }
 

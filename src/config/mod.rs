@@ -18,7 +18,7 @@ use arc_swap::ArcSwap;
 
 pub use bootstrap::{
     AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Limits, Listen, ProbeSpec,
-    QueueConfig, RouteMode, StaticPeer,
+    QueueConfig, RouteMode, StaticPeer, TracingConfig,
 };
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};

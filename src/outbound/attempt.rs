@@ -2,8 +2,8 @@
 
 use http::Response;
 
-use crate::classify::Class;
 pub(super) use crate::classify::Refusal;
+use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::pool::UpstreamBody;
 
@@ -18,6 +18,17 @@ pub(super) enum Attempt<B = UpstreamBody> {
 }
 
 impl<B> Attempt<B> {
+    /// The status of the answer, if one came back, and what the attempt meant (for its span).
+    pub(super) fn outcome(&self) -> (Option<http::StatusCode>, Outcome) {
+        match self {
+            Attempt::Done(response) | Attempt::Refused(response, _) => (
+                Some(response.status()),
+                Class::of_response(response).outcome(),
+            ),
+            Attempt::Failed(err) | Attempt::Limited(err) => (None, Class::of_error(err).outcome()),
+        }
+    }
+
     /// Whether and how this attempt may be retried: the reason, and whether the retry must go
     /// to the same agent.
     ///

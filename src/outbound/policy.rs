@@ -28,6 +28,7 @@ use crate::http::upload::UploadWatch;
 use crate::http::{headers, ReachBody};
 use crate::idempotency;
 use crate::peers::Scored;
+use crate::trace::AttemptSpan;
 
 pub(super) fn layer<S>(
     out: Arc<Outbound>,
@@ -90,9 +91,24 @@ where
         let span = Span::current();
         span.record(field::ATTEMPT, n);
         span.record(field::PEER, scored[chosen].peer.name.as_str());
-        let request = upstream_request(&parts, body, &snapshot, &route.capability, n);
+        let mut request = upstream_request(&parts, body, &snapshot, &route.capability, n);
+        // Traced calls only (the listener put their span in the extensions): a client span
+        // per attempt, named in the attempt's `traceparent`.
+        let traced = AttemptSpan::start(
+            parts.extensions.get(),
+            request.headers_mut(),
+            &route.capability,
+            &scored[chosen].peer.name,
+            n,
+            scored[chosen].factors.score,
+            attempts.retry_reason,
+        );
         let try_ = attempts.attempt(request, &scored[chosen], &bodies.watch, &snapshot);
         let attempt = answer(inner.clone().oneshot(try_).await);
+        if let Some(traced) = traced {
+            let (status, outcome) = attempt.outcome();
+            traced.finish(status, outcome);
+        }
         if !matches!(attempt, Attempt::Limited(_)) {
             out.metrics.tier_pick(tiers[chosen].as_str());
             decision::log(&snapshot, &route, &scored, chosen, n, &attempt);
@@ -149,6 +165,8 @@ struct Attempts<'a> {
     tried: Vec<usize>,
     /// The candidate the next attempt must go to (a keyed call back to its agent).
     sticky: Option<usize>,
+    /// Why the last attempt was retried (for the next attempt's span).
+    retry_reason: Option<&'static str>,
 }
 
 impl<'a> Attempts<'a> {
@@ -190,6 +208,7 @@ impl<'a> Attempts<'a> {
             idempotent_method: call.parts.method.is_idempotent(),
             tried: Vec::new(),
             sticky: None,
+            retry_reason: None,
         }
     }
 
@@ -245,6 +264,7 @@ impl<'a> Attempts<'a> {
     ) -> Option<Duration> {
         if let Attempt::Limited(_) = attempt {
             // Refused here before anything was sent: the next candidate, at once, for free.
+            self.retry_reason = Some("target_limited");
             return Some(Duration::ZERO);
         }
         // A capability the agent deduplicates itself is safe to repeat on any agent.
@@ -266,6 +286,7 @@ impl<'a> Attempts<'a> {
             return None;
         }
         self.out.metrics.retry(self.capability, reason);
+        self.retry_reason = Some(reason);
         let pause = self.pause(attempt, scored);
         Some(self.deadline.map_or(pause, |d| pause.min(d.remaining())))
     }

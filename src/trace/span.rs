@@ -1,0 +1,287 @@
+//! The spans the sidecar records: one server span per request on the outbound and inbound
+//! listeners ([`Active`], found in the request's extensions), and one client span per attempt
+//! to a peer ([`AttemptSpan`]). A finished span is handed to the exporter's queue.
+
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, Request};
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::{span, status, Span, Status};
+
+use super::context::{self, SpanContext, TRACEPARENT, TRACESTATE};
+use super::Tracer;
+use crate::classify::Outcome;
+
+/// A span's attribute keys: the request span's field names (`crate::http::layers::field`) under
+/// the sidecar's prefix, so a query can use the same words as the logs.
+pub mod key {
+    pub const LISTENER: &str = "reach.listener";
+    pub const CAPABILITY: &str = "reach.capability";
+    pub const PEER: &str = "reach.peer";
+    pub const ATTEMPT: &str = "reach.attempt";
+    pub const ATTEMPTS: &str = "reach.attempts";
+    pub const OUTCOME: &str = "reach.outcome";
+    pub const RETRY_REASON: &str = "reach.retry_reason";
+    pub const SCORE: &str = "reach.score";
+    pub const METHOD: &str = "http.request.method";
+    pub const STATUS: &str = "http.response.status_code";
+}
+
+/// A finished span, as the exporter encodes it.
+#[derive(Debug)]
+pub(super) struct Finished(pub(super) Span);
+
+/// The server span of the request in flight: put in the request's extensions by the listener's
+/// trace layer, so the steps below can name it as the parent of their attempts.
+#[derive(Clone, Debug)]
+pub struct Active(Arc<ServerSpan>);
+
+#[derive(Debug)]
+pub(super) struct ServerSpan {
+    tracer: Tracer,
+    context: SpanContext,
+    parent: Option<[u8; 8]>,
+    trace_state: String,
+    name: &'static str,
+    listener: &'static str,
+    method: String,
+    start: u64,
+    /// What routing learns as it goes: the capability and the last attempt.
+    routed: Mutex<Routed>,
+}
+
+#[derive(Debug, Default)]
+struct Routed {
+    capability: Option<String>,
+    peer: Option<String>,
+    attempts: usize,
+}
+
+impl Active {
+    /// Starts the server span of `req`: a child of the span its `traceparent` names, or the
+    /// root of a new trace. The request's `traceparent` is rewritten to name this span, so the
+    /// hop after (the agent, or each attempt's own span) is its child.
+    pub(super) fn start<B>(
+        tracer: &Tracer,
+        ratio: f64,
+        listener: &'static str,
+        req: &mut Request<B>,
+    ) -> Self {
+        let headers = req.headers_mut();
+        let parent = context::parent(headers);
+        let context = SpanContext::child_of(parent.as_ref(), ratio);
+        let trace_state = trace_state(headers);
+        // The inbound side knows the capability now: the caller's sidecar named it.
+        let capability = headers
+            .get(crate::http::headers::CAPABILITY)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        headers.insert(TRACEPARENT, context.traceparent());
+        let span = ServerSpan {
+            tracer: tracer.clone(),
+            context,
+            parent: parent.map(|p| p.span_id),
+            trace_state,
+            name: listener,
+            listener,
+            method: req.method().as_str().to_owned(),
+            start: now(),
+            routed: Mutex::new(Routed {
+                capability,
+                ..Routed::default()
+            }),
+        };
+        let active = Active(Arc::new(span));
+        req.extensions_mut().insert(active.clone());
+        active
+    }
+
+    /// Ends the span with the response's status and what it meant.
+    pub(super) fn finish(&self, status: http::StatusCode, outcome: Outcome) {
+        let span = &self.0;
+        if !span.context.sampled {
+            return;
+        }
+        let routed = span.routed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut attributes = vec![
+            text(key::LISTENER, span.listener),
+            text(key::METHOD, &span.method),
+            int(key::STATUS, i64::from(status.as_u16())),
+            text(key::OUTCOME, outcome.as_str()),
+        ];
+        if let Some(capability) = &routed.capability {
+            attributes.push(text(key::CAPABILITY, capability));
+        }
+        if let Some(peer) = &routed.peer {
+            attributes.push(text(key::PEER, peer));
+        }
+        if routed.attempts > 0 {
+            attributes.push(int(key::ATTEMPTS, routed.attempts as i64));
+        }
+        let record = Record {
+            context: &span.context,
+            parent: span.parent,
+            trace_state: &span.trace_state,
+            name: span.name,
+            kind: span::SpanKind::Server,
+            start: span.start,
+        };
+        span.tracer.send(record.finish(attributes, outcome));
+    }
+}
+
+/// One attempt to a peer: a client span, child of the call's server span.
+#[derive(Debug)]
+pub struct AttemptSpan {
+    server: Active,
+    context: SpanContext,
+    start: u64,
+    attributes: Vec<KeyValue>,
+}
+
+impl AttemptSpan {
+    /// Starts the span of attempt `n` (from 1) on `peer`, when the call is traced, and names it
+    /// in the attempt's `traceparent`. `retry` is why the previous attempt was not the last.
+    pub fn start(
+        server: Option<&Active>,
+        headers: &mut HeaderMap,
+        capability: &str,
+        peer: &str,
+        n: usize,
+        score: f64,
+        retry: Option<&'static str>,
+    ) -> Option<Self> {
+        let server = server?;
+        let context = SpanContext::child_of(Some(&server.0.context), 1.0);
+        headers.insert(TRACEPARENT, context.traceparent());
+        {
+            let mut routed = server.0.routed.lock().unwrap_or_else(|p| p.into_inner());
+            if routed.capability.is_none() {
+                routed.capability = Some(capability.to_owned());
+            }
+            routed.peer = Some(peer.to_owned());
+            routed.attempts = n;
+        }
+        if !context.sampled {
+            return None;
+        }
+        let mut attributes = vec![
+            text(key::CAPABILITY, capability),
+            text(key::PEER, peer),
+            int(key::ATTEMPT, n as i64),
+            double(key::SCORE, score),
+        ];
+        if let Some(reason) = retry.filter(|_| n > 1) {
+            attributes.push(text(key::RETRY_REASON, reason));
+        }
+        Some(AttemptSpan {
+            server: server.clone(),
+            context,
+            start: now(),
+            attributes,
+        })
+    }
+
+    /// Ends the attempt: `status` when a response came back.
+    pub fn finish(mut self, status: Option<http::StatusCode>, outcome: Outcome) {
+        if let Some(status) = status {
+            self.attributes
+                .push(int(key::STATUS, i64::from(status.as_u16())));
+        }
+        self.attributes.push(text(key::OUTCOME, outcome.as_str()));
+        let server = &self.server.0;
+        let record = Record {
+            context: &self.context,
+            parent: Some(server.context.span_id),
+            trace_state: &server.trace_state,
+            name: "attempt",
+            kind: span::SpanKind::Client,
+            start: self.start,
+        };
+        server.tracer.send(record.finish(self.attributes, outcome));
+    }
+}
+
+/// What every span has, whatever its kind.
+struct Record<'a> {
+    context: &'a SpanContext,
+    parent: Option<[u8; 8]>,
+    trace_state: &'a str,
+    name: &'static str,
+    kind: span::SpanKind,
+    start: u64,
+}
+
+impl Record<'_> {
+    fn finish(self, attributes: Vec<KeyValue>, outcome: Outcome) -> Finished {
+        let status = match outcome {
+            Outcome::Success => Status::default(),
+            other => Status {
+                message: other.as_str().to_owned(),
+                code: status::StatusCode::Error as i32,
+            },
+        };
+        Finished(Span {
+            trace_id: self.context.trace_id.to_vec(),
+            span_id: self.context.span_id.to_vec(),
+            trace_state: self.trace_state.to_owned(),
+            parent_span_id: self.parent.map(|p| p.to_vec()).unwrap_or_default(),
+            // Bit 8 set: whether the parent is remote is known (bit 9).
+            flags: u32::from(self.context.sampled)
+                | 0x100
+                | if self.kind == span::SpanKind::Server {
+                    0x200
+                } else {
+                    0
+                },
+            name: self.name.to_owned(),
+            kind: self.kind as i32,
+            start_time_unix_nano: self.start,
+            end_time_unix_nano: now().max(self.start),
+            attributes,
+            status: Some(status),
+            ..Span::default()
+        })
+    }
+}
+
+/// The `tracestate` to pass on: the values as they came, joined (the header may repeat).
+fn trace_state(headers: &HeaderMap) -> String {
+    let mut state = String::new();
+    for value in headers.get_all(TRACESTATE) {
+        if let Ok(value) = value.to_str() {
+            if !state.is_empty() {
+                state.push(',');
+            }
+            state.push_str(value);
+        }
+    }
+    state
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+pub(super) fn text(key: &str, value: &str) -> KeyValue {
+    attribute(key, any_value::Value::StringValue(value.to_owned()))
+}
+
+fn int(key: &str, value: i64) -> KeyValue {
+    attribute(key, any_value::Value::IntValue(value))
+}
+
+fn double(key: &str, value: f64) -> KeyValue {
+    attribute(key, any_value::Value::DoubleValue(value))
+}
+
+fn attribute(key: &str, value: any_value::Value) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..KeyValue::default()
+    }
+}
