@@ -143,6 +143,8 @@ pub struct AttemptSpan {
 impl AttemptSpan {
     /// Starts the span of attempt `n` (from 1) on `peer`, when the call is traced, and names it
     /// in the attempt's `traceparent`. `retry` is why the previous attempt was not the last.
+    /// Boxed: it lives across the attempt's await, and the routing future it sits in is moved
+    /// whole; a pointer keeps that future the size it is with tracing off.
     pub fn start(
         server: Option<&Active>,
         headers: &mut HeaderMap,
@@ -151,7 +153,7 @@ impl AttemptSpan {
         n: usize,
         score: f64,
         retry: Option<&'static str>,
-    ) -> Option<Self> {
+    ) -> Option<Box<Self>> {
         let server = server?;
         let context = SpanContext::child_of(Some(&server.0.context), 1.0);
         headers.insert(TRACEPARENT, context.traceparent());
@@ -175,16 +177,16 @@ impl AttemptSpan {
         if let Some(reason) = retry.filter(|_| n > 1) {
             attributes.push(text(key::RETRY_REASON, reason));
         }
-        Some(AttemptSpan {
+        Some(Box::new(AttemptSpan {
             server: server.clone(),
             context,
             start: now(),
             attributes,
-        })
+        }))
     }
 
     /// Ends the attempt: `status` when a response came back.
-    pub fn finish(mut self, status: Option<http::StatusCode>, outcome: Outcome) {
+    pub fn finish(mut self: Box<Self>, status: Option<http::StatusCode>, outcome: Outcome) {
         if let Some(status) = status {
             self.attributes
                 .push(int(key::STATUS, i64::from(status.as_u16())));
