@@ -22,6 +22,7 @@ use crate::fast_hash::FastMap;
 use crate::http::deadline;
 use crate::http::step::{answer, Step};
 use crate::peers::Scored;
+use crate::trace::AttemptSpan;
 
 /// Per capability: the round-robin position and what the comparison found so far.
 #[derive(Debug, Default)]
@@ -89,7 +90,17 @@ where
     for n in 1..=order.len().min(2) {
         let chosen = order[(start + n - 1) % order.len()];
         let Some(body) = bodies.next() else { break };
-        let request = upstream_request(&parts, body, &snapshot, capability, n);
+        let mut request = upstream_request(&parts, body, &snapshot, capability, n);
+        // A traced call's attempt span; the only retry here is after a connect failure.
+        let traced = AttemptSpan::start(
+            parts.extensions.get(),
+            request.headers_mut(),
+            capability,
+            &scored[chosen].peer.name,
+            n,
+            scored[chosen].factors.score,
+            Some("connect_failed"),
+        );
         let attempt = Try {
             request,
             candidate: scored[chosen].clone(),
@@ -100,6 +111,10 @@ where
         };
         let sent = Instant::now();
         let attempt = answer(inner.clone().oneshot(attempt).await);
+        if let Some(traced) = traced {
+            let (status, outcome) = attempt.outcome();
+            traced.finish(status, outcome);
+        }
         let elapsed_ms = sent.elapsed().as_secs_f64() * 1000.0;
         let retry = matches!(
             &attempt,

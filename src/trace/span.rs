@@ -131,9 +131,14 @@ impl Active {
     }
 }
 
-/// One attempt to a peer: a client span, child of the call's server span.
+/// One attempt to a peer: a client span, child of the call's server span. Boxed: it lives
+/// across the attempt's await, and the routing future it sits in is moved whole; a pointer
+/// keeps that future the size it is with tracing off.
 #[derive(Debug)]
-pub struct AttemptSpan {
+pub struct AttemptSpan(Box<Attempting>);
+
+#[derive(Debug)]
+struct Attempting {
     server: Active,
     context: SpanContext,
     start: u64,
@@ -143,8 +148,6 @@ pub struct AttemptSpan {
 impl AttemptSpan {
     /// Starts the span of attempt `n` (from 1) on `peer`, when the call is traced, and names it
     /// in the attempt's `traceparent`. `retry` is why the previous attempt was not the last.
-    /// Boxed: it lives across the attempt's await, and the routing future it sits in is moved
-    /// whole; a pointer keeps that future the size it is with tracing off.
     pub fn start(
         server: Option<&Active>,
         headers: &mut HeaderMap,
@@ -153,7 +156,7 @@ impl AttemptSpan {
         n: usize,
         score: f64,
         retry: Option<&'static str>,
-    ) -> Option<Box<Self>> {
+    ) -> Option<Self> {
         let server = server?;
         let context = SpanContext::child_of(Some(&server.0.context), 1.0);
         headers.insert(TRACEPARENT, context.traceparent());
@@ -177,31 +180,36 @@ impl AttemptSpan {
         if let Some(reason) = retry.filter(|_| n > 1) {
             attributes.push(text(key::RETRY_REASON, reason));
         }
-        Some(Box::new(AttemptSpan {
+        Some(AttemptSpan(Box::new(Attempting {
             server: server.clone(),
             context,
             start: now(),
             attributes,
-        }))
+        })))
     }
 
     /// Ends the attempt: `status` when a response came back.
-    pub fn finish(mut self: Box<Self>, status: Option<http::StatusCode>, outcome: Outcome) {
+    pub fn finish(self, status: Option<http::StatusCode>, outcome: Outcome) {
+        let Attempting {
+            server,
+            context,
+            start,
+            mut attributes,
+        } = *self.0;
         if let Some(status) = status {
-            self.attributes
-                .push(int(key::STATUS, i64::from(status.as_u16())));
+            attributes.push(int(key::STATUS, i64::from(status.as_u16())));
         }
-        self.attributes.push(text(key::OUTCOME, outcome.as_str()));
-        let server = &self.server.0;
+        attributes.push(text(key::OUTCOME, outcome.as_str()));
+        let server = &server.0;
         let record = Record {
-            context: &self.context,
+            context: &context,
             parent: Some(server.context.span_id),
             trace_state: &server.trace_state,
             name: "attempt",
             kind: span::SpanKind::Client,
-            start: self.start,
+            start,
         };
-        server.tracer.send(record.finish(self.attributes, outcome));
+        server.tracer.send(record.finish(attributes, outcome));
     }
 }
 
