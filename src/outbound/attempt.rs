@@ -1,11 +1,16 @@
 //! How one attempt ended, and whether that allows another: the retry table.
 
+use http::request::Parts;
 use http::Response;
+use tower::ServiceExt;
 
+use super::call::Try;
 pub(super) use crate::classify::Refusal;
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::pool::UpstreamBody;
+use crate::http::step::{answer, Step};
+use crate::trace::AttemptSpan;
 
 /// How one attempt ended, as far as retrying cares.
 pub(super) enum Attempt<B = UpstreamBody> {
@@ -15,6 +20,40 @@ pub(super) enum Attempt<B = UpstreamBody> {
     Failed(ReachError),
     /// Refused by this sidecar before anything was sent (an external target's rate limit).
     Limited(ReachError),
+}
+
+/// Sends attempt `n` through `inner`. A traced call (the listener put its span in the call's
+/// extensions) gets a client span for it, named in the attempt's `traceparent`; `retry` is why
+/// the attempt before did not end the call.
+pub(super) async fn send<B, S>(
+    inner: S,
+    mut attempt: Try,
+    call: &Parts,
+    capability: &str,
+    n: usize,
+    retry: Option<&'static str>,
+) -> Attempt<B>
+where
+    S: Step<Try, Response = Attempt<B>>,
+{
+    let candidate = &attempt.candidate;
+    let (peer, score) = (candidate.peer.clone(), candidate.factors.score);
+    let headers = attempt.request.headers_mut();
+    let span = AttemptSpan::start(
+        call.extensions.get(),
+        headers,
+        capability,
+        &peer.name,
+        n,
+        score,
+        retry,
+    );
+    let answered = answer(inner.oneshot(attempt).await);
+    if let Some(span) = span {
+        let (status, outcome) = answered.outcome();
+        span.finish(status, outcome);
+    }
+    answered
 }
 
 impl<B> Attempt<B> {

@@ -10,9 +10,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use serde::Serialize;
-use tower::ServiceExt;
 
-use super::attempt::Attempt;
+use super::attempt::{self, Attempt};
 use super::call::{Plan, Routed, Try};
 use super::request::{upstream_request, Bodies};
 use super::{pick, tiers, Outbound};
@@ -20,9 +19,8 @@ use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::fast_hash::FastMap;
 use crate::http::deadline;
-use crate::http::step::{answer, Step};
+use crate::http::step::Step;
 use crate::peers::Scored;
-use crate::trace::AttemptSpan;
 
 /// Per capability: the round-robin position and what the comparison found so far.
 #[derive(Debug, Default)]
@@ -90,17 +88,7 @@ where
     for n in 1..=order.len().min(2) {
         let chosen = order[(start + n - 1) % order.len()];
         let Some(body) = bodies.next() else { break };
-        let mut request = upstream_request(&parts, body, &snapshot, capability, n);
-        // A traced call's attempt span; the only retry here is after a connect failure.
-        let traced = AttemptSpan::start(
-            parts.extensions.get(),
-            request.headers_mut(),
-            capability,
-            &scored[chosen].peer.name,
-            n,
-            scored[chosen].factors.score,
-            Some("connect_failed"),
-        );
+        let request = upstream_request(&parts, body, &snapshot, capability, n);
         let attempt = Try {
             request,
             candidate: scored[chosen].clone(),
@@ -110,11 +98,9 @@ where
             snapshot: snapshot.clone(),
         };
         let sent = Instant::now();
-        let attempt = answer(inner.clone().oneshot(attempt).await);
-        if let Some(traced) = traced {
-            let (status, outcome) = attempt.outcome();
-            traced.finish(status, outcome);
-        }
+        // The only retry here follows a connect failure.
+        let retry = Some("connect_failed");
+        let attempt = attempt::send(inner.clone(), attempt, &parts, capability, n, retry).await;
         let elapsed_ms = sent.elapsed().as_secs_f64() * 1000.0;
         let retry = matches!(
             &attempt,

@@ -11,10 +11,10 @@ use http::request::Parts;
 use http::{Request, Response};
 use tower::layer::{layer_fn, Layer};
 use tower::retry::budget::TpsBudget;
-use tower::{service_fn, ServiceExt};
+use tower::service_fn;
 use tracing::Span;
 
-use super::attempt::{Attempt, Refusal};
+use super::attempt::{self, Attempt, Refusal};
 use super::call::{Plan, Routed, Try};
 use super::request::{upstream_request, Bodies};
 use super::tiers::{self, Tier};
@@ -23,12 +23,11 @@ use crate::config::{RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
 use crate::http::layers::field;
-use crate::http::step::{answer, Step};
+use crate::http::step::Step;
 use crate::http::upload::UploadWatch;
 use crate::http::{headers, ReachBody};
 use crate::idempotency;
 use crate::peers::Scored;
-use crate::trace::AttemptSpan;
 
 pub(super) fn layer<S>(
     out: Arc<Outbound>,
@@ -91,24 +90,10 @@ where
         let span = Span::current();
         span.record(field::ATTEMPT, n);
         span.record(field::PEER, scored[chosen].peer.name.as_str());
-        let mut request = upstream_request(&parts, body, &snapshot, &route.capability, n);
-        // Traced calls only (the listener put their span in the extensions): a client span
-        // per attempt, named in the attempt's `traceparent`.
-        let traced = AttemptSpan::start(
-            parts.extensions.get(),
-            request.headers_mut(),
-            &route.capability,
-            &scored[chosen].peer.name,
-            n,
-            scored[chosen].factors.score,
-            attempts.retry_reason,
-        );
+        let request = upstream_request(&parts, body, &snapshot, &route.capability, n);
         let try_ = attempts.attempt(request, &scored[chosen], &bodies.watch, &snapshot);
-        let attempt = answer(inner.clone().oneshot(try_).await);
-        if let Some(traced) = traced {
-            let (status, outcome) = attempt.outcome();
-            traced.finish(status, outcome);
-        }
+        let retry = attempts.retry_reason;
+        let attempt = attempt::send(inner.clone(), try_, &parts, &route.capability, n, retry).await;
         if !matches!(attempt, Attempt::Limited(_)) {
             out.metrics.tier_pick(tiers[chosen].as_str());
             decision::log(&snapshot, &route, &scored, chosen, n, &attempt);
