@@ -2,14 +2,12 @@
 
 use http::request::Parts;
 use http::Response;
-use tower::ServiceExt;
 
 use super::call::Try;
 pub(super) use crate::classify::Refusal;
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::pool::UpstreamBody;
-use crate::http::step::{answer, Step};
 use crate::trace::AttemptSpan;
 
 /// How one attempt ended, as far as retrying cares.
@@ -22,38 +20,39 @@ pub(super) enum Attempt<B = UpstreamBody> {
     Limited(ReachError),
 }
 
-/// Sends attempt `n` through `inner`. A traced call (the listener put its span in the call's
-/// extensions) gets a client span for it, named in the attempt's `traceparent`; `retry` is why
-/// the attempt before did not end the call.
-pub(super) async fn send<B, S>(
-    inner: S,
-    mut attempt: Try,
+/// The client span of attempt `n` when the call is traced (the listener put its span in the
+/// call's extensions), named in the attempt's `traceparent`; `retry` is why the attempt before
+/// did not end the call. Synchronous, so the routing future holds one pointer, nothing more.
+pub(super) fn span(
+    attempt: &mut Try,
     call: &Parts,
     capability: &str,
     n: usize,
     retry: Option<&'static str>,
-) -> Attempt<B>
-where
-    S: Step<Try, Response = Attempt<B>>,
-{
-    let candidate = &attempt.candidate;
-    let (peer, score) = (candidate.peer.clone(), candidate.factors.score);
+) -> Option<AttemptSpan> {
+    let server = call.extensions.get()?;
+    let (peer, score) = (
+        attempt.candidate.peer.clone(),
+        attempt.candidate.factors.score,
+    );
     let headers = attempt.request.headers_mut();
-    let span = AttemptSpan::start(
-        call.extensions.get(),
+    AttemptSpan::start(
+        Some(server),
         headers,
         capability,
         &peer.name,
         n,
         score,
         retry,
-    );
-    let answered = answer(inner.oneshot(attempt).await);
+    )
+}
+
+/// Ends the attempt's span, if it has one, with how the attempt ended.
+pub(super) fn end<B>(span: Option<AttemptSpan>, attempt: &Attempt<B>) {
     if let Some(span) = span {
-        let (status, outcome) = answered.outcome();
+        let (status, outcome) = attempt.outcome();
         span.finish(status, outcome);
     }
-    answered
 }
 
 impl<B> Attempt<B> {

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use serde::Serialize;
+use tower::ServiceExt;
 
 use super::attempt::{self, Attempt};
 use super::call::{Plan, Routed, Try};
@@ -19,7 +20,7 @@ use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::fast_hash::FastMap;
 use crate::http::deadline;
-use crate::http::step::Step;
+use crate::http::step::{answer, Step};
 use crate::peers::Scored;
 
 /// Per capability: the round-robin position and what the comparison found so far.
@@ -89,7 +90,7 @@ where
         let chosen = order[(start + n - 1) % order.len()];
         let Some(body) = bodies.next() else { break };
         let request = upstream_request(&parts, body, &snapshot, capability, n);
-        let attempt = Try {
+        let mut attempt = Try {
             request,
             candidate: scored[chosen].clone(),
             deadline: call.deadline,
@@ -99,8 +100,9 @@ where
         };
         let sent = Instant::now();
         // The only retry here follows a connect failure.
-        let retry = Some("connect_failed");
-        let attempt = attempt::send(inner.clone(), attempt, &parts, capability, n, retry).await;
+        let span = attempt::span(&mut attempt, &parts, capability, n, Some("connect_failed"));
+        let attempt = answer(inner.clone().oneshot(attempt).await);
+        attempt::end(span, &attempt);
         let elapsed_ms = sent.elapsed().as_secs_f64() * 1000.0;
         let retry = matches!(
             &attempt,

@@ -11,7 +11,7 @@ use http::request::Parts;
 use http::{Request, Response};
 use tower::layer::{layer_fn, Layer};
 use tower::retry::budget::TpsBudget;
-use tower::service_fn;
+use tower::{service_fn, ServiceExt};
 use tracing::Span;
 
 use super::attempt::{self, Attempt, Refusal};
@@ -23,7 +23,7 @@ use crate::config::{RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
 use crate::http::layers::field;
-use crate::http::step::Step;
+use crate::http::step::{answer, Step};
 use crate::http::upload::UploadWatch;
 use crate::http::{headers, ReachBody};
 use crate::idempotency;
@@ -91,9 +91,11 @@ where
         span.record(field::ATTEMPT, n);
         span.record(field::PEER, scored[chosen].peer.name.as_str());
         let request = upstream_request(&parts, body, &snapshot, &route.capability, n);
-        let try_ = attempts.attempt(request, &scored[chosen], &bodies.watch, &snapshot);
+        let mut try_ = attempts.attempt(request, &scored[chosen], &bodies.watch, &snapshot);
         let retry = attempts.retry_reason;
-        let attempt = attempt::send(inner.clone(), try_, &parts, &route.capability, n, retry).await;
+        let span = attempt::span(&mut try_, &parts, &route.capability, n, retry);
+        let attempt = answer(inner.clone().oneshot(try_).await);
+        attempt::end(span, &attempt);
         if !matches!(attempt, Attempt::Limited(_)) {
             out.metrics.tier_pick(tiers[chosen].as_str());
             decision::log(&snapshot, &route, &scored, chosen, n, &attempt);
