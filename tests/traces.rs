@@ -292,7 +292,16 @@ async fn a_failed_attempt_is_an_error_span_and_the_retry_says_why() {
         text(&failed.attributes, key::OUTCOME).as_deref(),
         Some("failure")
     );
-    assert!(caller.trace_counts().exported > 0);
+    // Counted once the receiver has answered, a moment after it stored the spans.
+    eventually(
+        Duration::from_secs(10),
+        "the exporter counts what it sent",
+        || {
+            let exported = caller.trace_counts().exported;
+            async move { exported > 0 }
+        },
+    )
+    .await;
     caller.shutdown().await;
     callee.shutdown().await;
 }
