@@ -225,21 +225,9 @@ async fn sigterm_under_load_loses_no_accepted_request() {
             agent.addr
         ),
     );
-    let mut child = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(&bootstrap)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Read the log on a thread (it also keeps the pipe from filling), with a deadline for the start line.
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let mut command = Command::new(BIN);
+    command.args(["run", "--config"]).arg(&bootstrap);
+    let (mut child, rx) = logging(command);
     let inbound = loop {
         let line = rx
             .recv_timeout(Duration::from_secs(20))
@@ -296,24 +284,15 @@ async fn json_logs_by_env_carry_the_decision_as_fields() {
         ),
     );
     let policy = temp_file("json-logs-policy.yaml", "decision_log: true\n");
-    let mut child = Command::new(BIN)
+    let mut command = Command::new(BIN);
+    command
         .args(["run", "--config"])
         .arg(&bootstrap)
         .arg("--policy")
         .arg(&policy)
         .env("AGENT_REACH_LOG_FORMAT", "json")
-        .env_remove("RUST_LOG")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+        .env_remove("RUST_LOG");
+    let (mut child, rx) = logging(command);
     let next = || {
         let line = rx
             .recv_timeout(Duration::from_secs(20))
@@ -351,4 +330,22 @@ async fn json_logs_by_env_carry_the_decision_as_fields() {
     let candidates: serde_json::Value =
         serde_json::from_str(decision["candidates"].as_str().unwrap()).unwrap();
     assert_eq!(candidates[0]["peer"], "coder-1", "{decision}");
+}
+
+/// Starts `command` with its log read line by line on a thread (which also keeps the pipe from
+/// filling): the receiver gets each line, to wait for one with a deadline.
+fn logging(mut command: Command) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = command
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
 }
