@@ -112,15 +112,11 @@ impl Sidecar {
         // The data path's pools drive each connection in the request's own task; one to the
         // local agent (plaintext, loopback), one to peers (mutual TLS where the mode says so).
         let agent_pool = Pool::build(&snapshot.policy);
+        let tcp = ConnectTcp::new(TcpSettings::from_policy(&snapshot.policy));
         let peer_pool = Pool::with_mesh(
             PoolConfig::from_policy(&snapshot.policy),
-            ConnectTcp::new(TcpSettings::from_policy(&snapshot.policy)),
-            tls.clone().map(|tls| {
-                ConnectMesh::new(
-                    ConnectTcp::new(TcpSettings::from_policy(&snapshot.policy)),
-                    tls,
-                )
-            }),
+            tcp.clone(),
+            tls.clone().map(|tls| ConnectMesh::new(tcp, tls)),
         );
         let registry = Arc::new(Registry::new());
         let admission = Admission::new(snapshot.bootstrap.agent.max_concurrency.get());

@@ -49,14 +49,8 @@ pub(super) async fn run(
     concurrency: usize,
 ) -> Result<AuthorizationSummary, DemoError> {
     let allowed = format!("{}/ns/agents/sa/*", super::TRUST_DOMAIN);
-    let policy = strict_policy(&fleet.policy, &allowed)?;
-    for sidecar in fleet.sidecars() {
-        let snapshot = sidecar.store().snapshot();
-        sidecar
-            .store()
-            .replace(snapshot.bootstrap.clone(), policy.clone());
-    }
-    fleet.policy = policy.clone();
+    let pattern = IdentityPattern::parse(&allowed).map_err(DemoError::Config)?;
+    fleet.update_policy(|p| strict(p, &pattern));
 
     // The intruder: a certificate from the fleet's CA, but of another namespace.
     let intruder_identity = format!("{}/ns/guests/sa/intruder", super::TRUST_DOMAIN);
@@ -64,11 +58,12 @@ pub(super) async fn run(
         .map_err(DemoError::Config)?
         .with_gossip(&fleet.seed, fleet.key_dir.join("gossip.key"));
     let bootstrap = fleet.with_tls(bootstrap, &intruder_identity)?;
-    let intruder = super::start_sidecar(bootstrap, policy).await?;
-    let knows_all = super::wait_for(Duration::from_secs(10), || {
+    let intruder = super::start_sidecar(bootstrap, fleet.policy.clone()).await?;
+    let knows_all = super::poll(Duration::from_secs(10), || {
         intruder.status().peers.len() >= fleet.agents.len()
     })
-    .await;
+    .await
+    .is_some();
     // Its calls alone, so what reaches an agent meanwhile is exactly what it got through.
     if !knows_all {
         return Err(DemoError::Config(
@@ -138,15 +133,13 @@ pub(super) async fn run(
     })
 }
 
-/// The fleet's policy with `strict` mutual TLS and `code-review` opened to `allowed` only.
-fn strict_policy(base: &Policy, allowed: &str) -> Result<Policy, DemoError> {
-    let mut policy = base.clone();
+/// `strict` mutual TLS, and `code-review` opened to `allowed` only.
+fn strict(policy: &mut Policy, allowed: &IdentityPattern) {
     policy.mtls.mode = Some(MtlsMode::Strict);
     policy.authorization.capabilities.insert(
         CAPABILITY.to_owned(),
         CapabilityAuthorization {
-            allow: vec![IdentityPattern::parse(allowed).map_err(DemoError::Config)?],
+            allow: vec![allowed.clone()],
         },
     );
-    Ok(policy)
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::drive::{self, Calls};
-use super::{round, DemoError, Fleet, TimedState, CAPABILITY};
+use super::{poll, round, DemoError, Fleet, TimedState, CAPABILITY};
 
 /// The newcomer's share of calls counts as full at this fraction of its fair share.
 const FULL_SHARE: f64 = 0.8;
@@ -127,16 +127,4 @@ pub(super) async fn run(
             .filter(|c| !c.ok && crash_window.contains(&c.at))
             .count() as u64,
     })
-}
-
-/// Polls `done` every 20 ms; how long it took, or `None` past `within`.
-async fn poll(within: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if done() {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
 }

@@ -230,11 +230,16 @@ impl Fleet {
 
     /// Turns observe-only mode on or off in every sidecar's policy, live.
     fn set_observe_only(&mut self, on: bool) {
-        self.policy.observe_only = on;
+        self.update_policy(|p| p.observe_only = on);
+    }
+
+    /// Edits the fleet's policy and every sidecar's running one the same way, live.
+    fn update_policy(&mut self, edit: impl Fn(&mut Policy)) {
+        edit(&mut self.policy);
         for sidecar in self.sidecars() {
             let snapshot = sidecar.store().snapshot();
             let mut policy = snapshot.policy.clone();
-            policy.observe_only = on;
+            edit(&mut policy);
             sidecar.store().replace(snapshot.bootstrap.clone(), policy);
         }
     }
@@ -313,16 +318,16 @@ async fn metric(sidecar: &Sidecar, prefix: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
-/// Polls `done` every 20 ms for up to `within`.
-async fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+/// Polls `done` every 20 ms; how long it took, or `None` past `within`.
+async fn poll(within: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
     let start = Instant::now();
     while start.elapsed() < within {
         if done() {
-            return true;
+            return Some(start.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    done()
+    None
 }
 
 /// What a call takes once an agent's dependency slows down: ten times the usual 20–60 ms.

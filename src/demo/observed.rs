@@ -4,7 +4,7 @@
 //! observe-only goes off, live, and the act waits for the agent to heal in every view so the
 //! fault act proper starts from a healthy fleet.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -55,9 +55,8 @@ pub(super) async fn run(
     broken.set_mode(Mode::Normal);
     fleet.set_observe_only(false);
 
-    let healed = Instant::now();
     let name = AGENTS[BROKEN];
-    let healthy = super::wait_for(Duration::from_secs(20), || {
+    let healthy = super::poll(Duration::from_secs(20), || {
         let caller = fleet.caller.status();
         let seen = caller
             .peer_views
@@ -78,7 +77,7 @@ pub(super) async fn run(
         avoidable_latency_s: super::round(
             (after.avoidable_latency_ms - before.avoidable_latency_ms) / 1000.0,
         ),
-        healthy_again_after_ms: healthy.then(|| healed.elapsed().as_secs_f64() * 1000.0),
+        healthy_again_after_ms: healthy.map(|d| d.as_secs_f64() * 1000.0),
     })
 }
 

@@ -56,6 +56,15 @@ pub(super) fn end<B>(span: Option<AttemptSpan>, attempt: &Attempt<B>) {
 }
 
 impl<B> Attempt<B> {
+    /// What the caller gets when this attempt is the last: the response, refusal or not, or the
+    /// error.
+    pub(super) fn into_answer(self) -> Result<Response<B>, ReachError> {
+        match self {
+            Attempt::Failed(err) | Attempt::Limited(err) => Err(err),
+            Attempt::Done(response) | Attempt::Refused(response, _) => Ok(response),
+        }
+    }
+
     /// The status of the answer, if one came back, and what the attempt meant (for its span).
     pub(super) fn outcome(&self) -> (Option<http::StatusCode>, Outcome) {
         match self {

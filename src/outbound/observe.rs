@@ -127,10 +127,7 @@ where
         );
     };
     Routed {
-        answer: match attempt {
-            Attempt::Failed(err) | Attempt::Limited(err) => Err(err),
-            Attempt::Done(response) | Attempt::Refused(response, _) => Ok(response),
-        },
+        answer: attempt.into_answer(),
         label: capability.to_owned(),
         peer: scored[chosen].peer.name.clone(),
         attempts: Some(n),

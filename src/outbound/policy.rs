@@ -128,11 +128,7 @@ fn conclude<B>(
         };
         return Routed::refused(capability, err);
     };
-    let answer = match attempt {
-        Attempt::Failed(err) | Attempt::Limited(err) => Err(err),
-        Attempt::Done(response) | Attempt::Refused(response, _) => Ok(response),
-    };
-    attempts.routed(answer, &scored[chosen].peer.name)
+    attempts.routed(attempt.into_answer(), &scored[chosen].peer.name)
 }
 
 /// The policy's state for one call.

@@ -86,9 +86,17 @@ impl Accept for PlainTcp {
     type Io = TcpStream;
 
     async fn accept(&self, stream: TcpStream) -> io::Result<TcpStream> {
+        self.first_byte(&stream).await?;
+        Ok(stream)
+    }
+}
+
+impl PlainTcp {
+    /// The connection's first byte, peeked (left for HTTP or TLS to read), within the bound.
+    async fn first_byte(&self, stream: &TcpStream) -> io::Result<u8> {
         let mut byte = [0u8; 1];
         match tokio::time::timeout(self.first_byte_timeout, stream.peek(&mut byte)).await {
-            Ok(Ok(n)) if n > 0 => Ok(stream),
+            Ok(Ok(n)) if n > 0 => Ok(byte[0]),
             Ok(Ok(_)) => Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(Err(err)) => Err(err),
             Err(_) => Err(io::ErrorKind::TimedOut.into()),
@@ -167,13 +175,11 @@ impl Accept for Mesh {
     type Io = MeshIo;
 
     async fn accept(&self, stream: TcpStream) -> io::Result<MeshIo> {
-        let stream = PlainTcp::new(self.first_byte_timeout)
-            .accept(stream)
+        let first = PlainTcp::new(self.first_byte_timeout)
+            .first_byte(&stream)
             .await?;
-        let mut first = [0u8; 1];
-        stream.peek(&mut first).await?;
         let mode = (self.mode)();
-        if first[0] != TLS_HANDSHAKE {
+        if first != TLS_HANDSHAKE {
             if mode == MtlsMode::Strict {
                 let err = self.refuse("plaintext");
                 let _ = tokio::time::timeout(self.handshake_timeout, async {
@@ -199,10 +205,12 @@ impl Accept for Mesh {
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         match tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)).await {
             Ok(Ok(tls)) => Ok(MeshIo::Tls(Box::new(tls))),
-            // A client that hung up mid-handshake (a caller cancelling a dial, a port scan) was
-            // not refused: not counted.
-            Ok(Err(err)) if mtls::failure_reason(&err) == "closed" => Err(err),
-            Ok(Err(err)) => Err(self.refuse(mtls::failure_reason(&err))),
+            Ok(Err(err)) => match mtls::failure_reason(&err) {
+                // A client that hung up mid-handshake (a caller cancelling a dial, a port scan)
+                // was not refused: not counted.
+                "closed" => Err(err),
+                reason => Err(self.refuse(reason)),
+            },
             Err(_) => Err(self.refuse("timeout")),
         }
     }

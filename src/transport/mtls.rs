@@ -43,6 +43,8 @@ pub struct MeshTls {
 pub struct Loaded {
     /// The URI SAN of this sidecar's certificate.
     pub identity: SpiffeId,
+    /// The certificate's validity, in Unix seconds: not before, not after.
+    pub valid: (i64, i64),
     /// Requires a client certificate (`strict`).
     pub strict: Arc<ServerConfig>,
     /// Verifies a client certificate when one is sent (`permissive`).
@@ -97,13 +99,24 @@ impl MeshTls {
 
 /// The SPIFFE ID a certificate carries: its `spiffe://` URI SAN.
 pub fn identity_of(cert: &CertificateDer<'_>) -> Option<SpiffeId> {
+    leaf(cert).map(|(identity, _)| identity)
+}
+
+/// A leaf certificate's SPIFFE ID and validity (Unix seconds), from one parse.
+fn leaf(cert: &CertificateDer<'_>) -> Option<(SpiffeId, (i64, i64))> {
     use x509_parser::extensions::GeneralName;
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
     let san = parsed.subject_alternative_name().ok()??;
-    san.value.general_names.iter().find_map(|name| match name {
+    let identity = san.value.general_names.iter().find_map(|name| match name {
         GeneralName::URI(uri) if uri.starts_with("spiffe://") => SpiffeId::parse(uri).ok(),
         _ => None,
-    })
+    })?;
+    let validity = parsed.validity();
+    let valid = (
+        validity.not_before.timestamp(),
+        validity.not_after.timestamp(),
+    );
+    Some((identity, valid))
 }
 
 /// What `agent-reach check` reports of a set of files: the identity and when it expires.
@@ -119,15 +132,12 @@ pub struct Checked {
 /// Loads the files as the sidecar would and reports on the leaf certificate's validity.
 pub fn check(files: &TlsFiles) -> Result<Checked, CertError> {
     let (loaded, _) = load(files)?;
-    let chain = certs::parse_chain(&files.cert, &certs::read(&files.cert)?)?;
-    let (_, leaf) = x509_parser::parse_x509_certificate(chain[0].as_ref())
-        .map_err(|e| bad(&files.cert, format!("cannot parse the certificate: {e}")))?;
     let now = UnixTime::now().as_secs() as i64;
-    let validity = leaf.validity();
+    let (not_before, not_after) = loaded.valid;
     Ok(Checked {
-        identity: loaded.identity.clone(),
-        expires_in: validity.not_after.timestamp() - now,
-        valid_in: validity.not_before.timestamp() - now,
+        identity: loaded.identity,
+        expires_in: not_after - now,
+        valid_in: not_before - now,
     })
 }
 
@@ -141,7 +151,7 @@ fn load(files: &TlsFiles) -> Result<(Loaded, u64), CertError> {
     (&cert_pem, &key_pem, &ca_pem).hash(&mut hasher);
     let (key, certified) = certs::parse_pair(&files.cert, &cert_pem, &files.key, &key_pem)?;
     let chain = certified.cert.clone();
-    let identity = identity_of(&chain[0]).ok_or_else(|| {
+    let (identity, valid) = leaf(&chain[0]).ok_or_else(|| {
         bad(
             &files.cert,
             "has no spiffe:// URI SAN: a sidecar's certificate names its workload identity \
@@ -159,6 +169,7 @@ fn load(files: &TlsFiles) -> Result<(Loaded, u64), CertError> {
         configs(Arc::new(roots), chain, key).map_err(|e| bad(&files.cert, e))?;
     let loaded = Loaded {
         identity,
+        valid,
         strict,
         permissive,
         client,
