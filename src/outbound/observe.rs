@@ -16,6 +16,7 @@ use super::attempt::{self, Attempt};
 use super::call::{Plan, Routed, Try};
 use super::request::{upstream_request, Bodies};
 use super::{pick, tiers, Outbound};
+use crate::classify::Outcome;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::fast_hash::FastMap;
@@ -146,10 +147,8 @@ fn compare<B>(
     attempt: &Attempt<B>,
     elapsed_ms: f64,
 ) {
-    let failed = match attempt {
-        Attempt::Failed(_) | Attempt::Limited(_) | Attempt::Refused(..) => true,
-        Attempt::Done(response) => response.status().is_server_error(),
-    };
+    // What the classifier says it meant, as metrics and spans label it: anything but success.
+    let failed = attempt.outcome().1 != Outcome::Success;
     let same = model == Some(chosen);
     let avoided = !same && model.is_some();
     let expected = model.and_then(|m| scored[m].expected_ms.or(scored[m].latency_ms));
