@@ -10,6 +10,7 @@ use super::bounds::{ms, secs, Row, Rule, DAY, HOUR, MS, ZERO};
 use super::duration::HumanDuration;
 use super::mesh::TlsFiles;
 use super::scalar::{self, Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
+use super::tasks::TasksConfig;
 use crate::identity::SpiffeId;
 
 /// `config/agent-reach.yaml`. Listener addresses and limits need a restart; the rest hot-reloads.
@@ -36,6 +37,10 @@ pub struct Bootstrap {
     /// variables, else tracing is off. Needs a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracing: Option<TracingConfig>,
+    /// Where `prefer: respond-async` tasks are kept (`docs/tasks.md`); without it, async
+    /// submissions are refused. Needs a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TasksConfig>,
 }
 
 /// `tracing:` — OTLP/HTTP export of the sidecar's spans.
@@ -101,6 +106,12 @@ pub(super) const RULES: &[Row] = &[
     ("gossip.resolve_interval", Rule::Span(secs(1), DAY)),
     ("gossip.expected_members", Rule::Whole(1, 100_000)),
     ("tracing.sample_ratio", Rule::Real(0.0, 1.0)),
+    // A lease shorter than one renewal round trip would be lost while it is held.
+    ("tasks.lease", Rule::Span(secs(1), HOUR)),
+    ("tasks.workers", Rule::Whole(1, 1024)),
+    ("tasks.max_payload_bytes", Rule::Whole(0, 64 << 20)),
+    ("tasks.max_response_bytes", Rule::Whole(0, 64 << 20)),
+    ("tasks.retention", Rule::Span(secs(1), secs(365 * 86_400))),
 ];
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -479,6 +490,7 @@ impl Bootstrap {
             tls: None,
             watch_interval: default_watch_interval(),
             tracing: None,
+            tasks: None,
         })
     }
 

@@ -8,6 +8,7 @@ mod policy;
 #[cfg(test)]
 mod rule_tables;
 mod scalar;
+mod tasks;
 mod watch;
 mod yaml;
 
@@ -23,11 +24,12 @@ pub use bootstrap::{
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
 pub use policy::{
-    CapabilityPolicy, EstimatesPolicy, ExternalTarget, Fraction, MetricsPolicy, Policy, Pool,
-    ProbesPolicy, RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, WeightSets,
-    Zones,
+    CapabilityPolicy, EstimatesPolicy, ExternalTarget, FallbackPolicy, FinalFallback, Fraction,
+    MetricsPolicy, Policy, Pool, ProbesPolicy, RateLimit, RetryBudgetPolicy, RetryPolicy,
+    StatesPolicy, Timeouts, WeightSets, Zones,
 };
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
+pub use tasks::{EscalationPolicy, QueueRounds, StoreLocation, TasksConfig};
 pub use watch::{spawn_watcher, OnReload};
 
 /// A config file that could not be read or is not valid.

@@ -6,6 +6,7 @@ use super::bounds::{ms, secs, Row, Rule, DAY, HOUR, MINUTE, MS, ZERO};
 use super::duration::HumanDuration;
 use super::mesh::{Authorization, MtlsPolicy};
 use super::scalar::{HostPort, Name, NumVisitor};
+use super::tasks::{EscalationPolicy, QueueRounds};
 use crate::reach::{EstimateParams, StateParams, Weights};
 
 /// `config/policy.yaml`, shared by the fleet. Every field has a default, so an empty file is valid.
@@ -42,6 +43,8 @@ pub struct Policy {
     pub capabilities: std::collections::BTreeMap<String, CapabilityPolicy>,
     /// How many peers get series of their own on `/metrics`, and for how long.
     pub metrics: MetricsPolicy,
+    /// Where a task goes when every agent failed it (`retry.fallback.final_fallback: escalate`).
+    pub escalation: EscalationPolicy,
 }
 
 /// Policy `capabilities.<name>`.
@@ -109,6 +112,10 @@ pub(super) const RULES: &[Row] = &[
     ("retry.budget.ttl", Rule::Span(secs(1), MINUTE)),
     ("retry.fallback.interval", Rule::Span(ZERO, MINUTE)),
     ("retry.fallback.chain_length", Rule::Whole(2, 5)),
+    ("retry.fallback.queue.delay", Rule::Span(ZERO, DAY)),
+    ("retry.fallback.queue.max_delay", Rule::Span(ZERO, DAY)),
+    ("retry.fallback.queue.max_rounds", Rule::Whole(0, 1000)),
+    ("escalation.max_payload_bytes", Rule::Whole(0, 16 << 20)),
     ("targets[].timeout", Rule::Span(MS, DAY)),
     ("targets[].max_concurrency", Rule::Whole(1, 100_000)),
     ("targets[].rate_limit.per_second", Rule::Above(0.0, 1e6)),
@@ -484,9 +491,14 @@ pub struct FallbackPolicy {
     pub interval: HumanDuration,
     /// Agents tried in all, 2 to 5.
     pub chain_length: u32,
-    /// When the chain is exhausted: `fail` (answer the last error). `queue` is reserved for the
-    /// durable async-task queue and behaves as `fail` until it exists.
+    /// When a task's chain is exhausted (`docs/tasks.md`): `fail`, `queue` (the whole chain
+    /// again later) or `escalate` (to a person, after the queue's rounds when `queue` is set).
+    /// A call that is not a task answers with the last error whatever this says.
     pub final_fallback: FinalFallback,
+    /// The rounds of `queue`, and of `escalate` before it escalates; `queue` without it uses
+    /// the defaults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueRounds>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -495,6 +507,23 @@ pub enum FinalFallback {
     #[default]
     Fail,
     Queue,
+    Escalate,
+}
+
+impl FallbackPolicy {
+    /// How many more rounds a task gets after its `rounds_run`-th chain failed.
+    pub fn rounds(&self) -> u32 {
+        match (self.final_fallback, &self.queue) {
+            (FinalFallback::Fail, _) => 0,
+            (FinalFallback::Queue, q) => q.clone().unwrap_or_default().max_rounds,
+            (FinalFallback::Escalate, q) => q.as_ref().map_or(0, |q| q.max_rounds),
+        }
+    }
+
+    /// The queue's rounds as configured, or the defaults.
+    pub fn queue_rounds(&self) -> QueueRounds {
+        self.queue.clone().unwrap_or_default()
+    }
 }
 
 impl Default for FallbackPolicy {
@@ -503,6 +532,7 @@ impl Default for FallbackPolicy {
             interval: HumanDuration::from_secs(2),
             chain_length: 3,
             final_fallback: FinalFallback::Fail,
+            queue: None,
         }
     }
 }

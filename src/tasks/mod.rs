@@ -1,0 +1,6 @@
+//! Async tasks (`docs/tasks.md`): a `prefer: respond-async` call is stored before it is
+//! answered `202`, run through the async fallback chain by a runner that holds a lease on it,
+//! and ends done, failed, or escalated to a person — surviving restarts of the sidecar.
+
+pub mod model;
+pub mod store;

@@ -1,0 +1,268 @@
+//! A task as it is stored: the call, where it stands, every attempt, and what is still owed
+//! (a chain to run, a webhook or a callback to deliver). One JSON document per task, the same in
+//! every store.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+/// Where a task stands.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Accepted, waiting for a runner.
+    Queued,
+    /// A runner is walking its fallback chain.
+    Running,
+    /// Every agent failed it; the whole chain runs again at `due_ms` (`final_fallback: queue`).
+    Retrying,
+    /// An agent answered; the answer is kept.
+    Done,
+    /// Every agent failed it and nothing more will be tried.
+    Failed,
+    /// Handed to a person; waits for `retry` or `resolve`.
+    Escalated,
+    /// A person closed it.
+    Resolved,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Queued => "queued",
+            State::Running => "running",
+            State::Retrying => "retrying",
+            State::Done => "done",
+            State::Failed => "failed",
+            State::Escalated => "escalated",
+            State::Resolved => "resolved",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    pub const ALL: [State; 7] = [
+        State::Queued,
+        State::Running,
+        State::Retrying,
+        State::Done,
+        State::Failed,
+        State::Escalated,
+        State::Resolved,
+    ];
+
+    /// Nothing will run again unless a person asks.
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Done | State::Failed | State::Resolved)
+    }
+}
+
+/// The call as the local agent made it, kept to be replayed on each attempt.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct StoredRequest {
+    pub method: String,
+    /// Path and query.
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    #[serde(with = "b64")]
+    pub body: Vec<u8>,
+}
+
+/// One attempt on one agent.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct AttemptRecord {
+    /// Which chain (1 for the first; a queue round or a person's retry adds one).
+    pub round: u32,
+    pub agent: String,
+    pub started_ms: u64,
+    pub duration_ms: u64,
+    /// `success`, `failure`, `refused`, `timeout`, … (the metrics' outcome label).
+    pub outcome: String,
+    /// The HTTP status the caller saw, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Why: the `reach-reason`, the error, or the status.
+    pub reason: String,
+}
+
+/// The agent's answer to a task that is done.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    /// The body as text when it is UTF-8, else base64 (`encoding`).
+    pub body: String,
+    pub encoding: BodyEncoding,
+    /// The body was longer than `tasks.max_response_bytes` and is cut.
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BodyEncoding {
+    Utf8,
+    Base64,
+}
+
+/// Text when the bytes are UTF-8, else base64.
+pub fn encode_body(bytes: &[u8]) -> (String, BodyEncoding) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => (text.to_owned(), BodyEncoding::Utf8),
+        Err(_) => (
+            base64::engine::general_purpose::STANDARD.encode(bytes),
+            BodyEncoding::Base64,
+        ),
+    }
+}
+
+/// A POST still owed to someone (the escalation webhook or the caller's callback): retried with
+/// backoff until it is accepted.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct Delivery {
+    pub url: String,
+    pub delivered: bool,
+    pub tries: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_ms: Option<u64>,
+}
+
+impl Delivery {
+    pub fn to(url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            delivered: false,
+            tries: 0,
+            last_error: None,
+            delivered_ms: None,
+        }
+    }
+}
+
+/// How a person closed the task.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct Resolution {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default)]
+    pub at_ms: u64,
+}
+
+/// Who holds a claimed task, until when.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct Lease {
+    pub owner: String,
+    pub until_ms: u64,
+}
+
+/// What a runner should do with a task next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// Walk the fallback chain.
+    Run,
+    /// POST the escalation to the webhook.
+    Escalate,
+    /// POST the final result to the caller's callback.
+    Callback,
+}
+
+/// A task.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct Task {
+    pub id: String,
+    pub capability: String,
+    /// Sent as `idempotency-key` on every attempt: the caller's key when it gave one, else the
+    /// task id. A rerun after a crash reaches an agent that already ran it as a replay.
+    pub key: String,
+    /// 0..9, higher first.
+    pub priority: u8,
+    pub state: State,
+    pub request: StoredRequest,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+    /// When the next piece of work may start.
+    pub due_ms: u64,
+    /// Chains run so far.
+    pub rounds: u32,
+    pub attempts: Vec<AttemptRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<StoredResponse>,
+    /// Why the last chain ended without an answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback: Option<Delivery>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalation: Option<Delivery>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<Resolution>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
+    /// Bumped by every write; a write names the version it read (`store` module).
+    #[serde(default)]
+    pub version: u64,
+}
+
+impl Task {
+    /// What is owed next, if anything: a store keeps the tasks with work in its queue.
+    pub fn work(&self) -> Option<Work> {
+        match self.state {
+            State::Queued | State::Retrying | State::Running => Some(Work::Run),
+            State::Escalated => match &self.escalation {
+                Some(d) if !d.delivered => Some(Work::Escalate),
+                _ => None,
+            },
+            State::Done | State::Failed | State::Resolved => match &self.callback {
+                Some(d) if !d.delivered => Some(Work::Callback),
+                _ => None,
+            },
+        }
+    }
+
+    /// The queue's order: higher priority first (rank 0 is priority 9).
+    pub fn rank(&self) -> u8 {
+        9 - self.priority.min(9)
+    }
+
+    /// A finished task older than `retention` may be removed.
+    pub fn expired(&self, now_ms: u64, retention_ms: u64) -> bool {
+        self.work().is_none()
+            && self.state.is_final()
+            && now_ms.saturating_sub(self.updated_ms) > retention_ms
+    }
+
+    /// The round the next attempt belongs to.
+    pub fn current_round(&self) -> u32 {
+        self.rounds.max(1)
+    }
+}
+
+/// Milliseconds since the Unix epoch, the stores' clock.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+mod b64 {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,502 @@
+//! The embedded store: one redb file. redb because it is pure Rust (no C toolchain), ACID with
+//! copy-on-write B-trees, and a commit is on disk (fsync) when it returns — the guarantee the
+//! `202 Accepted` makes. One process owns the file (redb locks it), so every lease found at
+//! open belonged to a runner that died: those tasks are queued again at once.
+//!
+//! Writes go through one writer thread that commits whatever has queued up in one transaction:
+//! concurrent submissions share an fsync (group commit) instead of waiting for one each.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use tokio::sync::oneshot;
+
+use super::{Inserted, StoreError};
+use crate::tasks::model::{Lease, State, Task};
+
+/// Task id → JSON document.
+const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+/// (rank, due_ms, id): the tasks owing work, not claimed.
+const READY: TableDefinition<(u8, u64, &str), ()> = TableDefinition::new("ready");
+/// (lease until_ms, id): the claimed tasks.
+const LEASED: TableDefinition<(u64, &str), ()> = TableDefinition::new("leased");
+/// (created_ms, id): every task, for listing newest first and purging.
+const CREATED: TableDefinition<(u64, &str), ()> = TableDefinition::new("created");
+
+/// Writes committed together at most.
+const MAX_BATCH: usize = 512;
+
+type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+/// A write: runs inside the batch's transaction, says whether the batch may commit, and hands
+/// back what to answer once the commit is known.
+type Op = Box<dyn FnOnce(&WriteTransaction) -> (bool, Reply) + Send>;
+
+#[derive(Debug)]
+pub struct FileStore {
+    db: Arc<Database>,
+    writer: mpsc::Sender<Op>,
+}
+
+fn backend(err: impl Into<redb::Error>) -> StoreError {
+    StoreError::Backend(err.into().to_string())
+}
+
+fn parse(id: &str, bytes: &[u8]) -> Result<Task, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        id: id.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+fn encode(task: &Task) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(task).map_err(|e| StoreError::Backend(e.to_string()))
+}
+
+/// Where a task sits in the indexes.
+enum Slot {
+    Ready(u8, u64),
+    Leased(u64),
+    Idle,
+}
+
+fn slot(task: &Task) -> Slot {
+    match (&task.lease, task.work()) {
+        (Some(lease), _) => Slot::Leased(lease.until_ms),
+        (None, Some(_)) => Slot::Ready(task.rank(), task.due_ms),
+        (None, None) => Slot::Idle,
+    }
+}
+
+/// Moves `task` from the slot of `old` (if any) to its own, and writes it.
+fn place(txn: &WriteTransaction, old: Option<&Task>, task: &Task) -> Result<(), StoreError> {
+    let id = task.id.as_str();
+    let mut ready = txn.open_table(READY).map_err(backend)?;
+    let mut leased = txn.open_table(LEASED).map_err(backend)?;
+    if let Some(old) = old {
+        match slot(old) {
+            Slot::Ready(rank, due) => {
+                ready.remove((rank, due, id)).map_err(backend)?;
+            }
+            Slot::Leased(until) => {
+                leased.remove((until, id)).map_err(backend)?;
+            }
+            Slot::Idle => {}
+        }
+    }
+    match slot(task) {
+        Slot::Ready(rank, due) => {
+            ready.insert((rank, due, id), ()).map_err(backend)?;
+        }
+        Slot::Leased(until) => {
+            leased.insert((until, id), ()).map_err(backend)?;
+        }
+        Slot::Idle => {}
+    }
+    let mut tasks = txn.open_table(TASKS).map_err(backend)?;
+    tasks
+        .insert(id, encode(task)?.as_slice())
+        .map_err(backend)?;
+    Ok(())
+}
+
+fn load(txn: &WriteTransaction, id: &str) -> Result<Option<Task>, StoreError> {
+    let tasks = txn.open_table(TASKS).map_err(backend)?;
+    let found = tasks.get(id).map_err(backend)?;
+    found.map(|bytes| parse(id, bytes.value())).transpose()
+}
+
+impl FileStore {
+    pub async fn open(path: &Path) -> Result<Self, StoreError> {
+        let path = path.to_owned();
+        let db = tokio::task::spawn_blocking(move || -> Result<Database, StoreError> {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    StoreError::Backend(format!("cannot create {}: {e}", dir.display()))
+                })?;
+            }
+            let db = Database::create(&path)
+                .map_err(|e| StoreError::Backend(format!("{}: {e}", path.display())))?;
+            recover(&db)?;
+            Ok(db)
+        })
+        .await
+        .map_err(|e| StoreError::Backend(e.to_string()))??;
+        let db = Arc::new(db);
+        let (writer, ops) = mpsc::channel::<Op>();
+        let for_writer = db.clone();
+        std::thread::Builder::new()
+            .name("task-store".to_owned())
+            .spawn(move || write_loop(&for_writer, &ops))
+            .map_err(|e| StoreError::Backend(format!("cannot start the writer: {e}")))?;
+        Ok(Self { db, writer })
+    }
+
+    /// Runs `f` in the next batch's transaction; answers once the batch is committed.
+    async fn write<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&WriteTransaction) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel::<Result<R, StoreError>>();
+        let op: Op = Box::new(move |txn| {
+            let result = f(txn);
+            // Only a store failure spoils the batch; a conflict wrote nothing.
+            let commit = !matches!(result, Err(StoreError::Backend(_)));
+            let reply: Reply = Box::new(move |committed| {
+                let _ = tx.send(committed.and(result));
+            });
+            (commit, reply)
+        });
+        self.writer
+            .send(op)
+            .map_err(|_| StoreError::Backend("the writer has stopped".to_owned()))?;
+        rx.await
+            .map_err(|_| StoreError::Backend("the writer has stopped".to_owned()))?
+    }
+
+    async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&redb::ReadTransaction) -> Result<R, StoreError> + Send + 'static,
+    {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read().map_err(backend)?;
+            f(&txn)
+        })
+        .await
+        .map_err(|e| StoreError::Backend(e.to_string()))?
+    }
+
+    pub async fn insert(&self, task: &mut Task) -> Result<Inserted, StoreError> {
+        task.version = 1;
+        let new = task.clone();
+        self.write(move |txn| {
+            if let Some(stored) = load(txn, &new.id)? {
+                return Ok(Inserted::Existing(Box::new(stored)));
+            }
+            place(txn, None, &new)?;
+            let mut created = txn.open_table(CREATED).map_err(backend)?;
+            created
+                .insert((new.created_ms, new.id.as_str()), ())
+                .map_err(backend)?;
+            Ok(Inserted::New)
+        })
+        .await
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |txn| {
+            let tasks = txn.open_table(TASKS).map_err(backend)?;
+            let found = tasks.get(id.as_str()).map_err(backend)?;
+            found.map(|bytes| parse(&id, bytes.value())).transpose()
+        })
+        .await
+    }
+
+    pub async fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Task>, StoreError> {
+        self.read(move |txn| {
+            let created = txn.open_table(CREATED).map_err(backend)?;
+            let tasks = txn.open_table(TASKS).map_err(backend)?;
+            let mut out = Vec::new();
+            for entry in created.iter().map_err(backend)?.rev() {
+                if out.len() >= limit {
+                    break;
+                }
+                let (key, ()) = entry.map_err(backend).map(|(k, _)| (k, ()))?;
+                let (_, id) = key.value();
+                let Some(bytes) = tasks.get(id).map_err(backend)? else {
+                    continue;
+                };
+                let task = parse(id, bytes.value())?;
+                if state.is_none_or(|s| s == task.state) {
+                    out.push(task);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    pub async fn claim(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Result<Option<Task>, StoreError> {
+        let owner = owner.to_owned();
+        self.write(move |txn| {
+            let Some(id) = next_claimable(txn, now_ms)? else {
+                return Ok(None);
+            };
+            let Some(old) = load(txn, &id)? else {
+                return Err(StoreError::Corrupt {
+                    id,
+                    reason: "queued but not stored".to_owned(),
+                });
+            };
+            let mut task = old.clone();
+            task.lease = Some(Lease {
+                owner,
+                until_ms: now_ms.saturating_add(lease_ms),
+            });
+            task.version += 1;
+            place(txn, Some(&old), &task)?;
+            Ok(Some(task))
+        })
+        .await
+    }
+
+    pub async fn save(&self, task: &mut Task) -> Result<(), StoreError> {
+        let mut new = task.clone();
+        new.version += 1;
+        let written = new.clone();
+        self.write(move |txn| {
+            let Some(old) = load(txn, &new.id)? else {
+                return Err(StoreError::Missing(new.id));
+            };
+            if old.version != new.version - 1 {
+                return Err(StoreError::Conflict(new.id));
+            }
+            place(txn, Some(&old), &new)
+        })
+        .await?;
+        *task = written;
+        Ok(())
+    }
+
+    pub async fn next_due(&self) -> Result<Option<u64>, StoreError> {
+        self.read(|txn| {
+            let ready = txn.open_table(READY).map_err(backend)?;
+            let leased = txn.open_table(LEASED).map_err(backend)?;
+            let mut next: Option<u64> = None;
+            for rank in 0..=9u8 {
+                let first = ready
+                    .range((rank, 0, "")..(rank, u64::MAX, ""))
+                    .map_err(backend)?
+                    .next();
+                if let Some(entry) = first {
+                    let (key, _) = entry.map_err(backend)?;
+                    let due = key.value().1;
+                    next = Some(next.map_or(due, |n| n.min(due)));
+                }
+            }
+            if let Some(entry) = leased.first().map_err(backend)? {
+                let until = entry.0.value().0;
+                next = Some(next.map_or(until, |n| n.min(until)));
+            }
+            Ok(next)
+        })
+        .await
+    }
+
+    pub async fn purge(&self, now_ms: u64, retention_ms: u64) -> Result<usize, StoreError> {
+        self.write(move |txn| {
+            let mut gone = Vec::new();
+            {
+                let created = txn.open_table(CREATED).map_err(backend)?;
+                let tasks = txn.open_table(TASKS).map_err(backend)?;
+                for entry in created.iter().map_err(backend)? {
+                    let (key, _) = entry.map_err(backend)?;
+                    let (at, id) = key.value();
+                    let expired = match tasks.get(id).map_err(backend)? {
+                        Some(bytes) => {
+                            parse(id, bytes.value()).is_ok_and(|t| t.expired(now_ms, retention_ms))
+                        }
+                        None => true,
+                    };
+                    if expired {
+                        gone.push((at, id.to_owned()));
+                    }
+                }
+            }
+            let mut created = txn.open_table(CREATED).map_err(backend)?;
+            let mut tasks = txn.open_table(TASKS).map_err(backend)?;
+            for (at, id) in &gone {
+                created.remove((*at, id.as_str())).map_err(backend)?;
+                tasks.remove(id.as_str()).map_err(backend)?;
+            }
+            Ok(gone.len())
+        })
+        .await
+    }
+}
+
+/// The id of the next task a claim takes: an expired lease first (its runner is gone), then the
+/// highest-priority due task.
+fn next_claimable(txn: &WriteTransaction, now_ms: u64) -> Result<Option<String>, StoreError> {
+    let leased = txn.open_table(LEASED).map_err(backend)?;
+    if let Some(entry) = leased.first().map_err(backend)? {
+        let (until, id) = entry.0.value();
+        if until <= now_ms {
+            return Ok(Some(id.to_owned()));
+        }
+    }
+    let ready = txn.open_table(READY).map_err(backend)?;
+    for rank in 0..=9u8 {
+        let first = ready
+            .range((rank, 0, "")..(rank, now_ms.saturating_add(1), ""))
+            .map_err(backend)?
+            .next();
+        if let Some(entry) = first {
+            let (key, _) = entry.map_err(backend)?;
+            return Ok(Some(key.value().2.to_owned()));
+        }
+    }
+    Ok(None)
+}
+
+/// At open: every lease is a dead runner's, so its task is queued again, due at once.
+fn recover(db: &Database) -> Result<(), StoreError> {
+    let txn = db.begin_write().map_err(backend)?;
+    // Create the tables, so reads never meet a missing one.
+    drop(txn.open_table(TASKS).map_err(backend)?);
+    drop(txn.open_table(READY).map_err(backend)?);
+    drop(txn.open_table(CREATED).map_err(backend)?);
+    let held: Vec<String> = {
+        let leased = txn.open_table(LEASED).map_err(backend)?;
+        let mut ids = Vec::new();
+        for entry in leased.iter().map_err(backend)? {
+            let (key, _) = entry.map_err(backend)?;
+            ids.push(key.value().1.to_owned());
+        }
+        ids
+    };
+    for id in held {
+        if let Some(old) = load(&txn, &id)? {
+            let mut task = old.clone();
+            task.lease = None;
+            task.version += 1;
+            place(&txn, Some(&old), &task)?;
+        }
+    }
+    txn.commit().map_err(backend)
+}
+
+fn write_loop(db: &Database, ops: &mpsc::Receiver<Op>) {
+    while let Ok(first) = ops.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match ops.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        let txn = match db.begin_write() {
+            Ok(txn) => txn,
+            Err(err) => {
+                let err = backend(err);
+                for op in batch {
+                    // Nothing ran: the op is dropped and its caller hears the writer failed.
+                    drop(op);
+                }
+                tracing::error!(error = %err, "task store: cannot begin a transaction");
+                continue;
+            }
+        };
+        let mut commit = true;
+        let mut replies = Vec::with_capacity(batch.len());
+        for op in batch {
+            let (ok, reply) = op(&txn);
+            commit &= ok;
+            replies.push(reply);
+        }
+        let outcome = if commit {
+            txn.commit().map_err(backend)
+        } else {
+            let _ = txn.abort();
+            Err(StoreError::Backend(
+                "a write in the same commit failed; nothing was written".to_owned(),
+            ))
+        };
+        for reply in replies {
+            let outcome = match &outcome {
+                Ok(()) => Ok(()),
+                Err(e) => Err(StoreError::Backend(e.to_string())),
+            };
+            reply(outcome);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{conformance, TaskStore};
+    use super::*;
+
+    async fn store(dir: &Path) -> TaskStore {
+        match FileStore::open(&dir.join("tasks.db")).await {
+            Ok(s) => TaskStore::File(s),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn tmp(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "reach-tasks-{name}-{}-{}",
+            std::process::id(),
+            crate::tasks::model::now_ms()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[tokio::test]
+    async fn conformance_file() {
+        let dir = tmp("conf");
+        conformance::insert_and_read(&store(&dir.join("a")).await).await;
+        conformance::claim_order_and_leases(&store(&dir.join("b")).await).await;
+        conformance::save_requeues(&store(&dir.join("c")).await).await;
+        conformance::purge_finished(&store(&dir.join("d")).await).await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_claimed_task_is_queued_again_after_a_restart() {
+        let dir = tmp("restart");
+        {
+            let s = store(&dir).await;
+            let mut t = conformance::task("t", 5, 100);
+            assert!(s.insert(&mut t).await.is_ok());
+            let claimed = s.claim("dead", 100, 60_000).await.ok().flatten();
+            assert!(claimed.is_some());
+            assert!(matches!(s.claim("dead", 200, 60_000).await, Ok(None)));
+        }
+        // The writer thread of the first store still holds the file until it notices; wait.
+        let reopened = {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                match FileStore::open(&dir.join("tasks.db")).await {
+                    Ok(s) => break TaskStore::File(s),
+                    Err(e) if std::time::Instant::now() > deadline => panic!("{e}"),
+                    Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+                }
+            }
+        };
+        let again = reopened.claim("new", 300, 60_000).await.ok().flatten();
+        assert_eq!(again.map(|t| t.id), Some("t".to_owned()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn concurrent_inserts_share_commits_and_all_land() {
+        let dir = tmp("group");
+        let s = Arc::new(store(&dir).await);
+        let mut joins = Vec::new();
+        for i in 0..64 {
+            let s = s.clone();
+            joins.push(tokio::spawn(async move {
+                let mut t = conformance::task(&format!("t{i}"), 5, 100 + i);
+                s.insert(&mut t).await.is_ok()
+            }));
+        }
+        for j in joins {
+            assert_eq!(j.await.ok(), Some(true));
+        }
+        assert_eq!(s.list(None, 100).await.map(|l| l.len()).ok(), Some(64));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,266 @@
+//! Where tasks are kept: the embedded single file ([`file::FileStore`], redb) or a shared Redis
+//! ([`redis::RedisStore`]). Both keep one document per task and a queue of the tasks that still
+//! owe work (`Task::work`), ordered by priority, then due time.
+//!
+//! Every write is a compare-and-set on the task's `version`: a store writes a task only when the
+//! stored version is the one the writer read, and bumps it. A claim bumps it too, so a runner
+//! whose lease ran out and was taken over cannot overwrite the new owner's progress — its save
+//! fails with [`StoreError::Conflict`] and it lets go.
+
+pub mod file;
+pub mod redis;
+
+use crate::config::StoreLocation;
+
+use super::model::{State, Task};
+
+/// A store operation that did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store itself failed (disk, connection): nothing was written.
+    #[error("task store: {0}")]
+    Backend(String),
+    /// The task changed since it was read (another runner took it over, or a person acted).
+    #[error("task {0} changed since it was read")]
+    Conflict(String),
+    /// The task is not in the store.
+    #[error("no task {0}")]
+    Missing(String),
+    /// A stored document does not parse.
+    #[error("task {id} is unreadable: {reason}")]
+    Corrupt { id: String, reason: String },
+}
+
+/// What `insert` did.
+#[derive(Debug)]
+pub enum Inserted {
+    /// The task is stored (version 1).
+    New,
+    /// A task with this id was already there (a resubmission): it is returned as stored.
+    Existing(Box<Task>),
+}
+
+/// The task store in use.
+#[derive(Debug)]
+pub enum TaskStore {
+    File(file::FileStore),
+    Redis(redis::RedisStore),
+}
+
+impl TaskStore {
+    /// Opens (creating when absent) the store at `location`; `prefix` namespaces a shared store.
+    pub async fn open(location: &StoreLocation, prefix: &str) -> Result<Self, StoreError> {
+        Ok(match location {
+            StoreLocation::File(path) => TaskStore::File(file::FileStore::open(path).await?),
+            StoreLocation::Redis(url) => {
+                TaskStore::Redis(redis::RedisStore::open(url, prefix).await?)
+            }
+        })
+    }
+
+    /// What the store is, for logs and `/status`: `file` or `redis`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TaskStore::File(_) => "file",
+            TaskStore::Redis(_) => "redis",
+        }
+    }
+
+    /// Stores `task` unless its id is taken; durable when this returns. Sets `task.version` to 1.
+    /// A task with work is queued at its `due_ms`.
+    pub async fn insert(&self, task: &mut Task) -> Result<Inserted, StoreError> {
+        match self {
+            TaskStore::File(s) => s.insert(task).await,
+            TaskStore::Redis(s) => s.insert(task).await,
+        }
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
+        match self {
+            TaskStore::File(s) => s.get(id).await,
+            TaskStore::Redis(s) => s.get(id).await,
+        }
+    }
+
+    /// Up to `limit` tasks, newest first, in `state` when given.
+    pub async fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Task>, StoreError> {
+        match self {
+            TaskStore::File(s) => s.list(state, limit).await,
+            TaskStore::Redis(s) => s.list(state, limit).await,
+        }
+    }
+
+    /// Takes the next task whose work is due at `now_ms` — highest priority first, then the
+    /// earliest due — or a task whose lease expired; it is leased to `owner` until
+    /// `now_ms + lease_ms` and out of the queue. The returned task carries the version the claim
+    /// wrote and its `lease`.
+    pub async fn claim(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Result<Option<Task>, StoreError> {
+        match self {
+            TaskStore::File(s) => s.claim(owner, now_ms, lease_ms).await,
+            TaskStore::Redis(s) => s.claim(owner, now_ms, lease_ms).await,
+        }
+    }
+
+    /// Writes `task` if the stored version is `task.version`, then bumps `task.version`; durable
+    /// when this returns. With `task.lease` set, the task stays claimed (until `lease.until_ms`);
+    /// without, it is queued at `due_ms` when it has work and dropped from the queue when not.
+    pub async fn save(&self, task: &mut Task) -> Result<(), StoreError> {
+        match self {
+            TaskStore::File(s) => s.save(task).await,
+            TaskStore::Redis(s) => s.save(task).await,
+        }
+    }
+
+    /// The earliest `due_ms` among queued tasks (and lease expiries), to sleep until.
+    pub async fn next_due(&self) -> Result<Option<u64>, StoreError> {
+        match self {
+            TaskStore::File(s) => s.next_due().await,
+            TaskStore::Redis(s) => s.next_due().await,
+        }
+    }
+
+    /// Removes finished tasks older than `retention_ms`; returns how many.
+    pub async fn purge(&self, now_ms: u64, retention_ms: u64) -> Result<usize, StoreError> {
+        match self {
+            TaskStore::File(s) => s.purge(now_ms, retention_ms).await,
+            TaskStore::Redis(s) => s.purge(now_ms, retention_ms).await,
+        }
+    }
+}
+
+/// The behaviour both stores must have, run against each (`file::tests`, `redis::tests`).
+#[cfg(test)]
+pub(crate) mod conformance {
+    use super::*;
+    use crate::tasks::model::{Lease, StoredRequest};
+
+    pub(crate) fn task(id: &str, priority: u8, due_ms: u64) -> Task {
+        Task {
+            id: id.to_owned(),
+            capability: "review".to_owned(),
+            key: id.to_owned(),
+            priority,
+            state: State::Queued,
+            request: StoredRequest {
+                method: "POST".to_owned(),
+                path: "/review".to_owned(),
+                headers: vec![("content-type".to_owned(), "application/json".to_owned())],
+                body: b"{\"n\":1}".to_vec(),
+            },
+            created_ms: due_ms,
+            updated_ms: due_ms,
+            due_ms,
+            rounds: 0,
+            attempts: Vec::new(),
+            response: None,
+            error: None,
+            callback: None,
+            escalation: None,
+            resolution: None,
+            lease: None,
+            version: 0,
+        }
+    }
+
+    /// Insert, resubmission, get, list.
+    pub(crate) async fn insert_and_read(store: &TaskStore) {
+        let mut t = task("t1", 5, 1_000);
+        assert!(matches!(store.insert(&mut t).await, Ok(Inserted::New)));
+        assert_eq!(t.version, 1);
+        let mut again = task("t1", 9, 2_000);
+        match store.insert(&mut again).await {
+            Ok(Inserted::Existing(stored)) => assert_eq!(stored.priority, 5),
+            other => panic!("a resubmission returns the stored task: {other:?}"),
+        }
+        let got = store.get("t1").await.ok().flatten();
+        assert_eq!(got.as_ref().map(|t| t.version), Some(1));
+        assert_eq!(got.map(|t| t.request.body), Some(b"{\"n\":1}".to_vec()));
+        assert!(matches!(store.get("nope").await, Ok(None)));
+        let mut t2 = task("t2", 0, 1_500);
+        assert!(store.insert(&mut t2).await.is_ok());
+        let listed = store.list(None, 10).await.unwrap_or_default();
+        let ids: Vec<&str> = listed.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, ["t2", "t1"], "newest first");
+        let queued = store.list(Some(State::Done), 10).await.unwrap_or_default();
+        assert!(queued.is_empty());
+    }
+
+    /// Claims go by priority, then due time, and only when due; a claimed task is out of the
+    /// queue until its lease runs out.
+    pub(crate) async fn claim_order_and_leases(store: &TaskStore) {
+        for (id, prio, due) in [("low", 1, 100), ("high", 8, 300), ("later", 9, 10_000)] {
+            let mut t = task(id, prio, due);
+            assert!(store.insert(&mut t).await.is_ok());
+        }
+        assert!(
+            matches!(store.claim("a", 50, 1_000).await, Ok(None)),
+            "nothing due"
+        );
+        let first = store.claim("a", 500, 1_000).await.ok().flatten();
+        assert_eq!(first.as_ref().map(|t| t.id.as_str()), Some("high"));
+        let first = first.unwrap_or_else(|| task("x", 0, 0));
+        assert_eq!(
+            first.lease,
+            Some(Lease {
+                owner: "a".into(),
+                until_ms: 1_500
+            })
+        );
+        let second = store.claim("a", 500, 1_000).await.ok().flatten();
+        assert_eq!(second.map(|t| t.id), Some("low".to_owned()));
+        assert!(matches!(store.claim("b", 600, 1_000).await, Ok(None)));
+        assert_eq!(store.next_due().await.ok().flatten(), Some(1_500));
+        // The lease of `high` runs out: replica b takes it over, and a's late save conflicts.
+        let taken = store.claim("b", 1_600, 1_000).await.ok().flatten();
+        assert_eq!(taken.as_ref().map(|t| t.id.as_str()), Some("high"));
+        let mut stale = first.clone();
+        stale.state = State::Done;
+        assert!(matches!(
+            store.save(&mut stale).await,
+            Err(StoreError::Conflict(_))
+        ));
+        let mut taken = taken.unwrap_or_else(|| task("x", 0, 0));
+        taken.state = State::Done;
+        taken.lease = None;
+        assert!(store.save(&mut taken).await.is_ok());
+        let stored = store.get("high").await.ok().flatten();
+        assert_eq!(stored.map(|t| t.state), Some(State::Done));
+    }
+
+    /// A save without a lease requeues a task that still owes work at its due time.
+    pub(crate) async fn save_requeues(store: &TaskStore) {
+        let mut t = task("r", 5, 100);
+        assert!(store.insert(&mut t).await.is_ok());
+        let mut claimed = store
+            .claim("a", 100, 1_000)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| task("x", 0, 0));
+        claimed.state = State::Retrying;
+        claimed.due_ms = 5_000;
+        claimed.lease = None;
+        assert!(store.save(&mut claimed).await.is_ok());
+        assert!(matches!(store.claim("a", 4_000, 1_000).await, Ok(None)));
+        assert_eq!(store.next_due().await.ok().flatten(), Some(5_000));
+        let again = store.claim("a", 5_000, 1_000).await.ok().flatten();
+        assert_eq!(again.map(|t| t.state), Some(State::Retrying));
+    }
+
+    /// Finished tasks past their retention go; others stay.
+    pub(crate) async fn purge_finished(store: &TaskStore) {
+        let mut done = task("old", 5, 100);
+        done.state = State::Done;
+        assert!(store.insert(&mut done).await.is_ok());
+        let mut open = task("open", 5, 100);
+        assert!(store.insert(&mut open).await.is_ok());
+        assert_eq!(store.purge(100_000, 1_000).await.ok(), Some(1));
+        assert!(matches!(store.get("old").await, Ok(None)));
+        assert!(matches!(store.get("open").await, Ok(Some(_))));
+    }
+}
