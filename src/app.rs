@@ -52,6 +52,8 @@ pub enum StartError {
     Tls(#[from] crate::transport::certs::CertError),
     #[error(transparent)]
     Tracing(#[from] crate::trace::SettingsError),
+    #[error("tasks: {0}")]
+    Tasks(String),
 }
 
 /// The addresses the listeners actually bound (useful with port 0).
@@ -137,7 +139,18 @@ impl Sidecar {
             registry.clone(),
             idempotency.clone(),
         ));
-        let outbound = Arc::new(Outbound::new(
+        let tasks = match &snapshot.bootstrap.tasks {
+            Some(config) => {
+                let base = store.paths.bootstrap.as_deref().and_then(|p| p.parent());
+                let agent = snapshot.bootstrap.agent.name.as_str();
+                let queue = crate::tasks::Queue::open(config, base, agent, agent, metrics.clone())
+                    .await
+                    .map_err(StartError::Tasks)?;
+                Some(queue)
+            }
+            None => None,
+        };
+        let mut outbound = Outbound::new(
             store.clone(),
             metrics.clone(),
             peer_pool.clone(),
@@ -145,7 +158,11 @@ impl Sidecar {
             peers.clone(),
             local.clone(),
             idempotency,
-        ));
+        );
+        if let Some(queue) = &tasks {
+            outbound = outbound.with_tasks(queue.clone());
+        }
+        let outbound = Arc::new(outbound);
         let stop_traffic = CancellationToken::new();
         let stop_rest = CancellationToken::new();
         // The trace wrapper goes outside each edge: the listener's future is boxed inside it, so
@@ -232,6 +249,14 @@ impl Sidecar {
             admin.spawn_history(stop_rest.clone()),
         ];
         let mut rest = rest;
+        if let Some(queue) = tasks {
+            rest.push(crate::tasks::runner::spawn(
+                queue,
+                outbound.clone(),
+                store.clone(),
+                stop_rest.clone(),
+            ));
+        }
         if let Some(tls) = tls {
             let reloads = reloads(&metrics);
             rest.push(tls.spawn_watch(

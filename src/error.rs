@@ -71,6 +71,14 @@ pub enum ReachError {
     NotFound(String),
     #[error("the sidecar failed while handling this request")]
     Internal,
+    #[error("async tasks are not configured on this sidecar: set `tasks.path` (or `tasks.store`) in its bootstrap")]
+    TasksDisabled,
+    #[error("the task store failed: {0}")]
+    TaskStore(String),
+    #[error("{0}")]
+    TaskConflict(String),
+    #[error("the request body is larger than the {limit} bytes a task may carry (`tasks.max_payload_bytes`)")]
+    PayloadTooLarge { limit: usize },
 }
 
 /// The `reach-reason` a sidecar puts on the answers it makes itself: the JSON `error` field too.
@@ -98,10 +106,14 @@ pub enum Reason {
     NotFound,
     Internal,
     Forbidden,
+    TasksDisabled,
+    TaskStoreUnavailable,
+    TaskConflict,
+    PayloadTooLarge,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 22] = [
+    pub const ALL: [Reason; 26] = [
         Reason::MissingCapability,
         Reason::ForbiddenHost,
         Reason::UnknownCapability,
@@ -124,6 +136,10 @@ impl Reason {
         Reason::NotFound,
         Reason::Internal,
         Reason::Forbidden,
+        Reason::TasksDisabled,
+        Reason::TaskStoreUnavailable,
+        Reason::TaskConflict,
+        Reason::PayloadTooLarge,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -150,6 +166,10 @@ impl Reason {
             Reason::NotFound => "not_found",
             Reason::Internal => "internal",
             Reason::Forbidden => "forbidden",
+            Reason::TasksDisabled => "tasks_disabled",
+            Reason::TaskStoreUnavailable => "task_store_unavailable",
+            Reason::TaskConflict => "task_conflict",
+            Reason::PayloadTooLarge => "payload_too_large",
         }
     }
 
@@ -184,6 +204,10 @@ impl ReachError {
                 StatusCode::GATEWAY_TIMEOUT
             }
             ReachError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ReachError::TasksDisabled => StatusCode::NOT_IMPLEMENTED,
+            ReachError::TaskStore(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ReachError::TaskConflict(_) => StatusCode::CONFLICT,
+            ReachError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 
@@ -212,6 +236,10 @@ impl ReachError {
             ReachError::NotFound(_) => Reason::NotFound,
             ReachError::Internal => Reason::Internal,
             ReachError::Forbidden { .. } => Reason::Forbidden,
+            ReachError::TasksDisabled => Reason::TasksDisabled,
+            ReachError::TaskStore(_) => Reason::TaskStoreUnavailable,
+            ReachError::TaskConflict(_) => Reason::TaskConflict,
+            ReachError::PayloadTooLarge { .. } => Reason::PayloadTooLarge,
         }
     }
 

@@ -18,8 +18,9 @@ pub struct TasksConfig {
     /// A shared store, `redis://host:6379/0`: replicas of one caller share its tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<String>,
-    /// The Redis key prefix; default `agent-reach:tasks:<agent name>`, so the replicas of one
-    /// agent share a queue and other agents do not see it.
+    /// The Redis key prefix; default `agent-reach:tasks:<workload>` (`AGENT_REACH_WORKLOAD`,
+    /// which the injector sets from the pod's app label, else the agent name), so the replicas
+    /// of one caller share a queue and other agents do not see it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
     /// How long a claimed task stays its runner's without a renewal: after it, another replica

@@ -48,6 +48,8 @@ pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_tot
 pub const TIER_PICKS_TOTAL: &str = "reach_tier_picks_total";
 pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "reach_idempotent_replays_total";
 pub const DEADLINES_EXCEEDED_TOTAL: &str = "reach_deadlines_exceeded_total";
+pub const TASKS_TOTAL: &str = "reach_tasks_total";
+pub const TASK_DELIVERIES_TOTAL: &str = "reach_task_deliveries_total";
 pub const GOSSIP_MEMBERS: &str = "reach_gossip_members";
 pub const GOSSIP_MESSAGES_TOTAL: &str = "reach_gossip_messages_total";
 pub const GOSSIP_BYTES_TOTAL: &str = "reach_gossip_bytes_total";
@@ -122,6 +124,14 @@ const COUNTERS: &[(&str, &str)] = &[
     (
         IDEMPOTENT_REPLAYS_TOTAL,
         "Duplicates of a keyed request answered without running it again.",
+    ),
+    (
+        TASKS_TOTAL,
+        "Async task events (submitted, done, failed, requeued, escalated, retried, resolved, taken_over).",
+    ),
+    (
+        TASK_DELIVERIES_TOTAL,
+        "POSTs of escalations and callbacks by kind and result (accepted, refused).",
     ),
     (
         RETRY_BUDGET_EXHAUSTED_TOTAL,
@@ -487,6 +497,18 @@ impl Metrics {
     pub fn deadline_exceeded(&self, direction: Direction) {
         self.with(|| {
             counter!(DEADLINES_EXCEEDED_TOTAL, "direction" => direction.as_str()).increment(1)
+        });
+    }
+
+    /// An async task's step (`TASKS_TOTAL`).
+    pub fn task_event(&self, event: &'static str) {
+        self.with(|| counter!(TASKS_TOTAL, "event" => event).increment(1));
+    }
+
+    /// A webhook or callback POST (`TASK_DELIVERIES_TOTAL`).
+    pub fn task_delivery(&self, kind: &'static str, result: &'static str) {
+        self.with(|| {
+            counter!(TASK_DELIVERIES_TOTAL, "kind" => kind, "result" => result).increment(1)
         });
     }
 

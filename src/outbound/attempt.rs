@@ -76,6 +76,25 @@ impl<B> Attempt<B> {
         }
     }
 
+    /// Why it ended as it did, in words: a sidecar's `reach-reason` with its message, the
+    /// error, or the agent's status.
+    pub(super) fn reason(&self) -> String {
+        match self {
+            Attempt::Failed(err) | Attempt::Limited(err) => format!("{}: {err}", err.code()),
+            Attempt::Done(response) | Attempt::Refused(response, _) => {
+                match response.headers().get(crate::http::headers::REASON) {
+                    Some(reason) => reason.to_str().unwrap_or("-").to_owned(),
+                    None => format!("status {}", response.status().as_u16()),
+                }
+            }
+        }
+    }
+
+    /// Whether the agent (or its sidecar) failed the call: an async chain hands it on.
+    pub(super) fn failed(&self) -> bool {
+        self.outcome().1 == Outcome::Failure
+    }
+
     /// Whether and how this attempt may be retried: the reason, and whether the retry must go
     /// to the same agent.
     ///

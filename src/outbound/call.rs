@@ -66,3 +66,41 @@ impl<B> Routed<B> {
         }
     }
 }
+
+/// One attempt of a call, as a task records it.
+#[derive(Clone, Debug)]
+pub struct AttemptNote {
+    pub peer: String,
+    pub started: std::time::SystemTime,
+    pub duration: std::time::Duration,
+    /// The metrics' outcome label.
+    pub outcome: &'static str,
+    pub status: Option<u16>,
+    /// The `reach-reason`, the error, or the status.
+    pub reason: String,
+}
+
+/// Where a call's attempts are reported as they end: put in the request's extensions by a task
+/// runner, which commits each one to the task's record.
+#[derive(Clone, Debug)]
+pub struct Journal(pub tokio::sync::mpsc::UnboundedSender<AttemptNote>);
+
+impl Journal {
+    pub(super) fn note<B>(
+        &self,
+        peer: &str,
+        started: std::time::SystemTime,
+        attempt: &super::attempt::Attempt<B>,
+    ) {
+        let (status, outcome) = attempt.outcome();
+        let reason = attempt.reason();
+        let _ = self.0.send(AttemptNote {
+            peer: peer.to_owned(),
+            started,
+            duration: started.elapsed().unwrap_or_default(),
+            outcome: outcome.as_str(),
+            status: status.map(|s| s.as_u16()),
+            reason,
+        });
+    }
+}

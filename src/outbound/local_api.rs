@@ -1,5 +1,6 @@
 //! The agent's own API on the outbound port: `PUT /reach/v1/busy` reports a busy agent (the only
-//! way a sidecar can see a workspace lock from outside).
+//! way a sidecar can see a workspace lock from outside), and `/reach/v1/tasks` reads and acts on
+//! its async tasks (`tasks::api`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use crate::error::ReachError;
 use crate::http::step::Step;
 use crate::http::{headers, layers, server::text, ReachBody};
 use crate::local::LocalAgent;
+use crate::tasks::Queue;
 
 pub(super) const BUSY_PATH: &str = "/reach/v1/busy";
 
@@ -36,6 +38,7 @@ const BODY_LIMIT: usize = 4096;
 pub(super) fn layer<S>(
     local: Arc<LocalAgent>,
     store: Arc<ConfigStore>,
+    tasks: Option<Arc<Queue>>,
 ) -> impl Layer<S, Service = impl Step<Request<Incoming>, Response = Response<ReachBody>>> + Clone
 where
     S: Step<Request<Incoming>, Response = Response<ReachBody>>,
@@ -44,8 +47,8 @@ where
         TIMEOUT,
         BODY_LIMIT,
         service_fn(move |req| {
-            let (local, store) = (local.clone(), store.clone());
-            async move { Ok::<_, Infallible>(handle(&local, &store, req).await) }
+            let (local, store, tasks) = (local.clone(), store.clone(), tasks.clone());
+            async move { Ok::<_, Infallible>(handle(&local, &store, tasks.as_deref(), req).await) }
         }),
     );
     layer_fn(move |inner: S| {
@@ -68,11 +71,29 @@ fn is_local_api<B>(req: &Request<B>) -> bool {
     req.uri().path().starts_with("/reach/v1/") && !req.headers().contains_key(headers::CAPABILITY)
 }
 
-async fn handle<B>(local: &LocalAgent, store: &ConfigStore, req: Request<B>) -> Response<ReachBody>
+async fn handle<B>(
+    local: &LocalAgent,
+    store: &ConfigStore,
+    tasks: Option<&Queue>,
+    req: Request<B>,
+) -> Response<ReachBody>
 where
     B: http_body::Body,
     B::Error: Into<crate::http::BoxError>,
 {
+    if crate::tasks::api::is_tasks_path(req.uri().path()) {
+        let (parts, body) = req.into_parts();
+        let bytes = match Limited::new(body, BODY_LIMIT).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return ReachError::BadRequest(format!(
+                    "the request body is unreadable or over {BODY_LIMIT} bytes"
+                ))
+                .into_response()
+            }
+        };
+        return crate::tasks::api::handle(tasks, store, Request::from_parts(parts, bytes)).await;
+    }
     if req.uri().path() != BUSY_PATH {
         return ReachError::NotFound(req.uri().path().to_owned()).into_response();
     }

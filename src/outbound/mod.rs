@@ -21,6 +21,7 @@ mod request;
 mod resolve;
 mod retry;
 mod sample;
+mod submit;
 mod target;
 mod target_limit;
 mod tiers;
@@ -32,6 +33,7 @@ use hyper::body::Incoming;
 use tower::ServiceBuilder;
 
 pub use balance::pick;
+pub use call::{AttemptNote, Journal};
 pub use observe::{ObserveCounts, ObserveLog};
 pub use sample::{score_candidates, SAMPLE};
 pub use target::capability_of;
@@ -45,6 +47,9 @@ use crate::local::LocalAgent;
 use crate::metrics::Metrics;
 use crate::peers::PeerViews;
 use crate::rate_limit::RateLimiters;
+use crate::tasks::Queue;
+use call::Call;
+use tower::ServiceExt;
 use crate::registry::Registry;
 use retry::RetryBudgets;
 
@@ -62,6 +67,8 @@ pub struct Outbound {
     idempotency: Arc<IdempotencyTable>,
     /// Observe-only mode's round robin and its comparison with the model.
     observe: ObserveLog,
+    /// Where `prefer: respond-async` calls go; `None` when the bootstrap has no `tasks`.
+    tasks: Option<Arc<Queue>>,
 }
 
 impl Outbound {
@@ -85,7 +92,14 @@ impl Outbound {
             rate_limits: RateLimiters::default(),
             idempotency,
             observe: ObserveLog::default(),
+            tasks: None,
         }
+    }
+
+    /// Takes async tasks into `queue`.
+    pub fn with_tasks(mut self, queue: Arc<Queue>) -> Self {
+        self.tasks = Some(queue);
+        self
     }
 
     /// What observe-only mode found so far, per capability.
@@ -96,12 +110,24 @@ impl Outbound {
     /// The outbound request path, in request order.
     pub fn stack(self: &Arc<Self>) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
         ServiceBuilder::new()
-            // The agent's own API (`/reach/v1/busy`) is not a capability call.
-            .layer(local_api::layer(self.local.clone(), self.store.clone()))
+            // The agent's own API (`/reach/v1/busy`, `/reach/v1/tasks`) is not a capability call.
+            .layer(local_api::layer(
+                self.local.clone(),
+                self.store.clone(),
+                self.tasks.clone(),
+            ))
             // Which capability; the call's one config snapshot, deadline and body, read once.
             .layer(resolve::layer(self.clone()))
+            // `prefer: respond-async`: stored as a task and answered 202; a runner routes it.
+            .layer(submit::layer(self.clone()))
             // The agent's own resent call (its client timed out and resent) runs once.
             .layer(dedupe::layer(self.clone()))
+            .service(self.routing())
+    }
+
+    /// A call routed: what a task's runner sends its stored call through.
+    fn routing(self: &Arc<Self>) -> impl Step<Call, Response = Response<ReachBody>> {
+        ServiceBuilder::new()
             // Metrics and `reach-attempts` on whatever answer comes back.
             .layer(record::layer(self.metrics.clone()))
             // The peers that serve the capability, scored, in zone tiers.
@@ -112,6 +138,35 @@ impl Outbound {
             .layer(target_limit::layer(self.clone()))
             // One attempt on one peer, over the peer client; the caller's view hears the answer.
             .service(endpoint::endpoint(self.client.clone(), self.peers.clone()))
+    }
+
+    /// Routes a task's stored call for `capability` (its attempts reported to the `Journal` in
+    /// its extensions) and answers as a call would be answered.
+    pub async fn run_task(
+        self: &Arc<Self>,
+        capability: &str,
+        request: Request<bytes::Bytes>,
+    ) -> Response<ReachBody> {
+        let capability = match crate::config::Name::parse(capability) {
+            Ok(name) => name,
+            Err(err) => return crate::error::ReachError::BadRequest(err).into_response(),
+        };
+        let (parts, bytes) = request.into_parts();
+        let deadline = crate::http::deadline::Deadline::from_headers(&parts.headers)
+            .ok()
+            .flatten();
+        let call = Call {
+            capability,
+            parts,
+            upload: crate::http::upload::Upload::Buffered(bytes),
+            deadline,
+            snapshot: self.store.snapshot(),
+            started: std::time::Instant::now(),
+        };
+        match self.routing().oneshot(call).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use tower::{service_fn, ServiceExt};
 use tracing::Span;
 
 use super::attempt::{self, Attempt, Refusal};
-use super::call::{Plan, Routed, Try};
+use super::call::{Journal, Plan, Routed, Try};
 use super::request::{upstream_request, Bodies};
 use super::tiers::{self, Tier};
 use super::{decision, observe, pick, retry, Outbound};
@@ -94,11 +94,15 @@ where
         let mut try_ = attempts.attempt(request, &scored[chosen], &bodies.watch, &snapshot);
         let retry = attempts.retry_reason;
         let span = attempt::span(&mut try_, &parts, &route.capability, n, retry);
+        let started = std::time::SystemTime::now();
         let attempt = answer(inner.clone().oneshot(try_).await);
         attempt::end(span, &attempt);
         if !matches!(attempt, Attempt::Limited(_)) {
             out.metrics.tier_pick(tiers[chosen].as_str());
             decision::log(&snapshot, &route, &scored, chosen, n, &attempt);
+            if let Some(journal) = parts.extensions.get::<Journal>() {
+                journal.note(&scored[chosen].peer.name, started, &attempt);
+            }
         }
         let pause = attempts.after(&attempt, chosen, &scored);
         last = Some((attempt, chosen));
@@ -253,7 +257,13 @@ impl<'a> Attempts<'a> {
         // A capability the agent deduplicates itself is safe to repeat on any agent.
         let declared = scored[chosen].idempotent;
         let keyed = self.keyed && !declared;
-        let (reason, same_peer) = attempt.retry(keyed, self.idempotent_method || declared)?;
+        let (reason, same_peer) = match attempt.retry(keyed, self.idempotent_method || declared) {
+            Some(retry) => retry,
+            // An async chain hands a task its agent failed to the next agent, after the
+            // cleanup interval: a task's key makes each agent run it at most once.
+            None if self.is_async && attempt.failed() => ("chain_next", false),
+            None => return None,
+        };
         if self.tried.len() >= self.max {
             return None;
         }

@@ -4,3 +4,10 @@
 
 pub mod model;
 pub mod store;
+pub mod api;
+pub mod deliver;
+mod queue;
+pub mod runner;
+pub mod view;
+
+pub use queue::{wants_async, Queue, Submitted, CALLBACK, PREFER, PRIORITY, TASKS_PATH};

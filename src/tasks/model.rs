@@ -191,6 +191,9 @@ pub struct Task {
     pub due_ms: u64,
     /// Chains run so far.
     pub rounds: u32,
+    /// `rounds` when a person last sent the task back: the queue's rounds count from here.
+    #[serde(default)]
+    pub round_base: u32,
     pub attempts: Vec<AttemptRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<StoredResponse>,

@@ -156,6 +156,7 @@ pub(crate) mod conformance {
             updated_ms: due_ms,
             due_ms,
             rounds: 0,
+            round_base: 0,
             attempts: Vec::new(),
             response: None,
             error: None,

@@ -1,0 +1,163 @@
+//! POSTs that must arrive: a task's escalation to the webhook a person's tooling listens on, and
+//! its final result to the caller's callback. A POST is accepted by a 2xx; anything else is
+//! tried again later with backoff (the runner requeues the task), so a receiver sees each
+//! delivery at least once and should deduplicate by `reach-task-id` + `reach-delivery`.
+//!
+//! When a key is set, each POST is signed: `reach-signature: t=<unix seconds>,sha256=<hex>`, the
+//! HMAC-SHA256 of `<t>.<body>` (the timestamp inside the MAC, so a captured POST cannot be
+//! replayed later under a fresh time).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// The task a POST is about.
+pub const TASK_ID: http::HeaderName = http::HeaderName::from_static("reach-task-id");
+/// How many times this POST has been tried, the first being 1.
+pub const DELIVERY: http::HeaderName = http::HeaderName::from_static("reach-delivery");
+pub const SIGNATURE: http::HeaderName = http::HeaderName::from_static("reach-signature");
+
+/// One POST may take this long.
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// The first retry waits this long, doubling to `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// An HTTP(S) client for webhooks and callbacks (public CAs: Mozilla's roots, built in, so the
+/// image needs no CA bundle).
+#[derive(Clone, Debug)]
+pub struct Poster {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl Poster {
+    pub fn new() -> Result<Self, String> {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(provider)
+            .map_err(|e| e.to_string())?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(TokioExecutor::new()).build(https);
+        Ok(Self { client })
+    }
+
+    /// POSTs `body` as JSON; `Ok` when the receiver accepted it (2xx).
+    pub async fn post(
+        &self,
+        url: &str,
+        task_id: &str,
+        delivery: u32,
+        body: Vec<u8>,
+        key: Option<&[u8]>,
+    ) -> Result<(), String> {
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::USER_AGENT, "agent-reach")
+            .header(TASK_ID, task_id)
+            .header(DELIVERY, delivery.to_string());
+        if let Some(key) = key {
+            request = request.header(SIGNATURE, sign(key, now_secs(), &body));
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| format!("bad URL `{url}`: {e}"))?;
+        let sent = tokio::time::timeout(TIMEOUT, self.client.request(request)).await;
+        let response = match sent {
+            Err(_) => return Err(format!("no answer within {}s", TIMEOUT.as_secs())),
+            Ok(Err(err)) => return Err(format!("{err}: {}", crate::http::client::chain(&err))),
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        // Read (a little of) the answer so the connection can be reused.
+        let _ = tokio::time::timeout(TIMEOUT, response.into_body().collect()).await;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("answered {}", status.as_u16()))
+        }
+    }
+}
+
+/// The pause before try `tries + 1`: doubling from a second to five minutes, with jitter.
+pub fn backoff(tries: u32) -> Duration {
+    let base = FIRST_BACKOFF
+        .saturating_mul(1 << tries.min(16))
+        .min(MAX_BACKOFF);
+    base.mul_f64(0.5 + rand::random::<f64>() / 2.0)
+}
+
+/// `t=<t>,sha256=<hex of HMAC-SHA256(key, "<t>.<body>")>`.
+pub fn sign(key: &[u8], t: u64, body: &[u8]) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    let mut ctx = ring::hmac::Context::with_key(&key);
+    ctx.update(t.to_string().as_bytes());
+    ctx.update(b".");
+    ctx.update(body);
+    let tag = ctx.sign();
+    let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("t={t},sha256={hex}")
+}
+
+/// Whether `header` is a valid signature of `body` under `key` (for receivers and tests).
+pub fn verify(key: &[u8], header: &str, body: &[u8]) -> bool {
+    let mut t = None;
+    let mut mac = None;
+    for part in header.split(',') {
+        match part.trim().split_once('=') {
+            Some(("t", v)) => t = v.parse::<u64>().ok(),
+            Some(("sha256", v)) => mac = Some(v.to_owned()),
+            _ => {}
+        }
+    }
+    match (t, mac) {
+        (Some(t), Some(mac)) => {
+            let expected = sign(key, t, body);
+            let given = format!("t={t},sha256={mac}");
+            // Compared in constant time: a receiver must not leak how much of a guess matched.
+            expected.len() == given.len()
+                && expected
+                    .bytes()
+                    .zip(given.bytes())
+                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                    == 0
+        }
+        _ => false,
+    }
+}
+
+fn now_secs() -> u64 {
+    super::model::now_ms() / 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signature_verifies_only_with_its_key_and_body() {
+        let header = sign(b"k", 1_700_000_000, b"{\"a\":1}");
+        assert!(header.starts_with("t=1700000000,sha256="));
+        assert!(verify(b"k", &header, b"{\"a\":1}"));
+        assert!(!verify(b"other", &header, b"{\"a\":1}"));
+        assert!(!verify(b"k", &header, b"{\"a\":2}"));
+        let moved = header.replace("t=1700000000", "t=1700000001");
+        assert!(!verify(b"k", &moved, b"{\"a\":1}"), "the time is signed");
+    }
+
+    #[test]
+    fn backoff_doubles_to_a_ceiling() {
+        assert!(backoff(0) <= Duration::from_secs(1));
+        assert!(backoff(3) >= Duration::from_secs(4));
+        assert!(backoff(30) <= MAX_BACKOFF);
+    }
+}

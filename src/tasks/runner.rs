@@ -1,0 +1,430 @@
+//! The runner: claims due tasks (up to `tasks.workers` at once) and does what each owes — walk
+//! the fallback chain, or deliver an escalation or a callback. Every step is committed before
+//! the next is taken, and the lease is renewed while a chain runs; a runner that loses its
+//! lease (its task was taken over) stops working on it.
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::BodyExt;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+
+use super::deliver::{self, Poster};
+use super::model::{
+    encode_body, now_ms, AttemptRecord, Delivery, State, StoredResponse, Task, Work,
+};
+use super::queue::Queue;
+use super::store::StoreError;
+use super::view;
+use crate::classify::Class;
+use crate::config::{ConfigStore, FinalFallback, Snapshot};
+use crate::http::ReachBody;
+use crate::outbound::{AttemptNote, Journal, Outbound};
+
+/// The longest a runner sleeps without looking at the store: a shared store gets work from
+/// other replicas, which ring no bell here.
+const IDLE_POLL: Duration = Duration::from_secs(1);
+/// Finished tasks past their retention are removed this often.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+
+pub fn spawn(
+    queue: Arc<Queue>,
+    outbound: Arc<Outbound>,
+    config: Arc<ConfigStore>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let poster = match Poster::new() {
+            Ok(p) => p,
+            Err(err) => {
+                tracing::error!(%err, "cannot build the webhook client; tasks will not run");
+                return;
+            }
+        };
+        let runner = Arc::new(Runner {
+            queue,
+            outbound,
+            config,
+            poster,
+        });
+        runner.run(stop).await;
+    })
+}
+
+struct Runner {
+    queue: Arc<Queue>,
+    outbound: Arc<Outbound>,
+    config: Arc<ConfigStore>,
+    poster: Poster,
+}
+
+impl Runner {
+    async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.queue.config.workers.max(1)));
+        let mut running = JoinSet::new();
+        let mut purged = tokio::time::Instant::now();
+        let lease = self.queue.config.lease.get();
+        loop {
+            while running.try_join_next().is_some() {}
+            let permit = tokio::select! {
+                permit = slots.clone().acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+                () = stop.cancelled() => break,
+            };
+            let now = now_ms();
+            match self
+                .queue
+                .store
+                .claim(&self.queue.owner, now, lease.as_millis() as u64)
+                .await
+            {
+                Ok(Some(task)) => {
+                    if task.state == State::Running {
+                        // Its runner died mid-chain (a crash, or a replica whose lease ran
+                        // out): the chain runs again, and the task's key keeps each agent
+                        // from running it twice.
+                        self.queue.metrics.task_event("resumed");
+                        tracing::info!(task = %task.id, "resuming a task whose runner stopped");
+                    }
+                    let me = self.clone();
+                    running.spawn(async move {
+                        me.work(task).await;
+                        drop(permit);
+                    });
+                    continue;
+                }
+                Ok(None) => drop(permit),
+                Err(err) => {
+                    drop(permit);
+                    tracing::warn!(%err, "task store: cannot claim; trying again shortly");
+                }
+            }
+            if purged.elapsed() >= PURGE_EVERY {
+                purged = tokio::time::Instant::now();
+                let retention = self.queue.config.retention.get().as_millis() as u64;
+                if let Err(err) = self.queue.store.purge(now_ms(), retention).await {
+                    tracing::warn!(%err, "task store: cannot remove finished tasks");
+                }
+            }
+            let pause = match self.queue.store.next_due().await {
+                Ok(Some(due)) => Duration::from_millis(due.saturating_sub(now_ms())).min(IDLE_POLL),
+                _ => IDLE_POLL,
+            };
+            tokio::select! {
+                () = self.queue.wake.notified() => {}
+                () = tokio::time::sleep(pause) => {}
+                () = stop.cancelled() => break,
+            }
+        }
+        // Whatever is mid-way stays leased: after the lease (or at the next start, for the
+        // embedded store) it runs again — at least once, and once per agent by its key.
+        running.abort_all();
+    }
+
+    async fn work(&self, task: Task) {
+        let id = task.id.clone();
+        let result = match task.work() {
+            Some(Work::Run) => self.run_chain(task).await,
+            Some(Work::Escalate) => self.deliver(task, Kind::Escalation).await,
+            Some(Work::Callback) => self.deliver(task, Kind::Callback).await,
+            None => self.release(task).await,
+        };
+        match result {
+            Ok(()) => {}
+            Err(StoreError::Conflict(_)) => {
+                tracing::info!(task = %id, "task taken over by another runner; letting go");
+            }
+            Err(err) => tracing::warn!(task = %id, %err, "task store: cannot record a step"),
+        }
+    }
+
+    async fn release(&self, mut task: Task) -> Result<(), StoreError> {
+        task.lease = None;
+        self.queue.store.save(&mut task).await
+    }
+
+    /// Walks the fallback chain once; then the task is done, queued for another round,
+    /// escalated or failed.
+    async fn run_chain(&self, mut task: Task) -> Result<(), StoreError> {
+        let snapshot = self.config.snapshot();
+        let lease = self.queue.config.lease.get();
+        task.state = State::Running;
+        task.rounds += 1;
+        task.updated_ms = now_ms();
+        self.queue.store.save(&mut task).await?;
+        let round = task.rounds;
+
+        let (notes, mut heard) = tokio::sync::mpsc::unbounded_channel();
+        let request = match replay(&task, Journal(notes)) {
+            Ok(r) => r,
+            Err(err) => {
+                task.error = Some(err);
+                return self.finish(task, State::Failed, &snapshot).await;
+            }
+        };
+        let capability = task.capability.clone();
+        let chain = self.outbound.run_task(&capability, request);
+        tokio::pin!(chain);
+        let mut renew = tokio::time::interval(lease / 3);
+        renew.tick().await;
+        let answer = loop {
+            tokio::select! {
+                answer = &mut chain => break answer,
+                Some(note) = heard.recv() => {
+                    task.attempts.push(record(note, round));
+                    self.hold(&mut task, lease).await?;
+                }
+                _ = renew.tick() => self.hold(&mut task, lease).await?,
+            }
+        };
+        while let Ok(note) = heard.try_recv() {
+            task.attempts.push(record(note, round));
+        }
+        let class = Class::of_response(&answer);
+        let response = stored_response(answer, self.queue.config.max_response_bytes).await;
+        match class {
+            Class::Success => {
+                task.response = Some(response);
+                task.error = None;
+                self.finish(task, State::Done, &snapshot).await
+            }
+            // The request itself was refused (forbidden, malformed): no agent will take it.
+            Class::Rejected => {
+                task.error = Some(summary(&response));
+                task.response = Some(response);
+                self.finish(task, State::Failed, &snapshot).await
+            }
+            _ => {
+                task.error = Some(summary(&response));
+                self.after_failed_chain(task, &snapshot).await
+            }
+        }
+    }
+
+    /// Renews the lease, committing the attempts heard so far.
+    async fn hold(&self, task: &mut Task, lease: Duration) -> Result<(), StoreError> {
+        if let Some(l) = &mut task.lease {
+            l.until_ms = now_ms().saturating_add(lease.as_millis() as u64);
+        }
+        task.updated_ms = now_ms();
+        self.queue.store.save(task).await
+    }
+
+    /// The chain failed: another round later, or the final fallback.
+    async fn after_failed_chain(&self, mut task: Task, snapshot: &Snapshot) -> Result<(), StoreError> {
+        let fallback = &snapshot.policy.retry.fallback;
+        let used = task.rounds.saturating_sub(task.round_base);
+        if used <= fallback.rounds() {
+            let wait = fallback.queue_rounds().delay_before(used);
+            task.state = State::Retrying;
+            task.due_ms = now_ms().saturating_add(wait.as_millis() as u64);
+            task.updated_ms = now_ms();
+            task.lease = None;
+            self.queue.store.save(&mut task).await?;
+            self.queue.metrics.task_event("requeued");
+            tracing::info!(task = %task.id, round = task.rounds, wait_ms = wait.as_millis() as u64,
+                "every agent failed the task; it runs again later");
+            return Ok(());
+        }
+        match fallback.final_fallback {
+            FinalFallback::Escalate => {
+                task.escalation = snapshot
+                    .policy
+                    .escalation
+                    .webhook
+                    .as_deref()
+                    .map(Delivery::to);
+                self.finish(task, State::Escalated, snapshot).await
+            }
+            FinalFallback::Fail | FinalFallback::Queue => {
+                self.finish(task, State::Failed, snapshot).await
+            }
+        }
+    }
+
+    /// Commits the task's new state and lets go of it; what it still owes (a webhook, a
+    /// callback) is due at once.
+    async fn finish(&self, mut task: Task, state: State, snapshot: &Snapshot) -> Result<(), StoreError> {
+        let _ = snapshot;
+        task.state = state;
+        let now = now_ms();
+        task.updated_ms = now;
+        task.due_ms = now;
+        task.lease = None;
+        self.queue.store.save(&mut task).await?;
+        self.queue.metrics.task_event(state.as_str());
+        tracing::info!(task = %task.id, state = state.as_str(), rounds = task.rounds, "task step");
+        Ok(())
+    }
+
+    async fn deliver(&self, mut task: Task, kind: Kind) -> Result<(), StoreError> {
+        let snapshot = self.config.snapshot();
+        let extra = &snapshot.policy.redact_headers;
+        let delivery = match kind {
+            Kind::Escalation => task.escalation.clone(),
+            Kind::Callback => task.callback.clone(),
+        };
+        let Some(mut delivery) = delivery else {
+            return self.release(task).await;
+        };
+        let attempt = delivery.tries + 1;
+        let (body, key) = match kind {
+            Kind::Escalation => {
+                let escalation = &snapshot.policy.escalation;
+                let body = view::escalation(&task, escalation.max_payload_bytes, attempt, extra);
+                (body, self.escalation_key(&snapshot))
+            }
+            Kind::Callback => (view::callback(&task, attempt, extra), None),
+        };
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let sent = self
+            .poster
+            .post(&delivery.url, &task.id, attempt, body, key.as_deref())
+            .await;
+        delivery.tries = attempt;
+        let now = now_ms();
+        match sent {
+            Ok(()) => {
+                delivery.delivered = true;
+                delivery.delivered_ms = Some(now);
+                delivery.last_error = None;
+                self.queue.metrics.task_delivery(kind.as_str(), "accepted");
+            }
+            Err(err) => {
+                tracing::warn!(task = %task.id, kind = kind.as_str(), tries = attempt, %err,
+                    "delivery refused; trying again later");
+                delivery.last_error = Some(err);
+                task.due_ms = now.saturating_add(deliver::backoff(attempt).as_millis() as u64);
+                self.queue.metrics.task_delivery(kind.as_str(), "refused");
+            }
+        }
+        match kind {
+            Kind::Escalation => task.escalation = Some(delivery),
+            Kind::Callback => task.callback = Some(delivery),
+        }
+        task.updated_ms = now;
+        task.lease = None;
+        self.queue.store.save(&mut task).await
+    }
+
+    /// The escalation key, read at each delivery so a rotated key applies at once.
+    fn escalation_key(&self, snapshot: &Snapshot) -> Option<Vec<u8>> {
+        let path = snapshot.policy.escalation.key_file.as_ref()?;
+        let path = match (&self.config.paths.policy, path.is_relative()) {
+            (Some(policy), true) => policy
+                .parent()
+                .map_or(path.clone(), |dir| dir.join(path)),
+            _ => path.clone(),
+        };
+        match std::fs::read(&path) {
+            Ok(key) => Some(trim_key(key)),
+            Err(err) => {
+                tracing::warn!(path = %path.display(), %err, "cannot read the escalation key; sending unsigned");
+                None
+            }
+        }
+    }
+}
+
+/// A key file's trailing newline is not part of the key.
+fn trim_key(mut key: Vec<u8>) -> Vec<u8> {
+    while key.last().is_some_and(|b| b.is_ascii_whitespace()) {
+        key.pop();
+    }
+    key
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Escalation,
+    Callback,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Escalation => "escalation",
+            Kind::Callback => "callback",
+        }
+    }
+}
+
+fn record(note: AttemptNote, round: u32) -> AttemptRecord {
+    AttemptRecord {
+        round,
+        agent: note.peer,
+        started_ms: note
+            .started
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        duration_ms: note.duration.as_millis() as u64,
+        outcome: note.outcome.to_owned(),
+        status: note.status,
+        reason: note.reason,
+    }
+}
+
+/// The stored call, as a request for the chain, its attempts reported to `journal`.
+fn replay(task: &Task, journal: Journal) -> Result<Request<Bytes>, String> {
+    let mut builder = Request::builder()
+        .method(task.request.method.as_str())
+        .uri(task.request.path.as_str());
+    for (name, value) in &task.request.headers {
+        builder = builder.header(name.as_str(), value.as_str());
+    }
+    builder = builder.header(crate::idempotency::HEADER, task.key.as_str());
+    let mut request = builder
+        .body(Bytes::from(task.request.body.clone()))
+        .map_err(|e| format!("the stored request is invalid: {e}"))?;
+    request.extensions_mut().insert(journal);
+    Ok(request)
+}
+
+/// The answer, its body kept up to `max` bytes.
+async fn stored_response(response: http::Response<ReachBody>, max: usize) -> StoredResponse {
+    let (parts, mut body) = response.into_parts();
+    let mut kept = Vec::new();
+    let mut truncated = false;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else { break };
+        if let Ok(data) = frame.into_data() {
+            let room = max.saturating_sub(kept.len());
+            if data.len() > room {
+                kept.extend_from_slice(&data[..room]);
+                truncated = true;
+                break;
+            }
+            kept.extend_from_slice(&data);
+        }
+    }
+    let (body, encoding) = encode_body(&kept);
+    StoredResponse {
+        status: parts.status.as_u16(),
+        headers: parts
+            .headers
+            .iter()
+            .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+            .collect(),
+        body,
+        encoding,
+        truncated,
+    }
+}
+
+/// Why a chain's last answer was not a success, in one line.
+fn summary(response: &StoredResponse) -> String {
+    let reason = response
+        .headers
+        .iter()
+        .find(|(n, _)| n == crate::http::headers::REASON.as_str())
+        .map(|(_, v)| v.clone());
+    match reason {
+        Some(reason) => format!("{} {reason}", response.status),
+        None => format!("status {}", response.status),
+    }
+}
