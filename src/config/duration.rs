@@ -93,11 +93,11 @@ pub fn format_duration(d: Duration) -> String {
         let fraction = format!("{sub_ms:06}");
         return format!("{ms}.{}ms", fraction.trim_end_matches('0'));
     }
-    if ms % 3_600_000 == 0 && ms > 0 {
+    if ms.is_multiple_of(3_600_000) && ms > 0 {
         format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 && ms > 0 {
+    } else if ms.is_multiple_of(60_000) && ms > 0 {
         format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 {
+    } else if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")

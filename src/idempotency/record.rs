@@ -19,9 +19,17 @@ impl Ticket {
     /// answer) is passed to those waiting but not kept: a later retry may run the task.
     pub async fn settle(mut self, response: Response<ReachBody>) {
         use http_body_util::BodyExt;
-        if response
-            .headers()
-            .contains_key(crate::http::headers::REASON)
+        // Made by a sidecar, or refused by the agent before it ran (429, a 503 with
+        // `retry-after`): nothing ran, so the key is free for the next try — waiters hear this
+        // answer, but it is not kept (a kept 429 would refuse every retry of the key).
+        let ran = !matches!(
+            crate::classify::Class::of_response(&response),
+            crate::classify::Class::Refused { .. } | crate::classify::Class::Shed { .. }
+        );
+        if !ran
+            || response
+                .headers()
+                .contains_key(crate::http::headers::REASON)
         {
             let (parts, body) = response.into_parts();
             let body = body

@@ -47,11 +47,11 @@ use crate::local::LocalAgent;
 use crate::metrics::Metrics;
 use crate::peers::PeerViews;
 use crate::rate_limit::RateLimiters;
+use crate::registry::Registry;
 use crate::tasks::Queue;
 use call::Call;
-use tower::ServiceExt;
-use crate::registry::Registry;
 use retry::RetryBudgets;
+use tower::ServiceExt;
 
 /// What the outbound steps share: the sidecar's state, each `Arc` cloned into the steps.
 #[derive(Debug)]

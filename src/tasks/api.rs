@@ -97,7 +97,11 @@ async fn route(
 fn list_query(query: Option<&str>) -> Result<(Option<State>, usize), ReachError> {
     let mut state = None;
     let mut limit = 100;
-    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
         match pair.split_once('=') {
             Some(("state", value)) => {
                 state = Some(State::parse(value).ok_or_else(|| {
@@ -113,9 +117,7 @@ fn list_query(query: Option<&str>) -> Result<(Option<State>, usize), ReachError>
                     .parse::<usize>()
                     .ok()
                     .filter(|n| (1..=MAX_LIST).contains(n))
-                    .ok_or_else(|| {
-                        ReachError::BadRequest(format!("limit is 1 to {MAX_LIST}"))
-                    })?;
+                    .ok_or_else(|| ReachError::BadRequest(format!("limit is 1 to {MAX_LIST}")))?;
             }
             _ => {
                 return Err(ReachError::BadRequest(format!(

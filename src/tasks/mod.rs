@@ -2,12 +2,12 @@
 //! answered `202`, run through the async fallback chain by a runner that holds a lease on it,
 //! and ends done, failed, or escalated to a person — surviving restarts of the sidecar.
 
-pub mod model;
-pub mod store;
 pub mod api;
 pub mod deliver;
+pub mod model;
 mod queue;
 pub mod runner;
+pub mod store;
 pub mod view;
 
 pub use queue::{wants_async, Queue, Submitted, CALLBACK, PREFER, PRIORITY, TASKS_PATH};

@@ -178,8 +178,9 @@ pub enum Work {
 pub struct Task {
     pub id: String,
     pub capability: String,
-    /// Sent as `idempotency-key` on every attempt: the caller's key when it gave one, else the
-    /// task id. A rerun after a crash reaches an agent that already ran it as a replay.
+    /// The caller's key when it gave one, else the task id. Each attempt sends
+    /// `idempotency-key: <key>#<round>`: a rerun of the same round after a crash reaches an
+    /// agent that already ran it as a replay, while a later round runs afresh.
     pub key: String,
     /// 0..9, higher first.
     pub priority: u8,

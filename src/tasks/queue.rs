@@ -283,7 +283,8 @@ fn keyed_id(capability: &str, key: &str) -> String {
 }
 
 fn callback_url(value: &http::HeaderValue) -> Result<String, ReachError> {
-    let bad = || ReachError::BadRequest("`reach-callback` must be an http:// or https:// URL".into());
+    let bad =
+        || ReachError::BadRequest("`reach-callback` must be an http:// or https:// URL".into());
     let text = value.to_str().map_err(|_| bad())?.trim();
     let uri: http::Uri = text.parse().map_err(|_| bad())?;
     match (uri.scheme_str(), uri.host()) {
@@ -310,7 +311,9 @@ fn stored_request(parts: &Parts, body: Bytes) -> StoredRequest {
         .iter()
         .filter(|(name, _)| !skip.contains(name))
         .filter(|(name, _)| name.as_str() != crate::http::deadline::TIMEOUT.as_str())
-        .filter_map(|(name, value)| Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned())))
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+        })
         .collect();
     stored.push((headers::MODE.as_str().to_owned(), "async".to_owned()));
     StoredRequest {

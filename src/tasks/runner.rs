@@ -63,7 +63,9 @@ struct Runner {
 
 impl Runner {
     async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let slots = Arc::new(tokio::sync::Semaphore::new(self.queue.config.workers.max(1)));
+        let slots = Arc::new(tokio::sync::Semaphore::new(
+            self.queue.config.workers.max(1),
+        ));
         let mut running = JoinSet::new();
         let mut purged = tokio::time::Instant::now();
         let lease = self.queue.config.lease.get();
@@ -153,8 +155,12 @@ impl Runner {
     async fn run_chain(&self, mut task: Task) -> Result<(), StoreError> {
         let snapshot = self.config.snapshot();
         let lease = self.queue.config.lease.get();
+        // A task found running was cut off mid-chain (its runner died): the same round again,
+        // under the same key, so an agent that ran it answers from its record.
+        if task.state != State::Running {
+            task.rounds += 1;
+        }
         task.state = State::Running;
-        task.rounds += 1;
         task.updated_ms = now_ms();
         self.queue.store.save(&mut task).await?;
         let round = task.rounds;
@@ -216,7 +222,11 @@ impl Runner {
     }
 
     /// The chain failed: another round later, or the final fallback.
-    async fn after_failed_chain(&self, mut task: Task, snapshot: &Snapshot) -> Result<(), StoreError> {
+    async fn after_failed_chain(
+        &self,
+        mut task: Task,
+        snapshot: &Snapshot,
+    ) -> Result<(), StoreError> {
         let fallback = &snapshot.policy.retry.fallback;
         let used = task.rounds.saturating_sub(task.round_base);
         if used <= fallback.rounds() {
@@ -249,7 +259,12 @@ impl Runner {
 
     /// Commits the task's new state and lets go of it; what it still owes (a webhook, a
     /// callback) is due at once.
-    async fn finish(&self, mut task: Task, state: State, snapshot: &Snapshot) -> Result<(), StoreError> {
+    async fn finish(
+        &self,
+        mut task: Task,
+        state: State,
+        snapshot: &Snapshot,
+    ) -> Result<(), StoreError> {
         let _ = snapshot;
         task.state = state;
         let now = now_ms();
@@ -316,9 +331,7 @@ impl Runner {
     fn escalation_key(&self, snapshot: &Snapshot) -> Option<Vec<u8>> {
         let path = snapshot.policy.escalation.key_file.as_ref()?;
         let path = match (&self.config.paths.policy, path.is_relative()) {
-            (Some(policy), true) => policy
-                .parent()
-                .map_or(path.clone(), |dir| dir.join(path)),
+            (Some(policy), true) => policy.parent().map_or(path.clone(), |dir| dir.join(path)),
             _ => path.clone(),
         };
         match std::fs::read(&path) {
@@ -377,7 +390,10 @@ fn replay(task: &Task, journal: Journal) -> Result<Request<Bytes>, String> {
     for (name, value) in &task.request.headers {
         builder = builder.header(name.as_str(), value.as_str());
     }
-    builder = builder.header(crate::idempotency::HEADER, task.key.as_str());
+    // One key per round: each agent runs a round at most once (a crash rerun is answered from
+    // its record), while a later round — the queue's, or a person's retry — runs afresh.
+    let key = format!("{}#{}", task.key, task.current_round());
+    builder = builder.header(crate::idempotency::HEADER, key);
     let mut request = builder
         .body(Bytes::from(task.request.body.clone()))
         .map_err(|e| format!("the stored request is invalid: {e}"))?;

@@ -106,7 +106,10 @@ pub fn escalation(task: &Task, max_payload: usize, delivery: u32, extra: &[Strin
 pub fn callback(task: &Task, delivery: u32, extra: &[String]) -> Value {
     let mut view = api(task, extra);
     if let Some(obj) = view.as_object_mut() {
-        obj.insert("event".into(), json!(format!("task.{}", task.state.as_str())));
+        obj.insert(
+            "event".into(),
+            json!(format!("task.{}", task.state.as_str())),
+        );
         obj.insert("delivery".into(), json!(delivery));
     }
     view

@@ -1,0 +1,362 @@
+//! Async tasks (`prefer: respond-async`): accepted durably with `202`, run through the async
+//! chain, escalated to a signed webhook when every agent fails, sent back by a person's `retry`
+//! or closed by `resolve`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_reach::config::{
+    ConfigPaths, FinalFallback, HumanDuration, Policy, QueueRounds, TasksConfig,
+};
+use agent_reach::mock_agent::{MockAgent, MockConfig, Mode};
+use agent_reach::{Bootstrap, Sidecar};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use support::*;
+use tokio::net::TcpListener;
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "reach-tasks-test-{name}-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+/// Agents behind their sidecars, and a caller with a task store that knows them all.
+struct Fleet {
+    agents: Vec<MockAgent>,
+    _callees: Vec<Sidecar>,
+    caller: Sidecar,
+}
+
+async fn fleet(names: &[&str], policy: Policy, dir: &std::path::Path) -> Fleet {
+    let mut agents = Vec::new();
+    let mut callees = Vec::new();
+    let mut caller =
+        Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
+    for name in names {
+        let agent = mock(MockConfig::new(name)).await;
+        let callee = sidecar(Bootstrap::local(name, agent.addr, &[CAP]).unwrap()).await;
+        caller = caller
+            .with_peer(name, callee.addrs.inbound, &[CAP])
+            .unwrap();
+        agents.push(agent);
+        callees.push(callee);
+    }
+    caller.tasks = Some(TasksConfig::file(dir.join("tasks.db")));
+    let paths = ConfigPaths {
+        bootstrap: None,
+        policy: Some(dir.join("policy.yaml")),
+    };
+    let caller = sidecar_with(caller, policy, paths).await;
+    Fleet {
+        agents,
+        _callees: callees,
+        caller,
+    }
+}
+
+fn fast_chain(final_fallback: FinalFallback, rounds: Option<u32>) -> Policy {
+    let mut policy = Policy::default();
+    policy.retry.fallback.interval = HumanDuration::from_millis(50);
+    policy.retry.fallback.chain_length = 2;
+    policy.retry.fallback.final_fallback = final_fallback;
+    policy.retry.fallback.queue = rounds.map(|max_rounds| QueueRounds {
+        delay: HumanDuration::from_millis(100),
+        max_delay: HumanDuration::from_millis(200),
+        max_rounds,
+    });
+    policy
+}
+
+async fn submit(outbound: SocketAddr, extra: &[(&str, &str)], body: &str) -> Reply {
+    let mut headers = vec![("reach-capability", CAP), ("prefer", "respond-async")];
+    headers.extend_from_slice(extra);
+    send(
+        &client(),
+        "POST",
+        &format!("http://{outbound}/review"),
+        &headers,
+        body,
+    )
+    .await
+}
+
+async fn task(outbound: SocketAddr, id: &str) -> serde_json::Value {
+    get(&client(), &format!("http://{outbound}/reach/v1/tasks/{id}"))
+        .await
+        .json()
+}
+
+async fn wait_state(
+    outbound: SocketAddr,
+    id: &str,
+    state: &str,
+    within: Duration,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let now = task(outbound, id).await;
+        if now["state"] == state {
+            return now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "task {id} did not reach {state}: {now:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_is_accepted_at_once_and_done_with_the_agents_answer() {
+    let dir = tmp("done");
+    let fleet = fleet(&["coder-1"], Policy::default(), &dir).await;
+    let out = fleet.caller.addrs.outbound;
+    let reply = submit(out, &[("reach-priority", "7")], "review this").await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = reply.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(reply.header("location"), format!("/reach/v1/tasks/{id}"));
+    assert_eq!(reply.header("preference-applied"), "respond-async");
+    let done = wait_state(out, &id, "done", Duration::from_secs(10)).await;
+    assert_eq!(done["response"]["status"], 200, "{done}");
+    assert_eq!(done["priority"], 7);
+    let attempts = done["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{done}");
+    assert_eq!(attempts[0]["agent"], "coder-1");
+    assert_eq!(attempts[0]["outcome"], "success");
+    assert_eq!(fleet.agents[0].stats().business, 1);
+    // The list shows it, and a bad query is refused with the reason.
+    let list = get(
+        &client(),
+        &format!("http://{out}/reach/v1/tasks?state=done"),
+    )
+    .await;
+    assert_eq!(list.json()["tasks"][0]["id"], id.as_str());
+    let bad = get(
+        &client(),
+        &format!("http://{out}/reach/v1/tasks?state=nope"),
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.header("reach-reason"), "bad_request");
+    let missing = get(&client(), &format!("http://{out}/reach/v1/tasks/t-none")).await;
+    assert_eq!(missing.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resubmission_with_the_same_key_is_the_same_task() {
+    let dir = tmp("key");
+    let fleet = fleet(&["coder-1"], Policy::default(), &dir).await;
+    let out = fleet.caller.addrs.outbound;
+    let first = submit(out, &[("idempotency-key", "order-42")], "charge").await;
+    let again = submit(out, &[("idempotency-key", "order-42")], "charge").await;
+    assert_eq!(first.status, 202);
+    assert_eq!(again.status, 202);
+    assert_eq!(first.json()["id"], again.json()["id"]);
+    assert_eq!(again.json()["existing"], true);
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    wait_state(out, &id, "done", Duration::from_secs(10)).await;
+    // The same key for another request is the caller's mistake.
+    let other = submit(out, &[("idempotency-key", "order-42")], "refund").await;
+    assert_eq!(other.status, 422, "{}", other.body);
+    assert_eq!(fleet.agents[0].stats().business, 1, "ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_task_store_an_async_call_is_refused_with_the_fix() {
+    let pair = Pair::start(MockConfig::new("coder-1")).await;
+    let reply = submit(pair.outbound(), &[], "x").await;
+    assert_eq!(reply.status, 501);
+    assert_eq!(reply.header("reach-reason"), "tasks_disabled");
+    assert!(reply.body.contains("tasks.path"), "{}", reply.body);
+}
+
+/// A webhook that refuses its first `refuse` POSTs with 500, then accepts; keeps every POST.
+async fn webhook(refuse: usize) -> (String, Arc<Mutex<Vec<(HeaderMap, String)>>>) {
+    let listener = TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Vec<(HeaderMap, String)>>> = Arc::default();
+    let count = Arc::new(AtomicUsize::new(0));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (record, count) = (record.clone(), count.clone());
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let (record, count) = (record.clone(), count.clone());
+                        async move {
+                            let headers = req.headers().clone();
+                            let body = req.into_body().collect().await.unwrap().to_bytes();
+                            record
+                                .lock()
+                                .unwrap()
+                                .push((headers, String::from_utf8_lossy(&body).into_owned()));
+                            let n = count.fetch_add(1, Ordering::SeqCst);
+                            let mut response = Response::new(Full::new(bytes::Bytes::new()));
+                            if n < refuse {
+                                *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                            }
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}/hooks/agent-reach"), seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_agent_failing_escalates_with_every_reason_then_retry_and_resolve() {
+    let dir = tmp("escalate");
+    let (url, posts) = webhook(1).await;
+    std::fs::write(dir.join("escalation.key"), "s3cret\n").unwrap();
+    let mut policy = fast_chain(FinalFallback::Escalate, Some(1));
+    policy.escalation.webhook = Some(url);
+    policy.escalation.key_file = Some("escalation.key".into());
+    let fleet = fleet(&["coder-1", "coder-2"], policy, &dir).await;
+    for agent in &fleet.agents {
+        agent.set_mode(Mode::RateLimited);
+    }
+    let out = fleet.caller.addrs.outbound;
+    let id = submit(out, &[], "{\"diff\": \"...\"}").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let escalated = wait_state(out, &id, "escalated", Duration::from_secs(20)).await;
+    // Two rounds (the chain, then one queue round), two agents each.
+    let attempts = escalated["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 4, "{escalated}");
+    assert_eq!(escalated["rounds"], 2);
+    // The webhook refused the first POST; it is delivered again until accepted.
+    eventually(
+        Duration::from_secs(10),
+        "the escalation is accepted",
+        || async { task(out, &id).await["escalation"]["delivered"] == true },
+    )
+    .await;
+    let posts = posts.lock().unwrap().clone();
+    assert_eq!(posts.len(), 2, "one refused, one accepted");
+    for (n, (headers, body)) in posts.iter().enumerate() {
+        let sent: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(sent["event"], "task.escalated");
+        assert_eq!(sent["delivery"], n + 1);
+        assert_eq!(headers["reach-task-id"], id.as_str());
+        let signature = headers["reach-signature"].to_str().unwrap();
+        assert!(
+            agent_reach::tasks::deliver::verify(b"s3cret", signature, body.as_bytes()),
+            "signed with the key"
+        );
+        assert_eq!(sent["payload"]["body"], "{\"diff\": \"...\"}");
+        // Every attempt's reason, once each.
+        let sent_attempts = sent["attempts"].as_array().unwrap();
+        assert_eq!(sent_attempts.len(), 4);
+        for a in sent_attempts {
+            assert!(!a["reason"].as_str().unwrap().is_empty());
+        }
+        assert_eq!(body.matches("\"reason\"").count(), 4, "{body}");
+    }
+    // A person fixes the agents and sends the task back.
+    for agent in &fleet.agents {
+        agent.set_mode(Mode::Normal);
+    }
+    let retried = send(
+        &client(),
+        "POST",
+        &format!("http://{out}/reach/v1/tasks/{id}/retry"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(retried.status, 200, "{}", retried.body);
+    let done = wait_state(out, &id, "done", Duration::from_secs(10)).await;
+    assert_eq!(done["response"]["status"], 200);
+    // Done is done: no retry of a finished task, no resolve either.
+    let again = send(
+        &client(),
+        "POST",
+        &format!("http://{out}/reach/v1/tasks/{id}/resolve"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(again.status, 409, "{}", again.body);
+
+    // Another task fails everywhere and a person closes it with a note.
+    for agent in &fleet.agents {
+        agent.set_mode(Mode::RateLimited);
+    }
+    let other = submit(out, &[], "{}").await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_state(out, &other, "escalated", Duration::from_secs(20)).await;
+    let resolved = send(
+        &client(),
+        "POST",
+        &format!("http://{out}/reach/v1/tasks/{other}/resolve"),
+        &[],
+        r#"{"note": "done by hand", "by": "oncall"}"#,
+    )
+    .await;
+    assert_eq!(resolved.status, 200, "{}", resolved.body);
+    assert_eq!(resolved.json()["state"], "resolved");
+    assert_eq!(resolved.json()["resolution"]["note"], "done by hand");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_rounds_run_the_chain_again_later_and_then_fail() {
+    let dir = tmp("queue");
+    let fleet = fleet(
+        &["coder-1"],
+        fast_chain(FinalFallback::Queue, Some(2)),
+        &dir,
+    )
+    .await;
+    fleet.agents[0].set_mode(Mode::RateLimited);
+    let out = fleet.caller.addrs.outbound;
+    let (url, callbacks) = webhook(0).await;
+    let id = submit(out, &[("reach-callback", url.as_str())], "{}")
+        .await
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let failed = wait_state(out, &id, "failed", Duration::from_secs(20)).await;
+    assert_eq!(
+        failed["rounds"], 3,
+        "the chain and two queue rounds: {failed}"
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the callback is delivered",
+        || async { !callbacks.lock().unwrap().is_empty() },
+    )
+    .await;
+    let (_, body) = callbacks.lock().unwrap()[0].clone();
+    let sent: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(sent["event"], "task.failed");
+    assert_eq!(sent["id"], id.as_str());
+}
