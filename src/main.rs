@@ -105,6 +105,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A sidecar's async tasks, from its outbound port: list, show, retry or resolve them.
+    Tasks {
+        /// The sidecar's outbound address.
+        #[arg(long, default_value = agent_reach::tasks::cli::DEFAULT_OUTBOUND, global = true)]
+        outbound: String,
+        /// Print the API's JSON as it is.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        action: TasksAction,
+    },
     /// Container lifecycle hooks for the plain-container sidecar (images have no shell).
     #[command(hide = true)]
     Hook {
@@ -122,6 +133,32 @@ enum Command {
         /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TasksAction {
+    /// The tasks, newest first.
+    List {
+        /// Only tasks in this state (queued, running, retrying, done, failed, escalated, resolved).
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// One task: every attempt with its reason, the answer, what it still owes.
+    Show { id: String },
+    /// Send an escalated, failed or resolved task through the chain again.
+    Retry { id: String },
+    /// Close a task by hand.
+    Resolve {
+        id: String,
+        /// What was done.
+        #[arg(long)]
+        note: Option<String>,
+        /// Who did it.
+        #[arg(long)]
+        by: Option<String>,
     },
 }
 
@@ -184,6 +221,20 @@ fn main() -> ExitCode {
             inject(&config, file.as_deref(), &namespace)
         }
         Command::Status { admin, watch, json } => agent_reach::admin::cli::run(&admin, watch, json),
+        Command::Tasks {
+            outbound,
+            json,
+            action,
+        } => {
+            use agent_reach::tasks::cli::{self, Action};
+            let action = match action {
+                TasksAction::List { state, limit } => Action::List { state, limit },
+                TasksAction::Show { id } => Action::Show { id },
+                TasksAction::Retry { id } => Action::Retry { id },
+                TasksAction::Resolve { id, note, by } => Action::Resolve { id, note, by },
+            };
+            cli::run(&outbound, action, json)
+        }
         Command::Hook { hook } => run_hook(hook),
         Command::Demo {
             duration,
@@ -260,11 +311,67 @@ fn check_file(path: &Path) -> Result<String, String> {
                     .map_err(|e| format!("{}: tls: {e}", path.display()))?;
                 summary = format!("{summary}; {tls}");
             }
+            if let Some(tasks) = &bootstrap.tasks {
+                let location = tasks
+                    .resolved(path.parent())
+                    .location()
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                summary = match location {
+                    config::StoreLocation::File(file) => {
+                        format!("{summary}; tasks in {}", file.display())
+                    }
+                    config::StoreLocation::Redis(_) => format!("{summary}; tasks in Redis"),
+                };
+            }
         }
-        FileKind::Policy => drop(config::parse_policy(path, &text).map_err(|e| e.to_string())?),
+        FileKind::Policy => {
+            let policy = config::parse_policy(path, &text).map_err(|e| e.to_string())?;
+            if let Some(note) = check_escalation(path, &policy)? {
+                summary = format!("{summary}; {note}");
+            }
+        }
         FileKind::Injector => drop(InjectorConfig::parse(path, &text).map_err(|e| e.to_string())?),
     }
     Ok(summary)
+}
+
+/// The escalation settings as the runner will use them: a webhook URL it can POST to, a key
+/// file it can read.
+fn check_escalation(path: &Path, policy: &config::Policy) -> Result<Option<String>, String> {
+    let escalation = &policy.escalation;
+    if let Some(url) = &escalation.webhook {
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| format!("{}: escalation.webhook `{url}`: {e}", path.display()))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err(format!(
+                "{}: escalation.webhook `{url}` is not an http:// or https:// URL",
+                path.display()
+            ));
+        }
+    }
+    if let Some(key) = &escalation.key_file {
+        let key = match path.parent() {
+            Some(dir) if key.is_relative() => dir.join(key),
+            _ => key.clone(),
+        };
+        std::fs::metadata(&key).map_err(|e| {
+            format!(
+                "{}: escalation.key_file {}: {e}",
+                path.display(),
+                key.display()
+            )
+        })?;
+    }
+    let escalates = policy.retry.fallback.final_fallback == config::FinalFallback::Escalate;
+    Ok(match (escalates, &escalation.webhook) {
+        (true, None) => Some(
+            "final_fallback: escalate without escalation.webhook: escalated tasks wait for `agent-reach tasks`"
+                .to_owned(),
+        ),
+        (true, Some(_)) => Some("escalations go to the webhook".to_owned()),
+        _ => None,
+    })
 }
 
 /// The TLS files as the sidecar would load them (readable, key matching the certificate, a

@@ -80,8 +80,27 @@ pub fn run(admin: &str, watch: bool, json: bool) -> ExitCode {
 
 /// `GET <admin>/status`: the body as sent, and parsed.
 pub fn fetch(admin: &str) -> Result<(String, Value), FetchError> {
-    let (authority, base) = split_url(admin)?;
-    let url = format!("http://{authority}{base}/status");
+    let (status, text, url) = exchange(admin, "GET", "/status", b"")?;
+    if status != 200 {
+        return Err(FetchError::Status { url, status });
+    }
+    let doc = serde_json::from_str(&text).map_err(|source| FetchError::Json {
+        url: url.clone(),
+        source,
+    })?;
+    Ok((text, doc))
+}
+
+/// One blocking HTTP/1.0 request to `base` (`http://host:port[/prefix]`) plus `path`: the
+/// status, the body as text, and the URL asked.
+pub fn exchange(
+    base: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<(u16, String, String), FetchError> {
+    let (authority, prefix) = split_url(base)?;
+    let url = format!("http://{authority}{prefix}{path}");
     let addrs: Vec<_> = authority
         .to_socket_addrs()
         .map_err(|source| FetchError::Resolve {
@@ -110,23 +129,17 @@ pub fn fetch(admin: &str) -> Result<(String, Value), FetchError> {
     stream.set_read_timeout(Some(TIMEOUT)).map_err(read)?;
     stream.set_write_timeout(Some(TIMEOUT)).map_err(read)?;
     let request = format!(
-        "GET {base}/status HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\n\
-         User-Agent: agent-reach-status\r\n\r\n"
+        "{method} {prefix}{path} HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\n\
+         User-Agent: agent-reach-cli\r\nContent-Length: {}\r\n\r\n",
+        body.len()
     );
     stream.write_all(request.as_bytes()).map_err(read)?;
+    stream.write_all(body).map_err(read)?;
     let mut raw = Vec::new();
     stream.take(MAX_BODY).read_to_end(&mut raw).map_err(read)?;
     let (status, body) =
         parse_response(&raw).ok_or_else(|| FetchError::NotHttp { url: url.clone() })?;
-    if status != 200 {
-        return Err(FetchError::Status { url, status });
-    }
-    let text = String::from_utf8_lossy(&body).into_owned();
-    let doc = serde_json::from_str(&text).map_err(|source| FetchError::Json {
-        url: url.clone(),
-        source,
-    })?;
-    Ok((text, doc))
+    Ok((status, String::from_utf8_lossy(&body).into_owned(), url))
 }
 
 /// `http://host:port/prefix` (or `host:port`) → (`host:port`, `/prefix` without a trailing `/`).

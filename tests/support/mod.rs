@@ -1,6 +1,8 @@
 //! Shared fixtures for the black-box tests: mock agents, sidecars on 127.0.0.1:0, an HTTP client.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod process;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
