@@ -18,6 +18,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+/// A throwaway `redis-server` (`RedisServer::start`), for the shared task store.
+pub mod redis;
+
 pub const CAP: &str = "code-review";
 
 pub fn any_port() -> SocketAddr {
