@@ -252,7 +252,7 @@ impl Sidecar {
         if let Some(queue) = tasks {
             rest.push(crate::tasks::runner::spawn(
                 queue,
-                outbound.clone(),
+                Arc::new(crate::outbound::TaskChain(outbound.clone())),
                 store.clone(),
                 stop_rest.clone(),
             ));

@@ -90,6 +90,23 @@ impl<B> Attempt<B> {
         }
     }
 
+    /// The attempt as a task records it.
+    pub(super) fn note(
+        &self,
+        peer: &str,
+        started: std::time::SystemTime,
+    ) -> crate::tasks::AttemptNote {
+        let (status, outcome) = self.outcome();
+        crate::tasks::AttemptNote {
+            peer: peer.to_owned(),
+            started,
+            duration: started.elapsed().unwrap_or_default(),
+            outcome: outcome.as_str(),
+            status: status.map(|s| s.as_u16()),
+            reason: self.reason(),
+        }
+    }
+
     /// Whether the agent (or its sidecar) failed the call: an async chain hands it on.
     pub(super) fn failed(&self) -> bool {
         self.outcome().1 == Outcome::Failure

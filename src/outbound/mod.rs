@@ -33,7 +33,6 @@ use hyper::body::Incoming;
 use tower::ServiceBuilder;
 
 pub use balance::pick;
-pub use call::{AttemptNote, Journal};
 pub use observe::{ObserveCounts, ObserveLog};
 pub use sample::{score_candidates, SAMPLE};
 pub use target::capability_of;
@@ -142,7 +141,7 @@ impl Outbound {
 
     /// Routes a task's stored call for `capability` (its attempts reported to the `Journal` in
     /// its extensions) and answers as a call would be answered.
-    pub async fn run_task(
+    async fn run_task(
         self: &Arc<Self>,
         capability: &str,
         request: Request<bytes::Bytes>,
@@ -167,6 +166,20 @@ impl Outbound {
             Ok(response) => response,
             Err(never) => match never {},
         }
+    }
+}
+
+/// A task runner's chain: the outbound routing of its stored call.
+#[derive(Debug)]
+pub struct TaskChain(pub Arc<Outbound>);
+
+impl crate::tasks::Chain for TaskChain {
+    fn run<'a>(
+        &'a self,
+        capability: &'a str,
+        request: Request<bytes::Bytes>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ReachBody>> + Send + 'a>> {
+        Box::pin(self.0.run_task(capability, request))
     }
 }
 

@@ -15,7 +15,7 @@ use tower::{service_fn, ServiceExt};
 use tracing::Span;
 
 use super::attempt::{self, Attempt, Refusal};
-use super::call::{Journal, Plan, Routed, Try};
+use super::call::{Plan, Routed, Try};
 use super::request::{upstream_request, Bodies};
 use super::tiers::{self, Tier};
 use super::{decision, observe, pick, retry, Outbound};
@@ -100,8 +100,8 @@ where
         if !matches!(attempt, Attempt::Limited(_)) {
             out.metrics.tier_pick(tiers[chosen].as_str());
             decision::log(&snapshot, &route, &scored, chosen, n, &attempt);
-            if let Some(journal) = parts.extensions.get::<Journal>() {
-                journal.note(&scored[chosen].peer.name, started, &attempt);
+            if let Some(journal) = parts.extensions.get::<crate::tasks::Journal>() {
+                journal.note(attempt.note(&scored[chosen].peer.name, started));
             }
         }
         let pause = attempts.after(&attempt, chosen, &scored);

@@ -5,10 +5,12 @@
 pub mod api;
 pub mod cli;
 pub mod deliver;
+mod journal;
 pub mod model;
 mod queue;
 pub mod runner;
 pub mod store;
 pub mod view;
 
+pub use journal::{AttemptNote, Chain, Journal};
 pub use queue::{wants_async, Queue, Submitted, CALLBACK, PREFER, PRIORITY, TASKS_PATH};

@@ -13,6 +13,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use super::deliver::{self, Poster};
+use super::journal::{AttemptNote, Chain, Journal};
 use super::model::{
     encode_body, now_ms, AttemptRecord, Delivery, State, StoredResponse, Task, Work,
 };
@@ -22,7 +23,6 @@ use super::view;
 use crate::classify::Class;
 use crate::config::{ConfigStore, FinalFallback, Snapshot};
 use crate::http::ReachBody;
-use crate::outbound::{AttemptNote, Journal, Outbound};
 
 /// The longest a runner sleeps without looking at the store: a shared store gets work from
 /// other replicas, which ring no bell here.
@@ -32,7 +32,7 @@ const PURGE_EVERY: Duration = Duration::from_secs(60);
 
 pub fn spawn(
     queue: Arc<Queue>,
-    outbound: Arc<Outbound>,
+    chain: Arc<dyn Chain>,
     config: Arc<ConfigStore>,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
@@ -46,7 +46,7 @@ pub fn spawn(
         };
         let runner = Arc::new(Runner {
             queue,
-            outbound,
+            chain,
             config,
             poster,
         });
@@ -56,7 +56,7 @@ pub fn spawn(
 
 struct Runner {
     queue: Arc<Queue>,
-    outbound: Arc<Outbound>,
+    chain: Arc<dyn Chain>,
     config: Arc<ConfigStore>,
     poster: Poster,
 }
@@ -174,7 +174,7 @@ impl Runner {
             }
         };
         let capability = task.capability.clone();
-        let chain = self.outbound.run_task(&capability, request);
+        let chain = self.chain.run(&capability, request);
         tokio::pin!(chain);
         let mut renew = tokio::time::interval(lease / 3);
         renew.tick().await;

@@ -47,9 +47,11 @@ impl SidecarProcess {
             }
         });
         loop {
-            let line = log
-                .recv_timeout(Duration::from_secs(30))
-                .expect("the sidecar logs its start");
+            let Ok(line) = log.recv_timeout(Duration::from_secs(30)) else {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the sidecar did not log its start");
+            };
             if let (Some(outbound), Some(inbound)) =
                 (bound_addr(&line, "outbound"), bound_addr(&line, "inbound"))
             {
