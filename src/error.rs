@@ -79,6 +79,20 @@ pub enum ReachError {
     TaskConflict(String),
     #[error("the request body is larger than the {limit} bytes a task may carry (`tasks.max_payload_bytes`)")]
     PayloadTooLarge { limit: usize },
+    /// `any.reach` or `reach-intent` and no intent rule matched: `candidates` lists every
+    /// rule's capability and keywords.
+    #[error("no intent rule matches this call: name a capability with `reach-capability`, or say what it is for with one of the keywords of {names}")]
+    IntentUnresolved {
+        names: String,
+        candidates: serde_json::Value,
+    },
+    /// Two rules matched as well as each other, or the winner's confidence is under the policy's
+    /// threshold: `candidates` lists each matched capability and its keyword.
+    #[error("the call's intent is ambiguous ({why}): name a capability with `reach-capability`")]
+    IntentAmbiguous {
+        why: String,
+        candidates: serde_json::Value,
+    },
 }
 
 /// The `reach-reason` a sidecar puts on the answers it makes itself: the JSON `error` field too.
@@ -110,10 +124,12 @@ pub enum Reason {
     TaskStoreUnavailable,
     TaskConflict,
     PayloadTooLarge,
+    IntentUnresolved,
+    IntentAmbiguous,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 26] = [
+    pub const ALL: [Reason; 28] = [
         Reason::MissingCapability,
         Reason::ForbiddenHost,
         Reason::UnknownCapability,
@@ -140,6 +156,8 @@ impl Reason {
         Reason::TaskStoreUnavailable,
         Reason::TaskConflict,
         Reason::PayloadTooLarge,
+        Reason::IntentUnresolved,
+        Reason::IntentAmbiguous,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -170,6 +188,8 @@ impl Reason {
             Reason::TaskStoreUnavailable => "task_store_unavailable",
             Reason::TaskConflict => "task_conflict",
             Reason::PayloadTooLarge => "payload_too_large",
+            Reason::IntentUnresolved => "intent_unresolved",
+            Reason::IntentAmbiguous => "intent_ambiguous",
         }
     }
 
@@ -181,9 +201,11 @@ impl Reason {
 impl ReachError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ReachError::MissingCapability | ReachError::BadRequest(_) | ReachError::ClientBody => {
-                StatusCode::BAD_REQUEST
-            }
+            ReachError::MissingCapability
+            | ReachError::BadRequest(_)
+            | ReachError::ClientBody
+            | ReachError::IntentUnresolved { .. }
+            | ReachError::IntentAmbiguous { .. } => StatusCode::BAD_REQUEST,
             ReachError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ReachError::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             ReachError::ForeignHost { .. } | ReachError::Forbidden { .. } => StatusCode::FORBIDDEN,
@@ -240,6 +262,8 @@ impl ReachError {
             ReachError::TaskStore(_) => Reason::TaskStoreUnavailable,
             ReachError::TaskConflict(_) => Reason::TaskConflict,
             ReachError::PayloadTooLarge { .. } => Reason::PayloadTooLarge,
+            ReachError::IntentUnresolved { .. } => Reason::IntentUnresolved,
+            ReachError::IntentAmbiguous { .. } => Reason::IntentAmbiguous,
         }
     }
 

@@ -431,6 +431,13 @@ pub struct StaticPeer {
 fn unique_capabilities<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Capability>, D::Error> {
     let caps = Vec::<Capability>::deserialize(d)?;
     for (i, cap) in caps.iter().enumerate() {
+        // `any.reach` asks for intent routing: a capability of that name could not be called.
+        if cap.name.as_str() == super::ANY {
+            return Err(de::Error::custom(format!(
+                "capability `{}` is reserved for intent routing (`any.reach`)",
+                super::ANY
+            )));
+        }
         if caps[..i].iter().any(|c| c.name == cap.name) {
             return Err(de::Error::custom(format!(
                 "capability `{}` is declared twice",

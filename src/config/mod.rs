@@ -3,6 +3,7 @@
 mod bootstrap;
 mod bounds;
 mod duration;
+mod intents;
 mod mesh;
 mod policy;
 #[cfg(test)]
@@ -22,6 +23,7 @@ pub use bootstrap::{
     QueueConfig, RouteMode, StaticPeer, TracingConfig,
 };
 pub use duration::{format_duration, parse_duration, HumanDuration};
+pub use intents::{fold_padded, IntentRule, IntentThreshold, Intents, Keyword, ANY};
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
 pub use policy::{
     CapabilityPolicy, EstimatesPolicy, ExternalTarget, FallbackPolicy, FinalFallback, Fraction,

@@ -41,6 +41,12 @@ pub struct Policy {
     pub observe_only: bool,
     /// Per-capability settings, by capability name.
     pub capabilities: std::collections::BTreeMap<String, CapabilityPolicy>,
+    /// Keyword rules that resolve a call to `any.reach` (or with `reach-intent`) to a
+    /// capability (`docs/intents.md`).
+    pub intents: super::intents::Intents,
+    /// The least confidence (the winner's share of the matched keyword lengths) an intent
+    /// resolves with; below it the call is ambiguous.
+    pub intent_threshold: super::intents::IntentThreshold,
     /// How many peers get series of their own on `/metrics`, and for how long.
     pub metrics: MetricsPolicy,
     /// Where a task goes when every agent failed it (`retry.fallback.final_fallback: escalate`).
@@ -130,6 +136,8 @@ pub(super) const RULES: &[Row] = &[
     // Per-peer series: each peer costs about ten; a thousand peers is already a lot of series.
     ("metrics.max_peer_series", Rule::Whole(0, 1_000)),
     ("metrics.idle_timeout", Rule::Span(secs(1), DAY)),
+    // 0 takes any match with no tie; 1 only a call whose keywords all belong to one rule.
+    ("intent_threshold", Rule::Real(0.0, 1.0)),
 ];
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -32,6 +32,12 @@ impl ReachError {
             body["candidates"] = candidates.clone();
             body["attempts"] = (*attempts).into();
         }
+        if let ReachError::IntentUnresolved { candidates, .. }
+        | ReachError::IntentAmbiguous { candidates, .. } = &self
+        {
+            // Which capabilities the intent could have meant, so the caller can name one.
+            body["candidates"] = candidates.clone();
+        }
         let mut response = Response::new(body::full(body.to_string()));
         *response.status_mut() = self.status();
         let h = response.headers_mut();

@@ -13,6 +13,11 @@ pub const CALLER: HeaderName = HeaderName::from_static("reach-caller");
 /// The caller's SPIFFE ID, set by the callee's sidecar from the verified client certificate.
 pub const CALLER_IDENTITY: HeaderName = HeaderName::from_static("reach-caller-identity");
 
+/// Asks the outbound sidecar to pick the capability by the policy's intent rules from this text.
+pub const INTENT: HeaderName = HeaderName::from_static("reach-intent");
+/// On the answer to a call: the capability it went to and why (`docs/intents.md`).
+pub const RESOLVED_CAPABILITY: HeaderName = HeaderName::from_static("reach-resolved-capability");
+
 /// Which attempt of the caller's this is (1 for the first).
 pub const ATTEMPT: HeaderName = HeaderName::from_static("reach-attempt");
 /// How many attempts a routed call took (on the response to the agent).

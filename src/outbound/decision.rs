@@ -1,5 +1,6 @@
 //! The decision log: one event per routed attempt (tracing target `agent_reach::decision`) with
-//! the choice, the outcome and every candidate's factors — the data to tune weights from.
+//! the choice, the outcome and every candidate's factors — the data to tune weights from; and
+//! one per call resolved by intent, with the capability and why.
 //!
 //! The choice and the outcome are fields of their own, so a log pipeline filters and counts on
 //! them (`capability`, `attempt`, `chosen`, `status`, …); only the candidates, a list of records
@@ -45,6 +46,38 @@ pub(super) fn log<B>(
         error,
         candidates = %candidates,
         "routed"
+    );
+}
+
+/// How a call's capability was chosen, when it did not simply name it (`docs/intents.md`).
+pub(super) enum Resolution<'a> {
+    /// By the policy's intent rules.
+    Intent { keyword: &'a str, confidence: f64 },
+    /// Intent routing was asked for, but the call named its capability: the name won.
+    Override,
+}
+
+/// One event per call that asked for intent routing: the capability it went to and why, logged
+/// once before its attempts (each of which logs `routed`).
+pub(super) fn resolved(snapshot: &Snapshot, capability: &str, how: &Resolution<'_>) {
+    if !snapshot.policy.decision_log {
+        return;
+    }
+    let (by, keyword, confidence) = match *how {
+        Resolution::Intent {
+            keyword,
+            confidence,
+        } => ("intent", Some(keyword), Some(confidence)),
+        Resolution::Override => ("override", None, None),
+    };
+    tracing::info!(
+        target: "agent_reach::decision",
+        direction = "outbound",
+        capability,
+        by,
+        keyword,
+        confidence,
+        "resolved"
     );
 }
 

@@ -11,6 +11,7 @@ mod candidates;
 mod decision;
 mod dedupe;
 mod endpoint;
+mod intent;
 #[cfg(test)]
 mod latency_share;
 mod local_api;

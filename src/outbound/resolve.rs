@@ -1,24 +1,28 @@
 //! The first step of a capability call: which capability it names (refusing anything that would
-//! make the listener an open proxy), the one config snapshot the whole call runs under, its
-//! deadline, and its body — buffered when it may need replaying on another peer.
+//! make the listener an open proxy) or asks for by intent, the one config snapshot the whole call
+//! runs under, its deadline, and its body — buffered when it may need replaying on another peer.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
 use tracing::Span;
 
 use super::call::Call;
-use super::record;
-use super::{capability_of, Outbound};
+use super::decision::{self, Resolution};
+use super::target::{wanted, Wanted};
+use super::{intent, record, Outbound};
+use crate::config::{Name, Snapshot};
+use crate::error::ReachError;
 use crate::http::deadline::Deadline;
 use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
 use crate::http::step::{answer, Step};
+use crate::http::upload::Upload;
 use crate::http::{headers, upload, ReachBody};
 
 pub(super) fn layer<S>(
@@ -32,10 +36,19 @@ where
         service_fn(move |req| {
             let (out, inner) = (out.clone(), inner.clone());
             async move {
-                Ok::<_, Infallible>(match resolve(&out, req).await {
+                // How the capability was chosen, for a call that asked for intent routing: on
+                // every answer of the call. `None` (no allocation) for a call that named it.
+                let mut resolved = None;
+                let mut response = match resolve(&out, req, &mut resolved).await {
                     Ok(call) => answer(inner.oneshot(call).await),
                     Err(refused) => refused,
-                })
+                };
+                if let Some(value) = resolved {
+                    response
+                        .headers_mut()
+                        .insert(headers::RESOLVED_CAPABILITY, value);
+                }
+                Ok::<_, Infallible>(response)
             }
         })
     })
@@ -45,7 +58,11 @@ where
     clippy::result_large_err,
     reason = "the refusal is the answer, moved once"
 )]
-async fn resolve(out: &Outbound, mut req: Request<Incoming>) -> Result<Call, Response<ReachBody>> {
+async fn resolve(
+    out: &Outbound,
+    mut req: Request<Incoming>,
+    resolved: &mut Option<HeaderValue>,
+) -> Result<Call, Response<ReachBody>> {
     let started = Instant::now();
     let refuse = |err| record::refuse(&out.metrics, "-", "-", err, started);
     let target = request_target::of(&req);
@@ -53,8 +70,10 @@ async fn resolve(out: &Outbound, mut req: Request<Incoming>) -> Result<Call, Res
         return Err(request_target::server_options());
     }
     // First: a proxy request for a foreign host (CONNECT included) is `forbidden_host`.
-    let capability = capability_of(&req).map_err(refuse)?;
-    Span::current().record(field::CAPABILITY, capability.as_str());
+    let wanted = wanted(&req).map_err(refuse)?;
+    if let Wanted::Named(capability) = &wanted {
+        Span::current().record(field::CAPABILITY, capability.as_str());
+    }
     target.map_err(refuse)?;
     let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
     // Before the sidecar adds its own headers: a `Connection` header naming them must not
@@ -69,6 +88,23 @@ async fn resolve(out: &Outbound, mut req: Request<Incoming>) -> Result<Call, Res
     let upload = upload::read(&parts.headers, incoming, max_body, gap)
         .await
         .map_err(refuse)?;
+    let capability = match wanted {
+        Wanted::Named(capability) => capability,
+        Wanted::Override(capability) => {
+            decision::resolved(&snapshot, capability.as_str(), &Resolution::Override);
+            *resolved = Some(intent::overridden(&capability));
+            capability
+        }
+        Wanted::Intent => {
+            let (capability, value) =
+                by_intent(&snapshot, &parts.headers, &upload).map_err(refuse)?;
+            *resolved = Some(value);
+            capability
+        }
+    };
+    if resolved.is_some() {
+        Span::current().record(field::CAPABILITY, capability.as_str());
+    }
     Ok(Call {
         capability,
         parts,
@@ -77,4 +113,27 @@ async fn resolve(out: &Outbound, mut req: Request<Incoming>) -> Result<Call, Res
         snapshot,
         started,
     })
+}
+
+/// The capability the policy's intent rules pick for the call's `reach-intent` text, or else its
+/// buffered body; with the `reach-resolved-capability` value that says why.
+fn by_intent(
+    snapshot: &Snapshot,
+    head: &http::HeaderMap,
+    upload: &Upload<Incoming>,
+) -> Result<(Name, HeaderValue), ReachError> {
+    let text = match (head.get(headers::INTENT), upload) {
+        (Some(value), _) => String::from_utf8_lossy(value.as_bytes()),
+        (None, Upload::Buffered(body)) => intent::body_text(body),
+        // A body too large to buffer is not read for its intent: it streams to the peer.
+        (None, Upload::Stream(..)) => "".into(),
+    };
+    let policy = &snapshot.policy;
+    let chosen = intent::resolve(&policy.intents, policy.intent_threshold.0, &text)?;
+    let how = Resolution::Intent {
+        keyword: chosen.keyword,
+        confidence: chosen.confidence,
+    };
+    decision::resolved(snapshot, chosen.capability.as_str(), &how);
+    Ok((chosen.capability.clone(), chosen.header()))
 }

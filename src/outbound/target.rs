@@ -1,19 +1,40 @@
-//! Which capability an outbound request is for, and the refusals that keep the outbound listener
-//! from ever acting as an open proxy.
+//! Which capability an outbound request is for (or that it asks for one by intent), and the
+//! refusals that keep the outbound listener from ever acting as an open proxy.
 
 use std::net::IpAddr;
 
 use http::{Method, Request, Version};
 
-use crate::config::Name;
+use crate::config::{Name, ANY};
 use crate::error::ReachError;
 use crate::http::headers;
 
 /// The authority suffix that names a capability: `code-review.reach`.
 const SUFFIX: &str = ".reach";
 
+/// What a call asks for.
+#[derive(Debug, PartialEq)]
+pub(super) enum Wanted {
+    /// A capability by name: `reach-capability` or `<capability>.reach`.
+    Named(Name),
+    /// `any.reach` or `reach-intent` (or `reach-capability: any`): picked by the policy's intent
+    /// rules, from the `reach-intent` text or else the body.
+    Intent,
+    /// Intent routing asked for, but a capability named too: the name wins, and the answer says so.
+    Override(Name),
+}
+
 /// Resolves the capability from the `reach-capability` header or a `<capability>.reach` authority.
 pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
+    match wanted(req)? {
+        Wanted::Named(name) | Wanted::Override(name) => Ok(name),
+        Wanted::Intent => Err(ReachError::MissingCapability),
+    }
+}
+
+/// What a call asks for: a capability by name (the cheap, common path: no allocation beyond the
+/// name), by intent, or by name over an intent.
+pub(super) fn wanted<B>(req: &Request<B>) -> Result<Wanted, ReachError> {
     if req.method() == Method::CONNECT {
         let host = req
             .uri()
@@ -36,6 +57,19 @@ pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
         ),
         None => None,
     };
+    // `reach-capability: any` is no capability: the same ask as `any.reach`.
+    let asked_any = from_header
+        .as_ref()
+        .is_some_and(|name| name.as_str() == ANY);
+    let from_header = from_header.filter(|_| !asked_any);
+    let intent = req.headers().contains_key(headers::INTENT);
+    let named = |name| {
+        if intent {
+            Wanted::Override(name)
+        } else {
+            Wanted::Named(name)
+        }
+    };
     // An absolute-form URI (what HTTP_PROXY clients send) or an h2 `:authority`, else the Host header.
     let absolute = req.version() < Version::HTTP_2 && req.uri().authority().is_some();
     let host = match req.uri().host() {
@@ -49,13 +83,16 @@ pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
     let host = host.map(|h| h.to_ascii_lowercase());
 
     if let Some(name) = host.as_deref().and_then(|h| h.strip_suffix(SUFFIX)) {
+        if name == ANY {
+            return Ok(from_header.map_or(Wanted::Intent, Wanted::Override));
+        }
         let from_host = Name::parse(name).map_err(ReachError::BadRequest)?;
         if from_header.as_ref().is_some_and(|h| *h != from_host) {
             return Err(ReachError::BadRequest(format!(
                 "the `reach-capability` header and the authority `{name}{SUFFIX}` name different capabilities"
             )));
         }
-        return Ok(from_host);
+        return Ok(named(from_host));
     }
     let host_is_local = host.as_deref().is_none_or(is_loopback);
     match from_header {
@@ -64,7 +101,8 @@ pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
         Some(_) if absolute && !host_is_local => Err(ReachError::ForeignHost {
             host: host.unwrap_or_default(),
         }),
-        Some(name) => Ok(name),
+        Some(name) => Ok(named(name)),
+        None if host_is_local && (intent || asked_any) => Ok(Wanted::Intent),
         None if host_is_local => Err(ReachError::MissingCapability),
         None => Err(ReachError::ForeignHost {
             host: host.unwrap_or_default(),
@@ -162,6 +200,58 @@ mod tests {
         );
         assert_eq!(
             code(capability_of(&req("/", Some("[::1]:4140"), None))),
+            "missing_capability"
+        );
+    }
+
+    fn with_intent(uri: &str, host: &str, cap: Option<&str>) -> Request<()> {
+        let mut r = req(uri, Some(host), cap);
+        r.headers_mut()
+            .insert(headers::INTENT, http::HeaderValue::from_static("crawl it"));
+        r
+    }
+
+    #[test]
+    fn any_reach_or_an_intent_asks_for_intent_routing_and_a_name_overrides_it() {
+        let w = |r: Request<()>| wanted(&r).map_err(|e| e.code().to_owned());
+        let name = |n: &str| Name::parse(n).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            w(req("/", Some("ANY.reach:4140"), None)),
+            Ok(Wanted::Intent)
+        );
+        assert_eq!(w(req("http://any.reach/x", None, None)), Ok(Wanted::Intent));
+        assert_eq!(
+            w(req("/", Some("localhost"), Some("any"))),
+            Ok(Wanted::Intent)
+        );
+        assert_eq!(
+            w(with_intent("/", "127.0.0.1:4140", None)),
+            Ok(Wanted::Intent)
+        );
+        assert_eq!(
+            w(req("/", Some("any.reach"), Some("review"))),
+            Ok(Wanted::Override(name("review")))
+        );
+        assert_eq!(
+            w(with_intent("/", "127.0.0.1", Some("review"))),
+            Ok(Wanted::Override(name("review")))
+        );
+        assert_eq!(
+            w(with_intent("/", "review.reach", None)),
+            Ok(Wanted::Override(name("review")))
+        );
+        assert_eq!(
+            w(req("/", Some("localhost"), Some("review"))),
+            Ok(Wanted::Named(name("review")))
+        );
+        // Still never an open proxy.
+        assert_eq!(
+            w(with_intent("http://example.com/", "example.com", None)),
+            Err("forbidden_host".to_owned())
+        );
+        // The name-only entry point never resolves an intent.
+        assert_eq!(
+            code(capability_of(&req("/", Some("any.reach"), None))),
             "missing_capability"
         );
     }
