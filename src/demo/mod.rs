@@ -16,6 +16,7 @@ mod observed;
 mod report;
 mod slow;
 mod storm;
+mod tasks;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,6 +33,7 @@ pub use observed::ObserveSummary;
 pub use report::render_table;
 pub use slow::SlowSummary;
 pub use storm::StormSummary;
+pub use tasks::TasksSummary;
 
 use crate::config::{Bootstrap, ConfigPaths, ConfigStore, HumanDuration, Policy, ProbeSpec};
 use crate::mock_agent::{Latency, MockAgent, MockConfig, Mode};
@@ -86,6 +88,9 @@ pub struct DemoSummary {
     pub membership: MembershipSummary,
     /// Strict mutual TLS and per-capability authorization: an intruder refused.
     pub authorization: AuthorizationSummary,
+    /// An async task named by its intent: escalated when every agent fails it, then sent back
+    /// by a person and done.
+    pub tasks: TasksSummary,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -166,7 +171,8 @@ impl Fleet {
         let caller = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
             .map_err(DemoError::Config)?
             .with_gossip(&[], key_dir.join("gossip.key"));
-        let caller = tls_files(&ca, &key_dir, caller, &agent_identity("caller"))?;
+        let mut caller = tls_files(&ca, &key_dir, caller, &agent_identity("caller"))?;
+        caller.tasks = Some(crate::config::TasksConfig::file(key_dir.join("tasks.db")));
         let mut fleet = Self {
             agents: Vec::new(),
             caller: start_sidecar(caller, policy.clone()).await?,
@@ -475,6 +481,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
     .await?;
     let authorization =
         authorized::run(&mut fleet, Duration::from_secs(2), options.concurrency).await?;
+    let tasks = tasks::run(&mut fleet).await?;
     fleet.shutdown().await;
     let fault = report::fault_summary(AGENTS[BROKEN], &samples, &calls.take(), fault_at, heal_at);
     Ok(DemoSummary {
@@ -490,6 +497,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         slow,
         membership,
         authorization,
+        tasks,
     })
 }
 

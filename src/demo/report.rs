@@ -280,6 +280,28 @@ pub fn render_table(s: &DemoSummary) -> String {
         "  a plaintext request at an agent's inbound port: refused at the handshake ({}, {} counted); the caller's {} calls after, TLS-only: {} failed\n",
         a.plaintext_status, a.plaintext_refusals_counted, a.calls, a.failed
     ));
+    let k = &s.tasks;
+    out.push_str(&format!(
+        "\nasync task: `prefer: respond-async` to any.reach with intent \"review this diff\" resolved as `{}`; 202 after {:.1} ms (stored, fsynced)\n",
+        k.resolved, k.accepted_ms
+    ));
+    out.push_str(&format!(
+        "  every agent refusing: {} rounds, {} attempts, then escalated to the webhook after {} ({} POST, {} reasons, signature {})\n",
+        k.rounds,
+        k.attempts,
+        k.escalated_after_ms
+            .map_or("never (within 30 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
+        k.webhook_posts,
+        k.reasons_sent,
+        if k.signature_ok { "verified" } else { "NOT verified" }
+    ));
+    out.push_str(&format!(
+        "  a person fixed the agents and sent it back: {} after {} (the agent answered {})\n",
+        k.final_state,
+        k.done_after_retry_ms
+            .map_or("never (within 30 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
+        k.answer_status.map_or("-".to_owned(), |s| s.to_string())
+    ));
     let t = &s.total;
     out.push_str(&format!(
         "\ncaller saw {} calls: {} ok ({:.2}%), {} failed; p50 {:.1} ms, p95 {:.1} ms; {:.0} calls/s\n",
