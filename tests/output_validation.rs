@@ -366,3 +366,65 @@ fn check_resolves_a_schema_file_and_refuses_a_bad_schema() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// An async task (`prefer: respond-async`) whose chain meets the faker moves on to the agent
+/// whose output validates, and its record says why the faker's attempt failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_passes_over_the_faker_for_an_agent_whose_output_validates() {
+    let mut policy = Policy::default();
+    policy.retry.fallback.interval = agent_reach::config::HumanDuration::from_millis(50);
+    for round in 0..30 {
+        let dir = temp_dir(&format!("task-{round}"));
+        let (good_agent, good) = callee("honest", Mode::Normal, Policy::default()).await;
+        let (bad_agent, bad) = callee("faker", Mode::WrongShape, Policy::default()).await;
+        let mut peers = [("honest", good.addrs.inbound), ("faker", bad.addrs.inbound)];
+        if round % 2 == 1 {
+            peers.reverse();
+        }
+        let mut b = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
+        for (name, inbound) in peers {
+            b = b.with_peer(name, inbound, &[CAP]).unwrap();
+        }
+        b.tasks = Some(agent_reach::config::TasksConfig::file(dir.join("tasks.db")));
+        let caller = sidecar_with(b, policy.clone(), Default::default()).await;
+        let out = caller.addrs.outbound;
+        let headers = [("reach-capability", CAP), ("prefer", "respond-async")];
+        let url = format!("http://{out}/review");
+        let accepted = send(&client(), "POST", &url, &headers, "select the users").await;
+        assert_eq!(accepted.status, 202, "{accepted:?}");
+        let id = accepted.json()["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let url = format!("http://{out}/reach/v1/tasks/{id}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let done = loop {
+            let now = get(&client(), &url).await.json();
+            if now["state"] == "done" {
+                break now;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "not done: {now:#}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        for s in [caller, good, bad] {
+            s.kill().await;
+        }
+        good_agent.stop().await;
+        bad_agent.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
+        let attempts = done["attempts"].as_array().cloned().unwrap_or_default();
+        if attempts.first().map(|a| &a["agent"]) != Some(&"faker".into()) {
+            continue; // the chain started with the honest agent: no faker met
+        }
+        assert_eq!(attempts.len(), 2, "{done:#}");
+        assert_eq!(attempts[0]["outcome"], "failure", "{done:#}");
+        assert!(
+            attempts[0].to_string().contains("invalid_output"),
+            "{done:#}"
+        );
+        assert_eq!(attempts[1]["agent"], "honest", "{done:#}");
+        assert_eq!(done["response"]["status"], 200, "{done:#}");
+        return;
+    }
+    panic!("30 fresh fleets never started a chain with the faker");
+}
