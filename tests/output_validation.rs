@@ -134,6 +134,8 @@ async fn a_good_shape_passes_whole_and_a_capability_without_a_schema_is_untouche
         "the checked body is passed on with its length"
     );
     assert_eq!(callee.status().inbound.successes, 1);
+    let head = direct(&callee, "HEAD", "/review").await;
+    assert_eq!(head.status, 200, "a HEAD has no body to check: {head:?}");
 
     // Without a schema a wrong shape is the agent's business.
     let mut config = MockConfig::new("unchecked");

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{header, HeaderMap, Response, StatusCode};
+use http::{header, HeaderMap, Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
 use tower::layer::{layer_fn, Layer};
@@ -53,7 +53,11 @@ where
         service_fn(move |mut call: Forward| {
             let (inbound, inner) = (inbound.clone(), inner.clone());
             async move {
-                let check = call.check.take();
+                // A HEAD answer has a length but no body: nothing to check.
+                let check = call
+                    .check
+                    .take()
+                    .filter(|_| call.request.method() != Method::HEAD);
                 let (timeout, snapshot) = (call.timeout, call.snapshot.clone());
                 let response = answer(inner.oneshot(call).await);
                 Ok::<_, Infallible>(match (response, check) {
@@ -107,7 +111,10 @@ async fn validate(
 ) -> Result<Response<AgentBody>, ReachError> {
     let status = response.status();
     // A failure or an empty answer has no shape to check: the classifier reads it as it is.
-    if !status.is_success() || status == StatusCode::NO_CONTENT {
+    if !status.is_success()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::RESET_CONTENT
+    {
         return Ok(response.map(AgentBody::Streamed));
     }
     let max = snapshot.policy.validation.max_body_bytes;
