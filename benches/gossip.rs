@@ -83,6 +83,7 @@ fn profile(i: usize) -> Profile {
             mode: agent_reach::config::RouteMode::Sync,
             cost_milli: 0,
             idempotent: false,
+            output_schema: None,
         }],
         version: env!("CARGO_PKG_VERSION").into(),
         identity: None,

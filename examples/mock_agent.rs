@@ -22,7 +22,8 @@ struct Args {
     /// Share of business calls that fail with 500 in normal mode, 0..1.
     #[arg(long, default_value_t = 0.0)]
     failure_rate: f64,
-    /// normal, rate-limited, slow, locked, hang or crash-after=N.
+    /// normal, rate-limited, slow, locked, hang, long-tasks, wrong-shape (a 200 with JSON of the
+    /// wrong shape) or crash-after=N.
     #[arg(long, default_value = "normal")]
     mode: Mode,
     /// Latency of every business call in `slow` mode.

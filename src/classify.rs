@@ -8,6 +8,7 @@
 //! |---|---|---|---|
 //! | `Success` | the agent answered with a status of its own choosing (2xx–4xx) | success | no |
 //! | `Failed` | it reached the agent, which failed (5xx, a broken exchange) | failure | idempotent only |
+//! | `Failed`, `502 invalid_output` | the agent answered, but not in its capability's output schema | failure | idempotent, keyed or async: elsewhere, never the same agent |
 //! | `Refused` | refused with a cooldown before anything ran (429; an agent's 503 with `retry-after`) | refusal | yes, elsewhere |
 //! | `Shed` | a sidecar turned it away before any agent saw it | cooldown only | yes, elsewhere, at once when full |
 //! | `Stale` | `404 unknown_capability`: the caller's registry is stale | nothing | yes, elsewhere |
@@ -118,7 +119,9 @@ impl Class {
         match err {
             ReachError::Timeout { .. } | ReachError::DeadlineExceeded => Class::TimedOut,
             ReachError::UpstreamConnect { refused, .. } => Class::Unreachable { refused: *refused },
-            ReachError::Upstream { .. } | ReachError::Internal => Class::Failed,
+            ReachError::Upstream { .. }
+            | ReachError::Internal
+            | ReachError::InvalidOutput { .. } => Class::Failed,
             ReachError::RateLimited { retry_after, .. } => Class::Refused {
                 retry_after: *retry_after,
             },
@@ -164,6 +167,14 @@ impl Class {
             Class::Stale | Class::Rejected => None,
         }
     }
+}
+
+/// Whether a peer's sidecar refused its agent's answer as not matching the capability's output
+/// schema (`502 invalid_output`): a failure of that agent, which would give the same answer
+/// again, so a retry — when one is safe — goes to another.
+pub fn invalid_output<B>(response: &Response<B>) -> bool {
+    response.status() == StatusCode::BAD_GATEWAY
+        && Reason::of(response) == Some(Reason::InvalidOutput)
 }
 
 /// How a request ended, as metrics and the inbound counters label it.
@@ -254,6 +265,7 @@ mod tests {
             (503, Some("no_available_instance"), Some(1), Class::Failed, Failure, Some(Signal::Failure(t))),
             (502, Some("upstream_connect_failed"), None, shed(Refusal::AgentUnreachable), Rejected, Some(Signal::Shed { retry_after: DEFAULT_COOLDOWN })),
             (502, Some("upstream_failed"), None, Class::Failed, Failure, Some(Signal::Failure(t))),
+            (502, Some("invalid_output"), None, Class::Failed, Failure, Some(Signal::Failure(t))),
             (404, Some("unknown_capability"), None, Class::Stale, Rejected, None),
             (504, Some("timeout"), None, Class::TimedOut, Timeout, Some(Signal::Timeout(t))),
             (504, Some("deadline_exceeded"), None, Class::TimedOut, Timeout, Some(Signal::Timeout(t))),
@@ -305,6 +317,14 @@ mod tests {
                 Class::Failed,
             ),
             (ReachError::Internal, Class::Failed),
+            (
+                ReachError::InvalidOutput {
+                    agent: "a".into(),
+                    capability: "c".into(),
+                    errors: vec!["/: \"ok\" is a required property".into()],
+                },
+                Class::Failed,
+            ),
             (
                 ReachError::RateLimited {
                     target: "t".into(),
@@ -386,10 +406,31 @@ mod tests {
                 target: "t".into(),
                 retry_after: s,
             },
+            ReachError::InvalidOutput {
+                agent: "a".into(),
+                capability: "c".into(),
+                errors: Vec::new(),
+            },
         ] {
             let class = Class::of_error(&err);
             let response = err.into_response();
             assert_eq!(Class::of_response(&response), class, "{response:?}");
         }
+        let refused = ReachError::InvalidOutput {
+            agent: "a".into(),
+            capability: "c".into(),
+            errors: Vec::new(),
+        };
+        assert!(invalid_output(&refused.into_response()));
+        assert!(!invalid_output(&response(
+            502,
+            Some("upstream_failed"),
+            None
+        )));
+        assert!(!invalid_output(&response(
+            500,
+            Some("invalid_output"),
+            None
+        )));
     }
 }

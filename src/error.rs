@@ -93,6 +93,13 @@ pub enum ReachError {
         why: String,
         candidates: serde_json::Value,
     },
+    #[error("agent `{agent}` answered `{capability}` with JSON that does not match its output schema: {}", errors.join("; "))]
+    InvalidOutput {
+        agent: String,
+        capability: String,
+        /// The first few validation errors: where (a JSON pointer) and what.
+        errors: Vec<String>,
+    },
 }
 
 /// The `reach-reason` a sidecar puts on the answers it makes itself: the JSON `error` field too.
@@ -126,10 +133,11 @@ pub enum Reason {
     PayloadTooLarge,
     IntentUnresolved,
     IntentAmbiguous,
+    InvalidOutput,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 28] = [
+    pub const ALL: [Reason; 29] = [
         Reason::MissingCapability,
         Reason::ForbiddenHost,
         Reason::UnknownCapability,
@@ -158,6 +166,7 @@ impl Reason {
         Reason::PayloadTooLarge,
         Reason::IntentUnresolved,
         Reason::IntentAmbiguous,
+        Reason::InvalidOutput,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -190,6 +199,7 @@ impl Reason {
             Reason::PayloadTooLarge => "payload_too_large",
             Reason::IntentUnresolved => "intent_unresolved",
             Reason::IntentAmbiguous => "intent_ambiguous",
+            Reason::InvalidOutput => "invalid_output",
         }
     }
 
@@ -219,9 +229,9 @@ impl ReachError {
             | ReachError::Ejected { .. }
             | ReachError::IdempotencyBusy
             | ReachError::Draining => StatusCode::SERVICE_UNAVAILABLE,
-            ReachError::UpstreamConnect { .. } | ReachError::Upstream { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
+            ReachError::UpstreamConnect { .. }
+            | ReachError::Upstream { .. }
+            | ReachError::InvalidOutput { .. } => StatusCode::BAD_GATEWAY,
             ReachError::Timeout { .. } | ReachError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
             }
@@ -264,6 +274,7 @@ impl ReachError {
             ReachError::PayloadTooLarge { .. } => Reason::PayloadTooLarge,
             ReachError::IntentUnresolved { .. } => Reason::IntentUnresolved,
             ReachError::IntentAmbiguous { .. } => Reason::IntentAmbiguous,
+            ReachError::InvalidOutput { .. } => Reason::InvalidOutput,
         }
     }
 

@@ -423,6 +423,7 @@ fn forged_item(name: &str, node: wire::NodeId, seq: u64, inbound: SocketAddr) ->
                 mode: wire::Mode::Sync,
                 cost_milli: 0,
                 idempotent: false,
+                output_schema: None,
             }],
             version: "forged".into(),
             identity: String::new(),

@@ -332,6 +332,7 @@ async fn a_profile_too_large_to_gossip_is_refused_loudly() {
             mode: agent_reach::config::RouteMode::Sync,
             cost_milli: 0,
             idempotent: false,
+            output_schema: None,
         });
     }
     a.handle.publish_profile(big);

@@ -641,6 +641,7 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
             mode: agent_reach::config::RouteMode::Sync,
             cost_milli: 0,
             idempotent: false,
+            output_schema: None,
         }],
         version: "forged".into(),
         identity: Some(SpiffeId::parse(&b_identity).unwrap()),

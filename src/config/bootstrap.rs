@@ -2,13 +2,14 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{de, Deserialize, Deserializer, Serialize};
 
 use super::bounds::{ms, secs, Row, Rule, DAY, HOUR, MS, ZERO};
 use super::duration::HumanDuration;
 use super::mesh::TlsFiles;
+use super::output_schema::OutputSchema;
 use super::scalar::{self, Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 use super::tasks::TasksConfig;
 use crate::identity::SpiffeId;
@@ -99,6 +100,8 @@ pub(super) const RULES: &[Row] = &[
     // A zero interval would probe the agent in a busy loop.
     ("agent.capabilities[].probe.interval", Rule::Span(ms(100), DAY)),
     ("agent.capabilities[].probe.timeout", Rule::Span(MS, HOUR)),
+    // A JSON Schema (any shape) or a file's path: checked when it is compiled.
+    ("agent.capabilities[].output_schema", Rule::Any),
     ("gossip.probe_interval", Rule::Span(ms(10), HOUR)),
     ("gossip.probe_timeout", Rule::Span(MS, HOUR)),
     ("gossip.suspect_timeout", Rule::Span(ms(10), HOUR)),
@@ -344,6 +347,10 @@ pub struct Capability {
     /// through the inbound listener. Empty: every path.
     #[serde(default)]
     pub paths: Vec<String>,
+    /// The JSON Schema the agent's JSON answers must match (inline, or a file relative to this
+    /// one): the callee's sidecar answers `502 invalid_output` for one that does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<OutputSchema>,
 }
 
 /// `sync` (someone is waiting: latency first) or `async` (quality first).
@@ -449,6 +456,26 @@ fn unique_capabilities<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Capability
 }
 
 impl Bootstrap {
+    /// Reads and compiles the schema files the capabilities name, relative to `base` (the
+    /// bootstrap's directory). On failure: the capability, the path as written, and why.
+    pub(super) fn resolve_schemas(
+        &mut self,
+        base: Option<&Path>,
+    ) -> Result<(), (String, String, String)> {
+        for cap in &mut self.agent.capabilities {
+            if let Some(schema) = &mut cap.output_schema {
+                let written = match schema.source() {
+                    super::SchemaSource::File(p) => p.display().to_string(),
+                    super::SchemaSource::Inline(_) => String::new(),
+                };
+                schema
+                    .resolve(base)
+                    .map_err(|e| (cap.name.to_string(), written, e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// A bootstrap for a sidecar on loopback with OS-assigned ports: what tests and the demo use.
     pub fn local(
         name: &str,
@@ -469,6 +496,7 @@ impl Bootstrap {
                     idempotent: false,
                     probe: None,
                     paths: Vec::new(),
+                    output_schema: None,
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;

@@ -5,6 +5,7 @@ mod bounds;
 mod duration;
 mod intents;
 mod mesh;
+mod output_schema;
 mod policy;
 #[cfg(test)]
 mod rule_tables;
@@ -25,10 +26,11 @@ pub use bootstrap::{
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use intents::{fold_padded, IntentRule, IntentThreshold, Intents, Keyword, ANY};
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
+pub use output_schema::{CompiledSchema, OutputSchema, SchemaDigest, SchemaSource};
 pub use policy::{
     CapabilityPolicy, EstimatesPolicy, ExternalTarget, FallbackPolicy, FinalFallback, Fraction,
     MetricsPolicy, Policy, Pool, ProbesPolicy, RateLimit, RetryBudgetPolicy, RetryPolicy,
-    StatesPolicy, Timeouts, WeightSets, Zones,
+    StatesPolicy, Timeouts, ValidationPolicy, WeightSets, Zones,
 };
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 pub use tasks::{EscalationPolicy, QueueRounds, StoreLocation, TasksConfig};
@@ -94,7 +96,20 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
 }
 
 pub fn parse_bootstrap(path: &Path, text: &str) -> Result<Bootstrap, ConfigError> {
-    yaml::parse_checked(path, text, bootstrap::RULES)
+    let mut bootstrap: Bootstrap = yaml::parse_checked(path, text, bootstrap::RULES)?;
+    // Schema files are read now, beside the bootstrap, so `check` and a reload refuse a
+    // missing or broken one like any other bad value.
+    let base = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Err((capability, written, message)) = bootstrap.resolve_schemas(base) {
+        let (line, column) = yaml::locate(text, &written);
+        return Err(ConfigError::Invalid {
+            path: path.display().to_string(),
+            line,
+            column,
+            message: format!("agent.capabilities[`{capability}`].output_schema: {message}"),
+        });
+    }
+    Ok(bootstrap)
 }
 
 pub fn parse_policy(path: &Path, text: &str) -> Result<Policy, ConfigError> {
@@ -457,6 +472,82 @@ mod tests {
                 parses_or_points(&text)?;
             }
         }
+    }
+
+    /// The bootstrap's text with one capability whose `output_schema` is `schema` (YAML).
+    fn bootstrap(schema: &str) -> String {
+        format!("agent:\n  name: a\n  address: 127.0.0.1:1\n  max_concurrency: 1\n  capabilities:\n    - name: sql\n      output_schema: {schema}\n")
+    }
+
+    fn digest_of(b: &Bootstrap) -> Option<SchemaDigest> {
+        let schema = b.agent.capabilities.first()?.output_schema.as_ref()?;
+        schema.compiled().map(|c| c.digest())
+    }
+
+    #[test]
+    fn an_inline_schema_is_compiled_at_load() {
+        let text = bootstrap("{ type: object, required: [ok] }");
+        let parsed = parse_bootstrap(Path::new("b.yaml"), &text);
+        assert!(
+            parsed.as_ref().is_ok_and(|b| digest_of(b).is_some()),
+            "{parsed:?}"
+        );
+    }
+
+    #[test]
+    fn a_bad_schema_is_refused_where_it_is_written() {
+        let text = bootstrap("{ type: 12 }");
+        let err = parse_bootstrap(Path::new("b.yaml"), &text)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.starts_with(
+                "b.yaml:6:7: agent.capabilities[0]: output_schema: not a valid JSON Schema: "
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_schema_file_is_read_beside_the_bootstrap() {
+        let dir = std::env::temp_dir().join(format!("reach-schema-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(
+            dir.join("sql.yaml"),
+            "type: object\nrequired: [ok]\nproperties: { ok: { type: boolean } }\n",
+        );
+        let _ = std::fs::write(dir.join("broken.json"), "{\"type\": \"nope\"}");
+        let text = bootstrap("sql.yaml");
+        let parsed = parse_bootstrap(&dir.join("agent-reach.yaml"), &text);
+        let inline = parse_bootstrap(
+            Path::new("b.yaml"),
+            &bootstrap("{type: object, required: [ok], properties: {ok: {type: boolean}}}"),
+        );
+        assert!(
+            parsed.as_ref().is_ok_and(|b| digest_of(b).is_some()),
+            "{parsed:?}"
+        );
+        assert_eq!(
+            parsed.ok().and_then(|b| digest_of(&b)),
+            inline.ok().and_then(|b| digest_of(&b)),
+            "the same schema, from a file or inline, has one digest"
+        );
+        for (name, why) in [
+            ("missing.json", "cannot read"),
+            ("broken.json", "not a valid JSON Schema"),
+        ] {
+            let err = parse_bootstrap(&dir.join("agent-reach.yaml"), &bootstrap(name))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                err.contains(":7:22: agent.capabilities[`sql`].output_schema"),
+                "{err}"
+            );
+            assert!(err.contains(why), "{err}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

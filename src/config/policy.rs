@@ -51,6 +51,8 @@ pub struct Policy {
     pub metrics: MetricsPolicy,
     /// Where a task goes when every agent failed it (`retry.fallback.final_fallback: escalate`).
     pub escalation: EscalationPolicy,
+    /// Checking answers against a capability's `output_schema`.
+    pub validation: ValidationPolicy,
 }
 
 /// Policy `capabilities.<name>`.
@@ -138,6 +140,7 @@ pub(super) const RULES: &[Row] = &[
     ("metrics.idle_timeout", Rule::Span(secs(1), DAY)),
     // 0 takes any match with no tie; 1 only a call whose keywords all belong to one rule.
     ("intent_threshold", Rule::Real(0.0, 1.0)),
+    ("validation.max_body_bytes", Rule::Whole(0, 64 << 20)),
 ];
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -626,6 +629,24 @@ impl Default for IdempotencyPolicy {
             max_body_bytes: 256 * 1024,
             max_total_bytes: 32 * 1024 * 1024,
             per_caller_share: Fraction(0.5),
+        }
+    }
+}
+
+/// `validation:` — answers checked against a capability's `output_schema` are read whole before
+/// they are passed on; this bounds what the callee's sidecar holds per call.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ValidationPolicy {
+    /// A JSON answer up to this size is checked; a larger one (or one that streams) is passed on
+    /// unchecked and counted (`reach_output_unvalidated_total`).
+    pub max_body_bytes: usize,
+}
+
+impl Default for ValidationPolicy {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1024 * 1024,
         }
     }
 }

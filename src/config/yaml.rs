@@ -53,6 +53,15 @@ pub(crate) fn top_level_keys(path: &Path, text: &str) -> Result<Vec<String>, Con
     }
 }
 
+/// Where `needle` first appears in `text` (1-based line and column), for an error found after
+/// the parse; the document's start when it does not.
+pub(crate) fn locate(text: &str, needle: &str) -> (usize, usize) {
+    text.lines()
+        .enumerate()
+        .find_map(|(i, line)| line.find(needle).map(|c| (i + 1, c + 1)))
+        .unwrap_or((1, 1))
+}
+
 fn is_empty_document(text: &str) -> bool {
     text.lines().all(|l| {
         let l = l.trim();

@@ -72,6 +72,7 @@ fn profile(i: usize) -> Profile {
             mode: RouteMode::Async,
             cost_milli: 1500,
             idempotent: true,
+            output_schema: None,
         }],
         version: if i == NEWER { "next" } else { "this" }.into(),
         identity: None,

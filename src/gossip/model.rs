@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::wire;
-use crate::config::RouteMode;
+use crate::config::{RouteMode, SchemaDigest};
 use crate::identity::SpiffeId;
 use crate::reach::State;
 
@@ -38,6 +38,8 @@ pub struct Capability {
     /// Declared cost in thousandths.
     pub cost_milli: u32,
     pub idempotent: bool,
+    /// The digest of its output schema, when it declares one.
+    pub output_schema: Option<SchemaDigest>,
 }
 
 /// How the agent is doing now, as its own sidecar sees it: small, sent often.
@@ -117,6 +119,7 @@ impl From<&Capability> for wire::Capability {
             mode: c.mode.into(),
             cost_milli: c.cost_milli,
             idempotent: c.idempotent,
+            output_schema: c.output_schema.map(|d| d.0),
         }
     }
 }
@@ -130,6 +133,7 @@ impl From<&wire::Capability> for Capability {
             mode: c.mode.into(),
             cost_milli: c.cost_milli,
             idempotent: c.idempotent,
+            output_schema: c.output_schema.map(SchemaDigest),
         }
     }
 }
@@ -237,6 +241,7 @@ mod tests {
                 mode: RouteMode::Async,
                 cost_milli: 250,
                 idempotent: true,
+                output_schema: Some(SchemaDigest([7; 32])),
             }],
             version: "v".into(),
             identity: SpiffeId::parse("spiffe://td/ns/a/sa/b").ok(),

@@ -38,6 +38,10 @@ impl ReachError {
             // Which capabilities the intent could have meant, so the caller can name one.
             body["candidates"] = candidates.clone();
         }
+        if let ReachError::InvalidOutput { errors, .. } = &self {
+            // Where the answer went wrong, one entry per error, for the caller's logs.
+            body["errors"] = errors.clone().into();
+        }
         let mut response = Response::new(body::full(body.to_string()));
         *response.status_mut() = self.status();
         let h = response.headers_mut();

@@ -7,7 +7,7 @@ use http::request::Parts;
 use http::Request;
 use hyper::body::Incoming;
 
-use crate::config::Snapshot;
+use crate::config::{CompiledSchema, Snapshot};
 use crate::http::deadline::Deadline;
 use crate::http::upload::{UploadWatch, WatchedUpload};
 use crate::http::{body, ReachBody};
@@ -70,4 +70,13 @@ pub(super) struct Forward {
     pub(super) request: Request<ReachBody>,
     pub(super) timeout: Duration,
     pub(super) snapshot: Arc<Snapshot>,
+    /// The capability's output schema, when it has one: its answer is checked.
+    pub(super) check: Option<Check>,
+}
+
+/// What the answer of a call to a capability with an output schema is checked against.
+#[derive(Clone, Debug)]
+pub(super) struct Check {
+    pub(super) capability: String,
+    pub(super) schema: Arc<CompiledSchema>,
 }

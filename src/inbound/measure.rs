@@ -11,13 +11,13 @@ use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
 
 use super::call::{Admitted, Forward, Meta};
+use super::validate::{self, AgentBody};
 use super::Inbound;
 use crate::classify::{Class, Outcome};
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::attempt_timeout;
 use crate::http::measured::{BodyEnd, MeasuredBody};
-use crate::http::pool::UpstreamBody;
 use crate::http::step::{answer, Step};
 use crate::http::upload::UploadWatch;
 use crate::http::{body, headers, ReachBody};
@@ -28,7 +28,7 @@ pub(super) fn layer<S>(
     inbound: Arc<Inbound>,
 ) -> impl Layer<S, Service = impl Step<Admitted, Response = Response<ReachBody>>> + Clone
 where
-    S: Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>>,
+    S: Step<Forward, Response = Result<Response<AgentBody>, ReachError>>,
 {
     layer_fn(move |inner: S| {
         let inbound = inbound.clone();
@@ -41,7 +41,7 @@ where
 
 async fn measure<S>(inbound: Arc<Inbound>, inner: S, call: Admitted) -> Response<ReachBody>
 where
-    S: Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>>,
+    S: Step<Forward, Response = Result<Response<AgentBody>, ReachError>>,
 {
     let Admitted {
         meta,
@@ -55,6 +55,7 @@ where
     let forward = Forward {
         request,
         timeout,
+        check: validate::check_for(&snapshot, &meta.label),
         snapshot: snapshot.clone(),
     };
     let response = match answer(inner.oneshot(forward).await) {

@@ -14,6 +14,7 @@ mod keyed;
 mod measure;
 mod slot;
 mod stats;
+mod validate;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,6 +88,9 @@ impl Inbound {
             .layer(slot::layer(self.clone()))
             // What really happened, told to the agent's own view; the slot held until delivered.
             .layer(measure::layer(self.clone()))
+            // A capability with an output schema: its JSON answer read and checked, a wrong
+            // shape refused as the agent's failure (`502 invalid_output`).
+            .layer(validate::layer(self.clone()))
             // The local agent, over the agent client, within the call's timeout.
             .service(agent::endpoint(self.client.clone()))
     }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 pub use admission::{Admission, AdmissionLimits, Load, Refusal, Slot};
 
-use crate::config::{ConfigStore, RouteMode, Snapshot};
+use crate::config::{ConfigStore, RouteMode, SchemaDigest, Snapshot};
 use crate::metrics::Metrics;
 use crate::reach::{
     self, ReachView, Signal, Transition, TransitionLog, TransitionRecord, ViewSnapshot,
@@ -63,6 +63,9 @@ pub struct PublishedCapability {
     pub cost: f64,
     #[serde(default)]
     pub idempotent: bool,
+    /// The digest of the output schema its answers are checked against (`sha256:<hex>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<SchemaDigest>,
 }
 
 /// The document at `GET /reach/v1/self`: this agent's profile and its own live view.
@@ -301,6 +304,11 @@ impl LocalAgent {
                     mode: c.mode,
                     cost: c.cost.0,
                     idempotent: c.idempotent,
+                    output_schema: c
+                        .output_schema
+                        .as_ref()
+                        .and_then(|s| s.compiled())
+                        .map(|s| s.digest()),
                 })
                 .collect(),
             view,
@@ -359,6 +367,7 @@ mod tests {
                 mode: RouteMode::Sync,
                 cost: 0.0,
                 idempotent: false,
+                output_schema: None,
             }],
             view,
             in_flight: 1,

@@ -59,6 +59,8 @@ pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "reach_tls_handshake_failures_tot
 pub const AUTHZ_DENIED_TOTAL: &str = "reach_authz_denied_total";
 pub const OBSERVE_CALLS_TOTAL: &str = "reach_observe_calls_total";
 pub const OBSERVE_AVOIDABLE_FAILURES_TOTAL: &str = "reach_observe_avoidable_failures_total";
+pub const OUTPUT_INVALID_TOTAL: &str = "reach_output_invalid_total";
+pub const OUTPUT_UNVALIDATED_TOTAL: &str = "reach_output_unvalidated_total";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -68,6 +70,14 @@ const SECONDS_BUCKETS: &[f64] = &[
 
 /// Help texts: promtool wants one for every metric.
 const COUNTERS: &[(&str, &str)] = &[
+    (
+        OUTPUT_INVALID_TOTAL,
+        "Agent answers refused by the capability's output_schema (answered 502 invalid_output), by capability.",
+    ),
+    (
+        OUTPUT_UNVALIDATED_TOTAL,
+        "Agent answers of a capability with an output_schema passed on unchecked, by capability and reason (streamed, oversized, not_json).",
+    ),
     (
         OBSERVE_CALLS_TOTAL,
         "Calls routed in observe-only mode, by capability and whether the model would have chosen the same agent (agreement=same|different).",
@@ -491,6 +501,21 @@ impl Metrics {
         let capability = capability.to_owned();
         self.with(|| {
             counter!(RETRIES_TOTAL, "capability" => capability, "reason" => reason).increment(1)
+        });
+    }
+
+    /// An answer its capability's output schema refused.
+    pub fn output_invalid(&self, capability: &str) {
+        let capability = capability.to_owned();
+        self.with(|| counter!(OUTPUT_INVALID_TOTAL, "capability" => capability).increment(1));
+    }
+
+    /// An answer of a capability with a schema that was passed on unchecked, and why.
+    pub fn output_unvalidated(&self, capability: &str, reason: &'static str) {
+        let capability = capability.to_owned();
+        self.with(|| {
+            counter!(OUTPUT_UNVALIDATED_TOTAL, "capability" => capability, "reason" => reason)
+                .increment(1)
         });
     }
 

@@ -25,6 +25,9 @@ pub enum Mode {
     /// `Workload::long_latency`. With a worker pool (`Workload::pool`) they fill it, and the
     /// short calls wait behind them in the agent's own queue while `/healthz` stays 200.
     LongTasks,
+    /// A plausible fake: business calls get 200 with a JSON body of the wrong shape (no `ok`
+    /// field), what an agent's output schema is there to catch.
+    WrongShape,
 }
 
 impl FromStr for Mode {
@@ -38,6 +41,7 @@ impl FromStr for Mode {
             "locked" => Ok(Mode::Locked),
             "hang" => Ok(Mode::Hang),
             "long-tasks" => Ok(Mode::LongTasks),
+            "wrong-shape" | "plausible-fake" => Ok(Mode::WrongShape),
             _ => match text.strip_prefix("crash-after") {
                 Some(n) => n
                     .trim_start_matches(['=', ' ', ':'])
@@ -45,7 +49,7 @@ impl FromStr for Mode {
                     .map(Mode::CrashAfter)
                     .map_err(|_| format!("`{text}`: crash-after needs a count, e.g. crash-after=5")),
                 None => Err(format!(
-                    "unknown mode `{text}` (normal, rate-limited, slow, locked, hang, long-tasks, crash-after=N)"
+                    "unknown mode `{text}` (normal, rate-limited, slow, locked, hang, long-tasks, wrong-shape, crash-after=N)"
                 )),
             },
         }
@@ -61,6 +65,7 @@ impl fmt::Display for Mode {
             Mode::Locked => f.write_str("locked"),
             Mode::Hang => f.write_str("hang"),
             Mode::LongTasks => f.write_str("long-tasks"),
+            Mode::WrongShape => f.write_str("wrong-shape"),
             Mode::CrashAfter(n) => write!(f, "crash-after={n}"),
         }
     }

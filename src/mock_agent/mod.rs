@@ -2,7 +2,8 @@
 //!
 //! Business calls (any path but the ones below) behave by mode; `/healthz` answers 200 in every
 //! mode, which is exactly what makes an agent "fake online". `PUT /admin/mode` switches the mode
-//! at run time so a scenario can break and heal an agent. [`MockAgent::start_with`] adds a
+//! at run time so a scenario can break and heal an agent (`wrong-shape`: a 200 whose JSON lacks
+//! the `ok` field every other answer has, for output validation). [`MockAgent::start_with`] adds a
 //! [`Workload`]: a worker pool whose excess calls wait in the agent's own queue, a fixed seed for
 //! the agent's random draws, and the share and length of `long-tasks` calls.
 
@@ -302,6 +303,13 @@ async fn business_inner(state: &State, req: Request<Incoming>) -> Response<Reach
                 return ok(name, &path, received);
             }
         }
+        Mode::WrongShape => {
+            pause(state.config.latency.at(state.draw())).await;
+            return json(
+                StatusCode::OK,
+                serde_json::json!({ "agent": name, "path": path, "answer": "SELECT * FROM users -- looks right, is not" }),
+            );
+        }
         Mode::Normal => {}
     }
     pause(state.config.latency.at(state.draw())).await;
@@ -399,6 +407,9 @@ mod tests {
         assert!(s >= l.min && s <= l.max);
         assert_eq!("long-tasks".parse::<Mode>(), Ok(Mode::LongTasks));
         assert_eq!(Mode::LongTasks.to_string(), "long-tasks");
+        assert_eq!("wrong-shape".parse::<Mode>(), Ok(Mode::WrongShape));
+        assert_eq!("plausible-fake".parse::<Mode>(), Ok(Mode::WrongShape));
+        assert_eq!(Mode::WrongShape.to_string(), "wrong-shape");
         assert_eq!(l.at(0.0), l.min);
         assert_eq!(l.at(1.0), l.max);
     }

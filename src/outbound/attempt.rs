@@ -5,7 +5,7 @@ use http::Response;
 
 use super::call::Try;
 pub(super) use crate::classify::Refusal;
-use crate::classify::{Class, Outcome};
+use crate::classify::{self, Class, Outcome};
 use crate::error::ReachError;
 use crate::http::pool::UpstreamBody;
 use crate::trace::AttemptSpan;
@@ -120,8 +120,14 @@ impl<B> Attempt<B> {
     /// | refused (429, a sidecar's 503), connection failed | always, on another peer: nothing ran |
     /// | timed out, keyed (`idempotency-key`) | on the *same* agent, whose sidecar joins or replays the original |
     /// | timed out, 502/503/504 from the agent, idempotent method | on another peer |
+    /// | `502 invalid_output`, idempotent, keyed or async (a chain) | on another peer: the same agent would answer the same |
     /// | anything else (other 4xx, success, a POST that may have run) | never |
-    pub(super) fn retry(&self, keyed: bool, idempotent: bool) -> Option<(&'static str, bool)> {
+    pub(super) fn retry(
+        &self,
+        keyed: bool,
+        idempotent: bool,
+        chain: bool,
+    ) -> Option<(&'static str, bool)> {
         let timed_out = match self {
             Attempt::Failed(ReachError::Timeout { .. }) => true,
             Attempt::Done(response) => Class::of_response(response) == Class::TimedOut,
@@ -130,6 +136,9 @@ impl<B> Attempt<B> {
         match self {
             Attempt::Refused(_, why) => Some((why.as_str(), false)),
             Attempt::Failed(ReachError::UpstreamConnect { .. }) => Some(("connect_failed", false)),
+            Attempt::Done(response) if classify::invalid_output(response) => {
+                (keyed || idempotent || chain).then_some(("invalid_output", false))
+            }
             _ if timed_out && keyed => Some(("timeout_keyed", true)),
             _ if timed_out && idempotent => Some(("timeout", false)),
             Attempt::Done(response)
@@ -184,30 +193,60 @@ mod tests {
             target: "p".into(),
             message: "reset".into(),
         });
+        let invalid = Attempt::Done(response(502, Some("invalid_output")));
 
         // Nothing ran: always retried, elsewhere, whatever the method.
-        assert_eq!(refused.retry(false, false), Some(("rate_limited", false)));
-        assert_eq!(connect.retry(false, false), Some(("connect_failed", false)));
-        // May have run: a POST is final…
-        assert_eq!(timeout().retry(false, false), None);
-        assert_eq!(peer_timeout.retry(false, false), None);
-        assert_eq!(bad_gateway.retry(false, false), None);
-        // …an idempotent call moves on…
-        assert_eq!(timeout().retry(false, true), Some(("timeout", false)));
-        assert_eq!(peer_timeout.retry(false, true), Some(("timeout", false)));
         assert_eq!(
-            bad_gateway.retry(false, true),
+            refused.retry(false, false, false),
+            Some(("rate_limited", false))
+        );
+        assert_eq!(
+            connect.retry(false, false, false),
+            Some(("connect_failed", false))
+        );
+        // May have run: a POST is final…
+        assert_eq!(timeout().retry(false, false, false), None);
+        assert_eq!(peer_timeout.retry(false, false, false), None);
+        assert_eq!(bad_gateway.retry(false, false, false), None);
+        // …an idempotent call moves on…
+        assert_eq!(
+            timeout().retry(false, true, false),
+            Some(("timeout", false))
+        );
+        assert_eq!(
+            peer_timeout.retry(false, true, false),
+            Some(("timeout", false))
+        );
+        assert_eq!(
+            bad_gateway.retry(false, true, false),
             Some(("server_error", false))
         );
         // …and a keyed call goes back to the same agent, which answers from its table.
-        assert_eq!(timeout().retry(true, false), Some(("timeout_keyed", true)));
         assert_eq!(
-            peer_timeout.retry(true, true),
+            timeout().retry(true, false, false),
             Some(("timeout_keyed", true))
         );
+        assert_eq!(
+            peer_timeout.retry(true, true, false),
+            Some(("timeout_keyed", true))
+        );
+        // An answer its schema refused: elsewhere when safe (never back to the same agent, even
+        // keyed: it would answer the same), or when it is an async chain's step.
+        assert_eq!(invalid.retry(false, false, false), None);
+        for (keyed, idempotent, chain) in [
+            (true, false, false),
+            (false, true, false),
+            (false, false, true),
+        ] {
+            assert_eq!(
+                invalid.retry(keyed, idempotent, chain),
+                Some(("invalid_output", false)),
+                "keyed {keyed}, idempotent {idempotent}, chain {chain}"
+            );
+        }
         // Never: other 4xx, success, a broken response to a POST.
-        assert_eq!(not_found.retry(true, true), None);
-        assert_eq!(ok.retry(true, true), None);
-        assert_eq!(broken.retry(false, false), None);
+        assert_eq!(not_found.retry(true, true, false), None);
+        assert_eq!(ok.retry(true, true, false), None);
+        assert_eq!(broken.retry(false, false, false), None);
     }
 }

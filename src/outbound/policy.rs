@@ -257,7 +257,8 @@ impl<'a> Attempts<'a> {
         // A capability the agent deduplicates itself is safe to repeat on any agent.
         let declared = scored[chosen].idempotent;
         let keyed = self.keyed && !declared;
-        let (reason, same_peer) = match attempt.retry(keyed, self.idempotent_method || declared) {
+        let idempotent = self.idempotent_method || declared;
+        let (reason, same_peer) = match attempt.retry(keyed, idempotent, self.is_async) {
             Some(retry) => retry,
             // An async chain hands a task its agent failed to the next agent, after the
             // cleanup interval: a task's key makes each agent run it at most once.

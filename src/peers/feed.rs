@@ -61,6 +61,7 @@ pub fn self_view(member: &Member, live: &Live) -> SelfView {
                 mode: c.mode,
                 cost: f64::from(c.cost_milli) / 1000.0,
                 idempotent: c.idempotent,
+                output_schema: c.output_schema,
             })
             .collect(),
         view: ViewSnapshot {
@@ -103,6 +104,7 @@ pub fn profile(view: &SelfView, inbound: String, identity: Option<SpiffeId>) -> 
                 mode: c.mode,
                 cost_milli: (c.cost.max(0.0) * 1000.0).min(f64::from(u32::MAX)) as u32,
                 idempotent: c.idempotent,
+                output_schema: c.output_schema,
             })
             .collect(),
         version: env!("CARGO_PKG_VERSION").to_owned(),

@@ -107,8 +107,8 @@ impl ItemKind {
     /// The newest version of the kind this sidecar writes and reads. Appending a field bumps it.
     pub fn version(self) -> u8 {
         match self {
-            // 2: `identity` appended.
-            Self::Profile => 2,
+            // 2: `identity` appended. 3: each capability's `output_schema` digest appended.
+            Self::Profile => 3,
             Self::Live => 1,
         }
     }
@@ -139,6 +139,9 @@ pub struct Capability {
     /// Declared cost in thousandths.
     pub cost_milli: u32,
     pub idempotent: bool,
+    /// The SHA-256 of the capability's output schema, when it declares one (v3). Only the
+    /// digest travels: a schema's text would not fit an item (`MAX_ITEM`).
+    pub output_schema: Option<[u8; 32]>,
 }
 
 /// How a capability is routed, as the wire says it.
@@ -278,7 +281,8 @@ impl Capability {
         w.put(&self.timeout_ms)?;
         w.put(&self.mode.code())?;
         w.put(&self.cost_milli)?;
-        w.put(&self.idempotent)
+        w.put(&self.idempotent)?;
+        w.put(&self.output_schema)
     }
 
     pub(crate) fn read(f: &mut Fields<'_>) -> Result<Self, WireError> {
@@ -288,6 +292,7 @@ impl Capability {
         let mode = Mode::from_code(f.take()?)?;
         let cost_milli = f.take()?;
         let idempotent = f.take()?;
+        let output_schema = f.since(3)?.flatten();
         Ok(Self {
             name,
             tags,
@@ -295,6 +300,7 @@ impl Capability {
             mode,
             cost_milli,
             idempotent,
+            output_schema,
         })
     }
 }

@@ -54,6 +54,7 @@ fn profile_item() -> Item {
                 mode: Mode::Async,
                 cost_milli: 1500,
                 idempotent: true,
+                output_schema: Some([0xab; 32]),
             }],
             version: "0.1.0".into(),
             identity: "spiffe://prod.example/ns/a/sa/coder".into(),
@@ -149,34 +150,80 @@ fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
     );
 }
 
-/// A profile from a sidecar before mutual TLS (version 1, no `identity`) reads with none, and
-/// this one's (version 2) carries it.
-#[test]
-fn a_version_1_profile_reads_with_no_identity() {
-    let mut item = profile_item();
+/// A capability as versions 1 and 2 wrote it: no `output_schema`.
+fn write_old_capability(w: &mut Writer, c: &Capability) -> Result<(), WireError> {
+    w.put(&c.name)?;
+    w.put(&c.tags)?;
+    w.put(&c.timeout_ms)?;
+    w.put(&c.mode.code())?;
+    w.put(&c.cost_milli)?;
+    w.put(&c.idempotent)
+}
+
+/// A profile as an older sidecar writes it: version 1 (no `identity`) or 2 (no capability
+/// `output_schema`).
+fn old_profile(item: &Item, version: u8) -> Vec<u8> {
     let Body::Profile(p) = &item.body else {
-        unreachable!()
+        return Vec::new();
     };
     let mut w = Writer::default();
-    let written = write_frame(&mut w, ItemKind::Profile.code(), 1, &item, |w| {
+    let written = write_frame(&mut w, ItemKind::Profile.code(), version, item, |w| {
         w.put(&p.inbound)?;
         w.put(&p.zone)?;
         w.put(&p.region)?;
         w.put(&p.max_concurrency)?;
         w.put(&(p.capabilities.len() as u32))?;
         for c in &p.capabilities {
-            w.record(|w| c.write(w))?;
+            w.record(|w| write_old_capability(w, c))?;
         }
-        w.put(&p.version)
+        w.put(&p.version)?;
+        if version >= 2 {
+            w.put(&p.identity)?;
+        }
+        Ok(())
     });
     assert!(written.is_ok());
+    w.into_bytes()
+}
+
+/// A profile from a sidecar before mutual TLS (version 1, no `identity`) reads with none, and
+/// this one's carries it.
+#[test]
+fn a_version_1_profile_reads_with_no_identity() {
+    let mut item = profile_item();
+    let bytes = old_profile(&item, 1);
     if let Body::Profile(p) = &mut item.body {
         p.identity = String::new();
+        p.capabilities
+            .iter_mut()
+            .for_each(|c| c.output_schema = None);
     }
-    assert_eq!(known(decode_item(&w.into_bytes())), Some(item.clone()));
+    assert_eq!(known(decode_item(&bytes)), Some(item));
     let bytes = encode_item(&profile_item()).unwrap_or_default();
-    assert_eq!(bytes[1], 2, "written as version 2");
+    assert_eq!(bytes[1], 3, "written as version 3");
     assert_eq!(known(decode_item(&bytes)), Some(profile_item()));
+}
+
+/// A profile from a sidecar before output validation (version 2) reads with no schema digest,
+/// and this one's (version 3) carries it.
+#[test]
+fn a_version_2_profile_reads_with_no_output_schema() {
+    let mut item = profile_item();
+    let bytes = old_profile(&item, 2);
+    if let Body::Profile(p) = &mut item.body {
+        p.capabilities
+            .iter_mut()
+            .for_each(|c| c.output_schema = None);
+    }
+    assert_eq!(known(decode_item(&bytes)), Some(item));
+    let read = known(decode_item(
+        &encode_item(&profile_item()).unwrap_or_default(),
+    ));
+    let digest = match read.map(|i| i.body) {
+        Some(Body::Profile(p)) => p.capabilities.first().and_then(|c| c.output_schema),
+        _ => None,
+    };
+    assert_eq!(digest, Some([0xab; 32]));
 }
 
 #[test]
@@ -258,17 +305,21 @@ mod properties {
             mode,
             any::<u32>(),
             any::<bool>(),
+            proptest::option::of(any::<[u8; 32]>()),
         )
-            .prop_map(|(name, tags, timeout_ms, mode, cost_milli, idempotent)| {
-                Capability {
-                    name,
-                    tags,
-                    timeout_ms,
-                    mode,
-                    cost_milli,
-                    idempotent,
-                }
-            })
+            .prop_map(
+                |(name, tags, timeout_ms, mode, cost_milli, idempotent, output_schema)| {
+                    Capability {
+                        name,
+                        tags,
+                        timeout_ms,
+                        mode,
+                        cost_milli,
+                        idempotent,
+                        output_schema,
+                    }
+                },
+            )
     }
 
     fn profile() -> impl Strategy<Value = Profile> {
