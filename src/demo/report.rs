@@ -299,7 +299,10 @@ pub fn render_table(s: &DemoSummary) -> String {
         "  a person fixed the agents and sent it back: {} after {} (the agent answered {})\n",
         k.final_state,
         k.done_after_retry_ms
-            .map_or("never (within 30 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
+            .map_or("never (within 30 s)".to_owned(), |ms| format!(
+                "{:.1} s",
+                ms / 1000.0
+            )),
         k.answer_status.map_or("-".to_owned(), |s| s.to_string())
     ));
     let t = &s.total;

@@ -110,25 +110,27 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<TasksSummary, DemoError> {
         let reasons = sent["attempts"]
             .as_array()
             .map_or(0, |a| a.iter().filter(|x| x["reason"].is_string()).count());
-        (
-            reasons,
-            crate::tasks::deliver::verify(KEY, signature, body),
-        )
+        (reasons, crate::tasks::deliver::verify(KEY, signature, body))
     });
 
     // The person: the agents are fixed, the caller sees them healthy again, the task goes back.
     for (agent, _) in &fleet.agents {
         agent.set_mode(Mode::Normal);
     }
-    let names: Vec<String> = fleet.agents.iter().map(|(a, _)| a.name().to_owned()).collect();
+    let names: Vec<String> = fleet
+        .agents
+        .iter()
+        .map(|(a, _)| a.name().to_owned())
+        .collect();
     let caller = &fleet.caller;
     poll(Duration::from_secs(20), || {
         let status = caller.status();
         names.iter().all(|n| {
-            status
-                .peer_views
-                .iter()
-                .any(|p| &p.name == n && p.effective_state == State::Healthy && !p.view.estimates.cooling_down)
+            status.peer_views.iter().any(|p| {
+                &p.name == n
+                    && p.effective_state == State::Healthy
+                    && !p.view.estimates.cooling_down
+            })
         })
     })
     .await;
@@ -147,7 +149,9 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<TasksSummary, DemoError> {
         resolved,
         accepted_ms: super::round(accepted_ms),
         rounds: escalated["rounds"].as_u64().unwrap_or(0),
-        attempts: escalated["attempts"].as_array().map_or(0, |a| a.len() as u64),
+        attempts: escalated["attempts"]
+            .as_array()
+            .map_or(0, |a| a.len() as u64),
         escalated_after_ms: escalated_after.map(|d| super::round(d.as_secs_f64() * 1000.0)),
         webhook_posts: posts.len(),
         reasons_sent,
