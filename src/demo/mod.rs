@@ -205,8 +205,16 @@ impl Fleet {
         let mut bootstrap = Bootstrap::local(name, agent.addr, &[CAPABILITY])
             .map_err(DemoError::Config)?
             .with_gossip(&self.seed, self.key_dir.join("gossip.key"));
+        let schema = crate::config::OutputSchema::inline(serde_json::json!({
+            "type": "object",
+            "required": ["ok"],
+            "properties": { "ok": { "type": "boolean" } },
+        }))
+        .map_err(DemoError::Config)?;
         for capability in &mut bootstrap.agent.capabilities {
             capability.probe = Some(probe_spec());
+            // What a review answer looks like: a 200 of another shape is a plausible fake.
+            capability.output_schema = Some(schema.clone());
             // Peers may call /review; the mock agent's /admin endpoints are not theirs.
             capability.paths = vec!["/review".to_owned()];
         }

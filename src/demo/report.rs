@@ -282,6 +282,10 @@ pub fn render_table(s: &DemoSummary) -> String {
     ));
     let k = &s.tasks;
     out.push_str(&format!(
+        "\noutput validation: {} answered plausible fakes (200, JSON of the wrong shape); its sidecar checked them against code-review's output_schema\n  {} async tasks meanwhile: {} done with a validated answer, {} fakes turned away as 502 invalid_output and passed over, {} answered by the faker\n",
+        k.faker, k.checked_tasks, k.checked_done, k.fakes_passed_over, k.answered_by_faker
+    ));
+    out.push_str(&format!(
         "\nasync task: `prefer: respond-async` to any.reach with intent \"review this diff\" resolved as `{}`; 202 after {:.1} ms (stored, fsynced)\n",
         k.resolved, k.accepted_ms
     ));

@@ -1,4 +1,7 @@
-//! The demo's async-task act (`docs/tasks.md`): the caller hands off a long job with
+//! The demo's async-task act (`docs/tasks.md`). First, output validation: one agent starts
+//! answering plausible fakes (200, JSON of the wrong shape); its sidecar checks each answer
+//! against the capability's `output_schema` and turns them into `502 invalid_output`, so the
+//! caller's tasks pass over it to agents whose output validates. Then the caller hands off a long job with
 //! `prefer: respond-async`, naming no capability — only its intent, resolved by the policy's
 //! keyword rules. It is stored and answered `202` at once. Every agent is refusing work, so the
 //! fallback chain fails, runs again from the queue, fails again, and the task is escalated to a
@@ -24,6 +27,14 @@ const KEY: &[u8] = b"demo-escalation-key";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct TasksSummary {
+    /// The agent that gave plausible fakes, the tasks submitted meanwhile, how many were done
+    /// with a validated answer, the fakes turned away (`invalid_output` attempts) and the tasks
+    /// whose final answer came from the faker (must be 0).
+    pub faker: String,
+    pub checked_tasks: u64,
+    pub checked_done: u64,
+    pub fakes_passed_over: u64,
+    pub answered_by_faker: u64,
     /// What `reach-resolved-capability` said of the intent.
     pub resolved: String,
     /// How long the `202` took (stored and committed first).
@@ -44,7 +55,49 @@ pub struct TasksSummary {
     pub answer_status: Option<u64>,
 }
 
+/// Tasks submitted while one agent gives plausible fakes.
+const CHECKED_TASKS: u64 = 12;
+
 pub(super) async fn run(fleet: &mut Fleet) -> Result<TasksSummary, DemoError> {
+    let http = client::build(&fleet.policy);
+    let outbound = fleet.caller.addrs.outbound;
+    fleet.update_policy(|p| p.retry.fallback.interval = HumanDuration::from_millis(100));
+    let faker = fleet.agents[0].0.name().to_owned();
+    fleet.agents[0].0.set_mode(Mode::WrongShape);
+    let mut ids = Vec::new();
+    for n in 0..CHECKED_TASKS {
+        let request = Request::post(format!("http://{outbound}/review"))
+            .header("reach-capability", CAPABILITY)
+            .header("prefer", "respond-async")
+            .body(body::full(format!(r#"{{"code":"x = {n}"}}"#)))
+            .map_err(|e| DemoError::Config(e.to_string()))?;
+        if let Ok(response) = http.request(request).await {
+            if let Some(id) = read_json(response).await["id"].as_str() {
+                ids.push(id.to_owned());
+            }
+        }
+    }
+    let (mut checked_done, mut fakes_passed_over, mut answered_by_faker) = (0, 0, 0);
+    for id in &ids {
+        let _ = wait_for(&http, outbound, id, Duration::from_secs(20), |t| {
+            t["state"] != "queued" && t["state"] != "running" && t["state"] != "retrying"
+        })
+        .await;
+        let t = task(&http, outbound, id).await;
+        let attempts = t["attempts"].as_array().cloned().unwrap_or_default();
+        fakes_passed_over += attempts
+            .iter()
+            .filter(|a| a["reason"].as_str().is_some_and(|r| r.contains("invalid_output")))
+            .count() as u64;
+        if t["state"] == "done" {
+            checked_done += 1;
+            if attempts.last().is_some_and(|a| a["agent"] == faker.as_str()) {
+                answered_by_faker += 1;
+            }
+        }
+    }
+    fleet.agents[0].0.set_mode(Mode::Normal);
+
     let (webhook, posts) = webhook().await?;
     let key_file = fleet.key_dir.join("escalation.key");
     std::fs::write(&key_file, KEY)?;
@@ -68,8 +121,6 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<TasksSummary, DemoError> {
     for (agent, _) in &fleet.agents {
         agent.set_mode(Mode::RateLimited);
     }
-    let outbound = fleet.caller.addrs.outbound;
-    let http = client::build(&fleet.policy);
     let started = Instant::now();
     let request = Request::post(format!("http://{outbound}/review"))
         .header(http::header::HOST, "any.reach")
@@ -146,6 +197,11 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<TasksSummary, DemoError> {
     .map(|_| retried.elapsed());
     let last = task(&http, outbound, &id).await;
     Ok(TasksSummary {
+        faker,
+        checked_tasks: ids.len() as u64,
+        checked_done,
+        fakes_passed_over,
+        answered_by_faker,
         resolved,
         accepted_ms: super::round(accepted_ms),
         rounds: escalated["rounds"].as_u64().unwrap_or(0),
