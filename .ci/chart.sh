@@ -21,6 +21,8 @@
 #     built binary, the examples injected with each render's config carry the certificate volume,
 #     mounted read-only where their bootstrap's `tls` points, and that bootstrap passes
 #     `agent-reach check` with a throwaway CA and certificate made by openssl;
+#   - the injector's `tasks` section, and the fleet policy's escalation.key_file in a directory the
+#     sidecar mounts (checked with a stand-in key file);
 #   - values the schema must reject are rejected;
 #   - the Grafana dashboard ConfigMap (dashboard.enabled) carries docs/grafana/agent-reach.json
 #     unchanged, and logFormat json sets AGENT_REACH_LOG_FORMAT on the sidecar and the injector;
@@ -151,6 +153,11 @@ rejects() {
         injector.logFormat=logfmt \
         policy.no_such_section=1 \
         policy.mtls.mode=strict \
+        policy.escalation.webhook=https://ops.example \
+        tasks.enabled=maybe \
+        tasks.store=http://redis:6379 \
+        tasks.sizeLimit=lots \
+        escalation.webhook=ftp://ops.example \
         mtls.mode=sometimes \
         mtls.source=spire \
         mtls.trustDomain=Not_A_Domain! \
@@ -255,7 +262,7 @@ def check(cond, message):
         errors.append(message)
 
 expected = {"listen", "tls", "native_sidecar", "termination_grace_seconds", "prometheus",
-            "defaults", "sidecar", "volumes", "bootstrap"}
+            "defaults", "sidecar", "volumes", "tasks", "bootstrap"}
 if "mtls" in cfg:  # only with mtls.enabled
     expected.add("mtls")
     check(set(cfg["mtls"]) in ({"volume"}, {"volume", "service_accounts"}), f"mtls keys: {sorted(cfg['mtls'])}")
@@ -265,6 +272,8 @@ check(set(cfg["prometheus"]) == {"port", "path"}, f"prometheus keys: {sorted(cfg
 check(set(cfg["defaults"]) == {"agent_port", "max_concurrency", "probe_path"}, f"defaults keys: {sorted(cfg['defaults'])}")
 check(set(cfg["bootstrap"]) == {"listen", "gossip"}, f"bootstrap keys: {sorted(cfg['bootstrap'])}")
 check(isinstance(cfg["native_sidecar"], bool), "native_sidecar is not a boolean")
+check(set(cfg["tasks"]) == {"enabled", "store", "size_limit"}, f"tasks keys: {sorted(cfg['tasks'])}")
+check(isinstance(cfg["tasks"]["enabled"], bool), "tasks.enabled is not a boolean")
 
 # One set of ports everywhere.
 ports = {p["name"]: p["containerPort"] for p in cfg["sidecar"]["ports"]}
@@ -312,7 +321,17 @@ if binary:
     for d in docs:
         if d["kind"] == "ConfigMap" and "policy.yaml" in d.get("data", {}):
             path = os.path.join(out, f"policy-{d['metadata']['namespace']}.yaml")
-            open(path, "w").write(d["data"]["policy.yaml"])
+            policy = yaml.safe_load(d["data"]["policy.yaml"]) or {}
+            key_file = policy.get("escalation", {}).get("key_file")
+            if key_file:
+                # The escalation key Secret's mount, which `check` reads: a stand-in file here.
+                check(any(m["mountPath"] == os.path.dirname(key_file) for m in cfg["sidecar"]["volumeMounts"]),
+                      f"escalation.key_file {key_file} is in no directory the sidecar mounts")
+                policy["escalation"]["key_file"] = os.path.join(out, "escalation.key")
+                open(policy["escalation"]["key_file"], "w").write("k" * 32 + "\n")
+                open(path, "w").write(yaml.safe_dump(policy, sort_keys=False))
+            else:
+                open(path, "w").write(d["data"]["policy.yaml"])
             files.append(path)
     boot = yaml.safe_load(yaml.safe_dump(cfg["bootstrap"]))
     boot["gossip"]["seeds"] = [s.replace("{namespace}", "agents") for s in boot["gossip"]["seeds"]]

@@ -301,9 +301,12 @@ async fn an_annotated_pod_gets_a_native_sidecar_with_env_probes_and_mounts() {
             "POD_IP",
             "AGENT_REACH_POLICY",
             "AGENT_REACH_LOG",
-            "AGENT_REACH_BOOTSTRAP"
+            "AGENT_REACH_BOOTSTRAP",
+            "AGENT_REACH_WORKLOAD"
         ]
     );
+    // The pod's `app` label: its replicas share a Redis task queue under it.
+    assert_eq!(sidecar["env"][6]["value"], "coder");
     assert_eq!(
         sidecar["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
         "metadata.name"
@@ -315,14 +318,31 @@ async fn an_annotated_pod_gets_a_native_sidecar_with_env_probes_and_mounts() {
         .as_array()
         .map(|m| m.iter().filter_map(|v| v["name"].as_str()).collect())
         .unwrap_or_default();
-    assert_eq!(mounts, ["agent-reach-policy", "agent-reach-gossip-key"]);
+    assert_eq!(
+        mounts,
+        [
+            "agent-reach-policy",
+            "agent-reach-gossip-key",
+            "agent-reach-tasks"
+        ]
+    );
     let volumes: Vec<&str> = pod["spec"]["volumes"]
         .as_array()
         .map(|m| m.iter().filter_map(|v| v["name"].as_str()).collect())
         .unwrap_or_default();
     assert_eq!(
         volumes,
-        ["cache", "agent-reach-policy", "agent-reach-gossip-key"]
+        [
+            "cache",
+            "agent-reach-policy",
+            "agent-reach-gossip-key",
+            "agent-reach-tasks"
+        ]
+    );
+    // The embedded task store: kept across container restarts, which an emptyDir outlives.
+    assert_eq!(
+        pod["spec"]["volumes"][3]["emptyDir"],
+        json!({ "sizeLimit": "1Gi" })
     );
     assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 45);
     assert_eq!(pod["metadata"]["labels"]["agent-reach.io/injected"], "true");
@@ -347,6 +367,7 @@ async fn an_annotated_pod_gets_a_native_sidecar_with_env_probes_and_mounts() {
         "- name: summarize",
         "path: /review",
         "- agent-reach-gossip.agents.svc.cluster.local:4190",
+        "path: /var/lib/agent-reach/tasks/tasks.db",
     ] {
         assert!(
             bootstrap.contains(line),
@@ -368,7 +389,11 @@ async fn an_annotated_pod_gets_a_native_sidecar_with_env_probes_and_mounts() {
         "check failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (bootstrap)"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("ok (bootstrap; tasks in /var/lib/agent-reach/tasks/tasks.db)"),
+        "{stdout}"
+    );
     hook.injector.shutdown().await;
 }
 
@@ -433,7 +458,7 @@ async fn bad_annotations_are_denied_with_a_message_that_names_the_problem() {
         ),
         (
             json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/capabilites": "x" }),
-            "agent-reach: annotation agent-reach.io/capabilites is not one agent-reach reads (known: agent-reach.io/inject, agent-reach.io/status, agent-reach.io/agent-port, agent-reach.io/capabilities, agent-reach.io/config, agent-reach.io/max-concurrency, agent-reach.io/zone, agent-reach.io/probe-path, agent-reach.io/mtls)",
+            "agent-reach: annotation agent-reach.io/capabilites is not one agent-reach reads (known: agent-reach.io/inject, agent-reach.io/status, agent-reach.io/agent-port, agent-reach.io/capabilities, agent-reach.io/config, agent-reach.io/max-concurrency, agent-reach.io/zone, agent-reach.io/probe-path, agent-reach.io/mtls, agent-reach.io/tasks)",
         ),
         (
             json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/config": "coder-bootstrap", "agent-reach.io/zone": "a" }),
@@ -882,7 +907,8 @@ fn manual_injection_takes_the_namespace_and_treats_nulls_as_missing() {
     );
     let pod: Value = serde_yaml::from_slice(&out.stdout).unwrap_or_default();
     assert_eq!(pod["spec"]["initContainers"][0]["name"], "agent-reach");
-    assert_eq!(pod["spec"]["volumes"].as_array().map(Vec::len), Some(2));
+    // Policy, gossip key and the task store's emptyDir.
+    assert_eq!(pod["spec"]["volumes"].as_array().map(Vec::len), Some(3));
     assert_eq!(pod["metadata"]["labels"]["agent-reach.io/injected"], "true");
     let text = serde_json::to_string(&pod).unwrap_or_default();
     assert!(

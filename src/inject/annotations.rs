@@ -17,10 +17,12 @@ pub const ZONE: &str = "agent-reach.io/zone";
 pub const PROBE_PATH: &str = "agent-reach.io/probe-path";
 /// `disabled`: no certificate for this pod's sidecar, though the injector gives them out.
 pub const MTLS: &str = "agent-reach.io/mtls";
+/// `disabled`: no task store for this pod's sidecar (`prefer: respond-async` is refused).
+pub const TASKS: &str = "agent-reach.io/tasks";
 /// The label injected pods carry: the gossip Service, NetworkPolicy and PodMonitor select it.
 pub const INJECTED_LABEL: &str = "agent-reach.io/injected";
 
-const KNOWN: [&str; 9] = [
+const KNOWN: [&str; 10] = [
     INJECT,
     STATUS,
     AGENT_PORT,
@@ -30,6 +32,7 @@ const KNOWN: [&str; 9] = [
     ZONE,
     PROBE_PATH,
     MTLS,
+    TASKS,
 ];
 
 /// Why a pod cannot be admitted as written: the denial message the user sees.
@@ -75,6 +78,8 @@ pub struct Settings {
     pub config_map: Option<String>,
     /// The sidecar gets the injector's certificate volume and the bootstrap's `tls`.
     pub mtls: bool,
+    /// The sidecar gets the injector's `tasks` (and, for the embedded store, its volume).
+    pub tasks: bool,
 }
 
 impl Settings {
@@ -89,6 +94,7 @@ impl Settings {
                 .then(|| config.defaults.probe_path.clone()),
             config_map: None,
             mtls: config.mtls.is_some(),
+            tasks: config.tasks.enabled,
         }
     }
 
@@ -132,7 +138,20 @@ impl Settings {
             }
             Some(other) => return Err(invalid(MTLS, other, "is not `enabled` or `disabled`")),
         }
-        // Beside a whole bootstrap (`CONFIG`) the volume is still mounted; that bootstrap names
+        match get(TASKS) {
+            None => {}
+            Some("disabled") => settings.tasks = false,
+            Some("enabled") if config.tasks.enabled => {}
+            Some("enabled") => {
+                return Err(invalid(
+                    TASKS,
+                    "enabled",
+                    "asks for a task store, but the injector gives none out (the chart's tasks.enabled)",
+                ))
+            }
+            Some(other) => return Err(invalid(TASKS, other, "is not `enabled` or `disabled`")),
+        }
+        // Beside a whole bootstrap (`CONFIG`) the volumes are still mounted; that bootstrap names
         // the files itself.
         if let Some(name) = get(CONFIG) {
             for other in [AGENT_PORT, CAPABILITIES, MAX_CONCURRENCY, ZONE, PROBE_PATH] {

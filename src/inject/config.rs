@@ -37,6 +37,10 @@ pub struct InjectorConfig {
     /// certificates (the fleet speaks plaintext).
     #[serde(default)]
     pub mtls: Option<Mtls>,
+    /// Async tasks: where each sidecar keeps them (`tasks.rs`). On by default, with the embedded
+    /// store on an `emptyDir`.
+    #[serde(default)]
+    pub tasks: Tasks,
     /// Every injected pod's bootstrap without `agent`, which comes from the pod's annotations.
     /// `{namespace}` in a gossip seed becomes the pod's namespace.
     pub bootstrap: serde_json::Map<String, serde_json::Value>,
@@ -72,6 +76,30 @@ pub struct Mtls {
     /// the pod would never start.
     #[serde(default)]
     pub service_accounts: Option<Vec<String>>,
+}
+
+/// `tasks`: the bootstrap's `tasks` every injected sidecar gets, unless its pod is annotated
+/// `agent-reach.io/tasks: disabled`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tasks {
+    pub enabled: bool,
+    /// `""`: the embedded store, a file on an `emptyDir` (kept across container restarts, lost
+    /// with the pod). A `redis://` URL: the shared store, where replicas of one workload take
+    /// over each other's tasks.
+    pub store: String,
+    /// The `emptyDir`'s `sizeLimit` (a Kubernetes quantity); `""` for none.
+    pub size_limit: String,
+}
+
+impl Default for Tasks {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            store: String::new(),
+            size_limit: "1Gi".to_owned(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]

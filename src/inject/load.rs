@@ -9,6 +9,7 @@ use super::annotations::Settings;
 use super::config::InjectorConfig;
 use super::mtls;
 use super::pod::bootstrap_text;
+use super::tasks;
 use crate::config::{self, ConfigError};
 
 impl InjectorConfig {
@@ -46,6 +47,7 @@ impl InjectorConfig {
             ));
         }
         mtls::check(&config).map_err(invalid)?;
+        tasks::check(&config).map_err(invalid)?;
         for volume in &config.volumes {
             if volume.get("name").and_then(|n| n.as_str()).is_none() {
                 return Err(invalid("volumes: every volume needs a `name`".to_owned()));

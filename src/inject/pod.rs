@@ -8,6 +8,7 @@ use super::annotations::{join, AnnotationError, Settings, INJECT, INJECTED_LABEL
 use super::config::InjectorConfig;
 use super::mtls;
 use super::patch::{escape, Op};
+use super::tasks;
 use crate::config::{parse_bootstrap, Bootstrap};
 
 /// Init containers that set up a mesh's traffic redirection: the sidecar goes after them.
@@ -200,6 +201,9 @@ pub fn bootstrap_text(
     if settings.mtls && config.mtls.is_some() {
         bootstrap.insert("tls".into(), mtls::bootstrap_tls());
     }
+    if settings.tasks && config.tasks.enabled {
+        bootstrap.insert("tasks".into(), tasks::bootstrap_tasks(&config.tasks));
+    }
     let text = serde_yaml::to_string(&Value::Object(bootstrap)).map_err(|e| e.to_string())?;
     let parsed = parse_bootstrap(Path::new("bootstrap"), &text).map_err(|e| e.to_string())?;
     Ok((text, parsed))
@@ -232,8 +236,24 @@ fn patch(
             env.push(json!({ "name": "AGENT_REACH_BOOTSTRAP", "value": text }));
         }
     }
+    // The chart's own setting (sidecar.extraEnv), if any, wins.
+    let has_env = |name: &str| {
+        container
+            .get("env")
+            .and_then(Value::as_array)
+            .is_some_and(|l| l.iter().any(|e| e.get("name") == Some(&json!(name))))
+    };
+    if !has_env(tasks::WORKLOAD_ENV) {
+        if let Some(workload) = tasks::workload(pod) {
+            env.push(json!({ "name": tasks::WORKLOAD_ENV, "value": workload }));
+        }
+    }
     for e in env {
         push(&mut container, "env", e);
+    }
+    if let Some(volume) = tasks::volume(&config.tasks).filter(|_| settings.tasks) {
+        volumes.push(volume);
+        push(&mut container, "volumeMounts", tasks::mount());
     }
     if let Some(source) = config.mtls.as_ref().filter(|_| settings.mtls) {
         volumes.push(mtls::volume(source, pod, namespace)?);

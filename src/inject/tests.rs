@@ -5,11 +5,12 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::annotations::{AnnotationError, MTLS};
+use super::annotations::{AnnotationError, MTLS, TASKS};
 use super::config::InjectorConfig;
 use super::mtls::{TLS_DIR, TLS_VOLUME};
 use super::patch::apply;
 use super::pod::{decide, Decision, OptIn};
+use super::tasks::{TASKS_DIR, TASKS_VOLUME, WORKLOAD_ENV};
 use crate::config::parse_bootstrap;
 
 const SHIPPED: &str = include_str!("../../config/injector.yaml");
@@ -245,4 +246,129 @@ fn mtls_mistakes_in_the_injectors_file_fail_at_load() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(err.contains("must not have `tls` beside `mtls`"), "{err}");
+}
+
+/// The shipped file with its `tasks` section replaced by `section`.
+fn with_tasks(section: &str) -> String {
+    let start = SHIPPED.find("\ntasks:").map_or(0, |i| i + 1);
+    let end = SHIPPED
+        .find("\nbootstrap:")
+        .map_or(SHIPPED.len(), |i| i + 1);
+    format!("{}{section}{}", &SHIPPED[..start], &SHIPPED[end..])
+}
+
+fn parsed(text: &str) -> Result<InjectorConfig, String> {
+    InjectorConfig::parse(Path::new("injector.yaml"), text).map_err(|e| e.to_string())
+}
+
+fn tasks_volume(pod: &Value) -> Option<&Value> {
+    pod["spec"]["volumes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == TASKS_VOLUME)
+}
+
+fn env_value<'p>(pod: &'p Value, name: &str) -> Option<&'p str> {
+    sidecar(pod)["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+}
+
+#[test]
+fn by_default_a_pod_keeps_its_tasks_on_an_empty_dir_named_for_its_workload() {
+    let config = config("");
+    let mut pod = new_pod(enabled(), None);
+    pod["metadata"]["labels"] = json!({ "app": "coder" });
+    let pod = match injected(&config, &pod) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(
+        bootstrap(&pod)["tasks"],
+        json!({ "path": format!("{TASKS_DIR}/tasks.db") })
+    );
+    assert_eq!(
+        tasks_volume(&pod),
+        Some(&json!({ "name": TASKS_VOLUME, "emptyDir": { "sizeLimit": "1Gi" } }))
+    );
+    let mounts = sidecar(&pod)["volumeMounts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(mounts.contains(&json!({ "name": TASKS_VOLUME, "mountPath": TASKS_DIR })));
+    assert_eq!(env_value(&pod, WORKLOAD_ENV), Some("coder"));
+}
+
+#[test]
+fn a_pod_can_opt_out_of_tasks_and_a_redis_store_needs_no_volume() {
+    let mut annotations = enabled();
+    annotations[TASKS] = json!("disabled");
+    let pod = match injected(&config(""), &new_pod(annotations.clone(), None)) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(bootstrap(&pod).get("tasks"), None);
+    assert_eq!(tasks_volume(&pod), None);
+    annotations[TASKS] = json!("later");
+    assert!(injected(&config(""), &new_pod(annotations.clone(), None)).is_err());
+
+    let redis = match parsed(&with_tasks(
+        "tasks: { store: \"redis://redis.agents:6379/0\" }\n",
+    )) {
+        Ok(c) => c,
+        Err(err) => panic!("{err}"),
+    };
+    let pod = match injected(&redis, &new_pod(enabled(), None)) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(
+        bootstrap(&pod)["tasks"],
+        json!({ "store": "redis://redis.agents:6379/0" })
+    );
+    assert_eq!(tasks_volume(&pod), None);
+
+    let off = match parsed(&with_tasks("tasks: { enabled: false }\n")) {
+        Ok(c) => c,
+        Err(err) => panic!("{err}"),
+    };
+    let pod = match injected(&off, &new_pod(enabled(), None)) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(bootstrap(&pod).get("tasks"), None);
+    annotations[TASKS] = json!("enabled");
+    let err = injected(&off, &new_pod(annotations, None))
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("the chart's tasks.enabled")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn tasks_mistakes_in_the_injectors_file_fail_at_load() {
+    let err = |section: &str| parsed(&with_tasks(section)).err().unwrap_or_default();
+    assert!(err("tasks: { store: \"http://redis:6379\" }\n").contains("tasks.store"));
+    assert!(err("tasks: { size_limit: lots }\n").contains("tasks.size_limit"));
+    assert!(
+        err("tasks: { store: \"redis://:p$$w@redis:6379\" }\n").contains("must not contain `$`")
+    );
+    assert!(err("tasks: { sizeLimit: 1Gi }\n").contains("sizeLimit"));
+    let with_tasks_in_bootstrap = SHIPPED.replace(
+        "bootstrap:                             # each pod's bootstrap; annotations fill `agent`\n",
+        "bootstrap:\n  tasks: { path: /tmp/t.db }\n",
+    );
+    assert!(parsed(&with_tasks_in_bootstrap)
+        .err()
+        .unwrap_or_default()
+        .contains("must not have `tasks`"));
+    // Off, the bootstrap's own `tasks` is each pod's as written.
+    assert!(
+        parsed(&with_tasks_in_bootstrap.replace("  enabled: true\n", "  enabled: false\n")).is_ok()
+    );
 }

@@ -83,6 +83,11 @@ volumeMounts:
   - name: agent-reach-gossip-key
     mountPath: /var/run/agent-reach/gossip
     readOnly: true
+  {{- if .Values.escalation.existingSecret }}
+  - name: agent-reach-escalation-key
+    mountPath: {{ include "agent-reach.escalationKeyDir" . }}
+    readOnly: true
+  {{- end }}
 {{- end }}
 
 {{/* The pod volumes the sidecar mounts (in each fleet namespace the chart renders the objects they name). */}}
@@ -93,6 +98,20 @@ volumeMounts:
 - name: agent-reach-gossip-key
   secret:
     secretName: {{ include "agent-reach.gossipKeyName" . }}
+{{- if .Values.escalation.existingSecret }}
+# The user's Secret with the escalation webhook's HMAC key, as the file the policy names.
+- name: agent-reach-escalation-key
+  secret:
+    secretName: {{ .Values.escalation.existingSecret }}
+    items:
+      - key: {{ .Values.escalation.existingSecretKey }}
+        path: key
+{{- end }}
+{{- end }}
+
+{{/* Where the escalation key Secret is mounted in the sidecar; the policy's key_file is its `key`. */}}
+{{- define "agent-reach.escalationKeyDir" -}}
+/var/run/agent-reach/escalation
 {{- end }}
 
 {{/*
