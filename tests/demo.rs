@@ -130,6 +130,24 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
         .collect();
     assert!(states.contains(&"healthy"), "the newcomer ramped up: {m}");
     assert!(m["full_share_after_ms"].as_f64().is_some(), "{m}");
+
+    // Output validation: the faker's plausible fakes never became a task's answer.
+    let k = &summary["tasks"];
+    assert_eq!(k["answered_by_faker"], 0, "{k}");
+    assert_eq!(k["checked_done"], k["checked_tasks"], "{k}");
+    // The async task: 202, escalated with every attempt's reason, signed; sent back and done.
+    assert_eq!(k["final_state"], "done", "{k}");
+    assert_eq!(k["answer_status"], 200, "{k}");
+    assert_eq!(k["signature_ok"], true, "{k}");
+    assert!(k["attempts"].as_u64().unwrap() > 0, "{k}");
+    assert_eq!(k["reasons_sent"], k["attempts"], "every reason, once: {k}");
+    assert!(
+        k["resolved"]
+            .as_str()
+            .unwrap()
+            .starts_with("code-review; by=intent"),
+        "{k}"
+    );
 }
 
 #[test]

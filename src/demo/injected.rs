@@ -75,7 +75,13 @@ pub(super) fn injected_bootstrap(
             .map(|s| HostPort::parse(&s.to_string()))
             .collect::<Result<_, _>>()
             .map_err(bad)?;
-        gossip.key_file = key_file;
+        gossip.key_file = key_file.clone();
+    }
+    // In a pod, the task store is on the pod's own emptyDir; here, in the run's directory.
+    if let (Some(tasks), Some(dir)) = (bootstrap.tasks.as_mut(), key_file.parent()) {
+        if tasks.path.is_some() {
+            tasks.path = Some(dir.join(format!("{name}-tasks.db")));
+        }
     }
     let listed = annotations_of(&pod);
     Ok((

@@ -87,11 +87,18 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<TasksSummary, DemoError> {
         let attempts = t["attempts"].as_array().cloned().unwrap_or_default();
         fakes_passed_over += attempts
             .iter()
-            .filter(|a| a["reason"].as_str().is_some_and(|r| r.contains("invalid_output")))
+            .filter(|a| {
+                a["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("invalid_output"))
+            })
             .count() as u64;
         if t["state"] == "done" {
             checked_done += 1;
-            if attempts.last().is_some_and(|a| a["agent"] == faker.as_str()) {
+            if attempts
+                .last()
+                .is_some_and(|a| a["agent"] == faker.as_str())
+            {
                 answered_by_faker += 1;
             }
         }
