@@ -160,6 +160,27 @@ async fn a_task_is_accepted_at_once_and_done_with_the_agents_answer() {
     assert_eq!(bad.header("reach-reason"), "bad_request");
     let missing = get(&client(), &format!("http://{out}/reach/v1/tasks/t-none")).await;
     assert_eq!(missing.status, 404);
+
+    // The same from a terminal: `agent-reach tasks`.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-reach"))
+            .arg("tasks")
+            .args(args)
+            .args(["--outbound", &format!("http://{out}")])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, listed, _) = cli(&["list", "--state", "done"]);
+    assert!(ok && listed.contains(&id) && listed.contains("answered 200"), "{listed}");
+    let (ok, shown, _) = cli(&["show", &id]);
+    assert!(ok && shown.contains("coder-1") && shown.contains("response 200"), "{shown}");
+    let (ok, _, refused) = cli(&["resolve", &id, "--note", "late"]);
+    assert!(!ok && refused.contains("409") && refused.contains("already done"), "{refused}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
