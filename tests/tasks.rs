@@ -19,6 +19,7 @@ use agent_reach::{Bootstrap, Sidecar};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use support::tasks::{submit, task, wait_state};
 use support::*;
 use tokio::net::TcpListener;
 
@@ -87,45 +88,6 @@ fn fast_chain(final_fallback: FinalFallback, rounds: Option<u32>) -> Policy {
     policy
 }
 
-async fn submit(outbound: SocketAddr, extra: &[(&str, &str)], body: &str) -> Reply {
-    let mut headers = vec![("reach-capability", CAP), ("prefer", "respond-async")];
-    headers.extend_from_slice(extra);
-    send(
-        &client(),
-        "POST",
-        &format!("http://{outbound}/review"),
-        &headers,
-        body,
-    )
-    .await
-}
-
-async fn task(outbound: SocketAddr, id: &str) -> serde_json::Value {
-    get(&client(), &format!("http://{outbound}/reach/v1/tasks/{id}"))
-        .await
-        .json()
-}
-
-async fn wait_state(
-    outbound: SocketAddr,
-    id: &str,
-    state: &str,
-    within: Duration,
-) -> serde_json::Value {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let now = task(outbound, id).await;
-        if now["state"] == state {
-            return now;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "task {id} did not reach {state}: {now:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_is_accepted_at_once_and_done_with_the_agents_answer() {
     let dir = tmp("done");
@@ -176,11 +138,20 @@ async fn a_task_is_accepted_at_once_and_done_with_the_agents_answer() {
         )
     };
     let (ok, listed, _) = cli(&["list", "--state", "done"]);
-    assert!(ok && listed.contains(&id) && listed.contains("answered 200"), "{listed}");
+    assert!(
+        ok && listed.contains(&id) && listed.contains("answered 200"),
+        "{listed}"
+    );
     let (ok, shown, _) = cli(&["show", &id]);
-    assert!(ok && shown.contains("coder-1") && shown.contains("response 200"), "{shown}");
+    assert!(
+        ok && shown.contains("coder-1") && shown.contains("response 200"),
+        "{shown}"
+    );
     let (ok, _, refused) = cli(&["resolve", &id, "--note", "late"]);
-    assert!(!ok && refused.contains("409") && refused.contains("already done"), "{refused}");
+    assert!(
+        !ok && refused.contains("409") && refused.contains("already done"),
+        "{refused}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

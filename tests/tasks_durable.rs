@@ -12,6 +12,7 @@ use std::time::Duration;
 use agent_reach::mock_agent::{Latency, MockConfig, Mode};
 use agent_reach::Bootstrap;
 use support::process::SidecarProcess;
+use support::tasks::{caller_bootstrap, submit, wait_state};
 use support::*;
 
 fn tmp(name: &str) -> PathBuf {
@@ -30,17 +31,7 @@ fn tmp(name: &str) -> PathBuf {
 /// The caller's files: a bootstrap with one static peer and the task store in `dir`, and a
 /// policy whose failed chains queue for another round a second later.
 fn caller_files(dir: &Path, peer: &str, inbound: SocketAddr) -> (PathBuf, PathBuf) {
-    let bootstrap = dir.join("agent-reach.yaml");
-    std::fs::write(
-        &bootstrap,
-        format!(
-            "listen: {{ outbound: 127.0.0.1:0, inbound: 127.0.0.1:0, admin: 127.0.0.1:0 }}\n\
-             agent:\n  name: caller\n  address: 127.0.0.1:9\n  max_concurrency: 8\n  capabilities: []\n\
-             peers:\n  - {{ name: {peer}, address: {inbound}, capabilities: [{CAP}] }}\n\
-             tasks: {{ path: tasks.db, lease: 5s }}\n"
-        ),
-    )
-    .unwrap();
+    let bootstrap = caller_bootstrap(dir, peer, inbound, "{ path: tasks.db, lease: 5s }");
     let policy = dir.join("policy.yaml");
     std::fs::write(
         &policy,
@@ -51,38 +42,15 @@ fn caller_files(dir: &Path, peer: &str, inbound: SocketAddr) -> (PathBuf, PathBu
     (bootstrap, policy)
 }
 
-async fn submit(outbound: SocketAddr) -> String {
-    let reply = send(
-        &client(),
-        "POST",
-        &format!("http://{outbound}/review"),
-        &[("reach-capability", CAP), ("prefer", "respond-async")],
-        "{\"diff\": 1}",
-    )
-    .await;
+async fn submit_one(outbound: SocketAddr) -> String {
+    let reply = submit(outbound, &[], "{\"diff\": 1}").await;
     assert_eq!(reply.status, 202, "{}", reply.body);
     reply.json()["id"].as_str().unwrap().to_owned()
 }
 
-async fn task(outbound: SocketAddr, id: &str) -> serde_json::Value {
-    get(&client(), &format!("http://{outbound}/reach/v1/tasks/{id}"))
-        .await
-        .json()
-}
-
+/// The task once it is in `state`, within 30 s.
 async fn until_state(outbound: SocketAddr, id: &str, state: &str) -> serde_json::Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = task(outbound, id).await;
-        if now["state"] == state {
-            return now;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "task {id} did not reach {state}: {now:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_state(outbound, id, state, Duration::from_secs(30)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,7 +62,7 @@ async fn a_task_killed_between_attempts_completes_after_a_restart() {
     let (bootstrap, policy) = caller_files(&dir, "coder-1", callee.addrs.inbound);
 
     let first = SidecarProcess::start(&bootstrap, Some(&policy), &[]);
-    let id = submit(first.outbound).await;
+    let id = submit_one(first.outbound).await;
     // The first chain fails; the task waits for its next round.
     until_state(first.outbound, &id, "retrying").await;
     first.kill9();
@@ -122,7 +90,7 @@ async fn a_task_killed_mid_attempt_resumes_without_running_twice() {
     let (bootstrap, policy) = caller_files(&dir, "coder-1", callee.addrs.inbound);
 
     let first = SidecarProcess::start(&bootstrap, Some(&policy), &[]);
-    let id = submit(first.outbound).await;
+    let id = submit_one(first.outbound).await;
     eventually(
         Duration::from_secs(10),
         "the agent is running the task",

@@ -11,6 +11,7 @@ use agent_reach::mock_agent::{Latency, MockConfig};
 use agent_reach::Bootstrap;
 use support::process::SidecarProcess;
 use support::redis::RedisServer;
+use support::tasks::{caller_bootstrap, submit};
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,29 +25,11 @@ async fn a_second_replica_takes_over_a_task_whose_owner_died() {
     let callee = sidecar(Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap()).await;
     let dir = std::env::temp_dir().join(format!("reach-redis-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let bootstrap = dir.join("agent-reach.yaml");
-    std::fs::write(
-        &bootstrap,
-        format!(
-            "listen: {{ outbound: 127.0.0.1:0, inbound: 127.0.0.1:0, admin: 127.0.0.1:0 }}\n\
-             agent:\n  name: caller\n  address: 127.0.0.1:9\n  max_concurrency: 8\n  capabilities: []\n\
-             peers:\n  - {{ name: coder-1, address: {}, capabilities: [{CAP}] }}\n\
-             tasks: {{ store: \"{}\", lease: 2s }}\n",
-            callee.addrs.inbound,
-            redis.url()
-        ),
-    )
-    .unwrap();
+    let tasks = format!("{{ store: \"{}\", lease: 2s }}", redis.url());
+    let bootstrap = caller_bootstrap(&dir, "coder-1", callee.addrs.inbound, &tasks);
 
     let first = SidecarProcess::start(&bootstrap, None, &[("AGENT_REACH_WORKLOAD", "reviewer")]);
-    let reply = send(
-        &client(),
-        "POST",
-        &format!("http://{}/review", first.outbound),
-        &[("reach-capability", CAP), ("prefer", "respond-async")],
-        "{}",
-    )
-    .await;
+    let reply = submit(first.outbound, &[], "{}").await;
     assert_eq!(reply.status, 202, "{}", reply.body);
     let id = reply.json()["id"].as_str().unwrap().to_owned();
     eventually(
