@@ -20,8 +20,8 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 pub use bootstrap::{
-    AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Limits, Listen, ProbeSpec,
-    QueueConfig, RouteMode, StaticPeer, TracingConfig,
+    A2aConfig, AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Limits, Listen,
+    ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer, TracingConfig,
 };
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use intents::{fold_padded, IntentRule, IntentThreshold, Intents, Keyword, ANY};
@@ -203,6 +203,9 @@ pub struct ConfigStore {
     pub paths: ConfigPaths,
     /// The last rejected reload, cleared when its file parses again.
     reload_error: std::sync::Mutex<Option<ReloadError>>,
+    /// Capabilities imported from the agent's A2A card, merged into every bootstrap that goes
+    /// live (`merge_card`), so a file reload keeps them and a card change is a reload too.
+    card: std::sync::Mutex<Vec<Capability>>,
 }
 
 /// A config file change that was rejected: the running config stayed.
@@ -221,6 +224,7 @@ impl ConfigStore {
             current: ArcSwap::from_pointee(Snapshot::new(bootstrap, policy, 1)),
             paths,
             reload_error: std::sync::Mutex::new(None),
+            card: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -290,12 +294,38 @@ impl ConfigStore {
             bootstrap.listen = old.bootstrap.listen.clone();
             bootstrap.limits = old.bootstrap.limits.clone();
         }
+        merge_card(
+            &mut bootstrap.agent.capabilities,
+            &self.card.lock().unwrap_or_else(|p| p.into_inner()),
+        );
         if bootstrap == old.bootstrap && policy == old.policy {
             return false;
         }
         let next = Snapshot::new(bootstrap, policy, old.generation + 1);
         self.current.store(Arc::new(next));
         true
+    }
+}
+
+impl ConfigStore {
+    /// Takes the capabilities of a new read of the agent's A2A card: the running bootstrap with
+    /// them merged goes live like a reload. Returns whether anything changed.
+    pub fn set_card_capabilities(&self, capabilities: Vec<Capability>) -> bool {
+        *self.card.lock().unwrap_or_else(|p| p.into_inner()) = capabilities;
+        let current = self.snapshot();
+        self.replace(current.bootstrap.clone(), current.policy.clone())
+    }
+}
+
+/// Drops the card's capabilities from the last merge and adds the card's current ones; a
+/// capability the file declares keeps the file's definition.
+fn merge_card(capabilities: &mut Vec<Capability>, card: &[Capability]) {
+    capabilities.retain(|c| c.card.is_none());
+    let declared = capabilities.len();
+    for cap in card {
+        if !capabilities[..declared].iter().any(|c| c.name == cap.name) {
+            capabilities.push(cap.clone());
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use tracing::Span;
 
 use super::call::{Call, CallBody, Meta};
 use super::{authorize, edge, Inbound};
+use crate::a2a::CARD_PATH;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
@@ -67,6 +68,31 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     let capability = capability_of(&req, &snapshot).map_err(refuse)?;
     if let Some(name) = capability {
         Span::current().record(field::CAPABILITY, name);
+    }
+    if path.path() == CARD_PATH && req.method() == http::Method::GET {
+        if let Some(card) = inbound.local.card() {
+            // The card read by `a2a`, not the agent: no slot taken, and a capability's `paths`
+            // need not list it.
+            let (label, remote) = (
+                capability.unwrap_or(OTHER),
+                req.extensions().get::<ClientAddr>().map(|a| a.0),
+            );
+            let identity = PeerIdentity::of(&req).cloned();
+            authorize::check(
+                &snapshot,
+                &inbound.metrics,
+                capability,
+                label,
+                identity.as_ref(),
+                remote,
+            )
+            .map_err(refuse)?;
+            return Err(crate::http::server::text(
+                http::StatusCode::OK,
+                "application/json",
+                card.as_ref().clone(),
+            ));
+        }
     }
     edge::check_path(&snapshot, capability, path.path()).map_err(refuse)?;
     let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
