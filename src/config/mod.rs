@@ -375,6 +375,62 @@ mod tests {
     }
 
     #[test]
+    fn the_a2a_section_parses_and_is_checked_where_it_is_written() {
+        let text = "agent:\n  name: a\n  address: 127.0.0.1:1\n  max_concurrency: 1\n  a2a: { proficiency: 0.7, tags: { sql: 0.9 }, refresh: 5s }\n";
+        let bootstrap = parse_bootstrap(Path::new("b.yaml"), text);
+        let a2a = bootstrap.ok().and_then(|b| b.agent.a2a);
+        assert_eq!(
+            a2a.as_ref().map(|a| a.card.as_str()),
+            Some("/.well-known/agent-card.json")
+        );
+        assert_eq!(a2a.as_ref().map(|a| a.proficiency.get()), Some(0.7));
+        let bad = text.replace("0.9", "1.5");
+        let err = parse_bootstrap(Path::new("b.yaml"), &bad)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("agent.a2a.tags")),
+            "{err:?}"
+        );
+    }
+
+    /// Card capabilities survive a file reload, the file's own win, and a new card replaces the
+    /// old card's set.
+    #[test]
+    fn card_capabilities_merge_into_every_snapshot() {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let file = Bootstrap::local("a", addr, &["explain"]).unwrap_or_else(|e| panic!("{e}"));
+        let store = ConfigStore::new(file.clone(), Policy::default(), ConfigPaths::default());
+        let from_card = |names: &[&str]| -> Vec<Capability> {
+            let mut caps = Bootstrap::local("a", addr, names)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .agent
+                .capabilities;
+            caps.iter_mut()
+                .for_each(|c| c.card = Some(SkillFacts::default()));
+            caps
+        };
+        let names = |store: &ConfigStore| -> Vec<(String, bool)> {
+            let snapshot = store.snapshot();
+            let caps = &snapshot.bootstrap.agent.capabilities;
+            caps.iter()
+                .map(|c| (c.name.to_string(), c.card.is_some()))
+                .collect()
+        };
+        assert!(store.set_card_capabilities(from_card(&["explain", "sql-gen"])));
+        let want = vec![("explain".to_owned(), false), ("sql-gen".to_owned(), true)];
+        assert_eq!(names(&store), want);
+        assert!(
+            !store.replace(file.clone(), Policy::default()),
+            "the same file: no change"
+        );
+        assert_eq!(names(&store), want);
+        assert!(store.set_card_capabilities(from_card(&["chart"])));
+        let want = vec![("explain".to_owned(), false), ("chart".to_owned(), true)];
+        assert_eq!(names(&store), want);
+    }
+
+    #[test]
     fn the_example_policy_documents_the_defaults() {
         let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config/policy.yaml"));
         let policy = load_policy(path);
