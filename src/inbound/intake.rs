@@ -70,28 +70,8 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         Span::current().record(field::CAPABILITY, name);
     }
     if path.path() == CARD_PATH && req.method() == http::Method::GET {
-        if let Some(card) = inbound.local.card() {
-            // The card read by `a2a`, not the agent: no slot taken, and a capability's `paths`
-            // need not list it.
-            let (label, remote) = (
-                capability.unwrap_or(OTHER),
-                req.extensions().get::<ClientAddr>().map(|a| a.0),
-            );
-            let identity = PeerIdentity::of(&req).cloned();
-            authorize::check(
-                &snapshot,
-                &inbound.metrics,
-                capability,
-                label,
-                identity.as_ref(),
-                remote,
-            )
-            .map_err(refuse)?;
-            return Err(crate::http::server::text(
-                http::StatusCode::OK,
-                "application/json",
-                card.as_ref().clone(),
-            ));
+        if let Some(answer) = agent_card(inbound, &req, &snapshot, capability) {
+            return Err(answer.unwrap_or_else(refuse));
         }
     }
     edge::check_path(&snapshot, capability, path.path()).map_err(refuse)?;
@@ -143,6 +123,37 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         parts,
         body: CallBody::Arriving(incoming),
     })
+}
+
+/// The agent's A2A card as last read (`agent.a2a`), authorized like a call: not forwarded, so
+/// it takes no slot and a capability's `paths` need not list it. `None`: no card was read.
+fn agent_card(
+    inbound: &Inbound,
+    req: &Request<Incoming>,
+    snapshot: &Snapshot,
+    capability: Option<&str>,
+) -> Option<Result<Response<ReachBody>, ReachError>> {
+    let card = inbound.local.card()?;
+    let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);
+    let identity = PeerIdentity::of(req).cloned();
+    let label = capability.unwrap_or(OTHER);
+    Some(
+        authorize::check(
+            snapshot,
+            &inbound.metrics,
+            capability,
+            label,
+            identity.as_ref(),
+            remote,
+        )
+        .map(|()| {
+            crate::http::server::text(
+                http::StatusCode::OK,
+                "application/json",
+                card.as_ref().clone(),
+            )
+        }),
+    )
 }
 
 fn self_view(local: &LocalAgent) -> Response<ReachBody> {
