@@ -84,6 +84,7 @@ fn profile(i: usize) -> Profile {
             cost_milli: 0,
             idempotent: false,
             output_schema: None,
+            a2a: None,
         }],
         version: env!("CARGO_PKG_VERSION").into(),
         identity: None,

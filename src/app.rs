@@ -245,6 +245,12 @@ impl Sidecar {
             )),
             spawn_watcher(store.clone(), reloads(&metrics), stop_rest.clone()),
             spawn_upkeep(metrics.clone(), local.clone(), stop_rest.clone()),
+            crate::a2a::spawn(
+                store.clone(),
+                local.clone(),
+                reloads(&metrics),
+                stop_rest.clone(),
+            ),
             peers::spawn_poller(store.clone(), registry, peers, peer_pool, stop_rest.clone()),
             admin.spawn_history(stop_rest.clone()),
         ];

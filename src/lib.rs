@@ -5,6 +5,7 @@
 
 #![warn(missing_debug_implementations)]
 
+pub mod a2a;
 pub mod admin;
 pub mod app;
 pub mod classify;

@@ -424,6 +424,7 @@ fn forged_item(name: &str, node: wire::NodeId, seq: u64, inbound: SocketAddr) ->
                 cost_milli: 0,
                 idempotent: false,
                 output_schema: None,
+                skill: None,
             }],
             version: "forged".into(),
             identity: String::new(),

@@ -333,6 +333,7 @@ async fn a_profile_too_large_to_gossip_is_refused_loudly() {
             cost_milli: 0,
             idempotent: false,
             output_schema: None,
+            a2a: None,
         });
     }
     a.handle.publish_profile(big);

@@ -642,6 +642,7 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
             cost_milli: 0,
             idempotent: false,
             output_schema: None,
+            a2a: None,
         }],
         version: "forged".into(),
         identity: Some(SpiffeId::parse(&b_identity).unwrap()),

@@ -91,6 +91,10 @@ pub(super) const RULES: &[Row] = &[
     // An empty bucket refuses everything.
     ("agent.rate_limit.burst", Rule::Whole(1, 1_000_000)),
     ("agent.capabilities[].tags.*", Rule::Real(0.0, 1.0)),
+    ("agent.a2a.proficiency", Rule::Real(0.0, 1.0)),
+    ("agent.a2a.tags.*", Rule::Real(0.0, 1.0)),
+    // Each refresh is one small GET to the local agent; faster would be noise.
+    ("agent.a2a.refresh", Rule::Span(ms(100), DAY)),
     ("agent.capabilities[].timeout", Rule::Span(MS, DAY)),
     ("agent.capabilities[].expected_duration", Rule::Span(MS, DAY)),
     ("agent.capabilities[].cost", Rule::Real(0.0, 1e6)),
@@ -270,6 +274,59 @@ pub struct AgentProfile {
     pub rate_limit: Option<super::RateLimit>,
     #[serde(default, deserialize_with = "unique_capabilities")]
     pub capabilities: Vec<Capability>,
+    /// Import the agent's A2A card: each skill becomes a capability (`docs/a2a.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a: Option<A2aConfig>,
+}
+
+/// `agent.a2a:` — where the local agent's A2A card is and how its skills become capabilities.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct A2aConfig {
+    /// The card's path on the agent.
+    #[serde(default = "default_card_path", deserialize_with = "scalar::http_path")]
+    pub card: String,
+    /// The proficiency each skill tag gets.
+    #[serde(default = "default_card_proficiency")]
+    pub proficiency: Proficiency,
+    /// Tag → proficiency, over the default.
+    #[serde(default)]
+    pub tags: BTreeMap<String, Proficiency>,
+    /// How often the card is read again.
+    #[serde(default = "default_card_refresh")]
+    pub refresh: HumanDuration,
+}
+
+impl Default for A2aConfig {
+    fn default() -> Self {
+        Self {
+            card: default_card_path(),
+            proficiency: default_card_proficiency(),
+            tags: BTreeMap::new(),
+            refresh: default_card_refresh(),
+        }
+    }
+}
+
+fn default_card_path() -> String {
+    "/.well-known/agent-card.json".to_owned()
+}
+fn default_card_proficiency() -> Proficiency {
+    Proficiency::clamped(0.8)
+}
+fn default_card_refresh() -> HumanDuration {
+    HumanDuration::from_secs(30)
+}
+
+/// What an A2A card says about a skill beyond its tags: set only on capabilities imported from
+/// the card, which is also how a reload tells them from the file's own.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SkillFacts {
+    /// The card's `capabilities.streaming`.
+    pub streaming: bool,
+    /// Media types the skill takes and gives (its own, else the card's defaults).
+    pub input_modes: Vec<String>,
+    pub output_modes: Vec<String>,
 }
 
 impl Capability {
@@ -351,6 +408,9 @@ pub struct Capability {
     /// one): the callee's sidecar answers `502 invalid_output` for one that does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<OutputSchema>,
+    /// Set when the capability was imported from the agent's A2A card, never from a file.
+    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
+    pub card: Option<SkillFacts>,
 }
 
 /// `sync` (someone is waiting: latency first) or `async` (quality first).
@@ -497,6 +557,7 @@ impl Bootstrap {
                     probe: None,
                     paths: Vec::new(),
                     output_schema: None,
+                    card: None,
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -519,6 +580,7 @@ impl Bootstrap {
                     max_wait: HumanDuration::from_secs(1),
                 },
                 capabilities,
+                a2a: None,
             },
             peers: Vec::new(),
             gossip: None,

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 pub use bootstrap::{
-    AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Limits, Listen, ProbeSpec,
-    QueueConfig, RouteMode, StaticPeer, TracingConfig,
+    A2aConfig, AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Limits, Listen,
+    ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer, TracingConfig,
 };
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use intents::{fold_padded, IntentRule, IntentThreshold, Intents, Keyword, ANY};
@@ -203,6 +203,9 @@ pub struct ConfigStore {
     pub paths: ConfigPaths,
     /// The last rejected reload, cleared when its file parses again.
     reload_error: std::sync::Mutex<Option<ReloadError>>,
+    /// Capabilities imported from the agent's A2A card, merged into every bootstrap that goes
+    /// live (`merge_card`), so a file reload keeps them and a card change is a reload too.
+    card: std::sync::Mutex<Vec<Capability>>,
 }
 
 /// A config file change that was rejected: the running config stayed.
@@ -221,6 +224,7 @@ impl ConfigStore {
             current: ArcSwap::from_pointee(Snapshot::new(bootstrap, policy, 1)),
             paths,
             reload_error: std::sync::Mutex::new(None),
+            card: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -290,12 +294,38 @@ impl ConfigStore {
             bootstrap.listen = old.bootstrap.listen.clone();
             bootstrap.limits = old.bootstrap.limits.clone();
         }
+        merge_card(
+            &mut bootstrap.agent.capabilities,
+            &self.card.lock().unwrap_or_else(|p| p.into_inner()),
+        );
         if bootstrap == old.bootstrap && policy == old.policy {
             return false;
         }
         let next = Snapshot::new(bootstrap, policy, old.generation + 1);
         self.current.store(Arc::new(next));
         true
+    }
+}
+
+impl ConfigStore {
+    /// Takes the capabilities of a new read of the agent's A2A card: the running bootstrap with
+    /// them merged goes live like a reload. Returns whether anything changed.
+    pub fn set_card_capabilities(&self, capabilities: Vec<Capability>) -> bool {
+        *self.card.lock().unwrap_or_else(|p| p.into_inner()) = capabilities;
+        let current = self.snapshot();
+        self.replace(current.bootstrap.clone(), current.policy.clone())
+    }
+}
+
+/// Drops the card's capabilities from the last merge and adds the card's current ones; a
+/// capability the file declares keeps the file's definition.
+fn merge_card(capabilities: &mut Vec<Capability>, card: &[Capability]) {
+    capabilities.retain(|c| c.card.is_none());
+    let declared = capabilities.len();
+    for cap in card {
+        if !capabilities[..declared].iter().any(|c| c.name == cap.name) {
+            capabilities.push(cap.clone());
+        }
     }
 }
 
@@ -342,6 +372,62 @@ mod tests {
             Some(std::time::Duration::from_secs(30)),
             "policy default"
         );
+    }
+
+    #[test]
+    fn the_a2a_section_parses_and_is_checked_where_it_is_written() {
+        let text = "agent:\n  name: a\n  address: 127.0.0.1:1\n  max_concurrency: 1\n  a2a: { proficiency: 0.7, tags: { sql: 0.9 }, refresh: 5s }\n";
+        let bootstrap = parse_bootstrap(Path::new("b.yaml"), text);
+        let a2a = bootstrap.ok().and_then(|b| b.agent.a2a);
+        assert_eq!(
+            a2a.as_ref().map(|a| a.card.as_str()),
+            Some("/.well-known/agent-card.json")
+        );
+        assert_eq!(a2a.as_ref().map(|a| a.proficiency.get()), Some(0.7));
+        let bad = text.replace("0.9", "1.5");
+        let err = parse_bootstrap(Path::new("b.yaml"), &bad)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("agent.a2a.tags")),
+            "{err:?}"
+        );
+    }
+
+    /// Card capabilities survive a file reload, the file's own win, and a new card replaces the
+    /// old card's set.
+    #[test]
+    fn card_capabilities_merge_into_every_snapshot() {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let file = Bootstrap::local("a", addr, &["explain"]).unwrap_or_else(|e| panic!("{e}"));
+        let store = ConfigStore::new(file.clone(), Policy::default(), ConfigPaths::default());
+        let from_card = |names: &[&str]| -> Vec<Capability> {
+            let mut caps = Bootstrap::local("a", addr, names)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .agent
+                .capabilities;
+            caps.iter_mut()
+                .for_each(|c| c.card = Some(SkillFacts::default()));
+            caps
+        };
+        let names = |store: &ConfigStore| -> Vec<(String, bool)> {
+            let snapshot = store.snapshot();
+            let caps = &snapshot.bootstrap.agent.capabilities;
+            caps.iter()
+                .map(|c| (c.name.to_string(), c.card.is_some()))
+                .collect()
+        };
+        assert!(store.set_card_capabilities(from_card(&["explain", "sql-gen"])));
+        let want = vec![("explain".to_owned(), false), ("sql-gen".to_owned(), true)];
+        assert_eq!(names(&store), want);
+        assert!(
+            !store.replace(file.clone(), Policy::default()),
+            "the same file: no change"
+        );
+        assert_eq!(names(&store), want);
+        assert!(store.set_card_capabilities(from_card(&["chart"])));
+        let want = vec![("explain".to_owned(), false), ("chart".to_owned(), true)];
+        assert_eq!(names(&store), want);
     }
 
     #[test]

@@ -110,6 +110,11 @@ impl Proficiency {
     pub fn get(self) -> f64 {
         self.0
     }
+
+    /// `x` held to 0..1 (NaN is 0): for proficiencies that do not come from a file.
+    pub fn clamped(x: f64) -> Self {
+        Self(if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) })
+    }
 }
 
 impl<'de> Deserialize<'de> for Proficiency {

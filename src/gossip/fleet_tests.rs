@@ -73,6 +73,7 @@ fn profile(i: usize) -> Profile {
             cost_milli: 1500,
             idempotent: true,
             output_schema: None,
+            a2a: None,
         }],
         version: if i == NEWER { "next" } else { "this" }.into(),
         identity: None,

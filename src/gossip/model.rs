@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::wire;
-use crate::config::{RouteMode, SchemaDigest};
+use crate::config::{RouteMode, SchemaDigest, SkillFacts};
 use crate::identity::SpiffeId;
 use crate::reach::State;
 
@@ -40,6 +40,8 @@ pub struct Capability {
     pub idempotent: bool,
     /// The digest of its output schema, when it declares one.
     pub output_schema: Option<SchemaDigest>,
+    /// Streaming and media types, when it came from the agent's A2A card.
+    pub a2a: Option<SkillFacts>,
 }
 
 /// How the agent is doing now, as its own sidecar sees it: small, sent often.
@@ -120,6 +122,11 @@ impl From<&Capability> for wire::Capability {
             cost_milli: c.cost_milli,
             idempotent: c.idempotent,
             output_schema: c.output_schema.map(|d| d.0),
+            skill: c.a2a.as_ref().map(|f| wire::Skill {
+                streaming: f.streaming,
+                input_modes: f.input_modes.clone(),
+                output_modes: f.output_modes.clone(),
+            }),
         }
     }
 }
@@ -134,6 +141,11 @@ impl From<&wire::Capability> for Capability {
             cost_milli: c.cost_milli,
             idempotent: c.idempotent,
             output_schema: c.output_schema.map(SchemaDigest),
+            a2a: c.skill.as_ref().map(|s| SkillFacts {
+                streaming: s.streaming,
+                input_modes: s.input_modes.clone(),
+                output_modes: s.output_modes.clone(),
+            }),
         }
     }
 }
@@ -242,6 +254,11 @@ mod tests {
                 cost_milli: 250,
                 idempotent: true,
                 output_schema: Some(SchemaDigest([7; 32])),
+                a2a: Some(SkillFacts {
+                    streaming: true,
+                    input_modes: vec!["text/plain".into()],
+                    output_modes: vec!["application/json".into()],
+                }),
             }],
             version: "v".into(),
             identity: SpiffeId::parse("spiffe://td/ns/a/sa/b").ok(),

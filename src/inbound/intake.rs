@@ -15,6 +15,7 @@ use tracing::Span;
 
 use super::call::{Call, CallBody, Meta};
 use super::{authorize, edge, Inbound};
+use crate::a2a::CARD_PATH;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
@@ -68,6 +69,11 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     if let Some(name) = capability {
         Span::current().record(field::CAPABILITY, name);
     }
+    if path.path() == CARD_PATH && req.method() == http::Method::GET {
+        if let Some(answer) = agent_card(inbound, &req, &snapshot, capability) {
+            return Err(answer.unwrap_or_else(refuse));
+        }
+    }
     edge::check_path(&snapshot, capability, path.path()).map_err(refuse)?;
     let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
     let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);
@@ -117,6 +123,37 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         parts,
         body: CallBody::Arriving(incoming),
     })
+}
+
+/// The agent's A2A card as last read (`agent.a2a`), authorized like a call: not forwarded, so
+/// it takes no slot and a capability's `paths` need not list it. `None`: no card was read.
+fn agent_card(
+    inbound: &Inbound,
+    req: &Request<Incoming>,
+    snapshot: &Snapshot,
+    capability: Option<&str>,
+) -> Option<Result<Response<ReachBody>, ReachError>> {
+    let card = inbound.local.card()?;
+    let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);
+    let identity = PeerIdentity::of(req).cloned();
+    let label = capability.unwrap_or(OTHER);
+    Some(
+        authorize::check(
+            snapshot,
+            &inbound.metrics,
+            capability,
+            label,
+            identity.as_ref(),
+            remote,
+        )
+        .map(|()| {
+            crate::http::server::text(
+                http::StatusCode::OK,
+                "application/json",
+                card.as_ref().clone(),
+            )
+        }),
+    )
 }
 
 fn self_view(local: &LocalAgent) -> Response<ReachBody> {

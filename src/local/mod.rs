@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 pub use admission::{Admission, AdmissionLimits, Load, Refusal, Slot};
 
-use crate::config::{ConfigStore, RouteMode, SchemaDigest, Snapshot};
+use crate::config::{ConfigStore, RouteMode, SchemaDigest, SkillFacts, Snapshot};
 use crate::metrics::Metrics;
 use crate::reach::{
     self, ReachView, Signal, Transition, TransitionLog, TransitionRecord, ViewSnapshot,
@@ -66,6 +66,9 @@ pub struct PublishedCapability {
     /// The digest of the output schema its answers are checked against (`sha256:<hex>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<SchemaDigest>,
+    /// Streaming and media types, for a capability imported from the agent's A2A card.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a: Option<SkillFacts>,
 }
 
 /// The document at `GET /reach/v1/self`: this agent's profile and its own live view.
@@ -94,6 +97,8 @@ pub struct LocalAgent {
     prober_running: AtomicBool,
     /// The own view's last transitions, with their reasons.
     transitions: TransitionLog,
+    /// The agent's A2A card as last read (`agent.a2a`), served to peers on the inbound port.
+    card: arc_swap::ArcSwapOption<bytes::Bytes>,
 }
 
 #[derive(Debug)]
@@ -124,7 +129,18 @@ impl LocalAgent {
             probe_now: AtomicBool::new(false),
             prober_running: AtomicBool::new(true),
             transitions: TransitionLog::default(),
+            card: arc_swap::ArcSwapOption::empty(),
         }
+    }
+
+    /// The agent's A2A card as last read, if it publishes one.
+    pub fn card(&self) -> Option<Arc<bytes::Bytes>> {
+        self.card.load_full()
+    }
+
+    /// Keeps a new read of the agent's card (`None`: the card is no longer imported).
+    pub fn set_card(&self, card: Option<bytes::Bytes>) {
+        self.card.store(card.map(Arc::new));
     }
 
     /// A production request's outcome, as the inbound side measured it under the call's config
@@ -309,6 +325,7 @@ impl LocalAgent {
                         .as_ref()
                         .and_then(|s| s.compiled())
                         .map(|s| s.digest()),
+                    a2a: c.card.clone(),
                 })
                 .collect(),
             view,
@@ -368,6 +385,7 @@ mod tests {
                 cost: 0.0,
                 idempotent: false,
                 output_schema: None,
+                a2a: None,
             }],
             view,
             in_flight: 1,

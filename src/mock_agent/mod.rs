@@ -7,8 +7,10 @@
 //! [`Workload`]: a worker pool whose excess calls wait in the agent's own queue, a fixed seed for
 //! the agent's random draws, and the share and length of `long-tasks` calls.
 
+pub mod a2a;
 mod config;
 
+pub use a2a::{A2aAgent, A2aSkill};
 pub use config::{Latency, MockConfig, MockStats, Mode, Workload};
 
 use std::convert::Infallible;

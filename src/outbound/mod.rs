@@ -4,6 +4,7 @@
 //! The request path is one stack, built in [`Outbound::stack`] in request order; each step is a
 //! tower service in a file of its own.
 
+mod agent_card;
 mod attempt;
 mod balance;
 mod call;
@@ -116,6 +117,8 @@ impl Outbound {
                 self.store.clone(),
                 self.tasks.clone(),
             ))
+            // An A2A card through the proxy names the proxy, not the one peer that answered.
+            .layer(agent_card::layer())
             // Which capability; the call's one config snapshot, deadline and body, read once.
             .layer(resolve::layer(self.clone()))
             // `prefer: respond-async`: stored as a task and answered 202; a runner routes it.

@@ -62,6 +62,7 @@ pub fn self_view(member: &Member, live: &Live) -> SelfView {
                 cost: f64::from(c.cost_milli) / 1000.0,
                 idempotent: c.idempotent,
                 output_schema: c.output_schema,
+                a2a: c.a2a.clone(),
             })
             .collect(),
         view: ViewSnapshot {
@@ -105,6 +106,7 @@ pub fn profile(view: &SelfView, inbound: String, identity: Option<SpiffeId>) -> 
                 cost_milli: (c.cost.max(0.0) * 1000.0).min(f64::from(u32::MAX)) as u32,
                 idempotent: c.idempotent,
                 output_schema: c.output_schema,
+                a2a: c.a2a.clone(),
             })
             .collect(),
         version: env!("CARGO_PKG_VERSION").to_owned(),

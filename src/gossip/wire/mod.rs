@@ -108,7 +108,8 @@ impl ItemKind {
     pub fn version(self) -> u8 {
         match self {
             // 2: `identity` appended. 3: each capability's `output_schema` digest appended.
-            Self::Profile => 3,
+            // 4: each capability's A2A `skill` facts appended.
+            Self::Profile => 4,
             Self::Live => 1,
         }
     }
@@ -142,6 +143,17 @@ pub struct Capability {
     /// The SHA-256 of the capability's output schema, when it declares one (v3). Only the
     /// digest travels: a schema's text would not fit an item (`MAX_ITEM`).
     pub output_schema: Option<[u8; 32]>,
+    /// What the agent's A2A card says of the skill, when the capability came from one (v4).
+    pub skill: Option<Skill>,
+}
+
+/// An A2A skill's facts: one byte when absent; media types as written on the card, which the
+/// importer caps in number and length to keep a profile within `MAX_ITEM`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Skill {
+    pub streaming: bool,
+    pub input_modes: Vec<String>,
+    pub output_modes: Vec<String>,
 }
 
 /// How a capability is routed, as the wire says it.
@@ -282,7 +294,8 @@ impl Capability {
         w.put(&self.mode.code())?;
         w.put(&self.cost_milli)?;
         w.put(&self.idempotent)?;
-        w.put(&self.output_schema)
+        w.put(&self.output_schema)?;
+        w.put(&self.skill)
     }
 
     pub(crate) fn read(f: &mut Fields<'_>) -> Result<Self, WireError> {
@@ -293,6 +306,7 @@ impl Capability {
         let cost_milli = f.take()?;
         let idempotent = f.take()?;
         let output_schema = f.since(3)?.flatten();
+        let skill = f.since(4)?.flatten();
         Ok(Self {
             name,
             tags,
@@ -301,6 +315,7 @@ impl Capability {
             cost_milli,
             idempotent,
             output_schema,
+            skill,
         })
     }
 }

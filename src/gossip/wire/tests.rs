@@ -55,6 +55,11 @@ fn profile_item() -> Item {
                 cost_milli: 1500,
                 idempotent: true,
                 output_schema: Some([0xab; 32]),
+                skill: Some(Skill {
+                    streaming: true,
+                    input_modes: vec!["text/plain".into()],
+                    output_modes: vec!["text/plain".into(), "application/json".into()],
+                }),
             }],
             version: "0.1.0".into(),
             identity: "spiffe://prod.example/ns/a/sa/coder".into(),
@@ -150,14 +155,18 @@ fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
     );
 }
 
-/// A capability as versions 1 and 2 wrote it: no `output_schema`.
-fn write_old_capability(w: &mut Writer, c: &Capability) -> Result<(), WireError> {
+/// A capability as versions 1 and 2 wrote it (no `output_schema`), or 3 (no `skill`).
+fn write_old_capability(w: &mut Writer, c: &Capability, version: u8) -> Result<(), WireError> {
     w.put(&c.name)?;
     w.put(&c.tags)?;
     w.put(&c.timeout_ms)?;
     w.put(&c.mode.code())?;
     w.put(&c.cost_milli)?;
-    w.put(&c.idempotent)
+    w.put(&c.idempotent)?;
+    if version >= 3 {
+        w.put(&c.output_schema)?;
+    }
+    Ok(())
 }
 
 /// A profile as an older sidecar writes it: version 1 (no `identity`) or 2 (no capability
@@ -174,7 +183,7 @@ fn old_profile(item: &Item, version: u8) -> Vec<u8> {
         w.put(&p.max_concurrency)?;
         w.put(&(p.capabilities.len() as u32))?;
         for c in &p.capabilities {
-            w.record(|w| write_old_capability(w, c))?;
+            w.record(|w| write_old_capability(w, c, version))?;
         }
         w.put(&p.version)?;
         if version >= 2 {
@@ -194,13 +203,14 @@ fn a_version_1_profile_reads_with_no_identity() {
     let bytes = old_profile(&item, 1);
     if let Body::Profile(p) = &mut item.body {
         p.identity = String::new();
-        p.capabilities
-            .iter_mut()
-            .for_each(|c| c.output_schema = None);
+        p.capabilities.iter_mut().for_each(|c| {
+            c.output_schema = None;
+            c.skill = None;
+        });
     }
     assert_eq!(known(decode_item(&bytes)), Some(item));
     let bytes = encode_item(&profile_item()).unwrap_or_default();
-    assert_eq!(bytes[1], 3, "written as version 3");
+    assert_eq!(bytes[1], 4, "written as version 4");
     assert_eq!(known(decode_item(&bytes)), Some(profile_item()));
 }
 
@@ -211,9 +221,10 @@ fn a_version_2_profile_reads_with_no_output_schema() {
     let mut item = profile_item();
     let bytes = old_profile(&item, 2);
     if let Body::Profile(p) = &mut item.body {
-        p.capabilities
-            .iter_mut()
-            .for_each(|c| c.output_schema = None);
+        p.capabilities.iter_mut().for_each(|c| {
+            c.output_schema = None;
+            c.skill = None;
+        });
     }
     assert_eq!(known(decode_item(&bytes)), Some(item));
     let read = known(decode_item(
@@ -224,6 +235,17 @@ fn a_version_2_profile_reads_with_no_output_schema() {
         _ => None,
     };
     assert_eq!(digest, Some([0xab; 32]));
+}
+
+/// A profile from a sidecar before A2A card import (version 3) reads with no skill facts.
+#[test]
+fn a_version_3_profile_reads_with_no_skill() {
+    let mut item = profile_item();
+    let bytes = old_profile(&item, 3);
+    if let Body::Profile(p) = &mut item.body {
+        p.capabilities.iter_mut().for_each(|c| c.skill = None);
+    }
+    assert_eq!(known(decode_item(&bytes)), Some(item));
 }
 
 #[test]
@@ -317,6 +339,7 @@ mod properties {
                         cost_milli,
                         idempotent,
                         output_schema,
+                        skill: None,
                     }
                 },
             )

@@ -1,0 +1,94 @@
+//! `GET http://<capability>.reach/.well-known/agent-card.json`: the card of a peer that serves
+//! the capability, fetched through the normal routing, with every interface URL pointed at
+//! `http://<capability>.reach/` so an A2A client that read it through the proxy keeps calling
+//! through the proxy (and so through routing) rather than one agent's own address.
+
+use std::convert::Infallible;
+
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tower::layer::{layer_fn, Layer};
+use tower::{service_fn, ServiceExt};
+
+use crate::a2a::{rewrite_urls, CARD_PATH, MAX_CARD_BYTES};
+use crate::error::ReachError;
+use crate::http::step::{answer, Step};
+use crate::http::{body, ReachBody};
+
+/// Passes a card request on and rewrites the card in its answer; other requests pass untouched.
+pub(super) fn layer<S>(
+) -> impl Layer<S, Service = impl Step<Request<Incoming>, Response = Response<ReachBody>>> + Clone
+where
+    S: Step<Request<Incoming>, Response = Response<ReachBody>>,
+{
+    layer_fn(move |inner: S| {
+        service_fn(move |req: Request<Incoming>| {
+            let inner = inner.clone();
+            async move {
+                let capability = card_request(&req);
+                let response = answer(inner.oneshot(req).await);
+                Ok::<_, Infallible>(match capability {
+                    Some(capability) => rewritten(&capability, response).await,
+                    None => response,
+                })
+            }
+        })
+    })
+}
+
+/// The capability whose card a request asks for, if it asks for one.
+fn card_request<B>(req: &Request<B>) -> Option<String> {
+    if req.method() != Method::GET || req.uri().path() != CARD_PATH {
+        return None;
+    }
+    super::capability_of(req).ok().map(|c| c.to_string())
+}
+
+/// A successful card answer with its URLs rewritten; any other answer as it came.
+async fn rewritten(capability: &str, response: Response<ReachBody>) -> Response<ReachBody> {
+    if response.status() != StatusCode::OK {
+        return response;
+    }
+    let (mut parts, incoming) = response.into_parts();
+    let unreadable = |message: String| {
+        ReachError::Upstream {
+            target: format!("the agent card of {capability}"),
+            message,
+        }
+        .into_response()
+    };
+    let bytes = match read_limited(incoming).await {
+        Ok(bytes) => bytes,
+        Err(message) => return unreadable(message),
+    };
+    let mut card: serde_json::Value = match serde_json::from_slice(&bytes) {
+        Ok(card) => card,
+        Err(err) => return unreadable(format!("not JSON: {err}")),
+    };
+    rewrite_urls(&mut card, &format!("http://{capability}.reach/"));
+    let text = card.to_string();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.remove(header::CONTENT_ENCODING);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, body::full(text))
+}
+
+/// The body, up to [`MAX_CARD_BYTES`]. Read frame by frame: `Limited` over the boxed body trips
+/// the compiler's higher-ranked `From` check inside a generic step.
+async fn read_limited(mut body: ReachBody) -> Result<bytes::Bytes, String> {
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| e.to_string())?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > MAX_CARD_BYTES {
+                return Err(format!("over {MAX_CARD_BYTES} bytes"));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out.freeze())
+}
