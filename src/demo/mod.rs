@@ -8,6 +8,7 @@
 //! the policy turns strict with per-capability authorization and an intruder is refused.
 
 mod authorized;
+mod conversations;
 mod drive;
 mod hostile;
 mod injected;
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 pub use authorized::AuthorizationSummary;
+pub use conversations::ConversationsSummary;
 pub use hostile::HostileSummary;
 pub use injected::Injection;
 pub use membership::MembershipSummary;
@@ -91,6 +93,9 @@ pub struct DemoSummary {
     /// An async task named by its intent: escalated when every agent fails it, then sent back
     /// by a person and done.
     pub tasks: TasksSummary,
+    /// A2A agents whose skills come from their cards, and conversations whose follow-ups
+    /// reach the agent holding the task.
+    pub conversations: ConversationsSummary,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -490,6 +495,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
     let authorization =
         authorized::run(&mut fleet, Duration::from_secs(2), options.concurrency).await?;
     let tasks = tasks::run(&mut fleet).await?;
+    let conversations = conversations::run(&mut fleet).await?;
     fleet.shutdown().await;
     let fault = report::fault_summary(AGENTS[BROKEN], &samples, &calls.take(), fault_at, heal_at);
     Ok(DemoSummary {
@@ -506,6 +512,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         membership,
         authorization,
         tasks,
+        conversations,
     })
 }
 

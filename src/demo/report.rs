@@ -309,6 +309,13 @@ pub fn render_table(s: &DemoSummary) -> String {
             )),
         k.answer_status.map_or("-".to_owned(), |s| s.to_string())
     ));
+    let c = &s.conversations;
+    out.push_str(&format!(
+        "\nA2A: three agents joined with no capability written down; their sidecars read the skill `translate` from the agents' cards and the caller could route it after {}\n  the card through the caller's outbound port names {} ; {} conversations (started on {} agents): {} of {} follow-ups (tasks/get, a second turn in the context) reached the agent holding the task\n",
+        c.skill_routable_after_ms
+            .map_or("never (within 20 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
+        c.card_url, c.conversations, c.agents_used, c.reached_holder, c.follow_ups
+    ));
     let t = &s.total;
     out.push_str(&format!(
         "\ncaller saw {} calls: {} ok ({:.2}%), {} failed; p50 {:.1} ms, p95 {:.1} ms; {:.0} calls/s\n",
