@@ -28,9 +28,10 @@ pub use intents::{fold_padded, IntentRule, IntentThreshold, Intents, Keyword, AN
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
 pub use output_schema::{CompiledSchema, OutputSchema, SchemaDigest, SchemaSource};
 pub use policy::{
-    CapabilityPolicy, EstimatesPolicy, ExternalTarget, FallbackPolicy, FinalFallback, Fraction,
-    MetricsPolicy, Policy, Pool, ProbesPolicy, RateLimit, RetryBudgetPolicy, RetryPolicy,
-    StatesPolicy, Timeouts, ValidationPolicy, WeightSets, Zones,
+    AffinityMode, AffinityPolicy, CapabilityPolicy, EstimatesPolicy, ExternalTarget,
+    FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, Policy, Pool, ProbesPolicy, Protocol,
+    RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, ValidationPolicy,
+    WeightSets, Zones,
 };
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 pub use tasks::{EscalationPolicy, QueueRounds, StoreLocation, TasksConfig};

@@ -58,6 +58,7 @@ where
         route,
         scored,
         tiers,
+        prefer,
     } = plan;
     let snapshot = call.snapshot;
     let mut parts = call.parts;
@@ -73,6 +74,8 @@ where
         replayable: bodies.replay.is_some(),
     };
     let mut attempts = Attempts::new(out, &snapshot, shape);
+    // A bound call's first attempt goes to the holder of its key.
+    attempts.sticky = prefer;
     let mut last: Option<(Attempt<B>, usize)> = None;
     loop {
         if attempts.deadline_passed() {
@@ -410,6 +413,7 @@ mod tests {
             },
             tiers: vec![Tier::Any; scored.len()],
             scored,
+            prefer: None,
         }
     }
 
