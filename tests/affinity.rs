@@ -85,6 +85,19 @@ fn answer(name: &str, memory: &Mutex<Memory>, body: &[u8]) -> Response<Full<byte
             memory.tasks.insert(id_.clone(), context.clone());
             json(json!({"jsonrpc": "2.0", "id": id, "result": task(&id_, &context)}))
         }
+        Some("message/stream") => {
+            memory.n += 1;
+            let id_ = format!("{name}-{}", memory.n);
+            let context = format!("ctx-{id_}");
+            memory.tasks.insert(id_.clone(), context.clone());
+            let first = json!({"jsonrpc": "2.0", "id": id, "result": task(&id_, &context)});
+            let last = json!({"jsonrpc": "2.0", "id": id, "result": {"kind": "status-update",
+                "taskId": id_, "contextId": context, "final": true}});
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Full::from(format!("data: {first}\n\ndata: {last}\n\n")))
+                .unwrap()
+        }
         Some("tasks/get") => {
             let wanted = rpc["params"]["id"].as_str().unwrap_or_default();
             match memory.tasks.get(wanted) {
@@ -226,6 +239,28 @@ async fn a2a_follow_ups_reach_the_agent_that_holds_the_task() {
     }
     // Nine first messages picked freely: more than one agent holds conversations.
     assert!(holders.len() > 1, "{holders:?}");
+}
+
+#[tokio::test]
+async fn a_streamed_answer_binds_the_task_its_first_event_names() {
+    let fleet = Fleet::start(Policy::default()).await;
+    let message = json!({"message": {"role": "user", "messageId": "m", "parts": []}});
+    for _ in 0..6 {
+        let stream = fleet.rpc("message/stream", message.clone()).await;
+        let holder = agent(&stream);
+        let data = stream
+            .body
+            .lines()
+            .next()
+            .unwrap()
+            .trim_start_matches("data: ");
+        let first: Value = serde_json::from_str(data).unwrap();
+        let task = first["result"]["id"].as_str().unwrap();
+        for _ in 0..3 {
+            let got = fleet.rpc("tasks/get", json!({"id": task})).await;
+            assert_eq!(agent(&got), holder, "{}", got.body);
+        }
+    }
 }
 
 #[tokio::test]
