@@ -534,6 +534,31 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_bound_call_goes_to_its_holder_first_and_moves_on_only_when_it_is_out() {
+        let out = for_tests(Policy::default());
+        for _ in 0..10 {
+            let mut p = plan(&out, "POST", false, &["a", "b", "c"]);
+            p.prefer = Some(2);
+            let (routed, asked) = run(&out, p, vec![]).await;
+            assert_eq!(names(&asked), ["c"]);
+            assert_eq!(routed.peer, "c");
+        }
+        // `fallback`: the holder refuses the connection; the call moves to another agent.
+        let mut p = plan(&out, "POST", false, &["a", "b", "c"]);
+        p.prefer = Some(2);
+        let refused = Attempt::Failed(ReachError::UpstreamConnect {
+            target: "c".into(),
+            message: "refused".into(),
+            refused: true,
+        });
+        let (routed, asked) = run(&out, p, vec![refused]).await;
+        assert_eq!(names(&asked)[0], "c");
+        assert_eq!(asked.len(), 2);
+        assert_ne!(routed.peer, "c");
+        assert_eq!(answered(&routed), Some(200));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn nobody_left_is_no_available_instance_with_every_candidate() {
         let out = for_tests(Policy::default());
         let mut p = plan(&out, "GET", false, &["a", "b"]);
