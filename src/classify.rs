@@ -102,6 +102,9 @@ impl Class {
             // The fleet's policy refused the caller: any peer would say the same, and the
             // agent never saw the call.
             (StatusCode::FORBIDDEN, Some(Reason::Forbidden)) => Class::Rejected,
+            // The caller's sidecar refused to move a bound call: no other agent holds its
+            // task or session, so retrying elsewhere cannot help.
+            (StatusCode::SERVICE_UNAVAILABLE, Some(Reason::AffinityLost)) => Class::Rejected,
             (StatusCode::GATEWAY_TIMEOUT, Some(Reason::Timeout | Reason::DeadlineExceeded)) => {
                 Class::TimedOut
             }
@@ -410,6 +413,11 @@ mod tests {
                 agent: "a".into(),
                 capability: "c".into(),
                 errors: Vec::new(),
+            },
+            ReachError::AffinityLost {
+                capability: "c".into(),
+                holder: "a".into(),
+                key: "taskId",
             },
         ] {
             let class = Class::of_error(&err);

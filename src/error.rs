@@ -100,6 +100,15 @@ pub enum ReachError {
         /// The first few validation errors: where (a JSON pointer) and what.
         errors: Vec<String>,
     },
+    /// The call's affinity key is bound to `holder`, which is out; the capability's policy is
+    /// `affinity: strict`, so the call is not moved to an agent that lacks its task or session.
+    #[error("agent `{holder}` holds this call's {key} for `{capability}` and is out: its task or session is not on any other agent")]
+    AffinityLost {
+        capability: String,
+        holder: String,
+        /// Which key bound it (`reach-affinity`, `Mcp-Session-Id`, `taskId`, `contextId`).
+        key: &'static str,
+    },
 }
 
 /// The `reach-reason` a sidecar puts on the answers it makes itself: the JSON `error` field too.
@@ -134,10 +143,11 @@ pub enum Reason {
     IntentUnresolved,
     IntentAmbiguous,
     InvalidOutput,
+    AffinityLost,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 29] = [
+    pub const ALL: [Reason; 30] = [
         Reason::MissingCapability,
         Reason::ForbiddenHost,
         Reason::UnknownCapability,
@@ -167,6 +177,7 @@ impl Reason {
         Reason::IntentUnresolved,
         Reason::IntentAmbiguous,
         Reason::InvalidOutput,
+        Reason::AffinityLost,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -200,6 +211,7 @@ impl Reason {
             Reason::IntentUnresolved => "intent_unresolved",
             Reason::IntentAmbiguous => "intent_ambiguous",
             Reason::InvalidOutput => "invalid_output",
+            Reason::AffinityLost => "affinity_lost",
         }
     }
 
@@ -228,6 +240,7 @@ impl ReachError {
             | ReachError::Saturated { .. }
             | ReachError::Ejected { .. }
             | ReachError::IdempotencyBusy
+            | ReachError::AffinityLost { .. }
             | ReachError::Draining => StatusCode::SERVICE_UNAVAILABLE,
             ReachError::UpstreamConnect { .. }
             | ReachError::Upstream { .. }
@@ -275,6 +288,7 @@ impl ReachError {
             ReachError::IntentUnresolved { .. } => Reason::IntentUnresolved,
             ReachError::IntentAmbiguous { .. } => Reason::IntentAmbiguous,
             ReachError::InvalidOutput { .. } => Reason::InvalidOutput,
+            ReachError::AffinityLost { .. } => Reason::AffinityLost,
         }
     }
 

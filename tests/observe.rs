@@ -46,6 +46,7 @@ async fn observe_only_routes_round_robin_and_counts_what_the_model_would_have_av
         CAP.to_owned(),
         CapabilityPolicy {
             observe_only: Some(true),
+            ..CapabilityPolicy::default()
         },
     );
     let (agents, caller) = fleet(policy.clone()).await;

@@ -28,9 +28,10 @@ pub use intents::{fold_padded, IntentRule, IntentThreshold, Intents, Keyword, AN
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
 pub use output_schema::{CompiledSchema, OutputSchema, SchemaDigest, SchemaSource};
 pub use policy::{
-    CapabilityPolicy, EstimatesPolicy, ExternalTarget, FallbackPolicy, FinalFallback, Fraction,
-    MetricsPolicy, Policy, Pool, ProbesPolicy, RateLimit, RetryBudgetPolicy, RetryPolicy,
-    StatesPolicy, Timeouts, ValidationPolicy, WeightSets, Zones,
+    AffinityMode, AffinityPolicy, CapabilityPolicy, EstimatesPolicy, ExternalTarget,
+    FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, Policy, Pool, ProbesPolicy, Protocol,
+    RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, ValidationPolicy,
+    WeightSets, Zones,
 };
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 pub use tasks::{EscalationPolicy, QueueRounds, StoreLocation, TasksConfig};
@@ -646,5 +647,18 @@ mod tests {
         let b = load_bootstrap(path);
         assert!(a.is_ok(), "{a:?}");
         assert_eq!(a.ok(), b.ok());
+    }
+
+    #[test]
+    fn affinity_is_set_per_capability_and_bounded_where_it_is_written() {
+        let text = "affinity: { max_entries: 10, idle_timeout: 5m }\ncapabilities:\n  chat: { affinity: fallback, protocol: a2a }\n";
+        let policy = parse_policy(Path::new("p.yaml"), text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(policy.affinity.max_entries, 10);
+        assert_eq!(policy.affinity.idle_timeout, HumanDuration::from_secs(300));
+        let chat = &policy.capabilities["chat"];
+        assert_eq!(chat.affinity, AffinityMode::Fallback);
+        assert_eq!(chat.protocol, Some(Protocol::A2a));
+        let err = parse_policy(Path::new("p.yaml"), "affinity: { max_entries: 0 }\n").err();
+        assert!(err.is_some_and(|e| e.to_string().contains("affinity.max_entries")));
     }
 }

@@ -53,6 +53,8 @@ pub struct Policy {
     pub escalation: EscalationPolicy,
     /// Checking answers against a capability's `output_schema`.
     pub validation: ValidationPolicy,
+    /// The session-affinity table's bounds (`docs/affinity.md`).
+    pub affinity: AffinityPolicy,
 }
 
 /// Policy `capabilities.<name>`.
@@ -61,6 +63,34 @@ pub struct Policy {
 pub struct CapabilityPolicy {
     /// Overrides the fleet's `observe_only` for this capability.
     pub observe_only: Option<bool>,
+    /// What a call bound to an agent that is out does (`docs/affinity.md`).
+    pub affinity: AffinityMode,
+    /// Which protocol's affinity keys the capability's calls carry; `None` looks at each call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Protocol>,
+}
+
+/// `capabilities.<name>.affinity`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AffinityMode {
+    /// The call fails with `affinity_lost`: the holder's task or session is not elsewhere.
+    #[default]
+    Strict,
+    /// The call is routed as if it had no key, and the key moves to whoever answers.
+    Fallback,
+}
+
+/// `capabilities.<name>.protocol`: where a call's affinity keys are read from.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// A2A JSON-RPC: task and context ids in the body, whatever its `content-type`.
+    A2a,
+    /// MCP streamable HTTP: `Mcp-Session-Id`; the body is never read.
+    Mcp,
+    /// Only `reach-affinity`.
+    Http,
 }
 
 /// Every number in the file and what it may be: checked where it is written, so an error names
@@ -141,6 +171,10 @@ pub(super) const RULES: &[Row] = &[
     // 0 takes any match with no tie; 1 only a call whose keywords all belong to one rule.
     ("intent_threshold", Rule::Real(0.0, 1.0)),
     ("validation.max_body_bytes", Rule::Whole(0, 64 << 20)),
+    // A table of 0 entries or bytes would bind nothing: use `protocol: http` and no header.
+    ("affinity.max_entries", Rule::Whole(1, 100_000_000)),
+    ("affinity.max_bytes", Rule::Whole(1024, 4 << 30)),
+    ("affinity.idle_timeout", Rule::Span(secs(1), DAY)),
 ];
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -647,6 +681,28 @@ impl Default for ValidationPolicy {
     fn default() -> Self {
         Self {
             max_body_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// `affinity:` — the table of which agent holds which task or session (`docs/affinity.md`).
+/// Reloaded live: the bounds apply from the next binding.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AffinityPolicy {
+    pub max_entries: usize,
+    /// Keys, values and bookkeeping together; past it the least recently used go first.
+    pub max_bytes: usize,
+    /// A key unused this long is forgotten: the session's idle time.
+    pub idle_timeout: HumanDuration,
+}
+
+impl Default for AffinityPolicy {
+    fn default() -> Self {
+        Self {
+            max_entries: 100_000,
+            max_bytes: 16 * 1024 * 1024,
+            idle_timeout: HumanDuration::from_secs(30 * 60),
         }
     }
 }

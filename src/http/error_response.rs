@@ -38,6 +38,10 @@ impl ReachError {
             // Which capabilities the intent could have meant, so the caller can name one.
             body["candidates"] = candidates.clone();
         }
+        if let ReachError::AffinityLost { holder, .. } = &self {
+            // The agent that holds the task or session, for the caller's logs.
+            body["holder"] = holder.as_str().into();
+        }
         if let ReachError::InvalidOutput { errors, .. } = &self {
             // Where the answer went wrong, one entry per error, for the caller's logs.
             body["errors"] = errors.clone().into();

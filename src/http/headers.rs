@@ -25,6 +25,11 @@ pub const ATTEMPTS: HeaderName = HeaderName::from_static("reach-attempts");
 /// Routing hints from the calling agent.
 pub const TAGS: HeaderName = HeaderName::from_static("reach-tags");
 pub const MODE: HeaderName = HeaderName::from_static("reach-mode");
+/// An affinity key: calls carrying the same value go to the agent that answered the first
+/// (`docs/affinity.md`).
+pub const AFFINITY: HeaderName = HeaderName::from_static("reach-affinity");
+/// MCP streamable HTTP's session, assigned by the server on `initialize`.
+pub const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 /// The local agent reporting its own load on a response.
 pub const BUSY: HeaderName = HeaderName::from_static("reach-busy");
 pub const LOAD: HeaderName = HeaderName::from_static("reach-load");

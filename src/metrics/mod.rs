@@ -61,6 +61,9 @@ pub const OBSERVE_CALLS_TOTAL: &str = "reach_observe_calls_total";
 pub const OBSERVE_AVOIDABLE_FAILURES_TOTAL: &str = "reach_observe_avoidable_failures_total";
 pub const OUTPUT_INVALID_TOTAL: &str = "reach_output_invalid_total";
 pub const OUTPUT_UNVALIDATED_TOTAL: &str = "reach_output_unvalidated_total";
+pub const AFFINITY_HITS_TOTAL: &str = "reach_affinity_hits_total";
+pub const AFFINITY_LOST_TOTAL: &str = "reach_affinity_lost_total";
+pub const AFFINITY_ENTRIES: &str = "reach_affinity_entries";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -70,6 +73,14 @@ const SECONDS_BUCKETS: &[f64] = &[
 
 /// Help texts: promtool wants one for every metric.
 const COUNTERS: &[(&str, &str)] = &[
+    (
+        AFFINITY_HITS_TOTAL,
+        "Calls routed to the agent their affinity key is bound to, by capability.",
+    ),
+    (
+        AFFINITY_LOST_TOTAL,
+        "Calls whose affinity key's agent was out (answered 503 affinity_lost, or moved under `affinity: fallback`), by capability.",
+    ),
     (
         OUTPUT_INVALID_TOTAL,
         "Agent answers refused by the capability's output_schema (answered 502 invalid_output), by capability.",
@@ -162,6 +173,10 @@ const COUNTERS: &[(&str, &str)] = &[
 ];
 
 const GAUGES: &[(&str, &str)] = &[
+    (
+        AFFINITY_ENTRIES,
+        "Affinity keys bound to an agent in this caller's table.",
+    ),
     (
         INBOUND_IN_FLIGHT,
         "Requests the local agent is working on now.",
@@ -548,6 +563,22 @@ impl Metrics {
                 .increment(1),
             None => self.with(|| counter!(TIER_PICKS_TOTAL, "tier" => tier).increment(1)),
         }
+    }
+
+    /// A call routed to the agent its affinity key is bound to.
+    pub fn affinity_hit(&self, capability: &str) {
+        let capability = capability.to_owned();
+        self.with(|| counter!(AFFINITY_HITS_TOTAL, "capability" => capability).increment(1));
+    }
+
+    /// A call whose affinity key's agent was out.
+    pub fn affinity_lost(&self, capability: &str) {
+        let capability = capability.to_owned();
+        self.with(|| counter!(AFFINITY_LOST_TOTAL, "capability" => capability).increment(1));
+    }
+
+    pub fn affinity_entries(&self, n: usize) {
+        self.with(|| gauge!(AFFINITY_ENTRIES).set(n as f64));
     }
 
     pub fn retry_budget_exhausted(&self, capability: &str) {

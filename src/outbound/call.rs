@@ -32,6 +32,8 @@ pub(super) struct Plan {
     pub(super) route: RouteRequest,
     pub(super) scored: Vec<Scored>,
     pub(super) tiers: Vec<Tier>,
+    /// The candidate the first attempt must go to: the holder of the call's affinity key.
+    pub(super) prefer: Option<usize>,
 }
 
 /// One attempt on one peer.

@@ -10,7 +10,7 @@ use tower::{service_fn, ServiceExt};
 
 use super::call::{Call, Plan, Routed};
 use super::tiers::Tier;
-use super::{sample, Outbound};
+use super::{affinity, sample, Outbound};
 use crate::config::RouteMode;
 use crate::error::ReachError;
 use crate::http::headers;
@@ -57,6 +57,11 @@ fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
         };
         return Err(Routed::refused(UNKNOWN, err));
     }
+    // A call whose affinity key is bound goes to the key's holder.
+    let (scored, prefer) = match call.parts.extensions.get::<affinity::Pinned>() {
+        Some(pin) => affinity::narrow(out, pin, &call, &route, scored)?,
+        None => (scored, None),
+    };
     let me = &call.snapshot.bootstrap.agent;
     let tiers = scored
         .iter()
@@ -67,6 +72,7 @@ fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
         route,
         scored,
         tiers,
+        prefer,
     })
 }
 

@@ -4,6 +4,7 @@
 //! The request path is one stack, built in [`Outbound::stack`] in request order; each step is a
 //! tower service in a file of its own.
 
+mod affinity;
 mod agent_card;
 mod attempt;
 mod balance;
@@ -70,6 +71,8 @@ pub struct Outbound {
     observe: ObserveLog,
     /// Where `prefer: respond-async` calls go; `None` when the bootstrap has no `tasks`.
     tasks: Option<Arc<Queue>>,
+    /// Which agent holds which task or session (`docs/affinity.md`).
+    affinity: Arc<affinity::Table>,
 }
 
 impl Outbound {
@@ -94,6 +97,7 @@ impl Outbound {
             idempotency,
             observe: ObserveLog::default(),
             tasks: None,
+            affinity: Arc::default(),
         }
     }
 
@@ -133,6 +137,8 @@ impl Outbound {
         ServiceBuilder::new()
             // Metrics and `reach-attempts` on whatever answer comes back.
             .layer(record::layer(self.metrics.clone()))
+            // A call carrying a task or session key goes to the agent that holds it; answers bind.
+            .layer(affinity::layer(self.clone()))
             // The peers that serve the capability, scored, in zone tiers.
             .layer(candidates::layer(self.clone()))
             // Which candidate next and when: retry table, budget, backoff, deadline, fallback.

@@ -72,6 +72,8 @@ where
         route,
         scored,
         tiers,
+        // Round robin here: a `fallback` holder is not preferred (a `strict` one is alone).
+        prefer: _,
     } = plan;
     let snapshot = call.snapshot;
     let capability = route.capability.as_str();

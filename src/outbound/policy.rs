@@ -58,6 +58,7 @@ where
         route,
         scored,
         tiers,
+        prefer,
     } = plan;
     let snapshot = call.snapshot;
     let mut parts = call.parts;
@@ -73,6 +74,8 @@ where
         replayable: bodies.replay.is_some(),
     };
     let mut attempts = Attempts::new(out, &snapshot, shape);
+    // A bound call's first attempt goes to the holder of its key.
+    attempts.sticky = prefer;
     let mut last: Option<(Attempt<B>, usize)> = None;
     loop {
         if attempts.deadline_passed() {
@@ -410,6 +413,7 @@ mod tests {
             },
             tiers: vec![Tier::Any; scored.len()],
             scored,
+            prefer: None,
         }
     }
 
@@ -527,6 +531,31 @@ mod tests {
         assert!(asked.is_empty());
         assert!(matches!(routed.answer, Err(ReachError::DeadlineExceeded)));
         assert_eq!(routed.attempts, Some(0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bound_call_goes_to_its_holder_first_and_moves_on_only_when_it_is_out() {
+        let out = for_tests(Policy::default());
+        for _ in 0..10 {
+            let mut p = plan(&out, "POST", false, &["a", "b", "c"]);
+            p.prefer = Some(2);
+            let (routed, asked) = run(&out, p, vec![]).await;
+            assert_eq!(names(&asked), ["c"]);
+            assert_eq!(routed.peer, "c");
+        }
+        // `fallback`: the holder refuses the connection; the call moves to another agent.
+        let mut p = plan(&out, "POST", false, &["a", "b", "c"]);
+        p.prefer = Some(2);
+        let refused = Attempt::Failed(ReachError::UpstreamConnect {
+            target: "c".into(),
+            message: "refused".into(),
+            refused: true,
+        });
+        let (routed, asked) = run(&out, p, vec![refused]).await;
+        assert_eq!(names(&asked)[0], "c");
+        assert_eq!(asked.len(), 2);
+        assert_ne!(routed.peer, "c");
+        assert_eq!(answered(&routed), Some(200));
     }
 
     #[tokio::test(start_paused = true)]

@@ -15,16 +15,17 @@ use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::layers::field;
 use crate::http::measured::{BodyEnd, MeasuredBody};
-use crate::http::pool::UpstreamBody;
 use crate::http::step::{answer, Step};
 use crate::http::{body, headers, ReachBody};
 use crate::metrics::{Direction, Metrics};
 
-pub(super) fn layer<S>(
+pub(super) fn layer<S, B>(
     metrics: Arc<Metrics>,
 ) -> impl Layer<S, Service = impl Step<Call, Response = Response<ReachBody>>> + Clone
 where
-    S: Step<Call, Response = Routed>,
+    S: Step<Call, Response = Routed<B>>,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<crate::http::body::BoxError>,
 {
     layer_fn(move |inner: S| {
         let metrics = metrics.clone();
@@ -39,7 +40,11 @@ where
     })
 }
 
-fn respond(metrics: &Arc<Metrics>, routed: Routed, started: Instant) -> Response<ReachBody> {
+fn respond<B>(metrics: &Arc<Metrics>, routed: Routed<B>, started: Instant) -> Response<ReachBody>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<crate::http::body::BoxError>,
+{
     let Routed {
         answer,
         label,
@@ -59,13 +64,17 @@ fn respond(metrics: &Arc<Metrics>, routed: Routed, started: Instant) -> Response
 }
 
 /// A peer's answer, recorded when its body has been delivered.
-fn measured(
+fn measured<B>(
     metrics: Arc<Metrics>,
-    response: Response<UpstreamBody>,
+    response: Response<B>,
     label: String,
     peer: String,
     started: Instant,
-) -> Response<ReachBody> {
+) -> Response<ReachBody>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<crate::http::body::BoxError>,
+{
     let outcome = Class::of_response(&response).outcome();
     Span::current().record(field::OUTCOME, outcome.as_str());
     let (parts, incoming) = response.into_parts();

@@ -1,0 +1,372 @@
+//! The affinity keys a call carries (`reach-affinity`, `Mcp-Session-Id`, an A2A request's task
+//! and context ids) and those its answer assigns (an A2A task's id and context, an MCP session).
+//!
+//! A call with no key costs two header look-ups and a `content-type` check: only a buffered JSON
+//! body that mentions `"jsonrpc"` is parsed, and only the fields that hold ids.
+
+use std::borrow::Cow;
+
+use http::HeaderMap;
+use serde::Deserialize;
+
+use super::table::Kind;
+use crate::config::Protocol;
+use crate::http::headers;
+
+/// What a call carries, in the order its keys are looked up.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Found {
+    pub(crate) keys: Vec<(Kind, String)>,
+    /// The call is A2A JSON-RPC: its answer may name the task and context to bind.
+    pub(crate) a2a: bool,
+}
+
+/// The keys of a request: `body` is its buffered body, when it was buffered.
+pub(crate) fn of_request(
+    head: &HeaderMap,
+    body: Option<&[u8]>,
+    protocol: Option<Protocol>,
+) -> Found {
+    let mut found = Found::default();
+    if let Some(value) = text(head, headers::AFFINITY) {
+        found.keys.push((Kind::Header, value));
+    }
+    if matches!(protocol, None | Some(Protocol::Mcp)) {
+        if let Some(value) = text(head, headers::MCP_SESSION_ID) {
+            found.keys.push((Kind::McpSession, value));
+        }
+    }
+    let a2a_body = match protocol {
+        None => is_json(head),
+        Some(Protocol::A2a) => true,
+        Some(Protocol::Mcp | Protocol::Http) => false,
+    };
+    if let (true, Some(body)) = (a2a_body, body) {
+        if mentions_jsonrpc(body) {
+            if let Some(ids) = a2a_request(body) {
+                found.a2a = true;
+                found.keys.extend(ids);
+            }
+        }
+    }
+    found
+}
+
+/// The keys an answer assigns: an MCP session from its head.
+pub(crate) fn of_response_head(head: &HeaderMap) -> Option<(Kind, String)> {
+    text(head, headers::MCP_SESSION_ID).map(|v| (Kind::McpSession, v))
+}
+
+/// The keys an A2A answer assigns: a JSON-RPC response whose result is a Task (its `id`), a
+/// Message or a stream event (its `taskId`), each with its `contextId`. `None` when it is no
+/// result (an error, or not JSON-RPC): then nothing is bound.
+pub(crate) fn of_a2a_response(body: &[u8]) -> Option<Vec<(Kind, String)>> {
+    let rpc = serde_json::from_slice::<RpcResponse<'_>>(body).ok()?;
+    let result = rpc.result?;
+    // v1 wraps the object: `{"task": {..}}` or `{"message": {..}}`.
+    let object = result.task.or(result.message).map_or(
+        Ids {
+            id: result.id,
+            kind: result.kind,
+            status: result.status,
+            task_id: result.task_id,
+            context_id: result.context_id,
+        },
+        |inner| *inner,
+    );
+    let mut keys = Vec::new();
+    // A Message's `id` is not a task's: only a Task (it has a status) names its task by `id`.
+    let is_task = object.kind.as_deref() == Some("task") || object.status.is_some();
+    if let (true, Some(id)) = (is_task, object.id) {
+        keys.push((Kind::Task, id));
+    }
+    if let Some(task) = object.task_id {
+        keys.push((Kind::Task, task));
+    }
+    if let Some(context) = object.context_id {
+        keys.push((Kind::Context, context));
+    }
+    Some(keys)
+}
+
+/// The first event of a `text/event-stream` answer, when `bytes` holds all of it: its `data`
+/// lines joined. `None` while the event is incomplete.
+pub(crate) fn first_event(bytes: &[u8]) -> Option<Vec<u8>> {
+    let end = find(bytes, b"\n\n").or_else(|| find(bytes, b"\r\n\r\n"))?;
+    let mut data = Vec::new();
+    for line in bytes[..end].split(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(rest) = line.strip_prefix(b"data:") {
+            data.extend_from_slice(rest.strip_prefix(b" ").unwrap_or(rest));
+            data.push(b'\n');
+        }
+    }
+    Some(data)
+}
+
+/// A2A's JSON-RPC methods that start or continue a task or context (v0.2 slash forms and
+/// v0.3+ PascalCase).
+fn is_a2a_method(method: &str) -> bool {
+    matches!(
+        method,
+        "message/send"
+            | "message/stream"
+            | "tasks/get"
+            | "tasks/cancel"
+            | "tasks/resubscribe"
+            | "SendMessage"
+            | "SendStreamingMessage"
+            | "GetTask"
+            | "CancelTask"
+            | "TaskResubscription"
+    ) || method.starts_with("tasks/pushNotificationConfig/")
+}
+
+fn a2a_request(body: &[u8]) -> Option<Vec<(Kind, String)>> {
+    let rpc: RpcRequest<'_> = serde_json::from_slice(body).ok()?;
+    if rpc.jsonrpc.as_deref() != Some("2.0") || !rpc.method.as_deref().is_some_and(is_a2a_method) {
+        return None;
+    }
+    let mut keys = Vec::new();
+    let Some(params) = rpc.params else {
+        return Some(keys);
+    };
+    // `tasks/*` name the task by `id` (v1: `name: tasks/{id}`), push configs by `taskId`.
+    let task = params.id.or(params.task_id).or_else(|| {
+        params
+            .name
+            .and_then(|n| n.strip_prefix("tasks/").map(str::to_owned))
+    });
+    keys.extend(task.map(|t| (Kind::Task, t)));
+    if let Some(message) = params.message {
+        keys.extend(message.task_id.map(|t| (Kind::Task, t)));
+        keys.extend(message.context_id.map(|c| (Kind::Context, c)));
+    }
+    Some(keys)
+}
+
+fn text(head: &HeaderMap, name: http::HeaderName) -> Option<String> {
+    let value = head.get(name)?.to_str().ok()?.trim();
+    (!value.is_empty()).then(|| value.to_owned())
+}
+
+pub(crate) fn is_json(head: &HeaderMap) -> bool {
+    head.get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            let essence = v.split(';').next().unwrap_or("").trim();
+            essence.eq_ignore_ascii_case("application/json") || essence.ends_with("+json")
+        })
+}
+
+/// A cheap look before a parse: most JSON bodies are not JSON-RPC.
+fn mentions_jsonrpc(body: &[u8]) -> bool {
+    find(body, b"\"jsonrpc\"").is_some()
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[derive(Deserialize)]
+struct RpcRequest<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    method: Option<Cow<'a, str>>,
+    #[serde(default)]
+    params: Option<Params>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Params {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    task_id: Option<String>,
+    #[serde(default)]
+    message: Option<MessageIds>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageIds {
+    #[serde(default)]
+    task_id: Option<String>,
+    #[serde(default)]
+    context_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RpcResponse<'a> {
+    #[serde(borrow)]
+    #[allow(
+        dead_code,
+        reason = "required, so a body that is not JSON-RPC does not parse"
+    )]
+    jsonrpc: Cow<'a, str>,
+    #[serde(default)]
+    result: Option<ResultIds>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ResultIds {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    status: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    task_id: Option<String>,
+    #[serde(default)]
+    context_id: Option<String>,
+    #[serde(default)]
+    task: Option<Box<Ids>>,
+    #[serde(default)]
+    message: Option<Box<Ids>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Ids {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    status: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    task_id: Option<String>,
+    #[serde(default)]
+    context_id: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap_or_else(|e| panic!("{e}")),
+                http::HeaderValue::from_str(v).unwrap_or_else(|e| panic!("{e}")),
+            );
+        }
+        h
+    }
+
+    const JSON: (&str, &str) = ("content-type", "application/json");
+
+    fn keys(found: &Found) -> Vec<(Kind, &str)> {
+        found.keys.iter().map(|(k, v)| (*k, v.as_str())).collect()
+    }
+
+    #[test]
+    fn headers_are_keys_for_any_capability() {
+        let h = head(&[("reach-affinity", " k1 "), ("mcp-session-id", "s-1")]);
+        let found = of_request(&h, None, None);
+        assert_eq!(
+            keys(&found),
+            [(Kind::Header, "k1"), (Kind::McpSession, "s-1")]
+        );
+        // `protocol: http` reads only `reach-affinity`.
+        let found = of_request(&h, None, Some(Protocol::Http));
+        assert_eq!(keys(&found), [(Kind::Header, "k1")]);
+        assert!(of_request(&head(&[("reach-affinity", "")]), None, None)
+            .keys
+            .is_empty());
+    }
+
+    #[test]
+    fn a2a_requests_name_their_task_and_context() {
+        let h = head(&[JSON]);
+        let send = br#"{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"role":"user","parts":[],"messageId":"m1","contextId":"c1","taskId":"t1"}}}"#;
+        let found = of_request(&h, Some(send), None);
+        assert!(found.a2a);
+        assert_eq!(keys(&found), [(Kind::Task, "t1"), (Kind::Context, "c1")]);
+        let get = br#"{"jsonrpc":"2.0","id":"x","method":"tasks/get","params":{"id":"t9"}}"#;
+        assert_eq!(keys(&of_request(&h, Some(get), None)), [(Kind::Task, "t9")]);
+        let v1 = br#"{"jsonrpc":"2.0","id":2,"method":"GetTask","params":{"name":"tasks/t7"}}"#;
+        assert_eq!(keys(&of_request(&h, Some(v1), None)), [(Kind::Task, "t7")]);
+        let push = br#"{"jsonrpc":"2.0","id":2,"method":"tasks/pushNotificationConfig/get","params":{"taskId":"t3"}}"#;
+        assert_eq!(
+            keys(&of_request(&h, Some(push), None)),
+            [(Kind::Task, "t3")]
+        );
+        // A first message: A2A, nothing to look up yet.
+        let first = br#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m"}}}"#;
+        let found = of_request(&h, Some(first), None);
+        assert!(found.a2a && found.keys.is_empty());
+    }
+
+    #[test]
+    fn other_bodies_are_not_a2a() {
+        let json = head(&[JSON]);
+        let plain = head(&[("content-type", "text/plain")]);
+        let get = br#"{"jsonrpc":"2.0","id":"x","method":"tasks/get","params":{"id":"t9"}}"#;
+        // Not JSON by its content-type: not read, unless the policy says A2A.
+        assert_eq!(of_request(&plain, Some(get), None), Found::default());
+        assert!(of_request(&plain, Some(get), Some(Protocol::A2a)).a2a);
+        assert_eq!(
+            of_request(&json, Some(get), Some(Protocol::Mcp)),
+            Found::default()
+        );
+        // Another JSON-RPC method, another version, not JSON-RPC, not JSON at all.
+        for body in [
+            &br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"id":"t"}}"#[..],
+            br#"{"jsonrpc":"1.0","method":"tasks/get","params":{"id":"t"}}"#,
+            br#"{"method":"tasks/get","params":{"id":"t"}}"#,
+            b"{\"jsonrpc\": oops",
+        ] {
+            assert_eq!(of_request(&json, Some(body), None), Found::default());
+        }
+    }
+
+    #[test]
+    fn a2a_answers_name_what_they_created() {
+        let task = br#"{"jsonrpc":"2.0","id":1,"result":{"kind":"task","id":"a-1","contextId":"c-1","status":{"state":"completed"}}}"#;
+        assert_eq!(
+            of_a2a_response(task),
+            Some(vec![
+                (Kind::Task, "a-1".into()),
+                (Kind::Context, "c-1".into())
+            ])
+        );
+        // A Message's id is its message id, not a task's.
+        let message = br#"{"jsonrpc":"2.0","id":1,"result":{"kind":"message","messageId":"m","id":"m","contextId":"c-2"}}"#;
+        assert_eq!(
+            of_a2a_response(message),
+            Some(vec![(Kind::Context, "c-2".into())])
+        );
+        let v1 =
+            br#"{"jsonrpc":"2.0","id":1,"result":{"task":{"id":"t","contextId":"c","status":{}}}}"#;
+        assert_eq!(
+            of_a2a_response(v1),
+            Some(vec![(Kind::Task, "t".into()), (Kind::Context, "c".into())])
+        );
+        let event = br#"{"jsonrpc":"2.0","id":1,"result":{"kind":"status-update","taskId":"t","contextId":"c"}}"#;
+        assert_eq!(
+            of_a2a_response(event),
+            Some(vec![(Kind::Task, "t".into()), (Kind::Context, "c".into())])
+        );
+        let error = br#"{"jsonrpc":"2.0","id":1,"error":{"code":-1}}"#;
+        assert_eq!(of_a2a_response(error), None);
+        assert_eq!(of_a2a_response(b"not json"), None);
+        assert_eq!(of_a2a_response(br#"{"result":{"id":"t"}}"#), None);
+    }
+
+    #[test]
+    fn a_streams_first_event_is_its_data_lines() {
+        assert_eq!(first_event(b"event: x\ndata: {\"a\":1}"), None);
+        let data = first_event(b"id: 1\ndata: {\"a\":\ndata: 1}\n\ndata: next\n\n");
+        assert_eq!(data.as_deref(), Some(&b"{\"a\":\n1}\n"[..]));
+        let crlf = first_event(b"data: x\r\n\r\n");
+        assert_eq!(crlf.as_deref(), Some(&b"x\n"[..]));
+    }
+}

@@ -1,0 +1,214 @@
+//! Session affinity: a call carrying a key (`reach-affinity`, `Mcp-Session-Id`, an A2A task or
+//! context id) goes to the agent that answered the key before, while that agent is up.
+//!
+//! Why: A2A tasks and contexts and MCP sessions live in one agent's memory; a follow-up that
+//! lands elsewhere fails. The caller binds each key to the peer that answered it (keys of the
+//! request and those the answer assigns: an A2A task's id, an MCP session) and, when the holder
+//! is out, refuses with `affinity_lost` (`strict`) or routes afresh and rebinds (`fallback`).
+//! `docs/affinity.md` has the whole story.
+
+mod body;
+mod keys;
+mod route;
+mod table;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::Response;
+use tower::layer::{layer_fn, Layer};
+use tower::{service_fn, ServiceExt};
+
+use super::call::{Call, Routed};
+use super::Outbound;
+use crate::classify::{Class, Refusal};
+use crate::config::{AffinityMode, Snapshot};
+use crate::error::ReachError;
+use crate::http::pool::UpstreamBody;
+use crate::http::step::{answer, Step};
+use crate::http::upload::Upload;
+
+pub(crate) use body::Watched;
+pub(super) use route::narrow;
+pub(crate) use table::Table;
+use table::{Bounds, Key, Kind};
+
+/// On a call whose key is bound: the agent that holds it, for `candidates` to route to.
+#[derive(Clone, Debug)]
+pub(super) struct Pinned {
+    pub(super) holder: Arc<str>,
+    pub(super) kind: Kind,
+    pub(super) mode: AffinityMode,
+}
+
+pub(super) fn layer<S>(
+    out: Arc<Outbound>,
+) -> impl Layer<S, Service = impl Step<Call, Response = Routed<Watched>>> + Clone
+where
+    S: Step<Call, Response = Routed>,
+{
+    layer_fn(move |inner: S| {
+        let out = out.clone();
+        service_fn(move |call: Call| {
+            let (out, inner) = (out.clone(), inner.clone());
+            async move { Ok::<_, Infallible>(affine(&out, inner, call).await) }
+        })
+    })
+}
+
+/// Looks the call's keys up, routes it (to the holder when one is bound), and binds what the
+/// answer confirms.
+async fn affine<S>(out: &Outbound, inner: S, mut call: Call) -> Routed<Watched>
+where
+    S: Step<Call, Response = Routed>,
+{
+    let snapshot = call.snapshot.clone();
+    let settings = snapshot.policy.capabilities.get(call.capability.as_str());
+    let body = match &call.upload {
+        Upload::Buffered(bytes) => Some(&bytes[..]),
+        Upload::Stream(..) => None,
+    };
+    let found = keys::of_request(&call.parts.headers, body, settings.and_then(|c| c.protocol));
+    let capability: Option<Arc<str>> =
+        (!found.keys.is_empty() || found.a2a).then(|| call.capability.as_str().into());
+    let pinned = capability
+        .as_ref()
+        .and_then(|cap| lookup(out, &snapshot, cap, &found.keys))
+        .map(|(holder, kind)| Pinned {
+            holder,
+            kind,
+            mode: settings.map(|c| c.affinity).unwrap_or_default(),
+        });
+    if let Some(pin) = &pinned {
+        call.parts.extensions.insert(pin.clone());
+    }
+    let routed = answer(inner.oneshot(call).await);
+    let routed = match &pinned {
+        Some(pin) if pin.mode == AffinityMode::Strict => lost_holder(out, routed, pin),
+        _ => routed,
+    };
+    let Routed {
+        answer: result,
+        label,
+        peer,
+        attempts,
+    } = routed;
+    let result = result.map(|response| {
+        // Nothing to bind, the common case: no allocation, no watch.
+        let anything = !found.keys.is_empty()
+            || found.a2a
+            || response
+                .headers()
+                .contains_key(crate::http::headers::MCP_SESSION_ID);
+        if !anything || !response.status().is_success() || peer == "-" {
+            return response.map(Watched::plain);
+        }
+        let peer: Arc<str> = peer.as_str().into();
+        let binding = body::Binding {
+            table: out.affinity.clone(),
+            metrics: out.metrics.clone(),
+            capability: capability.unwrap_or_else(|| label.as_str().into()),
+            peer,
+            request: found.keys,
+            bounds: bounds(&snapshot),
+        };
+        bind(response, binding, found.a2a)
+    });
+    Routed {
+        answer: result,
+        label,
+        peer,
+        attempts,
+    }
+}
+
+/// The agent the first bound key names, with the key's kind.
+fn lookup(
+    out: &Outbound,
+    snapshot: &Snapshot,
+    capability: &Arc<str>,
+    found: &[(Kind, String)],
+) -> Option<(Arc<str>, Kind)> {
+    let now = tokio::time::Instant::now();
+    let idle = snapshot.policy.affinity.idle_timeout.get();
+    found.iter().find_map(|(kind, value)| {
+        let key = Key {
+            capability: capability.clone(),
+            kind: *kind,
+            value: value.as_str().into(),
+        };
+        out.affinity.get(&key, now, idle).map(|peer| (peer, *kind))
+    })
+}
+
+/// A strict call's only attempt went to its holder and found it out: `affinity_lost`, since
+/// no other agent has its task or session.
+fn lost_holder(out: &Outbound, routed: Routed, pin: &Pinned) -> Routed {
+    if routed.peer != *pin.holder {
+        return routed;
+    }
+    let out_of_rotation = match &routed.answer {
+        Err(err) => matches!(err, ReachError::UpstreamConnect { .. }),
+        Ok(response) => matches!(
+            Class::of_response(response),
+            Class::Shed {
+                why: Refusal::OutOfRotation | Refusal::AgentUnreachable,
+                ..
+            }
+        ),
+    };
+    if !out_of_rotation {
+        return routed;
+    }
+    out.metrics.affinity_lost(&routed.label);
+    let err = ReachError::AffinityLost {
+        capability: routed.label.clone(),
+        holder: pin.holder.to_string(),
+        key: pin.kind.as_str(),
+    };
+    Routed {
+        answer: Err(err),
+        ..routed
+    }
+}
+
+/// A successful answer binds the call's keys (and those it assigns) to the peer that gave it.
+/// An A2A answer's body is watched as it passes, for the task and context it names.
+fn bind(
+    response: Response<UpstreamBody>,
+    mut binding: body::Binding,
+    a2a: bool,
+) -> Response<Watched> {
+    binding
+        .request
+        .extend(keys::of_response_head(response.headers()));
+    if !a2a {
+        binding.finish(Some(Vec::new()));
+        return response.map(Watched::plain);
+    }
+    let head = response.headers();
+    let shape = if keys::is_json(head) {
+        body::Shape::Json
+    } else if head
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+    {
+        // A stream's first event names the task; its request keys are bound now, before it.
+        binding.bind_request();
+        body::Shape::Stream
+    } else {
+        binding.finish(Some(Vec::new()));
+        return response.map(Watched::plain);
+    };
+    response.map(|incoming| Watched::watching(incoming, binding, shape))
+}
+
+fn bounds(snapshot: &Snapshot) -> Bounds {
+    let policy = &snapshot.policy.affinity;
+    Bounds {
+        max_entries: policy.max_entries,
+        max_bytes: policy.max_bytes,
+        idle: policy.idle_timeout.get(),
+    }
+}
