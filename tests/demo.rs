@@ -148,6 +148,12 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
             .starts_with("code-review; by=intent"),
         "{k}"
     );
+    // A2A: skills from the cards, routable fleet-wide; every follow-up reached its holder.
+    let c = &summary["conversations"];
+    assert!(c["skill_routable_after_ms"].as_f64().is_some(), "{c}");
+    assert_eq!(c["card_url"], "http://translate.reach/", "{c}");
+    assert!(c["follow_ups"].as_u64().unwrap() > 0, "{c}");
+    assert_eq!(c["reached_holder"], c["follow_ups"], "{c}");
 }
 
 #[test]
