@@ -149,6 +149,18 @@ pub(super) fn attempt_of(headers: &HeaderMap) -> Option<u16> {
 
 /// Refuses a call for `capability` to a path outside the prefixes it declares. Where paths are
 /// declared, a path the agent might read differently than we do is refused too.
+/// The capability an intercepted call (which names none: its client knows nothing of the mesh)
+/// is measured as: the first whose `paths` cover the request's path, else the first that
+/// declares no paths (it serves everything), else none (plain traffic, label `other`).
+pub(super) fn capability_by_path<'s>(snapshot: &'s Snapshot, path: &str) -> Option<&'s str> {
+    let capabilities = &snapshot.bootstrap.agent.capabilities;
+    capabilities
+        .iter()
+        .find(|c| c.paths.iter().any(|p| path_has_prefix(path, p)))
+        .or_else(|| capabilities.iter().find(|c| c.paths.is_empty()))
+        .map(|c| c.name.as_str())
+}
+
 pub(super) fn check_path(
     snapshot: &Snapshot,
     capability: Option<&str>,
