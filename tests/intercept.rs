@@ -270,6 +270,30 @@ fn a_plain_client_calling_the_agents_port_is_measured_by_the_sidecar() {
         .is_some_and(|n| n >= 1.0),
         "{metrics}"
     );
+    // A peer's call to the inbound port itself is not intercepted (its original destination is
+    // the listener's own address), though conntrack tracks it too.
+    let peer = ns
+        .get(&client, POD_IP, INBOUND_PORT, "/work")
+        .expect("a call to the inbound port");
+    assert!(peer.starts_with("HTTP/1.1 200"), "{peer}");
+    let metrics = ns.until("the peer's call is counted", || {
+        let text = ns.get(&pod, "127.0.0.1", ADMIN_PORT, "/metrics")?;
+        let labels = ["direction=\"inbound\"", "outcome=\"success\""];
+        let all: f64 = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("reach_requests_total{") && labels.iter().all(|x| l.contains(x))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        (all >= 2.0).then_some(text)
+    });
+    let intercepted: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("reach_intercepted_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(intercepted, 1.0, "{metrics}");
     // The sidecar's own call to the agent (loopback) was not redirected back to it: the agent
     // answered, which the 200 above shows; inside the pod the agent's port is still the agent's.
     let local = ns

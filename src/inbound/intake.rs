@@ -68,7 +68,9 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     let refuse = |err: ReachError| err.into_response();
     let intercepted = Intercepted::of(&req).is_some();
     let capability = match capability_of(&req, &snapshot).map_err(refuse)? {
-        None if intercepted => edge::capability_by_path(&snapshot, path.path()),
+        None if intercepted => {
+            edge::capability_by_path(&snapshot.bootstrap.agent.capabilities, path.path())
+        }
         named => named,
     };
     if let Some(name) = capability {

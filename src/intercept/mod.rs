@@ -104,7 +104,7 @@ fn print(plan: &Plan, binary: &str, uid: u32, out: &mut impl Write) -> std::io::
         rules::CHAIN
     )?;
     for rule in plan.fresh_install() {
-        writeln!(out, "{binary} {rule}")?;
+        writeln!(out, "{binary} -w {rule}")?;
     }
     Ok(())
 }
@@ -243,9 +243,10 @@ mod tests {
         run(&options, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains(
-            "/nonexistent/iptables -t nat -A AGENT_REACH_INBOUND -p tcp --dport 8080 -j REDIRECT --to-ports 4143"
+            "/nonexistent/iptables -w -t nat -A AGENT_REACH_INBOUND -p tcp --dport 8080 -j REDIRECT --to-ports 4143"
         ));
-        assert!(text
-            .contains("/nonexistent/iptables -t nat -A PREROUTING -p tcp -j AGENT_REACH_INBOUND"));
+        assert!(text.contains(
+            "/nonexistent/iptables -w -t nat -A PREROUTING -p tcp -j AGENT_REACH_INBOUND"
+        ));
     }
 }
