@@ -1,7 +1,8 @@
 //! Inbound interception for real: a "pod" network namespace (agent, sidecar, `init-net`) and a
 //! "client" namespace joined by a veth pair. A plain client in the client namespace calls the
 //! agent's port; the sidecar answers for it (its `reach-agent` header) and counts the call as
-//! intercepted, while the agent's own port still serves. Needs root and `ip netns` (CI runs as
+//! intercepted, in plaintext though the policy's mTLS mode is `strict`, while a plaintext call
+//! to the inbound port itself is refused and the agent's port still serves on loopback. Needs root and `ip netns` (CI runs as
 //! root); skips with a message elsewhere.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -182,6 +183,10 @@ fn a_plain_client_calling_the_agents_port_is_measured_by_the_sidecar() {
     };
     let bin = env!("CARGO_BIN_EXE_agent-reach");
     let bootstrap = ns.dir.join("bootstrap.yaml");
+    // `strict`: peers must speak mutual TLS; an intercepted client, which knows nothing of the
+    // mesh, is let through in plaintext all the same.
+    let policy = ns.dir.join("policy.yaml");
+    std::fs::write(&policy, "mtls:\n  mode: strict\n").unwrap();
     std::fs::write(
         &bootstrap,
         format!(
@@ -202,7 +207,14 @@ fn a_plain_client_calling_the_agents_port_is_measured_by_the_sidecar() {
     );
     ns.spawn(
         "sidecar",
-        &[bin, "run", "--config", bootstrap.to_str().unwrap()],
+        &[
+            bin,
+            "run",
+            "--config",
+            bootstrap.to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
     );
     let pod = ns.pod.clone();
     let client = ns.client.clone();
@@ -270,24 +282,14 @@ fn a_plain_client_calling_the_agents_port_is_measured_by_the_sidecar() {
         .is_some_and(|n| n >= 1.0),
         "{metrics}"
     );
-    // A peer's call to the inbound port itself is not intercepted (its original destination is
-    // the listener's own address), though conntrack tracks it too.
+    // A plaintext call to the inbound port itself is not intercepted (its original destination
+    // is the listener's own address, though conntrack tracks it too), so `strict` refuses it.
     let peer = ns
         .get(&client, POD_IP, INBOUND_PORT, "/work")
         .expect("a call to the inbound port");
-    assert!(peer.starts_with("HTTP/1.1 200"), "{peer}");
-    let metrics = ns.until("the peer's call is counted", || {
-        let text = ns.get(&pod, "127.0.0.1", ADMIN_PORT, "/metrics")?;
-        let labels = ["direction=\"inbound\"", "outcome=\"success\""];
-        let all: f64 = text
-            .lines()
-            .filter(|l| {
-                l.starts_with("reach_requests_total{") && labels.iter().all(|x| l.contains(x))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
-        (all >= 2.0).then_some(text)
-    });
+    assert!(peer.starts_with("HTTP/1.1 403"), "{peer}");
+    assert!(peer.contains("mtls_required"), "{peer}");
+    let metrics = ns.get(&pod, "127.0.0.1", ADMIN_PORT, "/metrics").unwrap();
     let intercepted: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("reach_intercepted_requests_total{"))
