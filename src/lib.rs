@@ -19,6 +19,7 @@ pub mod idempotency;
 pub mod identity;
 pub mod inbound;
 pub mod inject;
+pub mod intercept;
 pub mod local;
 pub mod metrics;
 pub mod mock_agent;

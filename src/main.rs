@@ -116,6 +116,39 @@ enum Command {
         #[command(subcommand)]
         action: TasksAction,
     },
+    /// Redirect TCP connections to the agent's ports from outside the pod to the sidecar's
+    /// inbound listener (iptables nat PREROUTING; run as the pod's init container, needs
+    /// NET_ADMIN and NET_RAW). Rerunning replaces its own chain, nothing else.
+    InitNet {
+        /// The agent's ports, comma separated: connections to them are redirected.
+        #[arg(long, required = true, value_delimiter = ',')]
+        agent_ports: Vec<u16>,
+        /// The sidecar's inbound listener port.
+        #[arg(long, default_value_t = 4143)]
+        inbound_port: u16,
+        /// The UID the sidecar runs as (the injector sets `runAsUser` to it).
+        #[arg(long, default_value_t = agent_reach::intercept::DEFAULT_PROXY_UID)]
+        proxy_uid: u32,
+        /// Ports never redirected, comma separated.
+        #[arg(long, value_delimiter = ',')]
+        exclude_ports: Vec<u16>,
+        /// Print the rules and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// The iptables binary (`iptables-nft`, `iptables-legacy` or a path) instead of
+        /// detecting the backend the pod's tables use.
+        #[arg(long)]
+        iptables: Option<String>,
+    },
+    /// A mock agent on `--listen` until killed (for tests that run it in another network
+    /// namespace, where the example binary is not built).
+    #[command(hide = true)]
+    MockAgent {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(long, default_value = "mock-agent")]
+        name: String,
+    },
     /// Container lifecycle hooks for the plain-container sidecar (images have no shell).
     #[command(hide = true)]
     Hook {
@@ -236,6 +269,31 @@ fn main() -> ExitCode {
             cli::run(&outbound, action, json)
         }
         Command::Hook { hook } => run_hook(hook),
+        Command::InitNet {
+            agent_ports,
+            inbound_port,
+            proxy_uid,
+            exclude_ports,
+            dry_run,
+            iptables,
+        } => {
+            let options = agent_reach::intercept::Options {
+                agent_ports,
+                inbound_port,
+                proxy_uid,
+                exclude_ports,
+                dry_run,
+                iptables,
+            };
+            match agent_reach::intercept::run(&options, &mut std::io::stdout().lock()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("init-net: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::MockAgent { listen, name } => mock_agent(listen, &name),
         Command::Demo {
             duration,
             concurrency,
@@ -561,6 +619,27 @@ fn live(admin: std::net::SocketAddr) -> bool {
     }
     let mut head = [0u8; 12];
     stream.read_exact(&mut head).is_ok() && head.ends_with(b" 200")
+}
+
+fn mock_agent(listen: std::net::SocketAddr, name: &str) -> ExitCode {
+    use agent_reach::mock_agent::{MockAgent, MockConfig};
+    let runtime = match runtime(Some(1)) {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    runtime.block_on(async {
+        match MockAgent::start(listen, MockConfig::new(name)).await {
+            Ok(agent) => {
+                println!("mock agent `{name}` on http://{}", agent.addr);
+                agent.crashed().await;
+                ExitCode::FAILURE
+            }
+            Err(err) => {
+                eprintln!("mock agent: {listen}: {err}");
+                ExitCode::FAILURE
+            }
+        }
+    })
 }
 
 fn demo_command(duration: HumanDuration, concurrency: usize, json: bool) -> ExitCode {

@@ -25,6 +25,7 @@ use super::activity::{Activity, Tracked, TrackedFuture};
 use super::body::{self, BoxError, ReachBody};
 use super::layers;
 use crate::config::Limits;
+use crate::intercept::Intercepted;
 use crate::metrics::Metrics;
 use crate::transport::{Accept, ClientAddr, PeerIdentity};
 
@@ -56,6 +57,8 @@ struct PerConnection<S> {
     client: ClientAddr,
     /// The client's verified identity, once the acceptor has read it from its certificate.
     identity: Option<PeerIdentity>,
+    /// Set when `init-net`'s rules redirected the connection here (inbound interception).
+    intercepted: Option<Intercepted>,
     activity: Activity,
 }
 
@@ -108,6 +111,7 @@ pub async fn serve<A, S, B>(
                 inner: service.clone(),
                 client: ClientAddr(remote),
                 identity: None,
+                intercepted: None,
                 activity: Activity::new(),
             },
             builder.clone(),
@@ -161,6 +165,7 @@ async fn serve_connection<A, S, B>(
         }
     };
     service.identity = A::identity(&io).map(PeerIdentity);
+    service.intercepted = A::intercepted(&io).map(Intercepted);
     let activity = service.activity.clone();
     let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
     let mut conn = std::pin::pin!(conn);
@@ -306,6 +311,9 @@ where
         req.extensions_mut().insert(self.client);
         if let Some(identity) = &self.identity {
             req.extensions_mut().insert(identity.clone());
+        }
+        if let Some(intercepted) = self.intercepted {
+            req.extensions_mut().insert(intercepted);
         }
         let busy = self.activity.begin();
         TrackedFuture::new(self.inner.call(req), busy)

@@ -22,6 +22,8 @@ pub(super) struct Meta {
     pub(super) own_timeout: Duration,
     pub(super) deadline: Option<Deadline>,
     pub(super) arrived: Instant,
+    /// Redirected here by `init-net` from the agent's port (`reach_intercepted_requests_total`).
+    pub(super) intercepted: bool,
 }
 
 /// One call from a peer, checked at the edge, under one config snapshot.

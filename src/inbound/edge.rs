@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::{HeaderMap, HeaderName, Request};
 
-use crate::config::Snapshot;
+use crate::config::{Capability, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
 use crate::http::headers;
@@ -149,6 +149,20 @@ pub(super) fn attempt_of(headers: &HeaderMap) -> Option<u16> {
 
 /// Refuses a call for `capability` to a path outside the prefixes it declares. Where paths are
 /// declared, a path the agent might read differently than we do is refused too.
+/// The capability an intercepted call (which names none: its client knows nothing of the mesh)
+/// is measured as: the first whose `paths` cover the request's path, else the first that
+/// declares no paths (it serves everything), else none (plain traffic, label `other`).
+pub(super) fn capability_by_path<'c>(
+    capabilities: &'c [Capability],
+    path: &str,
+) -> Option<&'c str> {
+    capabilities
+        .iter()
+        .find(|c| c.paths.iter().any(|p| path_has_prefix(path, p)))
+        .or_else(|| capabilities.iter().find(|c| c.paths.is_empty()))
+        .map(|c| c.name.as_str())
+}
+
 pub(super) fn check_path(
     snapshot: &Snapshot,
     capability: Option<&str>,
@@ -229,6 +243,25 @@ mod tests {
         for good in ["/review", "/review/x.y", "/review/...", "/a;b=1"] {
             assert!(refuse_ambiguous(good).is_ok(), "{good}");
         }
+    }
+
+    #[test]
+    fn an_intercepted_call_is_measured_as_the_capability_its_path_names() {
+        let text = "listen: { outbound: 127.0.0.1:0, inbound: 127.0.0.1:0, admin: 127.0.0.1:0 }\n\
+                    agent:\n  name: a\n  address: 127.0.0.1:1\n  max_concurrency: 1\n  capabilities:\n\
+                    \x20   - { name: review, paths: [/review] }\n\
+                    \x20   - { name: chat }\n\
+                    \x20   - { name: search, paths: [/search] }\n";
+        let bootstrap = match crate::config::parse_bootstrap(std::path::Path::new("b"), text) {
+            Ok(b) => b,
+            Err(err) => panic!("{err}"),
+        };
+        let caps = &bootstrap.agent.capabilities;
+        assert_eq!(capability_by_path(caps, "/search/x"), Some("search"));
+        assert_eq!(capability_by_path(caps, "/review"), Some("review"));
+        // No paths cover it: the capability that serves everything.
+        assert_eq!(capability_by_path(caps, "/healthz"), Some("chat"));
+        assert_eq!(capability_by_path(&caps[..1], "/healthz"), None);
     }
 
     #[test]

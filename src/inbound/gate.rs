@@ -41,7 +41,7 @@ fn refuse_early(inbound: &Inbound, call: &Call) -> Option<Response<ReachBody>> {
     let agent = &call.snapshot.bootstrap.agent;
     let refused = |outcome| {
         let m = &call.meta;
-        inbound.finish(&call.snapshot, &m.label, outcome, None, m.arrived.elapsed());
+        inbound.finish(&call.snapshot, m, outcome, None, m.arrived.elapsed());
     };
     if call.meta.deadline.is_some_and(|d| d.remaining().is_zero()) {
         // The caller has already given up: running the task would be wasted work.

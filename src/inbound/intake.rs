@@ -23,6 +23,7 @@ use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
 use crate::http::step::{answer, Step};
 use crate::http::{headers, ClientAddr, ReachBody};
+use crate::intercept::Intercepted;
 use crate::local::{LocalAgent, SELF_PATH};
 use crate::transport::PeerIdentity;
 
@@ -65,16 +66,8 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     }
     let snapshot = inbound.store.snapshot();
     let refuse = |err: ReachError| err.into_response();
-    let capability = capability_of(&req, &snapshot).map_err(refuse)?;
-    if let Some(name) = capability {
-        Span::current().record(field::CAPABILITY, name);
-    }
-    if path.path() == CARD_PATH && req.method() == http::Method::GET {
-        if let Some(answer) = agent_card(inbound, &req, &snapshot, capability) {
-            return Err(answer.unwrap_or_else(refuse));
-        }
-    }
-    edge::check_path(&snapshot, capability, path.path()).map_err(refuse)?;
+    let intercepted = Intercepted::of(&req).is_some();
+    let capability = capability_at_edge(inbound, &req, &snapshot, path.path(), intercepted)?;
     let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
     let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);
     let identity = PeerIdentity::of(&req).cloned();
@@ -112,6 +105,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         own_timeout: snapshot.capability_timeout(capability),
         deadline,
         arrived,
+        intercepted,
     };
     let scope = caller
         .or_else(|| remote.map(|r| r.ip().to_string()))
@@ -123,6 +117,43 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         parts,
         body: CallBody::Arriving(incoming),
     })
+}
+
+/// The capability the call is measured as, its path checked against it; or the edge's own
+/// answer (a refusal, the agent's card).
+#[allow(
+    clippy::result_large_err,
+    reason = "the refusal is the answer, moved once"
+)]
+fn capability_at_edge<'s>(
+    inbound: &Inbound,
+    req: &Request<Incoming>,
+    snapshot: &'s Snapshot,
+    path: &str,
+    intercepted: bool,
+) -> Result<Option<&'s str>, Response<ReachBody>> {
+    let refuse = |err: ReachError| err.into_response();
+    let capability = match capability_of(req, snapshot).map_err(refuse)? {
+        None if intercepted => {
+            edge::capability_by_path(&snapshot.bootstrap.agent.capabilities, path)
+        }
+        named => named,
+    };
+    if let Some(name) = capability {
+        Span::current().record(field::CAPABILITY, name);
+    }
+    // An intercepted client called the agent itself, which answered every path (its card too)
+    // before the redirect: the sidecar measures that traffic, it does not narrow or answer it.
+    if intercepted {
+        return Ok(capability);
+    }
+    if path == CARD_PATH && req.method() == http::Method::GET {
+        if let Some(answer) = agent_card(inbound, req, snapshot, capability) {
+            return Err(answer.unwrap_or_else(refuse));
+        }
+    }
+    edge::check_path(snapshot, capability, path).map_err(refuse)?;
+    Ok(capability)
 }
 
 /// The agent's A2A card as last read (`agent.a2a`), authorized like a call: not forwarded, so

@@ -114,13 +114,7 @@ async fn read(
         Ok(read) => read,
         Err(err) => {
             let m = &call.meta;
-            inbound.finish(
-                snapshot,
-                &m.label,
-                Outcome::Rejected,
-                None,
-                m.arrived.elapsed(),
-            );
+            inbound.finish(snapshot, m, Outcome::Rejected, None, m.arrived.elapsed());
             return Err(err.into_response());
         }
     };

@@ -88,7 +88,7 @@ where
             BodyEnd::Error => (Outcome::Failure, Some(Signal::Failure(arrived.elapsed()))),
             _ => (class.outcome(), signal),
         };
-        inbound.finish(&snapshot, &meta.label, outcome, signal, arrived.elapsed());
+        inbound.finish(&snapshot, &meta, outcome, signal, arrived.elapsed());
         drop(slot);
     });
     Response::from_parts(parts, body::boxed(measured))
@@ -122,13 +122,7 @@ impl Failed<'_> {
                 (class.outcome(), class.signal(elapsed), self.err)
             }
         };
-        inbound.finish(
-            snapshot,
-            &meta.label,
-            outcome,
-            signal,
-            meta.arrived.elapsed(),
-        );
+        inbound.finish(snapshot, meta, outcome, signal, meta.arrived.elapsed());
         tracing::debug!(%err, capability = %meta.label, "inbound request failed");
         let mut response = err.into_response();
         let agent = snapshot.bootstrap.agent.name.as_str();

@@ -112,11 +112,12 @@ impl Inbound {
     fn finish(
         &self,
         snapshot: &Snapshot,
-        label: &str,
+        meta: &call::Meta,
         outcome: Outcome,
         signal: Option<Signal>,
         duration: Duration,
     ) {
+        let label = meta.label.as_str();
         if let Some(signal) = signal {
             self.local.observe(signal, snapshot);
         }
@@ -129,5 +130,8 @@ impl Inbound {
             outcome.as_str(),
             duration,
         );
+        if meta.intercepted {
+            self.metrics.intercepted_finished(label, outcome.as_str());
+        }
     }
 }

@@ -56,7 +56,7 @@ async fn admit(inbound: &Inbound, call: Call) -> Result<Admitted, Response<Reach
             let m = &call.meta;
             inbound.finish(
                 &call.snapshot,
-                &m.label,
+                m,
                 Outcome::Rejected,
                 None,
                 m.arrived.elapsed(),

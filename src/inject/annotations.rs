@@ -19,10 +19,13 @@ pub const PROBE_PATH: &str = "agent-reach.io/probe-path";
 pub const MTLS: &str = "agent-reach.io/mtls";
 /// `disabled`: no task store for this pod's sidecar (`prefer: respond-async` is refused).
 pub const TASKS: &str = "agent-reach.io/tasks";
+/// `inbound`: an `init-net` init container redirects the agent's port to the sidecar;
+/// `disabled`: not, though the injector's default is on.
+pub const INTERCEPT: &str = "agent-reach.io/intercept";
 /// The label injected pods carry: the gossip Service, NetworkPolicy and PodMonitor select it.
 pub const INJECTED_LABEL: &str = "agent-reach.io/injected";
 
-const KNOWN: [&str; 10] = [
+const KNOWN: [&str; 11] = [
     INJECT,
     STATUS,
     AGENT_PORT,
@@ -33,6 +36,7 @@ const KNOWN: [&str; 10] = [
     PROBE_PATH,
     MTLS,
     TASKS,
+    INTERCEPT,
 ];
 
 /// Why a pod cannot be admitted as written: the denial message the user sees.
@@ -60,6 +64,8 @@ pub enum AnnotationError {
     },
     #[error("the pod is also injected by Linkerd (linkerd.io/inject: enabled), whose proxy uses the sidecar's default ports; set the chart's sidecar.ports to others, or drop one of the two")]
     Linkerd,
+    #[error("the pod asks for {INTERCEPT}: inbound, but {mesh} redirects its traffic too; run one interceptor per pod (drop the annotation or the mesh's injection)")]
+    TwoInterceptors { mesh: &'static str },
     #[error("the object is not a pod: {0}")]
     NotAPod(String),
     #[error("service account `{account}` has no certificate for mutual TLS (those that have: {known}); add it to the chart's mtls.certificate.serviceAccounts, or annotate the pod {MTLS}: disabled")]
@@ -80,6 +86,8 @@ pub struct Settings {
     pub mtls: bool,
     /// The sidecar gets the injector's `tasks` (and, for the embedded store, its volume).
     pub tasks: bool,
+    /// An `init-net` init container redirects the agent's port to the sidecar's inbound port.
+    pub intercept: bool,
 }
 
 impl Settings {
@@ -95,6 +103,7 @@ impl Settings {
             config_map: None,
             mtls: config.mtls.is_some(),
             tasks: config.tasks.enabled,
+            intercept: config.intercept.default,
         }
     }
 
@@ -150,6 +159,12 @@ impl Settings {
                 ))
             }
             Some(other) => return Err(invalid(TASKS, other, "is not `enabled` or `disabled`")),
+        }
+        match get(INTERCEPT) {
+            None => {}
+            Some("inbound") => settings.intercept = true,
+            Some("disabled") => settings.intercept = false,
+            Some(other) => return Err(invalid(INTERCEPT, other, "is not `inbound` or `disabled`")),
         }
         // Beside a whole bootstrap (`CONFIG`) the volumes are still mounted; that bootstrap names
         // the files itself.

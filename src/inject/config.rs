@@ -41,6 +41,9 @@ pub struct InjectorConfig {
     /// store on an `emptyDir`.
     #[serde(default)]
     pub tasks: Tasks,
+    /// Inbound interception: the `init-net` init container (`crate::intercept`).
+    #[serde(default)]
+    pub intercept: Intercept,
     /// Every injected pod's bootstrap without `agent`, which comes from the pod's annotations.
     /// `{namespace}` in a gossip seed becomes the pod's namespace.
     pub bootstrap: serde_json::Map<String, serde_json::Value>,
@@ -102,6 +105,24 @@ impl Default for Tasks {
     }
 }
 
+/// `intercept`: whether pods without the `agent-reach.io/intercept` annotation are intercepted,
+/// and the UID the sidecar runs under when they are.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Intercept {
+    pub default: bool,
+    pub proxy_uid: u32,
+}
+
+impl Default for Intercept {
+    fn default() -> Self {
+        Self {
+            default: false,
+            proxy_uid: crate::intercept::DEFAULT_PROXY_UID,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Prometheus {
@@ -155,6 +176,11 @@ impl InjectorConfig {
     /// gossip when on (an agent may not use them).
     pub fn sidecar_ports(&self) -> &[u16] {
         &self.ports
+    }
+
+    /// The sidecar's inbound port (where `init-net` redirects to).
+    pub fn inbound_port(&self) -> u16 {
+        self.ports.get(1).copied().unwrap_or(4143)
     }
 
     /// The sidecar's admin port (probes, `/live` for the post-start hook).

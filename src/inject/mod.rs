@@ -16,14 +16,14 @@ mod tasks;
 mod tests;
 
 pub use annotations::{
-    AnnotationError, Settings, AGENT_PORT, CAPABILITIES, CONFIG, INJECT, INJECTED_LABEL,
+    AnnotationError, Settings, AGENT_PORT, CAPABILITIES, CONFIG, INJECT, INJECTED_LABEL, INTERCEPT,
     MAX_CONCURRENCY, MTLS, PREFIX, PROBE_PATH, STATUS, TASKS, ZONE,
 };
-pub use config::{Defaults, InjectorConfig, Mtls, Prometheus, Tasks, TlsFiles};
+pub use config::{Defaults, InjectorConfig, Intercept, Mtls, Prometheus, Tasks, TlsFiles};
 pub use manifest::{inject_manifests, ManifestError};
 pub use mtls::{TLS_DIR, TLS_VOLUME};
 pub use patch::{apply, escape, Op, PatchError};
-pub use pod::{bootstrap_text, decide, Decision, OptIn};
+pub use pod::{bootstrap_text, decide, Decision, OptIn, INIT_NET};
 pub use review::{answer, Answer, BadReview, Verdict};
 pub use server::{load_certified_key, InjectError, Injector};
 pub use tasks::{TASKS_DIR, TASKS_VOLUME, WORKLOAD_ENV};

@@ -18,6 +18,8 @@ const NETWORK_SETUP: [&str; 4] = [
     "linkerd-init",
     "linkerd-network-validator",
 ];
+/// The init container that installs the interception rules.
+pub const INIT_NET: &str = "agent-reach-init";
 const DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
 
 /// Where the bootstrap ConfigMap named by `agent-reach.io/config` is mounted.
@@ -104,7 +106,59 @@ pub fn decide(
     }
     let settings = Settings::from_annotations(config, annotations)?;
     check_ports(config, pod, annotations)?;
+    if settings.intercept {
+        check_one_interceptor(pod, annotations)?;
+    }
     patch(config, pod, namespace, &settings).map(Decision::Inject)
+}
+
+/// Two sets of redirect rules in one pod fight over the same connections: the mesh's proxy would
+/// take the agent's port first and our sidecar would only see the mesh's proxy as its client (or
+/// the reverse), and both would count the work as theirs.
+fn check_one_interceptor(
+    pod: &Value,
+    annotations: &Map<String, Value>,
+) -> Result<(), AnnotationError> {
+    let annotated = |key: &str, on: &str| annotations.get(key).and_then(Value::as_str) == Some(on);
+    let mesh = if annotated("linkerd.io/inject", "enabled") {
+        Some("Linkerd (linkerd.io/inject: enabled)")
+    } else if annotated("sidecar.istio.io/inject", "true") {
+        Some("Istio (sidecar.istio.io/inject: true)")
+    } else if names(pod, "initContainers").any(|n| NETWORK_SETUP.contains(&n)) {
+        Some("a mesh's init container (istio-init / linkerd-init)")
+    } else {
+        None
+    };
+    match mesh {
+        Some(mesh) => Err(AnnotationError::TwoInterceptors { mesh }),
+        None => Ok(()),
+    }
+}
+
+/// The `init-net` init container: as root with NET_ADMIN and NET_RAW (iptables needs both), the
+/// sidecar's image, done before the sidecar starts.
+fn init_net(config: &InjectorConfig, settings: &Settings) -> Value {
+    let mut init = json!({
+        "name": INIT_NET,
+        "command": [
+            "agent-reach", "init-net",
+            "--agent-ports", settings.agent_port.to_string(),
+            "--inbound-port", config.inbound_port().to_string(),
+            "--proxy-uid", config.intercept.proxy_uid.to_string(),
+        ],
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": false,
+            "allowPrivilegeEscalation": false,
+            "capabilities": { "add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"] },
+        },
+    });
+    for key in ["image", "imagePullPolicy"] {
+        if let Some(value) = config.sidecar.get(key) {
+            init[key] = value.clone();
+        }
+    }
+    init
 }
 
 /// The sidecar's ports must be free in the pod: Linkerd's proxy, for one, uses the same defaults.
@@ -259,6 +313,16 @@ fn patch(
         volumes.push(mtls::volume(source, pod, namespace)?);
         push(&mut container, "volumeMounts", mtls::mount());
     }
+    if settings.intercept {
+        // The fixed UID the sidecar's traffic is told apart by (docs/kubernetes.md).
+        if !container
+            .get("securityContext")
+            .is_some_and(Value::is_object)
+        {
+            container["securityContext"] = json!({});
+        }
+        container["securityContext"]["runAsUser"] = json!(config.intercept.proxy_uid);
+    }
     let admin = config.admin_port();
     if config.native_sidecar {
         container["restartPolicy"] = json!("Always");
@@ -303,6 +367,24 @@ fn patch(
     } else {
         "containers"
     };
+    // With interception, `init-net` goes right in front of the sidecar (native: in the same
+    // list; plain: first init container), so the agent's port is redirected from the agent's
+    // first connection on.
+    let init = settings.intercept.then(|| init_net(config, settings));
+    let mut ahead: Vec<Value> = Vec::new();
+    if let Some(init) = init {
+        if config.native_sidecar {
+            ahead.push(init);
+        } else if pod
+            .pointer("/spec/initContainers")
+            .and_then(Value::as_array)
+            .is_some()
+        {
+            ops.push(Op::add("/spec/initContainers/0".to_owned(), init));
+        } else {
+            ops.push(Op::add("/spec/initContainers".to_owned(), json!([init])));
+        }
+    }
     // First in its list: a native sidecar must be up before other init containers that may
     // call out; a plain one must start before the agent.
     match pod
@@ -320,9 +402,14 @@ fn patch(
                         .is_some_and(|n| NETWORK_SETUP.contains(&n))
                 })
                 .map_or(0, |i| i + 1);
-            ops.push(Op::add(format!("/spec/{list}/{at}"), container));
+            for (i, c) in ahead.into_iter().chain([container]).enumerate() {
+                ops.push(Op::add(format!("/spec/{list}/{}", at + i), c));
+            }
         }
-        None => ops.push(Op::add(format!("/spec/{list}"), json!([container]))),
+        None => {
+            ahead.push(container);
+            ops.push(Op::add(format!("/spec/{list}"), Value::Array(ahead)));
+        }
     }
     if pod
         .pointer("/spec/volumes")

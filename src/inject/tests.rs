@@ -372,3 +372,99 @@ fn tasks_mistakes_in_the_injectors_file_fail_at_load() {
         parsed(&with_tasks_in_bootstrap.replace("  enabled: true\n", "  enabled: false\n")).is_ok()
     );
 }
+
+fn intercepting() -> Value {
+    let mut annotations = enabled();
+    annotations["agent-reach.io/intercept"] = json!("inbound");
+    annotations
+}
+
+#[test]
+fn an_intercepted_pod_gets_init_net_before_the_sidecar_which_runs_as_the_fixed_uid() {
+    let config = config("");
+    let pod = match injected(&config, &new_pod(intercepting(), None)) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    let init = &pod["spec"]["initContainers"][0];
+    assert_eq!(init["name"], super::pod::INIT_NET);
+    assert_eq!(
+        init["command"],
+        json!([
+            "agent-reach",
+            "init-net",
+            "--agent-ports",
+            "8080",
+            "--inbound-port",
+            "4143",
+            "--proxy-uid",
+            "2102"
+        ])
+    );
+    assert_eq!(init["securityContext"]["runAsUser"], 0);
+    assert_eq!(init["securityContext"]["runAsNonRoot"], false);
+    assert_eq!(
+        init["securityContext"]["capabilities"]["add"],
+        json!(["NET_ADMIN", "NET_RAW"])
+    );
+    assert_eq!(init["image"], config.sidecar["image"]);
+    let sidecar = &pod["spec"]["initContainers"][1];
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    assert_eq!(sidecar["securityContext"]["runAsUser"], 2102);
+}
+
+#[test]
+fn a_plain_sidecar_pod_gets_init_net_as_its_first_init_container() {
+    let mut config = config("\nintercept: { default: true, proxy_uid: 3000 }\n");
+    config.native_sidecar = false;
+    let mut pod = new_pod(enabled(), None);
+    pod["spec"]["initContainers"] = json!([{ "name": "migrate", "image": "m:1" }]);
+    let pod = match injected(&config, &pod) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(
+        pod["spec"]["initContainers"][0]["name"],
+        super::pod::INIT_NET
+    );
+    assert_eq!(pod["spec"]["initContainers"][1]["name"], "migrate");
+    assert_eq!(
+        pod["spec"]["containers"][0]["securityContext"]["runAsUser"],
+        3000
+    );
+}
+
+#[test]
+fn interception_is_off_by_default_and_can_be_turned_off_per_pod() {
+    let plain = match injected(&config(""), &new_pod(enabled(), None)) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_ne!(sidecar(&plain)["name"], super::pod::INIT_NET);
+    let mut off = enabled();
+    off["agent-reach.io/intercept"] = json!("disabled");
+    let config = config("\nintercept: { default: true }\n");
+    let pod = match injected(&config, &new_pod(off, None)) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_ne!(sidecar(&pod)["name"], super::pod::INIT_NET);
+}
+
+#[test]
+fn interception_beside_a_mesh_or_with_a_bad_value_is_denied() {
+    let config = config("");
+    let mut bad = enabled();
+    bad["agent-reach.io/intercept"] = json!("outbound");
+    let err = injected(&config, &new_pod(bad, None))
+        .err()
+        .map(|e| e.to_string());
+    assert!(err.is_some_and(|e| e.contains("is not `inbound` or `disabled`")));
+    let mut istio = intercepting();
+    istio["sidecar.istio.io/inject"] = json!("true");
+    let err = injected(&config, &new_pod(istio, None)).err();
+    assert!(
+        matches!(err, Some(AnnotationError::TwoInterceptors { .. })),
+        "{err:?}"
+    );
+}

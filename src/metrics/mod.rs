@@ -47,6 +47,7 @@ pub const RETRIES_TOTAL: &str = "reach_retries_total";
 pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_total";
 pub const TIER_PICKS_TOTAL: &str = "reach_tier_picks_total";
 pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "reach_idempotent_replays_total";
+pub const INTERCEPTED_REQUESTS_TOTAL: &str = "reach_intercepted_requests_total";
 pub const DEADLINES_EXCEEDED_TOTAL: &str = "reach_deadlines_exceeded_total";
 pub const TASKS_TOTAL: &str = "reach_tasks_total";
 pub const TASK_DELIVERIES_TOTAL: &str = "reach_task_deliveries_total";
@@ -145,6 +146,10 @@ const COUNTERS: &[(&str, &str)] = &[
     (
         IDEMPOTENT_REPLAYS_TOTAL,
         "Duplicates of a keyed request answered without running it again.",
+    ),
+    (
+        INTERCEPTED_REQUESTS_TOTAL,
+        "Inbound calls redirected from the agent's port by init-net, by capability and outcome (also counted in reach_requests_total).",
     ),
     (
         TASKS_TOTAL,
@@ -549,6 +554,18 @@ impl Metrics {
     pub fn task_delivery(&self, kind: &'static str, result: &'static str) {
         self.with(|| {
             counter!(TASK_DELIVERIES_TOTAL, "kind" => kind, "result" => result).increment(1)
+        });
+    }
+
+    /// An intercepted inbound call, beside its `reach_requests_total` series. A counter of its
+    /// own rather than a `source` label on `reach_requests_total`: that label would change every
+    /// existing series' identity (dashboards, alerts and the per-capability handle cache), for a
+    /// split only interception needs.
+    pub fn intercepted_finished(&self, capability: &str, outcome: &'static str) {
+        let capability = capability.to_owned();
+        self.with(|| {
+            counter!(INTERCEPTED_REQUESTS_TOTAL, "capability" => capability, "outcome" => outcome)
+                .increment(1)
         });
     }
 

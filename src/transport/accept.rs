@@ -29,6 +29,11 @@ pub trait Accept: Clone + Send + Sync + 'static {
     fn identity(_io: &Self::Io) -> Option<SpiffeId> {
         None
     }
+
+    /// The address the client of `io` dialled, when `init-net`'s rules redirected it here.
+    fn intercepted(_io: &Self::Io) -> Option<std::net::SocketAddr> {
+        None
+    }
 }
 
 /// Plain TCP. hyper's header-read timeout starts only once it knows the protocol, so the first
@@ -62,6 +67,9 @@ pub struct Mesh {
 #[derive(Debug)]
 pub enum MeshIo {
     Plain(TcpStream),
+    /// Plaintext redirected by `init-net` from the agent's port (its original destination): an
+    /// ordinary client's call to the agent, not mesh traffic.
+    Intercepted(TcpStream, std::net::SocketAddr),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
@@ -180,6 +188,12 @@ impl Accept for Mesh {
             .await?;
         let mode = (self.mode)();
         if first != TLS_HANDSHAKE {
+            // A redirected connection was addressed to the agent, not to this listener: its
+            // client never heard of the mesh, so `strict` (which is about sidecars talking to
+            // each other) does not apply; it would have reached the agent in plaintext anyway.
+            if let Some(original) = crate::intercept::intercepted(&stream) {
+                return Ok(MeshIo::Intercepted(stream, original));
+            }
             if mode == MtlsMode::Strict {
                 let err = self.refuse("plaintext");
                 let _ = tokio::time::timeout(self.handshake_timeout, async {
@@ -217,8 +231,15 @@ impl Accept for Mesh {
 
     fn identity(io: &MeshIo) -> Option<SpiffeId> {
         match io {
-            MeshIo::Plain(_) => None,
+            MeshIo::Plain(_) | MeshIo::Intercepted(..) => None,
             MeshIo::Tls(tls) => mtls::identity_of(tls.get_ref().1.peer_certificates()?.first()?),
+        }
+    }
+
+    fn intercepted(io: &MeshIo) -> Option<std::net::SocketAddr> {
+        match io {
+            MeshIo::Intercepted(_, original) => Some(*original),
+            _ => None,
         }
     }
 }
@@ -233,6 +254,7 @@ impl AsyncRead for MeshIo {
     ) -> std::task::Poll<io::Result<()>> {
         match self.get_mut() {
             MeshIo::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            MeshIo::Intercepted(s, _) => std::pin::Pin::new(s).poll_read(cx, buf),
             MeshIo::Tls(s) => std::pin::Pin::new(s).poll_read(cx, buf),
         }
     }
@@ -246,6 +268,7 @@ impl AsyncWrite for MeshIo {
     ) -> std::task::Poll<io::Result<usize>> {
         match self.get_mut() {
             MeshIo::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            MeshIo::Intercepted(s, _) => std::pin::Pin::new(s).poll_write(cx, buf),
             MeshIo::Tls(s) => std::pin::Pin::new(s).poll_write(cx, buf),
         }
     }
@@ -257,6 +280,7 @@ impl AsyncWrite for MeshIo {
     ) -> std::task::Poll<io::Result<usize>> {
         match self.get_mut() {
             MeshIo::Plain(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
+            MeshIo::Intercepted(s, _) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
             MeshIo::Tls(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
@@ -264,6 +288,7 @@ impl AsyncWrite for MeshIo {
     fn is_write_vectored(&self) -> bool {
         match self {
             MeshIo::Plain(s) => s.is_write_vectored(),
+            MeshIo::Intercepted(s, _) => s.is_write_vectored(),
             MeshIo::Tls(s) => s.is_write_vectored(),
         }
     }
@@ -274,6 +299,7 @@ impl AsyncWrite for MeshIo {
     ) -> std::task::Poll<io::Result<()>> {
         match self.get_mut() {
             MeshIo::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            MeshIo::Intercepted(s, _) => std::pin::Pin::new(s).poll_flush(cx),
             MeshIo::Tls(s) => std::pin::Pin::new(s).poll_flush(cx),
         }
     }
@@ -284,6 +310,7 @@ impl AsyncWrite for MeshIo {
     ) -> std::task::Poll<io::Result<()>> {
         match self.get_mut() {
             MeshIo::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            MeshIo::Intercepted(s, _) => std::pin::Pin::new(s).poll_shutdown(cx),
             MeshIo::Tls(s) => std::pin::Pin::new(s).poll_shutdown(cx),
         }
     }
