@@ -22,10 +22,13 @@ pub const TASKS: &str = "agent-reach.io/tasks";
 /// `inbound`: an `init-net` init container redirects the agent's port to the sidecar;
 /// `disabled`: not, though the injector's default is on.
 pub const INTERCEPT: &str = "agent-reach.io/intercept";
+/// `enabled`: the sidecar reads the agent's A2A card (`/.well-known/agent-card.json`) and serves
+/// each skill as a capability (`docs/a2a.md`).
+pub const A2A: &str = "agent-reach.io/a2a";
 /// The label injected pods carry: the gossip Service, NetworkPolicy and PodMonitor select it.
 pub const INJECTED_LABEL: &str = "agent-reach.io/injected";
 
-const KNOWN: [&str; 11] = [
+const KNOWN: [&str; 12] = [
     INJECT,
     STATUS,
     AGENT_PORT,
@@ -37,6 +40,7 @@ const KNOWN: [&str; 11] = [
     MTLS,
     TASKS,
     INTERCEPT,
+    A2A,
 ];
 
 /// Why a pod cannot be admitted as written: the denial message the user sees.
@@ -88,6 +92,8 @@ pub struct Settings {
     pub tasks: bool,
     /// An `init-net` init container redirects the agent's port to the sidecar's inbound port.
     pub intercept: bool,
+    /// The bootstrap's `agent.a2a`: capabilities from the agent's card.
+    pub a2a: bool,
 }
 
 impl Settings {
@@ -104,6 +110,7 @@ impl Settings {
             mtls: config.mtls.is_some(),
             tasks: config.tasks.enabled,
             intercept: config.intercept.default,
+            a2a: false,
         }
     }
 
@@ -160,6 +167,11 @@ impl Settings {
             }
             Some(other) => return Err(invalid(TASKS, other, "is not `enabled` or `disabled`")),
         }
+        match get(A2A) {
+            None | Some("disabled") => {}
+            Some("enabled") => settings.a2a = true,
+            Some(other) => return Err(invalid(A2A, other, "is not `enabled` or `disabled`")),
+        }
         match get(INTERCEPT) {
             None => {}
             Some("inbound") => settings.intercept = true,
@@ -169,7 +181,14 @@ impl Settings {
         // Beside a whole bootstrap (`CONFIG`) the volumes are still mounted; that bootstrap names
         // the files itself.
         if let Some(name) = get(CONFIG) {
-            for other in [AGENT_PORT, CAPABILITIES, MAX_CONCURRENCY, ZONE, PROBE_PATH] {
+            for other in [
+                AGENT_PORT,
+                CAPABILITIES,
+                MAX_CONCURRENCY,
+                ZONE,
+                PROBE_PATH,
+                A2A,
+            ] {
                 if annotations.contains_key(other) {
                     return Err(AnnotationError::Conflict { other });
                 }

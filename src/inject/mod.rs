@@ -16,8 +16,8 @@ mod tasks;
 mod tests;
 
 pub use annotations::{
-    AnnotationError, Settings, AGENT_PORT, CAPABILITIES, CONFIG, INJECT, INJECTED_LABEL, INTERCEPT,
-    MAX_CONCURRENCY, MTLS, PREFIX, PROBE_PATH, STATUS, TASKS, ZONE,
+    AnnotationError, Settings, A2A, AGENT_PORT, CAPABILITIES, CONFIG, INJECT, INJECTED_LABEL,
+    INTERCEPT, MAX_CONCURRENCY, MTLS, PREFIX, PROBE_PATH, STATUS, TASKS, ZONE,
 };
 pub use config::{Defaults, InjectorConfig, Intercept, Mtls, Prometheus, Tasks, TlsFiles};
 pub use manifest::{inject_manifests, ManifestError};

@@ -251,6 +251,10 @@ pub fn bootstrap_text(
         })
         .collect();
     agent.insert("capabilities".into(), Value::Array(capabilities));
+    if settings.a2a {
+        // The card's skills become capabilities; its defaults (the card's well-known path).
+        agent.insert("a2a".into(), json!({}));
+    }
     bootstrap.insert("agent".into(), Value::Object(agent));
     if settings.mtls && config.mtls.is_some() {
         bootstrap.insert("tls".into(), mtls::bootstrap_tls());

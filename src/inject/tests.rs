@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::annotations::{AnnotationError, MTLS, TASKS};
+use super::annotations::{AnnotationError, A2A, MTLS, TASKS};
 use super::config::InjectorConfig;
 use super::mtls::{TLS_DIR, TLS_VOLUME};
 use super::patch::apply;
@@ -467,4 +467,24 @@ fn interception_beside_a_mesh_or_with_a_bad_value_is_denied() {
         matches!(err, Some(AnnotationError::TwoInterceptors { .. })),
         "{err:?}"
     );
+}
+
+#[test]
+fn the_a2a_annotation_asks_for_card_import_and_is_checked() {
+    let config = config("");
+    let mut annotations = enabled();
+    annotations[A2A] = json!("enabled");
+    let pod = match injected(&config, &new_pod(annotations.clone(), None)) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(bootstrap(&pod)["agent"]["a2a"], json!({}));
+    // Without it, no card import.
+    let plain = injected(&config, &new_pod(enabled(), None)).unwrap_or_default();
+    assert_eq!(bootstrap(&plain)["agent"].get("a2a"), None);
+    annotations[A2A] = json!("yes");
+    assert!(matches!(
+        injected(&config, &new_pod(annotations, None)),
+        Err(AnnotationError::Invalid { key: A2A, .. })
+    ));
 }
