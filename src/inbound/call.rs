@@ -22,7 +22,7 @@ pub(super) struct Meta {
     pub(super) own_timeout: Duration,
     pub(super) deadline: Option<Deadline>,
     pub(super) arrived: Instant,
-    /// Redirected here by `init-net` from the agent's port (`reach_intercepted_requests_total`).
+    /// Redirected here by `init-net` from the agent's port (`reach_requests_total{source="intercepted"}`).
     pub(super) intercepted: bool,
 }
 

@@ -123,15 +123,17 @@ impl Inbound {
         }
         tracing::Span::current().record(crate::http::layers::field::OUTCOME, outcome.as_str());
         self.stats.record(outcome, duration);
-        self.metrics.request_finished(
-            Direction::Inbound,
-            label,
-            "local",
-            outcome.as_str(),
-            duration,
-        );
         if meta.intercepted {
-            self.metrics.intercepted_finished(label, outcome.as_str());
+            self.metrics
+                .intercepted_finished(label, outcome.as_str(), duration);
+        } else {
+            self.metrics.request_finished(
+                Direction::Inbound,
+                label,
+                "local",
+                outcome.as_str(),
+                duration,
+            );
         }
     }
 }

@@ -47,7 +47,6 @@ pub const RETRIES_TOTAL: &str = "reach_retries_total";
 pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_total";
 pub const TIER_PICKS_TOTAL: &str = "reach_tier_picks_total";
 pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "reach_idempotent_replays_total";
-pub const INTERCEPTED_REQUESTS_TOTAL: &str = "reach_intercepted_requests_total";
 pub const DEADLINES_EXCEEDED_TOTAL: &str = "reach_deadlines_exceeded_total";
 pub const TASKS_TOTAL: &str = "reach_tasks_total";
 pub const TASK_DELIVERIES_TOTAL: &str = "reach_task_deliveries_total";
@@ -146,10 +145,6 @@ const COUNTERS: &[(&str, &str)] = &[
     (
         IDEMPOTENT_REPLAYS_TOTAL,
         "Duplicates of a keyed request answered without running it again.",
-    ),
-    (
-        INTERCEPTED_REQUESTS_TOTAL,
-        "Inbound calls redirected from the agent's port by init-net, by capability and outcome (also counted in reach_requests_total).",
     ),
     (
         TASKS_TOTAL,
@@ -557,15 +552,26 @@ impl Metrics {
         });
     }
 
-    /// An intercepted inbound call, beside its `reach_requests_total` series. A counter of its
-    /// own rather than a `source` label on `reach_requests_total`: that label would change every
-    /// existing series' identity (dashboards, alerts and the per-capability handle cache), for a
-    /// split only interception needs.
-    pub fn intercepted_finished(&self, capability: &str, outcome: &'static str) {
+    /// An intercepted inbound call: its own series of `reach_requests_total` and the duration
+    /// histogram, with `source="intercepted"`, instead of the mesh's. The mesh's series keep
+    /// their labels as they were (dashboards and alerts match them unchanged), a sum over all
+    /// series still counts every call once, and `{source="intercepted"}` picks out the work that
+    /// came around the mesh. Not cached: one lookup per intercepted call.
+    pub fn intercepted_finished(
+        &self,
+        capability: &str,
+        outcome: &'static str,
+        duration: Duration,
+    ) {
         let capability = capability.to_owned();
         self.with(|| {
-            counter!(INTERCEPTED_REQUESTS_TOTAL, "capability" => capability, "outcome" => outcome)
-                .increment(1)
+            let inbound = Direction::Inbound.as_str();
+            counter!(REQUESTS_TOTAL, "direction" => inbound, "source" => "intercepted",
+                "capability" => capability.clone(), "outcome" => outcome)
+            .increment(1);
+            histogram!(REQUEST_DURATION, "direction" => inbound, "source" => "intercepted",
+                "capability" => capability, "outcome" => outcome)
+            .record(duration.as_secs_f64());
         });
     }
 
