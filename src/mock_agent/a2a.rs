@@ -6,15 +6,12 @@
 //! notifications, every task completes at once.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
@@ -281,29 +278,12 @@ impl State {
 }
 
 async fn serve(listener: TcpListener, state: Arc<State>) {
-    let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
-    loop {
-        let stream = tokio::select! {
-            _ = state.stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => continue,
-            },
-        };
-        let (builder, state) = (builder.clone(), state.clone());
-        tokio::spawn(async move {
-            let service_state = state.clone();
-            let service = hyper::service::service_fn(move |req| {
-                let state = service_state.clone();
-                async move { Ok::<_, Infallible>(handle(&state, req).await) }
-            });
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = conn => {}
-                _ = state.stop.cancelled() => {}
-            }
-        });
-    }
+    let stop = state.stop.clone();
+    super::serve_until(listener, stop, move |req| {
+        let state = state.clone();
+        async move { handle(&state, req).await }
+    })
+    .await;
 }
 
 async fn handle(state: &State, req: Request<Incoming>) -> Response<ReachBody> {

@@ -171,27 +171,36 @@ impl State {
 }
 
 async fn serve(listener: TcpListener, state: Arc<State>) {
+    let stop = state.crashed.clone();
+    serve_until(listener, stop, move |req| handle(state.clone(), req)).await;
+}
+
+/// Serves HTTP/1 and h2 on `listener` with `handle` until `stop`; stopping also drops every
+/// open connection mid-flight, like a dying process. Shared by the mock agents.
+pub(crate) async fn serve_until<H, F>(listener: TcpListener, stop: CancellationToken, handle: H)
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<ReachBody>> + Send + 'static,
+{
     let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
     loop {
         let stream = tokio::select! {
-            _ = state.crashed.cancelled() => return,
+            _ = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(_) => continue,
             },
         };
-        let (builder, state) = (builder.clone(), state.clone());
+        let (builder, stop, handle) = (builder.clone(), stop.clone(), handle.clone());
         tokio::spawn(async move {
-            let service_state = state.clone();
             let service = hyper::service::service_fn(move |req| {
-                let state = service_state.clone();
-                async move { Ok::<_, Infallible>(handle(state, req).await) }
+                let handled = handle(req);
+                async move { Ok::<_, Infallible>(handled.await) }
             });
             let conn = builder.serve_connection(TokioIo::new(stream), service);
-            // A crash drops every connection mid-flight, like a dying process.
             tokio::select! {
                 _ = conn => {}
-                _ = state.crashed.cancelled() => {}
+                _ = stop.cancelled() => {}
             }
         });
     }
