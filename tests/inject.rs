@@ -458,7 +458,7 @@ async fn bad_annotations_are_denied_with_a_message_that_names_the_problem() {
         ),
         (
             json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/capabilites": "x" }),
-            "agent-reach: annotation agent-reach.io/capabilites is not one agent-reach reads (known: agent-reach.io/inject, agent-reach.io/status, agent-reach.io/agent-port, agent-reach.io/capabilities, agent-reach.io/config, agent-reach.io/max-concurrency, agent-reach.io/zone, agent-reach.io/probe-path, agent-reach.io/mtls, agent-reach.io/tasks, agent-reach.io/intercept)",
+            "agent-reach: annotation agent-reach.io/capabilites is not one agent-reach reads (known: agent-reach.io/inject, agent-reach.io/status, agent-reach.io/agent-port, agent-reach.io/capabilities, agent-reach.io/config, agent-reach.io/max-concurrency, agent-reach.io/zone, agent-reach.io/probe-path, agent-reach.io/mtls, agent-reach.io/tasks, agent-reach.io/intercept, agent-reach.io/a2a)",
         ),
         (
             json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/config": "coder-bootstrap", "agent-reach.io/zone": "a" }),
