@@ -126,7 +126,7 @@ mtls_csi_args=(--set mtls.enabled=true --set mtls.mode=strict --set 'fleet.names
     --set 'authorization.capabilities.summarize.allow={spiffe://cluster.local/ns/*/sa/coder}')
 mtls_certificate_args=(--set mtls.enabled=true --set mtls.source=certificate --set mtls.trustDomain=prod.example
     --set mtls.issuer.name=agents-ca --set 'fleet.namespaces={agents}'
-    --set 'mtls.certificate.serviceAccounts={coder,agents/writer}')
+    --set 'mtls.certificate.serviceAccounts={coder,agents/writer,sql-agent}')
 lint_mtls() { "$helm" lint --strict "$chart" --namespace "$namespace" "${mtls_csi_args[@]}" &&
     "$helm" lint --strict "$chart" --namespace "$namespace" "${mtls_certificate_args[@]}"; }
 render_mtls_csi() { "$helm" template "$release" "$chart" --namespace "$namespace" "${mtls_csi_args[@]}" >"$out/mtls-csi.yaml"; }
@@ -262,11 +262,12 @@ def check(cond, message):
         errors.append(message)
 
 expected = {"listen", "tls", "native_sidecar", "termination_grace_seconds", "prometheus",
-            "defaults", "sidecar", "volumes", "tasks", "bootstrap"}
+            "defaults", "sidecar", "volumes", "tasks", "intercept", "bootstrap"}
 if "mtls" in cfg:  # only with mtls.enabled
     expected.add("mtls")
     check(set(cfg["mtls"]) in ({"volume"}, {"volume", "service_accounts"}), f"mtls keys: {sorted(cfg['mtls'])}")
 check(set(cfg) == expected, f"injector.yaml keys {sorted(cfg)} != {sorted(expected)}")
+check(set(cfg["intercept"]) == {"default", "proxy_uid"}, f"intercept keys: {sorted(cfg['intercept'])}")
 check(set(cfg["tls"]) == {"cert_file", "key_file"}, f"tls keys: {sorted(cfg['tls'])}")
 check(set(cfg["prometheus"]) == {"port", "path"}, f"prometheus keys: {sorted(cfg['prometheus'])}")
 check(set(cfg["defaults"]) == {"agent_port", "max_concurrency", "probe_path"}, f"defaults keys: {sorted(cfg['defaults'])}")
