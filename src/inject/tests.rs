@@ -34,8 +34,19 @@ mtls:
 "#;
 
 fn config(extra: &str) -> InjectorConfig {
-    let text = format!("{SHIPPED}{extra}");
-    match InjectorConfig::parse(Path::new("injector.yaml"), &text) {
+    config_from(&format!("{SHIPPED}{extra}"), extra)
+}
+
+/// The shipped file with its `intercept` section replaced by `section`.
+fn with_intercept(section: &str) -> InjectorConfig {
+    let start = SHIPPED.find("\nintercept:").map_or(0, |i| i + 1);
+    let end = SHIPPED.find("\nsidecar:").map_or(SHIPPED.len(), |i| i + 1);
+    let text = format!("{}{section}{}", &SHIPPED[..start], &SHIPPED[end..]);
+    config_from(&text, section)
+}
+
+fn config_from(text: &str, extra: &str) -> InjectorConfig {
+    match InjectorConfig::parse(Path::new("injector.yaml"), text) {
         Ok(c) => c,
         Err(err) => panic!("injector.yaml with {extra}: {err}"),
     }
@@ -415,7 +426,7 @@ fn an_intercepted_pod_gets_init_net_before_the_sidecar_which_runs_as_the_fixed_u
 
 #[test]
 fn a_plain_sidecar_pod_gets_init_net_as_its_first_init_container() {
-    let mut config = config("\nintercept: { default: true, proxy_uid: 3000 }\n");
+    let mut config = with_intercept("intercept: { default: true, proxy_uid: 3000 }\n");
     config.native_sidecar = false;
     let mut pod = new_pod(enabled(), None);
     pod["spec"]["initContainers"] = json!([{ "name": "migrate", "image": "m:1" }]);
@@ -443,7 +454,7 @@ fn interception_is_off_by_default_and_can_be_turned_off_per_pod() {
     assert_ne!(sidecar(&plain)["name"], super::pod::INIT_NET);
     let mut off = enabled();
     off["agent-reach.io/intercept"] = json!("disabled");
-    let config = config("\nintercept: { default: true }\n");
+    let config = with_intercept("intercept: { default: true }\n");
     let pod = match injected(&config, &new_pod(off, None)) {
         Ok(p) => p,
         Err(err) => panic!("denied: {err}"),
