@@ -408,11 +408,7 @@ fn check_escalation(path: &Path, policy: &config::Policy) -> Result<Option<Strin
             ));
         }
     }
-    if let Some(key) = &escalation.key_file {
-        let key = match path.parent() {
-            Some(dir) if key.is_relative() => dir.join(key),
-            _ => key.clone(),
-        };
+    if let Some(key) = escalation.key_path(path.parent()) {
         std::fs::metadata(&key).map_err(|e| {
             format!(
                 "{}: escalation.key_file {}: {e}",

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::config::{A2aConfig, Capability, Cost, Name, Proficiency, RouteMode, SkillFacts};
+use crate::config::{A2aConfig, Capability, Name, Proficiency, SkillFacts};
 
 /// Skills imported from one card: more would not fit a gossip profile item (`MAX_ITEM`).
 pub const MAX_SKILLS: usize = 16;
@@ -84,17 +84,9 @@ pub fn import(card: &Value, config: &A2aConfig) -> Imported {
 
 fn capability(name: Name, tags: BTreeMap<String, Proficiency>, facts: SkillFacts) -> Capability {
     Capability {
-        name,
         tags,
-        timeout: None,
-        expected_duration: None,
-        mode: RouteMode::Sync,
-        cost: Cost(0.0),
-        idempotent: false,
-        probe: None,
-        paths: Vec::new(),
-        output_schema: None,
         card: Some(facts),
+        ..Capability::named(name)
     }
 }
 

@@ -413,6 +413,25 @@ pub struct Capability {
     pub card: Option<SkillFacts>,
 }
 
+impl Capability {
+    /// A capability with nothing declared but its name: every other field at its default.
+    pub fn named(name: Name) -> Self {
+        Self {
+            name,
+            tags: BTreeMap::new(),
+            timeout: None,
+            expected_duration: None,
+            mode: RouteMode::Sync,
+            cost: Cost(0.0),
+            idempotent: false,
+            probe: None,
+            paths: Vec::new(),
+            output_schema: None,
+            card: None,
+        }
+    }
+}
+
 /// `sync` (someone is waiting: latency first) or `async` (quality first).
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -545,21 +564,7 @@ impl Bootstrap {
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         let capabilities = capabilities
             .iter()
-            .map(|c| {
-                Ok(Capability {
-                    name: Name::parse(c)?,
-                    tags: BTreeMap::new(),
-                    timeout: None,
-                    expected_duration: None,
-                    mode: RouteMode::Sync,
-                    cost: Cost(0.0),
-                    idempotent: false,
-                    probe: None,
-                    paths: Vec::new(),
-                    output_schema: None,
-                    card: None,
-                })
-            })
+            .map(|c| Ok(Capability::named(Name::parse(c)?)))
             .collect::<Result<Vec<_>, String>>()?;
         Ok(Self {
             listen: Listen {

@@ -154,6 +154,17 @@ pub struct EscalationPolicy {
     pub max_payload_bytes: usize,
 }
 
+impl EscalationPolicy {
+    /// The key file, a relative path taken from `policy_dir` (the policy file's directory).
+    pub fn key_path(&self, policy_dir: Option<&Path>) -> Option<PathBuf> {
+        let key = self.key_file.as_ref()?;
+        Some(match policy_dir {
+            Some(dir) if key.is_relative() => dir.join(key),
+            _ => key.clone(),
+        })
+    }
+}
+
 impl Default for EscalationPolicy {
     fn default() -> Self {
         Self {

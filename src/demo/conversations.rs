@@ -72,12 +72,7 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<ConversationsSummary, DemoE
 
     let outbound = caller.addrs.outbound;
     let http = client::build(&fleet.policy);
-    let card = get(
-        &http,
-        &format!("http://{SKILL}.reach/.well-known/agent-card.json"),
-        outbound,
-    )
-    .await;
+    let card = get(&http, outbound, "/.well-known/agent-card.json").await;
     let card_url = card["url"].as_str().unwrap_or("-").to_owned();
 
     let (mut follow_ups, mut reached_holder) = (0, 0);
@@ -149,14 +144,12 @@ async fn rpc(
     read(http.request(request).await.ok()).await
 }
 
-async fn get(http: &client::UpstreamClient, url: &str, outbound: SocketAddr) -> Value {
-    let Ok(request) = Request::get(url.replacen(
-        &format!("http://{SKILL}.reach"),
-        &format!("http://{outbound}"),
-        1,
-    ))
-    .header(http::header::HOST, format!("{SKILL}.reach"))
-    .body(body::empty()) else {
+/// A GET of `path` on the skill's authority, through the caller's outbound port.
+async fn get(http: &client::UpstreamClient, outbound: SocketAddr, path: &str) -> Value {
+    let Ok(request) = Request::get(format!("http://{outbound}{path}"))
+        .header(http::header::HOST, format!("{SKILL}.reach"))
+        .body(body::empty())
+    else {
         return Value::Null;
     };
     read(http.request(request).await.ok()).await

@@ -170,7 +170,7 @@ impl Runner {
             Ok(r) => r,
             Err(err) => {
                 task.error = Some(err);
-                return self.finish(task, State::Failed, &snapshot).await;
+                return self.finish(task, State::Failed).await;
             }
         };
         let capability = task.capability.clone();
@@ -197,13 +197,13 @@ impl Runner {
             Class::Success => {
                 task.response = Some(response);
                 task.error = None;
-                self.finish(task, State::Done, &snapshot).await
+                self.finish(task, State::Done).await
             }
             // The request itself was refused (forbidden, malformed): no agent will take it.
             Class::Rejected => {
                 task.error = Some(summary(&response));
                 task.response = Some(response);
-                self.finish(task, State::Failed, &snapshot).await
+                self.finish(task, State::Failed).await
             }
             _ => {
                 task.error = Some(summary(&response));
@@ -249,23 +249,15 @@ impl Runner {
                     .webhook
                     .as_deref()
                     .map(Delivery::to);
-                self.finish(task, State::Escalated, snapshot).await
+                self.finish(task, State::Escalated).await
             }
-            FinalFallback::Fail | FinalFallback::Queue => {
-                self.finish(task, State::Failed, snapshot).await
-            }
+            FinalFallback::Fail | FinalFallback::Queue => self.finish(task, State::Failed).await,
         }
     }
 
     /// Commits the task's new state and lets go of it; what it still owes (a webhook, a
     /// callback) is due at once.
-    async fn finish(
-        &self,
-        mut task: Task,
-        state: State,
-        snapshot: &Snapshot,
-    ) -> Result<(), StoreError> {
-        let _ = snapshot;
+    async fn finish(&self, mut task: Task, state: State) -> Result<(), StoreError> {
         task.state = state;
         let now = now_ms();
         task.updated_ms = now;
@@ -329,11 +321,8 @@ impl Runner {
 
     /// The escalation key, read at each delivery so a rotated key applies at once.
     fn escalation_key(&self, snapshot: &Snapshot) -> Option<Vec<u8>> {
-        let path = snapshot.policy.escalation.key_file.as_ref()?;
-        let path = match (&self.config.paths.policy, path.is_relative()) {
-            (Some(policy), true) => policy.parent().map_or(path.clone(), |dir| dir.join(path)),
-            _ => path.clone(),
-        };
+        let policy_dir = self.config.paths.policy.as_deref().and_then(|p| p.parent());
+        let path = snapshot.policy.escalation.key_path(policy_dir)?;
         match std::fs::read(&path) {
             Ok(key) => Some(trim_key(key)),
             Err(err) => {
