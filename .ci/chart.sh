@@ -24,6 +24,10 @@
 #   - the injector's `tasks` section, and the fleet policy's escalation.key_file in a directory the
 #     sidecar mounts (checked with a stand-in key file);
 #   - values the schema must reject are rejected;
+#   - autoscaling (custom values): a KEDA ScaledObject per target (custom resource: its structure
+#     checked here) and, with mode=hpa, an autoscaling/v2 HorizontalPodAutoscaler per target
+#     (validated strictly like the rest), both reading max(reach_capability_demand_ratio) for the
+#     target's capability at its targetRatio;
 #   - the Grafana dashboard ConfigMap (dashboard.enabled) carries docs/grafana/agent-reach.json
 #     unchanged, and logFormat json sets AGENT_REACH_LOG_FORMAT on the sidecar and the injector;
 #   - the default render, with its random parts masked, compared with charts/golden/default.yaml
@@ -115,6 +119,8 @@ lint_default() { "$helm" lint --strict "$chart" --namespace "$namespace"; }
 lint_custom() { "$helm" lint --strict "$chart" --namespace "$namespace" -f "$custom"; }
 render_default() { "$helm" template "$release" "$chart" --namespace "$namespace" >"$out/default.yaml"; }
 render_custom() { "$helm" template "$release" "$chart" --namespace "$namespace" -f "$custom" >"$out/custom.yaml"; }
+# The custom values' autoscaling targets as HorizontalPodAutoscalers (the custom render has KEDA's).
+render_hpa() { "$helm" template "$release" "$chart" --namespace "$namespace" -f "$custom" --set autoscaling.mode=hpa >"$out/hpa.yaml"; }
 # cert-manager with an issuer of the user's: the chart renders only the serving Certificate.
 issuer_args=(--set webhook.certManager.enabled=true --set webhook.certManager.issuerRef.name=corp-ca
     --set webhook.certManager.issuerRef.kind=ClusterIssuer)
@@ -172,6 +178,14 @@ rejects() {
         mtls.enabled=true,mtls.mode=disabled,authorization.default=deny \
         'mtls.enabled=true,authorization.capabilities.payments.allow={billing}' \
         'mtls.enabled=true,authorization.capabilities.Pay_Ments.allow={spiffe://a/b}' \
+        autoscaling.mode=vpa \
+        autoscaling.enabled=true \
+        autoscaling.enabled=true,autoscaling.serverAddress=,'autoscaling.targets[0].deployment=coder','autoscaling.targets[0].capability=code-review','autoscaling.targets[0].targetRatio=1','autoscaling.targets[0].minReplicas=1','autoscaling.targets[0].maxReplicas=2' \
+        'autoscaling.targets[0].deployment=coder','autoscaling.targets[0].capability=code-review','autoscaling.targets[0].targetRatio=0','autoscaling.targets[0].minReplicas=1','autoscaling.targets[0].maxReplicas=2' \
+        'autoscaling.targets[0].deployment=coder','autoscaling.targets[0].capability=code-review','autoscaling.targets[0].targetRatio=1','autoscaling.targets[0].minReplicas=0','autoscaling.targets[0].maxReplicas=2' \
+        autoscaling.enabled=true,'autoscaling.targets[0].deployment=coder','autoscaling.targets[0].capability=code-review','autoscaling.targets[0].targetRatio=1','autoscaling.targets[0].minReplicas=3','autoscaling.targets[0].maxReplicas=2' \
+        autoscaling.enabled=true,'autoscaling.targets[0].deployment=coder','autoscaling.targets[0].capability=code-review','autoscaling.targets[0].targetRatio=1','autoscaling.targets[0].minReplicas=1','autoscaling.targets[0].maxReplicas=2','autoscaling.targets[1].deployment=coder','autoscaling.targets[1].capability=summarize','autoscaling.targets[1].targetRatio=1','autoscaling.targets[1].minReplicas=1','autoscaling.targets[1].maxReplicas=2' \
+        'autoscaling.targets[0].deployment=coder','autoscaling.targets[0].capability=Code_Review','autoscaling.targets[0].targetRatio=1','autoscaling.targets[0].minReplicas=1','autoscaling.targets[0].maxReplicas=2' \
         no_such_value=1; do
         if "$helm" template "$release" "$chart" --namespace "$namespace" --set "$bad" >/dev/null 2>"$out/reject.err"; then
             echo "accepted a bad value: --set $bad"
@@ -204,7 +218,7 @@ from kubernetes_validate import utils
 
 # Custom resources kubernetes-validate has no schema for: skipped by name, never silently.
 CRDS = {("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer"),
-        ("monitoring.coreos.com/v1", "PodMonitor")}
+        ("monitoring.coreos.com/v1", "PodMonitor"), ("keda.sh/v1alpha1", "ScaledObject")}
 
 versions = sorted({Version(v) for v in utils.all_versions()})
 if not versions or versions[-1] < Version("1.29"):
@@ -797,6 +811,65 @@ print("dashboard ConfigMap and log formats as the values say")
 PY
 }
 
+# The autoscalers of the custom values, one per target, in both modes: the Deployment, the replica
+# bounds, the fleet-wide max() of the capability's demand ratio in the target's namespace, and the
+# target ratio (KEDA's threshold, or the HPA's Value quantity in milli-units).
+autoscalers() { # autoscalers KEDA_RENDER HPA_RENDER VALUES
+    python3 - "$@" <<'PY'
+import sys
+import yaml
+
+keda_render, hpa_render, values = sys.argv[1:4]
+errors = []
+def check(cond, message):
+    if not cond:
+        errors.append(message)
+def docs(path, kind):
+    return [d for d in yaml.safe_load_all(open(path)) if d and d["kind"] == kind]
+
+v = yaml.safe_load(open(values))
+fleet = v["fleet"]["namespaces"]
+targets = {(t.get("namespace", fleet[0]), t["deployment"]): t for t in v["autoscaling"]["targets"]}
+scaled = {(d["metadata"]["namespace"], d["spec"]["scaleTargetRef"]["name"]): d for d in docs(keda_render, "ScaledObject")}
+hpas = {(d["metadata"]["namespace"], d["spec"]["scaleTargetRef"]["name"]): d for d in docs(hpa_render, "HorizontalPodAutoscaler")}
+check(set(scaled) == set(targets), f"ScaledObjects for {sorted(scaled)}, targets {sorted(targets)}")
+check(set(hpas) == set(targets), f"HPAs for {sorted(hpas)}, targets {sorted(targets)}")
+check(not docs(keda_render, "HorizontalPodAutoscaler") and not docs(hpa_render, "ScaledObject"), "a render has both kinds")
+for key, t in targets.items():
+    what = f"{key[0]}/{key[1]}"
+    so = scaled.get(key)
+    if so:
+        spec = so["spec"]
+        check(so["apiVersion"] == "keda.sh/v1alpha1", f"{what}: ScaledObject apiVersion {so['apiVersion']}")
+        check(set(spec) == {"scaleTargetRef", "minReplicaCount", "maxReplicaCount", "triggers"}, f"{what}: ScaledObject spec keys {sorted(spec)}")
+        check(spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": t["deployment"]}, f"{what}: scaleTargetRef {spec['scaleTargetRef']}")
+        check((spec["minReplicaCount"], spec["maxReplicaCount"]) == (t["minReplicas"], t["maxReplicas"]), f"{what}: replicas {spec['minReplicaCount']}..{spec['maxReplicaCount']}")
+        check(len(spec["triggers"]) == 1, f"{what}: {len(spec['triggers'])} triggers")
+        trigger = spec["triggers"][0]
+        check(trigger["type"] == "prometheus" and trigger["metricType"] == "Value", f"{what}: trigger {trigger['type']}/{trigger.get('metricType')}")
+        meta = trigger["metadata"]
+        check(set(meta) == {"serverAddress", "query", "threshold"}, f"{what}: trigger metadata keys {sorted(meta)}")
+        check(meta["serverAddress"] == v["autoscaling"]["serverAddress"], f"{what}: serverAddress {meta['serverAddress']}")
+        want = f'max(reach_capability_demand_ratio{{capability="{t["capability"]}",namespace="{key[0]}"}})'
+        check(meta["query"] == want, f"{what}: query {meta['query']} != {want}")
+        check(isinstance(meta["threshold"], str) and float(meta["threshold"]) == t["targetRatio"], f"{what}: threshold {meta['threshold']!r}")
+    hpa = hpas.get(key)
+    if hpa:
+        spec = hpa["spec"]
+        check((spec["minReplicas"], spec["maxReplicas"]) == (t["minReplicas"], t["maxReplicas"]), f"{what}: HPA replicas {spec['minReplicas']}..{spec['maxReplicas']}")
+        metric = spec["metrics"][0]["external"]
+        check(metric["metric"] == {"name": "reach_capability_demand_ratio", "selector": {"matchLabels": {"capability": t["capability"]}}}, f"{what}: HPA metric {metric['metric']}")
+        target = metric["target"]
+        value = str(target["value"])
+        milli = int(value[:-1]) if value.endswith("m") else int(float(value) * 1000)
+        check(target["type"] == "Value" and milli == round(t["targetRatio"] * 1000), f"{what}: HPA target {target}")
+    print(f"  {what}: {t['capability']} at {t['targetRatio']}, {t['minReplicas']}..{t['maxReplicas']} replicas")
+for e in errors:
+    print(f"  {e}")
+sys.exit(1 if errors else 0)
+PY
+}
+
 golden_compare() {
     mask "$out/default.yaml" "$out/default.masked.yaml"
     if [ "${UPDATE_GOLDEN:-}" = 1 ]; then
@@ -814,6 +887,7 @@ step "helm lint --strict (default values)" lint_default
 step "helm lint --strict ($custom)" lint_custom
 step "helm template (default values)" render_default
 step "helm template ($custom)" render_custom
+step "helm template ($custom, autoscaling.mode=hpa)" render_hpa
 step "helm template (cert-manager with issuerRef ${issuer_args[*]})" render_issuer
 step "helm lint --strict (mtls, each source)" lint_mtls
 step "helm template (mtls.source=csi)" render_mtls_csi
@@ -821,6 +895,8 @@ step "helm template (mtls.source=certificate)" render_mtls_certificate
 step "values the chart must reject" rejects
 step "kubernetes-validate: default render" validate "$out/default.yaml"
 step "kubernetes-validate: custom render" validate "$out/custom.yaml"
+step "kubernetes-validate: HorizontalPodAutoscalers" validate "$out/hpa.yaml"
+step "autoscalers (KEDA and HPA)" autoscalers "$out/custom.yaml" "$out/hpa.yaml" "$custom"
 step "kubernetes-validate: issuerRef render" validate "$out/issuer.yaml"
 step "kubernetes-validate: mtls renders" validate "$out/mtls-csi.yaml" "$out/mtls-certificate.yaml"
 step "kubernetes-validate: examples/k8s" validate examples/k8s/*.yaml
