@@ -127,7 +127,8 @@ impl Sidecar {
             metrics.clone(),
             admission.clone(),
         ));
-        let peers = Arc::new(PeerViews::new(store.clone(), metrics.clone()));
+        let peers =
+            Arc::new(PeerViews::new(store.clone(), metrics.clone()).with_own_agent(local.clone()));
         // One table for peers' keys and the local agent's own: one byte budget for both.
         let idempotency = idempotency_table(&snapshot.policy);
         let inbound = Arc::new(Inbound::new(

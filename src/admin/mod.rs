@@ -24,7 +24,7 @@ use crate::http::ReachBody;
 use crate::inbound::{Inbound, StatsSnapshot};
 use crate::local::{Load, LocalAgent, ProbeRecord};
 use crate::metrics::Metrics;
-use crate::peers::{PeerStatus, PeerViews};
+use crate::peers::{CapabilityDemand, PeerStatus, PeerViews};
 use crate::reach::{State, TransitionRecord, ViewSnapshot, TRANSITIONS_KEPT};
 use crate::registry::{Peer, Registry};
 
@@ -62,6 +62,9 @@ pub struct Status {
     pub peer_views: Vec<PeerStatus>,
     /// Gossip membership: every member with its liveness, last-seen age and version.
     pub gossip: Option<Arc<GossipStatus>>,
+    /// The fleet's demand against its capacity per capability, as `/metrics` shows it
+    /// (`reach_capability_demand_ratio`).
+    pub capabilities: Vec<CapabilityDemand>,
     pub policy: Policy,
     pub config_generation: u64,
     /// The last rejected config reload, until its file parses again.
@@ -155,6 +158,7 @@ impl Admin {
             idempotency: self.inbound.idempotency(),
             peers: self.registry.peers(&snapshot),
             gossip: self.gossip.as_ref().map(|g| g.status()),
+            capabilities: self.peers.fleet_demand(),
             policy: snapshot.policy.clone(),
             config_generation: snapshot.generation,
             reload_error: self.store.reload_error(),

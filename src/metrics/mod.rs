@@ -8,6 +8,7 @@
 //! and the per-peer series are a bounded, expiring table of their own ([`peers`]).
 //! `docs/metrics.md` lists every series.
 
+mod demand;
 mod peers;
 
 use std::sync::Mutex;
@@ -41,6 +42,8 @@ pub const PEER_REQUESTS_TOTAL: &str = peers::PEER_REQUESTS_TOTAL;
 pub const PEER_SCORE: &str = peers::PEER_SCORE;
 pub const PEER_STATE: &str = peers::PEER_STATE;
 pub const PEER_CAP: &str = peers::PEER_CAP;
+pub const CAPABILITY_DEMAND_RATIO: &str = demand::DEMAND_RATIO;
+pub const CAPABILITY_CAPACITY: &str = demand::CAPACITY;
 pub const PROBES_TOTAL: &str = "reach_probes_total";
 pub const PROBE_DURATION: &str = "reach_probe_duration_seconds";
 pub const RETRIES_TOTAL: &str = "reach_retries_total";
@@ -265,6 +268,8 @@ pub struct Metrics {
     first_byte: Mutex<FastMap<String, Histogram>>,
     /// The bounded, expiring per-peer series.
     peers: Mutex<PeerSeries>,
+    /// The fleet's demand per capability, replaced on every refresh.
+    fleet_demand: Mutex<demand::FleetDemand>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -290,6 +295,7 @@ impl Metrics {
             tier_picks: Default::default(),
             first_byte: Mutex::default(),
             peers: Mutex::default(),
+            fleet_demand: Mutex::default(),
         };
         metrics.describe();
         let agent = agent.to_owned();
@@ -317,11 +323,24 @@ impl Metrics {
         metrics::with_local_recorder(&self.recorder, f)
     }
 
-    /// The Prometheus text exposition: the aggregates, then the tracked peers' series.
+    /// The Prometheus text exposition: the aggregates, the fleet's demand, then the tracked
+    /// peers' series.
     pub fn render(&self) -> String {
         let mut text = self.handle.render();
+        self.fleet_demand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .render(&mut text);
         self.peer_series().render(&mut text, Instant::now());
         text
+    }
+
+    /// The fleet's demand per capability (`peers::fleet_demand`), as of this refresh.
+    pub fn capability_demand(&self, fleet: &[crate::peers::CapabilityDemand]) {
+        self.fleet_demand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set(fleet);
     }
 
     /// Drains histogram samples into buckets and expires idle peers' series; called

@@ -223,7 +223,7 @@ impl PeerSeries {
 }
 
 /// A sample value in the text format, which spells infinities `+Inf`/`-Inf`.
-fn number(v: f64) -> String {
+pub(super) fn number(v: f64) -> String {
     match v {
         f64::INFINITY => "+Inf".to_owned(),
         f64::NEG_INFINITY => "-Inf".to_owned(),
@@ -232,7 +232,7 @@ fn number(v: f64) -> String {
 }
 
 /// A label value in the text format: backslash, double quote and newline escaped.
-fn escape(value: &str) -> std::borrow::Cow<'_, str> {
+pub(super) fn escape(value: &str) -> std::borrow::Cow<'_, str> {
     if !value.contains(['\\', '"', '\n']) {
         return value.into();
     }

@@ -5,11 +5,13 @@
 //! Gossip members' self-views arrive by gossip (`feed`); static peers' are polled from their
 //! `GET /reach/v1/self` on the inbound port (`poll`).
 
+mod demand;
 mod feed;
 mod latency;
 mod poll;
 mod score;
 
+pub use demand::{fleet_demand, CapabilityDemand};
 pub use feed::{live, profile, self_view, self_view_lifetime, GossipFeed};
 #[cfg(test)]
 pub(crate) use latency::judge;
@@ -23,7 +25,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::config::{ConfigStore, RouteMode, Snapshot};
-use crate::local::SelfView;
+use crate::local::{LocalAgent, SelfView};
 use crate::metrics::Metrics;
 use crate::reach::{
     self, Factors, ReachView, Signal, State, TransitionLog, TransitionRecord, ViewSnapshot,
@@ -40,11 +42,17 @@ pub struct PeerViews {
     inner: Mutex<FastMap<String, Entry>>,
     /// The last transitions of this caller's views of its peers, with their reasons.
     transitions: TransitionLog,
+    /// This sidecar's own agent, whose load and slots count in the fleet's demand.
+    own_agent: Option<Arc<LocalAgent>>,
+    /// The fleet's demand per capability as of the last `publish`, for `/status`.
+    fleet_demand: Mutex<Vec<CapabilityDemand>>,
 }
 
 #[derive(Debug)]
 struct Entry {
     address: String,
+    /// Found by gossip: its self-view lives as long as the member does (a polled one goes stale).
+    from_gossip: bool,
     view: ReachView,
     remote: Option<(SelfView, Instant)>,
     last_score: Option<f64>,
@@ -181,7 +189,15 @@ impl PeerViews {
             metrics,
             inner: Mutex::new(FastMap::default()),
             transitions: TransitionLog::default(),
+            own_agent: None,
+            fleet_demand: Mutex::default(),
         }
+    }
+
+    /// Counts `local`'s agent in the fleet's demand beside its peers.
+    pub fn with_own_agent(mut self, local: Arc<LocalAgent>) -> Self {
+        self.own_agent = Some(local);
+        self
     }
 
     /// An attempt on `peer` starts; the guard ends it, even if the caller goes away mid-call.
@@ -295,6 +311,34 @@ impl PeerViews {
             idle_timeout: snapshot.policy.metrics.idle_timeout.get(),
         };
         self.metrics.peers(limits, views);
+        let fleet = self.compute_fleet_demand(snapshot);
+        self.metrics.capability_demand(&fleet);
+        *self.fleet_demand.lock().unwrap_or_else(|p| p.into_inner()) = fleet;
+    }
+
+    /// The fleet's demand per capability as of the last refresh: what `/metrics` shows.
+    pub fn fleet_demand(&self) -> Vec<CapabilityDemand> {
+        self.fleet_demand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Every agent's self-view this sidecar trusts now (its peers' by gossip or poll, with the
+    /// same freshness rule as scoring, and its own agent's), folded per capability.
+    fn compute_fleet_demand(&self, snapshot: &Snapshot) -> Vec<CapabilityDemand> {
+        let now = Instant::now();
+        let lifetime = self_view_lifetime(snapshot);
+        let own = self.own_agent.as_ref().map(|local| local.self_view());
+        let inner = self.lock();
+        let peers = inner.values().filter_map(|e| {
+            let (view, at) = e.remote.as_ref()?;
+            let fresh = e.from_gossip || now.saturating_duration_since(*at) <= lifetime;
+            // Never counted twice should the own agent appear among the peers.
+            let own_twice = own.as_ref().is_some_and(|o| o.name == view.name);
+            (fresh && !own_twice).then_some(view)
+        });
+        fleet_demand(peers.chain(own.as_ref()))
     }
 
     pub fn status(&self, snapshot: &Snapshot) -> Vec<PeerStatus> {
@@ -457,6 +501,7 @@ fn entry<'m>(map: &'m mut FastMap<String, Entry>, peer: &Peer, now: Instant) -> 
 fn fresh_entry(peer: &Peer, now: Instant) -> Entry {
     Entry {
         address: peer.address.clone(),
+        from_gossip: peer.source == "gossip",
         view: ReachView::new(now, false),
         remote: None,
         last_score: None,
