@@ -154,6 +154,27 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     assert_eq!(c["card_url"], "http://translate.reach/", "{c}");
     assert!(c["follow_ups"].as_u64().unwrap() > 0, "{c}");
     assert_eq!(c["reached_holder"], c["follow_ups"], "{c}");
+
+    // The scale signal: the fleet's demand ratio rises with the callers and falls after them.
+    let sc = &summary["scale"];
+    assert!(sc["capacity"].as_u64().unwrap() > 0, "{sc}");
+    let ratios: Vec<f64> = sc["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["ratio"].as_f64().unwrap())
+        .collect();
+    assert_eq!(ratios.len(), 4, "{sc}");
+    assert!(
+        ratios[0] < ratios[1] && ratios[1] < ratios[2],
+        "rises: {sc}"
+    );
+    assert!(ratios[3] < ratios[2], "falls: {sc}");
+    assert!(sc["ratio_after"].as_f64().unwrap() < ratios[1], "{sc}");
+    assert!(
+        sc["failed"].as_u64().unwrap() * 100 <= sc["calls"].as_u64().unwrap(),
+        "{sc}"
+    );
 }
 
 #[test]
@@ -175,6 +196,7 @@ fn demo_prints_a_table() {
         "hostile input",
         "slow agent",
         "membership by gossip",
+        "scale signal",
     ] {
         assert!(text.contains(needle), "missing {needle}:\n{text}");
     }

@@ -8,7 +8,7 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agent_reach::config::{HumanDuration, PositiveCount};
@@ -33,8 +33,8 @@ fn key_file() -> PathBuf {
 }
 
 /// A sidecar in the fleet: fast gossip and a short refresh tick, so the test runs in seconds.
-async fn fleet_sidecar(bootstrap: Bootstrap, seeds: &[SocketAddr], key: &PathBuf) -> Sidecar {
-    let mut bootstrap = bootstrap.with_gossip(seeds, key.clone());
+async fn fleet_sidecar(bootstrap: Bootstrap, seeds: &[SocketAddr], key: &Path) -> Sidecar {
+    let mut bootstrap = bootstrap.with_gossip(seeds, key.to_path_buf());
     if let Some(g) = bootstrap.gossip.as_mut() {
         g.probe_interval = HumanDuration::from_millis(200);
         g.probe_timeout = HumanDuration::from_millis(100);

@@ -5,7 +5,8 @@
 //! while the caller's calls keep succeeding. Then a retry storm, then a stranger's hostile input,
 //! then one agent ten times slower, then a crash and a newcomer whose sidecar is set up by the
 //! injector from its pod's annotations, as in Kubernetes. Every sidecar hop is mutual TLS; last,
-//! the policy turns strict with per-capability authorization and an intruder is refused.
+//! the policy turns strict with per-capability authorization and an intruder is refused. Last,
+//! callers come and go in steps while every sidecar reports the fleet's demand ratio.
 
 mod authorized;
 mod conversations;
@@ -15,6 +16,7 @@ mod injected;
 mod membership;
 mod observed;
 mod report;
+mod scale;
 mod slow;
 mod storm;
 mod tasks;
@@ -33,6 +35,7 @@ pub use injected::Injection;
 pub use membership::MembershipSummary;
 pub use observed::ObserveSummary;
 pub use report::render_table;
+pub use scale::ScaleSummary;
 pub use slow::SlowSummary;
 pub use storm::StormSummary;
 pub use tasks::TasksSummary;
@@ -96,6 +99,8 @@ pub struct DemoSummary {
     /// A2A agents whose skills come from their cards, and conversations whose follow-ups
     /// reach the agent holding the task.
     pub conversations: ConversationsSummary,
+    /// Callers added in steps and removed: the fleet's demand ratio, the signal to scale on.
+    pub scale: ScaleSummary,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -496,6 +501,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         authorized::run(&mut fleet, Duration::from_secs(2), options.concurrency).await?;
     let tasks = tasks::run(&mut fleet).await?;
     let conversations = conversations::run(&mut fleet).await?;
+    let scale = scale::run(&fleet).await;
     fleet.shutdown().await;
     let fault = report::fault_summary(AGENTS[BROKEN], &samples, &calls.take(), fault_at, heal_at);
     Ok(DemoSummary {
@@ -513,6 +519,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         authorization,
         tasks,
         conversations,
+        scale,
     })
 }
 

@@ -316,6 +316,7 @@ pub fn render_table(s: &DemoSummary) -> String {
             .map_or("never (within 20 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
         c.card_url, c.conversations, c.agents_used, c.reached_holder, c.follow_ups
     ));
+    out.push_str(&scale_lines(&s.scale));
     let t = &s.total;
     out.push_str(&format!(
         "\ncaller saw {} calls: {} ok ({:.2}%), {} failed; p50 {:.1} ms, p95 {:.1} ms; {:.0} calls/s\n",
@@ -328,6 +329,26 @@ pub fn render_table(s: &DemoSummary) -> String {
         t.requests_per_s
     ));
     out
+}
+
+fn scale_lines(s: &super::ScaleSummary) -> String {
+    let steps: Vec<String> = s
+        .steps
+        .iter()
+        .map(|st| format!("{:.2} ({} callers)", st.ratio, st.callers))
+        .collect();
+    let spread = s.steps.iter().map(|st| st.spread).fold(0.0, f64::max);
+    format!(
+        "\nscale signal: {} agents serve {} with {} slots in rotation; callers added in steps, then removed\n  reach_capability_demand_ratio: {} → {:.2} after; every sidecar within {:.2} of the others; {} of {} calls failed\n",
+        s.members,
+        s.capability,
+        s.capacity,
+        steps.join(" → "),
+        s.ratio_after,
+        spread,
+        s.failed,
+        s.calls
+    )
 }
 
 fn pct(part: u64, whole: u64) -> f64 {
