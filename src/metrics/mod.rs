@@ -20,6 +20,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 use crate::fast_hash::FastMap;
 use crate::reach::{State, Transition, ViewSnapshot};
 
+pub use demand::CapabilityGauges;
 use peers::PeerSeries;
 pub use peers::{Limits as PeerSeriesLimits, PeerGauges};
 
@@ -335,8 +336,12 @@ impl Metrics {
         text
     }
 
-    /// The fleet's demand per capability (`peers::fleet_demand`), as of this refresh.
-    pub fn capability_demand(&self, fleet: &[crate::peers::CapabilityDemand]) {
+    /// The fleet's demand per capability as of this refresh; a capability left out loses its
+    /// series.
+    pub fn capability_demand<'a>(
+        &self,
+        fleet: impl IntoIterator<Item = (&'a str, CapabilityGauges)>,
+    ) {
         self.fleet_demand
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -312,7 +312,13 @@ impl PeerViews {
         };
         self.metrics.peers(limits, views);
         let fleet = self.compute_fleet_demand(snapshot);
-        self.metrics.capability_demand(&fleet);
+        self.metrics.capability_demand(fleet.iter().map(|c| {
+            let gauges = crate::metrics::CapabilityGauges {
+                demand_ratio: c.ratio,
+                capacity: c.capacity,
+            };
+            (c.name.as_str(), gauges)
+        }));
         *self.fleet_demand.lock().unwrap_or_else(|p| p.into_inner()) = fleet;
     }
 
