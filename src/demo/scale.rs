@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::drive::{self, Calls};
 use super::{Fleet, CAPABILITY};
+use crate::mock_agent::Mode;
 use crate::peers::CapabilityDemand;
 
 /// The demand ratio each step aims for: the callers are this share of the fleet's slots.
@@ -42,6 +43,11 @@ pub struct ScaleStep {
 }
 
 pub(super) async fn run(fleet: &Fleet) -> ScaleSummary {
+    // Calls as long as a model's (`SLOW_LATENCY`) rather than the mocks' usual 20–60 ms: the
+    // callers' time is then spent at the agents, where demand is counted, not between calls.
+    for (agent, _) in &fleet.agents {
+        agent.set_mode(Mode::Slow);
+    }
     let start = demand(&fleet.caller);
     let capacity = start.as_ref().map_or(0, |d| d.capacity);
     let calls = Calls::default();
@@ -64,6 +70,9 @@ pub(super) async fn run(fleet: &Fleet) -> ScaleSummary {
     }
     // The last calls ended with the step; the ratio follows within a gossip refresh.
     tokio::time::sleep(STEP / 2).await;
+    for (agent, _) in &fleet.agents {
+        agent.set_mode(Mode::Normal);
+    }
     let ratio_after = demand(&fleet.caller).map_or(0.0, |d| hundredths(d.ratio));
     let calls = calls.take();
     ScaleSummary {
