@@ -1,7 +1,7 @@
 //! The signal to scale on: a local fleet found by gossip over UDP on loopback, slow agents so
 //! calls stay in flight, callers added in steps. Every sidecar's `/metrics` shows the fleet's
-//! demand ratio rise with the callers and fall when they stop, and the capacity is the sum of
-//! the agents' `max_concurrency`.
+//! demand ratio rise with the callers and fall when they stop, the capacity is the sum of the
+//! agents' `max_concurrency`, and the series go when no member serves the capability.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -39,6 +39,7 @@ async fn fleet_sidecar(bootstrap: Bootstrap, seeds: &[SocketAddr], key: &Path) -
         g.probe_interval = HumanDuration::from_millis(200);
         g.probe_timeout = HumanDuration::from_millis(100);
         g.refresh_interval = HumanDuration::from_millis(300);
+        g.suspect_timeout = HumanDuration::from_secs(1);
     }
     let mut policy = agent_reach::config::Policy::default();
     policy.peer_views.poll_interval = HumanDuration::from_millis(100);
@@ -164,9 +165,19 @@ async fn the_demand_ratio_follows_the_callers_and_every_sidecar_reports_the_same
     .await;
     assert!(all_report(&sidecars, CAPACITY, capacity).await);
 
+    // No member serves the capability any longer: its series go.
     for (agent, sidecar) in agents {
         sidecar.kill().await;
         agent.stop().await;
     }
+    eventually(
+        Duration::from_secs(10),
+        "the series gone with the last member",
+        || async {
+            gauge(&caller, RATIO).await.is_none() && gauge(&caller, CAPACITY).await.is_none()
+        },
+    )
+    .await;
+    assert!(caller.status().capabilities.is_empty());
     caller.kill().await;
 }
