@@ -41,7 +41,9 @@ pub struct CapabilityDemand {
 
 /// Folds the agents' self-views (this sidecar's own agent among them) into one entry per
 /// capability any of them publishes, in name order.
-pub fn fleet_demand<'a>(agents: impl IntoIterator<Item = &'a SelfView>) -> Vec<CapabilityDemand> {
+pub(super) fn fleet_demand<'a>(
+    agents: impl IntoIterator<Item = &'a SelfView>,
+) -> Vec<CapabilityDemand> {
     let mut by_name: BTreeMap<&str, (u64, u64, usize)> = BTreeMap::new();
     for agent in agents {
         let load = (agent.in_flight as u64).saturating_add(agent.queued as u64);

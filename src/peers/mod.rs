@@ -11,7 +11,7 @@ mod latency;
 mod poll;
 mod score;
 
-pub use demand::{fleet_demand, CapabilityDemand};
+pub use demand::CapabilityDemand;
 pub use feed::{live, profile, self_view, self_view_lifetime, GossipFeed};
 #[cfg(test)]
 pub(crate) use latency::judge;
@@ -344,7 +344,7 @@ impl PeerViews {
             let own_twice = own.as_ref().is_some_and(|o| o.name == view.name);
             (fresh && !own_twice).then_some(view)
         });
-        fleet_demand(peers.chain(own.as_ref()))
+        demand::fleet_demand(peers.chain(own.as_ref()))
     }
 
     pub fn status(&self, snapshot: &Snapshot) -> Vec<PeerStatus> {
