@@ -65,6 +65,7 @@ fn live(busy: bool) -> Live {
         cooling_down: false,
         in_flight: 2,
         queued: 0,
+        saturation_predicted: 0,
     }
 }
 

@@ -661,6 +661,7 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
         cooling_down: false,
         in_flight: 0,
         queued: 0,
+        saturation_predicted: 0,
     });
     let knows = |name: &'static str| {
         let a = &a;

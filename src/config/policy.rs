@@ -110,6 +110,7 @@ pub(super) const RULES: &[Row] = &[
     ("estimates.stale_after", Rule::Span(MS, DAY)),
     ("estimates.busy_ttl", Rule::Span(MS, DAY)),
     ("estimates.window", Rule::Span(secs(1), DAY)),
+    ("estimates.horizon", Rule::Span(ZERO, HOUR)),
     ("weights.*.*", Rule::Real(0.0, 1000.0)),
     ("zones.cross_zone_cost", Rule::Real(0.0, 1000.0)),
     ("zones.cross_region_cost", Rule::Real(0.0, 1000.0)),
@@ -235,6 +236,9 @@ pub struct EstimatesPolicy {
     pub busy_ttl: HumanDuration,
     /// The window of the latency percentiles.
     pub window: HumanDuration,
+    /// How far ahead the predicted saturation looks (docs/reach-model.md, "Predicted
+    /// saturation"); `0s` switches prediction off.
+    pub horizon: HumanDuration,
 }
 
 impl Default for EstimatesPolicy {
@@ -247,6 +251,7 @@ impl Default for EstimatesPolicy {
             stale_after: HumanDuration(d.stale_after),
             busy_ttl: HumanDuration(d.busy_ttl),
             window: HumanDuration(d.window),
+            horizon: HumanDuration(d.horizon),
         }
     }
 }
@@ -260,6 +265,7 @@ impl EstimatesPolicy {
             stale_after: self.stale_after.get(),
             busy_ttl: self.busy_ttl.get(),
             window: self.window.get(),
+            horizon: self.horizon.get(),
         }
     }
 }

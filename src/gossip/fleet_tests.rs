@@ -95,6 +95,7 @@ fn live(state: State, in_flight: u32) -> Live {
         cooling_down: false,
         in_flight,
         queued: 0,
+        saturation_predicted: 0,
     }
 }
 

@@ -62,6 +62,8 @@ pub struct Live {
     pub cooling_down: bool,
     pub in_flight: u32,
     pub queued: u32,
+    /// The saturation expected a horizon ahead, in thousandths.
+    pub saturation_predicted: u16,
 }
 
 // Every match below is exhaustive: a new state or mode in the model does not compile until it
@@ -198,6 +200,7 @@ impl From<Live> for wire::Live {
             cooling_down: l.cooling_down,
             in_flight: l.in_flight,
             queued: l.queued,
+            saturation_predicted: l.saturation_predicted,
         }
     }
 }
@@ -218,6 +221,7 @@ impl From<wire::Live> for Live {
             cooling_down: l.cooling_down,
             in_flight: l.in_flight,
             queued: l.queued,
+            saturation_predicted: l.saturation_predicted,
         }
     }
 }
@@ -278,6 +282,7 @@ mod tests {
             cooling_down: false,
             in_flight: 2,
             queued: 1,
+            saturation_predicted: 400,
         };
         assert_eq!(Live::from(wire::Live::from(live)), live);
     }

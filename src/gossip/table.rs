@@ -516,6 +516,7 @@ mod tests {
             cooling_down: false,
             in_flight: 0,
             queued: 0,
+            saturation_predicted: 0,
         })
     }
 

@@ -253,12 +253,16 @@ impl LocalAgent {
             .filter(|(_, at)| now.saturating_duration_since(*at) <= ep.busy_ttl)
             .map_or(0, |(n, _)| n);
         let agent = &snapshot.bootstrap.agent;
-        inner.view.estimates_mut().set_load_quietly(reach::Load {
-            in_flight: load.in_flight.max(reported),
-            max_concurrency: agent.max_concurrency.get(),
-            queued: load.queued,
-            queue_capacity: agent.queue.capacity,
-        });
+        inner.view.estimates_mut().set_load_quietly(
+            reach::Load {
+                in_flight: load.in_flight.max(reported),
+                max_concurrency: agent.max_concurrency.get(),
+                queued: load.queued,
+                queue_capacity: agent.queue.capacity,
+            },
+            now,
+            &ep,
+        );
         let t = inner.view.tick(now, &sp);
         let view = inner.view.snapshot(now, &ep, &sp);
         let traffic = Traffic {

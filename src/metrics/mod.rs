@@ -37,6 +37,7 @@ pub const INFO: &str = "reach_info";
 pub const STATE_TRANSITIONS_TOTAL: &str = "reach_state_transitions_total";
 pub const SELF_STATE: &str = "reach_self_state";
 pub const SELF_SATURATION: &str = "reach_self_saturation_ratio";
+pub const SELF_SATURATION_PREDICTED: &str = "reach_self_saturation_predicted_ratio";
 pub const SELF_AVAILABILITY: &str = "reach_self_availability_ratio";
 pub const PEERS: &str = "reach_peers";
 pub const PEER_REQUESTS_TOTAL: &str = peers::PEER_REQUESTS_TOTAL;
@@ -201,6 +202,10 @@ const GAUGES: &[(&str, &str)] = &[
     (
         SELF_SATURATION,
         "This agent's saturation in 0..1, from its own view.",
+    ),
+    (
+        SELF_SATURATION_PREDICTED,
+        "The saturation this agent's own view expects estimates.horizon ahead, from its load's trend, in 0..1.",
     ),
     (
         SELF_AVAILABILITY,
@@ -472,6 +477,7 @@ impl Metrics {
                 });
             }
             gauge!(SELF_SATURATION).set(view.estimates.saturation);
+            gauge!(SELF_SATURATION_PREDICTED).set(view.estimates.saturation_predicted);
             gauge!(SELF_AVAILABILITY).set(view.estimates.availability);
         });
     }

@@ -56,6 +56,8 @@ struct Entry {
     view: ReachView,
     remote: Option<(SelfView, Instant)>,
     last_score: Option<f64>,
+    /// The factors of the last score: what `/status` shows it was made of.
+    last_factors: Option<reach::Factors>,
     /// This caller's attempts on the peer now in flight (to response headers).
     pending: usize,
     /// …and when the peer's self-view was read: its in-flight count included those.
@@ -174,6 +176,7 @@ pub struct PeerStatus {
     /// This caller's view.
     pub view: ViewSnapshot,
     pub last_score: Option<f64>,
+    pub last_factors: Option<reach::Factors>,
     pub self_view: Option<SelfView>,
     pub self_view_age_s: Option<f64>,
     /// This caller's view's last transition, and why.
@@ -374,6 +377,7 @@ impl PeerViews {
                     effective_cap,
                     view,
                     last_score: e.last_score,
+                    last_factors: e.last_factors,
                     self_view: e.remote.as_ref().map(|(r, _)| r.clone()),
                     self_view_age_s: e
                         .remote
@@ -434,6 +438,7 @@ fn sanitize(remote: &mut SelfView) {
     v.cap = unit(v.cap);
     v.estimates.availability = unit(v.estimates.availability);
     v.estimates.saturation = unit(v.estimates.saturation);
+    v.estimates.saturation_predicted = unit(v.estimates.saturation_predicted);
     remote.max_concurrency = remote.max_concurrency.max(1);
     for c in &mut remote.capabilities {
         for p in c.tags.values_mut() {
@@ -511,6 +516,7 @@ fn fresh_entry(peer: &Peer, now: Instant) -> Entry {
         view: ReachView::new(now, false),
         remote: None,
         last_score: None,
+        last_factors: None,
         pending: 0,
         pending_at_poll: 0,
         unreachable_since: None,

@@ -73,8 +73,12 @@ impl PeerViews {
                         .min(r.view.estimates.availability),
                     None => mine.estimates.availability,
                 };
+                // The peer's own prediction counts as much as its load now: a fleet moves work off
+                // an agent whose queue is climbing before it refuses (docs/reach-model.md,
+                // "Predicted saturation").
                 let saturation = mine.estimates.saturation.max(remote.map_or(0.0, |r| {
                     remote_saturation(r, entry.pending_at_poll, entry.pending)
+                        .max(r.view.estimates.saturation_predicted)
                 }));
                 let matched = match published {
                     Some(c) => reach::capability_match(&c.tags, &request.tags),
@@ -140,6 +144,7 @@ impl PeerViews {
                     None
                 };
                 entry.last_score = Some(factors.score);
+                entry.last_factors = Some(factors);
                 if factors.score < snapshot.policy.states.healthy.min_score {
                     if let Some(t) = entry.view.event(reach::Event::LowScore, now, &sp) {
                         transitions.push((peer.name.clone(), t));

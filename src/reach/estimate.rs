@@ -1,5 +1,6 @@
 //! Estimates from signals, pure and clock-driven: availability EWMA, peak-sensitive latency EWMA,
-//! windowed latency percentiles, saturation with cooldown and busy expiry, and staleness decay.
+//! windowed latency percentiles, saturation with cooldown and busy expiry, the saturation the
+//! load's trend predicts (`super::trend`), and staleness decay.
 //!
 //! Why peak-sensitive latency (Finagle's PeakEWMA, as linkerd uses): a slow response moves the
 //! estimate up at once, recovery is gradual, so a struggling agent is avoided quickly but one slow
@@ -9,6 +10,8 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use super::trend::{Trend, TrendParams};
 
 /// Availability assumed for an agent nothing is known about (or whose signals went stale).
 pub const UNKNOWN_AVAILABILITY: f64 = 0.5;
@@ -70,6 +73,8 @@ pub struct EstimateParams {
     pub busy_ttl: Duration,
     /// How far back the windowed percentiles look.
     pub window: Duration,
+    /// How far ahead the predicted saturation looks; zero switches prediction off.
+    pub horizon: Duration,
 }
 
 impl Default for EstimateParams {
@@ -81,6 +86,7 @@ impl Default for EstimateParams {
             stale_after: Duration::from_secs(300),
             busy_ttl: Duration::from_secs(30),
             window: Duration::from_secs(60),
+            horizon: Duration::from_secs(10),
         }
     }
 }
@@ -114,6 +120,8 @@ pub struct Estimates {
     reported_load: Option<(f64, Instant)>,
     busy_until: Option<Instant>,
     cooldown_until: Option<Instant>,
+    /// The trend of the admitted load (in flight + queued), fed by the sidecar's own gauges.
+    load_trend: Trend,
 }
 
 /// The estimates at one instant, for scoring and display.
@@ -124,6 +132,11 @@ pub struct EstimateSnapshot {
     pub p50_ms: Option<f64>,
     pub p95_ms: Option<f64>,
     pub saturation: f64,
+    /// The saturation expected `horizon` ahead, never below `saturation` (docs/reach-model.md,
+    /// "Predicted saturation"). Absent from an older sidecar's document: 0, and callers score
+    /// with the larger of the two.
+    #[serde(default)]
+    pub saturation_predicted: f64,
     pub busy: bool,
     pub cooling_down: bool,
     /// Seconds since the last signal of any kind.
@@ -145,6 +158,7 @@ impl Estimates {
             reported_load: None,
             busy_until: None,
             cooldown_until: None,
+            load_trend: Trend::default(),
         }
     }
 
@@ -232,9 +246,15 @@ impl Estimates {
     }
 
     /// Updates the load without counting it as a fresh signal (the sidecar's own gauges are
-    /// always at hand; they say nothing about whether the agent still works).
-    pub fn set_load_quietly(&mut self, load: Load) {
+    /// always at hand; they say nothing about whether the agent still works), and feeds the
+    /// load's trend.
+    pub fn set_load_quietly(&mut self, load: Load, now: Instant, p: &EstimateParams) {
         self.load = load;
+        if !p.horizon.is_zero() {
+            let admitted = load.in_flight.saturating_add(load.queued) as f64;
+            self.load_trend
+                .observe(admitted, now, TrendParams::for_horizon(p.horizon));
+        }
     }
 
     /// The agent (or a response header) reported itself busy or not.
@@ -299,6 +319,20 @@ impl Estimates {
         s
     }
 
+    /// The saturation expected `horizon` ahead: the admitted load now plus the rise its trend
+    /// predicts, over `max_concurrency`, clamped to 0..1 — never below the saturation now, and
+    /// equal to it when the trend is flat, falling or lost in noise, or prediction is off.
+    pub fn saturation_predicted(&self, now: Instant, p: &EstimateParams) -> f64 {
+        let current = self.saturation(now, p);
+        let rise = self.load_trend.rise(p.horizon);
+        if p.horizon.is_zero() || rise <= 0.0 || self.load.max_concurrency == 0 {
+            return current;
+        }
+        let admitted = self.load.in_flight.saturating_add(self.load.queued) as f64;
+        let predicted = (admitted + rise) / self.load.max_concurrency as f64;
+        predicted.clamp(0.0, 1.0).max(current)
+    }
+
     /// The latency estimate in seconds: the peak EWMA, decayed toward its last value with time.
     pub fn latency(&self) -> Option<f64> {
         self.latency
@@ -335,6 +369,7 @@ impl Estimates {
             p50_ms: None,
             p95_ms: None,
             saturation: self.saturation(now, p),
+            saturation_predicted: self.saturation_predicted(now, p),
             busy: self.is_busy(now),
             cooling_down: self.is_cooling_down(now),
             age_s: age.map(|a| a.as_secs_f64()),
@@ -463,5 +498,49 @@ mod tests {
         assert_eq!(e.saturation(Instant::now(), &p), 0.75);
         e.report_load(0.9, Instant::now());
         assert_eq!(e.saturation(Instant::now(), &p), 0.9);
+    }
+
+    /// Feeds one admitted load per 250 ms from `loads`, as the sidecar's own gauges would.
+    async fn climb(e: &mut Estimates, p: &EstimateParams, loads: impl Iterator<Item = usize>) {
+        for in_flight in loads {
+            tokio::time::advance(ms(250)).await;
+            let load = Load {
+                in_flight,
+                max_concurrency: 20,
+                queued: 0,
+                queue_capacity: 10,
+            };
+            e.set_load_quietly(load, Instant::now(), p);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_climbing_load_predicts_saturation_ahead_of_now() {
+        let p = EstimateParams::default();
+        let mut e = Estimates::new(1.0);
+        // One more request in flight every second, for ten seconds: 10 of 20 slots.
+        climb(&mut e, &p, (0..40).map(|i| i / 4)).await;
+        let now = Instant::now();
+        let (current, predicted) = (e.saturation(now, &p), e.saturation_predicted(now, &p));
+        assert!(current < 0.5, "{current}");
+        assert!(predicted > current + 0.1, "{predicted} vs {current}");
+        assert!(predicted <= 1.0);
+        let off = EstimateParams {
+            horizon: Duration::ZERO,
+            ..p
+        };
+        assert_eq!(e.saturation_predicted(now, &off), current);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_or_falling_load_predicts_the_saturation_now() {
+        let p = EstimateParams::default();
+        let mut e = Estimates::new(1.0);
+        climb(&mut e, &p, std::iter::repeat(6).take(80)).await;
+        let now = Instant::now();
+        assert_eq!(e.saturation_predicted(now, &p), e.saturation(now, &p));
+        climb(&mut e, &p, (0..24).rev().map(|i| i / 4)).await;
+        let now = Instant::now();
+        assert_eq!(e.saturation_predicted(now, &p), e.saturation(now, &p));
     }
 }

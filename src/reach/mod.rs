@@ -5,6 +5,7 @@ mod estimate;
 mod log;
 mod score;
 mod state;
+mod trend;
 mod view;
 
 pub use estimate::{
@@ -14,4 +15,5 @@ pub use estimate::{
 pub use log::{TransitionLog, TransitionRecord, TRANSITIONS_KEPT};
 pub use score::{capability_match, cost, score, Factors, Weights};
 pub use state::{Event, State, StateMachine, StateParams, Transition};
+pub use trend::{Trend, TrendParams};
 pub use view::{ReachView, ViewSnapshot};

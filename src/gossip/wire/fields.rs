@@ -76,9 +76,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A field added in version `since`: `None` when the record is older than that (the reader
-    /// then uses the field's default). Every kind is at version 1 yet: the first field appended
-    /// will be read with this (`wire::future` does so in tests).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// then uses the field's default).
     pub(crate) fn since<T: Deserialize<'a>>(&mut self, since: u8) -> Result<Option<T>, WireError> {
         if self.version < since {
             return Ok(None);

@@ -80,7 +80,7 @@ pub(crate) struct NextLive {
 }
 
 impl NextLive {
-    pub(crate) const VERSION: u8 = 2;
+    pub(crate) const VERSION: u8 = 3;
 
     pub(crate) fn encode(&self, head: &Item) -> Result<Vec<u8>, WireError> {
         let mut w = Writer::default();
@@ -102,7 +102,7 @@ impl NextLive {
         let node = f.take()?;
         let seq = f.take()?;
         let live = Live::read(&mut f)?;
-        let queue_limit = f.since(2)?.unwrap_or_default();
+        let queue_limit = f.since(Self::VERSION)?.unwrap_or_default();
         f.finish()?;
         let item = Item {
             name,

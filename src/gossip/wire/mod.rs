@@ -110,7 +110,8 @@ impl ItemKind {
             // 2: `identity` appended. 3: each capability's `output_schema` digest appended.
             // 4: each capability's A2A `skill` facts appended.
             Self::Profile => 4,
-            Self::Live => 1,
+            // 2: `saturation_predicted` appended.
+            Self::Live => 2,
         }
     }
 }
@@ -181,6 +182,9 @@ pub struct Live {
     pub cooling_down: bool,
     pub in_flight: u32,
     pub queued: u32,
+    /// The saturation expected a horizon ahead, in thousandths (v2); an older item reads as its
+    /// `saturation`: no prediction.
+    pub saturation_predicted: u16,
 }
 
 /// An agent's state in the reach model, as the wire says it.
@@ -334,7 +338,8 @@ impl Live {
         w.put(&self.busy)?;
         w.put(&self.cooling_down)?;
         w.put(&self.in_flight)?;
-        w.put(&self.queued)
+        w.put(&self.queued)?;
+        w.put(&self.saturation_predicted)
     }
 
     pub(crate) fn read(f: &mut Fields<'_>) -> Result<Self, WireError> {
@@ -351,6 +356,7 @@ impl Live {
         let cooling_down = f.take()?;
         let in_flight = f.take()?;
         let queued = f.take()?;
+        let saturation_predicted = f.since(2)?.unwrap_or(saturation);
         Ok(Self {
             profile_seq,
             state,
@@ -365,6 +371,7 @@ impl Live {
             cooling_down,
             in_flight,
             queued,
+            saturation_predicted,
         })
     }
 }

@@ -25,6 +25,7 @@ fn live() -> Live {
         cooling_down: false,
         in_flight: 3,
         queued: 0,
+        saturation_predicted: 600,
     }
 }
 
@@ -120,8 +121,8 @@ fn every_code_is_distinct_and_reads_back() {
     assert!(AgentState::from_code(6).is_err());
 }
 
-/// The old and the new encoding of `Live` on each other's decoder: this sidecar (version 1) and
-/// the next (`NextLive`, version 2, one field appended).
+/// The old and the new encoding of `Live` on each other's decoder: this sidecar (version 2) and
+/// the next (`NextLive`, version 3, one field appended).
 #[test]
 fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
     let head = live_item();
@@ -130,7 +131,7 @@ fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
         queue_limit: 16,
     };
     let new_bytes = next.encode(&head).unwrap_or_default();
-    assert_eq!(new_bytes[1], 2, "written as version 2");
+    assert_eq!(new_bytes[1], 3, "written as version 3");
     // Old reads new: every field it knows, the appended one ignored.
     assert_eq!(known(decode_item(&new_bytes)), Some(head.clone()));
     // New reads old: the missing field takes its default.
@@ -153,6 +154,46 @@ fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
             .map(|(_, n)| n.queue_limit),
         Some(16)
     );
+}
+
+/// A live view as version 1 wrote it: no `saturation_predicted`.
+fn old_live(item: &Item) -> Vec<u8> {
+    let Body::Live(l) = &item.body else {
+        return Vec::new();
+    };
+    let mut w = Writer::default();
+    let written = write_frame(&mut w, ItemKind::Live.code(), 1, item, |w| {
+        w.put(&l.profile_seq)?;
+        w.put(&l.state.code())?;
+        w.put(&l.state_age_s)?;
+        w.put(&l.cap)?;
+        w.put(&l.availability)?;
+        w.put(&l.saturation)?;
+        w.put(&l.latency_ms)?;
+        w.put(&l.p50_ms)?;
+        w.put(&l.p95_ms)?;
+        w.put(&l.busy)?;
+        w.put(&l.cooling_down)?;
+        w.put(&l.in_flight)?;
+        w.put(&l.queued)
+    });
+    assert!(written.is_ok());
+    w.into_bytes()
+}
+
+#[test]
+fn a_version_1_live_view_reads_with_no_prediction() {
+    let item = live_item();
+    let read = known(decode_item(&old_live(&item)));
+    let expected = Item {
+        body: Body::Live(Live {
+            // The default: what it sees now is all an older sidecar predicts.
+            saturation_predicted: live().saturation,
+            ..live()
+        }),
+        ..item
+    };
+    assert_eq!(read, Some(expected));
 }
 
 /// A capability as versions 1 and 2 wrote it (no `output_schema`), or 3 (no `skill`).
@@ -373,7 +414,7 @@ mod properties {
     fn live() -> impl Strategy<Value = Live> {
         let figures = (any::<u64>(), any::<u32>(), any::<[u16; 3]>());
         let latencies = any::<[Option<u32>; 3]>();
-        let rest = (any::<[bool; 2]>(), any::<[u32; 2]>());
+        let rest = (any::<[bool; 2]>(), any::<[u32; 2]>(), any::<u16>());
         let state = prop::sample::select(AgentState::ALL.to_vec());
         (state, figures, latencies, rest).prop_map(
             |(state, (profile_seq, state_age_s, [cap, availability, saturation]), l, r)| Live {
@@ -390,6 +431,7 @@ mod properties {
                 cooling_down: r.0[1],
                 in_flight: r.1[0],
                 queued: r.1[1],
+                saturation_predicted: r.2,
             },
         )
     }
