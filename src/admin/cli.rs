@@ -79,11 +79,12 @@ pub fn render(doc: &Value) -> String {
     };
     let _ = writeln!(
         out,
-        "agent {} · {} · cap {} · saturation {} · in flight {}/{} · queued {} · {} · config gen {} · v{}",
+        "agent {} · {} · cap {} · saturation {} (predicted {}) · in flight {}/{} · queued {} · {} · config gen {} · v{}",
         text(&doc["agent"]["name"]),
         text(&own["state"]),
         pct(own["cap"].as_f64()),
         pct(own["saturation"].as_f64()),
+        pct(own["saturation_predicted"].as_f64()),
         text(&doc["load"]["in_flight"]),
         text(&doc["load"]["limit"]),
         text(&doc["load"]["queued"]),

@@ -184,7 +184,8 @@ fn this_agent(out: &mut String, status: &Status) {
          <div class=\"card\"><div class=\"k\">state</div><div class=\"v\">{state}</div>\
          <div class=\"s\">for {since}</div></div>\
          <div class=\"card\"><div class=\"k\">cap</div><div class=\"v\">{cap}</div>{capbar}</div>\
-         <div class=\"card\"><div class=\"k\">saturation</div><div class=\"v\">{sat}</div>{satbar}</div>\
+         <div class=\"card\"><div class=\"k\">saturation</div><div class=\"v\">{sat}</div>{satbar}\
+         <div class=\"s\">predicted {sat_predicted}</div></div>\
          <div class=\"card\"><div class=\"k\">in flight / limit</div>\
          <div class=\"v\">{in_flight} / {limit}</div><div class=\"s\">{queued} queued</div></div>\
          <div class=\"card\"><div class=\"k\">availability</div><div class=\"v\">{avail}</div></div>\
@@ -198,6 +199,7 @@ fn this_agent(out: &mut String, status: &Status) {
         capbar = bar(v.cap, false),
         sat = pct(e.saturation),
         satbar = bar(e.saturation, true),
+        sat_predicted = pct(e.saturation_predicted),
         in_flight = status.load.in_flight,
         limit = status.load.limit,
         queued = status.load.queued,
