@@ -52,6 +52,17 @@
 //!
 //! lock-held (above) is the issue's fifth: its p95 against the healthy run's (goal ≤ 1.3×).
 //!
+//! And issue 19's predicted saturation:
+//!
+//! - **ramp**: one agent is weaker (a pool of 2, and its sidecar declares `max_concurrency` 2;
+//!   the other three have 8), the fleet starts with 4 callers and from a quarter of the way in
+//!   gains one more every `RAMP_EVERY` (closed loop, a caller waits 40 ms after a failed call)
+//!   up to 64. agent-reach only, twice: with prediction (`estimates.horizon: 10s`, the default)
+//!   and without (`agent-reach/h0`: `0s`). Measures: attempts refused as saturated (429, or 503
+//!   `saturated`) counted at the caller's sidecar (every peer) and at the weak agent's sidecar,
+//!   the weak agent's share of the calls that reached agents during the ramp, the p95 and the
+//!   failed calls.
+//!
 //! Per scenario and router it prints the task failure rate, mean and p95 latency, p95 against the
 //! same router's healthy run (the goal is ≤ 1.3×), *bad out after* (from the fault to the end of
 //! the first half second in which the broken agent got under 5 % of a fair share of the calls
@@ -92,7 +103,8 @@
 //! Run: `cargo bench --bench scenarios` (`-- --seconds 30`, `-- --only fake-online,cold-start`,
 //! `-- --routers agent-reach,envoy`, `-- --smoke`: healthy, fake-online, thread-pool-full and
 //! burst, 3 s each, burst's burst 1.5 s; the newer scenarios alone: `-- --only
-//! burst,burst-3x,slow-agent,equal-pair,crash-same-address,lock-held`). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
+//! burst,burst-3x,slow-agent,equal-pair,crash-same-address,lock-held`; predicted saturation:
+//! `-- --only ramp`, in the smoke run too). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
 //! each half second and its final `/status`; `-- --decision-log` turns on the policy's decision
 //! log (printed with `RUST_LOG`, e.g. `RUST_LOG=agent_reach::decision=info`).
 
@@ -165,6 +177,14 @@ const PAIR_SLOW: Duration = Duration::from_millis(17);
 const PAIR_WINDOW: Duration = Duration::from_secs(10);
 /// crash-same-address: the returned agent's share is read over this long from its return.
 const RETURN_WINDOW: Duration = Duration::from_secs(10);
+/// ramp: the weak agent, its pool (and declared `max_concurrency`), the callers at the start,
+/// and how many join, one every `RAMP_EVERY` (over 20 s in a full run).
+const RAMP_WEAK: usize = 1;
+const RAMP_WEAK_POOL: usize = 2;
+const RAMP_FROM: usize = 4;
+const RAMP_ADDED: usize = 60;
+/// ramp: agent-reach without prediction (`estimates.horizon: 0s`).
+const REACH_NO_PREDICTION: &str = "agent-reach/h0";
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Scenario {
@@ -183,10 +203,11 @@ enum Scenario {
     SlowAgent,
     EqualPair,
     CrashSameAddress,
+    Ramp,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 15] = [
+    const ALL: [Scenario; 16] = [
         Scenario::Healthy,
         Scenario::FakeOnline,
         Scenario::SlowDependency,
@@ -202,6 +223,7 @@ impl Scenario {
         Scenario::SlowAgent,
         Scenario::EqualPair,
         Scenario::CrashSameAddress,
+        Scenario::Ramp,
     ];
 
     fn name(self) -> &'static str {
@@ -221,6 +243,7 @@ impl Scenario {
             Scenario::SlowAgent => "slow-agent",
             Scenario::EqualPair => "equal-pair",
             Scenario::CrashSameAddress => "crash-same-address",
+            Scenario::Ramp => "ramp",
         }
     }
 
@@ -231,7 +254,8 @@ impl Scenario {
             | Scenario::ColdStart
             | Scenario::Burst
             | Scenario::Burst3x
-            | Scenario::EqualPair => &[],
+            | Scenario::EqualPair
+            | Scenario::Ramp => &[],
             Scenario::RetryStorm => &[0, 1],
             _ => &[1],
         }
@@ -286,6 +310,8 @@ impl Scenario {
                 run.max(fault_at + self.burst_length(seconds) + Duration::from_millis(1500))
             }
             Scenario::SlowAgent => run.max(fault_at + SLOW_WINDOW + Duration::from_secs(2)),
+            // A 20 s ramp in a full run; the smoke run's 3 s as they are.
+            Scenario::Ramp if seconds >= 10 => run.max(fault_at + Duration::from_secs(21)),
             Scenario::CrashSameAddress => {
                 run.max(fault_at + RESTART_AFTER + RETURN_WINDOW + Duration::from_secs(1))
             }
@@ -330,10 +356,29 @@ impl Scenario {
 
     /// Callers in a closed loop for the whole run.
     fn workers(self) -> usize {
-        if self == Scenario::EqualPair {
-            1
+        match self {
+            Scenario::EqualPair => 1,
+            Scenario::Ramp => RAMP_FROM,
+            _ => WORKERS,
+        }
+    }
+
+    /// ramp: how often one more caller joins, from the fault to a second before the end.
+    fn ramp_every(self, seconds: u64) -> Option<Duration> {
+        (self == Scenario::Ramp).then(|| {
+            let span = self
+                .duration(seconds)
+                .saturating_sub(self.fault_at(seconds) + Duration::from_secs(1));
+            span / RAMP_ADDED as u32
+        })
+    }
+
+    /// The routers it runs under: ramp compares agent-reach with and without prediction.
+    fn routers<'a>(self, all: &[&'a str]) -> Vec<&'a str> {
+        if self == Scenario::Ramp {
+            vec!["agent-reach", REACH_NO_PREDICTION]
         } else {
-            WORKERS
+            all.to_vec()
         }
     }
 
@@ -346,7 +391,7 @@ impl Scenario {
 
     /// How long a caller waits after a failed call before its next one.
     fn fail_pause(self) -> Duration {
-        if self.burst().is_some() {
+        if self.burst().is_some() || self == Scenario::Ramp {
             FAIL_PAUSE
         } else {
             Duration::ZERO
@@ -386,6 +431,7 @@ impl Scenario {
             pool: match self {
                 Scenario::ThreadPoolFull => Some(POOL),
                 Scenario::Burst | Scenario::Burst3x => Some(self.max_concurrency()),
+                Scenario::Ramp => Some(self.max_concurrency_of(agent)),
                 _ => None,
             },
             seed: Some(SEED + agent as u64),
@@ -400,6 +446,15 @@ impl Scenario {
             POOL
         } else {
             8
+        }
+    }
+
+    /// …and for the agent in `slot` (ramp's weak agent declares its smaller pool).
+    fn max_concurrency_of(self, slot: usize) -> usize {
+        if self == Scenario::Ramp && slot == RAMP_WEAK {
+            RAMP_WEAK_POOL
+        } else {
+            self.max_concurrency()
         }
     }
 
@@ -419,7 +474,8 @@ impl Scenario {
             | Scenario::Burst
             | Scenario::Burst3x
             | Scenario::EqualPair
-            | Scenario::CrashSameAddress => {}
+            | Scenario::CrashSameAddress
+            | Scenario::Ramp => {}
         }
     }
 }
@@ -527,11 +583,12 @@ fn main() {
                     | Scenario::FakeOnline
                     | Scenario::ThreadPoolFull
                     | Scenario::Burst
+                    | Scenario::Ramp
             )
         {
             continue;
         }
-        for router in &routers {
+        for router in &scenario.routers(&routers) {
             let result = runtime.block_on(run(scenario, router, &tools, &dir, seconds, &options));
             match result {
                 Ok(r) => {
@@ -759,6 +816,55 @@ fn print_extras(extras: &[(Scenario, &str, Extra)], seconds: u64) {
             RETURN_WINDOW.as_secs()
         );
     }
+    let ramp: Vec<_> = extras
+        .iter()
+        .filter(|e| matches!(e.2, Extra::Ramp { .. }))
+        .collect();
+    if !ramp.is_empty() {
+        let s = Scenario::Ramp;
+        println!(
+            "\nramp: {RAMP_FROM} callers, then one more every {:.0} ms from {:.1} s (up to {}); agent-{} has a pool \
+             of {RAMP_WEAK_POOL} (max_concurrency {RAMP_WEAK_POOL}), the others {}",
+            s.ramp_every(seconds).unwrap_or_default().as_secs_f64() * 1000.0,
+            s.fault_at(seconds).as_secs_f64(),
+            RAMP_FROM + RAMP_ADDED,
+            RAMP_WEAK + 1,
+            s.max_concurrency()
+        );
+        println!(
+            "{:<18} {:<15} {:>11} {:>10} {:>10} {:>8} {:>7}",
+            "scenario", "router", "refused@clr", "refused@wk", "weak share", "p95 ms", "failed"
+        );
+        for (scenario, router, extra) in ramp {
+            if let Extra::Ramp {
+                refused_caller,
+                refused_weak,
+                weak_share,
+                p95,
+                failed,
+            } = extra
+            {
+                let count = |n: &Option<u64>| n.map_or("-".to_owned(), |n| n.to_string());
+                println!(
+                    "{:<18} {:<15} {:>11} {:>10} {:>10} {:>8.1} {:>7}",
+                    scenario.name(),
+                    router,
+                    count(refused_caller),
+                    count(refused_weak),
+                    pct(*weak_share),
+                    p95,
+                    failed
+                );
+            }
+        }
+        println!(
+            "refused@clr: attempts refused as saturated (429, or 503 saturated) counted by the caller's sidecar, \
+             every peer; refused@wk: turned away\nby the weak agent's sidecar. weak share: its share of the calls \
+             that reached agents from the ramp's start. agent-reach predicts (estimates.horizon 10s);\n{} does not \
+             (0s).",
+            REACH_NO_PREDICTION
+        );
+    }
 }
 
 fn row(scenario: Scenario, router: &str, r: &Outcome, healthy_p95: Option<&f64>) -> String {
@@ -823,6 +929,9 @@ struct Observed<'a> {
     joined_at: Option<Duration>,
     /// agent-reach: the peers its caller took out of rotation, with the worst state seen.
     left: Option<HashMap<String, &'static str>>,
+    /// agent-reach: attempts refused as saturated, at the caller's sidecar and at ramp's weak
+    /// agent's.
+    refusals: Option<(u64, u64)>,
 }
 
 enum Extra {
@@ -862,6 +971,16 @@ enum Extra {
         /// return, and the calls made from its return that failed.
         share_back: Option<f64>,
         ramp_failed: usize,
+    },
+    Ramp {
+        /// Attempts refused as saturated: at the caller's sidecar (every peer), at the weak
+        /// agent's sidecar.
+        refused_caller: Option<u64>,
+        refused_weak: Option<u64>,
+        /// The weak agent's share of the calls that reached agents during the ramp.
+        weak_share: Option<f64>,
+        p95: f64,
+        failed: usize,
     },
 }
 
@@ -972,6 +1091,9 @@ async fn run(
         .collect();
     workers
         .extend((0..scenario.burst_workers()).map(|_| caller.spawn(fault_at, Some(burst_until))));
+    if let Some(every) = scenario.ramp_every(seconds) {
+        workers.extend((1..=RAMP_ADDED).map(|k| caller.spawn(fault_at + every * k as u32, None)));
+    }
     // Watch what reaches each agent, every 100 ms; break, restart and join on time.
     let restart_at = matches!(
         scenario,
@@ -1072,6 +1194,7 @@ async fn run(
         let _ = std::fs::write(name("status.json"), status);
     }
     let reach = matches!(front.kind, Kind::Reach(_));
+    let refusals = front.refusals(RAMP_WEAK);
     front.stop().await;
     for slot in &mut slots {
         slot.die().await;
@@ -1094,6 +1217,7 @@ async fn run(
         } else {
             None
         },
+        refusals,
     };
     let mut outcome = outcome(scenario, &calls, &samples, fault_at, joined_at);
     outcome.extra = extra(scenario, seconds, &observed);
@@ -1411,6 +1535,16 @@ fn extra(scenario: Scenario, seconds: u64, o: &Observed) -> Option<Extra> {
                 ramp_failed: failed_sent(back, forever),
             })
         }
+        Scenario::Ramp => {
+            let all: Vec<&Call> = o.calls.iter().collect();
+            Some(Extra::Ramp {
+                refused_caller: o.refusals.map(|r| r.0),
+                refused_weak: o.refusals.map(|r| r.1),
+                weak_share: share(o.samples, RAMP_WEAK, o.fault_at, end),
+                p95: p95(&all),
+                failed: failed_sent(Duration::ZERO, forever),
+            })
+        }
         _ => None,
     }
 }
@@ -1449,7 +1583,7 @@ struct Reach {
     sidecars: Vec<Option<Sidecar>>,
     key: PathBuf,
     policy: Policy,
-    max_concurrency: usize,
+    scenario: Scenario,
     /// Whether the sidecars declare a business probe.
     probe: bool,
 }
@@ -1466,7 +1600,8 @@ impl Reach {
         let seed: Vec<SocketAddr> = self.caller.addrs.gossip.into_iter().collect();
         let mut b = Bootstrap::local(&name, agent, &[CAP])?.with_gossip(&seed, self.key.clone());
         b.agent.max_concurrency =
-            serde_yaml::from_str(&self.max_concurrency.to_string()).map_err(|e| e.to_string())?;
+            serde_yaml::from_str(&self.scenario.max_concurrency_of(slot).to_string())
+                .map_err(|e| e.to_string())?;
         b.agent.queue.capacity = QUEUE;
         if let Some(g) = b.gossip.as_mut() {
             g.listen = SocketAddr::from((ip, 0));
@@ -1515,12 +1650,15 @@ impl Front {
         // A cold start's fifth agent is not running yet: agent-reach learns of it when it joins.
         let live = scenario.agents().min(agents.len());
         let kind = match router {
-            "agent-reach" => {
+            "agent-reach" | REACH_NO_PREDICTION => {
                 let key = key_file(dir)?;
-                let policy = Policy {
+                let mut policy = Policy {
                     decision_log: options.decision_log,
                     ..Policy::default()
                 };
+                if router == REACH_NO_PREDICTION {
+                    policy.estimates.horizon = agent_reach::config::HumanDuration(Duration::ZERO);
+                }
                 let caller = start_sidecar(
                     Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])?
                         .with_gossip(&[], key.clone()),
@@ -1532,7 +1670,7 @@ impl Front {
                     sidecars: (0..agents.len()).map(|_| None).collect(),
                     key,
                     policy,
-                    max_concurrency: scenario.max_concurrency(),
+                    scenario,
                     probe: scenario.probe(),
                 };
                 for (i, addr) in agents.iter().enumerate().take(live) {
@@ -1769,6 +1907,23 @@ impl Front {
                 })
                 .collect(),
         )
+    }
+
+    /// agent-reach: attempts refused as saturated (429, or 503 `saturated`) as the caller's
+    /// sidecar counted them over every peer, and as the sidecar of the agent in `slot` did.
+    fn refusals(&self, slot: usize) -> Option<(u64, u64)> {
+        let Kind::Reach(r) = &self.kind else {
+            return None;
+        };
+        let at_caller = r
+            .caller
+            .status()
+            .peer_views
+            .iter()
+            .map(|p| p.outcomes.refused + p.outcomes.shed)
+            .sum();
+        let at_agent = r.sidecars.get(slot)?.as_ref()?.status().inbound.rejected;
+        Some((at_caller, at_agent))
     }
 
     fn final_status(&self) -> Option<String> {
