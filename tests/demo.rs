@@ -154,6 +154,12 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     assert_eq!(c["card_url"], "http://translate.reach/", "{c}");
     assert!(c["follow_ups"].as_u64().unwrap() > 0, "{c}");
     assert_eq!(c["reached_holder"], c["follow_ups"], "{c}");
+    // Predicted saturation: demand ramping onto the weak agent is seen coming before it is full.
+    let p = &summary["predict"];
+    assert!(p["callers"].as_u64().unwrap() > 1, "{p}");
+    assert!(p["actual_crossed_s"].as_f64().is_some(), "{p}");
+    assert!(p["lead_s"].as_f64().is_some_and(|lead| lead > 0.0), "{p}");
+    assert!(p["refused"].as_u64().is_some(), "{p}");
 
     // The scale signal: the fleet's demand ratio rises with the callers and falls after them.
     let sc = &summary["scale"];
@@ -196,6 +202,7 @@ fn demo_prints_a_table() {
         "hostile input",
         "slow agent",
         "membership by gossip",
+        "predicted saturation",
         "scale signal",
     ] {
         assert!(text.contains(needle), "missing {needle}:\n{text}");

@@ -258,11 +258,15 @@ fn peer_table(out: &mut String, peers: &[&PeerStatus], history: &BTreeMap<String
         let factors = format!(
             "availability {} · saturation {}{}{}",
             pct(e.availability),
-            pct(p.self_view.as_ref().map_or(e.saturation, |s| s
-                .view
-                .estimates
-                .saturation
-                .max(e.saturation))),
+            // What the last score used (the peer's prediction included), else what is known now.
+            pct(p.last_factors.map(|f| f.saturation).unwrap_or_else(|| p
+                .self_view
+                .as_ref()
+                .map_or(e.saturation, |s| s
+                    .view
+                    .estimates
+                    .saturation
+                    .max(e.saturation)))),
             if e.cooling_down {
                 " · cooling down"
             } else {

@@ -15,6 +15,7 @@ mod hostile;
 mod injected;
 mod membership;
 mod observed;
+mod predict;
 mod report;
 mod scale;
 mod slow;
@@ -34,6 +35,7 @@ pub use hostile::HostileSummary;
 pub use injected::Injection;
 pub use membership::MembershipSummary;
 pub use observed::ObserveSummary;
+pub use predict::PredictSummary;
 pub use report::render_table;
 pub use scale::ScaleSummary;
 pub use slow::SlowSummary;
@@ -99,6 +101,9 @@ pub struct DemoSummary {
     /// A2A agents whose skills come from their cards, and conversations whose follow-ups
     /// reach the agent holding the task.
     pub conversations: ConversationsSummary,
+    /// Demand ramping onto an agent of lower capacity: its predicted saturation ahead of the
+    /// actual one.
+    pub predict: PredictSummary,
     /// Callers added in steps and removed: the fleet's demand ratio, the signal to scale on.
     pub scale: ScaleSummary,
 }
@@ -501,6 +506,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         authorized::run(&mut fleet, Duration::from_secs(2), options.concurrency).await?;
     let tasks = tasks::run(&mut fleet).await?;
     let conversations = conversations::run(&mut fleet).await?;
+    let predict = predict::run(&mut fleet).await?;
     let scale = scale::run(&fleet).await;
     fleet.shutdown().await;
     let fault = report::fault_summary(AGENTS[BROKEN], &samples, &calls.take(), fault_at, heal_at);
@@ -519,6 +525,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         authorization,
         tasks,
         conversations,
+        predict,
         scale,
     })
 }

@@ -316,6 +316,20 @@ pub fn render_table(s: &DemoSummary) -> String {
             .map_or("never (within 20 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
         c.card_url, c.conversations, c.agents_used, c.reached_holder, c.follow_ups
     ));
+    let p = &s.predict;
+    let secs = |x: Option<f64>| x.map_or("not within the act".to_owned(), |x| format!("{x:.1} s"));
+    out.push_str(&format!(
+        "\npredicted saturation: demand ramped onto {} (ten times slower, the only one asked for), up to {} callers; looking {:.0} s ahead\n  its predicted saturation crossed 0.8 at {}, the actual one at {}: {} earlier; {} calls turned away as saturated; {} of {} calls failed\n",
+        p.agent,
+        p.callers,
+        p.horizon_s,
+        secs(p.predicted_crossed_s),
+        secs(p.actual_crossed_s),
+        secs(p.lead_s),
+        p.refused,
+        p.failed,
+        p.calls
+    ));
     out.push_str(&scale_lines(&s.scale));
     let t = &s.total;
     out.push_str(&format!(

@@ -536,7 +536,7 @@ mod tests {
     async fn a_steady_or_falling_load_predicts_the_saturation_now() {
         let p = EstimateParams::default();
         let mut e = Estimates::new(1.0);
-        climb(&mut e, &p, std::iter::repeat(6).take(80)).await;
+        climb(&mut e, &p, std::iter::repeat_n(6, 80)).await;
         let now = Instant::now();
         assert_eq!(e.saturation_predicted(now, &p), e.saturation(now, &p));
         climb(&mut e, &p, (0..24).rev().map(|i| i / 4)).await;

@@ -15,5 +15,4 @@ pub use estimate::{
 pub use log::{TransitionLog, TransitionRecord, TRANSITIONS_KEPT};
 pub use score::{capability_match, cost, score, Factors, Weights};
 pub use state::{Event, State, StateMachine, StateParams, Transition};
-pub use trend::{Trend, TrendParams};
 pub use view::{ReachView, ViewSnapshot};

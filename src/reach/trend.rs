@@ -26,14 +26,14 @@ const NOISE_DEVIATIONS: f64 = 2.0;
 /// horizon. Looking further ahead needs a slope measured over longer; a shorter memory would
 /// take a burst for a trend.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct TrendParams {
-    pub level_tau: Duration,
-    pub slope_tau: Duration,
+pub(super) struct TrendParams {
+    pub(super) level_tau: Duration,
+    pub(super) slope_tau: Duration,
 }
 
 impl TrendParams {
     /// The time constants for predicting `horizon` ahead.
-    pub fn for_horizon(horizon: Duration) -> Self {
+    pub(super) fn for_horizon(horizon: Duration) -> Self {
         Self {
             level_tau: (horizon / 4).max(Duration::from_millis(100)),
             slope_tau: horizon.max(Duration::from_millis(400)),
@@ -43,7 +43,7 @@ impl TrendParams {
 
 /// Level, slope and residual noise of one series.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Trend {
+pub(super) struct Trend {
     state: Option<Smoothed>,
 }
 
@@ -60,7 +60,7 @@ struct Smoothed {
 
 impl Trend {
     /// Takes the value `x` seen at `now`.
-    pub fn observe(&mut self, x: f64, now: Instant, p: TrendParams) {
+    pub(super) fn observe(&mut self, x: f64, now: Instant, p: TrendParams) {
         let Some(s) = self.state.as_mut() else {
             self.state = Some(Smoothed {
                 level: x,
@@ -89,7 +89,7 @@ impl Trend {
     /// The rise the trend predicts over `horizon`, in the series' unit, counted only when it
     /// stands out of the series' own noise (by [`NOISE_DEVIATIONS`]) and only upward: a flat,
     /// jittery or falling series predicts 0.
-    pub fn rise(&self, horizon: Duration) -> f64 {
+    pub(super) fn rise(&self, horizon: Duration) -> f64 {
         let Some(s) = self.state else {
             return 0.0;
         };
