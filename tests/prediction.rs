@@ -107,10 +107,12 @@ async fn a_climbing_queue_is_predicted_and_scored_before_it_refuses() {
             continue;
         };
         // Scored with the peer's prediction, not just its load now: it is not full yet, and
-        // already scores below the strong agent by more than its current load explains.
+        // already scores below the strong agent by more than its current load explains. (`own`
+        // was read after the scoring, and the load only climbs: a saturation scored above it
+        // came from the prediction.)
         if own.saturation < 0.8 && own.saturation_predicted > own.saturation + 0.1 {
             assert!(
-                weak_factors.saturation >= own.saturation_predicted - 1e-9,
+                weak_factors.saturation > own.saturation + 0.05,
                 "{weak_factors:?} vs {own:?}"
             );
             assert!(
