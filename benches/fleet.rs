@@ -321,6 +321,7 @@ fn live(i: usize) -> Live {
         cooling_down: false,
         in_flight: (i % 8) as u32,
         queued: 0,
+        saturation_predicted: (i % 10) as u16 * 100,
     }
 }
 
