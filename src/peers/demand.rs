@@ -117,6 +117,7 @@ mod tests {
                     p50_ms: None,
                     p95_ms: None,
                     saturation: 0.0,
+                    saturation_predicted: 0.0,
                     busy: false,
                     cooling_down: false,
                     age_s: None,
