@@ -8,6 +8,7 @@
 //! `docs/gossip.md` explains the protocol, its timings and its threat model.
 
 mod address_warnings;
+mod clock;
 pub mod envelope;
 #[cfg(test)]
 mod fleet_tests;
@@ -18,10 +19,11 @@ mod table;
 pub mod transport;
 pub mod wire;
 
+pub use clock::Clock;
 pub use envelope::{ClusterKey, KeyError, Rejected};
 pub use model::{Capability, Live, Profile};
 pub use node::{max_transmissions, spawn, GossipHandle, Membership, NodeOptions, MAX_ITEM};
 pub use status::{GossipStatus, MemberStatus, Stats};
 pub use table::Member;
-pub use transport::{MemNetwork, Transport, MAX_DATAGRAM};
+pub use transport::{Faults, MemNetwork, Transport, MAX_DATAGRAM};
 pub use wire::{milli, unmilli, NodeId};

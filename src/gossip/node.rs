@@ -9,19 +9,20 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use foca::{AccumulatingRuntime, Codec, Foca, OwnedNotification, PostcardCodec, Timer};
 use rand::rngs::StdRng;
+use rand::SeedableRng;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::address_warnings::{AddressRule, AddressWarnings};
-use super::envelope::{self, ClusterKey, Kind, Rejected, ReplayGuard, OVERHEAD};
+use super::clock::Clock;
+use super::envelope::{ClusterKey, Kind, Rejected, ReplayGuard, OVERHEAD};
 use super::model;
-use super::status::{GossipStatus, MemberStatus, Stats};
-use super::table::{same_addr, Handler, Member, Origin, Table};
+use super::status::{GossipStatus, Stats};
+use super::table::{same_addr, Handler, Member, Origin, SwimView, Table};
 use super::transport::{Inbox, Transport, MAX_DATAGRAM};
 use super::wire::{self, Body, Decoded, Item, Live, NodeId, WireError};
 
@@ -61,6 +62,11 @@ pub struct NodeOptions {
     pub replay_window: Duration,
     /// Times each item is passed on; grows with the fleet (see `max_transmissions`).
     pub max_transmissions: u8,
+    /// Envelope stamps and epochs: the wall clock, or the runtime's for a simulation.
+    pub clock: Clock,
+    /// Seeds SWIM's random choices (whom to probe, whom to gossip to) for a repeatable
+    /// simulation; `None` seeds from the system.
+    pub seed: Option<u64>,
     /// Tests: this node writes its items as the next version of the sidecar would
     /// (`wire::future`), so a fleet of old and new encodings can be tried.
     #[cfg(test)]
@@ -80,6 +86,8 @@ impl NodeOptions {
             min_publish_interval: Duration::from_millis(250),
             replay_window: Duration::from_secs(30),
             max_transmissions: max_transmissions(256),
+            clock: Clock::Wall,
+            seed: None,
             #[cfg(test)]
             newer_wire: false,
         }
@@ -132,7 +140,7 @@ enum Command {
 #[derive(Debug)]
 pub struct GossipHandle {
     commands: mpsc::UnboundedSender<Command>,
-    status: Arc<ArcSwap<GossipStatus>>,
+    table: Arc<Mutex<Table>>,
     stats: Arc<Stats>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
@@ -179,8 +187,10 @@ impl GossipHandle {
         }
     }
 
+    /// Membership as `/status` lists it, built now from the node's table.
     pub fn status(&self) -> Arc<GossipStatus> {
-        self.status.load_full()
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::new(GossipStatus::of(&table, Instant::now()))
     }
 
     pub fn stats(&self) -> &Arc<Stats> {
@@ -197,11 +207,10 @@ pub fn spawn(
     stop: CancellationToken,
 ) -> GossipHandle {
     let (tx, rx) = mpsc::unbounded_channel();
-    let status = Arc::new(ArcSwap::from_pointee(GossipStatus::default()));
     let stats = Arc::new(Stats::default());
     let identity = NodeId {
         addr: options.addr,
-        epoch: envelope::unix_us(),
+        epoch: options.clock.unix_us(),
     };
     let handler = Handler {
         table: Arc::new(Mutex::new(Table::new(
@@ -209,9 +218,13 @@ pub fn spawn(
             identity.clone(),
             stats.clone(),
             options.replay_window,
+            options.clock,
         ))),
     };
-    let rng: StdRng = rand::make_rng();
+    let rng: StdRng = match options.seed {
+        Some(seed) => StdRng::seed_from_u64(seed),
+        None => rand::make_rng(),
+    };
     let foca = Foca::with_custom_broadcast(
         identity,
         options.foca_config(),
@@ -219,13 +232,13 @@ pub fn spawn(
         PostcardCodec,
         handler.clone(),
     );
+    let table = handler.table.clone();
     let node = Node {
         foca,
         runtime: AccumulatingRuntime::new(),
         handler,
         transport,
         sink,
-        status: status.clone(),
         stats: stats.clone(),
         timers: BinaryHeap::new(),
         timer_events: HashMap::new(),
@@ -236,7 +249,7 @@ pub fn spawn(
         profile: None,
         live: None,
         latest_live: None,
-        started_us: envelope::unix_us().saturating_sub(1_000_000),
+        started_us: options.clock.unix_us().saturating_sub(1_000_000),
         leaving: false,
         conflicts_seen: 0,
         wanted: HashMap::new(),
@@ -244,15 +257,15 @@ pub fn spawn(
         members_dirty: false,
         deferred_seeds: Vec::new(),
         unserved: Vec::new(),
-        status_at: None,
-        status_stale: false,
+        housekeeping_at: None,
+        swim_view_stale: false,
         address_warnings: AddressWarnings::default(),
         options,
     };
     let task = tokio::spawn(node.run(inbox, rx, stop));
     GossipHandle {
         commands: tx,
-        status,
+        table,
         stats,
         task: Mutex::new(Some(task)),
     }
@@ -270,7 +283,6 @@ struct Node {
     handler: Handler,
     transport: Arc<dyn Transport>,
     sink: Arc<dyn Membership>,
-    status: Arc<ArcSwap<GossipStatus>>,
     stats: Arc<Stats>,
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
     timer_events: HashMap<u64, Timer<NodeId>>,
@@ -293,8 +305,9 @@ struct Node {
     members_dirty: bool,
     deferred_seeds: Vec<SocketAddr>,
     unserved: Vec<SocketAddr>,
-    status_at: Option<Instant>,
-    status_stale: bool,
+    housekeeping_at: Option<Instant>,
+    /// Membership changed since SWIM's view was last copied for `/status`.
+    swim_view_stale: bool,
     /// Peers whose datagrams break the address rule, warned about once a minute each.
     address_warnings: AddressWarnings,
 }
@@ -341,7 +354,7 @@ impl Node {
             Err(reason) => return self.rejected(from, reason),
         };
         let window = self.options.replay_window.as_micros() as u64;
-        if let Err(reason) = self.replay.admit(&opened, envelope::unix_us(), window) {
+        if let Err(reason) = self.replay.admit(&opened, self.options.clock.unix_us(), window) {
             return self.rejected(from, reason);
         }
         // Sent before this node started: a capture played back to a restarted node, whose replay
@@ -609,7 +622,7 @@ impl Node {
     fn send(&mut self, to: SocketAddr, kind: Kind, body: &[u8]) {
         // Strictly increasing, but a wall clock stepped back by more than a second resets it:
         // otherwise every envelope would be stamped in the future and expire at the receivers.
-        let now = envelope::unix_us();
+        let now = self.options.clock.unix_us();
         let sent_at = if self.last_sent_at > now.saturating_add(1_000_000) {
             now
         } else {
@@ -650,10 +663,10 @@ impl Node {
             }
         }
         let housekeeping = self
-            .status_at
+            .housekeeping_at
             .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_millis(500));
         if housekeeping {
-            self.status_at = Some(now);
+            self.housekeeping_at = Some(now);
             let conflicts = self.handler.lock().name_conflicts;
             if conflicts > self.conflicts_seen {
                 self.conflicts_seen = conflicts;
@@ -663,16 +676,16 @@ impl Node {
                      (only the newest of the two is routable)"
                 );
             }
-            self.replay.prune(envelope::unix_us());
+            self.replay.prune(self.options.clock.unix_us());
             self.address_warnings.prune(now);
             self.handler.lock().prune(now);
             self.wanted
                 .retain(|_, at| now.saturating_duration_since(*at) < WANT_EVERY * 10);
         }
         self.deliver_members();
-        // Membership changes show in `/status` within a tick; liveness ages every half second.
-        if housekeeping || std::mem::take(&mut self.status_stale) {
-            self.refresh_status(now);
+        // Membership changes show in `/status` within a tick; suspicion within half a second.
+        if housekeeping || std::mem::take(&mut self.swim_view_stale) {
+            self.refresh_swim_view();
         }
     }
 
@@ -759,7 +772,7 @@ impl Node {
         if !std::mem::take(&mut self.members_dirty) {
             return;
         }
-        self.status_stale = true;
+        self.swim_view_stale = true;
         let members = self.handler.lock().routable();
         // Newly routable (or changed) members' views go with them.
         let fresh: Vec<String> = members
@@ -790,50 +803,18 @@ impl Node {
         }
     }
 
-    fn refresh_status(&mut self, now: Instant) {
-        let swim: HashMap<NodeId, foca::State> = self
+    /// Copies what SWIM says of its members that are not alive (few, usually) for `/status`.
+    fn refresh_swim_view(&mut self) {
+        let not_alive = self
             .foca
             .iter_membership_state()
+            .filter(|m| m.state() != foca::State::Alive)
             .map(|m| (m.id().clone(), m.state()))
             .collect();
-        let table = self.handler.lock();
-        let mut members: Vec<MemberStatus> = table
-            .entries()
-            .map(|(name, e)| {
-                let liveness = match swim.get(&e.node) {
-                    Some(foca::State::Alive) if table.is_active(&e.node) => "alive",
-                    Some(foca::State::Suspect) => "suspect",
-                    Some(foca::State::Down) => "down",
-                    _ if e.down_since.is_some() => "down",
-                    _ if table.is_active(&e.node) => "alive",
-                    _ => "unknown",
-                };
-                MemberStatus {
-                    name: name.clone(),
-                    gossip: e.node.addr,
-                    epoch: e.node.epoch,
-                    liveness,
-                    last_seen_s: now.saturating_duration_since(e.last_heard).as_secs_f64(),
-                    version: e.profile.as_ref().map(|(_, p)| p.version.clone()),
-                    inbound: e.profile.as_ref().map(|(_, p)| p.inbound.clone()),
-                    state: e.live.as_ref().map(|(_, l)| l.state.into()),
-                    profile_seq: e.profile.as_ref().map(|(s, _)| *s),
-                    live_seq: e.live.as_ref().map(|(s, _)| *s),
-                }
-            })
-            .collect();
-        drop(table);
-        members.sort_by(|a, b| a.name.cmp(&b.name));
-        let count = |l: &str| members.iter().filter(|m| m.liveness == l).count();
-        let status = GossipStatus {
-            node: Some(self.foca.identity().clone()),
-            swim_members: self.foca.num_members(),
-            alive: count("alive"),
-            suspect: count("suspect"),
-            down: count("down"),
-            members,
+        self.handler.lock().swim = SwimView {
+            members: self.foca.num_members(),
+            not_alive,
         };
-        self.status.store(Arc::new(status));
     }
 }
 

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::{Duration, Instant};
 
-use super::envelope::{self, Rejected};
+use super::clock::Clock;
+use super::envelope::Rejected;
 use super::model;
 use super::status::Stats;
 use super::wire::{self, Body, Decoded, Item, Live, NodeId, Profile};
@@ -72,6 +73,9 @@ pub(super) struct Table {
     stats: Arc<Stats>,
     /// The clock skew tolerated (the replay window), in µs.
     window_us: u64,
+    clock: Clock,
+    /// What SWIM last said of its members, for `/status`.
+    pub swim: SwimView,
     /// The source of the datagram being handled, so foca's hook can tell first-hand items.
     pub from: Option<SocketAddr>,
     /// Set when the routable set or a profile changed.
@@ -87,7 +91,13 @@ pub(super) struct Table {
 }
 
 impl Table {
-    pub(super) fn new(me: String, my_node: NodeId, stats: Arc<Stats>, window: Duration) -> Self {
+    pub(super) fn new(
+        me: String,
+        my_node: NodeId,
+        stats: Arc<Stats>,
+        window: Duration,
+        clock: Clock,
+    ) -> Self {
         Self {
             me,
             my_node,
@@ -95,6 +105,8 @@ impl Table {
             active: HashSet::new(),
             stats,
             window_us: u64::try_from(window.as_micros()).unwrap_or(u64::MAX),
+            clock,
+            swim: SwimView::default(),
             from: None,
             dirty: false,
             live_updates: Vec::new(),
@@ -106,6 +118,10 @@ impl Table {
 
     pub(super) fn set_my_node(&mut self, node: NodeId) {
         self.my_node = node;
+    }
+
+    pub(super) fn my_node(&self) -> &NodeId {
+        &self.my_node
     }
 
     /// How an item in the datagram being handled reached this node.
@@ -123,7 +139,7 @@ impl Table {
             }
             return Applied::Mine;
         }
-        if let Err(reason) = plausible(item, envelope::unix_us(), self.window_us) {
+        if let Err(reason) = plausible(item, self.clock.unix_us(), self.window_us) {
             return self.refuse(reason);
         }
         if origin == Origin::Relayed && matches!(item.body, Body::Profile(_)) {
@@ -375,6 +391,15 @@ fn plausible(item: &Item, now_us: u64, window_us: u64) -> Result<(), Rejected> {
     }
 }
 
+/// SWIM's word on its members as of the node's last look (every half second, and after a
+/// membership change). Only members it does not count alive are kept: a fleet is mostly alive,
+/// and an absent member reads like an alive one (`GossipStatus::of`).
+#[derive(Debug, Default)]
+pub(super) struct SwimView {
+    pub members: usize,
+    pub not_alive: HashMap<NodeId, foca::State>,
+}
+
 /// A routable member as the sidecar sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Member {
@@ -482,6 +507,7 @@ impl foca::BroadcastHandler<NodeId> for Handler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gossip::envelope;
     use wire::AgentState as State;
     use Origin::{FirstHand, Relayed};
 
@@ -498,6 +524,7 @@ mod tests {
             node(1, 1),
             Arc::new(Stats::default()),
             Duration::from_secs(30),
+            Clock::Wall,
         )
     }
 
