@@ -4,17 +4,28 @@
 //! time for a dead node to leave every table (p50/max), and bytes and datagrams per node per
 //! second in steady state. Never asserts on time.
 //!
-//! Run: `cargo bench --bench gossip` (N = 50, 100, 200), `-- --nodes 50,400`, or `-- --smoke`
-//! (`cargo test` runs the smoke size: ten nodes, a few seconds).
+//! Two modes run the same node code:
+//! - real time (default): a multi-thread runtime, no network faults. On a small machine a large
+//!   fleet competes for CPU, probes are answered late and members falsely suspected.
+//! - `--virtual`: one thread on tokio's paused clock, which moves only when every node is idle,
+//!   so CPU contention cannot cause suspicion; the network is seeded with latency and loss
+//!   (`--latency-ms 1-5`, `--loss 1` percent, `--seed 1`). It adds the time to heal a partition
+//!   that outlasted the suspect timeout, the members falsely declared dead, and the wall
+//!   seconds each size took.
+//!
+//! Run: `cargo bench --bench gossip` (N = 50, 100, 200), `-- --nodes 50,400`,
+//! `-- --virtual --nodes 100,1000,2000`, or `-- --smoke` / `-- --virtual --smoke` (`cargo test`
+//! runs both smokes: a few seconds).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_reach::gossip::{
-    self, ClusterKey, GossipHandle, Live, MemNetwork, Member, Membership, NodeOptions, Profile,
+    self, Clock, ClusterKey, Faults, GossipHandle, Live, MemNetwork, Member, Membership,
+    NodeOptions, Profile,
 };
 use agent_reach::reach::State;
 use tokio::time::Instant;
@@ -22,13 +33,21 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Default)]
 struct Seen {
-    members: Mutex<Vec<String>>,
+    members: Mutex<HashSet<String>>,
     lives: Mutex<HashMap<String, Live>>,
+    /// Members dropped from the routing table, each time (a dead one, or a false death).
+    dropped: Mutex<HashMap<String, u64>>,
 }
 
 impl Membership for Seen {
     fn members(&self, members: &[Member]) {
-        *lock(&self.members) = members.iter().map(|m| m.name.clone()).collect();
+        let now: HashSet<String> = members.iter().map(|m| m.name.clone()).collect();
+        let mut before = lock(&self.members);
+        let mut dropped = lock(&self.dropped);
+        for gone in before.difference(&now) {
+            *dropped.entry(gone.clone()).or_default() += 1;
+        }
+        *before = now;
     }
     fn live(&self, member: &Member, live: &Live) {
         lock(&self.lives).insert(member.name.clone(), *live);
@@ -92,6 +111,16 @@ fn profile(i: usize) -> Profile {
     }
 }
 
+/// How a fleet is run: real or simulated time, network faults, a partition to heal.
+#[derive(Clone, Copy)]
+struct Setup {
+    virtual_time: bool,
+    faults: Option<Faults>,
+    seed: u64,
+    /// The halves are split this long, then healed (virtual mode).
+    partition: Option<Duration>,
+}
+
 struct Figures {
     n: usize,
     converged: bool,
@@ -101,6 +130,10 @@ struct Figures {
     dead: Vec<Duration>,
     bytes_per_node_s: f64,
     packets_per_node_s: f64,
+    /// Time from the heal until every node routes to every other again, if it did.
+    heal: Option<Duration>,
+    /// Times a node dropped a member that was never killed (partition excluded).
+    false_deaths: u64,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -143,16 +176,41 @@ async fn each_until(
     out
 }
 
-async fn run_fleet(n: usize, steady: Duration, changes: usize) -> Figures {
-    let net = MemNetwork::new();
-    let key = ClusterKey::random();
+/// Shows where a run's wall time goes (`GOSSIP_BENCH_TRACE=1`).
+fn trace(phase: &str, wall: std::time::Instant, start: Instant) {
+    if std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
+        eprintln!(
+            "{phase}: wall {:.1}s, simulated {:.1}s",
+            wall.elapsed().as_secs_f64(),
+            start.elapsed().as_secs_f64()
+        );
+    }
+}
+
+async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> Figures {
+    let wall = std::time::Instant::now();
+    let net = match setup.faults {
+        Some(faults) => MemNetwork::with_faults(faults),
+        None => MemNetwork::new(),
+    };
+    // A simulation repeats: a fixed key and start time, SWIM seeded per node.
+    let (key, clock) = if setup.virtual_time {
+        let key = ClusterKey::from_secrets(&[b"gossip-bench-virtual-key-0123456789".to_vec()]);
+        (key, Clock::runtime_from(1_700_000_000_000_000))
+    } else {
+        (ClusterKey::random(), Clock::Wall)
+    };
     let stop = CancellationToken::new();
     let mut nodes = Vec::with_capacity(n);
     let start = Instant::now();
     for i in 0..n {
         let (transport, inbox) = net.join(addr(i));
         let seen = Arc::new(Seen::default());
-        let options = NodeOptions::new(format!("agent-{i}"), addr(i), key.clone());
+        let mut options = NodeOptions::new(format!("agent-{i}"), addr(i), key.clone());
+        options.clock = clock;
+        if setup.virtual_time {
+            options.seed = Some(setup.seed.wrapping_mul(1_000_003).wrapping_add(i as u64));
+        }
         let handle = gossip::spawn(options, transport, inbox, seen.clone(), stop.clone());
         handle.publish_profile(profile(i));
         handle.publish_live(live(false));
@@ -189,13 +247,14 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize) -> Figures {
             );
         }
         for node in nodes.iter().skip(1) {
-            if node.handle.status().alive == 0 {
+            if lock(&node.seen.members).is_empty() {
                 node.handle.announce(vec![addr(0)]);
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
 
+    trace("converged", wall, start);
     // Steady state: nothing changes but the periodic refresh and SWIM's own traffic.
     let sum = |nodes: &[Node]| {
         nodes.iter().fold((0u64, 0u64), |(b, p), node| {
@@ -214,6 +273,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize) -> Figures {
     let bytes_per_node_s = (b1 - b0) as f64 / secs;
     let packets_per_node_s = (p1 - p0) as f64 / secs;
 
+    trace("steady state measured", wall, start);
     // A state change (the agent goes busy) reaching everyone.
     let mut change = Vec::new();
     for c in 0..changes {
@@ -237,6 +297,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize) -> Figures {
         .await;
     }
 
+    trace("changes spread", wall, start);
     // A node dies without a word.
     let victim = n / 2;
     let name = nodes[victim].name.clone();
@@ -249,6 +310,22 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize) -> Figures {
     })
     .await;
     let dead_detected = dead.iter().all(|d| *d < dead_deadline);
+    trace("dead node out", wall, start);
+    let false_deaths = nodes
+        .iter()
+        .map(|x| {
+            lock(&x.seen.dropped)
+                .iter()
+                .filter(|(member, _)| **member != name)
+                .map(|(_, times)| times)
+                .sum::<u64>()
+        })
+        .sum();
+    let heal = match setup.partition {
+        Some(split_for) => partition_and_heal(&net, &nodes, victim, split_for).await,
+        None => None,
+    };
+    trace("partition healed", wall, start);
     dead.sort();
     change.sort();
     stop.cancel();
@@ -261,27 +338,96 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize) -> Figures {
         dead,
         bytes_per_node_s,
         packets_per_node_s,
+        heal,
+        false_deaths,
     }
+}
+
+/// Splits the fleet (all but the dead node) in two halves for `split_for`, heals it, and
+/// returns how long until every node routes to every other again.
+async fn partition_and_heal(
+    net: &MemNetwork,
+    nodes: &[Node],
+    victim: usize,
+    split_for: Duration,
+) -> Option<Duration> {
+    let living: Vec<&Node> = nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != victim)
+        .map(|(_, x)| x)
+        .collect();
+    let (a, b) = living.split_at(living.len() / 2);
+    let addrs = |half: &[&Node]| half.iter().map(|x| x.addr).collect::<Vec<_>>();
+    net.partition(&addrs(a), &addrs(b));
+    tokio::time::sleep(split_for).await;
+    net.heal();
+    let others = living.len() - 1;
+    let deadline = Duration::from_secs(120);
+    let healed = each_until(&living, deadline, |x| lock(&x.seen.members).len() == others).await;
+    healed.last().copied().filter(|d| *d < deadline)
+}
+
+/// The value after `flag`, if given.
+fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let i = args.iter().position(|a| a == flag)?;
+    args.get(i + 1).map(String::as_str)
+}
+
+/// `--latency-ms 1-5` (1 ms plus up to 4 of jitter) or `--latency-ms 3`.
+fn latency(spec: &str) -> Option<(Duration, Duration)> {
+    let (lo, hi) = spec.split_once('-').unwrap_or((spec, spec));
+    let (lo, hi): (f64, f64) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
+    let lo = Duration::from_secs_f64(lo.max(0.0) / 1000.0);
+    let hi = Duration::from_secs_f64(hi.max(0.0) / 1000.0);
+    Some((lo, hi.saturating_sub(lo)))
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    // `cargo bench` passes `--bench`; `cargo test` runs this as a smoke test so it cannot rot.
-    let smoke = args.iter().any(|a| a == "--smoke") || !args.iter().any(|a| a == "--bench");
-    let mut sizes: Vec<usize> = if smoke { vec![10] } else { vec![50, 100, 200] };
-    if let Some(i) = args.iter().position(|a| a == "--nodes") {
-        if let Some(list) = args.get(i + 1) {
-            sizes = list
-                .split(',')
-                .filter_map(|s| s.trim().parse().ok())
-                .collect();
-        }
+    // `cargo bench` passes `--bench`; `cargo test` runs both smokes so neither can rot.
+    let under_test = !args.iter().any(|a| a == "--bench");
+    let smoke = args.iter().any(|a| a == "--smoke") || under_test;
+    let virtual_time = args.iter().any(|a| a == "--virtual");
+    let sizes = flag(&args, "--nodes").map(|list| {
+        list.split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect::<Vec<usize>>()
+    });
+    if under_test {
+        real_time(&[10], true);
+        simulated(&args, &[20], true);
+    } else if virtual_time {
+        let default = if smoke { vec![20] } else { vec![100, 1000, 2000] };
+        simulated(&args, &sizes.unwrap_or(default), smoke);
+    } else {
+        let default = if smoke { vec![10] } else { vec![50, 100, 200] };
+        real_time(&sizes.unwrap_or(default), smoke);
     }
-    let (steady, changes) = if smoke {
+}
+
+fn steady_and_changes(smoke: bool) -> (Duration, usize) {
+    if smoke {
         (Duration::from_secs(2), 2)
     } else {
         (Duration::from_secs(10), 5)
-    };
+    }
+}
+
+/// The smoke run (CI) checks that it works, never how fast.
+fn smoke_check(f: &Figures, partitioned: bool) {
+    if !(f.converged && f.dead_detected) {
+        eprintln!("smoke: the fleet did not converge, or a dead node was not detected");
+        std::process::exit(1);
+    }
+    if partitioned && f.heal.is_none() {
+        eprintln!("smoke: the fleet did not heal after a partition");
+        std::process::exit(1);
+    }
+}
+
+fn real_time(sizes: &[usize], smoke: bool) {
+    let (steady, changes) = steady_and_changes(smoke);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -291,6 +437,12 @@ fn main() {
             eprintln!("cannot start a runtime: {err}");
             return;
         }
+    };
+    let setup = Setup {
+        virtual_time: false,
+        faults: None,
+        seed: 0,
+        partition: None,
     };
     println!("gossip at fleet scale: in-memory network, shipped timings (probe 1 s, suspect 3 s, refresh 2 s)");
     println!(
@@ -304,8 +456,8 @@ fn main() {
         "bytes/node/s",
         "packets/node/s"
     );
-    for n in sizes {
-        let f = runtime.block_on(run_fleet(n.max(3), steady, changes));
+    for &n in sizes {
+        let f = runtime.block_on(run_fleet(n.max(3), steady, changes, setup));
         println!(
             "{:>5}  {:>9.2}s  {:>11.0}ms  {:>11.0}ms  {:>9.2}s  {:>9.2}s  {:>14.0}  {:>14.1}",
             f.n,
@@ -317,14 +469,119 @@ fn main() {
             f.bytes_per_node_s,
             f.packets_per_node_s,
         );
-        // The smoke run (CI) checks that it works, never how fast.
-        if smoke && !(f.converged && f.dead_detected) {
-            eprintln!("smoke: the fleet did not converge, or a dead node was not detected");
-            std::process::exit(1);
+        if smoke {
+            smoke_check(&f, false);
         }
     }
     println!(
         "reproduce: cargo bench --bench gossip{}",
         if smoke { " -- --smoke" } else { "" }
+    );
+}
+
+fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
+    let (steady, changes) = steady_and_changes(smoke);
+    let latency_spec = flag(args, "--latency-ms").unwrap_or("1-5");
+    let Some((latency, jitter)) = latency(latency_spec) else {
+        eprintln!("--latency-ms takes milliseconds, as 3 or 1-5");
+        std::process::exit(2);
+    };
+    let loss_pct: f64 = match flag(args, "--loss").map(str::parse) {
+        None => 1.0,
+        Some(Ok(pct)) => pct,
+        Some(Err(_)) => {
+            eprintln!("--loss takes a percentage, as 1 or 0.5");
+            std::process::exit(2);
+        }
+    };
+    let seed: u64 = match flag(args, "--seed").map(str::parse) {
+        None => 1,
+        Some(Ok(seed)) => seed,
+        Some(Err(_)) => {
+            eprintln!("--seed takes a whole number");
+            std::process::exit(2);
+        }
+    };
+    // Longer than the suspect timeout (3 s) plus detection: each half declares the other dead,
+    // so healing needs SWIM's announce to down members and the rejoin under a new identity.
+    let split_for = Duration::from_secs(10);
+    let setup = Setup {
+        virtual_time: true,
+        faults: Some(Faults {
+            latency,
+            jitter,
+            loss: loss_pct / 100.0,
+            seed,
+        }),
+        seed,
+        partition: Some(split_for),
+    };
+    println!(
+        "gossip at fleet scale, simulated time: in-memory network with {latency_spec} ms latency, \
+         {loss_pct}% loss (seed {seed}), shipped timings; halves split for {}s",
+        split_for.as_secs()
+    );
+    println!(
+        "{:>5}  {:>9}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>8}  {:>6}  {:>12}  {:>14}  {:>7}",
+        "N",
+        "converge",
+        "change p50",
+        "change p99",
+        "change max",
+        "dead p50",
+        "dead max",
+        "heal",
+        "false",
+        "bytes/node/s",
+        "packets/node/s",
+        "wall"
+    );
+    for &n in sizes {
+        let wall = std::time::Instant::now();
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(err) => {
+                eprintln!("cannot start a runtime: {err}");
+                return;
+            }
+        };
+        let f = runtime.block_on(run_fleet(n.max(3), steady, changes, setup));
+        // The nodes' tasks go with the runtime: the next size starts from nothing.
+        drop(runtime);
+        let heal = f
+            .heal
+            .map_or_else(|| "never".to_owned(), |d| format!("{:.2}s", d.as_secs_f64()));
+        println!(
+            "{:>5}  {:>8.2}s  {:>8.0}ms  {:>8.0}ms  {:>8.0}ms  {:>7.2}s  {:>7.2}s  {:>8}  {:>6}  {:>12.0}  {:>14.1}  {:>6.0}s",
+            f.n,
+            f.converge.as_secs_f64(),
+            percentile(&f.change, 0.5).as_secs_f64() * 1000.0,
+            percentile(&f.change, 0.99).as_secs_f64() * 1000.0,
+            percentile(&f.change, 1.0).as_secs_f64() * 1000.0,
+            percentile(&f.dead, 0.5).as_secs_f64(),
+            percentile(&f.dead, 1.0).as_secs_f64(),
+            heal,
+            f.false_deaths,
+            f.bytes_per_node_s,
+            f.packets_per_node_s,
+            wall.elapsed().as_secs_f64(),
+        );
+        if smoke {
+            smoke_check(&f, true);
+        }
+    }
+    let flags: Vec<&str> = args
+        .iter()
+        .skip(1)
+        .map(String::as_str)
+        .filter(|a| *a != "--bench")
+        .collect();
+    println!(
+        "reproduce: cargo bench --bench gossip -- {}",
+        if flags.is_empty() { "--virtual --smoke".to_owned() } else { flags.join(" ") }
     );
 }

@@ -43,6 +43,9 @@ pub(super) enum Origin {
 pub(super) struct Entry {
     pub node: NodeId,
     pub profile: Option<(u64, Profile)>,
+    /// The profile as the routing model takes it, converted once when it arrives rather than
+    /// each time the routable set is handed over.
+    routed_profile: Option<Arc<model::Profile>>,
     pub live: Option<(u64, Live)>,
     /// The highest `seq` heard from the node first-hand.
     pub vouched: u64,
@@ -68,6 +71,10 @@ pub(super) struct Table {
     me: String,
     my_node: NodeId,
     entries: HashMap<String, Entry>,
+    /// The names bound to each identity (one, unless a node publishes under several): SWIM
+    /// reports members one by one, and scanning every entry for each made a fleet's join
+    /// storm quadratic per node.
+    by_node: HashMap<NodeId, Vec<String>>,
     /// Identities SWIM counts alive.
     active: HashSet<NodeId>,
     stats: Arc<Stats>,
@@ -102,6 +109,7 @@ impl Table {
             me,
             my_node,
             entries: HashMap::new(),
+            by_node: HashMap::new(),
             active: HashSet::new(),
             stats,
             window_us: u64::try_from(window.as_micros()).unwrap_or(u64::MAX),
@@ -163,12 +171,12 @@ impl Table {
     fn bind(&mut self, item: &Item, origin: Origin, now: Instant) -> Result<(), Applied> {
         let Some(e) = self.entries.get(&item.name) else {
             if origin == Origin::Relayed {
-                // Heard of second-hand only: it introduces itself when SWIM sees it.
+                // Heard of second-hand only: it introduces itself when SWIM sees it. If SWIM
+                // already counts it alive, its introduction was lost: ask it directly.
+                self.want(&item.node);
                 return Err(Applied::Stale);
             }
-            self.entries
-                .insert(item.name.clone(), fresh(item.node.clone(), now));
-            self.dirty = true;
+            self.bind_afresh(&item.name, &item.node, now);
             return Ok(());
         };
         if e.node == item.node {
@@ -187,10 +195,20 @@ impl Table {
             return Err(Applied::Stale);
         }
         // A restarted agent (or one that rejoined): its old incarnation is gone for good.
-        self.entries
-            .insert(item.name.clone(), fresh(item.node.clone(), now));
-        self.dirty = true;
+        self.bind_afresh(&item.name, &item.node, now);
         Ok(())
+    }
+
+    /// A new entry for `name`, bound to `node`, replacing any older one.
+    fn bind_afresh(&mut self, name: &str, node: &NodeId, now: Instant) {
+        if let Some(old) = self.entries.insert(name.to_owned(), fresh(node.clone(), now)) {
+            unindex(&mut self.by_node, &old.node, name);
+        }
+        self.by_node
+            .entry(node.clone())
+            .or_default()
+            .push(name.to_owned());
+        self.dirty = true;
     }
 
     fn apply_body(&mut self, item: &Item, origin: Origin, now: Instant) -> Applied {
@@ -222,6 +240,7 @@ impl Table {
         match &item.body {
             Body::Profile(p) => {
                 entry.profile = Some((item.seq, p.clone()));
+                entry.routed_profile = Some(Arc::new(model::Profile::from(p)));
                 self.dirty = true;
             }
             Body::Live(l) => {
@@ -262,8 +281,8 @@ impl Table {
         if self.active.insert(node.clone()) {
             self.newcomers.push(node.clone());
         }
-        for e in self.entries.values_mut() {
-            if e.node == *node {
+        for name in self.by_node.get(node).into_iter().flatten() {
+            if let Some(e) = self.entries.get_mut(name) {
                 e.down_since = None;
                 self.dirty = true;
             }
@@ -272,8 +291,8 @@ impl Table {
 
     pub(super) fn member_down(&mut self, node: &NodeId, now: Instant) {
         self.active.remove(node);
-        for e in self.entries.values_mut() {
-            if e.node == *node && e.down_since.is_none() {
+        for name in self.by_node.get(node).into_iter().flatten() {
+            if let Some(e) = self.entries.get_mut(name).filter(|e| e.down_since.is_none()) {
                 e.down_since = Some(now);
                 self.dirty = true;
             }
@@ -293,8 +312,8 @@ impl Table {
         if self.active.remove(old) && self.active.insert(new.clone()) {
             self.newcomers.push(new.clone());
         }
-        for e in self.entries.values_mut() {
-            if e.node == *old && e.down_since.is_none() {
+        for name in self.by_node.get(old).into_iter().flatten() {
+            if let Some(e) = self.entries.get_mut(name).filter(|e| e.down_since.is_none()) {
                 e.down_since = Some(now);
             }
         }
@@ -316,10 +335,10 @@ impl Table {
             .iter()
             .filter(|(_, e)| self.active.contains(&e.node))
             .filter_map(|(name, e)| {
-                e.profile.as_ref().map(|(_, p)| Member {
+                e.routed_profile.as_ref().map(|p| Member {
                     name: name.clone(),
                     node: e.node.clone(),
-                    profile: Arc::new(model::Profile::from(p)),
+                    profile: p.clone(),
                 })
             })
             .collect();
@@ -338,13 +357,29 @@ impl Table {
     /// Drops members dead for a while, and ones heard of second-hand that SWIM never saw alive.
     pub(super) fn prune(&mut self, now: Instant) {
         let active = &self.active;
+        let by_node = &mut self.by_node;
         let before = self.entries.len();
-        self.entries.retain(|_, e| {
+        self.entries.retain(|name, e| {
             let since = e.down_since.unwrap_or(e.last_heard);
-            active.contains(&e.node) || now.saturating_duration_since(since) < DOWN_LISTED_FOR
+            let keep =
+                active.contains(&e.node) || now.saturating_duration_since(since) < DOWN_LISTED_FOR;
+            if !keep {
+                unindex(by_node, &e.node, name);
+            }
+            keep
         });
         if self.entries.len() != before {
             self.dirty = true;
+        }
+    }
+}
+
+/// Forgets that `name` is bound to `node`.
+fn unindex(by_node: &mut HashMap<NodeId, Vec<String>>, node: &NodeId, name: &str) {
+    if let Some(names) = by_node.get_mut(node) {
+        names.retain(|n| n != name);
+        if names.is_empty() {
+            by_node.remove(node);
         }
     }
 }
@@ -353,6 +388,7 @@ fn fresh(node: NodeId, now: Instant) -> Entry {
     Entry {
         node,
         profile: None,
+        routed_profile: None,
         live: None,
         vouched: 0,
         last_heard: now,
