@@ -236,12 +236,10 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
             break (false, start.elapsed());
         }
         if std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
-            let alive: Vec<usize> = nodes.iter().map(|x| x.handle.status().alive).collect();
             let routable: Vec<usize> = nodes.iter().map(|x| lock(&x.seen.members).len()).collect();
             eprintln!(
-                "t={:.1}s alive min {} routable min {} max {}",
+                "t={:.1}s routable min {} max {}",
                 start.elapsed().as_secs_f64(),
-                alive.iter().min().unwrap_or(&0),
                 routable.iter().min().unwrap_or(&0),
                 routable.iter().max().unwrap_or(&0)
             );
@@ -398,7 +396,11 @@ fn main() {
         real_time(&[10], true);
         simulated(&args, &[20], true);
     } else if virtual_time {
-        let default = if smoke { vec![20] } else { vec![100, 1000, 2000] };
+        let default = if smoke {
+            vec![20]
+        } else {
+            vec![100, 1000, 2000]
+        };
         simulated(&args, &sizes.unwrap_or(default), smoke);
     } else {
         let default = if smoke { vec![10] } else { vec![50, 100, 200] };
@@ -552,9 +554,10 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
         let f = runtime.block_on(run_fleet(n.max(3), steady, changes, setup));
         // The nodes' tasks go with the runtime: the next size starts from nothing.
         drop(runtime);
-        let heal = f
-            .heal
-            .map_or_else(|| "never".to_owned(), |d| format!("{:.2}s", d.as_secs_f64()));
+        let heal = f.heal.map_or_else(
+            || "never".to_owned(),
+            |d| format!("{:.2}s", d.as_secs_f64()),
+        );
         println!(
             "{:>5}  {:>8.2}s  {:>8.0}ms  {:>8.0}ms  {:>8.0}ms  {:>7.2}s  {:>7.2}s  {:>8}  {:>6}  {:>12.0}  {:>14.1}  {:>6.0}s",
             f.n,
@@ -582,6 +585,10 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
         .collect();
     println!(
         "reproduce: cargo bench --bench gossip -- {}",
-        if flags.is_empty() { "--virtual --smoke".to_owned() } else { flags.join(" ") }
+        if flags.is_empty() {
+            "--virtual --smoke".to_owned()
+        } else {
+            flags.join(" ")
+        }
     );
 }

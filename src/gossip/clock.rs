@@ -17,7 +17,10 @@ pub enum Clock {
     Wall,
     /// A fixed Unix time plus the runtime clock's time since `origin`; every node of one
     /// simulation shares one, so they agree with each other.
-    Runtime { unix_us_at_origin: u64, origin: Instant },
+    Runtime {
+        unix_us_at_origin: u64,
+        origin: Instant,
+    },
 }
 
 impl Clock {

@@ -30,6 +30,12 @@ use super::wire::{self, Body, Decoded, Item, Live, NodeId, WireError};
 pub const MAX_ITEM: usize = 1100;
 /// How often the node does its housekeeping (pending publishes, status, pruning).
 const TICK: Duration = Duration::from_millis(100);
+/// New members are handed to the sink at most this often (losses go at once).
+const ADDITIONS_EVERY: Duration = Duration::from_millis(500);
+/// How often members alive in SWIM but never introduced are asked for their items: a lost
+/// introduction is otherwise repaired only by the member's next refresh, which a large fleet
+/// slows to tens of seconds (`refresh_interval`).
+const INTRODUCTIONS_CHECK: Duration = Duration::from_secs(5);
 /// A member is asked for its profile at most this often.
 const WANT_EVERY: Duration = Duration::from_secs(1);
 /// Item transmissions per second each node may spend on periodic refreshes. Every refresh is
@@ -108,6 +114,12 @@ impl NodeOptions {
         // a node that missed an update, or a large fleet's join storm, converges in seconds.
         c.periodic_announce = Some(foca::PeriodicParams {
             frequency: Duration::from_secs(5),
+            num_members: NonZeroUsize::MIN,
+        });
+        // After a partition each side holds the other as down; asking one down member every
+        // 10 s whether it is back heals the split in seconds (foca's LAN default waits 65 s).
+        c.periodic_announce_to_down_members = Some(foca::PeriodicParams {
+            frequency: Duration::from_secs(10),
             num_members: NonZeroUsize::MIN,
         });
         c
@@ -255,6 +267,9 @@ pub fn spawn(
         wanted: HashMap::new(),
         members_sent: HashMap::new(),
         members_dirty: false,
+        members_lost: false,
+        introductions_checked_at: None,
+        members_delivered_at: None,
         deferred_seeds: Vec::new(),
         unserved: Vec::new(),
         housekeeping_at: None,
@@ -303,6 +318,10 @@ struct Node {
     wanted: HashMap<NodeId, Instant>,
     members_sent: HashMap<String, Member>,
     members_dirty: bool,
+    /// A member stopped being routable since the last delivery.
+    members_lost: bool,
+    members_delivered_at: Option<Instant>,
+    introductions_checked_at: Option<Instant>,
     deferred_seeds: Vec<SocketAddr>,
     unserved: Vec<SocketAddr>,
     housekeeping_at: Option<Instant>,
@@ -354,7 +373,10 @@ impl Node {
             Err(reason) => return self.rejected(from, reason),
         };
         let window = self.options.replay_window.as_micros() as u64;
-        if let Err(reason) = self.replay.admit(&opened, self.options.clock.unix_us(), window) {
+        if let Err(reason) = self
+            .replay
+            .admit(&opened, self.options.clock.unix_us(), window)
+        {
             return self.rejected(from, reason);
         }
         // Sent before this node started: a capture played back to a restarted node, whose replay
@@ -679,10 +701,17 @@ impl Node {
             self.replay.prune(self.options.clock.unix_us());
             self.address_warnings.prune(now);
             self.handler.lock().prune(now);
+            if self
+                .introductions_checked_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= INTRODUCTIONS_CHECK)
+            {
+                self.introductions_checked_at = Some(now);
+                self.handler.lock().want_unintroduced();
+            }
             self.wanted
                 .retain(|_, at| now.saturating_duration_since(*at) < WANT_EVERY * 10);
         }
-        self.deliver_members();
+        self.deliver_members(now);
         // Membership changes show in `/status` within a tick; suspicion within half a second.
         if housekeeping || std::mem::take(&mut self.swim_view_stale) {
             self.refresh_swim_view();
@@ -742,6 +771,9 @@ impl Node {
             if std::mem::take(&mut table.dirty) {
                 self.members_dirty = true;
             }
+            if std::mem::take(&mut table.lost) {
+                self.members_lost = true;
+            }
             (
                 std::mem::take(&mut table.newcomers),
                 std::mem::take(&mut table.wants),
@@ -768,10 +800,22 @@ impl Node {
 
     /// Hands the routable set to the sink if it changed. Runs once a tick, not per packet: a
     /// join storm changes membership hundreds of times a second, and each delivery is O(N).
-    fn deliver_members(&mut self) {
-        if !std::mem::take(&mut self.members_dirty) {
+    /// A loss goes out on the next tick (no call may go to a dead member); additions alone wait
+    /// up to `ADDITIONS_EVERY`, so a storm of joins costs a few deliveries, not one a tick.
+    fn deliver_members(&mut self, now: Instant) {
+        if !self.members_dirty {
             return;
         }
+        let batching = !self.members_lost
+            && self
+                .members_delivered_at
+                .is_some_and(|at| now.saturating_duration_since(at) < ADDITIONS_EVERY);
+        if batching {
+            return;
+        }
+        self.members_dirty = false;
+        self.members_lost = false;
+        self.members_delivered_at = Some(now);
         self.swim_view_stale = true;
         let members = self.handler.lock().routable();
         // Newly routable (or changed) members' views go with them.

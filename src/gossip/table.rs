@@ -87,6 +87,9 @@ pub(super) struct Table {
     pub from: Option<SocketAddr>,
     /// Set when the routable set or a profile changed.
     pub dirty: bool,
+    /// Set when a member stopped being routable (dead, restarted, pruned): callers must hear
+    /// of that at once, while additions may be batched.
+    pub lost: bool,
     /// Agents whose live view changed since last drained.
     pub live_updates: Vec<String>,
     /// Members whose profile this node lacks or has an old one of.
@@ -117,6 +120,7 @@ impl Table {
             swim: SwimView::default(),
             from: None,
             dirty: false,
+            lost: false,
             live_updates: Vec::new(),
             wants: Vec::new(),
             newcomers: Vec::new(),
@@ -201,8 +205,12 @@ impl Table {
 
     /// A new entry for `name`, bound to `node`, replacing any older one.
     fn bind_afresh(&mut self, name: &str, node: &NodeId, now: Instant) {
-        if let Some(old) = self.entries.insert(name.to_owned(), fresh(node.clone(), now)) {
+        if let Some(old) = self
+            .entries
+            .insert(name.to_owned(), fresh(node.clone(), now))
+        {
             unindex(&mut self.by_node, &old.node, name);
+            self.lost = true;
         }
         self.by_node
             .entry(node.clone())
@@ -290,9 +298,16 @@ impl Table {
     }
 
     pub(super) fn member_down(&mut self, node: &NodeId, now: Instant) {
-        self.active.remove(node);
+        if self.active.remove(node) {
+            self.dirty = true;
+            self.lost = true;
+        }
         for name in self.by_node.get(node).into_iter().flatten() {
-            if let Some(e) = self.entries.get_mut(name).filter(|e| e.down_since.is_none()) {
+            if let Some(e) = self
+                .entries
+                .get_mut(name)
+                .filter(|e| e.down_since.is_none())
+            {
                 e.down_since = Some(now);
                 self.dirty = true;
             }
@@ -313,11 +328,37 @@ impl Table {
             self.newcomers.push(new.clone());
         }
         for name in self.by_node.get(old).into_iter().flatten() {
-            if let Some(e) = self.entries.get_mut(name).filter(|e| e.down_since.is_none()) {
+            if let Some(e) = self
+                .entries
+                .get_mut(name)
+                .filter(|e| e.down_since.is_none())
+            {
                 e.down_since = Some(now);
             }
         }
         self.dirty = true;
+        self.lost = true;
+    }
+
+    /// Asks the members SWIM counts alive whose profile this node never got (their
+    /// introduction was lost, and no relayed item has come to show it yet).
+    pub(super) fn want_unintroduced(&mut self) {
+        let entries = &self.entries;
+        let unintroduced: Vec<NodeId> = self
+            .active
+            .iter()
+            .filter(|node| {
+                self.by_node.get(*node).is_none_or(|names| {
+                    names
+                        .iter()
+                        .all(|name| entries.get(name).is_none_or(|e| e.profile.is_none()))
+                })
+            })
+            .cloned()
+            .collect();
+        for node in unintroduced {
+            self.want(&node);
+        }
     }
 
     pub(super) fn is_active(&self, node: &NodeId) -> bool {
@@ -370,6 +411,7 @@ impl Table {
         });
         if self.entries.len() != before {
             self.dirty = true;
+            self.lost = true;
         }
     }
 }

@@ -204,7 +204,11 @@ impl MemNetwork {
                 return;
             }
             let jitter = links.faults.jitter.as_micros() as u64;
-            let extra = if jitter > 0 { rng.random_range(0..=jitter) } else { 0 };
+            let extra = if jitter > 0 {
+                rng.random_range(0..=jitter)
+            } else {
+                0
+            };
             links.faults.latency + Duration::from_micros(extra)
         };
         if delay.is_zero() {
