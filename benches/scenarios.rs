@@ -62,6 +62,13 @@
 //!   `saturated`) counted at the caller's sidecar (every peer) and at the weak agent's sidecar,
 //!   the weak agent's share of the calls that reached agents during the ramp, the p95 and the
 //!   failed calls.
+//! - **ramp-shared**: ramp with its callers spread over 4 caller sidecars (caller `k` calls
+//!   through sidecar `k mod 4`: one each at the start, 16 each at the end), each a real sidecar
+//!   that finds the fleet by gossip. ramp's one caller sidecar counts its own calls in flight to
+//!   each peer exactly and at once, so a peer's prediction tells it nothing new; here each caller
+//!   sidecar learns of the other three's load on the weak agent only from the agent's gossiped
+//!   view, which is where a published trend could help. Same measures; refusals at the callers
+//!   are summed over the four.
 //!
 //! Per scenario and router it prints the task failure rate, mean and p95 latency, p95 against the
 //! same router's healthy run (the goal is ≤ 1.3×), *bad out after* (from the fault to the end of
@@ -104,7 +111,7 @@
 //! `-- --routers agent-reach,envoy`, `-- --smoke`: healthy, fake-online, thread-pool-full and
 //! burst, 3 s each, burst's burst 1.5 s; the newer scenarios alone: `-- --only
 //! burst,burst-3x,slow-agent,equal-pair,crash-same-address,lock-held`; predicted saturation:
-//! `-- --only ramp`, in the smoke run too). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
+//! `-- --only ramp,ramp-shared`, in the smoke run too). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
 //! each half second and its final `/status`; `-- --decision-log` turns on the policy's decision
 //! log (printed with `RUST_LOG`, e.g. `RUST_LOG=agent_reach::decision=info`).
 
@@ -185,6 +192,9 @@ const RAMP_FROM: usize = 4;
 const RAMP_ADDED: usize = 60;
 /// ramp: agent-reach without prediction (`estimates.horizon: 0s`).
 const REACH_NO_PREDICTION: &str = "agent-reach/h0";
+/// ramp-shared: the caller sidecars the callers are spread over (caller `k` calls through
+/// sidecar `k mod RAMP_CALLER_SIDECARS`).
+const RAMP_CALLER_SIDECARS: usize = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Scenario {
@@ -204,10 +214,11 @@ enum Scenario {
     EqualPair,
     CrashSameAddress,
     Ramp,
+    RampShared,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 16] = [
+    const ALL: [Scenario; 17] = [
         Scenario::Healthy,
         Scenario::FakeOnline,
         Scenario::SlowDependency,
@@ -224,6 +235,7 @@ impl Scenario {
         Scenario::EqualPair,
         Scenario::CrashSameAddress,
         Scenario::Ramp,
+        Scenario::RampShared,
     ];
 
     fn name(self) -> &'static str {
@@ -244,6 +256,7 @@ impl Scenario {
             Scenario::EqualPair => "equal-pair",
             Scenario::CrashSameAddress => "crash-same-address",
             Scenario::Ramp => "ramp",
+            Scenario::RampShared => "ramp-shared",
         }
     }
 
@@ -255,7 +268,8 @@ impl Scenario {
             | Scenario::Burst
             | Scenario::Burst3x
             | Scenario::EqualPair
-            | Scenario::Ramp => &[],
+            | Scenario::Ramp
+            | Scenario::RampShared => &[],
             Scenario::RetryStorm => &[0, 1],
             _ => &[1],
         }
@@ -311,7 +325,9 @@ impl Scenario {
             }
             Scenario::SlowAgent => run.max(fault_at + SLOW_WINDOW + Duration::from_secs(2)),
             // A 20 s ramp in a full run; the smoke run's 3 s as they are.
-            Scenario::Ramp if seconds >= 10 => run.max(fault_at + Duration::from_secs(21)),
+            Scenario::Ramp | Scenario::RampShared if seconds >= 10 => {
+                run.max(fault_at + Duration::from_secs(21))
+            }
             Scenario::CrashSameAddress => {
                 run.max(fault_at + RESTART_AFTER + RETURN_WINDOW + Duration::from_secs(1))
             }
@@ -358,14 +374,28 @@ impl Scenario {
     fn workers(self) -> usize {
         match self {
             Scenario::EqualPair => 1,
-            Scenario::Ramp => RAMP_FROM,
+            Scenario::Ramp | Scenario::RampShared => RAMP_FROM,
             _ => WORKERS,
+        }
+    }
+
+    /// Whether demand ramps onto a fleet with one weaker agent (ramp, ramp-shared).
+    fn ramps(self) -> bool {
+        matches!(self, Scenario::Ramp | Scenario::RampShared)
+    }
+
+    /// The caller sidecars agent-reach's callers are spread over; the first is the gossip seed.
+    fn caller_sidecars(self) -> usize {
+        if self == Scenario::RampShared {
+            RAMP_CALLER_SIDECARS
+        } else {
+            1
         }
     }
 
     /// ramp: how often one more caller joins, from the fault to a second before the end.
     fn ramp_every(self, seconds: u64) -> Option<Duration> {
-        (self == Scenario::Ramp).then(|| {
+        self.ramps().then(|| {
             let span = self
                 .duration(seconds)
                 .saturating_sub(self.fault_at(seconds) + Duration::from_secs(1));
@@ -375,7 +405,7 @@ impl Scenario {
 
     /// The routers it runs under: ramp compares agent-reach with and without prediction.
     fn routers<'a>(self, all: &[&'a str]) -> Vec<&'a str> {
-        if self == Scenario::Ramp {
+        if self.ramps() {
             vec!["agent-reach", REACH_NO_PREDICTION]
         } else {
             all.to_vec()
@@ -391,7 +421,7 @@ impl Scenario {
 
     /// How long a caller waits after a failed call before its next one.
     fn fail_pause(self) -> Duration {
-        if self.burst().is_some() || self == Scenario::Ramp {
+        if self.burst().is_some() || self.ramps() {
             FAIL_PAUSE
         } else {
             Duration::ZERO
@@ -431,7 +461,7 @@ impl Scenario {
             pool: match self {
                 Scenario::ThreadPoolFull => Some(POOL),
                 Scenario::Burst | Scenario::Burst3x => Some(self.max_concurrency()),
-                Scenario::Ramp => Some(self.max_concurrency_of(agent)),
+                Scenario::Ramp | Scenario::RampShared => Some(self.max_concurrency_of(agent)),
                 _ => None,
             },
             seed: Some(SEED + agent as u64),
@@ -451,7 +481,7 @@ impl Scenario {
 
     /// …and for the agent in `slot` (ramp's weak agent declares its smaller pool).
     fn max_concurrency_of(self, slot: usize) -> usize {
-        if self == Scenario::Ramp && slot == RAMP_WEAK {
+        if self.ramps() && slot == RAMP_WEAK {
             RAMP_WEAK_POOL
         } else {
             self.max_concurrency()
@@ -475,7 +505,8 @@ impl Scenario {
             | Scenario::Burst3x
             | Scenario::EqualPair
             | Scenario::CrashSameAddress
-            | Scenario::Ramp => {}
+            | Scenario::Ramp
+            | Scenario::RampShared => {}
         }
     }
 }
@@ -584,6 +615,7 @@ fn main() {
                     | Scenario::ThreadPoolFull
                     | Scenario::Burst
                     | Scenario::Ramp
+                    | Scenario::RampShared
             )
         {
             continue;
@@ -617,13 +649,14 @@ fn main() {
     );
     print_extras(&extras, seconds);
     println!(
-        "\ntook {:.0} s; reproduce: cargo bench --bench scenarios{}",
+        "\ntook {:.0} s; reproduce: cargo bench --bench scenarios{}{}",
         started.elapsed().as_secs_f64(),
         if smoke {
             " -- --smoke".to_owned()
         } else {
             format!(" -- --seconds {seconds}")
-        }
+        },
+        only.map_or(String::new(), |o| format!(" --only {}", o.join(",")))
     );
     if smoke && reach_failed {
         std::process::exit(1);
@@ -858,8 +891,10 @@ fn print_extras(extras: &[(Scenario, &str, Extra)], seconds: u64) {
             }
         }
         println!(
-            "refused@clr: attempts refused as saturated (429, or 503 saturated) counted by the caller's sidecar, \
-             every peer; refused@wk: turned away\nby the weak agent's sidecar. weak share: its share of the calls \
+            "ramp-shared: the same, the callers spread over {RAMP_CALLER_SIDECARS} caller sidecars (caller k through \
+             sidecar k mod {RAMP_CALLER_SIDECARS}), each finding the fleet by gossip.\n\
+             refused@clr: attempts refused as saturated (429, or 503 saturated) counted by the callers' sidecars, \
+             every peer, summed; refused@wk: turned away\nby the weak agent's sidecar. weak share: its share of the calls \
              that reached agents from the ramp's start. agent-reach predicts (estimates.horizon 10s);\n{} does not \
              (0s).",
             REACH_NO_PREDICTION
@@ -1078,7 +1113,8 @@ async fn run(
 
     let caller = Caller {
         client: Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>(),
-        url: front.url(),
+        urls: front.urls(),
+        spawned: Arc::default(),
         calls: Arc::default(),
         stop: Arc::new(AtomicBool::new(false)),
         started: Instant::now(),
@@ -1225,11 +1261,14 @@ async fn run(
 }
 
 /// One `code-review` call after another, each recorded, from `from` until the run stops or
-/// `until`; after a failed call, a pause of `pause`.
+/// `until`; after a failed call, a pause of `pause`. The callers take the router's front doors
+/// in turn (ramp-shared has one per caller sidecar).
 #[derive(Clone)]
 struct Caller {
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-    url: String,
+    urls: Vec<String>,
+    /// Callers spawned so far: the next one takes the next front door.
+    spawned: Arc<AtomicUsize>,
     calls: Arc<Mutex<Vec<Call>>>,
     stop: Arc<AtomicBool>,
     started: Instant,
@@ -1238,19 +1277,24 @@ struct Caller {
 
 impl Caller {
     fn spawn(&self, from: Duration, until: Option<Duration>) -> tokio::task::JoinHandle<()> {
+        let k = self.spawned.fetch_add(1, Ordering::Relaxed);
         let Caller {
             client,
-            url,
+            urls,
             calls,
             stop,
             started,
             pause,
+            ..
         } = self.clone();
         tokio::spawn(async move {
+            let Some(url) = urls.iter().cycle().nth(k) else {
+                return;
+            };
             tokio::time::sleep_until(tokio::time::Instant::from_std(started + from)).await;
             while !stop.load(Ordering::Relaxed) && until.is_none_or(|u| started.elapsed() < u) {
                 let sent = Instant::now();
-                let request = hyper::Request::post(&url)
+                let request = hyper::Request::post(url)
                     .header("reach-capability", CAP)
                     .body(Full::new(Bytes::from_static(b"def f(): pass")));
                 let ok = match request {
@@ -1535,7 +1579,7 @@ fn extra(scenario: Scenario, seconds: u64, o: &Observed) -> Option<Extra> {
                 ramp_failed: failed_sent(back, forever),
             })
         }
-        Scenario::Ramp => {
+        Scenario::Ramp | Scenario::RampShared => {
             let all: Vec<&Call> = o.calls.iter().collect();
             Some(Extra::Ramp {
                 refused_caller: o.refusals.map(|r| r.0),
@@ -1577,9 +1621,11 @@ enum Kind {
     },
 }
 
-/// agent-reach: the caller's sidecar (the gossip seed) and one sidecar per agent slot.
+/// agent-reach: the caller's sidecar (the gossip seed), ramp-shared's other caller sidecars,
+/// and one sidecar per agent slot.
 struct Reach {
     caller: Sidecar,
+    other_callers: Vec<Sidecar>,
     sidecars: Vec<Option<Sidecar>>,
     key: PathBuf,
     policy: Policy,
@@ -1589,6 +1635,11 @@ struct Reach {
 }
 
 impl Reach {
+    /// Every caller sidecar, the seed first.
+    fn callers(&self) -> impl Iterator<Item = &Sidecar> {
+        std::iter::once(&self.caller).chain(&self.other_callers)
+    }
+
     /// A sidecar for the agent in `slot`, joining the fleet through the caller's sidecar.
     async fn sidecar(
         &self,
@@ -1659,14 +1710,22 @@ impl Front {
                 if router == REACH_NO_PREDICTION {
                     policy.estimates.horizon = agent_reach::config::HumanDuration(Duration::ZERO);
                 }
+                let nowhere = SocketAddr::from(([127, 0, 0, 1], 9));
                 let caller = start_sidecar(
-                    Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])?
-                        .with_gossip(&[], key.clone()),
+                    Bootstrap::local("caller", nowhere, &[])?.with_gossip(&[], key.clone()),
                     policy.clone(),
                 )
                 .await?;
+                let seed: Vec<SocketAddr> = caller.addrs.gossip.into_iter().collect();
+                let mut other_callers = Vec::new();
+                for i in 2..=scenario.caller_sidecars() {
+                    let b = Bootstrap::local(&format!("caller-{i}"), nowhere, &[])?
+                        .with_gossip(&seed, key.clone());
+                    other_callers.push(start_sidecar(b, policy.clone()).await?);
+                }
                 let mut reach = Reach {
                     caller,
+                    other_callers,
                     sidecars: (0..agents.len()).map(|_| None).collect(),
                     key,
                     policy,
@@ -1688,13 +1747,25 @@ impl Front {
                     }
                     reach.sidecars[i] = Some(sidecar);
                 }
-                // Ready when the caller knows every agent by gossip.
+                // Ready when every caller knows every agent by gossip (other callers offer no
+                // capability: they do not count).
                 let deadline = Instant::now() + Duration::from_secs(20);
-                while reach.caller.status().peers.len() < live {
+                let agents_known = |s: &Sidecar| {
+                    s.status()
+                        .peers
+                        .iter()
+                        .filter(|p| p.capabilities.iter().any(|c| c == CAP))
+                        .count()
+                };
+                while let Some(short) = reach
+                    .callers()
+                    .map(agents_known)
+                    .filter(|n| *n < live)
+                    .min()
+                {
                     if Instant::now() > deadline {
                         return Err(format!(
-                            "the caller found {} of {live} agents by gossip within 20 s",
-                            reach.caller.status().peers.len()
+                            "a caller found {short} of {live} agents by gossip within 20 s"
                         ));
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1757,38 +1828,44 @@ impl Front {
             relay,
             endpoints,
         };
-        // Ready when a call goes through.
+        // Ready when a call goes through every front door.
         let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
         let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let request = hyper::Request::post(front.url())
-                .header("reach-capability", CAP)
-                .body(Full::new(Bytes::from_static(b"x")))
-                .map_err(|e| e.to_string())?;
-            if let Ok(Ok(r)) =
-                tokio::time::timeout(Duration::from_secs(2), client.request(request)).await
-            {
-                if r.status() == 200 {
-                    break;
+        for url in front.urls() {
+            loop {
+                let request = hyper::Request::post(&url)
+                    .header("reach-capability", CAP)
+                    .body(Full::new(Bytes::from_static(b"x")))
+                    .map_err(|e| e.to_string())?;
+                if let Ok(Ok(r)) =
+                    tokio::time::timeout(Duration::from_secs(2), client.request(request)).await
+                {
+                    if r.status() == 200 {
+                        break;
+                    }
                 }
+                if Instant::now() > deadline {
+                    front.stop().await;
+                    return Err(format!("the router did not answer at {url} within 20 s"));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            if Instant::now() > deadline {
-                front.stop().await;
-                return Err("the router did not answer within 20 s".into());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Ok(front)
     }
 
-    fn url(&self) -> String {
-        let port = match &self.kind {
-            Kind::Reach(r) => r.caller.addrs.outbound.port(),
+    /// Where callers send their calls: one URL, or one per caller sidecar.
+    fn urls(&self) -> Vec<String> {
+        let ports: Vec<u16> = match &self.kind {
+            Kind::Reach(r) => r.callers().map(|c| c.addrs.outbound.port()).collect(),
             Kind::Baseline { port, .. } | Kind::Haproxy { port, .. } | Kind::Envoy { port, .. } => {
-                *port
+                vec![*port]
             }
         };
-        format!("http://127.0.0.1:{port}/review")
+        ports
+            .into_iter()
+            .map(|port| format!("http://127.0.0.1:{port}/review"))
+            .collect()
     }
 
     fn break_path(&self) {
@@ -1909,21 +1986,20 @@ impl Front {
         )
     }
 
-    /// agent-reach: attempts refused as saturated (429, or 503 `saturated`) as the caller's
-    /// sidecar counted them over every peer, and as the sidecar of the agent in `slot` did.
+    /// agent-reach: attempts refused as saturated (429, or 503 `saturated`) as the callers'
+    /// sidecars counted them over every peer, all together, and as the sidecar of the agent in
+    /// `slot` did.
     fn refusals(&self, slot: usize) -> Option<(u64, u64)> {
         let Kind::Reach(r) = &self.kind else {
             return None;
         };
-        let at_caller = r
-            .caller
-            .status()
-            .peer_views
-            .iter()
+        let at_callers = r
+            .callers()
+            .flat_map(|c| c.status().peer_views)
             .map(|p| p.outcomes.refused + p.outcomes.shed)
             .sum();
         let at_agent = r.sidecars.get(slot)?.as_ref()?.status().inbound.rejected;
-        Some((at_caller, at_agent))
+        Some((at_callers, at_agent))
     }
 
     fn final_status(&self) -> Option<String> {
@@ -1941,9 +2017,15 @@ impl Front {
         match kind {
             Kind::Reach(r) => {
                 let Reach {
-                    caller, sidecars, ..
+                    caller,
+                    other_callers,
+                    sidecars,
+                    ..
                 } = *r;
                 caller.kill().await;
+                for c in other_callers {
+                    c.kill().await;
+                }
                 for s in sidecars.into_iter().flatten() {
                     s.kill().await;
                 }
