@@ -1225,6 +1225,8 @@ async fn run(
         let _ = w.await;
     }
     if let (Some(d), Some(status)) = (&options.diag, front.final_status()) {
+        // `agent-reach/h0` names a file, not a folder.
+        let router = router.replace('/', "-");
         let name = |what: &str| d.join(format!("{}-{router}-{what}", scenario.name()));
         let _ = std::fs::write(name("timeline.jsonl"), diag.join("\n"));
         let _ = std::fs::write(name("status.json"), status);
