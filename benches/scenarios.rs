@@ -68,7 +68,15 @@
 //!   each peer exactly and at once, so a peer's prediction tells it nothing new; here each caller
 //!   sidecar learns of the other three's load on the weak agent only from the agent's gossiped
 //!   view, which is where a published trend could help. Same measures; refusals at the callers
-//!   are summed over the four.
+//!   are summed over the four. Measured (`cargo bench --bench scenarios -- --only ramp-shared`,
+//!   four full runs each way, 2-core machine shared with other builds): with prediction refused
+//!   126/271/136/235 at the callers, 12/28/16/20 at the weak agent, weak share 6.7–8.0 %, p95
+//!   130–135 ms; without, 191/226/127/159, 17/16/19/11, 7.1–7.9 %, 128–136 ms; no failed call.
+//!   No difference beyond the run-to-run spread. Why (`--diag`): the weak agent's saturation is
+//!   0, 0.5 or 1 (whole calls over a pool of 2) and its published prediction never once rose
+//!   above it (the others' ran at most 0.09 ahead); from half way the 64 callers offer more than
+//!   the fleet's 26 slots, every agent reads 1.0 now and predicted (a full pool is 1.0 whatever
+//!   its queue), so nothing is left to rank by (docs/reach-model.md, "Predicted saturation").
 //!
 //! Per scenario and router it prints the task failure rate, mean and p95 latency, p95 against the
 //! same router's healthy run (the goal is ≤ 1.3×), *bad out after* (from the fault to the end of
