@@ -881,6 +881,9 @@ fn moved(a: &Live, b: &Live) -> bool {
         || a.cap.abs_diff(b.cap) >= 50
         || a.availability.abs_diff(b.availability) >= 50
         || a.saturation.abs_diff(b.saturation) >= 100
+        // Callers score with the prediction too (docs/reach-model.md, "Predicted saturation"):
+        // a climb it foresees must travel before the saturation itself moves.
+        || a.saturation_predicted.abs_diff(b.saturation_predicted) >= 100
         || far(a.latency_ms, b.latency_ms)
         || a.profile_seq != b.profile_seq
 }
