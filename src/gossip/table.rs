@@ -15,7 +15,7 @@ use tokio::time::{Duration, Instant};
 use super::clock::Clock;
 use super::envelope::Rejected;
 use super::model;
-use super::status::Stats;
+use super::stats::Stats;
 use super::wire::{self, Body, Decoded, Item, Live, NodeId, Profile};
 
 /// How long a dead member stays listed (as `down`) in `/status`.
