@@ -27,6 +27,7 @@ pub mod outbound;
 pub mod peers;
 pub mod pki;
 pub mod probe;
+pub mod quality;
 pub mod rate_limit;
 pub mod reach;
 pub mod redact;

@@ -155,6 +155,11 @@ enum Command {
         #[command(subcommand)]
         hook: Hook,
     },
+    /// Golden-task baselines (`quality:` on a capability).
+    Baseline {
+        #[command(subcommand)]
+        action: BaselineAction,
+    },
     /// Run a local fleet of mock agents with their sidecars and show routing at work.
     Demo {
         /// How long to drive traffic.
@@ -192,6 +197,23 @@ enum TasksAction {
         /// Who did it.
         #[arg(long)]
         by: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BaselineAction {
+    /// Send each golden task once to the local agent and write its answer as the task's
+    /// baseline (relative paths beside the bootstrap). Exit 1 if any could not be written.
+    Record {
+        /// The bootstrap file that declares the golden tasks.
+        #[arg(long, env = "AGENT_REACH_CONFIG")]
+        config: PathBuf,
+        /// The fleet policy file (timeouts); all defaults when omitted.
+        #[arg(long, env = "AGENT_REACH_POLICY")]
+        policy: Option<PathBuf>,
+        /// Only this capability's golden tasks.
+        #[arg(long)]
+        capability: Option<String>,
     },
 }
 
@@ -294,6 +316,14 @@ fn main() -> ExitCode {
             }
         }
         Command::MockAgent { listen, name } => mock_agent(listen, &name),
+        Command::Baseline {
+            action:
+                BaselineAction::Record {
+                    config,
+                    policy,
+                    capability,
+                },
+        } => record_baselines(&config, policy.as_deref(), capability.as_deref()),
         Command::Demo {
             duration,
             concurrency,
@@ -364,6 +394,9 @@ fn check_file(path: &Path) -> Result<String, String> {
     match kind {
         FileKind::Bootstrap => {
             let bootstrap = config::parse_bootstrap(path, &text).map_err(|e| e.to_string())?;
+            if let Some(golden) = check_baselines(path, &bootstrap)? {
+                summary = format!("{summary}; {golden}");
+            }
             if let Some(files) = &bootstrap.tls {
                 let tls = check_tls(&files.resolved(path.parent()))
                     .map_err(|e| format!("{}: tls: {e}", path.display()))?;
@@ -615,6 +648,90 @@ fn live(admin: std::net::SocketAddr) -> bool {
     }
     let mut head = [0u8; 12];
     stream.read_exact(&mut head).is_ok() && head.ends_with(b" 200")
+}
+
+/// `agent-reach baseline record`: one answer per golden task, written where the task's
+/// `baseline` says.
+fn record_baselines(config: &Path, policy: Option<&Path>, only: Option<&str>) -> ExitCode {
+    let loaded = config::load_bootstrap(config).and_then(|bootstrap| {
+        let policy = policy.map(config::load_policy).transpose()?;
+        Ok((bootstrap, policy.unwrap_or_default()))
+    });
+    let (bootstrap, policy) = match loaded {
+        Ok(loaded) => loaded,
+        Err(err) => {
+            eprintln!("{err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let snapshot = config::Snapshot::new(bootstrap, policy, 0);
+    let chosen: Vec<_> = snapshot
+        .bootstrap
+        .agent
+        .capabilities
+        .iter()
+        .filter(|c| c.quality.is_some() && only.is_none_or(|n| c.name.as_str() == n))
+        .collect();
+    if chosen.is_empty() {
+        eprintln!(
+            "{}: no capability{} has golden tasks (`quality:`)",
+            config.display(),
+            only.map(|n| format!(" named `{n}`")).unwrap_or_default()
+        );
+        return ExitCode::FAILURE;
+    }
+    let runtime = match runtime(Some(1)) {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let failed = runtime.block_on(async {
+        let client = agent_reach::http::client::AgentClient::new(&snapshot.policy);
+        let mut failed = false;
+        for capability in &chosen {
+            let Some(spec) = &capability.quality else {
+                continue;
+            };
+            for written in agent_reach::quality::record(&client, &snapshot, capability, spec).await
+            {
+                match written {
+                    Ok(path) => println!("{}: wrote {}", capability.name, path.display()),
+                    Err(err) => {
+                        eprintln!("{}: {err}", capability.name);
+                        failed = true;
+                    }
+                }
+            }
+        }
+        failed
+    });
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Every golden task's baseline as a run would read it: present, readable, JSON where compared
+/// as JSON. All problems at once, so one `check` lists every baseline still to record.
+fn check_baselines(path: &Path, bootstrap: &config::Bootstrap) -> Result<Option<String>, String> {
+    let mut tasks = 0usize;
+    let mut problems = Vec::new();
+    for capability in &bootstrap.agent.capabilities {
+        for task in capability.quality.iter().flat_map(|q| &q.tasks) {
+            tasks += 1;
+            if let Err(err) = agent_reach::quality::check_baseline(task) {
+                problems.push(format!(
+                    "{}: agent.capabilities[`{}`].quality: {err}",
+                    path.display(),
+                    capability.name
+                ));
+            }
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("\n"));
+    }
+    Ok((tasks > 0).then(|| format!("{tasks} golden task(s) with their baselines")))
 }
 
 fn mock_agent(listen: std::net::SocketAddr, name: &str) -> ExitCode {

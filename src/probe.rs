@@ -5,7 +5,7 @@
 //! traffic for the sidecar's CPU. Why business requests and not `/healthz`: a fake-online agent
 //! answers `/healthz` while its model backend answers 429 (`docs/reach-model.md`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +62,8 @@ async fn run(
     let mut due: HashMap<String, Instant> = HashMap::new();
     // Capability → when its last probe ran.
     let mut ran: HashMap<String, Instant> = HashMap::new();
+    // Capability → when its golden tasks are next due. New capabilities run at once.
+    let mut golden_due: HashMap<String, Instant> = HashMap::new();
     // While the agent refuses connections: when to try connecting again.
     let mut next_connect = Instant::now();
     loop {
@@ -135,7 +137,45 @@ async fn run(
             }
             local.probed(record, signal);
         }
+        run_golden_tasks(&client, &snapshot, &local, &mut golden_due).await;
     }
+}
+
+/// Runs the golden tasks of each capability whose run is due (`crate::quality`). They share the
+/// probes' thread and their rule: never the agent's last free slot, asked before every task.
+async fn run_golden_tasks(
+    client: &AgentClient,
+    snapshot: &Snapshot,
+    local: &LocalAgent,
+    due: &mut HashMap<String, Instant>,
+) {
+    let now = Instant::now();
+    for capability in &snapshot.bootstrap.agent.capabilities {
+        let Some(spec) = &capability.quality else {
+            continue;
+        };
+        let name = capability.name.as_str();
+        if due.get(name).is_some_and(|at| now < *at) {
+            continue;
+        }
+        due.insert(name.to_owned(), now + spec.interval.get().max(TICK));
+        // An agent out of rotation is the probes' business; its answers say nothing now.
+        if local.barred(snapshot).is_some() {
+            continue;
+        }
+        let report = crate::quality::run(client, snapshot, capability, spec, || {
+            !saturated(snapshot, local)
+        })
+        .await;
+        local.quality_ran(report);
+    }
+}
+
+/// Whether one more request would take the agent's last free slot (or there is none).
+fn saturated(snapshot: &Snapshot, local: &LocalAgent) -> bool {
+    let limit = snapshot.bootstrap.agent.max_concurrency.get();
+    let load = local.load();
+    load.in_flight + load.queued + 1 >= limit.max(2) && load.in_flight > 0
 }
 
 /// What a TCP connect to the agent found.
@@ -180,10 +220,8 @@ fn skip_reason(
     interval: Duration,
     now: Instant,
 ) -> Option<&'static str> {
-    let limit = snapshot.bootstrap.agent.max_concurrency.get();
-    let load = local.load();
     // Never take the last free slot: a probe must not turn away real work.
-    if load.in_flight + load.queued + 1 >= limit.max(2) && load.in_flight > 0 {
+    if saturated(snapshot, local) {
         return Some("skipped_saturated");
     }
     if state == State::Healthy && traffic.vouches(now, interval) {
@@ -230,28 +268,55 @@ async fn send(
     snapshot: &Snapshot,
     spec: &ProbeSpec,
 ) -> Result<(Class, StatusCode, String), (String, bool)> {
-    let method = Method::from_bytes(spec.method.as_bytes())
-        .map_err(|_| (format!("bad method `{}`", spec.method), false))?;
+    let request = AgentRequest {
+        method: &spec.method,
+        path: &spec.path,
+        headers: &spec.headers,
+        body: spec.body.as_deref(),
+        marker: "1",
+    };
+    send_to_agent(client, snapshot, request).await
+}
+
+/// A request the sidecar itself sends to its agent: a probe or a golden task.
+pub(crate) struct AgentRequest<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub headers: &'a BTreeMap<String, String>,
+    pub body: Option<&'a str>,
+    /// The `reach-probe` header's value, so the agent can tell these from production work.
+    pub marker: &'static str,
+}
+
+/// Sends `request` straight to the local agent; on failure, why and whether the connection was
+/// refused.
+pub(crate) async fn send_to_agent(
+    client: &AgentClient,
+    snapshot: &Snapshot,
+    request: AgentRequest<'_>,
+) -> Result<(Class, StatusCode, String), (String, bool)> {
+    let method = Method::from_bytes(request.method.as_bytes())
+        .map_err(|_| (format!("bad method `{}`", request.method), false))?;
     let mut builder = Request::builder()
         .method(method)
         .uri(format!(
             "{}://{}{}",
             client.scheme(),
             snapshot.bootstrap.agent.address,
-            spec.path
+            request.path
         ))
         .header(
             http::header::HOST,
             snapshot.bootstrap.agent.address.as_str(),
         )
-        .header("reach-probe", "1");
-    for (k, v) in &spec.headers {
+        .header("reach-probe", request.marker);
+    for (k, v) in request.headers {
         builder = builder.header(k.as_str(), v.as_str());
     }
-    let request = builder
-        .body(body::full(spec.body.clone().unwrap_or_default()))
+    let built = builder
+        .body(body::full(request.body.unwrap_or_default().to_owned()))
         .map_err(|e| (format!("bad probe request: {e}"), false))?;
-    let response = client.request(request).await.map_err(|e| {
+    let response = client.request(built).await.map_err(|e| {
         let failure = client::describe(&e);
         let kind = if failure.connect {
             "connect"

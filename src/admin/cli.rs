@@ -81,7 +81,8 @@ pub fn render(doc: &Value) -> String {
         out,
         "agent {} · {} · cap {} · saturation {} (predicted {}) · in flight {}/{} · queued {} · {} · config gen {} · v{}",
         text(&doc["agent"]["name"]),
-        text(&own["state"]),
+        // An older sidecar's document has no `self_state`: its own `state` then.
+        text(doc.get("self_state").unwrap_or(&own["state"])),
         pct(own["cap"].as_f64()),
         pct(own["saturation"].as_f64()),
         pct(own["saturation_predicted"].as_f64()),
@@ -92,6 +93,35 @@ pub fn render(doc: &Value) -> String {
         text(&doc["config_generation"]),
         text(&doc["version"]),
     );
+    for q in doc["quality"].as_array().into_iter().flatten() {
+        let differing: Vec<&str> = q["tasks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|t| {
+                let differs = t["differing"].as_array().into_iter().flatten();
+                differs.chain(t.get("error")).filter_map(Value::as_str)
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "golden tasks {} · similarity {} (threshold {}){} · {} ago{}",
+            text(&q["capability"]),
+            pct(q["similarity"].as_f64()),
+            pct(q["threshold"].as_f64()),
+            if q["degraded"].as_bool() == Some(true) {
+                " DEGRADED"
+            } else {
+                ""
+            },
+            secs(q["age_s"].as_f64()),
+            if differing.is_empty() {
+                String::new()
+            } else {
+                format!(" · differs: {}", differing.join(", "))
+            },
+        );
+    }
     if let Some(e) = doc.get("reload_error").filter(|e| !e.is_null()) {
         let _ = writeln!(
             out,

@@ -51,7 +51,12 @@ pub struct Status {
     /// This agent's own view of itself: state, cap and every estimate.
     #[serde(rename = "self")]
     pub self_view: ViewSnapshot,
+    /// The own state as shown: `degraded` in place of `healthy` while golden tasks drift.
+    pub self_state: &'static str,
     pub last_probe: Option<ProbeRecord>,
+    /// Each capability's last golden-task run: similarity per task and what differed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quality: Vec<crate::quality::QualityStatus>,
     pub load: Load,
     pub inbound: StatsSnapshot,
     /// Stored responses for `idempotency-key` replays, against their byte budget.
@@ -144,13 +149,16 @@ impl Admin {
         transitions.extend(self.peers.transitions());
         transitions.sort_by(|a, b| a.age_s.total_cmp(&b.age_s));
         transitions.truncate(TRANSITIONS_KEPT);
+        let self_view = self.local.refresh().0;
         Status {
+            self_state: self_view.shown_state(),
+            quality: self.local.quality(),
             // The admin port listens on every address: a probe's credentials are not shown.
             agent: crate::redact::profile(
                 &snapshot.bootstrap.agent,
                 &snapshot.policy.redact_headers,
             ),
-            self_view: self.local.refresh().0,
+            self_view,
             last_probe: self.local.last_probe(),
             peer_views: self.peers.status(&snapshot),
             load: self.inbound.load(),

@@ -192,8 +192,9 @@ fn this_agent(out: &mut String, status: &Status) {
          <div class=\"card\"><div class=\"k\">served (inbound)</div><div class=\"v\">{served} / {requests}</div>\
          <div class=\"s\">p50 {p50} · p95 {p95} · {failures} failed · {timeouts} timed out · {rejected} turned away</div></div>\
          <div class=\"card wide\"><div class=\"k\">last probe</div><div class=\"v small\">{probe}</div></div>\
-         </div></section>",
-        state = pill(v.state),
+         {quality}</div></section>",
+        state = shown_pill(v),
+        quality = quality_card(status),
         since = duration(v.state_age_s),
         cap = pct(v.cap),
         capbar = bar(v.cap, false),
@@ -558,6 +559,44 @@ fn sparkline(
     )
 }
 
+/// The own state's pill: `degraded` in place of `healthy` while golden tasks drift.
+fn shown_pill(v: &crate::reach::ViewSnapshot) -> String {
+    format!("<span class=\"pill {s}\">{s}</span>", s = v.shown_state())
+}
+
+/// Each capability's last golden-task run: its similarity against the threshold, and what
+/// differed from the baselines.
+fn quality_card(status: &Status) -> String {
+    if status.quality.is_empty() {
+        return String::new();
+    }
+    let mut rows = String::new();
+    for q in &status.quality {
+        let r = &q.report;
+        let similarity = r.similarity.map_or("—".to_owned(), pct);
+        let class = if r.degraded { "bad" } else { "good" };
+        let differing: Vec<String> = r
+            .tasks
+            .iter()
+            .flat_map(|t| t.differing.iter().chain(t.error.iter()))
+            .map(|d| esc(d))
+            .collect();
+        let _ = write!(
+            rows,
+            "<div><b>{name}</b> <span class=\"{class}\">{similarity}</span> (threshold {threshold}, {age}){differs}</div>",
+            name = esc(&r.capability),
+            threshold = pct(r.threshold),
+            age = age(q.age_s),
+            differs = if differing.is_empty() {
+                String::new()
+            } else {
+                format!(" · differs: {}", differing.join(", "))
+            },
+        );
+    }
+    format!("<div class=\"card wide\"><div class=\"k\">golden tasks</div><div class=\"v small\">{rows}</div></div>")
+}
+
 fn pill(state: State) -> String {
     format!("<span class=\"pill {s}\">{s}</span>", s = state.as_str())
 }
@@ -654,6 +693,7 @@ table.kv th{width:180px;text-transform:none;font-size:13px}
 .good{color:var(--good)}.warn{color:var(--warn)}.bad{color:var(--bad);font-weight:600}
 .pill{display:inline-block;padding:1px 9px;border-radius:999px;font-size:12px;font-weight:600;border:1px solid transparent}
 .pill.healthy{color:var(--good);background:var(--good-bg);border-color:#aceebb}
+.pill.degraded{color:var(--warn);background:var(--warn-bg);border-color:#f5e0a0}
 .pill.parole{color:var(--info);background:var(--info-bg);border-color:#b6e3ff}
 .pill.recovering{color:var(--warn);background:var(--warn-bg);border-color:#f5e0a0}
 .pill.probation{color:var(--orange);background:var(--orange-bg);border-color:#ffd8b5}

@@ -10,6 +10,7 @@ use super::bounds::{ms, secs, Row, Rule, DAY, HOUR, MS, ZERO};
 use super::duration::HumanDuration;
 use super::mesh::TlsFiles;
 use super::output_schema::OutputSchema;
+use super::quality::QualitySpec;
 use super::scalar::{self, Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 use super::tasks::TasksConfig;
 use crate::identity::SpiffeId;
@@ -106,6 +107,9 @@ pub(super) const RULES: &[Row] = &[
     ("agent.capabilities[].probe.timeout", Rule::Span(MS, HOUR)),
     // A JSON Schema (any shape) or a file's path: checked when it is compiled.
     ("agent.capabilities[].output_schema", Rule::Any),
+    // Golden tasks are real work for the agent: no faster than a probe.
+    ("agent.capabilities[].quality.interval", Rule::Span(ms(100), DAY)),
+    ("agent.capabilities[].quality.threshold", Rule::Real(0.0, 1.0)),
     ("gossip.probe_interval", Rule::Span(ms(10), HOUR)),
     ("gossip.probe_timeout", Rule::Span(MS, HOUR)),
     ("gossip.suspect_timeout", Rule::Span(ms(10), HOUR)),
@@ -408,6 +412,10 @@ pub struct Capability {
     /// one): the callee's sidecar answers `502 invalid_output` for one that does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<OutputSchema>,
+    /// Golden tasks compared with recorded baselines: an agent whose answers drift is
+    /// `degraded` (`docs/reach-model.md`, "Quality and `degraded`").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<QualitySpec>,
     /// Set when the capability was imported from the agent's A2A card, never from a file.
     #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub card: Option<SkillFacts>,
@@ -427,6 +435,7 @@ impl Capability {
             probe: None,
             paths: Vec::new(),
             output_schema: None,
+            quality: None,
             card: None,
         }
     }
@@ -553,6 +562,17 @@ impl Bootstrap {
             }
         }
         Ok(())
+    }
+
+    /// Makes the golden tasks' relative baseline paths relative to `base` (the bootstrap's
+    /// directory). A missing baseline is not an error here: `check` reports it, and the runner
+    /// skips the task until `agent-reach baseline record` writes it.
+    pub(super) fn resolve_baselines(&mut self, base: Option<&Path>) {
+        for cap in &mut self.agent.capabilities {
+            if let Some(quality) = &mut cap.quality {
+                quality.resolve(base);
+            }
+        }
     }
 
     /// A bootstrap for a sidecar on loopback with OS-assigned ports: what tests and the demo use.

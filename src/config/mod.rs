@@ -7,6 +7,7 @@ mod intents;
 mod mesh;
 mod output_schema;
 mod policy;
+mod quality;
 #[cfg(test)]
 mod rule_tables;
 mod scalar;
@@ -33,6 +34,7 @@ pub use policy::{
     RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, ValidationPolicy,
     WeightSets, Zones,
 };
+pub use quality::{Compare, GoldenTask, QualitySpec};
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 pub use tasks::{EscalationPolicy, QueueRounds, StoreLocation, TasksConfig};
 pub use watch::{spawn_watcher, OnReload};
@@ -101,6 +103,7 @@ pub fn parse_bootstrap(path: &Path, text: &str) -> Result<Bootstrap, ConfigError
     // Schema files are read now, beside the bootstrap, so `check` and a reload refuse a
     // missing or broken one like any other bad value.
     let base = path.parent().filter(|p| !p.as_os_str().is_empty());
+    bootstrap.resolve_baselines(base);
     if let Err((capability, written, message)) = bootstrap.resolve_schemas(base) {
         let (line, column) = yaml::locate(text, &written);
         return Err(ConfigError::Invalid {

@@ -123,6 +123,7 @@ pub(super) const RULES: &[Row] = &[
     ("states.healthy.failures", Rule::Whole(1, 1_000_000)),
     ("states.healthy.min_score", Rule::Real(-1000.0, 1000.0)),
     ("states.probation.cap", Rule::Real(0.0, 1.0)),
+    ("states.degraded.cap", Rule::Real(0.0, 1.0)),
     ("states.probation.window", Rule::Span(MS, DAY)),
     ("states.probation.recover_rate", Rule::Real(0.0, 1.0)),
     ("states.probation.min_samples", Rule::Whole(1, 1_000_000)),
@@ -294,6 +295,8 @@ impl Default for WeightSets {
 pub struct StatesPolicy {
     pub parole: ParoleStates,
     pub healthy: HealthyStates,
+    /// A healthy agent whose golden tasks drifted from their baselines.
+    pub degraded: DegradedStates,
     pub probation: ProbationStates,
     pub ejected: EjectedStates,
     pub recovering: RecoveringStates,
@@ -316,6 +319,13 @@ pub struct HealthyStates {
     pub failures: u32,
     /// A healthy agent whose score falls below this goes on probation.
     pub min_score: f64,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DegradedStates {
+    /// The share of traffic a degraded agent may take: it still answers, less well.
+    pub cap: Fraction,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -358,6 +368,9 @@ impl Default for StatesPolicy {
                 failures: d.healthy_failures,
                 min_score: -1.0,
             },
+            degraded: DegradedStates {
+                cap: Fraction(d.degraded_cap),
+            },
             probation: ProbationStates {
                 cap: Fraction(d.probation_cap),
                 window: HumanDuration(d.probation_window),
@@ -388,6 +401,7 @@ impl StatesPolicy {
             parole_duration: self.parole.duration.get(),
             parole_failures: self.parole.failures.max(1),
             healthy_failures: self.healthy.failures.max(1),
+            degraded_cap: self.degraded.cap.0,
             probation_cap: self.probation.cap.0,
             probation_window: self.probation.window.get(),
             recover_rate: self.probation.recover_rate.0,
@@ -417,7 +431,8 @@ macro_rules! default_from_states {
         }
     )*};
 }
-default_from_states!(ParoleStates => parole, HealthyStates => healthy, ProbationStates => probation,
+default_from_states!(ParoleStates => parole, HealthyStates => healthy, DegradedStates => degraded,
+    ProbationStates => probation,
     EjectedStates => ejected, RecoveringStates => recovering);
 
 /// Zone distance, added to a candidate's cost.

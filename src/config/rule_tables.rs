@@ -38,6 +38,9 @@ fn full_bootstrap() -> Value {
         cap["paths"] = vec![Value::from("/review")].into();
         cap["probe"]["expect_json"] =
             serde_yaml::from_str("{ pointer: /ok, value: true }").unwrap_or_default();
+        let quality =
+            "{ interval: 1h, threshold: 0.8, tasks: [{ path: /review, baseline: b.json }] }";
+        cap["quality"] = serde_yaml::from_str(quality).unwrap_or_default();
     }
     doc
 }

@@ -16,6 +16,7 @@ pub use admission::{Admission, AdmissionLimits, Load, Refusal, Slot};
 
 use crate::config::{ConfigStore, RouteMode, SchemaDigest, SkillFacts, Snapshot};
 use crate::metrics::Metrics;
+use crate::quality::{QualityStatus, RunReport};
 use crate::reach::{
     self, ReachView, Signal, Transition, TransitionLog, TransitionRecord, ViewSnapshot,
 };
@@ -110,6 +111,8 @@ struct Inner {
     /// …unless it failed or was refused since.
     last_trouble: Option<Instant>,
     reported_in_flight: Option<(usize, Instant)>,
+    /// Capability → its last golden-task run and when it ran.
+    quality: BTreeMap<String, (RunReport, Instant)>,
 }
 
 impl LocalAgent {
@@ -125,6 +128,7 @@ impl LocalAgent {
                 last_success: None,
                 last_trouble: None,
                 reported_in_flight: None,
+                quality: BTreeMap::new(),
             }),
             probe_now: AtomicBool::new(false),
             prober_running: AtomicBool::new(true),
@@ -179,6 +183,55 @@ impl LocalAgent {
         inner.last_probe = Some(record);
         drop(inner);
         self.transitioned(t);
+    }
+
+    /// A golden-task run's report. A run that judged no task leaves the last verdict standing
+    /// (with this run's task errors shown); capabilities that lost their golden tasks in a
+    /// reload are forgotten.
+    pub fn quality_ran(&self, mut report: RunReport) {
+        let snapshot = self.store.snapshot();
+        let agent = &snapshot.bootstrap.agent;
+        if let Some(similarity) = report.similarity {
+            self.metrics.quality(&report.capability, similarity);
+        }
+        let mut inner = self.lock();
+        inner
+            .quality
+            .retain(|name, _| agent.capability(name).is_some_and(|c| c.quality.is_some()));
+        if report.similarity.is_none() {
+            if let Some((last, _)) = inner.quality.get(&report.capability) {
+                report.similarity = last.similarity;
+                report.degraded = last.degraded;
+            }
+        }
+        inner
+            .quality
+            .insert(report.capability.clone(), (report, Instant::now()));
+        let mark = crate::quality::mark(inner.quality.values().map(|(r, _)| r));
+        let changed = inner.view.set_quality(mark);
+        drop(inner);
+        if changed {
+            let now_degraded = mark.is_some_and(|m| m.degraded);
+            tracing::info!(
+                view = "self",
+                agent = %agent.name,
+                similarity = mark.map_or(1.0, |m| m.similarity),
+                degraded = now_degraded,
+                "quality verdict changed"
+            );
+        }
+    }
+
+    /// The last golden-task run of each capability that has golden tasks.
+    pub fn quality(&self) -> Vec<QualityStatus> {
+        self.lock()
+            .quality
+            .values()
+            .map(|(report, at)| QualityStatus {
+                report: report.clone(),
+                age_s: at.elapsed().as_secs_f64(),
+            })
+            .collect()
     }
 
     /// Out because the agent refuses connections: the prober checks it every `fast_interval`.

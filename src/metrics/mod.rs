@@ -39,6 +39,7 @@ pub const SELF_STATE: &str = "reach_self_state";
 pub const SELF_SATURATION: &str = "reach_self_saturation_ratio";
 pub const SELF_SATURATION_PREDICTED: &str = "reach_self_saturation_predicted_ratio";
 pub const SELF_AVAILABILITY: &str = "reach_self_availability_ratio";
+pub const QUALITY_SIMILARITY: &str = "reach_quality_similarity_ratio";
 pub const PEERS: &str = "reach_peers";
 pub const PEER_REQUESTS_TOTAL: &str = peers::PEER_REQUESTS_TOTAL;
 pub const PEER_SCORE: &str = peers::PEER_SCORE;
@@ -197,7 +198,11 @@ const GAUGES: &[(&str, &str)] = &[
     ),
     (
         SELF_STATE,
-        "1 for the state this agent's own view is in, 0 for the others.",
+        "1 for the state this agent's own view is in, 0 for the others; `degraded` stands in for `healthy` while its golden tasks drift.",
+    ),
+    (
+        QUALITY_SIMILARITY,
+        "The last golden-task run's mean similarity to the baselines in 0..1, by capability.",
     ),
     (
         SELF_SATURATION,
@@ -469,12 +474,10 @@ impl Metrics {
 
     pub fn self_view(&self, view: &ViewSnapshot) {
         self.with(|| {
-            for state in State::ALL {
-                gauge!(SELF_STATE, "state" => state.as_str()).set(if state == view.state {
-                    1.0
-                } else {
-                    0.0
-                });
+            let shown = view.shown_state();
+            let names = State::ALL.iter().map(|s| s.as_str()).chain(["degraded"]);
+            for name in names {
+                gauge!(SELF_STATE, "state" => name).set(if name == shown { 1.0 } else { 0.0 });
             }
             gauge!(SELF_SATURATION).set(view.estimates.saturation);
             gauge!(SELF_SATURATION_PREDICTED).set(view.estimates.saturation_predicted);
@@ -540,6 +543,12 @@ impl Metrics {
                 histogram!(PROBE_DURATION, "capability" => capability).record(d.as_secs_f64());
             }
         });
+    }
+
+    /// A golden-task run's mean similarity.
+    pub fn quality(&self, capability: &str, similarity: f64) {
+        let capability = capability.to_owned();
+        self.with(|| gauge!(QUALITY_SIMILARITY, "capability" => capability).set(similarity));
     }
 
     pub fn retry(&self, capability: &str, reason: &'static str) {

@@ -28,6 +28,10 @@ pub enum Mode {
     /// A plausible fake: business calls get 200 with a JSON body of the wrong shape (no `ok`
     /// field), what an agent's output schema is there to catch.
     WrongShape,
+    /// Quality drift: business calls still get a 200 of the right shape, but the `language`
+    /// field changed and the `summary` text is about nothing the request asked — what golden
+    /// tasks compared with a baseline are there to catch (probes and traffic pass).
+    Drift,
 }
 
 impl FromStr for Mode {
@@ -42,6 +46,7 @@ impl FromStr for Mode {
             "hang" => Ok(Mode::Hang),
             "long-tasks" => Ok(Mode::LongTasks),
             "wrong-shape" | "plausible-fake" => Ok(Mode::WrongShape),
+            "drift" => Ok(Mode::Drift),
             _ => match text.strip_prefix("crash-after") {
                 Some(n) => n
                     .trim_start_matches(['=', ' ', ':'])
@@ -49,7 +54,7 @@ impl FromStr for Mode {
                     .map(Mode::CrashAfter)
                     .map_err(|_| format!("`{text}`: crash-after needs a count, e.g. crash-after=5")),
                 None => Err(format!(
-                    "unknown mode `{text}` (normal, rate-limited, slow, locked, hang, long-tasks, wrong-shape, crash-after=N)"
+                    "unknown mode `{text}` (normal, rate-limited, slow, locked, hang, long-tasks, wrong-shape, drift, crash-after=N)"
                 )),
             },
         }
@@ -66,6 +71,7 @@ impl fmt::Display for Mode {
             Mode::Hang => f.write_str("hang"),
             Mode::LongTasks => f.write_str("long-tasks"),
             Mode::WrongShape => f.write_str("wrong-shape"),
+            Mode::Drift => f.write_str("drift"),
             Mode::CrashAfter(n) => write!(f, "crash-after={n}"),
         }
     }

@@ -3,7 +3,8 @@
 //! Business calls (any path but the ones below) behave by mode; `/healthz` answers 200 in every
 //! mode, which is exactly what makes an agent "fake online". `PUT /admin/mode` switches the mode
 //! at run time so a scenario can break and heal an agent (`wrong-shape`: a 200 whose JSON lacks
-//! the `ok` field every other answer has, for output validation). [`MockAgent::start_with`] adds a
+//! the `ok` field every other answer has, for output validation; `drift`: the right shape, a
+//! changed `language` and a `summary` about something else, for golden tasks). [`MockAgent::start_with`] adds a
 //! [`Workload`]: a worker pool whose excess calls wait in the agent's own queue, a fixed seed for
 //! the agent's random draws, and the share and length of `long-tasks` calls.
 
@@ -321,6 +322,14 @@ async fn business_inner(state: &State, req: Request<Incoming>) -> Response<Reach
                 serde_json::json!({ "agent": name, "path": path, "answer": "SELECT * FROM users -- looks right, is not" }),
             );
         }
+        Mode::Drift => {
+            pause(state.config.latency.at(state.draw())).await;
+            return json(
+                StatusCode::OK,
+                serde_json::json!({ "ok": true, "agent": name, "path": path, "received_bytes": received,
+                    "language": "und", "summary": "Sorry, I am unable to assist with that today." }),
+            );
+        }
         Mode::Normal => {}
     }
     pause(state.config.latency.at(state.draw())).await;
@@ -340,10 +349,13 @@ async fn pause(d: Duration) {
     }
 }
 
+/// A good answer: the same for the same request, so a golden task's baseline holds.
 fn ok(name: &str, path: &str, received: usize) -> Response<ReachBody> {
+    let summary = format!("Read {received} bytes for {path} and answered them in full.");
     json(
         StatusCode::OK,
-        serde_json::json!({ "ok": true, "agent": name, "path": path, "received_bytes": received }),
+        serde_json::json!({ "ok": true, "agent": name, "path": path, "received_bytes": received,
+            "language": "en", "summary": summary }),
     )
 }
 
@@ -421,6 +433,8 @@ mod tests {
         assert_eq!("wrong-shape".parse::<Mode>(), Ok(Mode::WrongShape));
         assert_eq!("plausible-fake".parse::<Mode>(), Ok(Mode::WrongShape));
         assert_eq!(Mode::WrongShape.to_string(), "wrong-shape");
+        assert_eq!("drift".parse::<Mode>(), Ok(Mode::Drift));
+        assert_eq!(Mode::Drift.to_string(), "drift");
         assert_eq!(l.at(0.0), l.min);
         assert_eq!(l.at(1.0), l.max);
     }

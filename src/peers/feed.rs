@@ -81,6 +81,7 @@ pub fn self_view(member: &Member, live: &Live) -> SelfView {
                 age_s: None,
                 stale: false,
             },
+            quality: None,
         },
         in_flight: live.in_flight as usize,
         queued: live.queued as usize,

@@ -3,6 +3,11 @@
 //! parole → healthy → probation → ejected → recovering (ramp) → healthy, plus draining. The same
 //! machine runs in an agent's own sidecar (fed by inbound traffic and probes) and in every caller
 //! for every peer (fed by what that caller sees).
+//!
+//! `degraded` (golden tasks drifted from their baselines) is an overlay on these states, not a
+//! seventh: it caps the share and is shown in place of `healthy`, while the machine's transitions
+//! and every wire that carries a [`State`] stay as they were (`docs/reach-model.md`, "Quality and
+//! `degraded`").
 
 use std::time::Duration;
 
@@ -69,6 +74,8 @@ pub struct StateParams {
     pub parole_duration: Duration,
     pub parole_failures: u32,
     pub healthy_failures: u32,
+    /// The cap of an agent whose golden tasks drifted (policy `states.degraded.cap`).
+    pub degraded_cap: f64,
     pub probation_cap: f64,
     pub probation_window: Duration,
     pub recover_rate: f64,
@@ -92,6 +99,7 @@ impl Default for StateParams {
             parole_duration: Duration::from_secs(30),
             parole_failures: 3,
             healthy_failures: 3,
+            degraded_cap: 0.5,
             probation_cap: 0.2,
             probation_window: Duration::from_secs(30),
             recover_rate: 0.9,
@@ -105,6 +113,31 @@ impl Default for StateParams {
             recovering_failures: 2,
             refusals_as_failure: 3,
         }
+    }
+}
+
+/// What the last golden-task run said of the agent's answers.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct QualityMark {
+    /// Mean similarity to the baselines, 0..1 (the lowest over capabilities with golden tasks).
+    pub similarity: f64,
+    /// Below a capability's threshold: the share is capped at `states.degraded.cap`.
+    pub degraded: bool,
+}
+
+impl QualityMark {
+    /// What a caller multiplies a capability-match factor by: answers half as close to the
+    /// baseline make the agent half as good a match.
+    pub fn match_factor(mark: Option<QualityMark>) -> f64 {
+        mark.map_or(1.0, |m| m.similarity.clamp(0.0, 1.0))
+    }
+}
+
+/// The name shown for a state under a quality mark: `degraded` in place of `healthy`.
+pub fn shown(state: State, quality: Option<QualityMark>) -> &'static str {
+    match (state, quality) {
+        (State::Healthy, Some(q)) if q.degraded => "degraded",
+        _ => state.as_str(),
     }
 }
 
@@ -134,6 +167,8 @@ pub struct StateMachine {
     /// Recovering from a restart (it refused connections, now it accepts them): the ramp is
     /// short, because the cause is known and gone; a misbehaving agent ramps over `ramp`.
     restarted: bool,
+    /// The last golden-task verdict: caps the share while degraded, and never moves the state.
+    quality: Option<QualityMark>,
 }
 
 /// The longest ramp after a restart: a restarted agent takes a fair share within seconds.
@@ -153,6 +188,7 @@ impl StateMachine {
             probe_gated,
             unreachable: false,
             restarted: false,
+            quality: None,
         }
     }
 
@@ -182,8 +218,30 @@ impl StateMachine {
         self.probe_gated = gated;
     }
 
+    pub fn quality(&self) -> Option<QualityMark> {
+        self.quality
+    }
+
+    /// A golden-task run's verdict (`None`: the agent has no golden tasks any more). Returns
+    /// whether `degraded` changed. Quality alone never moves the state: a drifting agent is
+    /// worth less, not broken, and failures still take it to probation as from healthy.
+    pub fn set_quality(&mut self, mark: Option<QualityMark>) -> bool {
+        let was = self.quality.is_some_and(|q| q.degraded);
+        self.quality = mark;
+        was != mark.is_some_and(|q| q.degraded)
+    }
+
     /// The share of traffic this agent may take now, in 0..1.
     pub fn cap(&self, now: Instant, p: &StateParams) -> f64 {
+        let cap = self.state_cap(now, p);
+        if self.quality.is_some_and(|q| q.degraded) {
+            cap.min(p.degraded_cap)
+        } else {
+            cap
+        }
+    }
+
+    fn state_cap(&self, now: Instant, p: &StateParams) -> f64 {
         match self.state {
             State::Parole => p.parole_cap,
             State::Healthy => 1.0,
@@ -669,6 +727,45 @@ mod tests {
             None,
             "only from healthy"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn degraded_caps_the_share_without_moving_the_state() {
+        let mut m = healthy(true);
+        let now = Instant::now();
+        let drifted = QualityMark {
+            similarity: 0.4,
+            degraded: true,
+        };
+        assert!(m.set_quality(Some(drifted)));
+        assert_eq!(
+            m.state(),
+            State::Healthy,
+            "quality alone never moves the state"
+        );
+        assert_eq!(shown(m.state(), m.quality()), "degraded");
+        assert_eq!(m.cap(now, &p()), 0.5);
+        // Failures still go to probation as from healthy, and the lower cap wins there.
+        assert_eq!(
+            m.on(Event::ProbeFailed, now, &p()).map(|t| t.to),
+            Some(State::Probation)
+        );
+        assert_eq!(shown(m.state(), m.quality()), "probation");
+        assert_eq!(m.cap(now, &p()), 0.2);
+        let mut m = healthy(true);
+        m.set_quality(Some(drifted));
+        let recovered = QualityMark {
+            similarity: 0.95,
+            degraded: false,
+        };
+        assert!(m.set_quality(Some(recovered)), "back above the threshold");
+        assert_eq!(
+            (shown(m.state(), m.quality()), m.cap(now, &p())),
+            ("healthy", 1.0)
+        );
+        assert!(!m.set_quality(None));
+        assert_eq!(QualityMark::match_factor(Some(drifted)), 0.4);
+        assert_eq!(QualityMark::match_factor(None), 1.0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -4,7 +4,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::estimate::{EstimateParams, EstimateSnapshot, Estimates, Signal};
-use super::state::{Event, State, StateMachine, StateParams, Transition};
+use super::state::{Event, QualityMark, State, StateMachine, StateParams, Transition};
 
 /// Availability a newly seen agent starts with: it is on parole, neither trusted nor distrusted.
 const PAROLE_AVAILABILITY: f64 = 0.7;
@@ -24,6 +24,16 @@ pub struct ViewSnapshot {
     pub state_age_s: f64,
     #[serde(flatten)]
     pub estimates: EstimateSnapshot,
+    /// The last golden-task verdict, for an agent that has golden tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<QualityMark>,
+}
+
+impl ViewSnapshot {
+    /// The state as shown: `degraded` in place of a `healthy` whose answers drifted.
+    pub fn shown_state(&self) -> &'static str {
+        super::state::shown(self.state, self.quality)
+    }
 }
 
 impl ReachView {
@@ -106,6 +116,11 @@ impl ReachView {
         self.machine.state()
     }
 
+    /// A golden-task run's verdict; whether `degraded` changed.
+    pub fn set_quality(&mut self, mark: Option<QualityMark>) -> bool {
+        self.machine.set_quality(mark)
+    }
+
     pub fn cap(&self, now: Instant, sp: &StateParams) -> f64 {
         self.machine.cap(now, sp)
     }
@@ -149,6 +164,7 @@ impl ReachView {
                 .saturating_duration_since(self.machine.since())
                 .as_secs_f64(),
             estimates,
+            quality: self.machine.quality(),
         }
     }
 }
