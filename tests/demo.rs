@@ -111,6 +111,24 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     assert!(slow["share_after"].as_f64().unwrap() < 0.10, "{slow}");
     assert_eq!(slow["failed"], 0, "{slow}");
 
+    // Quality drift: degraded within about a run, its share down, no call failed, back after.
+    let q = &summary["quality"];
+    assert_eq!(q["similarity_before"], 1.0, "{q}");
+    assert!(
+        q["similarity_drifted"].as_f64().unwrap() < q["threshold"].as_f64().unwrap(),
+        "{q}"
+    );
+    assert!(q["degraded_after_ms"].as_f64().is_some(), "{q}");
+    assert!(q["caller_saw_after_ms"].as_f64().is_some(), "{q}");
+    assert!(q["share_before"].as_f64().unwrap() > 0.15, "{q}");
+    assert!(
+        q["share_degraded"].as_f64().unwrap() < q["share_before"].as_f64().unwrap() / 2.0,
+        "{q}"
+    );
+    assert_eq!(q["failed"], 0, "{q}");
+    assert!(q["recovered_after_ms"].as_f64().is_some(), "{q}");
+    assert_eq!(q["similarity_recovered"], 1.0, "{q}");
+
     // Membership by gossip: a crash leaves every table, a newcomer joins on parole and ramps up.
     let m = &summary["membership"];
     assert!(
@@ -201,6 +219,7 @@ fn demo_prints_a_table() {
         "caller saw",
         "hostile input",
         "slow agent",
+        "quality drift",
         "membership by gossip",
         "predicted saturation",
         "scale signal",

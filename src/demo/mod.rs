@@ -3,7 +3,8 @@
 //! outbound port. Partway through, one agent goes fake-online the seeds' way (`/healthz` 200,
 //! business calls 429) and later heals; the summary shows it leave rotation and ramp back in
 //! while the caller's calls keep succeeding. Then a retry storm, then a stranger's hostile input,
-//! then one agent ten times slower, then a crash and a newcomer whose sidecar is set up by the
+//! then one agent ten times slower, then one whose answers drift from its golden tasks' baselines
+//! (degraded, not ejected), then a crash and a newcomer whose sidecar is set up by the
 //! injector from its pod's annotations, as in Kubernetes. Every sidecar hop is mutual TLS; last,
 //! the policy turns strict with per-capability authorization and an intruder is refused. Last,
 //! callers come and go in steps while every sidecar reports the fleet's demand ratio.
@@ -16,6 +17,7 @@ mod injected;
 mod membership;
 mod observed;
 mod predict;
+mod quality;
 mod report;
 mod scale;
 mod slow;
@@ -36,6 +38,7 @@ pub use injected::Injection;
 pub use membership::MembershipSummary;
 pub use observed::ObserveSummary;
 pub use predict::PredictSummary;
+pub use quality::QualitySummary;
 pub use report::render_table;
 pub use scale::ScaleSummary;
 pub use slow::SlowSummary;
@@ -91,6 +94,8 @@ pub struct DemoSummary {
     pub hostile: HostileSummary,
     /// One agent ten times slower: its share before and after.
     pub slow: SlowSummary,
+    /// One agent's answers drift from its golden tasks' baselines: degraded, share down, back.
+    pub quality: QualitySummary,
     /// A crash and a newcomer, found and forgotten by gossip.
     pub membership: MembershipSummary,
     /// Strict mutual TLS and per-capability authorization: an intruder refused.
@@ -496,6 +501,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
     let storm = storm::run(&fleet, options.duration.mul_f64(0.4), options.concurrency).await;
     let hostile = hostile::run(&fleet, Duration::from_secs(2), options.concurrency).await;
     let slow = slow::run(&fleet, options.concurrency).await;
+    let quality = quality::run(&fleet, options.concurrency).await?;
     let membership = membership::run(
         &mut fleet,
         membership::act_length(options.duration),
@@ -521,6 +527,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         storm,
         hostile,
         slow,
+        quality,
         membership,
         authorization,
         tasks,

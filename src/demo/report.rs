@@ -217,6 +217,32 @@ pub fn render_table(s: &DemoSummary) -> String {
         sl.failed,
         sl.calls
     ));
+    let q = &s.quality;
+    let opt = |x: Option<f64>, f: fn(f64) -> String| x.map_or_else(|| "—".to_owned(), f);
+    let sim = |x: f64| format!("{x:.2}");
+    let ms = |x: f64| format!("{x:.0} ms");
+    out.push_str(&format!(
+        "\nquality drift: {}'s answers drifted from its golden tasks' baselines (still 200, same shape; differs: {})\n",
+        q.agent,
+        if q.differing.is_empty() { "—".to_owned() } else { q.differing.join(", ") }
+    ));
+    out.push_str(&format!(
+        "  similarity {} → {} (threshold {:.2}): degraded after {}, the caller saw it after {}; its share {:.1}% → {:.1}%; {} of {} calls failed\n",
+        opt(q.similarity_before, sim),
+        opt(q.similarity_drifted, sim),
+        q.threshold,
+        opt(q.degraded_after_ms, ms),
+        opt(q.caller_saw_after_ms, ms),
+        q.share_before * 100.0,
+        q.share_degraded * 100.0,
+        q.failed,
+        q.calls
+    ));
+    out.push_str(&format!(
+        "  answers back: healthy after {} (similarity {})\n",
+        opt(q.recovered_after_ms, ms),
+        opt(q.similarity_recovered, sim)
+    ));
     let m = &s.membership;
     out.push_str(&format!(
         "\nmembership by gossip: the fleet found itself from one seed in {:.0} ms\n",
