@@ -7,6 +7,7 @@
 
 pub mod a2a;
 pub mod admin;
+pub mod agent_request;
 pub mod app;
 pub mod classify;
 pub mod config;

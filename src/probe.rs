@@ -5,19 +5,18 @@
 //! traffic for the sidecar's CPU. Why business requests and not `/healthz`: a fake-online agent
 //! answers `/healthz` while its model backend answers 429 (`docs/reach-model.md`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
+use http::StatusCode;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::agent_request::{self, AgentRequest};
 use crate::classify::Class;
 use crate::config::{Capability, ConfigStore, ProbeSpec, Snapshot};
-use crate::http::body;
-use crate::http::client::{self, AgentClient};
+use crate::http::client::AgentClient;
 use crate::local::{LocalAgent, ProbeRecord, Traffic};
 use crate::metrics::Metrics;
 use crate::reach::{Signal, State};
@@ -275,68 +274,7 @@ async fn send(
         body: spec.body.as_deref(),
         marker: "1",
     };
-    send_to_agent(client, snapshot, request).await
-}
-
-/// A request the sidecar itself sends to its agent: a probe or a golden task.
-pub(crate) struct AgentRequest<'a> {
-    pub method: &'a str,
-    pub path: &'a str,
-    pub headers: &'a BTreeMap<String, String>,
-    pub body: Option<&'a str>,
-    /// The `reach-probe` header's value, so the agent can tell these from production work.
-    pub marker: &'static str,
-}
-
-/// Sends `request` straight to the local agent; on failure, why and whether the connection was
-/// refused.
-pub(crate) async fn send_to_agent(
-    client: &AgentClient,
-    snapshot: &Snapshot,
-    request: AgentRequest<'_>,
-) -> Result<(Class, StatusCode, String), (String, bool)> {
-    let method = Method::from_bytes(request.method.as_bytes())
-        .map_err(|_| (format!("bad method `{}`", request.method), false))?;
-    let mut builder = Request::builder()
-        .method(method)
-        .uri(format!(
-            "{}://{}{}",
-            client.scheme(),
-            snapshot.bootstrap.agent.address,
-            request.path
-        ))
-        .header(
-            http::header::HOST,
-            snapshot.bootstrap.agent.address.as_str(),
-        )
-        .header("reach-probe", request.marker);
-    for (k, v) in request.headers {
-        builder = builder.header(k.as_str(), v.as_str());
-    }
-    let built = builder
-        .body(body::full(request.body.unwrap_or_default().to_owned()))
-        .map_err(|e| (format!("bad probe request: {e}"), false))?;
-    let response = client.request(built).await.map_err(|e| {
-        let failure = client::describe(&e);
-        let kind = if failure.connect {
-            "connect"
-        } else {
-            "upstream"
-        };
-        (
-            format!("{kind} error: {}", failure.message),
-            failure.refused,
-        )
-    })?;
-    let status = response.status();
-    let class = Class::of_response(&response);
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| (format!("body error: {e}"), false))?
-        .to_bytes();
-    Ok((class, status, String::from_utf8_lossy(&bytes).into_owned()))
+    agent_request::send(client, snapshot, request).await
 }
 
 /// A probe passes on the status, body and JSON it expects. A miss is a failure, unless the

@@ -45,10 +45,7 @@ pub struct QualitySummary {
     pub failed: u64,
 }
 
-pub(super) async fn run(
-    fleet: &Fleet,
-    concurrency: usize,
-) -> Result<QualitySummary, DemoError> {
+pub(super) async fn run(fleet: &Fleet, concurrency: usize) -> Result<QualitySummary, DemoError> {
     let (agent, sidecar) = &fleet.agents[DRIFTING];
     let name = agent.name().to_owned();
     let spec = golden(

@@ -7,9 +7,9 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::compare::{self, Compared};
+use crate::agent_request::{self, AgentRequest};
 use crate::config::{Capability, GoldenTask, QualitySpec, Snapshot};
 use crate::http::client::AgentClient;
-use crate::probe::{send_to_agent, AgentRequest};
 
 /// The `reach-probe` value golden tasks carry: sidecar traffic, not production work.
 const MARKER: &str = "golden";
@@ -171,7 +171,7 @@ async fn answer(
         body: task.body.as_deref(),
         marker: MARKER,
     };
-    match tokio::time::timeout(timeout, send_to_agent(client, snapshot, request)).await {
+    match tokio::time::timeout(timeout, agent_request::send(client, snapshot, request)).await {
         Err(_) => Err(TaskError::Timeout(timeout)),
         Ok(Err((message, _))) => Err(TaskError::Send(message)),
         Ok(Ok((_, status, text))) => Ok((status.as_u16(), text)),
