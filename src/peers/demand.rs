@@ -123,6 +123,7 @@ mod tests {
                     age_s: None,
                     stale: false,
                 },
+                quality: None,
             },
             in_flight,
             queued: 0,
