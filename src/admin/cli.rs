@@ -207,6 +207,13 @@ fn peer_row(p: &Value) -> [String; 8] {
                 probe["reason"].as_str().unwrap_or("unknown")
             ));
         }
+        let quality = &own["view"]["quality"];
+        if quality["degraded"].as_bool() == Some(true) {
+            why.push(format!(
+                "its answers drift: similarity {:.2}",
+                quality["similarity"].as_f64().unwrap_or(0.0)
+            ));
+        }
     }
     if let Some(t) = p.get("last_transition").filter(|t| !t.is_null()) {
         why.push(format!(
@@ -222,9 +229,15 @@ fn peer_row(p: &Value) -> [String; 8] {
     } else {
         why.join("; ")
     };
+    let state = text(&p["effective_state"]);
+    let degraded = own["view"]["quality"]["degraded"].as_bool() == Some(true);
     [
         text(&p["name"]),
-        text(&p["effective_state"]),
+        if degraded && state == "healthy" {
+            "degraded".to_owned()
+        } else {
+            state
+        },
         pct(p["effective_cap"].as_f64()),
         p["last_score"]
             .as_f64()
@@ -299,5 +312,42 @@ mod tests {
             "{out}"
         );
         assert!(lines[3].contains("90.0% (9/10)"), "{out}");
+    }
+
+    #[test]
+    fn a_drifting_agent_shows_degraded_with_what_differs() {
+        let doc = serde_json::json!({
+            "agent": { "name": "drifter" },
+            "self": { "state": "healthy", "cap": 0.5, "quality": { "similarity": 0.25, "degraded": true } },
+            "self_state": "degraded",
+            "quality": [{ "capability": "summarize", "similarity": 0.25, "threshold": 0.8,
+                          "degraded": true, "age_s": 3.0,
+                          "tasks": [{ "differing": ["/language", "/summary"] }] }],
+            "load": { "in_flight": 0, "queued": 0, "limit": 4 },
+            "peer_views": [
+                { "name": "a", "effective_state": "healthy", "effective_cap": 0.5,
+                  "view": { "state": "healthy" },
+                  "self_view": { "view": { "state": "healthy",
+                                           "quality": { "similarity": 0.25, "degraded": true } } } }
+            ]
+        });
+        let out = render(&doc);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].starts_with("agent drifter · degraded · cap 50%"),
+            "{out}"
+        );
+        assert_eq!(
+            lines[1],
+            "golden tasks summarize · similarity 25% (threshold 80%) DEGRADED · 3s ago · differs: /language, /summary"
+        );
+        assert!(
+            lines[3].starts_with("a  ") && lines[3].contains("degraded"),
+            "{out}"
+        );
+        assert!(
+            lines[3].contains("its answers drift: similarity 0.25"),
+            "{out}"
+        );
     }
 }

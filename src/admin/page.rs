@@ -293,7 +293,7 @@ fn peer_table(out: &mut String, peers: &[&PeerStatus], history: &BTreeMap<String
             state = p.effective_state.as_str(),
             name = esc(&p.name),
             address = esc(&p.address),
-            pill = pill(p.effective_state),
+            pill = peer_pill(p),
             since = duration(p.view.state_age_s),
             cap = pct(p.effective_cap),
             capbar = bar(p.effective_cap, false),
@@ -595,6 +595,15 @@ fn quality_card(status: &Status) -> String {
         );
     }
     format!("<div class=\"card wide\"><div class=\"k\">golden tasks</div><div class=\"v small\">{rows}</div></div>")
+}
+
+/// A peer's pill: `degraded` in place of `healthy` when its own view says its answers drift.
+fn peer_pill(p: &PeerStatus) -> String {
+    let quality = p.self_view.as_ref().and_then(|s| s.view.quality);
+    format!(
+        "<span class=\"pill {s}\">{s}</span>",
+        s = crate::reach::shown(p.effective_state, quality)
+    )
 }
 
 fn pill(state: State) -> String {
