@@ -322,6 +322,8 @@ fn live(i: usize) -> Live {
         in_flight: (i % 8) as u32,
         queued: 0,
         saturation_predicted: (i % 10) as u16 * 100,
+        quality_milli: None,
+        degraded: false,
     }
 }
 

@@ -85,6 +85,8 @@ fn live(busy: bool) -> Live {
         in_flight: 2,
         queued: 0,
         saturation_predicted: 0,
+        quality_milli: None,
+        degraded: false,
     }
 }
 

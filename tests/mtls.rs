@@ -662,6 +662,8 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
         in_flight: 0,
         queued: 0,
         saturation_predicted: 0,
+        quality_milli: None,
+        degraded: false,
     });
     let knows = |name: &'static str| {
         let a = &a;

@@ -96,6 +96,8 @@ fn live(state: State, in_flight: u32) -> Live {
         in_flight,
         queued: 0,
         saturation_predicted: 0,
+        quality_milli: None,
+        degraded: false,
     }
 }
 

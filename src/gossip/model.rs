@@ -64,6 +64,10 @@ pub struct Live {
     pub queued: u32,
     /// The saturation expected a horizon ahead, in thousandths.
     pub saturation_predicted: u16,
+    /// The last golden-task similarity in thousandths, when the agent has golden tasks.
+    pub quality_milli: Option<u16>,
+    /// Its answers drifted: shown as `degraded` in place of `healthy`, capped lower.
+    pub degraded: bool,
 }
 
 // Every match below is exhaustive: a new state or mode in the model does not compile until it
@@ -201,6 +205,8 @@ impl From<Live> for wire::Live {
             in_flight: l.in_flight,
             queued: l.queued,
             saturation_predicted: l.saturation_predicted,
+            quality_milli: l.quality_milli,
+            degraded: l.degraded,
         }
     }
 }
@@ -222,6 +228,8 @@ impl From<wire::Live> for Live {
             in_flight: l.in_flight,
             queued: l.queued,
             saturation_predicted: l.saturation_predicted,
+            quality_milli: l.quality_milli,
+            degraded: l.degraded,
         }
     }
 }
@@ -283,6 +291,8 @@ mod tests {
             in_flight: 2,
             queued: 1,
             saturation_predicted: 400,
+            quality_milli: Some(250),
+            degraded: true,
         };
         assert_eq!(Live::from(wire::Live::from(live)), live);
     }

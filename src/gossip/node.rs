@@ -863,9 +863,12 @@ impl Node {
     }
 }
 
-/// A change callers must hear of at once: the state, busy, cooling down.
+/// A change callers must hear of at once: the state, degraded, busy, cooling down.
 fn urgent(a: &Live, b: &Live) -> bool {
-    a.state != b.state || a.busy != b.busy || a.cooling_down != b.cooling_down
+    a.state != b.state
+        || a.degraded != b.degraded
+        || a.busy != b.busy
+        || a.cooling_down != b.cooling_down
 }
 
 /// A change worth a message: the state, or a figure that moves a score.

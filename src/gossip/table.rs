@@ -622,6 +622,8 @@ mod tests {
             in_flight: 0,
             queued: 0,
             saturation_predicted: 0,
+            quality_milli: None,
+            degraded: false,
         })
     }
 

@@ -8,7 +8,7 @@ use crate::config::Snapshot;
 use crate::gossip::{milli, unmilli, Capability as WireCapability};
 use crate::gossip::{Live, Member, Membership, Profile};
 use crate::local::{PublishedCapability, SelfView};
-use crate::reach::{EstimateSnapshot, ViewSnapshot};
+use crate::reach::{EstimateSnapshot, QualityMark, ViewSnapshot};
 use crate::registry::{Peer, Registry};
 
 use super::PeerViews;
@@ -81,7 +81,10 @@ pub fn self_view(member: &Member, live: &Live) -> SelfView {
                 age_s: None,
                 stale: false,
             },
-            quality: None,
+            quality: live.quality_milli.map(|q| QualityMark {
+                similarity: unmilli(q),
+                degraded: live.degraded,
+            }),
         },
         in_flight: live.in_flight as usize,
         queued: live.queued as usize,
@@ -127,6 +130,8 @@ pub fn live(view: &SelfView) -> Live {
         availability: milli(e.availability),
         saturation: milli(e.saturation),
         saturation_predicted: milli(e.saturation_predicted),
+        quality_milli: view.view.quality.map(|q| milli(q.similarity)),
+        degraded: view.view.quality.is_some_and(|q| q.degraded),
         latency_ms: ms(e.latency_ms),
         p50_ms: ms(e.p50_ms),
         p95_ms: ms(e.p95_ms),

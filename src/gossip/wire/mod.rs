@@ -110,8 +110,8 @@ impl ItemKind {
             // 2: `identity` appended. 3: each capability's `output_schema` digest appended.
             // 4: each capability's A2A `skill` facts appended.
             Self::Profile => 4,
-            // 2: `saturation_predicted` appended.
-            Self::Live => 2,
+            // 2: `saturation_predicted` appended. 3: `quality_milli` and `degraded` appended.
+            Self::Live => 3,
         }
     }
 }
@@ -185,6 +185,11 @@ pub struct Live {
     /// The saturation expected a horizon ahead, in thousandths (v2); an older item reads as its
     /// `saturation`: no prediction.
     pub saturation_predicted: u16,
+    /// The last golden-task similarity in thousandths, for an agent that has golden tasks (v3).
+    pub quality_milli: Option<u16>,
+    /// Its answers drifted below the threshold (v3). `state` stays `healthy` for such an agent:
+    /// an older sidecar would refuse a new state value, and reads it as healthy with its cap.
+    pub degraded: bool,
 }
 
 /// An agent's state in the reach model, as the wire says it.
@@ -339,7 +344,9 @@ impl Live {
         w.put(&self.cooling_down)?;
         w.put(&self.in_flight)?;
         w.put(&self.queued)?;
-        w.put(&self.saturation_predicted)
+        w.put(&self.saturation_predicted)?;
+        w.put(&self.quality_milli)?;
+        w.put(&self.degraded)
     }
 
     pub(crate) fn read(f: &mut Fields<'_>) -> Result<Self, WireError> {
@@ -357,6 +364,8 @@ impl Live {
         let in_flight = f.take()?;
         let queued = f.take()?;
         let saturation_predicted = f.since(2)?.unwrap_or(saturation);
+        let quality_milli = f.since(3)?.flatten();
+        let degraded = f.since(3)?.unwrap_or(false);
         Ok(Self {
             profile_seq,
             state,
@@ -372,6 +381,8 @@ impl Live {
             in_flight,
             queued,
             saturation_predicted,
+            quality_milli,
+            degraded,
         })
     }
 }

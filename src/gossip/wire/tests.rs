@@ -26,6 +26,8 @@ fn live() -> Live {
         in_flight: 3,
         queued: 0,
         saturation_predicted: 600,
+        quality_milli: Some(250),
+        degraded: true,
     }
 }
 
@@ -121,8 +123,8 @@ fn every_code_is_distinct_and_reads_back() {
     assert!(AgentState::from_code(6).is_err());
 }
 
-/// The old and the new encoding of `Live` on each other's decoder: this sidecar (version 2) and
-/// the next (`NextLive`, version 3, one field appended).
+/// The old and the new encoding of `Live` on each other's decoder: this sidecar (version 3) and
+/// the next (`NextLive`, version 4, one field appended).
 #[test]
 fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
     let head = live_item();
@@ -131,7 +133,7 @@ fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
         queue_limit: 16,
     };
     let new_bytes = next.encode(&head).unwrap_or_default();
-    assert_eq!(new_bytes[1], 3, "written as version 3");
+    assert_eq!(new_bytes[1], 4, "written as version 4");
     // Old reads new: every field it knows, the appended one ignored.
     assert_eq!(known(decode_item(&new_bytes)), Some(head.clone()));
     // New reads old: the missing field takes its default.
@@ -156,13 +158,14 @@ fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
     );
 }
 
-/// A live view as version 1 wrote it: no `saturation_predicted`.
-fn old_live(item: &Item) -> Vec<u8> {
+/// A live view as version 1 (no `saturation_predicted`) or 2 (no `quality_milli`, `degraded`)
+/// wrote it.
+fn old_live(item: &Item, version: u8) -> Vec<u8> {
     let Body::Live(l) = &item.body else {
         return Vec::new();
     };
     let mut w = Writer::default();
-    let written = write_frame(&mut w, ItemKind::Live.code(), 1, item, |w| {
+    let written = write_frame(&mut w, ItemKind::Live.code(), version, item, |w| {
         w.put(&l.profile_seq)?;
         w.put(&l.state.code())?;
         w.put(&l.state_age_s)?;
@@ -175,7 +178,11 @@ fn old_live(item: &Item) -> Vec<u8> {
         w.put(&l.busy)?;
         w.put(&l.cooling_down)?;
         w.put(&l.in_flight)?;
-        w.put(&l.queued)
+        w.put(&l.queued)?;
+        if version >= 2 {
+            w.put(&l.saturation_predicted)?;
+        }
+        Ok(())
     });
     assert!(written.is_ok());
     w.into_bytes()
@@ -184,11 +191,28 @@ fn old_live(item: &Item) -> Vec<u8> {
 #[test]
 fn a_version_1_live_view_reads_with_no_prediction() {
     let item = live_item();
-    let read = known(decode_item(&old_live(&item)));
+    let read = known(decode_item(&old_live(&item, 1)));
     let expected = Item {
         body: Body::Live(Live {
             // The default: what it sees now is all an older sidecar predicts.
             saturation_predicted: live().saturation,
+            quality_milli: None,
+            degraded: false,
+            ..live()
+        }),
+        ..item
+    };
+    assert_eq!(read, Some(expected));
+}
+
+#[test]
+fn a_version_2_live_view_reads_with_no_quality_mark() {
+    let item = live_item();
+    let read = known(decode_item(&old_live(&item, 2)));
+    let expected = Item {
+        body: Body::Live(Live {
+            quality_milli: None,
+            degraded: false,
             ..live()
         }),
         ..item
@@ -414,7 +438,12 @@ mod properties {
     fn live() -> impl Strategy<Value = Live> {
         let figures = (any::<u64>(), any::<u32>(), any::<[u16; 3]>());
         let latencies = any::<[Option<u32>; 3]>();
-        let rest = (any::<[bool; 2]>(), any::<[u32; 2]>(), any::<u16>());
+        let rest = (
+            any::<[bool; 3]>(),
+            any::<[u32; 2]>(),
+            any::<u16>(),
+            any::<Option<u16>>(),
+        );
         let state = prop::sample::select(AgentState::ALL.to_vec());
         (state, figures, latencies, rest).prop_map(
             |(state, (profile_seq, state_age_s, [cap, availability, saturation]), l, r)| Live {
@@ -432,6 +461,8 @@ mod properties {
                 in_flight: r.1[0],
                 queued: r.1[1],
                 saturation_predicted: r.2,
+                quality_milli: r.3,
+                degraded: r.0[2],
             },
         )
     }
