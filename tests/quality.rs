@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use agent_reach::config::{Compare, GoldenTask, HumanDuration, Policy, QualitySpec, Snapshot};
 use agent_reach::http::client::AgentClient;
-use agent_reach::mock_agent::{MockAgent, MockConfig, Mode};
+use agent_reach::mock_agent::{Latency, MockAgent, MockConfig, Mode};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
 
@@ -65,9 +65,17 @@ async fn status(s: &Sidecar) -> serde_json::Value {
         .json()
 }
 
+/// A mock agent whose calls take long enough that a millisecond of noise between two of them is
+/// inside the pick's tie band: the share then follows the caps and the scores, not the noise.
+fn agent_config(name: &str) -> MockConfig {
+    let mut config = MockConfig::new(name);
+    config.latency = Latency::fixed(Duration::from_millis(25));
+    config
+}
+
 /// An agent behind its sidecar, with golden tasks whose baselines are recorded from it now.
 async fn agent_with_golden_tasks(name: &str, dir: &Path) -> (MockAgent, Sidecar) {
-    let agent = mock(MockConfig::new(name)).await;
+    let agent = mock(agent_config(name)).await;
     let mut bootstrap = Bootstrap::local(name, agent.addr, &[CAP]).unwrap();
     let spec = golden(dir.join(format!("{name}-review.json")));
     let snapshot = Snapshot::new(bootstrap.clone(), policy(), 0);
@@ -108,7 +116,7 @@ fn peer<'a>(doc: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
 async fn a_drifting_agent_is_degraded_loses_share_without_a_failed_call_and_comes_back() {
     let dir = scratch("drift");
     let (drifter, drifter_sidecar) = agent_with_golden_tasks("drifter", &dir).await;
-    let steady = mock(MockConfig::new("steady")).await;
+    let steady = mock(agent_config("steady")).await;
     let steady_sidecar = sidecar_with(
         Bootstrap::local("steady", steady.addr, &[CAP]).unwrap(),
         policy(),
@@ -146,7 +154,7 @@ async fn a_drifting_agent_is_degraded_loses_share_without_a_failed_call_and_come
         },
     )
     .await;
-    let (before, ok) = drive(outbound, 60, [&drifter, &steady]).await;
+    let (before, ok) = drive(outbound, 40, [&drifter, &steady]).await;
     assert!(ok);
     assert!(
         share(before) > 0.2,
@@ -213,7 +221,7 @@ async fn a_drifting_agent_is_degraded_loses_share_without_a_failed_call_and_come
         },
     )
     .await;
-    let (after, ok) = drive(outbound, 60, [&drifter, &steady]).await;
+    let (after, ok) = drive(outbound, 40, [&drifter, &steady]).await;
     assert!(ok, "no call failed: a drifting agent still answers");
     assert!(
         share(after) < share(before) / 2.0,

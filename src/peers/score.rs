@@ -85,6 +85,10 @@ impl PeerViews {
                     // Tags unknown until the peer's profile arrives: neither excluded nor preferred.
                     None => Some(if request.tags.is_empty() { 1.0 } else { 0.5 }),
                 };
+                // A peer whose answers drifted from its golden tasks' baselines is a worse match
+                // by as much (docs/reach-model.md, "Quality and `degraded`").
+                let quality = remote.and_then(|r| r.view.quality);
+                let matched = matched.map(|m| m * reach::QualityMark::match_factor(quality));
                 let timeout = peer.timeout.unwrap_or_else(|| {
                     published.map_or(snapshot.policy.timeouts.request.get(), |c| {
                         // The callee enforces its own timeout and answers 504 naming its agent;

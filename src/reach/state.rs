@@ -126,10 +126,14 @@ pub struct QualityMark {
 }
 
 impl QualityMark {
-    /// What a caller multiplies a capability-match factor by: answers half as close to the
-    /// baseline make the agent half as good a match.
+    /// What a caller multiplies a degraded agent's capability-match factor by: answers half as
+    /// close to the baseline make it half as good a match. Above the threshold, 1: an agent that
+    /// checks its answers is not ranked below one that does not.
     pub fn match_factor(mark: Option<QualityMark>) -> f64 {
-        mark.map_or(1.0, |m| m.similarity.clamp(0.0, 1.0))
+        match mark {
+            Some(m) if m.degraded => m.similarity.clamp(0.0, 1.0),
+            _ => 1.0,
+        }
     }
 }
 
@@ -765,6 +769,7 @@ mod tests {
         );
         assert!(!m.set_quality(None));
         assert_eq!(QualityMark::match_factor(Some(drifted)), 0.4);
+        assert_eq!(QualityMark::match_factor(Some(recovered)), 1.0);
         assert_eq!(QualityMark::match_factor(None), 1.0);
     }
 
