@@ -18,7 +18,7 @@ use crate::config::{ConfigStore, RouteMode, SchemaDigest, SkillFacts, Snapshot};
 use crate::metrics::Metrics;
 use crate::quality::{QualityStatus, RunReport};
 use crate::reach::{
-    self, ReachView, Signal, Transition, TransitionLog, TransitionRecord, ViewSnapshot,
+    self, QualityMark, ReachView, Signal, Transition, TransitionLog, TransitionRecord, ViewSnapshot,
 };
 
 /// Path of the self-view ([`SelfView`]) on every sidecar's inbound port.
@@ -186,18 +186,13 @@ impl LocalAgent {
     }
 
     /// A golden-task run's report. A run that judged no task leaves the last verdict standing
-    /// (with this run's task errors shown); capabilities that lost their golden tasks in a
-    /// reload are forgotten.
+    /// (with this run's task errors shown).
     pub fn quality_ran(&self, mut report: RunReport) {
         let snapshot = self.store.snapshot();
-        let agent = &snapshot.bootstrap.agent;
         if let Some(similarity) = report.similarity {
             self.metrics.quality(&report.capability, similarity);
         }
         let mut inner = self.lock();
-        inner
-            .quality
-            .retain(|name, _| agent.capability(name).is_some_and(|c| c.quality.is_some()));
         if report.similarity.is_none() {
             if let Some((last, _)) = inner.quality.get(&report.capability) {
                 report.similarity = last.similarity;
@@ -207,19 +202,22 @@ impl LocalAgent {
         inner
             .quality
             .insert(report.capability.clone(), (report, Instant::now()));
-        let mark = crate::quality::mark(inner.quality.values().map(|(r, _)| r));
-        let changed = inner.view.set_quality(mark);
+        let changed = settle_quality(&mut inner, &snapshot);
         drop(inner);
-        if changed {
-            let now_degraded = mark.is_some_and(|m| m.degraded);
-            tracing::info!(
-                view = "self",
-                agent = %agent.name,
-                similarity = mark.map_or(1.0, |m| m.similarity),
-                degraded = now_degraded,
-                "quality verdict changed"
-            );
-        }
+        self.quality_changed(changed);
+    }
+
+    fn quality_changed(&self, changed: Option<Option<QualityMark>>) {
+        let Some(mark) = changed else {
+            return;
+        };
+        tracing::info!(
+            view = "self",
+            agent = %self.store.snapshot().bootstrap.agent.name,
+            similarity = mark.map_or(1.0, |m| m.similarity),
+            degraded = mark.is_some_and(|m| m.degraded),
+            "quality verdict changed"
+        );
     }
 
     /// The last golden-task run of each capability that has golden tasks.
@@ -317,6 +315,8 @@ impl LocalAgent {
             &ep,
         );
         let t = inner.view.tick(now, &sp);
+        // Golden tasks removed by a reload take their verdict with them.
+        let quality = settle_quality(&mut inner, &snapshot);
         let view = inner.view.snapshot(now, &ep, &sp);
         let traffic = Traffic {
             last_success: inner.last_success,
@@ -324,6 +324,7 @@ impl LocalAgent {
         };
         drop(inner);
         self.transitioned(t);
+        self.quality_changed(quality);
         (view, traffic)
     }
 
@@ -412,6 +413,17 @@ impl LocalAgent {
     }
 }
 
+/// Forgets the runs of capabilities that lost their golden tasks in a reload, and marks the view
+/// with what the remaining runs say. Returns the new mark when `degraded` changed.
+fn settle_quality(inner: &mut Inner, snapshot: &Snapshot) -> Option<Option<QualityMark>> {
+    let agent = &snapshot.bootstrap.agent;
+    inner
+        .quality
+        .retain(|name, _| agent.capability(name).is_some_and(|c| c.quality.is_some()));
+    let mark = crate::quality::mark(inner.quality.values().map(|(r, _)| r));
+    inner.view.set_quality(mark).then_some(mark)
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -419,7 +431,48 @@ fn millis(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Bootstrap, ConfigPaths, Policy, QualitySpec};
+    use crate::quality::RunReport;
     use crate::reach::{EstimateParams, StateParams};
+
+    #[tokio::test]
+    async fn a_drifted_run_marks_the_view_and_a_reload_without_golden_tasks_clears_it() {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 9));
+        let plain = Bootstrap::local("a", addr, &["summarize"]).unwrap_or_else(|e| panic!("{e}"));
+        let mut golden = plain.clone();
+        golden.agent.capabilities[0].quality = Some(QualitySpec {
+            interval: crate::config::HumanDuration::from_secs(60),
+            threshold: 0.8,
+            tasks: Vec::new(),
+        });
+        let store = Arc::new(ConfigStore::new(
+            golden,
+            Policy::default(),
+            ConfigPaths::default(),
+        ));
+        let local = LocalAgent::new(
+            store.clone(),
+            Arc::new(Metrics::new("a")),
+            Admission::new(1),
+        );
+        let run = |similarity: Option<f64>| RunReport {
+            capability: "summarize".into(),
+            similarity,
+            threshold: 0.8,
+            degraded: similarity.is_some_and(|s| s < 0.8),
+            tasks: Vec::new(),
+        };
+        local.quality_ran(run(Some(0.3)));
+        let mark = local.refresh().0.quality;
+        assert_eq!(mark.map(|m| (m.similarity, m.degraded)), Some((0.3, true)));
+        // A run that judged nothing keeps the verdict.
+        local.quality_ran(run(None));
+        assert_eq!(local.quality()[0].report.similarity, Some(0.3));
+        assert!(local.refresh().0.quality.is_some_and(|m| m.degraded));
+        store.replace(plain, Policy::default());
+        assert_eq!(local.refresh().0.quality, None);
+        assert!(local.quality().is_empty());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn the_self_view_round_trips_through_json() {
