@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{free_port, kib, write};
+use common::{free_port, kib, terminate, write};
 
 /// A key every member and the sidecar share (64 hex characters).
 const KEY: &str = "4d2f0c9a7b1e3a5c6d8e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e";
@@ -430,18 +430,7 @@ fn cpu_ticks(pid: u32) -> f64 {
     field(11) + field(12)
 }
 
-/// SIGTERM first (the sidecar drains and exits), then kill.
+/// The sidecar drains before it exits; 20 s is plenty with no traffic.
 fn stop(child: &mut Child) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    terminate(child, Duration::from_secs(20));
 }

@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{free_port, kib, write};
+use common::{free_port, kib, terminate, write};
 
 const RESPONSE_BYTES: usize = 256 * 1024;
 
@@ -188,20 +188,9 @@ fn start_sidecar(
     None
 }
 
-/// SIGTERM first (the sidecar drains and exits), then kill.
+/// The sidecar drains its in-flight responses before it exits.
 fn stop(child: &mut Child) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    terminate(child, Duration::from_secs(40));
 }
 
 /// An upstream that answers everything with 256 KiB.

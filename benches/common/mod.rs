@@ -5,6 +5,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 pub mod tls;
 
@@ -75,6 +76,22 @@ pub fn kib(pid: u32, field: &str) -> f64 {
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0.0)
+}
+
+/// SIGTERM first (a sidecar drains and exits), then kill once `grace` has passed.
+pub fn terminate(child: &mut Child, grace: Duration) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 pub fn free_port() -> Result<u16, String> {
