@@ -90,6 +90,7 @@ async fn a_climbing_queue_is_predicted_and_scored_before_it_refuses() {
     // The caller scores both: calls it routes go to the strong agent's quick answers (or hang
     // on the weak one, which adds to its climb); either way each is a scoring.
     let mut scored = false;
+    let mut last = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !scored && tokio::time::Instant::now() < deadline {
         let outbound = caller.addrs.outbound;
@@ -107,24 +108,18 @@ async fn a_climbing_queue_is_predicted_and_scored_before_it_refuses() {
             continue;
         };
         // Scored with the peer's prediction, not just its load now: it is not full yet, and
-        // already scores below the strong agent by more than its current load explains. (`own`
-        // was read after the scoring, and the load only climbs: a saturation scored above it
-        // came from the prediction.)
-        if own.saturation < 0.8 && own.saturation_predicted > own.saturation + 0.1 {
-            assert!(
-                weak_factors.saturation > own.saturation + 0.05,
-                "{weak_factors:?} vs {own:?}"
-            );
-            assert!(
-                weak_factors.score < strong_factors.score,
-                "{weak_factors:?} vs {strong_factors:?}"
-            );
-            scored = true;
-        }
+        // already scores below the strong agent by more than its current load explains.
+        // The scoring may have read an older view than `own` (the caller's hung calls time out
+        // and leave, so the load can dip): look again until one scoring shows it.
+        scored = own.saturation < 0.8
+            && own.saturation_predicted > own.saturation + 0.1
+            && weak_factors.saturation > own.saturation + 0.05
+            && weak_factors.score < strong_factors.score;
+        last = format!("{weak_factors:?} vs {own:?}; strong {strong_factors:?}");
     }
     assert!(
         scored,
-        "the caller never scored the weak agent while it climbed"
+        "the caller never scored the weak agent by its prediction while it climbed: {last}"
     );
     assert_eq!(weak.status().inbound.rejected, 0, "nothing refused yet");
     climbing.abort();
