@@ -132,6 +132,16 @@ mod tests {
     }
 
     #[test]
+    fn a_member_claiming_more_than_any_sidecar_can_is_brought_into_range() {
+        let mut huge = agent(State::Healthy, &["review"], usize::MAX, usize::MAX);
+        huge.queued = usize::MAX;
+        crate::peers::sanitize(&mut huge);
+        let honest = agent(State::Healthy, &["review"], 8, 4);
+        let d = &fleet_demand([&huge, &honest])[0];
+        assert_eq!((d.capacity, d.demand), (100_008, 200_004));
+    }
+
+    #[test]
     fn demand_and_capacity_sum_over_the_agents_serving_each_capability() {
         let mut queued = agent(State::Healthy, &["review"], 4, 4);
         queued.queued = 2;

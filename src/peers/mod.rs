@@ -424,6 +424,9 @@ impl PeerViews {
     }
 }
 
+/// The most slots (and calls in flight, and queued) a peer's self-view may claim.
+const MAX_PEER_SLOTS: usize = 100_000;
+
 /// A self-view comes from another process: keep its figures in range before they enter a score,
 /// so a confused or hostile peer cannot give itself an outsized share.
 fn sanitize(remote: &mut SelfView) {
@@ -439,7 +442,12 @@ fn sanitize(remote: &mut SelfView) {
     v.estimates.availability = unit(v.estimates.availability);
     v.estimates.saturation = unit(v.estimates.saturation);
     v.estimates.saturation_predicted = unit(v.estimates.saturation_predicted);
-    remote.max_concurrency = remote.max_concurrency.max(1);
+    // The bounds a sidecar's own bootstrap accepts (`agent.max_concurrency`): a member claiming
+    // more slots, or more calls, than any sidecar can have would skew the fleet's demand ratio
+    // (`demand.rs`) that autoscalers read.
+    remote.max_concurrency = remote.max_concurrency.clamp(1, MAX_PEER_SLOTS);
+    remote.in_flight = remote.in_flight.min(MAX_PEER_SLOTS);
+    remote.queued = remote.queued.min(MAX_PEER_SLOTS);
     for c in &mut remote.capabilities {
         for p in c.tags.values_mut() {
             *p = unit(*p);
