@@ -323,9 +323,16 @@ impl Estimates {
     /// predicts, over `max_concurrency`, clamped to 0..1 — never below the saturation now, and
     /// equal to it when the trend is flat, falling or lost in noise, or prediction is off.
     pub fn saturation_predicted(&self, now: Instant, p: &EstimateParams) -> f64 {
-        let current = self.saturation(now, p);
+        self.predicted_from(self.saturation(now, p), p)
+    }
+
+    /// The prediction given the saturation now (read once per snapshot: the scoring path's).
+    fn predicted_from(&self, current: f64, p: &EstimateParams) -> f64 {
+        if p.horizon.is_zero() || self.load.max_concurrency == 0 {
+            return current;
+        }
         let rise = self.load_trend.rise(p.horizon);
-        if p.horizon.is_zero() || rise <= 0.0 || self.load.max_concurrency == 0 {
+        if rise <= 0.0 {
             return current;
         }
         let admitted = self.load.in_flight.saturating_add(self.load.queued) as f64;
@@ -363,13 +370,14 @@ impl Estimates {
     /// latency window of every candidate (that was a tenth of the proxy's CPU).
     pub fn scoring_snapshot(&self, now: Instant, p: &EstimateParams) -> EstimateSnapshot {
         let age = self.last_signal.map(|l| now.saturating_duration_since(l));
+        let saturation = self.saturation(now, p);
         EstimateSnapshot {
             availability: self.availability_at(now, p),
             latency_ms: self.latency.map(|l| l * 1000.0),
             p50_ms: None,
             p95_ms: None,
-            saturation: self.saturation(now, p),
-            saturation_predicted: self.saturation_predicted(now, p),
+            saturation,
+            saturation_predicted: self.predicted_from(saturation, p),
             busy: self.is_busy(now),
             cooling_down: self.is_cooling_down(now),
             age_s: age.map(|a| a.as_secs_f64()),
