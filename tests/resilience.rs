@@ -281,6 +281,76 @@ async fn retry_after_is_honoured_when_everyone_left_asked_for_a_pause() {
     );
 }
 
+/// An agent that refuses every call with 429 and `retry-after` as an HTTP date `ahead` from now.
+async fn refusing_until_a_date(ahead: Duration) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: http::Request<hyper::body::Incoming>| async move {
+                        use http_body_util::BodyExt;
+                        let _ = req.into_body().collect().await;
+                        let date = httpdate::fmt_http_date(SystemTime::now() + ahead);
+                        let response = http::Response::builder()
+                            .status(429)
+                            .header("retry-after", date)
+                            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(response)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// RFC 9110 lets `retry-after` be an HTTP date (model backends send one): it is a wait from now,
+/// honoured like the seconds form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_as_an_http_date_is_honoured_like_seconds() {
+    use agent_reach::Bootstrap;
+
+    let mut caller = Bootstrap::local(
+        "caller",
+        std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+        &[],
+    )
+    .unwrap();
+    let mut fleet = Vec::new();
+    for name in ["coder-1", "coder-2"] {
+        // Three seconds ahead, to the second: a wait of 2 to 3 s, longer than the 1 s an
+        // unreadable retry-after would cool a peer down for.
+        let agent = refusing_until_a_date(Duration::from_secs(3)).await;
+        let callee = sidecar(Bootstrap::local(name, agent, &[CAP]).unwrap()).await;
+        caller = caller
+            .with_peer(name, callee.addrs.inbound, &[CAP])
+            .unwrap();
+        fleet.push(callee);
+    }
+    let caller = sidecar(caller).await;
+    let url = format!("http://{}/review", caller.addrs.outbound);
+    assert_eq!(
+        send(&client(), "POST", &url, &[("reach-capability", CAP)], "x")
+            .await
+            .status,
+        429
+    );
+    let started = std::time::Instant::now();
+    let reply = send(&client(), "POST", &url, &[("reach-capability", CAP)], "x").await;
+    assert_eq!(reply.status, 429);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10),
+        "the retry waited out the retry-after date: {waited:?}"
+    );
+}
+
 /// A peer that takes calls and never answers (a black-holed path, a hung agent) shows up only
 /// through callers giving up on it. A deadline far past the peer's usual latency counts against
 /// it; one shorter than a second does not (see `a_deadline_shorter_than_the_agent…`).
