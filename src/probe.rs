@@ -56,7 +56,7 @@ async fn run(
 ) {
     // Its own client: pooled connections belong to the runtime that opened them, and the data
     // path's must not live on this low-priority thread.
-    let client = AgentClient::new(&store.snapshot().policy);
+    let client = AgentClient::following(&store);
     // Capability → when its next probe is due. New capabilities are probed at once.
     let mut due: HashMap<String, Instant> = HashMap::new();
     // Capability → when its last probe ran.

@@ -2,6 +2,7 @@
 //! transport (`transport::connect`); the data path and the self-view poller use `http::pool`.
 
 use std::ops::Deref;
+use std::sync::Arc;
 
 use http::uri::Scheme;
 use http::Request;
@@ -9,7 +10,7 @@ use hyper_util::client::legacy::{self, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::ReachBody;
-use crate::config::Policy;
+use crate::config::{ConfigStore, Policy};
 use crate::transport::{Connect, ConnectTcp, TcpSettings};
 
 /// The largest read buffer of one upstream connection.
@@ -43,6 +44,15 @@ pub struct Failure {
 /// A plain-TCP pooled client with the policy's connect and pool settings.
 pub fn build(policy: &Policy) -> UpstreamClient {
     pooled(policy, ConnectTcp::new(TcpSettings::from_policy(policy)))
+}
+
+/// The same, its connections following the live policy's `timeouts.connect` and
+/// `pool.tcp_keepalive`; the pool's own settings are the ones at build (restart-only keys).
+pub fn following(store: &Arc<ConfigStore>) -> UpstreamClient {
+    pooled(
+        &store.snapshot().policy,
+        ConnectTcp::following(store.clone()),
+    )
 }
 
 /// Pools connections made by `connect`. Idle connections expire, and the transport's keepalive
@@ -88,6 +98,16 @@ impl AgentClient {
         Self(Upstream::new(
             policy,
             ConnectTcp::new(TcpSettings::from_policy(policy)),
+        ))
+    }
+}
+
+impl AgentClient {
+    /// Its connections follow the live policy's connect settings (see [`following`]).
+    pub fn following(store: &Arc<ConfigStore>) -> Self {
+        Self(Upstream::new(
+            &store.snapshot().policy,
+            ConnectTcp::following(store.clone()),
         ))
     }
 }

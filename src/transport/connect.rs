@@ -6,6 +6,8 @@
 //! routing above them stay as they are: they build URIs with [`Connect::scheme`] and never name
 //! the transport.
 
+use std::fmt;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use http::Uri;
 use hyper_util::client::legacy::connect::{self as legacy, HttpConnector};
 use tower::Service;
 
-use crate::config::Policy;
+use crate::config::{ConfigStore, Policy};
 
 /// A transport the upstream clients dial through: a service from an upstream's URI to an open
 /// connection (the data path's pool calls it; hyper-util's pooled client takes it as its
@@ -58,24 +60,61 @@ impl TcpSettings {
     }
 }
 
+/// Where a connector's settings come from at each new connection.
+type SettingsSource = Arc<dyn Fn() -> TcpSettings + Send + Sync>;
+
 /// Plain TCP: nodelay (requests are small and latency-bound), a connect timeout and keepalive.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ConnectTcp {
     connector: HttpConnector,
+    settings: TcpSettings,
+    /// Read before each new connection, so a reload of `timeouts.connect` or
+    /// `pool.tcp_keepalive` applies from the next connection (pooled ones keep theirs).
+    live: Option<SettingsSource>,
+}
+
+impl fmt::Debug for ConnectTcp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectTcp")
+            .field("settings", &self.settings)
+            .field("live", &self.live.is_some())
+            .finish()
+    }
 }
 
 // === impl ConnectTcp ===
 
 impl ConnectTcp {
+    /// A connector with fixed settings.
     pub fn new(settings: TcpSettings) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(settings.connect_timeout));
-        connector.set_keepalive(Some(settings.keepalive));
-        connector.set_keepalive_interval(Some(settings.keepalive_interval));
-        connector.set_keepalive_retries(Some(settings.keepalive_retries));
-        Self { connector }
+        Self {
+            connector: http_connector(settings),
+            settings,
+            live: None,
+        }
     }
+
+    /// A connector that follows the live policy's connect settings.
+    pub fn following(store: Arc<ConfigStore>) -> Self {
+        let source: SettingsSource =
+            Arc::new(move || TcpSettings::from_policy(&store.snapshot().policy));
+        let settings = source();
+        Self {
+            connector: http_connector(settings),
+            settings,
+            live: Some(source),
+        }
+    }
+}
+
+fn http_connector(settings: TcpSettings) -> HttpConnector {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(settings.connect_timeout));
+    connector.set_keepalive(Some(settings.keepalive));
+    connector.set_keepalive_interval(Some(settings.keepalive_interval));
+    connector.set_keepalive_retries(Some(settings.keepalive_retries));
+    connector
 }
 
 impl Service<Uri> for ConnectTcp {
@@ -88,6 +127,14 @@ impl Service<Uri> for ConnectTcp {
     }
 
     fn call(&mut self, dst: Uri) -> Self::Future {
+        if let Some(live) = &self.live {
+            let now = live();
+            if now != self.settings {
+                // Cheap next to the connection it opens (an `Arc` and a resolver handle).
+                self.connector = http_connector(now);
+                self.settings = now;
+            }
+        }
         self.connector.call(dst)
     }
 }
