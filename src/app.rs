@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Admin, Status};
 use crate::config::MtlsMode;
-use crate::config::{spawn_watcher, ConfigStore};
+use crate::config::{spawn_watcher, ConfigStore, ReloadResult};
 use crate::gossip::GossipHandle;
 use crate::http::pool::{Pool, PoolConfig};
 use crate::http::server::{self, ServerSettings};
@@ -28,7 +28,7 @@ use crate::probe;
 use crate::registry::Registry;
 use crate::trace::{self, Tracer};
 use crate::transport::mtls::MeshTls;
-use crate::transport::{ConnectMesh, ConnectTcp, Mesh, PlainTcp, TcpSettings};
+use crate::transport::{ConnectMesh, ConnectTcp, Mesh, PlainTcp};
 
 mod gossip_wiring;
 
@@ -113,8 +113,13 @@ impl Sidecar {
         let tls = mesh_tls(&store, &snapshot)?;
         // The data path's pools drive each connection in the request's own task; one to the
         // local agent (plaintext, loopback), one to peers (mutual TLS where the mode says so).
-        let agent_pool = Pool::build(&snapshot.policy);
-        let tcp = ConnectTcp::new(TcpSettings::from_policy(&snapshot.policy));
+        // Connectors read the live policy per new connection; the pools' own settings are
+        // restart-only (src/config/restart_only.rs).
+        let agent_pool = Pool::new(
+            PoolConfig::from_policy(&snapshot.policy),
+            ConnectTcp::following(store.clone()),
+        );
+        let tcp = ConnectTcp::following(store.clone());
         let peer_pool = Pool::with_mesh(
             PoolConfig::from_policy(&snapshot.policy),
             tcp.clone(),
@@ -269,10 +274,11 @@ impl Sidecar {
             rest.push(tls.spawn_watch(
                 snapshot.bootstrap.watch_interval.get(),
                 move |r| {
-                    reloads(
-                        "tls",
-                        matches!(r, crate::transport::certs::Reloaded::Renewed),
-                    )
+                    let result = match r {
+                        crate::transport::certs::Reloaded::Renewed => ReloadResult::Ok,
+                        _ => ReloadResult::Error,
+                    };
+                    reloads("tls", result)
                 },
                 stop_rest.clone(),
             ));
@@ -513,5 +519,5 @@ fn mesh_accept(
 /// Config reloads, counted.
 fn reloads(metrics: &Arc<Metrics>) -> crate::config::OnReload {
     let metrics = metrics.clone();
-    Arc::new(move |file, ok| metrics.config_reload(file, ok))
+    Arc::new(move |file, result| metrics.config_reload(file, result.as_str()))
 }

@@ -204,3 +204,158 @@ async fn a_nan_policy_is_refused_and_calls_keep_working() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.header("reach-agent"), "coder-2");
 }
+
+/// The `/status` document, over the admin listener as an operator reads it.
+async fn status_json(admin: std::net::SocketAddr) -> serde_json::Value {
+    get(&client(), &format!("http://{admin}/status"))
+        .await
+        .json()
+}
+
+#[tokio::test]
+async fn a_restart_only_key_keeps_its_running_value_and_is_shown_pending() {
+    let agent = mock(MockConfig::new("coder-1")).await;
+    let mut dir = ConfigMapDir::new("reload-restart-only");
+    let policy_text = |idle: u32, request: &str| {
+        format!("pool: {{ max_idle_per_host: {idle} }}\ntimeouts: {{ request: {request} }}\n")
+    };
+    dir.publish(&[("policy.yaml", &policy_text(64, "7s"))]);
+    let mut bootstrap = Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap();
+    bootstrap.watch_interval = config::HumanDuration::from_millis(50);
+    let policy = config::load_policy(&dir.path("policy.yaml")).unwrap();
+    let paths = ConfigPaths {
+        bootstrap: None,
+        policy: Some(dir.path("policy.yaml")),
+    };
+    let sidecar = sidecar_with(bootstrap, policy, paths).await;
+    let admin = sidecar.addrs.admin;
+
+    // One change: a restart-only key and a live one.
+    dir.publish(&[("policy.yaml", &policy_text(3, "9s"))]);
+    eventually(
+        Duration::from_secs(10),
+        "the reload is counted as needing a restart",
+        || async move {
+            let metrics = get(&client(), &format!("http://{admin}/metrics"))
+                .await
+                .body;
+            counter(
+                &metrics,
+                "reach_config_reloads_total{file=\"policy\",result=\"restart_required\"}",
+            ) == 1
+        },
+    )
+    .await;
+    let status = sidecar.status();
+    assert_eq!(
+        status.policy.timeouts.request.get(),
+        Duration::from_secs(9),
+        "the live key went live"
+    );
+    assert_eq!(
+        status.policy.pool.max_idle_per_host, 64,
+        "what runs is what /status shows"
+    );
+    let doc = status_json(admin).await;
+    let pending = doc["pending_restart"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(pending.len(), 1, "{doc}");
+    assert_eq!(pending[0]["key"], "pool.max_idle_per_host");
+    assert_eq!(pending[0]["file"], "policy");
+    assert!(pending[0]["since_unix_ms"].as_u64().unwrap_or(0) > 0);
+    let metrics = get(&client(), &format!("http://{admin}/metrics"))
+        .await
+        .body;
+    assert_eq!(
+        counter(
+            &metrics,
+            "reach_config_reloads_total{file=\"policy\",result=\"ok\"}"
+        ),
+        0,
+        "not counted as a plain success: {metrics}"
+    );
+    let page = get(&client(), &format!("http://{admin}/?format=html"))
+        .await
+        .body;
+    assert!(page.contains("policy: pool.max_idle_per_host"), "{page}");
+
+    // The file goes back to the running value: nothing is pending any more.
+    dir.publish(&[("policy.yaml", &policy_text(64, "9s"))]);
+    eventually(
+        Duration::from_secs(10),
+        "the pending list empties",
+        || async move {
+            status_json(admin).await["pending_restart"]
+                .as_array()
+                .is_some_and(Vec::is_empty)
+        },
+    )
+    .await;
+    assert!(sidecar.status().pending_restart.is_empty());
+}
+
+/// A listener whose accept queue is full: a connection to it is neither refused nor accepted,
+/// so a connect waits out the connect timeout.
+async fn a_listener_that_never_completes_a_connect(
+) -> (tokio::net::TcpListener, Vec<tokio::net::TcpStream>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(any_port()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let attempt = tokio::time::timeout(
+            Duration::from_millis(300),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(stream)) => held.push(stream),
+            // The queue is full: this one hung.
+            Err(_) => return (listener, held),
+            Ok(Err(err)) => panic!("{err}"),
+        }
+    }
+    panic!("the accept queue never filled");
+}
+
+#[tokio::test]
+async fn a_reloaded_connect_timeout_applies_to_the_next_connection() {
+    let (blackhole, _held) = a_listener_that_never_completes_a_connect().await;
+    let mut dir = ConfigMapDir::new("reload-connect");
+    dir.publish(&[("policy.yaml", "timeouts: { connect: 20s, request: 4s }\n")]);
+    let mut bootstrap =
+        Bootstrap::local("coder-1", blackhole.local_addr().unwrap(), &[CAP]).unwrap();
+    bootstrap.watch_interval = config::HumanDuration::from_millis(50);
+    let policy = config::load_policy(&dir.path("policy.yaml")).unwrap();
+    let paths = ConfigPaths {
+        bootstrap: None,
+        policy: Some(dir.path("policy.yaml")),
+    };
+    let sidecar = sidecar_with(bootstrap, policy, paths).await;
+
+    dir.publish(&[("policy.yaml", "timeouts: { connect: 200ms, request: 4s }\n")]);
+    eventually(
+        Duration::from_secs(10),
+        "the new policy is live",
+        || async { sidecar.status().policy.timeouts.connect.get() == Duration::from_millis(200) },
+    )
+    .await;
+    assert!(sidecar.status().pending_restart.is_empty());
+
+    // With the start-up 20 s the call would wait out its 4 s request timeout (504).
+    let started = std::time::Instant::now();
+    let reply = get(
+        &client(),
+        &format!("http://{}/review", sidecar.addrs.inbound),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(reply.status, 502, "{}", reply.body);
+    assert!(
+        took < Duration::from_secs(2),
+        "gave up on the connect after {took:?}"
+    );
+}

@@ -36,7 +36,7 @@ pub fn spawn(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let client = crate::http::client::build(&store.snapshot().policy);
+        let client = crate::http::client::following(&store);
         let mut imported = false;
         let mut failing = false;
         loop {
@@ -93,6 +93,6 @@ fn changed(
     let names: Vec<String> = capabilities.iter().map(|c| c.name.to_string()).collect();
     if store.set_card_capabilities(capabilities) {
         tracing::info!(skills = ?names, generation = store.snapshot().generation, "a2a: the agent's card changed; capabilities updated");
-        on_reload("a2a", true);
+        on_reload("a2a", crate::config::ReloadResult::Ok);
     }
 }

@@ -130,6 +130,21 @@ pub fn render(doc: &Value) -> String {
             text(&e["message"])
         );
     }
+    let pending: Vec<String> = doc["pending_restart"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| format!("{}: {}", text(&p["file"]), text(&p["key"])))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !pending.is_empty() {
+        let _ = writeln!(
+            out,
+            "config changes waiting for a restart: {}",
+            pending.join(", ")
+        );
+    }
     let mut peers: Vec<&Value> = doc["peer_views"]
         .as_array()
         .map(|a| a.iter().collect())
@@ -283,6 +298,27 @@ fn secs(x: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn changes_waiting_for_a_restart_are_named() {
+        let doc = serde_json::json!({
+            "agent": { "name": "caller" },
+            "self": { "state": "healthy", "cap": 1.0, "saturation": 0.0 },
+            "load": { "in_flight": 0, "queued": 0, "limit": 4 },
+            "pending_restart": [
+                { "key": "pool.max_idle_per_host", "file": "policy", "since_unix_ms": 1 },
+                { "key": "gossip.probe_interval", "file": "bootstrap", "since_unix_ms": 2 }
+            ]
+        });
+        let out = render(&doc);
+        assert!(
+            out.contains("config changes waiting for a restart: policy: pool.max_idle_per_host, bootstrap: gossip.probe_interval"),
+            "{out}"
+        );
+        let none =
+            render(&serde_json::json!({ "agent": { "name": "caller" }, "pending_restart": [] }));
+        assert!(!none.contains("waiting for a restart"), "{none}");
+    }
 
     #[test]
     fn problems_come_first_in_the_table() {

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use http::{Method, Request, Response, StatusCode};
 use serde::Serialize;
 
-use crate::config::{AgentProfile, ConfigStore, Policy, ReloadError};
+use crate::config::{AgentProfile, ConfigStore, PendingRestart, Policy, ReloadError};
 use crate::error::ReachError;
 use crate::gossip::{GossipHandle, GossipStatus};
 use crate::http::layers::Compressible;
@@ -74,6 +74,9 @@ pub struct Status {
     pub config_generation: u64,
     /// The last rejected config reload, until its file parses again.
     pub reload_error: Option<ReloadError>,
+    /// Restart-only keys the files changed: they keep their running values (what `policy`
+    /// shows) until a restart, or until the file goes back.
+    pub pending_restart: Vec<PendingRestart>,
     /// The last state transitions of this agent's own view and of this caller's views of its
     /// peers, newest first.
     pub transitions: Vec<TransitionRecord>,
@@ -170,6 +173,7 @@ impl Admin {
             policy: snapshot.policy.clone(),
             config_generation: snapshot.generation,
             reload_error: self.store.reload_error(),
+            pending_restart: self.store.pending_restart(),
             transitions,
             observe: Some(self.outbound.observed().into_iter().collect())
                 .filter(|o: &std::collections::BTreeMap<_, _>| !o.is_empty()),

@@ -83,6 +83,12 @@ fn problems(out: &mut String, status: &Status, peers: &[&PeerStatus]) {
             esc(&e.message)
         ));
     }
+    if !status.pending_restart.is_empty() {
+        items.push(format!(
+            "Changed keys that need a restart (they keep their running values): {}",
+            pending_keys(status)
+        ));
+    }
     if !status.ready {
         items.push("This sidecar is not ready (starting or draining).".to_owned());
     }
@@ -469,6 +475,11 @@ fn gossip(out: &mut String, status: &Status) {
 }
 
 fn config(out: &mut String, status: &Status) {
+    let pending = if status.pending_restart.is_empty() {
+        "<span class=\"good\">none</span>".to_owned()
+    } else {
+        format!("<span class=\"bad\">{}</span>", pending_keys(status))
+    };
     let reload = match &status.reload_error {
         None => "<span class=\"good\">none</span>".to_owned(),
         Some(e) => format!(
@@ -482,6 +493,7 @@ fn config(out: &mut String, status: &Status) {
         "<section id=\"config\"><h2>Config</h2><table class=\"kv\"><tbody>\
          <tr><th>generation</th><td>{}</td></tr>\
          <tr><th>last reload error</th><td>{reload}</td></tr>\
+         <tr><th>pending restart</th><td>{pending}</td></tr>\
          <tr><th>decision log</th><td>{}</td></tr>\
          <tr><th>idempotency store</th><td>{} keys · {} bytes</td></tr>\
          </tbody></table></section>",
@@ -494,6 +506,16 @@ fn config(out: &mut String, status: &Status) {
         status.idempotency.keys,
         status.idempotency.bytes,
     );
+}
+
+/// The pending restart-only keys as `file: key`, escaped.
+fn pending_keys(status: &Status) -> String {
+    let keys: Vec<String> = status
+        .pending_restart
+        .iter()
+        .map(|p| format!("{}: {}", esc(p.file), esc(&p.key)))
+        .collect();
+    keys.join(", ")
 }
 
 /// An inline SVG line of `value` over the samples; gaps where a sample has none. `top` fixes the

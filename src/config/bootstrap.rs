@@ -15,7 +15,8 @@ use super::scalar::{self, Cost, HeaderBytes, HostPort, Name, PositiveCount, Prof
 use super::tasks::TasksConfig;
 use crate::identity::SpiffeId;
 
-/// `config/agent-reach.yaml`. Listener addresses and limits need a restart; the rest hot-reloads.
+/// `config/agent-reach.yaml`. The keys in `RESTART_ONLY` (src/config/restart_only.rs) need a
+/// restart; the rest hot-reloads.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Bootstrap {
@@ -36,11 +37,11 @@ pub struct Bootstrap {
     #[serde(default = "default_watch_interval")]
     pub watch_interval: HumanDuration,
     /// Where OpenTelemetry spans go (`docs/traces.md`); without it, the standard `OTEL_*`
-    /// variables, else tracing is off. Needs a restart.
+    /// variables, else tracing is off. Restart-only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracing: Option<TracingConfig>,
     /// Where `prefer: respond-async` tasks are kept (`docs/tasks.md`); without it, async
-    /// submissions are refused. Needs a restart.
+    /// submissions are refused. Restart-only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<TasksConfig>,
 }
@@ -144,7 +145,8 @@ impl Default for Listen {
 }
 
 /// `gossip:` — how this sidecar finds the others and shares its agent's profile and live view.
-/// Timings must be the same across the fleet; they need a restart.
+/// Timings must be the same across the fleet: the whole section is restart-only (the key file's
+/// contents rotate live).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct GossipConfig {

@@ -8,6 +8,7 @@ mod mesh;
 mod output_schema;
 mod policy;
 mod quality;
+mod restart_only;
 #[cfg(test)]
 mod rule_tables;
 mod scalar;
@@ -35,9 +36,10 @@ pub use policy::{
     WeightSets, Zones,
 };
 pub use quality::{Compare, GoldenTask, QualitySpec};
+pub use restart_only::{PendingRestart, RestartOnly, RESTART_ONLY};
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
 pub use tasks::{EscalationPolicy, QueueRounds, StoreLocation, TasksConfig};
-pub use watch::{spawn_watcher, OnReload};
+pub use watch::{spawn_watcher, OnReload, ReloadResult};
 
 /// A config file that could not be read or is not valid.
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +209,8 @@ pub struct ConfigStore {
     pub paths: ConfigPaths,
     /// The last rejected reload, cleared when its file parses again.
     reload_error: std::sync::Mutex<Option<ReloadError>>,
+    /// Restart-only keys whose file value differs from the running one, until it goes back.
+    pending_restart: std::sync::Mutex<Vec<PendingRestart>>,
     /// Capabilities imported from the agent's A2A card, merged into every bootstrap that goes
     /// live (`merge_card`), so a file reload keeps them and a card change is a reload too.
     card: std::sync::Mutex<Vec<Capability>>,
@@ -228,6 +232,7 @@ impl ConfigStore {
             current: ArcSwap::from_pointee(Snapshot::new(bootstrap, policy, 1)),
             paths,
             reload_error: std::sync::Mutex::new(None),
+            pending_restart: std::sync::Mutex::new(Vec::new()),
             card: std::sync::Mutex::new(Vec::new()),
         }
     }
@@ -267,11 +272,17 @@ impl ConfigStore {
             .clone()
     }
 
+    /// The restart-only keys the files changed, until a restart or until they go back.
+    pub fn pending_restart(&self) -> Vec<PendingRestart> {
+        self.pending_restart
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Records a reload's result: an error is kept until that file parses again.
     pub(crate) fn reloaded(&self, file: &'static str, result: Result<(), String>) {
-        let unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let unix_ms = unix_ms_now();
         let mut kept = self.reload_error.lock().unwrap_or_else(|p| p.into_inner());
         match result {
             Err(message) => {
@@ -287,28 +298,74 @@ impl ConfigStore {
         }
     }
 
-    /// Replaces the running snapshot if anything changed; listener addresses and limits keep
-    /// their start-up values. Returns whether a new snapshot went live.
-    pub fn replace(&self, mut bootstrap: Bootstrap, policy: Policy) -> bool {
+    /// Replaces the running snapshot if anything changed; restart-only keys (`RESTART_ONLY`)
+    /// keep their running values. Returns whether a new snapshot went live.
+    pub fn replace(&self, bootstrap: Bootstrap, policy: Policy) -> bool {
+        self.apply(bootstrap, policy).0
+    }
+
+    /// Takes a new read of `file` (the other file's running config alongside): what may change
+    /// goes live, and the restart-only keys it changes become the file's pending list.
+    pub fn reload(&self, file: FileKind, bootstrap: Bootstrap, policy: Policy) -> Reloaded {
+        let (went_live, held) = self.apply(bootstrap, policy);
+        let held: Vec<String> = held
+            .into_iter()
+            .filter(|(kind, _)| *kind == file)
+            .map(|(_, key)| key)
+            .collect();
+        let now = unix_ms_now();
+        let mut pending = self
+            .pending_restart
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let (others, mine): (Vec<_>, Vec<_>) =
+            pending.drain(..).partition(|p| p.file != file.as_str());
+        *pending = others;
+        pending.extend(held.iter().map(|key| {
+            PendingRestart {
+                key: key.clone(),
+                file: file.as_str(),
+                // Pending since the file first held a new value for it.
+                since_unix_ms: mine
+                    .iter()
+                    .find(|p| &p.key == key)
+                    .map_or(now, |p| p.since_unix_ms),
+            }
+        }));
+        Reloaded { went_live, held }
+    }
+
+    /// Swaps in `bootstrap` and `policy` with the running restart-only values and the card's
+    /// capabilities; returns whether anything went live, and the restart-only keys held back.
+    fn apply(&self, bootstrap: Bootstrap, policy: Policy) -> (bool, Vec<(FileKind, String)>) {
         let old = self.current.load();
-        if bootstrap.listen != old.bootstrap.listen || bootstrap.limits != old.bootstrap.limits {
-            tracing::warn!(
-                "listener addresses or limits changed: they take effect after a restart"
-            );
-            bootstrap.listen = old.bootstrap.listen.clone();
-            bootstrap.limits = old.bootstrap.limits.clone();
-        }
+        let mut next = Snapshot::new(bootstrap, policy, old.generation + 1);
+        let held = restart_only::hold(&old, &mut next);
         merge_card(
-            &mut bootstrap.agent.capabilities,
+            &mut next.bootstrap.agent.capabilities,
             &self.card.lock().unwrap_or_else(|p| p.into_inner()),
         );
-        if bootstrap == old.bootstrap && policy == old.policy {
-            return false;
+        if next.bootstrap == old.bootstrap && next.policy == old.policy {
+            return (false, held);
         }
-        let next = Snapshot::new(bootstrap, policy, old.generation + 1);
         self.current.store(Arc::new(next));
-        true
+        (true, held)
     }
+}
+
+/// What a reload of one file did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reloaded {
+    /// A new snapshot went live.
+    pub went_live: bool,
+    /// The restart-only keys the file changed: they keep their running values.
+    pub held: Vec<String>,
+}
+
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl ConfigStore {
@@ -432,6 +489,67 @@ mod tests {
         assert!(store.set_card_capabilities(from_card(&["chart"])));
         let want = vec![("explain".to_owned(), false), ("chart".to_owned(), true)];
         assert_eq!(names(&store), want);
+    }
+
+    /// A restart-only change stays pending (since its first reload) through other reloads and
+    /// card changes, per file, and clears when the file goes back.
+    #[test]
+    fn pending_restart_keys_follow_their_file() {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let file = Bootstrap::local("a", addr, &["explain"]).unwrap_or_else(|e| panic!("{e}"));
+        let store = ConfigStore::new(file.clone(), Policy::default(), ConfigPaths::default());
+        let mut limited = file.clone();
+        limited.limits.max_connections = 9;
+        let reloaded = store.reload(FileKind::Bootstrap, limited.clone(), Policy::default());
+        assert_eq!(
+            reloaded,
+            Reloaded {
+                went_live: false,
+                held: vec!["limits.max_connections".to_owned()]
+            }
+        );
+        let pending = store.pending_restart();
+        assert_eq!(pending.len(), 1);
+        let since = pending[0].since_unix_ms;
+
+        // A live change to the same file: it goes live, the key stays pending since then.
+        let mut also = limited.clone();
+        also.agent.zone = "z".to_owned();
+        let reloaded = store.reload(FileKind::Bootstrap, also.clone(), Policy::default());
+        assert!(reloaded.went_live);
+        assert_eq!(store.snapshot().bootstrap.agent.zone, "z");
+        assert_eq!(store.snapshot().bootstrap.limits.max_connections, 1_024);
+        // The policy file and the card do not touch the bootstrap's pending keys.
+        let running = store.snapshot().bootstrap.clone();
+        let mut policy = Policy::default();
+        policy.idempotency.max_keys = 5;
+        let reloaded = store.reload(FileKind::Policy, running, policy);
+        assert_eq!(reloaded.held, ["idempotency.max_keys"]);
+        assert!(!store.set_card_capabilities(Vec::new()));
+        let keys: Vec<(String, &str, bool)> = store
+            .pending_restart()
+            .into_iter()
+            .map(|p| (p.key, p.file, p.since_unix_ms >= since))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("limits.max_connections".to_owned(), "bootstrap", true),
+                ("idempotency.max_keys".to_owned(), "policy", true)
+            ]
+        );
+        assert_eq!(store.pending_restart()[0].since_unix_ms, since);
+
+        // Back to the running value: no longer pending.
+        let mut back = also;
+        back.limits = file.limits.clone();
+        let current = store.snapshot().policy.clone();
+        assert!(store
+            .reload(FileKind::Bootstrap, back, current)
+            .held
+            .is_empty());
+        let keys: Vec<String> = store.pending_restart().into_iter().map(|p| p.key).collect();
+        assert_eq!(keys, ["idempotency.max_keys"]);
     }
 
     #[test]

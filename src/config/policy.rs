@@ -197,7 +197,8 @@ impl Default for Timeouts {
     }
 }
 
-/// Upstream connection pool. Read at start-up: the pool is built once.
+/// Upstream connection pool. `idle_timeout` and `max_idle_per_host` are restart-only (the pools
+/// are built once); `tcp_keepalive` applies from the next new connection.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Pool {
@@ -660,7 +661,7 @@ pub struct RateLimit {
     pub burst: u32,
 }
 
-/// `idempotency-key` tables (read at start-up).
+/// `idempotency-key` tables (restart-only: the table is sized at start-up).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct IdempotencyPolicy {

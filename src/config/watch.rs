@@ -22,9 +22,30 @@ struct Seen {
     hash: Option<u64>,
 }
 
-/// Hears each reload's result: the file's kind (`bootstrap`, `policy`) and whether it applied.
+/// Hears each reload's result: the file's kind (`bootstrap`, `policy`) and what came of it.
 /// A callback, so config does not depend on who counts reloads (the metrics).
-pub type OnReload = Arc<dyn Fn(&'static str, bool) + Send + Sync>;
+pub type OnReload = Arc<dyn Fn(&'static str, ReloadResult) + Send + Sync>;
+
+/// What came of one reload (the `result` label of `reach_config_reloads_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReloadResult {
+    /// Everything the file changed is live.
+    Ok,
+    /// The file was unreadable or invalid: the running config stays.
+    Error,
+    /// The file changed restart-only keys: they keep their running values, the rest is live.
+    RestartRequired,
+}
+
+impl ReloadResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReloadResult::Ok => "ok",
+            ReloadResult::Error => "error",
+            ReloadResult::RestartRequired => "restart_required",
+        }
+    }
+}
 
 /// Starts the watcher; it stops when `stop` is cancelled.
 pub fn spawn_watcher(
@@ -87,7 +108,7 @@ async fn poll(
             if seen.hash.take().is_some() {
                 tracing::warn!(file = %path.display(), %err, "config file unreadable; keeping the running config");
                 store.reloaded(kind.as_str(), Err(format!("{}: {err}", path.display())));
-                on_reload(kind.as_str(), false);
+                on_reload(kind.as_str(), ReloadResult::Error);
             }
             return;
         }
@@ -100,26 +121,31 @@ async fn poll(
     let current = store.snapshot();
     let result = match kind {
         FileKind::Bootstrap => parse_bootstrap(path, &text)
-            .map(|bootstrap| store.replace(bootstrap, current.policy.clone())),
+            .map(|bootstrap| store.reload(kind, bootstrap, current.policy.clone())),
         // The sidecar's watcher only ever polls bootstrap or policy paths.
-        FileKind::Policy | FileKind::Injector => {
-            parse_policy(path, &text).map(|policy| store.replace(current.bootstrap.clone(), policy))
-        }
+        FileKind::Policy | FileKind::Injector => parse_policy(path, &text)
+            .map(|policy| store.reload(kind, current.bootstrap.clone(), policy)),
     };
-    if result.is_ok() {
-        store.reloaded(kind.as_str(), Ok(()));
-    }
-    match result {
-        Ok(false) => {}
-        Ok(true) => {
-            tracing::info!(file = %path.display(), kind = kind.as_str(), generation = store.snapshot().generation, "config reloaded");
-            on_reload(kind.as_str(), true);
-        }
+    let reloaded = match result {
+        Ok(reloaded) => reloaded,
         Err(err) => {
             tracing::error!(%err, kind = kind.as_str(), "config reload rejected; the running config stays");
             store.reloaded(kind.as_str(), Err(err.to_string()));
-            on_reload(kind.as_str(), false);
+            on_reload(kind.as_str(), ReloadResult::Error);
+            return;
         }
+    };
+    store.reloaded(kind.as_str(), Ok(()));
+    if reloaded.went_live {
+        tracing::info!(file = %path.display(), kind = kind.as_str(), generation = store.snapshot().generation, "config reloaded");
+    }
+    for key in &reloaded.held {
+        tracing::warn!(file = %path.display(), %key, "a restart-only key changed: it keeps its running value until a restart");
+    }
+    if !reloaded.held.is_empty() {
+        on_reload(kind.as_str(), ReloadResult::RestartRequired);
+    } else if reloaded.went_live {
+        on_reload(kind.as_str(), ReloadResult::Ok);
     }
 }
 

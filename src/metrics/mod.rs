@@ -445,8 +445,8 @@ impl Metrics {
         self.with(|| counter!(NO_CANDIDATE_TOTAL, "capability" => capability).increment(1));
     }
 
-    pub fn config_reload(&self, file: &'static str, ok: bool) {
-        let result = if ok { "ok" } else { "error" };
+    /// One config reload of `file` and its `result` (`ok`, `error`, `restart_required`).
+    pub fn config_reload(&self, file: &'static str, result: &'static str) {
         self.with(|| {
             counter!(CONFIG_RELOADS_TOTAL, "file" => file, "result" => result).increment(1)
         });
