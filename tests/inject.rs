@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
 
+use agent_reach::config::yaml;
 use agent_reach::inject::{apply, Injector, InjectorConfig, Op};
 use support::eventually;
 
@@ -656,8 +657,8 @@ fn the_binary_injects_a_manifest_file_and_refuses_a_bad_one() {
     let service = json!({ "apiVersion": "v1", "kind": "Service", "metadata": { "name": "coder" }, "spec": { "ports": [{ "port": 80 }] } });
     let text = format!(
         "{}---\n{}",
-        serde_yaml::to_string(&deployment).unwrap_or_default(),
-        serde_yaml::to_string(&service).unwrap_or_default()
+        yaml::to_string(&deployment).unwrap_or_default(),
+        yaml::to_string(&service).unwrap_or_default()
     );
     let _ = std::fs::write(&manifest, text);
     let out = inject_file(&manifest, &[]);
@@ -669,7 +670,7 @@ fn the_binary_injects_a_manifest_file_and_refuses_a_bad_one() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let docs: Vec<Value> = stdout
         .split("---\n")
-        .filter_map(|d| serde_yaml::from_str(d).ok())
+        .filter_map(|d| yaml::from_str(d).ok())
         .collect();
     assert_eq!(docs.len(), 2);
     assert_eq!(
@@ -905,7 +906,7 @@ fn manual_injection_takes_the_namespace_and_treats_nulls_as_missing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let pod: Value = serde_yaml::from_slice(&out.stdout).unwrap_or_default();
+    let pod: Value = yaml::from_slice(&out.stdout).unwrap_or_default();
     assert_eq!(pod["spec"]["initContainers"][0]["name"], "agent-reach");
     // Policy, gossip key and the task store's emptyDir.
     assert_eq!(pod["spec"]["volumes"].as_array().map(Vec::len), Some(3));

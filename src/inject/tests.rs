@@ -11,7 +11,7 @@ use super::mtls::{TLS_DIR, TLS_VOLUME};
 use super::patch::apply;
 use super::pod::{decide, Decision, OptIn};
 use super::tasks::{TASKS_DIR, TASKS_VOLUME, WORKLOAD_ENV};
-use crate::config::parse_bootstrap;
+use crate::config::{parse_bootstrap, yaml};
 
 const SHIPPED: &str = include_str!("../../config/injector.yaml");
 
@@ -111,7 +111,7 @@ fn bootstrap(pod: &Value) -> Value {
     if let Err(err) = parse_bootstrap(Path::new("bootstrap"), &text) {
         panic!("the injected bootstrap does not parse: {err}\n{text}");
     }
-    serde_yaml::from_str(&text).unwrap_or(Value::Null)
+    yaml::from_str(&text).unwrap_or(Value::Null)
 }
 
 #[test]
