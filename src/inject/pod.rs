@@ -275,6 +275,7 @@ fn patch(
 ) -> Result<Vec<Op>, AnnotationError> {
     let mut ops = Vec::new();
     let mut container = config.sidecar.clone();
+    settings.sidecar.apply(&mut container);
     let mut volumes = config.volumes.clone();
     let mut env = vec![];
     match &settings.config_map {
