@@ -23,6 +23,8 @@
 #     `agent-reach check` with a throwaway CA and certificate made by openssl;
 #   - the injector's `tasks` section, and the fleet policy's escalation.key_file in a directory the
 #     sidecar mounts (checked with a stand-in key file);
+#   - gossip.existingSecret (GitOps): no gossip key Secret is rendered and the injected sidecars
+#     mount the named one, where the default render has the chart's own;
 #   - values the schema must reject are rejected;
 #   - autoscaling (custom values): a KEDA ScaledObject per target (custom resource: its structure
 #     checked here) and, with mode=hpa, an autoscaling/v2 HorizontalPodAutoscaler per target
@@ -136,6 +138,8 @@ mtls_certificate_args=(--set mtls.enabled=true --set mtls.source=certificate --s
 lint_mtls() { "$helm" lint --strict "$chart" --namespace "$namespace" "${mtls_csi_args[@]}" &&
     "$helm" lint --strict "$chart" --namespace "$namespace" "${mtls_certificate_args[@]}"; }
 render_mtls_csi() { "$helm" template "$release" "$chart" --namespace "$namespace" "${mtls_csi_args[@]}" >"$out/mtls-csi.yaml"; }
+# The gossip key from a Secret the user manages (the GitOps case: docs/kubernetes.md).
+render_gossip_secret() { "$helm" template "$release" "$chart" --namespace "$namespace" --set gossip.existingSecret=fleet-gossip-key >"$out/gossip-secret.yaml"; }
 render_mtls_certificate() { "$helm" template "$release" "$chart" --namespace "$namespace" "${mtls_certificate_args[@]}" >"$out/mtls-certificate.yaml"; }
 
 # Values the schema (or the chart's own checks) must refuse.
@@ -151,6 +155,8 @@ rejects() {
         fleet.defaults.maxConcurrency=0 \
         'fleet.namespaces={kube-system}' \
         gossip.key=too-short \
+        gossip.existingSecret=Fleet_Key \
+        gossip.existingSecret=fleet-gossip-key,gossip.key=0123456789abcdef0123456789abcdef \
         image.pullPolicy=Sometimes \
         podMonitor.interval=soon \
         dashboard.enabled=maybe \
@@ -870,6 +876,46 @@ sys.exit(1 if errors else 0)
 PY
 }
 
+# gossip.existingSecret: no Secret holds a gossip key, and the injector's config (what every
+# injected pod gets) mounts the user's Secret into the sidecar at the key file's directory; the
+# default render has the chart's own Secret, mounted the same way.
+gossip_secret() { # gossip_secret DEFAULT_RENDER EXISTING_RENDER SECRET_NAME
+    python3 - "$@" <<'PY'
+import sys
+import yaml
+
+default, existing, wanted = sys.argv[1:4]
+errors = []
+def docs(path):
+    return [d for d in yaml.safe_load_all(open(path)) if d]
+def gossip_secrets(ds):
+    return [d["metadata"]["name"] for d in ds if d["kind"] == "Secret" and d["metadata"]["name"].endswith("gossip-key")]
+def mounted(ds):
+    (cm,) = [d for d in ds if d["kind"] == "ConfigMap" and "injector.yaml" in d.get("data", {})]
+    injector = yaml.safe_load(cm["data"]["injector.yaml"])
+    mounts = [m for m in injector["sidecar"].get("volumeMounts", []) if m["mountPath"] == "/var/run/agent-reach/gossip"]
+    key_dir = injector["bootstrap"]["gossip"]["key_file"].rsplit("/", 1)[0]
+    if len(mounts) != 1 or key_dir != "/var/run/agent-reach/gossip":
+        errors.append(f"the sidecar mounts {mounts} for the key file in {key_dir}")
+        return None
+    volumes = [v for v in injector["volumes"] if v["name"] == mounts[0]["name"]]
+    return volumes[0].get("secret", {}).get("secretName") if len(volumes) == 1 else None
+
+d, e = docs(default), docs(existing)
+if gossip_secrets(d) != ["agent-reach-gossip-key"]:
+    errors.append(f"default values: gossip Secrets {gossip_secrets(d)}")
+if mounted(d) != "agent-reach-gossip-key":
+    errors.append(f"default values: the sidecar mounts {mounted(d)}")
+if gossip_secrets(e):
+    errors.append(f"gossip.existingSecret={wanted}: the chart still renders {gossip_secrets(e)}")
+if mounted(e) != wanted:
+    errors.append(f"gossip.existingSecret={wanted}: the sidecar mounts {mounted(e)}")
+if errors:
+    sys.exit("\n".join(errors))
+print(f"gossip.existingSecret={wanted}: no gossip Secret rendered, the sidecar mounts {wanted}")
+PY
+}
+
 golden_compare() {
     mask "$out/default.yaml" "$out/default.masked.yaml"
     if [ "${UPDATE_GOLDEN:-}" = 1 ]; then
@@ -892,6 +938,7 @@ step "helm template (cert-manager with issuerRef ${issuer_args[*]})" render_issu
 step "helm lint --strict (mtls, each source)" lint_mtls
 step "helm template (mtls.source=csi)" render_mtls_csi
 step "helm template (mtls.source=certificate)" render_mtls_certificate
+step "helm template (gossip.existingSecret)" render_gossip_secret
 step "values the chart must reject" rejects
 step "kubernetes-validate: default render" validate "$out/default.yaml"
 step "kubernetes-validate: custom render" validate "$out/custom.yaml"
@@ -899,6 +946,8 @@ step "kubernetes-validate: HorizontalPodAutoscalers" validate "$out/hpa.yaml"
 step "autoscalers (KEDA and HPA)" autoscalers "$out/custom.yaml" "$out/hpa.yaml" "$custom"
 step "kubernetes-validate: issuerRef render" validate "$out/issuer.yaml"
 step "kubernetes-validate: mtls renders" validate "$out/mtls-csi.yaml" "$out/mtls-certificate.yaml"
+step "kubernetes-validate: gossip.existingSecret render" validate "$out/gossip-secret.yaml"
+step "gossip key from gossip.existingSecret" gossip_secret "$out/default.yaml" "$out/gossip-secret.yaml" fleet-gossip-key
 step "kubernetes-validate: examples/k8s" validate examples/k8s/*.yaml
 step "injector config (default values)" injector_config "$out/default.yaml" default
 step "injector config ($custom)" injector_config "$out/custom.yaml" custom

@@ -135,7 +135,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent_reach::config::{ConfigPaths, ConfigStore, Policy};
+use agent_reach::config::{yaml, ConfigPaths, ConfigStore, Policy};
 use agent_reach::mock_agent::{Latency, MockAgent, MockConfig, Mode, Workload};
 use agent_reach::{Bootstrap, Sidecar};
 use bytes::Bytes;
@@ -1661,7 +1661,7 @@ impl Reach {
         let seed: Vec<SocketAddr> = self.caller.addrs.gossip.into_iter().collect();
         let mut b = Bootstrap::local(&name, agent, &[CAP])?.with_gossip(&seed, self.key.clone());
         b.agent.max_concurrency =
-            serde_yaml::from_str(&self.scenario.max_concurrency_of(slot).to_string())
+            yaml::from_str(&self.scenario.max_concurrency_of(slot).to_string())
                 .map_err(|e| e.to_string())?;
         b.agent.queue.capacity = QUEUE;
         if let Some(g) = b.gossip.as_mut() {

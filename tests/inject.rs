@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
 
+use agent_reach::config::yaml;
 use agent_reach::inject::{apply, Injector, InjectorConfig, Op};
 use support::eventually;
 
@@ -458,7 +459,7 @@ async fn bad_annotations_are_denied_with_a_message_that_names_the_problem() {
         ),
         (
             json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/capabilites": "x" }),
-            "agent-reach: annotation agent-reach.io/capabilites is not one agent-reach reads (known: agent-reach.io/inject, agent-reach.io/status, agent-reach.io/agent-port, agent-reach.io/capabilities, agent-reach.io/config, agent-reach.io/max-concurrency, agent-reach.io/zone, agent-reach.io/probe-path, agent-reach.io/mtls, agent-reach.io/tasks, agent-reach.io/intercept, agent-reach.io/a2a)",
+            "agent-reach: annotation agent-reach.io/capabilites is not one agent-reach reads (known: agent-reach.io/inject, agent-reach.io/status, agent-reach.io/agent-port, agent-reach.io/capabilities, agent-reach.io/config, agent-reach.io/max-concurrency, agent-reach.io/zone, agent-reach.io/probe-path, agent-reach.io/mtls, agent-reach.io/tasks, agent-reach.io/intercept, agent-reach.io/a2a, agent-reach.io/proxy-cpu-request, agent-reach.io/proxy-cpu-limit, agent-reach.io/proxy-memory-request, agent-reach.io/proxy-memory-limit, agent-reach.io/log-level)",
         ),
         (
             json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/config": "coder-bootstrap", "agent-reach.io/zone": "a" }),
@@ -509,6 +510,75 @@ async fn bad_annotations_are_denied_with_a_message_that_names_the_problem() {
         reply.body["response"]["status"]["message"],
         "agent-reach: the pod already has a volume named `agent-reach-policy`, which the sidecar needs"
     );
+    hook.injector.shutdown().await;
+}
+
+#[tokio::test]
+async fn per_pod_resources_and_log_level_land_in_the_sidecar_and_bad_values_are_denied() {
+    let hook = webhook("overrides", |_| {}).await;
+    let mut pod = annotated();
+    for (key, value) in [
+        ("agent-reach.io/proxy-cpu-request", "100m"),
+        ("agent-reach.io/proxy-cpu-limit", "2"),
+        ("agent-reach.io/proxy-memory-request", "64Mi"),
+        ("agent-reach.io/proxy-memory-limit", "1Gi"),
+        ("agent-reach.io/log-level", "debug"),
+    ] {
+        pod["metadata"]["annotations"][key] = json!(value);
+    }
+    let reply = post(&hook, "/inject", review(&pod)).await;
+    assert_eq!(reply.body["response"]["allowed"], true, "{}", reply.body);
+    let patch = patch_of(&reply).unwrap_or_default();
+    assert_eq!(apply(&mut pod, &ops(&patch)), Ok(()));
+    let sidecar = &pod["spec"]["initContainers"][0];
+    assert_eq!(
+        sidecar["resources"],
+        json!({ "requests": { "cpu": "100m", "memory": "64Mi" }, "limits": { "cpu": "2", "memory": "1Gi" } })
+    );
+    let log: Vec<&Value> = sidecar["env"]
+        .as_array()
+        .map(|env| {
+            env.iter()
+                .filter(|e| e["name"] == "AGENT_REACH_LOG")
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        log,
+        [&json!({ "name": "AGENT_REACH_LOG", "value": "debug" })]
+    );
+
+    let cases = [
+        (
+            "agent-reach.io/proxy-cpu-request",
+            "-250m",
+            "agent-reach: annotation agent-reach.io/proxy-cpu-request: `-250m` is negative",
+        ),
+        (
+            "agent-reach.io/proxy-memory-limit",
+            "1GB",
+            "agent-reach: annotation agent-reach.io/proxy-memory-limit: `1GB` is not a Kubernetes quantity (e.g. `500m`, `0.5`, `2` for CPU; `128Mi`, `1G`, `1e9` for memory)",
+        ),
+        (
+            "agent-reach.io/proxy-memory-request",
+            "1Gi",
+            "agent-reach: annotation agent-reach.io/proxy-memory-request: `1Gi` is above the sidecar's memory limit `128Mi` (the chart's sidecar.resources)",
+        ),
+        (
+            "agent-reach.io/log-level",
+            "loud",
+            "agent-reach: annotation agent-reach.io/log-level: `loud` is not a log level (trace, debug, info, warn, error, off) or a list of `target=level` directives such as `info,agent_reach::gossip=debug`",
+        ),
+    ];
+    for (key, value, message) in cases {
+        let mut bad = annotated();
+        bad["metadata"]["annotations"][key] = json!(value);
+        let reply = post(&hook, "/inject", review(&bad)).await;
+        let response = &reply.body["response"];
+        assert_eq!(response["allowed"], false, "{key}: {value}");
+        assert_eq!(response["status"]["message"], message);
+        assert_eq!(response.get("patch"), None);
+    }
     hook.injector.shutdown().await;
 }
 
@@ -656,8 +726,8 @@ fn the_binary_injects_a_manifest_file_and_refuses_a_bad_one() {
     let service = json!({ "apiVersion": "v1", "kind": "Service", "metadata": { "name": "coder" }, "spec": { "ports": [{ "port": 80 }] } });
     let text = format!(
         "{}---\n{}",
-        serde_yaml::to_string(&deployment).unwrap_or_default(),
-        serde_yaml::to_string(&service).unwrap_or_default()
+        yaml::to_string(&deployment).unwrap_or_default(),
+        yaml::to_string(&service).unwrap_or_default()
     );
     let _ = std::fs::write(&manifest, text);
     let out = inject_file(&manifest, &[]);
@@ -669,7 +739,7 @@ fn the_binary_injects_a_manifest_file_and_refuses_a_bad_one() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let docs: Vec<Value> = stdout
         .split("---\n")
-        .filter_map(|d| serde_yaml::from_str(d).ok())
+        .filter_map(|d| yaml::from_str(d).ok())
         .collect();
     assert_eq!(docs.len(), 2);
     assert_eq!(
@@ -905,7 +975,7 @@ fn manual_injection_takes_the_namespace_and_treats_nulls_as_missing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let pod: Value = serde_yaml::from_slice(&out.stdout).unwrap_or_default();
+    let pod: Value = yaml::from_slice(&out.stdout).unwrap_or_default();
     assert_eq!(pod["spec"]["initContainers"][0]["name"], "agent-reach");
     // Policy, gossip key and the task store's emptyDir.
     assert_eq!(pod["spec"]["volumes"].as_array().map(Vec::len), Some(3));

@@ -115,6 +115,46 @@ fn data_path_functions_are_short() {
     );
 }
 
+/// A swap of the YAML parser to a maintained fork touches one file (`src/config/yaml.rs`).
+#[test]
+fn yaml_is_parsed_in_one_file() {
+    let crate_ = Crate::read();
+    let users: Vec<String> = crate_
+        .files
+        .iter()
+        .filter(|f| f.path != Path::new("src/config/yaml.rs"))
+        .filter(|f| words(&f.text, "serde_yaml").next().is_some())
+        .map(|f| f.path.display().to_string())
+        .collect();
+    assert!(
+        users.is_empty(),
+        "serde_yaml named outside src/config/yaml.rs (use its functions instead): {users:?}"
+    );
+}
+
+/// HMAC-SHA256 and SHA-256 come from ring, already linked through rustls.
+#[test]
+fn digests_come_from_ring() {
+    let manifest = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .unwrap_or_else(|e| panic!("Cargo.toml: {e}"));
+    let mut section = "";
+    let mut found = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+        } else if section.ends_with("dependencies]") {
+            let name = line.split(['=', ' ', '.']).next().unwrap_or_default();
+            if ["hmac", "sha2"].contains(&name) {
+                found.push(format!("{section} {name}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "use ring::hmac / ring::digest instead: {found:?}"
+    );
+}
+
 /// The scanner's own checks, so a blind spot shows up here rather than as a silent pass.
 #[test]
 fn scanner_sees_what_it_should() {

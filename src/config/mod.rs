@@ -14,7 +14,7 @@ mod rule_tables;
 mod scalar;
 mod tasks;
 mod watch;
-mod yaml;
+pub mod yaml;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

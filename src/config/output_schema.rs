@@ -84,7 +84,7 @@ impl OutputSchema {
         let text = std::fs::read_to_string(&full)
             .map_err(|e| format!("cannot read schema file {}: {e}", full.display()))?;
         // YAML is a superset of JSON: one parser reads both.
-        let schema: serde_json::Value = serde_yaml::from_str(&text)
+        let schema: serde_json::Value = super::yaml::from_str(&text)
             .map_err(|e| format!("schema file {}: not JSON or YAML: {e}", full.display()))?;
         let compiled = CompiledSchema::compile(&schema)
             .map_err(|e| format!("schema file {}: {e}", full.display()))?;

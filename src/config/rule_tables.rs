@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_yaml::{Mapping, Value};
+use super::yaml::{self, Mapping, Value};
 
 use super::bounds::{rule_for, Row, Rule, MS};
 use super::duration::{format_duration, parse_duration};
@@ -27,7 +27,7 @@ fn example(name: &str) -> Value {
         .join("config")
         .join(name);
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    serde_yaml::from_str(&text).unwrap_or(Value::Null)
+    yaml::from_str(&text).unwrap_or(Value::Null)
 }
 
 /// The example bootstrap with every optional numeric key present.
@@ -37,10 +37,10 @@ fn full_bootstrap() -> Value {
         cap["expected_duration"] = "5s".into();
         cap["paths"] = vec![Value::from("/review")].into();
         cap["probe"]["expect_json"] =
-            serde_yaml::from_str("{ pointer: /ok, value: true }").unwrap_or_default();
+            yaml::from_str("{ pointer: /ok, value: true }").unwrap_or_default();
         let quality =
             "{ interval: 1h, threshold: 0.8, tasks: [{ path: /review, baseline: b.json }] }";
-        cap["quality"] = serde_yaml::from_str(quality).unwrap_or_default();
+        cap["quality"] = yaml::from_str(quality).unwrap_or_default();
     }
     doc
 }
@@ -49,7 +49,7 @@ fn full_bootstrap() -> Value {
 fn full_policy() -> Value {
     let mut doc = example("policy.yaml");
     let target = "{ name: inventory, capability: inventory, endpoints: [127.0.0.1:1], timeout: 2s, max_concurrency: 32, rate_limit: { per_second: 50, burst: 100 } }";
-    doc["targets"] = Value::Sequence(vec![serde_yaml::from_str(target).unwrap_or_default()]);
+    doc["targets"] = Value::Sequence(vec![yaml::from_str(target).unwrap_or_default()]);
     doc
 }
 
@@ -147,7 +147,7 @@ fn files() -> [(&'static str, &'static [Row], Value, Parse); 2] {
 #[test]
 fn the_full_examples_are_valid() {
     for (file, _, doc, parse) in files() {
-        let text = serde_yaml::to_string(&doc).unwrap_or_default();
+        let text = yaml::to_string(&doc).unwrap_or_default();
         let parsed = parse(Path::new(file), &text);
         assert!(parsed.is_ok(), "{file}: {parsed:?}\n{text}");
     }
@@ -161,7 +161,7 @@ fn every_rule_refuses_bad_values_where_they_are_written() {
             for bad in bad_values(*rule) {
                 let mut doc = base.clone();
                 let key = set(&mut doc, pattern, bad.clone());
-                let text = serde_yaml::to_string(&doc).unwrap_or_default();
+                let text = yaml::to_string(&doc).unwrap_or_default();
                 let err = match parse(Path::new(file), &text) {
                     Ok(()) => panic!("{file}: `{key}: {bad:?}` was accepted\n{text}"),
                     Err(err) => err,
@@ -177,7 +177,7 @@ fn every_rule_refuses_bad_values_where_they_are_written() {
                 };
                 assert!(message.starts_with(&format!("{key}: ")), "{key}: {err}");
                 // The position is the bad value's own.
-                let written = serde_yaml::to_string(&bad).unwrap_or_default();
+                let written = yaml::to_string(&bad).unwrap_or_default();
                 let at = text
                     .lines()
                     .nth(line - 1)
@@ -202,7 +202,7 @@ fn every_rule_accepts_its_bounds() {
             for good in good_values(*rule) {
                 let mut doc = base.clone();
                 let key = set(&mut doc, pattern, good.clone());
-                let text = serde_yaml::to_string(&doc).unwrap_or_default();
+                let text = yaml::to_string(&doc).unwrap_or_default();
                 let parsed = parse(Path::new(file), &text);
                 assert!(parsed.is_ok(), "{file}: `{key}: {good:?}`: {parsed:?}");
             }
@@ -242,14 +242,14 @@ fn numeric_keys_all_have_a_rule() {
         }
     }
     // Through the typed values, so keys the examples leave out (defaults) are seen too.
-    let bootstrap = serde_yaml::to_string(&full_bootstrap())
+    let bootstrap = yaml::to_string(&full_bootstrap())
         .ok()
         .and_then(|t| parse_bootstrap(Path::new("b"), &t).ok())
-        .and_then(|b| serde_yaml::to_value(b).ok());
-    let policy = serde_yaml::to_string(&full_policy())
+        .and_then(|b| yaml::to_value(b).ok());
+    let policy = yaml::to_string(&full_policy())
         .ok()
         .and_then(|t| parse_policy(Path::new("p"), &t).ok())
-        .and_then(|p| serde_yaml::to_value(p).ok());
+        .and_then(|p| yaml::to_value(p).ok());
     let mut missing = Vec::new();
     walk(
         &bootstrap.unwrap_or_default(),

@@ -287,18 +287,19 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::config::yaml;
 
     proptest! {
         #[test]
         fn arbitrary_text_never_panics(text in any::<String>()) {
             let _ = Name::parse(&text);
             let _ = HostPort::parse(&text);
-            let _ = serde_yaml::from_str::<Name>(&text);
-            let _ = serde_yaml::from_str::<HostPort>(&text);
-            let _ = serde_yaml::from_str::<PositiveCount>(&text);
-            let _ = serde_yaml::from_str::<HeaderBytes>(&text);
-            let _ = serde_yaml::from_str::<Cost>(&text);
-            let _ = serde_yaml::from_str::<Proficiency>(&text);
+            let _ = yaml::from_str::<Name>(&text);
+            let _ = yaml::from_str::<HostPort>(&text);
+            let _ = yaml::from_str::<PositiveCount>(&text);
+            let _ = yaml::from_str::<HeaderBytes>(&text);
+            let _ = yaml::from_str::<Cost>(&text);
+            let _ = yaml::from_str::<Proficiency>(&text);
         }
 
         /// Whatever the pod or host is called, the sanitized name is a valid one.
@@ -314,7 +315,7 @@ mod tests {
             prop_assert_eq!(name.as_ref().map(Name::as_str), Ok(text.as_str()));
             let sanitized = Name::sanitized(&text, "agent");
             prop_assert_eq!(sanitized.as_str(), text.as_str());
-            let back: Result<Name, _> = serde_yaml::from_str(&serde_yaml::to_string(&name.ok()).unwrap_or_default());
+            let back: Result<Name, _> = yaml::from_str(&yaml::to_string(&name.ok()).unwrap_or_default());
             prop_assert_eq!(back.ok().map(|n| n.0), Some(text));
         }
 
@@ -329,19 +330,19 @@ mod tests {
         /// Numbers are accepted exactly when they are in range, and come back as written.
         #[test]
         fn numbers_are_checked_and_round_trip(v in prop_oneof![any::<f64>(), -2.0..2.0f64, Just(f64::NAN)]) {
-            let text = serde_yaml::to_string(&v).unwrap_or_default();
-            let proficiency = serde_yaml::from_str::<Proficiency>(&text).ok().map(Proficiency::get);
+            let text = yaml::to_string(&v).unwrap_or_default();
+            let proficiency = yaml::from_str::<Proficiency>(&text).ok().map(Proficiency::get);
             prop_assert_eq!(proficiency, (0.0..=1.0).contains(&v).then_some(v));
-            let cost = serde_yaml::from_str::<Cost>(&text).ok().map(|c| c.0);
+            let cost = yaml::from_str::<Cost>(&text).ok().map(|c| c.0);
             prop_assert_eq!(cost, (v >= 0.0 && v.is_finite()).then_some(v));
         }
 
         #[test]
         fn counts_are_checked_and_round_trip(n in any::<u64>()) {
             let text = n.to_string();
-            let count = serde_yaml::from_str::<PositiveCount>(&text).ok().map(PositiveCount::get);
+            let count = yaml::from_str::<PositiveCount>(&text).ok().map(PositiveCount::get);
             prop_assert_eq!(count, (1..=u64::from(u32::MAX)).contains(&n).then_some(n as usize));
-            let bytes = serde_yaml::from_str::<HeaderBytes>(&text).ok().map(HeaderBytes::get);
+            let bytes = yaml::from_str::<HeaderBytes>(&text).ok().map(HeaderBytes::get);
             prop_assert_eq!(bytes, (8192..=1 << 20).contains(&n).then_some(n as usize));
         }
     }

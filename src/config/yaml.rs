@@ -1,9 +1,17 @@
-//! The one place YAML is parsed. serde_yaml is deprecated upstream; swapping in a maintained fork
-//! (serde_yaml_ng, serde_norway) touches only this file.
+//! The one place YAML is parsed and written. serde_yaml is deprecated upstream; swapping in a
+//! maintained fork (serde_yaml_ng, serde_norway) touches only this file (tests/layout.rs holds
+//! every other file of `src/` to it). The `pub` part is for the injector, the tests and the
+//! benchmarks, which read and write Kubernetes manifests.
 
 use std::path::Path;
 
 use serde::de::{DeserializeOwned, DeserializeSeed};
+use serde::Serialize;
+
+/// Why a YAML text could not be read or a value written; says where in the text.
+pub use serde_yaml::Error;
+/// A YAML document as a tree, and its mappings, for code that builds or inspects one.
+pub use serde_yaml::{Mapping, Value};
 
 use super::bounds::{Row, Walk};
 use super::ConfigError;
@@ -53,6 +61,33 @@ pub(crate) fn top_level_keys(path: &Path, text: &str) -> Result<Vec<String>, Con
     }
 }
 
+/// One YAML document as `T` (no file to name in errors: for manifests, tests and tools).
+pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
+    serde_yaml::from_str(text)
+}
+
+/// [`from_str`] of bytes (a tool's output).
+pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    serde_yaml::from_slice(bytes)
+}
+
+/// Every document of a multi-document stream (`---` between them), in order, each as `T`.
+pub fn documents<'t, T: DeserializeOwned + 't>(
+    text: &'t str,
+) -> impl Iterator<Item = Result<T, Error>> + 't {
+    serde_yaml::Deserializer::from_str(text).map(T::deserialize)
+}
+
+/// `value` as a YAML document.
+pub fn to_string<T: Serialize + ?Sized>(value: &T) -> Result<String, Error> {
+    serde_yaml::to_string(value)
+}
+
+/// `value` as a YAML tree.
+pub fn to_value<T: Serialize>(value: T) -> Result<Value, Error> {
+    serde_yaml::to_value(value)
+}
+
 /// Where `needle` first appears in `text` (1-based line and column), for an error found after
 /// the parse; the document's start when it does not.
 pub(crate) fn locate(text: &str, needle: &str) -> (usize, usize) {
@@ -85,5 +120,26 @@ fn invalid(path: &Path, err: &serde_yaml::Error) -> ConfigError {
         line,
         column,
         message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::config::HumanDuration;
+
+    proptest! {
+        /// A config value written as YAML reads back the same (durations have their own text
+        /// form, `1m30s`); here rather than in `duration.rs`, which `bounds` (imported above)
+        /// uses.
+        #[test]
+        fn human_durations_round_trip_through_yaml(ms in 0..=365 * 86_400_000u64) {
+            let d = HumanDuration::from_millis(ms);
+            let text = to_string(&d).unwrap_or_default();
+            let back: Result<HumanDuration, _> = from_str(&text);
+            prop_assert_eq!(back.ok(), Some(d));
+        }
     }
 }

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use http::request::Parts;
 use http::{HeaderMap, Response};
-use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 pub use stored::Stored;
@@ -50,22 +49,24 @@ pub enum Claim {
 /// large to buffer, its declared length.
 pub fn fingerprint<B>(head: &Parts, upload: &Upload<B>) -> Fingerprint {
     let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut hash = Sha256::new();
+    let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
     hash.update(head.method.as_str().as_bytes());
-    hash.update([0]);
+    hash.update(&[0]);
     hash.update(path.as_bytes());
-    hash.update([0]);
+    hash.update(&[0]);
     match upload {
         Upload::Buffered(bytes) => {
-            hash.update([1]);
+            hash.update(&[1]);
             hash.update(bytes);
         }
         Upload::Stream(_, length) => {
-            hash.update([2]);
-            hash.update(length.unwrap_or(u64::MAX).to_be_bytes());
+            hash.update(&[2]);
+            hash.update(&length.unwrap_or(u64::MAX).to_be_bytes());
         }
     }
-    hash.finalize().into()
+    let mut fingerprint = [0u8; 32];
+    fingerprint.copy_from_slice(hash.finish().as_ref());
+    fingerprint
 }
 
 /// The request's `idempotency-key`, when it has a usable one.

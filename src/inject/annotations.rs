@@ -4,6 +4,10 @@
 use serde_json::{Map, Value};
 
 use super::config::InjectorConfig;
+use super::overrides::{
+    SidecarOverrides, LOG_LEVEL, PROXY_CPU_LIMIT, PROXY_CPU_REQUEST, PROXY_MEMORY_LIMIT,
+    PROXY_MEMORY_REQUEST,
+};
 use crate::config::Name;
 
 pub const PREFIX: &str = "agent-reach.io/";
@@ -28,7 +32,7 @@ pub const A2A: &str = "agent-reach.io/a2a";
 /// The label injected pods carry: the gossip Service, NetworkPolicy and PodMonitor select it.
 pub const INJECTED_LABEL: &str = "agent-reach.io/injected";
 
-const KNOWN: [&str; 12] = [
+const KNOWN: [&str; 17] = [
     INJECT,
     STATUS,
     AGENT_PORT,
@@ -41,6 +45,11 @@ const KNOWN: [&str; 12] = [
     TASKS,
     INTERCEPT,
     A2A,
+    PROXY_CPU_REQUEST,
+    PROXY_CPU_LIMIT,
+    PROXY_MEMORY_REQUEST,
+    PROXY_MEMORY_LIMIT,
+    LOG_LEVEL,
 ];
 
 /// Why a pod cannot be admitted as written: the denial message the user sees.
@@ -94,6 +103,8 @@ pub struct Settings {
     pub intercept: bool,
     /// The bootstrap's `agent.a2a`: capabilities from the agent's card.
     pub a2a: bool,
+    /// Resources and log level of this pod's sidecar, over the chart's.
+    pub sidecar: SidecarOverrides,
 }
 
 impl Settings {
@@ -111,6 +122,7 @@ impl Settings {
             tasks: config.tasks.enabled,
             intercept: config.intercept.default,
             a2a: false,
+            sidecar: SidecarOverrides::default(),
         }
     }
 
@@ -141,6 +153,15 @@ impl Settings {
             }
         }
         let mut settings = Settings::defaults(config);
+        // The container's own settings: they hold beside a whole bootstrap (`CONFIG`) too.
+        settings.sidecar =
+            SidecarOverrides::from_annotations(get, &config.sidecar).map_err(|e| {
+                AnnotationError::Invalid {
+                    key: e.key,
+                    value: e.value,
+                    problem: e.problem,
+                }
+            })?;
         match get(MTLS) {
             None => {}
             Some("disabled") => settings.mtls = false,

@@ -2,12 +2,12 @@
 //! manifests with the sidecar added to every pod template that asks for it, exactly as the
 //! webhook would (for clusters without the webhook, and to see what it will do).
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::config::InjectorConfig;
 use super::patch::apply;
 use super::pod::{decide, Decision, OptIn};
+use crate::config::yaml;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
@@ -48,9 +48,9 @@ pub fn inject_manifests(
 ) -> Result<(String, usize), ManifestError> {
     let mut out = Vec::new();
     let mut injected = 0;
-    for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (index, document) in yaml::documents::<Value>(text).enumerate() {
         let index = index + 1;
-        let mut doc = Value::deserialize(document).map_err(|e| ManifestError::Yaml {
+        let mut doc = document.map_err(|e| ManifestError::Yaml {
             index,
             message: e.to_string(),
         })?;
@@ -90,12 +90,10 @@ pub fn inject_manifests(
                 }
             }
         }
-        out.push(
-            serde_yaml::to_string(&doc).map_err(|e| ManifestError::Yaml {
-                index,
-                message: e.to_string(),
-            })?,
-        );
+        out.push(yaml::to_string(&doc).map_err(|e| ManifestError::Yaml {
+            index,
+            message: e.to_string(),
+        })?);
     }
     Ok((out.join("---\n"), injected))
 }

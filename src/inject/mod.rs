@@ -7,8 +7,10 @@ mod config;
 mod load;
 mod manifest;
 mod mtls;
+mod overrides;
 mod patch;
 mod pod;
+mod quantity;
 mod review;
 mod server;
 mod tasks;
@@ -22,6 +24,10 @@ pub use annotations::{
 pub use config::{Defaults, InjectorConfig, Intercept, Mtls, Prometheus, Tasks, TlsFiles};
 pub use manifest::{inject_manifests, ManifestError};
 pub use mtls::{TLS_DIR, TLS_VOLUME};
+pub use overrides::{
+    SidecarOverrides, LOG_LEVEL, PROXY_CPU_LIMIT, PROXY_CPU_REQUEST, PROXY_MEMORY_LIMIT,
+    PROXY_MEMORY_REQUEST,
+};
 pub use patch::{apply, escape, Op, PatchError};
 pub use pod::{bootstrap_text, decide, Decision, OptIn, INIT_NET};
 pub use review::{answer, Answer, BadReview, Verdict};

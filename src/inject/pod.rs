@@ -9,7 +9,7 @@ use super::config::InjectorConfig;
 use super::mtls;
 use super::patch::{escape, Op};
 use super::tasks;
-use crate::config::{parse_bootstrap, Bootstrap};
+use crate::config::{parse_bootstrap, yaml, Bootstrap};
 
 /// Init containers that set up a mesh's traffic redirection: the sidecar goes after them.
 const NETWORK_SETUP: [&str; 4] = [
@@ -262,7 +262,7 @@ pub fn bootstrap_text(
     if settings.tasks && config.tasks.enabled {
         bootstrap.insert("tasks".into(), tasks::bootstrap_tasks(&config.tasks));
     }
-    let text = serde_yaml::to_string(&Value::Object(bootstrap)).map_err(|e| e.to_string())?;
+    let text = yaml::to_string(&Value::Object(bootstrap)).map_err(|e| e.to_string())?;
     let parsed = parse_bootstrap(Path::new("bootstrap"), &text).map_err(|e| e.to_string())?;
     Ok((text, parsed))
 }
@@ -275,6 +275,7 @@ fn patch(
 ) -> Result<Vec<Op>, AnnotationError> {
     let mut ops = Vec::new();
     let mut container = config.sidecar.clone();
+    settings.sidecar.apply(&mut container);
     let mut volumes = config.volumes.clone();
     let mut env = vec![];
     match &settings.config_map {

@@ -8,10 +8,13 @@ use serde_json::{json, Value};
 use super::annotations::{AnnotationError, A2A, MTLS, TASKS};
 use super::config::InjectorConfig;
 use super::mtls::{TLS_DIR, TLS_VOLUME};
+use super::overrides::{
+    LOG_LEVEL, PROXY_CPU_LIMIT, PROXY_CPU_REQUEST, PROXY_MEMORY_LIMIT, PROXY_MEMORY_REQUEST,
+};
 use super::patch::apply;
 use super::pod::{decide, Decision, OptIn};
 use super::tasks::{TASKS_DIR, TASKS_VOLUME, WORKLOAD_ENV};
-use crate::config::parse_bootstrap;
+use crate::config::{parse_bootstrap, yaml};
 
 const SHIPPED: &str = include_str!("../../config/injector.yaml");
 
@@ -111,7 +114,7 @@ fn bootstrap(pod: &Value) -> Value {
     if let Err(err) = parse_bootstrap(Path::new("bootstrap"), &text) {
         panic!("the injected bootstrap does not parse: {err}\n{text}");
     }
-    serde_yaml::from_str(&text).unwrap_or(Value::Null)
+    yaml::from_str(&text).unwrap_or(Value::Null)
 }
 
 #[test]
@@ -498,4 +501,98 @@ fn the_a2a_annotation_asks_for_card_import_and_is_checked() {
         injected(&config, &new_pod(annotations, None)),
         Err(AnnotationError::Invalid { key: A2A, .. })
     ));
+}
+
+#[test]
+fn resource_and_log_level_annotations_override_the_charts_sidecar() {
+    let config = config("");
+    let mut annotations = enabled();
+    annotations[PROXY_CPU_REQUEST] = json!("250m");
+    annotations[PROXY_CPU_LIMIT] = json!("1");
+    annotations[PROXY_MEMORY_LIMIT] = json!("512Mi");
+    annotations[LOG_LEVEL] = json!("info,agent_reach::gossip=debug");
+    let pod = match injected(&config, &new_pod(annotations, None)) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(
+        sidecar(&pod)["resources"],
+        // The request of memory is the chart's (config/injector.yaml): only what is annotated moves.
+        json!({ "requests": { "cpu": "250m", "memory": "32Mi" }, "limits": { "cpu": "1", "memory": "512Mi" } })
+    );
+    assert_eq!(
+        env_value(&pod, "AGENT_REACH_LOG"),
+        Some("info,agent_reach::gossip=debug")
+    );
+    let logs = sidecar(&pod)["env"].as_array().map_or(0, |env| {
+        env.iter()
+            .filter(|e| e["name"] == "AGENT_REACH_LOG")
+            .count()
+    });
+    assert_eq!(logs, 1, "the chart's entry is replaced, not doubled");
+    // Beside a whole bootstrap (agent-reach.io/config) they still apply.
+    let mut whole =
+        json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/config": "coder-bootstrap" });
+    whole[LOG_LEVEL] = json!("debug");
+    let pod = injected(&config, &new_pod(whole, None)).unwrap_or_default();
+    assert_eq!(env_value(&pod, "AGENT_REACH_LOG"), Some("debug"));
+}
+
+#[test]
+fn bad_quantities_and_a_request_above_its_limit_are_denied_naming_the_annotation() {
+    let config = config("");
+    let denial = |key: &str, value: &str| {
+        let mut annotations = enabled();
+        annotations[key] = json!(value);
+        injected(&config, &new_pod(annotations, None))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    for (key, value) in [
+        (PROXY_CPU_REQUEST, "-1"),
+        (PROXY_CPU_LIMIT, "lots"),
+        (PROXY_MEMORY_REQUEST, "128MB"),
+        (PROXY_MEMORY_LIMIT, "1 Gi"),
+        (LOG_LEVEL, "verbose"),
+    ] {
+        let message = denial(key, value);
+        assert!(
+            message.contains(key) && message.contains(value),
+            "{key}: {value}: {message}"
+        );
+    }
+    assert!(denial(PROXY_CPU_REQUEST, "-1").contains("is negative"));
+    // The chart's memory limit is 128Mi (config/injector.yaml).
+    let above = denial(PROXY_MEMORY_REQUEST, "256Mi");
+    assert!(
+        above.contains(PROXY_MEMORY_REQUEST)
+            && above.contains("above the sidecar's memory limit `128Mi`"),
+        "{above}"
+    );
+    // Its memory request is 32Mi: a limit below it names the limit.
+    let below = denial(PROXY_MEMORY_LIMIT, "16Mi");
+    assert!(
+        below.contains(PROXY_MEMORY_LIMIT) && below.contains("request `32Mi`"),
+        "{below}"
+    );
+    let mut both = enabled();
+    both[PROXY_CPU_REQUEST] = json!("2");
+    both[PROXY_CPU_LIMIT] = json!("500m");
+    let err = injected(&config, &new_pod(both, None)).err();
+    assert!(
+        matches!(
+            &err,
+            Some(AnnotationError::Invalid {
+                key: PROXY_CPU_REQUEST,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    // Equal is fine, in any notation.
+    let mut equal = enabled();
+    equal[PROXY_CPU_REQUEST] = json!("0.5");
+    equal[PROXY_CPU_LIMIT] = json!("500m");
+    assert!(injected(&config, &new_pod(equal, None)).is_ok());
 }

@@ -64,8 +64,13 @@ app.kubernetes.io/component: injector
 {{- include "agent-reach.fullname" . }}-policy
 {{- end }}
 
+{{/* The gossip key Secret: the user's (gossip.existingSecret), or the one the chart renders. */}}
 {{- define "agent-reach.gossipKeyName" -}}
+{{- if .Values.gossip.existingSecret }}
+{{- .Values.gossip.existingSecret }}
+{{- else }}
 {{- include "agent-reach.fullname" . }}-gossip-key
+{{- end }}
 {{- end }}
 
 {{- define "agent-reach.gossipServiceName" -}}
