@@ -178,6 +178,40 @@ async fn each_until(
     out
 }
 
+/// Why nodes that do not route to everyone miss whom (`GOSSIP_BENCH_TRACE=1`): per missing
+/// member, what the node's table says of it (`absent`: never heard of).
+fn diagnose(nodes: &[&Node], expected: usize) {
+    if std::env::var_os("GOSSIP_BENCH_TRACE").is_none() {
+        return;
+    }
+    let mut why: HashMap<String, usize> = HashMap::new();
+    let mut behind = 0;
+    for x in nodes {
+        let routed = lock(&x.seen.members).clone();
+        if routed.len() >= expected {
+            continue;
+        }
+        behind += 1;
+        let status = x.handle.status();
+        let listed: HashMap<&str, &gossip::MemberStatus> = status
+            .members
+            .iter()
+            .map(|m| (m.name.as_str(), m))
+            .collect();
+        for other in nodes
+            .iter()
+            .filter(|o| o.name != x.name && !routed.contains(&o.name))
+        {
+            let reason = match listed.get(other.name.as_str()) {
+                None => "absent".to_owned(),
+                Some(m) => format!("{} profile {}", m.liveness, m.profile_seq.is_some()),
+            };
+            *why.entry(reason).or_default() += 1;
+        }
+    }
+    eprintln!("{behind} nodes behind; missing members by what the node knows: {why:?}");
+}
+
 /// Shows where a run's wall time goes (`GOSSIP_BENCH_TRACE=1`).
 fn trace(phase: &str, wall: std::time::Instant, start: Instant) {
     if std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
@@ -254,6 +288,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
 
+    diagnose(&nodes.iter().collect::<Vec<_>>(), n - 1);
     trace("converged", wall, start);
     // Steady state: nothing changes but the periodic refresh and SWIM's own traffic.
     let sum = |nodes: &[Node]| {
@@ -364,7 +399,30 @@ async fn partition_and_heal(
     net.heal();
     let others = living.len() - 1;
     let deadline = Duration::from_secs(120);
-    let healed = each_until(&living, deadline, |x| lock(&x.seen.members).len() == others).await;
+    let healing =
+        async { each_until(&living, deadline, |x| lock(&x.seen.members).len() == others).await };
+    let healed = if std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
+        let start = Instant::now();
+        let watch = async {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let routable: Vec<usize> =
+                    living.iter().map(|x| lock(&x.seen.members).len()).collect();
+                let behind = routable.iter().filter(|r| **r < others).count();
+                eprintln!(
+                    "heal t={:.0}s routable min {} max {}, {behind} nodes behind",
+                    start.elapsed().as_secs_f64(),
+                    routable.iter().min().unwrap_or(&0),
+                    routable.iter().max().unwrap_or(&0),
+                );
+            }
+        };
+        let healed = tokio::select! { healed = healing => healed, () = watch => Vec::new() };
+        diagnose(&living, others);
+        healed
+    } else {
+        healing.await
+    };
     healed.last().copied().filter(|d| *d < deadline)
 }
 

@@ -39,6 +39,9 @@ const ADDITIONS_EVERY: Duration = Duration::from_millis(500);
 const INTRODUCTIONS_CHECK: Duration = Duration::from_secs(5);
 /// A member is asked for its profile at most this often.
 const WANT_EVERY: Duration = Duration::from_secs(1);
+/// A stranger (a node relayed for, unknown to SWIM here) is announced to at most this often:
+/// once it answers it is a member; until then its items keep showing it.
+const MEET_EVERY: Duration = Duration::from_secs(10);
 /// Item transmissions per second each node may spend on periodic refreshes. Every refresh is
 /// passed on `max_transmissions` times by every node, so a fleet of N refreshing every T seconds
 /// costs each node N × max_tx / T of them: past this budget the refresh slows down instead of
@@ -266,6 +269,7 @@ pub fn spawn(
         leaving: false,
         conflicts_seen: 0,
         wanted: HashMap::new(),
+        met: HashMap::new(),
         members_sent: HashMap::new(),
         members_dirty: false,
         members_lost: false,
@@ -317,6 +321,8 @@ struct Node {
     /// Name conflicts already reported.
     conflicts_seen: u64,
     wanted: HashMap<NodeId, Instant>,
+    /// Strangers announced to, and when.
+    met: HashMap<NodeId, Instant>,
     members_sent: HashMap<String, Member>,
     members_dirty: bool,
     /// A member stopped being routable since the last delivery.
@@ -711,6 +717,8 @@ impl Node {
             }
             self.wanted
                 .retain(|_, at| now.saturating_duration_since(*at) < WANT_EVERY * 10);
+            self.met
+                .retain(|_, at| now.saturating_duration_since(*at) < MEET_EVERY);
         }
         self.deliver_members(now);
         // Membership changes show in `/status` within a tick; suspicion within half a second.
@@ -730,6 +738,7 @@ impl Node {
 
     /// Sends what foca asked for, schedules its timers, and passes changes on to the sink.
     fn flush(&mut self) {
+        self.meet_strangers();
         while let Some((to, data)) = self.runtime.to_send() {
             self.send(to.addr, Kind::Swim, &data);
         }
@@ -797,6 +806,25 @@ impl Node {
             }
         }
         self.deliver_lives(live_updates);
+    }
+
+    /// Announces this node to the nodes others relay for but SWIM does not count alive here.
+    /// The answer makes each a member of the other: a membership update this node missed is
+    /// repaired, and after a partition whichever side holds the other as down says so, so that
+    /// side rejoins under a new identity.
+    fn meet_strangers(&mut self) {
+        let strangers = std::mem::take(&mut self.handler.lock().strangers);
+        let now = Instant::now();
+        for node in strangers {
+            let recently = self
+                .met
+                .get(&node)
+                .is_some_and(|at| now.saturating_duration_since(*at) < MEET_EVERY);
+            if !recently {
+                self.met.insert(node.clone(), now);
+                let _ = self.foca.announce(node, &mut self.runtime);
+            }
+        }
     }
 
     /// Hands the routable set to the sink if it changed. Runs once a tick, not per packet: a

@@ -29,6 +29,8 @@ const SEQ_SLACK: u64 = 1024;
 /// key holder relaying a forged view can get at most this far ahead, and the node's next
 /// first-hand item overrides it. Further is refused, and the node is asked directly.
 const MAX_RELAYED_LEAD: u64 = 256;
+/// Strangers kept between two drains: a burst of forged items cannot grow the list further.
+const MAX_STRANGERS: usize = 64;
 
 /// How an item reached this node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +98,10 @@ pub(super) struct Table {
     pub wants: Vec<NodeId>,
     /// Members SWIM just reported up for the first time: they get this node's state directly.
     pub newcomers: Vec<NodeId>,
+    /// Nodes whose items others relay but that SWIM does not count alive here: a membership
+    /// update this node never got, or the other side of a healed partition. The node announces
+    /// itself to them, which makes each side a member of the other.
+    pub strangers: Vec<NodeId>,
     /// Another node claimed this node's name (two agents with one name).
     pub name_conflicts: u64,
 }
@@ -124,6 +130,7 @@ impl Table {
             live_updates: Vec::new(),
             wants: Vec::new(),
             newcomers: Vec::new(),
+            strangers: Vec::new(),
             name_conflicts: 0,
         }
     }
@@ -177,13 +184,17 @@ impl Table {
             if origin == Origin::Relayed {
                 // Heard of second-hand only: it introduces itself when SWIM sees it. If SWIM
                 // already counts it alive, its introduction was lost: ask it directly.
-                self.want(&item.node);
+                self.want_or_meet(&item.node);
                 return Err(Applied::Stale);
             }
             self.bind_afresh(&item.name, &item.node, now);
             return Ok(());
         };
         if e.node == item.node {
+            if origin == Origin::Relayed {
+                // Others still hear from a node SWIM counts out here (a partition healed).
+                self.meet(&item.node);
+            }
             return Ok(());
         }
         if item.node.epoch <= e.node.epoch {
@@ -195,7 +206,7 @@ impl Table {
             return Err(self.refuse(Rejected::NameTaken));
         }
         if origin == Origin::Relayed {
-            self.want(&item.node);
+            self.want_or_meet(&item.node);
             return Err(Applied::Stale);
         }
         // A restarted agent (or one that rejoined): its old incarnation is gone for good.
@@ -282,6 +293,25 @@ impl Table {
     fn want(&mut self, node: &NodeId) {
         if self.active.contains(node) && !self.wants.contains(node) {
             self.wants.push(node.clone());
+        }
+    }
+
+    /// A node heard of second-hand: asked for its items if SWIM counts it alive, else met.
+    fn want_or_meet(&mut self, node: &NodeId) {
+        self.want(node);
+        self.meet(node);
+    }
+
+    /// Notes a node others relay for but SWIM does not count alive here. SWIM alone may never
+    /// bring it: a membership update is passed on a bounded number of times, a push-pull
+    /// answer holds a few dozen members of a fleet of thousands, and after a partition each
+    /// side holds the other as down. The node's items keep being relayed, so they show it.
+    fn meet(&mut self, node: &NodeId) {
+        if !self.active.contains(node)
+            && self.strangers.len() < MAX_STRANGERS
+            && !self.strangers.contains(node)
+        {
+            self.strangers.push(node.clone());
         }
     }
 

@@ -381,3 +381,47 @@ fn an_ipv4_peer_seen_through_an_ipv6_socket_is_the_same_address() {
     assert!(same_addr(v4, mapped));
     assert!(!same_addr(v4, SocketAddr::from(([10, 0, 0, 1], 4191))));
 }
+
+#[test]
+fn a_node_relayed_for_that_swim_does_not_count_alive_is_met_not_asked() {
+    let now = Instant::now();
+    let mut t = table();
+    // Never seen by SWIM here: met (announced to), not asked (it would not be answered).
+    let stranger = node(2, 5);
+    let relayed = item("a", stranger.clone(), 1, live(0, State::Healthy));
+    assert_eq!(t.apply(&relayed, Relayed, now), Applied::Stale);
+    assert_eq!(t.strangers, vec![stranger.clone()]);
+    assert!(t.wants.is_empty());
+    // Once SWIM counts it alive, a relayed item asks it for its items instead.
+    t.strangers.clear();
+    t.member_up(&stranger);
+    assert_eq!(t.apply(&relayed, Relayed, now), Applied::Stale);
+    assert!(t.strangers.is_empty());
+    assert_eq!(t.wants, vec![stranger.clone()]);
+    // A member held as down that others still relay for (a healed partition) is met again,
+    // and so is its new identity before SWIM here has heard of it.
+    t.apply(
+        &item("a", stranger.clone(), 2, profile("10.0.0.1:3")),
+        FirstHand,
+        now,
+    );
+    t.member_down(&stranger, now);
+    let late = item("a", stranger.clone(), 3, live(2, State::Healthy));
+    t.apply(&late, Relayed, now);
+    assert_eq!(t.strangers, vec![stranger.clone()]);
+    let renewed = node(2, 6);
+    t.apply(
+        &item("a", renewed.clone(), 1, live(0, State::Healthy)),
+        Relayed,
+        now,
+    );
+    assert_eq!(t.strangers, vec![stranger, renewed]);
+    // A node's own first-hand word makes no stranger.
+    t.strangers.clear();
+    t.apply(
+        &item("b", node(3, 5), 1, profile("10.0.0.1:4")),
+        FirstHand,
+        now,
+    );
+    assert!(t.strangers.is_empty());
+}
