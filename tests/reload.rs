@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use agent_reach::config::{self, ConfigPaths, Policy};
 use agent_reach::mock_agent::MockConfig;
-use agent_reach::Bootstrap;
+use agent_reach::{Bootstrap, Sidecar};
 use support::*;
 
 /// A directory laid out the way the kubelet mounts a ConfigMap.
@@ -56,19 +56,24 @@ impl Drop for ConfigMapDir {
     }
 }
 
-#[tokio::test]
-async fn policy_symlink_swap_reloads_valid_and_rejects_invalid() {
-    let agent = mock(MockConfig::new("coder-1")).await;
-    let mut dir = ConfigMapDir::new("reload");
-    dir.publish(&[("policy.yaml", "timeouts: { request: 7s }\n")]);
-    let mut bootstrap = Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap();
+/// A sidecar with `bootstrap` whose policy is `dir`'s `policy.yaml`, checked every 50 ms.
+async fn watching_policy(mut bootstrap: Bootstrap, dir: &ConfigMapDir) -> Sidecar {
     bootstrap.watch_interval = config::HumanDuration::from_millis(50);
     let policy = config::load_policy(&dir.path("policy.yaml")).unwrap();
     let paths = ConfigPaths {
         bootstrap: None,
         policy: Some(dir.path("policy.yaml")),
     };
-    let sidecar = sidecar_with(bootstrap, policy, paths).await;
+    sidecar_with(bootstrap, policy, paths).await
+}
+
+#[tokio::test]
+async fn policy_symlink_swap_reloads_valid_and_rejects_invalid() {
+    let agent = mock(MockConfig::new("coder-1")).await;
+    let mut dir = ConfigMapDir::new("reload");
+    dir.publish(&[("policy.yaml", "timeouts: { request: 7s }\n")]);
+    let bootstrap = Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap();
+    let sidecar = watching_policy(bootstrap, &dir).await;
     assert_eq!(
         sidecar.status().policy.timeouts.request.get(),
         Duration::from_secs(7)
@@ -169,17 +174,11 @@ async fn a_nan_policy_is_refused_and_calls_keep_working() {
     let callee = sidecar(Bootstrap::local("coder-2", agent.addr, &[CAP]).unwrap()).await;
     let mut dir = ConfigMapDir::new("reload-nan");
     dir.publish(&[("policy.yaml", "retry:\n  budget: { ratio: 0.5 }\n")]);
-    let mut bootstrap = Bootstrap::local("caller", any_port(), &[])
+    let bootstrap = Bootstrap::local("caller", any_port(), &[])
         .unwrap()
         .with_peer("coder-2", callee.addrs.inbound, &[CAP])
         .unwrap();
-    bootstrap.watch_interval = config::HumanDuration::from_millis(50);
-    let policy = config::load_policy(&dir.path("policy.yaml")).unwrap();
-    let paths = ConfigPaths {
-        bootstrap: None,
-        policy: Some(dir.path("policy.yaml")),
-    };
-    let caller = sidecar_with(bootstrap, policy, paths).await;
+    let caller = watching_policy(bootstrap, &dir).await;
     assert_eq!(call(&client(), caller.addrs.outbound).await.status, 200);
     let generation = caller.status().config_generation;
 
@@ -220,14 +219,8 @@ async fn a_restart_only_key_keeps_its_running_value_and_is_shown_pending() {
         format!("pool: {{ max_idle_per_host: {idle} }}\ntimeouts: {{ request: {request} }}\n")
     };
     dir.publish(&[("policy.yaml", &policy_text(64, "7s"))]);
-    let mut bootstrap = Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap();
-    bootstrap.watch_interval = config::HumanDuration::from_millis(50);
-    let policy = config::load_policy(&dir.path("policy.yaml")).unwrap();
-    let paths = ConfigPaths {
-        bootstrap: None,
-        policy: Some(dir.path("policy.yaml")),
-    };
-    let sidecar = sidecar_with(bootstrap, policy, paths).await;
+    let bootstrap = Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap();
+    let sidecar = watching_policy(bootstrap, &dir).await;
     let admin = sidecar.addrs.admin;
 
     // One change: a restart-only key and a live one.
@@ -326,15 +319,8 @@ async fn a_reloaded_connect_timeout_applies_to_the_next_connection() {
     let (blackhole, _held) = a_listener_that_never_completes_a_connect().await;
     let mut dir = ConfigMapDir::new("reload-connect");
     dir.publish(&[("policy.yaml", "timeouts: { connect: 20s, request: 4s }\n")]);
-    let mut bootstrap =
-        Bootstrap::local("coder-1", blackhole.local_addr().unwrap(), &[CAP]).unwrap();
-    bootstrap.watch_interval = config::HumanDuration::from_millis(50);
-    let policy = config::load_policy(&dir.path("policy.yaml")).unwrap();
-    let paths = ConfigPaths {
-        bootstrap: None,
-        policy: Some(dir.path("policy.yaml")),
-    };
-    let sidecar = sidecar_with(bootstrap, policy, paths).await;
+    let bootstrap = Bootstrap::local("coder-1", blackhole.local_addr().unwrap(), &[CAP]).unwrap();
+    let sidecar = watching_policy(bootstrap, &dir).await;
 
     dir.publish(&[("policy.yaml", "timeouts: { connect: 200ms, request: 4s }\n")]);
     eventually(
