@@ -84,6 +84,9 @@ self_test() {
 
 manifest=Cargo.toml
 run_self_test=0
+# `cargo metadata --offline` below reads the registry's local copy: on a fresh machine nothing has
+# been downloaded yet, so fetch the locked packages first (a no-op once they are here).
+cargo fetch --locked --quiet
 while [ $# -gt 0 ]; do
     case $1 in
         --self-test) run_self_test=1 ;;
