@@ -4,7 +4,6 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
-use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,14 +17,20 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::address_warnings::{AddressRule, AddressWarnings};
-use super::clock::Clock;
-use super::envelope::{ClusterKey, Kind, Rejected, ReplayGuard, OVERHEAD};
+use super::envelope::{ClusterKey, Kind, Rejected, ReplayGuard};
 use super::model;
 use super::stats::Stats;
 use super::status::GossipStatus;
 use super::table::{same_addr, Handler, Member, Origin, SwimView, Table};
 use super::transport::{Inbox, Transport, MAX_DATAGRAM};
-use super::wire::{self, Body, Decoded, Item, Live, NodeId, WireError};
+use super::wire::{self, Body, Decoded, Live, NodeId};
+
+mod options;
+mod publish;
+mod repair;
+
+pub use options::{max_transmissions, NodeOptions};
+use publish::Published;
 
 /// Largest item published: it must fit in a datagram after foca's header (and the envelope's).
 pub const MAX_ITEM: usize = 1100;
@@ -33,109 +38,6 @@ pub const MAX_ITEM: usize = 1100;
 const TICK: Duration = Duration::from_millis(100);
 /// New members are handed to the sink at most this often (losses go at once).
 const ADDITIONS_EVERY: Duration = Duration::from_millis(500);
-/// How often members alive in SWIM but never introduced are asked for their items: a lost
-/// introduction is otherwise repaired only by the member's next refresh, which a large fleet
-/// slows to tens of seconds (`refresh_interval`).
-const INTRODUCTIONS_CHECK: Duration = Duration::from_secs(5);
-/// A member is asked for its profile at most this often.
-const WANT_EVERY: Duration = Duration::from_secs(1);
-/// A stranger (a node relayed for, unknown to SWIM here) is announced to at most this often:
-/// once it answers it is a member; until then its items keep showing it.
-const MEET_EVERY: Duration = Duration::from_secs(10);
-/// Item transmissions per second each node may spend on periodic refreshes. Every refresh is
-/// passed on `max_transmissions` times by every node, so a fleet of N refreshing every T seconds
-/// costs each node N × max_tx / T of them: past this budget the refresh slows down instead of
-/// the backlog growing (changes are still sent at once).
-const REFRESH_BUDGET: f64 = 250.0;
-/// Even a state change waits this long after the previous publish (a flapping agent must not
-/// flood the fleet); it goes out on the next tick.
-const MIN_URGENT_GAP: Duration = Duration::from_millis(50);
-
-/// Timings and identity of one node.
-#[derive(Clone, Debug)]
-pub struct NodeOptions {
-    pub name: String,
-    /// The gossip address others reach this node at.
-    pub addr: SocketAddr,
-    pub key: ClusterKey,
-    /// Each period the node probes one member.
-    pub probe_interval: Duration,
-    /// A probe not answered in this time goes indirect.
-    pub probe_timeout: Duration,
-    /// A suspect that does not refute within this time is declared down.
-    pub suspect_timeout: Duration,
-    /// The live view is re-published at least this often.
-    pub refresh_interval: Duration,
-    /// …and at most this often, unless its state changed.
-    pub min_publish_interval: Duration,
-    /// Envelopes sent further than this from the receiver's clock are refused.
-    pub replay_window: Duration,
-    /// Times each item is passed on; grows with the fleet (see `max_transmissions`).
-    pub max_transmissions: u8,
-    /// Envelope stamps and epochs: the wall clock, or the runtime's for a simulation.
-    pub clock: Clock,
-    /// Seeds SWIM's random choices (whom to probe, whom to gossip to) for a repeatable
-    /// simulation; `None` seeds from the system.
-    pub seed: Option<u64>,
-    /// Tests: this node writes its items as the next version of the sidecar would
-    /// (`wire::future`), so a fleet of old and new encodings can be tried.
-    #[cfg(test)]
-    pub(crate) newer_wire: bool,
-}
-
-impl NodeOptions {
-    pub fn new(name: impl Into<String>, addr: SocketAddr, key: ClusterKey) -> Self {
-        Self {
-            name: name.into(),
-            addr,
-            key,
-            probe_interval: Duration::from_secs(1),
-            probe_timeout: Duration::from_millis(300),
-            suspect_timeout: Duration::from_secs(3),
-            refresh_interval: Duration::from_secs(2),
-            min_publish_interval: Duration::from_millis(250),
-            replay_window: Duration::from_secs(30),
-            max_transmissions: max_transmissions(256),
-            clock: Clock::Wall,
-            seed: None,
-            #[cfg(test)]
-            newer_wire: false,
-        }
-    }
-
-    fn foca_config(&self) -> foca::Config {
-        let mut c = foca::Config::new_lan(NonZeroU32::MIN);
-        c.probe_period = self.probe_interval.max(Duration::from_millis(10));
-        c.probe_rtt = self
-            .probe_timeout
-            .min(c.probe_period / 2)
-            .max(Duration::from_millis(1));
-        c.suspect_to_down_after = self.suspect_timeout.max(Duration::from_millis(10));
-        c.max_transmissions = std::num::NonZeroU8::new(self.max_transmissions.max(1))
-            .unwrap_or(std::num::NonZeroU8::MIN);
-        c.max_packet_size = NonZeroUsize::new(MAX_DATAGRAM - OVERHEAD).unwrap_or(NonZeroUsize::MIN);
-        // Ask a random member for its member list every few seconds (memberlist's push-pull):
-        // a node that missed an update, or a large fleet's join storm, converges in seconds.
-        c.periodic_announce = Some(foca::PeriodicParams {
-            frequency: Duration::from_secs(5),
-            num_members: NonZeroUsize::MIN,
-        });
-        // After a partition each side holds the other as down; asking one down member every
-        // 10 s whether it is back heals the split in seconds (foca's LAN default waits 65 s).
-        c.periodic_announce_to_down_members = Some(foca::PeriodicParams {
-            frequency: Duration::from_secs(10),
-            num_members: NonZeroUsize::MIN,
-        });
-        c
-    }
-}
-
-/// Retransmissions for a fleet of `n`: memberlist's 4 × log10(n + 1), at least 4.
-pub fn max_transmissions(n: u32) -> u8 {
-    let m = (4.0 * (f64::from(n) + 1.0).log10()).ceil();
-    (m as u8).max(4)
-}
-
 /// Where the node hands what it learns: the sidecar's registry and peer views, or a benchmark.
 pub trait Membership: Send + Sync + 'static {
     /// The members that can be routed to (alive, profile known), after any change.
@@ -289,11 +191,6 @@ pub fn spawn(
         stats,
         task: Mutex::new(Some(task)),
     }
-}
-
-struct Published {
-    item: Item,
-    at: Instant,
 }
 
 struct Node {
@@ -509,145 +406,6 @@ impl Node {
         }
     }
 
-    fn last_live(&self) -> Option<Live> {
-        self.latest_live.or_else(|| {
-            self.live.as_ref().and_then(|p| match p.item.body {
-                Body::Live(l) => Some(l),
-                Body::Profile(_) => None,
-            })
-        })
-    }
-
-    /// Takes the agent's current view; publishes it when it moved meaningfully from the last
-    /// published one (at once for a state change), else keeps it for the next refresh.
-    fn offer_live(&mut self, mut live: Live) {
-        live.profile_seq = self.profile.as_ref().map_or(0, |p| p.item.seq);
-        self.latest_live = Some(live);
-        if self.live_due(Instant::now(), false) {
-            self.publish_live_now(live);
-        }
-    }
-
-    /// Whether the latest view should go out now: it moved enough since the last publish
-    /// (respecting the publish intervals), or the refresh is due.
-    fn live_due(&self, now: Instant, refresh_due: bool) -> bool {
-        let Some(latest) = self.latest_live else {
-            return false;
-        };
-        let Some((prev, at)) = self.live.as_ref().and_then(|p| match p.item.body {
-            Body::Live(l) => Some((l, p.at)),
-            Body::Profile(_) => None,
-        }) else {
-            return true;
-        };
-        let since = now.saturating_duration_since(at);
-        refresh_due
-            || (urgent(&prev, &latest) && since >= MIN_URGENT_GAP)
-            || (moved(&prev, &latest) && since >= self.options.min_publish_interval)
-    }
-
-    fn publish_live_now(&mut self, mut live: Live) {
-        live.profile_seq = self.profile.as_ref().map_or(0, |p| p.item.seq);
-        self.latest_live = Some(live);
-        self.publish(Body::Live(live));
-    }
-
-    fn publish(&mut self, body: Body) {
-        self.seq += 1;
-        let item = Item {
-            name: self.options.name.clone(),
-            node: self.foca.identity().clone(),
-            seq: self.seq,
-            body,
-        };
-        let Ok(bytes) = self.encode_item(&item) else {
-            return;
-        };
-        if bytes.len() > MAX_ITEM {
-            // Peers could never receive it: say so loudly instead of being silently unroutable.
-            tracing::error!(
-                agent = %self.options.name,
-                bytes = bytes.len(),
-                max = MAX_ITEM,
-                "gossip: this agent's {} is too large to publish; fewer capabilities or tags",
-                if matches!(item.body, Body::Profile(_)) { "profile" } else { "live view" }
-            );
-            self.stats.oversized_items.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        // A profile goes to each member directly (`send_items_to_members`): receivers take where
-        // an agent is reached only from the agent itself, never relayed.
-        let relayed = matches!(item.body, Body::Live(_));
-        if let Err(err) = relayed.then(|| self.foca.add_broadcast(&bytes)).transpose() {
-            tracing::error!(
-                ?err,
-                bytes = bytes.len(),
-                "cannot publish a gossip item (too large?)"
-            );
-        }
-        // The next version also publishes a kind this one does not know, beside its live view.
-        #[cfg(test)]
-        if self.options.newer_wire && relayed {
-            if let Ok(new_kind) = wire::future::new_kind_item(&item) {
-                let _ = self.foca.add_broadcast(&new_kind);
-            }
-        }
-        let published = Some(Published {
-            item,
-            at: Instant::now(),
-        });
-        match published.as_ref().map(|p| p.item.kind()) {
-            Some(wire::ItemKind::Profile) => self.profile = published,
-            Some(wire::ItemKind::Live) => self.live = published,
-            None => {}
-        }
-    }
-
-    /// This node's current items, sent straight to one member.
-    fn send_items(&mut self, to: SocketAddr) {
-        // Profile and live view in one datagram: both fit, since an item over MAX_ITEM is never
-        // published.
-        let items: Vec<&Item> = [self.profile.as_ref(), self.live.as_ref()]
-            .into_iter()
-            .flatten()
-            .map(|p| &p.item)
-            .collect();
-        if items.is_empty() {
-            // Nothing published yet: serve this member once there is.
-            self.unserved.push(to);
-            return;
-        }
-        if let Ok(body) = self.encode_items(items) {
-            self.send(to, Kind::Items, &body);
-        }
-    }
-
-    /// This node's item in the current wire format (or, in tests, the next version's).
-    fn encode_item(&self, item: &Item) -> Result<Vec<u8>, WireError> {
-        #[cfg(test)]
-        if self.options.newer_wire {
-            return wire::future::encode_item(item);
-        }
-        wire::encode_item(item)
-    }
-
-    fn encode_items(&self, items: Vec<&Item>) -> Result<Vec<u8>, WireError> {
-        #[cfg(test)]
-        if self.options.newer_wire {
-            return wire::future::encode_items(items);
-        }
-        wire::encode_items(items)
-    }
-
-    /// This node's current items, sent straight to every member SWIM counts alive (a new
-    /// profile, a new identity).
-    fn send_items_to_members(&mut self) {
-        let members = self.handler.lock().active_addrs();
-        for to in members {
-            self.send_items(to);
-        }
-    }
-
     fn send(&mut self, to: SocketAddr, kind: Kind, body: &[u8]) {
         // Strictly increasing, but a wall clock stepped back by more than a second resets it:
         // otherwise every envelope would be stamped in the future and expire at the receivers.
@@ -708,32 +466,13 @@ impl Node {
             self.replay.prune(self.options.clock.unix_us());
             self.address_warnings.prune(now);
             self.handler.lock().prune(now);
-            if self
-                .introductions_checked_at
-                .is_none_or(|at| now.saturating_duration_since(at) >= INTRODUCTIONS_CHECK)
-            {
-                self.introductions_checked_at = Some(now);
-                self.handler.lock().want_unintroduced();
-            }
-            self.wanted
-                .retain(|_, at| now.saturating_duration_since(*at) < WANT_EVERY * 10);
-            self.met
-                .retain(|_, at| now.saturating_duration_since(*at) < MEET_EVERY);
+            self.repair_housekeeping(now);
         }
         self.deliver_members(now);
         // Membership changes show in `/status` within a tick; suspicion within half a second.
         if housekeeping || std::mem::take(&mut self.swim_view_stale) {
             self.refresh_swim_view();
         }
-    }
-
-    /// The configured refresh, slowed down as the fleet grows so refreshes stay in budget.
-    fn refresh_interval(&self) -> Duration {
-        let members = self.members_sent.len() as f64;
-        let tx = f64::from(self.options.max_transmissions.max(1));
-        self.options
-            .refresh_interval
-            .max(Duration::from_secs_f64(members * tx / REFRESH_BUDGET))
     }
 
     /// Sends what foca asked for, schedules its timers, and passes changes on to the sink.
@@ -793,38 +532,8 @@ impl Node {
         for node in newcomers {
             self.send_items(node.addr);
         }
-        for node in wants {
-            let recently = self
-                .wanted
-                .get(&node)
-                .is_some_and(|at| now.saturating_duration_since(*at) < WANT_EVERY);
-            if !recently {
-                self.wanted.insert(node.clone(), now);
-                if let Ok(me) = wire::encode_want(self.foca.identity()) {
-                    self.send(node.addr, Kind::Want, &me);
-                }
-            }
-        }
+        self.ask_for_items(wants, now);
         self.deliver_lives(live_updates);
-    }
-
-    /// Announces this node to the nodes others relay for but SWIM does not count alive here.
-    /// The answer makes each a member of the other: a membership update this node missed is
-    /// repaired, and after a partition whichever side holds the other as down says so, so that
-    /// side rejoins under a new identity.
-    fn meet_strangers(&mut self) {
-        let strangers = std::mem::take(&mut self.handler.lock().strangers);
-        let now = Instant::now();
-        for node in strangers {
-            let recently = self
-                .met
-                .get(&node)
-                .is_some_and(|at| now.saturating_duration_since(*at) < MEET_EVERY);
-            if !recently {
-                self.met.insert(node.clone(), now);
-                let _ = self.foca.announce(node, &mut self.runtime);
-            }
-        }
     }
 
     /// Hands the routable set to the sink if it changed. Runs once a tick, not per packet: a
@@ -889,35 +598,6 @@ impl Node {
             not_alive,
         };
     }
-}
-
-/// A change callers must hear of at once: the state, degraded, busy, cooling down.
-fn urgent(a: &Live, b: &Live) -> bool {
-    a.state != b.state
-        || a.degraded != b.degraded
-        || a.busy != b.busy
-        || a.cooling_down != b.cooling_down
-}
-
-/// A change worth a message: the state, or a figure that moves a score.
-fn moved(a: &Live, b: &Live) -> bool {
-    let far = |x: Option<u32>, y: Option<u32>| match (x, y) {
-        (Some(x), Some(y)) => {
-            let (lo, hi) = (x.min(y).max(1), x.max(y));
-            hi as f64 / lo as f64 >= 1.25
-        }
-        (None, None) => false,
-        _ => true,
-    };
-    urgent(a, b)
-        || a.cap.abs_diff(b.cap) >= 50
-        || a.availability.abs_diff(b.availability) >= 50
-        || a.saturation.abs_diff(b.saturation) >= 100
-        // Callers score with the prediction too (docs/reach-model.md, "Predicted saturation"):
-        // a climb it foresees must travel before the saturation itself moves.
-        || a.saturation_predicted.abs_diff(b.saturation_predicted) >= 100
-        || far(a.latency_ms, b.latency_ms)
-        || a.profile_seq != b.profile_seq
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {

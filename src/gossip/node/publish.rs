@@ -1,0 +1,207 @@
+//! What this node publishes of its own agent: the profile, sent to each member directly, and the
+//! live view, offered by the sidecar and gossiped when it moved enough or the refresh is due.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Node, MAX_ITEM};
+use crate::gossip::envelope::Kind;
+use crate::gossip::wire::{self, Body, Item, Live, WireError};
+
+/// Even a state change waits this long after the previous publish (a flapping agent must not
+/// flood the fleet); it goes out on the next tick.
+const MIN_URGENT_GAP: Duration = Duration::from_millis(50);
+
+/// Item transmissions per second each node may spend on periodic refreshes. Every refresh is
+/// passed on `max_transmissions` times by every node, so a fleet of N refreshing every T seconds
+/// costs each node N × max_tx / T of them: past this budget the refresh slows down instead of
+/// the backlog growing (changes are still sent at once).
+const REFRESH_BUDGET: f64 = 250.0;
+
+/// An item this node published, and when.
+pub(super) struct Published {
+    pub(super) item: Item,
+    pub(super) at: Instant,
+}
+
+impl Node {
+    pub(super) fn last_live(&self) -> Option<Live> {
+        self.latest_live.or_else(|| {
+            self.live.as_ref().and_then(|p| match p.item.body {
+                Body::Live(l) => Some(l),
+                Body::Profile(_) => None,
+            })
+        })
+    }
+
+    /// Takes the agent's current view; publishes it when it moved meaningfully from the last
+    /// published one (at once for a state change), else keeps it for the next refresh.
+    pub(super) fn offer_live(&mut self, mut live: Live) {
+        live.profile_seq = self.profile.as_ref().map_or(0, |p| p.item.seq);
+        self.latest_live = Some(live);
+        if self.live_due(Instant::now(), false) {
+            self.publish_live_now(live);
+        }
+    }
+
+    /// Whether the latest view should go out now: it moved enough since the last publish
+    /// (respecting the publish intervals), or the refresh is due.
+    pub(super) fn live_due(&self, now: Instant, refresh_due: bool) -> bool {
+        let Some(latest) = self.latest_live else {
+            return false;
+        };
+        let Some((prev, at)) = self.live.as_ref().and_then(|p| match p.item.body {
+            Body::Live(l) => Some((l, p.at)),
+            Body::Profile(_) => None,
+        }) else {
+            return true;
+        };
+        let since = now.saturating_duration_since(at);
+        refresh_due
+            || (urgent(&prev, &latest) && since >= MIN_URGENT_GAP)
+            || (moved(&prev, &latest) && since >= self.options.min_publish_interval)
+    }
+
+    pub(super) fn publish_live_now(&mut self, mut live: Live) {
+        live.profile_seq = self.profile.as_ref().map_or(0, |p| p.item.seq);
+        self.latest_live = Some(live);
+        self.publish(Body::Live(live));
+    }
+
+    pub(super) fn publish(&mut self, body: Body) {
+        self.seq += 1;
+        let item = Item {
+            name: self.options.name.clone(),
+            node: self.foca.identity().clone(),
+            seq: self.seq,
+            body,
+        };
+        let Ok(bytes) = self.encode_item(&item) else {
+            return;
+        };
+        if bytes.len() > MAX_ITEM {
+            // Peers could never receive it: say so loudly instead of being silently unroutable.
+            tracing::error!(
+                agent = %self.options.name,
+                bytes = bytes.len(),
+                max = MAX_ITEM,
+                "gossip: this agent's {} is too large to publish; fewer capabilities or tags",
+                if matches!(item.body, Body::Profile(_)) { "profile" } else { "live view" }
+            );
+            self.stats.oversized_items.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // A profile goes to each member directly (`send_items_to_members`): receivers take where
+        // an agent is reached only from the agent itself, never relayed.
+        let relayed = matches!(item.body, Body::Live(_));
+        if let Err(err) = relayed.then(|| self.foca.add_broadcast(&bytes)).transpose() {
+            tracing::error!(
+                ?err,
+                bytes = bytes.len(),
+                "cannot publish a gossip item (too large?)"
+            );
+        }
+        // The next version also publishes a kind this one does not know, beside its live view.
+        #[cfg(test)]
+        if self.options.newer_wire && relayed {
+            if let Ok(new_kind) = wire::future::new_kind_item(&item) {
+                let _ = self.foca.add_broadcast(&new_kind);
+            }
+        }
+        let published = Some(Published {
+            item,
+            at: Instant::now(),
+        });
+        match published.as_ref().map(|p| p.item.kind()) {
+            Some(wire::ItemKind::Profile) => self.profile = published,
+            Some(wire::ItemKind::Live) => self.live = published,
+            None => {}
+        }
+    }
+
+    /// This node's current items, sent straight to one member.
+    pub(super) fn send_items(&mut self, to: SocketAddr) {
+        // Profile and live view in one datagram: both fit, since an item over MAX_ITEM is never
+        // published.
+        let items: Vec<&Item> = [self.profile.as_ref(), self.live.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|p| &p.item)
+            .collect();
+        if items.is_empty() {
+            // Nothing published yet: serve this member once there is.
+            self.unserved.push(to);
+            return;
+        }
+        if let Ok(body) = self.encode_items(items) {
+            self.send(to, Kind::Items, &body);
+        }
+    }
+
+    /// This node's item in the current wire format (or, in tests, the next version's).
+    pub(super) fn encode_item(&self, item: &Item) -> Result<Vec<u8>, WireError> {
+        #[cfg(test)]
+        if self.options.newer_wire {
+            return wire::future::encode_item(item);
+        }
+        wire::encode_item(item)
+    }
+
+    pub(super) fn encode_items(&self, items: Vec<&Item>) -> Result<Vec<u8>, WireError> {
+        #[cfg(test)]
+        if self.options.newer_wire {
+            return wire::future::encode_items(items);
+        }
+        wire::encode_items(items)
+    }
+
+    /// This node's current items, sent straight to every member SWIM counts alive (a new
+    /// profile, a new identity).
+    pub(super) fn send_items_to_members(&mut self) {
+        let members = self.handler.lock().active_addrs();
+        for to in members {
+            self.send_items(to);
+        }
+    }
+
+    /// The configured refresh, slowed down as the fleet grows so refreshes stay in budget.
+    pub(super) fn refresh_interval(&self) -> Duration {
+        let members = self.members_sent.len() as f64;
+        let tx = f64::from(self.options.max_transmissions.max(1));
+        self.options
+            .refresh_interval
+            .max(Duration::from_secs_f64(members * tx / REFRESH_BUDGET))
+    }
+}
+
+/// A change callers must hear of at once: the state, degraded, busy, cooling down.
+fn urgent(a: &Live, b: &Live) -> bool {
+    a.state != b.state
+        || a.degraded != b.degraded
+        || a.busy != b.busy
+        || a.cooling_down != b.cooling_down
+}
+
+/// A change worth a message: the state, or a figure that moves a score.
+fn moved(a: &Live, b: &Live) -> bool {
+    let far = |x: Option<u32>, y: Option<u32>| match (x, y) {
+        (Some(x), Some(y)) => {
+            let (lo, hi) = (x.min(y).max(1), x.max(y));
+            hi as f64 / lo as f64 >= 1.25
+        }
+        (None, None) => false,
+        _ => true,
+    };
+    urgent(a, b)
+        || a.cap.abs_diff(b.cap) >= 50
+        || a.availability.abs_diff(b.availability) >= 50
+        || a.saturation.abs_diff(b.saturation) >= 100
+        // Callers score with the prediction too (docs/reach-model.md, "Predicted saturation"):
+        // a climb it foresees must travel before the saturation itself moves.
+        || a.saturation_predicted.abs_diff(b.saturation_predicted) >= 100
+        || far(a.latency_ms, b.latency_ms)
+        || a.profile_seq != b.profile_seq
+}
