@@ -11,7 +11,9 @@
 //!   so CPU contention cannot cause suspicion; the network is seeded with latency and loss
 //!   (`--latency-ms 1-5`, `--loss 1` percent, `--seed 1`). It adds the time to heal a partition
 //!   that outlasted the suspect timeout, the members falsely declared dead, and the wall
-//!   seconds each size took.
+//!   seconds each size took. Its bytes are measured once the join storm has drained (10 s
+//!   windows until one is within 5 % of the one before: *settled* says when, after convergence);
+//!   *after join* is the first window, right after convergence.
 //!
 //! Run: `cargo bench --bench gossip` (N = 50, 100, 200), `-- --nodes 50,400`,
 //! `-- --virtual --nodes 100,1000,2000`, or `-- --smoke` / `-- --virtual --smoke` (`cargo test`
@@ -121,6 +123,8 @@ struct Setup {
     seed: u64,
     /// The halves are split this long, then healed (virtual mode).
     partition: Option<Duration>,
+    /// Further steady windows allowed for the join storm's backlog to drain (virtual mode).
+    settle_windows: usize,
 }
 
 struct Figures {
@@ -130,8 +134,13 @@ struct Figures {
     converge: Duration,
     change: Vec<Duration>,
     dead: Vec<Duration>,
+    /// Sent per node in the settled window, and in the first window after convergence (still
+    /// passing on the join storm's membership updates).
     bytes_per_node_s: f64,
     packets_per_node_s: f64,
+    bytes_after_join: f64,
+    /// From convergence to the start of the settled window.
+    settled_after: Duration,
     /// Time from the heal until every node routes to every other again, if it did.
     heal: Option<Duration>,
     /// Times a node dropped a member that was never killed (partition excluded).
@@ -290,23 +299,29 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
 
     diagnose(&nodes.iter().collect::<Vec<_>>(), n - 1);
     trace("converged", wall, start);
-    // Steady state: nothing changes but the periodic refresh and SWIM's own traffic.
-    let sum = |nodes: &[Node]| {
-        nodes.iter().fold((0u64, 0u64), |(b, p), node| {
-            let s = node.handle.stats();
-            (
-                b + s.bytes_sent.load(Ordering::Relaxed),
-                p + s.packets_sent.load(Ordering::Relaxed),
-            )
-        })
-    };
-    let (b0, p0) = sum(&nodes);
-    let t0 = Instant::now();
-    tokio::time::sleep(steady).await;
-    let (b1, p1) = sum(&nodes);
-    let secs = t0.elapsed().as_secs_f64() * n as f64;
-    let bytes_per_node_s = (b1 - b0) as f64 / secs;
-    let packets_per_node_s = (p1 - p0) as f64 / secs;
+    // Steady state: nothing changes but the periodic refresh and SWIM's own traffic. The first
+    // window after convergence still carries the join storm (every node passes each of the N
+    // joins on `max_transmissions` times, so its datagrams leave full); windows follow until one
+    // sends within 5 % of the one before it, or `settle_windows` more have passed.
+    let settle_start = Instant::now();
+    let (bytes_after_join, packets_after_join) = window(&nodes, steady).await;
+    let (mut bytes_per_node_s, mut packets_per_node_s) = (bytes_after_join, packets_after_join);
+    let mut settled_after = Duration::ZERO;
+    for _ in 0..setup.settle_windows {
+        let started = settle_start.elapsed();
+        let (bytes, packets) = window(&nodes, steady).await;
+        let settled = (bytes - bytes_per_node_s).abs() <= 0.05 * bytes_per_node_s;
+        (bytes_per_node_s, packets_per_node_s, settled_after) = (bytes, packets, started);
+        if std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
+            eprintln!(
+                "window from +{:.0}s: {bytes:.0} B/s, {packets:.1} packets/s per node",
+                started.as_secs_f64()
+            );
+        }
+        if settled {
+            break;
+        }
+    }
 
     trace("steady state measured", wall, start);
     // A state change (the agent goes busy) reaching everyone.
@@ -373,9 +388,30 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         dead,
         bytes_per_node_s,
         packets_per_node_s,
+        bytes_after_join,
+        settled_after,
         heal,
         false_deaths,
     }
+}
+
+/// Bytes and datagrams sent per node per second over the next `steady`.
+async fn window(nodes: &[Node], steady: Duration) -> (f64, f64) {
+    let sent = || {
+        nodes.iter().fold((0u64, 0u64), |(b, p), node| {
+            let s = node.handle.stats();
+            (
+                b + s.bytes_sent.load(Ordering::Relaxed),
+                p + s.packets_sent.load(Ordering::Relaxed),
+            )
+        })
+    };
+    let (b0, p0) = sent();
+    let t0 = Instant::now();
+    tokio::time::sleep(steady).await;
+    let (b1, p1) = sent();
+    let secs = t0.elapsed().as_secs_f64() * nodes.len() as f64;
+    ((b1 - b0) as f64 / secs, (p1 - p0) as f64 / secs)
 }
 
 /// Splits the fleet (all but the dead node) in two halves for `split_for`, heals it, and
@@ -505,6 +541,7 @@ fn real_time(sizes: &[usize], smoke: bool) {
         faults: None,
         seed: 0,
         partition: None,
+        settle_windows: 0,
     };
     println!("gossip at fleet scale: in-memory network, shipped timings (probe 1 s, suspect 3 s, refresh 2 s)");
     println!(
@@ -577,6 +614,7 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
         }),
         seed,
         partition: Some(split_for),
+        settle_windows: if smoke { 0 } else { 8 },
     };
     println!(
         "gossip at fleet scale, simulated time: in-memory network with {latency_spec} ms latency, \
@@ -584,7 +622,7 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
         split_for.as_secs()
     );
     println!(
-        "{:>5}  {:>9}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>8}  {:>6}  {:>12}  {:>14}  {:>7}",
+        "{:>5}  {:>9}  {:>10}  {:>10}  {:>10}  {:>8}  {:>8}  {:>8}  {:>6}  {:>12}  {:>14}  {:>10}  {:>8}  {:>7}",
         "N",
         "converge",
         "change p50",
@@ -596,6 +634,8 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
         "false",
         "bytes/node/s",
         "packets/node/s",
+        "after join",
+        "settled",
         "wall"
     );
     for &n in sizes {
@@ -619,7 +659,7 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
             |d| format!("{:.2}s", d.as_secs_f64()),
         );
         println!(
-            "{:>5}  {:>8.2}s  {:>8.0}ms  {:>8.0}ms  {:>8.0}ms  {:>7.2}s  {:>7.2}s  {:>8}  {:>6}  {:>12.0}  {:>14.1}  {:>6.0}s",
+            "{:>5}  {:>8.2}s  {:>8.0}ms  {:>8.0}ms  {:>8.0}ms  {:>7.2}s  {:>7.2}s  {:>8}  {:>6}  {:>12.0}  {:>14.1}  {:>10.0}  {:>7.0}s  {:>6.0}s",
             f.n,
             f.converge.as_secs_f64(),
             percentile(&f.change, 0.5).as_secs_f64() * 1000.0,
@@ -631,6 +671,8 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
             f.false_deaths,
             f.bytes_per_node_s,
             f.packets_per_node_s,
+            f.bytes_after_join,
+            f.settled_after.as_secs_f64(),
             wall.elapsed().as_secs_f64(),
         );
         if smoke {
