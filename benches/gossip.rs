@@ -11,9 +11,9 @@
 //!   so CPU contention cannot cause suspicion; the network is seeded with latency and loss
 //!   (`--latency-ms 1-5`, `--loss 1` percent, `--seed 1`). It adds the time to heal a partition
 //!   that outlasted the suspect timeout, the members falsely declared dead, and the wall
-//!   seconds each size took. Its bytes are measured once the join storm has drained (10 s
-//!   windows until one is within 5 % of the one before: *settled* says when, after convergence);
-//!   *after join* is the first window, right after convergence.
+//!   seconds each size took. Its bytes are measured once the join storm has drained (from 10 s
+//!   after convergence), over the longest refresh interval at that size (*window*); *after
+//!   join* is the first 10 s, right after convergence.
 //!
 //! Run: `cargo bench --bench gossip` (N = 50, 100, 200), `-- --nodes 50,400`,
 //! `-- --virtual --nodes 100,1000,2000`, or `-- --smoke` / `-- --virtual --smoke` (`cargo test`
@@ -123,8 +123,9 @@ struct Setup {
     seed: u64,
     /// The halves are split this long, then healed (virtual mode).
     partition: Option<Duration>,
-    /// Further steady windows allowed for the join storm's backlog to drain (virtual mode).
-    settle_windows: usize,
+    /// Bytes measured after the join storm has drained, over a whole refresh interval
+    /// (virtual mode).
+    settle: bool,
 }
 
 struct Figures {
@@ -139,8 +140,8 @@ struct Figures {
     bytes_per_node_s: f64,
     packets_per_node_s: f64,
     bytes_after_join: f64,
-    /// From convergence to the start of the settled window.
-    settled_after: Duration,
+    /// How long the settled window was (the longest refresh interval at this size).
+    window: Duration,
     /// Time from the heal until every node routes to every other again, if it did.
     heal: Option<Duration>,
     /// Times a node dropped a member that was never killed (partition excluded).
@@ -301,26 +302,20 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
     trace("converged", wall, start);
     // Steady state: nothing changes but the periodic refresh and SWIM's own traffic. The first
     // window after convergence still carries the join storm (every node passes each of the N
-    // joins on `max_transmissions` times, so its datagrams leave full); windows follow until one
-    // sends within 5 % of the one before it, or `settle_windows` more have passed.
-    let settle_start = Instant::now();
+    // joins on `max_transmissions` times, so its datagrams leave full). Then, with the join
+    // storm drained, one window over the longest refresh interval at this size, so that every
+    // node's refresh falls in it (a shorter one would catch more or fewer of them).
     let (bytes_after_join, packets_after_join) = window(&nodes, steady).await;
     let (mut bytes_per_node_s, mut packets_per_node_s) = (bytes_after_join, packets_after_join);
-    let mut settled_after = Duration::ZERO;
-    for _ in 0..setup.settle_windows {
-        let started = settle_start.elapsed();
-        let (bytes, packets) = window(&nodes, steady).await;
-        let settled = (bytes - bytes_per_node_s).abs() <= 0.05 * bytes_per_node_s;
-        (bytes_per_node_s, packets_per_node_s, settled_after) = (bytes, packets, started);
-        if std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
-            eprintln!(
-                "window from +{:.0}s: {bytes:.0} B/s, {packets:.1} packets/s per node",
-                started.as_secs_f64()
-            );
-        }
-        if settled {
-            break;
-        }
+    let mut measured = steady;
+    if setup.settle {
+        let refresh = gossip::longest_refresh(
+            n - 1,
+            NodeOptions::new("", addr(0), key.clone()).refresh_interval,
+            gossip::max_transmissions(256),
+        );
+        measured = refresh.max(steady);
+        (bytes_per_node_s, packets_per_node_s) = window(&nodes, measured).await;
     }
 
     trace("steady state measured", wall, start);
@@ -389,7 +384,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         bytes_per_node_s,
         packets_per_node_s,
         bytes_after_join,
-        settled_after,
+        window: measured,
         heal,
         false_deaths,
     }
@@ -541,7 +536,7 @@ fn real_time(sizes: &[usize], smoke: bool) {
         faults: None,
         seed: 0,
         partition: None,
-        settle_windows: 0,
+        settle: false,
     };
     println!("gossip at fleet scale: in-memory network, shipped timings (probe 1 s, suspect 3 s, refresh 2 s)");
     println!(
@@ -614,7 +609,7 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
         }),
         seed,
         partition: Some(split_for),
-        settle_windows: if smoke { 0 } else { 8 },
+        settle: !smoke,
     };
     println!(
         "gossip at fleet scale, simulated time: in-memory network with {latency_spec} ms latency, \
@@ -635,7 +630,7 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
         "bytes/node/s",
         "packets/node/s",
         "after join",
-        "settled",
+        "window",
         "wall"
     );
     for &n in sizes {
@@ -672,7 +667,7 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
             f.bytes_per_node_s,
             f.packets_per_node_s,
             f.bytes_after_join,
-            f.settled_after.as_secs_f64(),
+            f.window.as_secs_f64(),
             wall.elapsed().as_secs_f64(),
         );
         if smoke {

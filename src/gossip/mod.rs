@@ -23,7 +23,9 @@ pub mod wire;
 pub use clock::Clock;
 pub use envelope::{ClusterKey, KeyError, Rejected};
 pub use model::{Capability, Live, Profile};
-pub use node::{max_transmissions, spawn, GossipHandle, Membership, NodeOptions, MAX_ITEM};
+pub use node::{
+    longest_refresh, max_transmissions, spawn, GossipHandle, Membership, NodeOptions, MAX_ITEM,
+};
 pub use stats::Stats;
 pub use status::{GossipStatus, MemberStatus};
 pub use table::Member;

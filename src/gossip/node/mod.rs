@@ -30,6 +30,7 @@ mod publish;
 mod repair;
 
 pub use options::{max_transmissions, NodeOptions};
+pub use publish::longest_refresh;
 use publish::Published;
 
 /// Largest item published: it must fit in a datagram after foca's header (and the envelope's).
@@ -143,6 +144,11 @@ pub fn spawn(
         Some(seed) => StdRng::seed_from_u64(seed),
         None => rand::make_rng(),
     };
+    // The node's own draws (refresh jitter) apart from SWIM's, seeded alike.
+    let own_rng: StdRng = match options.seed {
+        Some(seed) => StdRng::seed_from_u64(seed ^ 0x5eed_0f4e_f4e5),
+        None => rand::make_rng(),
+    };
     let foca = Foca::with_custom_broadcast(
         identity,
         options.foca_config(),
@@ -167,6 +173,8 @@ pub fn spawn(
         profile: None,
         live: None,
         latest_live: None,
+        rng: own_rng,
+        refresh_draw: 1.0,
         started_us: options.clock.unix_us().saturating_sub(1_000_000),
         leaving: false,
         conflicts_seen: 0,
@@ -212,6 +220,10 @@ struct Node {
     live: Option<Published>,
     /// The agent's latest view as offered (what a refresh sends), published or not.
     latest_live: Option<Live>,
+    /// The node's own random choices (SWIM has its own).
+    rng: StdRng,
+    /// The fraction of the refresh interval after which the next refresh is due.
+    refresh_draw: f64,
     /// Envelopes sent before this start are refused.
     started_us: u64,
     leaving: bool,
@@ -439,11 +451,7 @@ impl Node {
 
     fn on_tick(&mut self) {
         let now = Instant::now();
-        let refresh = self.refresh_interval();
-        let refresh_due = self
-            .live
-            .as_ref()
-            .is_some_and(|p| now.saturating_duration_since(p.at) >= refresh);
+        let refresh_due = self.refresh_due(now);
         if self.live_due(now, refresh_due) {
             if let Some(live) = self.last_live() {
                 self.publish_live_now(live);

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use rand::RngExt;
 use tokio::time::Instant;
 
 use super::{Node, MAX_ITEM};
@@ -17,9 +18,14 @@ const MIN_URGENT_GAP: Duration = Duration::from_millis(50);
 
 /// Item transmissions per second each node may spend on periodic refreshes. Every refresh is
 /// passed on `max_transmissions` times by every node, so a fleet of N refreshing every T seconds
-/// costs each node N × max_tx / T of them: past this budget the refresh slows down instead of
-/// the backlog growing (changes are still sent at once).
+/// on average costs each node N × max_tx / T of them: past this budget the refresh slows down
+/// instead of the backlog growing (changes are still sent at once).
 const REFRESH_BUDGET: f64 = 250.0;
+/// Each refresh comes after a random fraction of the refresh interval, from this to 1 (mean
+/// 0.75). A fleet that started together would otherwise refresh together: at N = 1,000 (a 40 s
+/// refresh) every node's datagrams left full for ten seconds and nearly empty for the next
+/// twenty, and a change sent in a wave waited behind it (`docs/gossip.md`, "Measured").
+const REFRESH_DRAW_MIN: f64 = 0.5;
 
 /// An item this node published, and when.
 pub(super) struct Published {
@@ -69,6 +75,15 @@ impl Node {
         live.profile_seq = self.profile.as_ref().map_or(0, |p| p.item.seq);
         self.latest_live = Some(live);
         self.publish(Body::Live(live));
+        self.refresh_draw = self.rng.random_range(REFRESH_DRAW_MIN..=1.0);
+    }
+
+    /// Whether the periodic refresh of the live view is due.
+    pub(super) fn refresh_due(&self, now: Instant) -> bool {
+        let after = self.refresh_interval().mul_f64(self.refresh_draw);
+        self.live
+            .as_ref()
+            .is_some_and(|p| now.saturating_duration_since(p.at) >= after)
     }
 
     pub(super) fn publish(&mut self, body: Body) {
@@ -167,14 +182,25 @@ impl Node {
         }
     }
 
-    /// The configured refresh, slowed down as the fleet grows so refreshes stay in budget.
+    /// The longest gap between refreshes now (`longest_refresh`).
     pub(super) fn refresh_interval(&self) -> Duration {
-        let members = self.members_sent.len() as f64;
-        let tx = f64::from(self.options.max_transmissions.max(1));
-        self.options
-            .refresh_interval
-            .max(Duration::from_secs_f64(members * tx / REFRESH_BUDGET))
+        longest_refresh(
+            self.members_sent.len(),
+            self.options.refresh_interval,
+            self.options.max_transmissions,
+        )
     }
+}
+
+/// The longest gap between a node's refreshes in a fleet of `members` others: the configured
+/// one, slowed down as the fleet grows so that refreshes, a mean 0.75 of it apart, stay in
+/// budget.
+pub fn longest_refresh(members: usize, configured: Duration, max_transmissions: u8) -> Duration {
+    let tx = f64::from(max_transmissions.max(1));
+    let mean_draw = (REFRESH_DRAW_MIN + 1.0) / 2.0;
+    configured.max(Duration::from_secs_f64(
+        members as f64 * tx / (REFRESH_BUDGET * mean_draw),
+    ))
 }
 
 /// A change callers must hear of at once: the state, degraded, busy, cooling down.
