@@ -77,6 +77,14 @@
 //!   above it (the others' ran at most 0.09 ahead); from half way the 64 callers offer more than
 //!   the fleet's 26 slots, every agent reads 1.0 now and predicted (a full pool is 1.0 whatever
 //!   its queue), so nothing is left to rank by (docs/reach-model.md, "Predicted saturation").
+//! - **ramp-under**: ramp-shared with a ramp that stays under the fleet's slots, so that the
+//!   ranking has room to act on: the weak agent has a pool of 4 (its saturation moves in
+//!   quarters), 4 callers and 20 more (24 in all, against 28 slots). Measured (`cargo bench
+//!   --bench scenarios -- --only ramp-under`, three runs each way): no refusal either way; with
+//!   prediction p95 68.5/68.1/72.0 ms and weak share 14.7–16.9 %, without 73.8/71.9/71.1 ms and
+//!   15.7–16.6 %. Under capacity the callers' own counts and the gossiped saturation already keep
+//!   the weak agent at about its share of the slots (4 of 28: 14 %), so the prediction has
+//!   nothing left to prevent: its benefit is still not shown by a benchmark here.
 //!
 //! Per scenario and router it prints the task failure rate, mean and p95 latency, p95 against the
 //! same router's healthy run (the goal is ≤ 1.3×), *bad out after* (from the fault to the end of
@@ -119,7 +127,7 @@
 //! `-- --routers agent-reach,envoy`, `-- --smoke`: healthy, fake-online, thread-pool-full and
 //! burst, 3 s each, burst's burst 1.5 s; the newer scenarios alone: `-- --only
 //! burst,burst-3x,slow-agent,equal-pair,crash-same-address,lock-held`; predicted saturation:
-//! `-- --only ramp,ramp-shared`, in the smoke run too). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
+//! `-- --only ramp,ramp-shared,ramp-under`, in the smoke run too). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
 //! each half second and its final `/status`; `-- --decision-log` turns on the policy's decision
 //! log (printed with `RUST_LOG`, e.g. `RUST_LOG=agent_reach::decision=info`).
 
@@ -198,6 +206,10 @@ const RAMP_WEAK: usize = 1;
 const RAMP_WEAK_POOL: usize = 2;
 const RAMP_FROM: usize = 4;
 const RAMP_ADDED: usize = 60;
+/// ramp-under: the weak agent's pool, and the callers that join (from `RAMP_FROM`, to 24: under
+/// the fleet's 28 slots).
+const UNDER_WEAK_POOL: usize = 4;
+const UNDER_ADDED: usize = 20;
 /// ramp: agent-reach without prediction (`estimates.horizon: 0s`).
 const REACH_NO_PREDICTION: &str = "agent-reach/h0";
 /// ramp-shared: the caller sidecars the callers are spread over (caller `k` calls through
@@ -223,10 +235,11 @@ enum Scenario {
     CrashSameAddress,
     Ramp,
     RampShared,
+    RampUnder,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 17] = [
+    const ALL: [Scenario; 18] = [
         Scenario::Healthy,
         Scenario::FakeOnline,
         Scenario::SlowDependency,
@@ -244,6 +257,7 @@ impl Scenario {
         Scenario::CrashSameAddress,
         Scenario::Ramp,
         Scenario::RampShared,
+        Scenario::RampUnder,
     ];
 
     fn name(self) -> &'static str {
@@ -265,6 +279,7 @@ impl Scenario {
             Scenario::CrashSameAddress => "crash-same-address",
             Scenario::Ramp => "ramp",
             Scenario::RampShared => "ramp-shared",
+            Scenario::RampUnder => "ramp-under",
         }
     }
 
@@ -277,7 +292,8 @@ impl Scenario {
             | Scenario::Burst3x
             | Scenario::EqualPair
             | Scenario::Ramp
-            | Scenario::RampShared => &[],
+            | Scenario::RampShared
+            | Scenario::RampUnder => &[],
             Scenario::RetryStorm => &[0, 1],
             _ => &[1],
         }
@@ -333,7 +349,7 @@ impl Scenario {
             }
             Scenario::SlowAgent => run.max(fault_at + SLOW_WINDOW + Duration::from_secs(2)),
             // A 20 s ramp in a full run; the smoke run's 3 s as they are.
-            Scenario::Ramp | Scenario::RampShared if seconds >= 10 => {
+            Scenario::Ramp | Scenario::RampShared | Scenario::RampUnder if seconds >= 10 => {
                 run.max(fault_at + Duration::from_secs(21))
             }
             Scenario::CrashSameAddress => {
@@ -382,19 +398,22 @@ impl Scenario {
     fn workers(self) -> usize {
         match self {
             Scenario::EqualPair => 1,
-            Scenario::Ramp | Scenario::RampShared => RAMP_FROM,
+            Scenario::Ramp | Scenario::RampShared | Scenario::RampUnder => RAMP_FROM,
             _ => WORKERS,
         }
     }
 
     /// Whether demand ramps onto a fleet with one weaker agent (ramp, ramp-shared).
     fn ramps(self) -> bool {
-        matches!(self, Scenario::Ramp | Scenario::RampShared)
+        matches!(
+            self,
+            Scenario::Ramp | Scenario::RampShared | Scenario::RampUnder
+        )
     }
 
     /// The caller sidecars agent-reach's callers are spread over; the first is the gossip seed.
     fn caller_sidecars(self) -> usize {
-        if self == Scenario::RampShared {
+        if matches!(self, Scenario::RampShared | Scenario::RampUnder) {
             RAMP_CALLER_SIDECARS
         } else {
             1
@@ -407,8 +426,26 @@ impl Scenario {
             let span = self
                 .duration(seconds)
                 .saturating_sub(self.fault_at(seconds) + Duration::from_secs(1));
-            span / RAMP_ADDED as u32
+            span / self.ramp_added() as u32
         })
+    }
+
+    /// ramp: the callers that join during the ramp.
+    fn ramp_added(self) -> usize {
+        if self == Scenario::RampUnder {
+            UNDER_ADDED
+        } else {
+            RAMP_ADDED
+        }
+    }
+
+    /// ramp: the weak agent's pool (and declared `max_concurrency`).
+    fn weak_pool(self) -> usize {
+        if self == Scenario::RampUnder {
+            UNDER_WEAK_POOL
+        } else {
+            RAMP_WEAK_POOL
+        }
     }
 
     /// The routers it runs under: ramp compares agent-reach with and without prediction.
@@ -469,7 +506,9 @@ impl Scenario {
             pool: match self {
                 Scenario::ThreadPoolFull => Some(POOL),
                 Scenario::Burst | Scenario::Burst3x => Some(self.max_concurrency()),
-                Scenario::Ramp | Scenario::RampShared => Some(self.max_concurrency_of(agent)),
+                Scenario::Ramp | Scenario::RampShared | Scenario::RampUnder => {
+                    Some(self.max_concurrency_of(agent))
+                }
                 _ => None,
             },
             seed: Some(SEED + agent as u64),
@@ -490,7 +529,7 @@ impl Scenario {
     /// …and for the agent in `slot` (ramp's weak agent declares its smaller pool).
     fn max_concurrency_of(self, slot: usize) -> usize {
         if self.ramps() && slot == RAMP_WEAK {
-            RAMP_WEAK_POOL
+            self.weak_pool()
         } else {
             self.max_concurrency()
         }
@@ -514,7 +553,8 @@ impl Scenario {
             | Scenario::EqualPair
             | Scenario::CrashSameAddress
             | Scenario::Ramp
-            | Scenario::RampShared => {}
+            | Scenario::RampShared
+            | Scenario::RampUnder => {}
         }
     }
 }
@@ -624,6 +664,7 @@ fn main() {
                     | Scenario::Burst
                     | Scenario::Ramp
                     | Scenario::RampShared
+                    | Scenario::RampUnder
             )
         {
             continue;
@@ -862,16 +903,32 @@ fn print_extras(extras: &[(Scenario, &str, Extra)], seconds: u64) {
         .filter(|e| matches!(e.2, Extra::Ramp { .. }))
         .collect();
     if !ramp.is_empty() {
-        let s = Scenario::Ramp;
-        println!(
-            "\nramp: {RAMP_FROM} callers, then one more every {:.0} ms from {:.1} s (up to {}); agent-{} has a pool \
-             of {RAMP_WEAK_POOL} (max_concurrency {RAMP_WEAK_POOL}), the others {}",
-            s.ramp_every(seconds).unwrap_or_default().as_secs_f64() * 1000.0,
-            s.fault_at(seconds).as_secs_f64(),
-            RAMP_FROM + RAMP_ADDED,
-            RAMP_WEAK + 1,
-            s.max_concurrency()
-        );
+        // Each ramp scenario run, once: its callers and the weak agent's pool.
+        let mut shown: Vec<Scenario> = ramp.iter().map(|e| e.0).collect();
+        shown.dedup();
+        println!();
+        for s in shown {
+            println!(
+                "{}: {RAMP_FROM} callers, then one more every {:.0} ms from {:.1} s (up to {}); agent-{} has a \
+                 pool of {} (max_concurrency {}), the others {}{}",
+                s.name(),
+                s.ramp_every(seconds).unwrap_or_default().as_secs_f64() * 1000.0,
+                s.fault_at(seconds).as_secs_f64(),
+                RAMP_FROM + s.ramp_added(),
+                RAMP_WEAK + 1,
+                s.weak_pool(),
+                s.weak_pool(),
+                s.max_concurrency(),
+                if s.caller_sidecars() > 1 {
+                    format!(
+                        "; callers spread over {RAMP_CALLER_SIDECARS} caller sidecars (caller k \
+                         through sidecar k mod {RAMP_CALLER_SIDECARS}), each finding the fleet by gossip"
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
         println!(
             "{:<18} {:<15} {:>11} {:>10} {:>10} {:>8} {:>7}",
             "scenario", "router", "refused@clr", "refused@wk", "weak share", "p95 ms", "failed"
@@ -899,9 +956,7 @@ fn print_extras(extras: &[(Scenario, &str, Extra)], seconds: u64) {
             }
         }
         println!(
-            "ramp-shared: the same, the callers spread over {RAMP_CALLER_SIDECARS} caller sidecars (caller k through \
-             sidecar k mod {RAMP_CALLER_SIDECARS}), each finding the fleet by gossip.\n\
-             refused@clr: attempts refused as saturated (429, or 503 saturated) counted by the callers' sidecars, \
+            "refused@clr: attempts refused as saturated (429, or 503 saturated) counted by the callers' sidecars, \
              every peer, summed; refused@wk: turned away\nby the weak agent's sidecar. weak share: its share of the calls \
              that reached agents from the ramp's start. agent-reach predicts (estimates.horizon 10s);\n{} does not \
              (0s).",
@@ -1136,7 +1191,9 @@ async fn run(
     workers
         .extend((0..scenario.burst_workers()).map(|_| caller.spawn(fault_at, Some(burst_until))));
     if let Some(every) = scenario.ramp_every(seconds) {
-        workers.extend((1..=RAMP_ADDED).map(|k| caller.spawn(fault_at + every * k as u32, None)));
+        workers.extend(
+            (1..=scenario.ramp_added()).map(|k| caller.spawn(fault_at + every * k as u32, None)),
+        );
     }
     // Watch what reaches each agent, every 100 ms; break, restart and join on time.
     let restart_at = matches!(
@@ -1589,7 +1646,7 @@ fn extra(scenario: Scenario, seconds: u64, o: &Observed) -> Option<Extra> {
                 ramp_failed: failed_sent(back, forever),
             })
         }
-        Scenario::Ramp | Scenario::RampShared => {
+        Scenario::Ramp | Scenario::RampShared | Scenario::RampUnder => {
             let all: Vec<&Call> = o.calls.iter().collect();
             Some(Extra::Ramp {
                 refused_caller: o.refusals.map(|r| r.0),
