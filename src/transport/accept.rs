@@ -77,10 +77,14 @@ pub enum MeshIo {
 const TLS_HANDSHAKE: u8 = 0x16;
 
 /// What a plaintext client gets in `strict` mode before the connection closes: a clear answer
-/// instead of an empty reply, without reading its request.
+/// instead of an empty reply; its request is read only to be dropped.
 const PLAINTEXT_REFUSED: &[u8] = b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\n\
 reach-reason: mtls_required\r\nconnection: close\r\ncontent-length: 93\r\n\r\n\
 {\"error\":\"mtls_required\",\"message\":\"this listener takes mutual TLS only (mtls mode strict)\"}\n";
+
+/// At most this much of a refused plaintext client's request is read (and dropped) before the
+/// connection closes.
+const PLAINTEXT_DRAIN: usize = 64 * 1024;
 
 // === impl PlainTcp ===
 
@@ -197,10 +201,21 @@ impl Accept for Mesh {
             if mode == MtlsMode::Strict {
                 let err = self.refuse("plaintext");
                 let _ = tokio::time::timeout(self.handshake_timeout, async {
-                    use tokio::io::AsyncWriteExt;
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
                     let mut stream = stream;
                     let _ = stream.write_all(PLAINTEXT_REFUSED).await;
                     let _ = stream.shutdown().await;
+                    // Read what the client sent until it hangs up (bounded): closing with its
+                    // request unread would reset the connection, and a reset that reaches the
+                    // client before it has read the answer discards the answer.
+                    let mut unread = [0u8; 4096];
+                    let mut budget = PLAINTEXT_DRAIN;
+                    while budget > 0 {
+                        match stream.read(&mut unread).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => budget = budget.saturating_sub(n),
+                        }
+                    }
                 })
                 .await;
                 return Err(err);
