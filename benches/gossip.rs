@@ -312,7 +312,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         let refresh = gossip::longest_refresh(
             n - 1,
             NodeOptions::new("", addr(0), key.clone()).refresh_interval,
-            gossip::max_transmissions(256),
+            gossip::max_transmissions(n as u32).max(gossip::max_transmissions(256)),
         );
         measured = refresh.max(steady);
         (bytes_per_node_s, packets_per_node_s) = window(&nodes, measured).await;
@@ -366,6 +366,23 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
                 .sum::<u64>()
         })
         .sum();
+    if false_deaths > 0 && std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
+        // Who was dropped, by how many, and whether that node rejoined under a new identity
+        // (its epoch moved: it was declared down and came back).
+        let mut by: HashMap<String, u64> = HashMap::new();
+        for x in &nodes {
+            for (member, times) in lock(&x.seen.dropped).iter() {
+                if *member != name {
+                    *by.entry(member.clone()).or_default() += times;
+                }
+            }
+        }
+        for (member, times) in &by {
+            let node = nodes.iter().find(|x| x.name == *member);
+            let identity = node.and_then(|x| x.handle.status().node.clone());
+            eprintln!("false death: {member} dropped {times} times; its identity now {identity:?}");
+        }
+    }
     let heal = match setup.partition {
         Some(split_for) => partition_and_heal(&net, &nodes, victim, split_for).await,
         None => None,
