@@ -2,6 +2,7 @@
 //! never arrived is asked for them, and a node others relay for but SWIM never told this node of
 //! is met directly (`docs/gossip.md`, "Timings").
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -26,12 +27,7 @@ impl Node {
     /// Asks these members (`want`) for their items, each at most once per `WANT_EVERY`.
     pub(super) fn ask_for_items(&mut self, wants: Vec<NodeId>, now: Instant) {
         for node in wants {
-            let recently = self
-                .wanted
-                .get(&node)
-                .is_some_and(|at| now.saturating_duration_since(*at) < WANT_EVERY);
-            if !recently {
-                self.wanted.insert(node.clone(), now);
+            if not_since(&mut self.wanted, &node, now, WANT_EVERY) {
                 if let Ok(me) = wire::encode_want(self.foca.identity()) {
                     self.send(node.addr, Kind::Want, &me);
                 }
@@ -63,14 +59,25 @@ impl Node {
         let strangers = std::mem::take(&mut self.handler.lock().strangers);
         let now = Instant::now();
         for node in strangers {
-            let recently = self
-                .met
-                .get(&node)
-                .is_some_and(|at| now.saturating_duration_since(*at) < MEET_EVERY);
-            if !recently {
-                self.met.insert(node.clone(), now);
+            if not_since(&mut self.met, &node, now, MEET_EVERY) {
                 let _ = self.foca.announce(node, &mut self.runtime);
             }
         }
     }
+}
+
+/// Whether `node` was not acted on in the last `every` (by `last`); if so, notes it as now.
+fn not_since(
+    last: &mut HashMap<NodeId, Instant>,
+    node: &NodeId,
+    now: Instant,
+    every: Duration,
+) -> bool {
+    let recently = last
+        .get(node)
+        .is_some_and(|at| now.saturating_duration_since(*at) < every);
+    if !recently {
+        last.insert(node.clone(), now);
+    }
+    !recently
 }
