@@ -312,7 +312,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         let refresh = gossip::longest_refresh(
             n - 1,
             NodeOptions::new("", addr(0), key.clone()).refresh_interval,
-            gossip::max_transmissions(n as u32).max(gossip::max_transmissions(256)),
+            gossip::max_transmissions(256),
         );
         measured = refresh.max(steady);
         (bytes_per_node_s, packets_per_node_s) = window(&nodes, measured).await;

@@ -151,7 +151,7 @@ pub fn spawn(
     };
     let foca = Foca::with_custom_broadcast(
         identity,
-        options.foca_config(options.max_transmissions),
+        options.foca_config(),
         rng,
         PostcardCodec,
         handler.clone(),
@@ -174,7 +174,6 @@ pub fn spawn(
         live: None,
         latest_live: None,
         rng: own_rng,
-        transmissions: options.max_transmissions,
         refresh_draw: 1.0,
         started_us: options.clock.unix_us().saturating_sub(1_000_000),
         leaving: false,
@@ -223,8 +222,6 @@ struct Node {
     latest_live: Option<Live>,
     /// The node's own random choices (SWIM has its own).
     rng: StdRng,
-    /// Times each update is passed on now: the configured floor, or more for a larger fleet.
-    transmissions: u8,
     /// The fraction of the refresh interval after which the next refresh is due.
     refresh_draw: f64,
     /// Envelopes sent before this start are refused.
@@ -478,29 +475,11 @@ impl Node {
             self.address_warnings.prune(now);
             self.handler.lock().prune(now);
             self.repair_housekeeping(now);
-            self.follow_fleet_size();
         }
         self.deliver_members(now);
         // Membership changes show in `/status` within a tick; suspicion within half a second.
         if housekeeping || std::mem::take(&mut self.swim_view_stale) {
             self.refresh_swim_view();
-        }
-    }
-
-    /// Passes each update on as often as the fleet's size asks (memberlist's 4·log10(N + 1)),
-    /// never less than configured. A node that misses every copy of an update is repaired only
-    /// by its own probing or the next refresh (tens of seconds at N = 1,000), and the chance of
-    /// that falls by e for each transmission more. With `expected_members` left at its default
-    /// (256: 10 transmissions), one simulated run at N = 1,000 in two had the whole fleet drop a
-    /// live member (`docs/gossip.md`, "Measured"), as when a node misses every copy of its
-    /// refutation.
-    fn follow_fleet_size(&mut self) {
-        let members = u32::try_from(self.foca.num_members()).unwrap_or(u32::MAX);
-        let want = max_transmissions(members.saturating_add(1)).max(self.options.max_transmissions);
-        if want != self.transmissions
-            && self.foca.set_config(self.options.foca_config(want)).is_ok()
-        {
-            self.transmissions = want;
         }
     }
 

@@ -27,8 +27,7 @@ pub struct NodeOptions {
     pub min_publish_interval: Duration,
     /// Envelopes sent further than this from the receiver's clock are refused.
     pub replay_window: Duration,
-    /// Times each item is passed on, at least (`expected_members`); more once the fleet is
-    /// larger (see `max_transmissions`).
+    /// Times each item is passed on; grows with the fleet (see `max_transmissions`).
     pub max_transmissions: u8,
     /// Envelope stamps and epochs: the wall clock, or the runtime's for a simulation.
     pub clock: Clock,
@@ -61,8 +60,7 @@ impl NodeOptions {
         }
     }
 
-    /// SWIM's settings, passing each update on `max_transmissions` times.
-    pub(super) fn foca_config(&self, max_transmissions: u8) -> foca::Config {
+    pub(super) fn foca_config(&self) -> foca::Config {
         let mut c = foca::Config::new_lan(NonZeroU32::MIN);
         c.probe_period = self.probe_interval.max(Duration::from_millis(10));
         c.probe_rtt = self
@@ -70,8 +68,8 @@ impl NodeOptions {
             .min(c.probe_period / 2)
             .max(Duration::from_millis(1));
         c.suspect_to_down_after = self.suspect_timeout.max(Duration::from_millis(10));
-        c.max_transmissions =
-            std::num::NonZeroU8::new(max_transmissions.max(1)).unwrap_or(std::num::NonZeroU8::MIN);
+        c.max_transmissions = std::num::NonZeroU8::new(self.max_transmissions.max(1))
+            .unwrap_or(std::num::NonZeroU8::MIN);
         c.max_packet_size = NonZeroUsize::new(MAX_DATAGRAM - OVERHEAD).unwrap_or(NonZeroUsize::MIN);
         // Ask a random member for its member list every few seconds (memberlist's push-pull):
         // a node that missed an update, or a large fleet's join storm, converges in seconds.

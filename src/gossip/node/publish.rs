@@ -187,7 +187,7 @@ impl Node {
         longest_refresh(
             self.members_sent.len(),
             self.options.refresh_interval,
-            self.transmissions,
+            self.options.max_transmissions,
         )
     }
 }
