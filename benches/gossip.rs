@@ -9,7 +9,8 @@
 //!   fleet competes for CPU, probes are answered late and members falsely suspected.
 //! - `--virtual`: one thread on tokio's paused clock, which moves only when every node is idle,
 //!   so CPU contention cannot cause suspicion; the network is seeded with latency and loss
-//!   (`--latency-ms 1-5`, `--loss 1` percent, `--seed 1`). It adds the time to heal a partition
+//!   (`--latency-ms 1-5`, `--loss 1` percent, `--seed 1`; `--suspect-ms 5000` tries another
+//!   suspect timeout). It adds the time to heal a partition
 //!   that outlasted the suspect timeout, the members falsely declared dead, and the wall
 //!   seconds each size took. Its bytes are measured once the join storm has drained (from 10 s
 //!   after convergence), over the longest refresh interval at that size (*window*); *after
@@ -39,6 +40,8 @@ struct Seen {
     lives: Mutex<HashMap<String, Live>>,
     /// Members dropped from the routing table, each time (a dead one, or a false death).
     dropped: Mutex<HashMap<String, u64>>,
+    /// When each member was first dropped (the trace of a false death).
+    first_dropped: Mutex<HashMap<String, Instant>>,
 }
 
 impl Membership for Seen {
@@ -48,6 +51,9 @@ impl Membership for Seen {
         let mut dropped = lock(&self.dropped);
         for gone in before.difference(&now) {
             *dropped.entry(gone.clone()).or_default() += 1;
+            lock(&self.first_dropped)
+                .entry(gone.clone())
+                .or_insert_with(Instant::now);
         }
         *before = now;
     }
@@ -126,6 +132,8 @@ struct Setup {
     /// Bytes measured after the join storm has drained, over a whole refresh interval
     /// (virtual mode).
     settle: bool,
+    /// `--suspect-ms`: SWIM's suspect timeout instead of the shipped 3 s (virtual mode).
+    suspect: Option<Duration>,
 }
 
 struct Figures {
@@ -254,6 +262,9 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         let seen = Arc::new(Seen::default());
         let mut options = NodeOptions::new(format!("agent-{i}"), addr(i), key.clone());
         options.clock = clock;
+        if let Some(suspect) = setup.suspect {
+            options.suspect_timeout = suspect;
+        }
         if setup.virtual_time {
             options.seed = Some(setup.seed.wrapping_mul(1_000_003).wrapping_add(i as u64));
         }
@@ -380,7 +391,14 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         for (member, times) in &by {
             let node = nodes.iter().find(|x| x.name == *member);
             let identity = node.and_then(|x| x.handle.status().node.clone());
-            eprintln!("false death: {member} dropped {times} times; its identity now {identity:?}");
+            let first = nodes
+                .iter()
+                .filter_map(|x| lock(&x.seen.first_dropped).get(member).copied())
+                .min()
+                .map(|at| at.saturating_duration_since(start).as_secs_f64());
+            eprintln!(
+                "false death: {member} dropped {times} times, first at {first:?} s; its identity now {identity:?}"
+            );
         }
     }
     let heal = match setup.partition {
@@ -554,6 +572,7 @@ fn real_time(sizes: &[usize], smoke: bool) {
         seed: 0,
         partition: None,
         settle: false,
+        suspect: None,
     };
     println!("gossip at fleet scale: in-memory network, shipped timings (probe 1 s, suspect 3 s, refresh 2 s)");
     println!(
@@ -613,6 +632,14 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
             std::process::exit(2);
         }
     };
+    let suspect = match flag(args, "--suspect-ms").map(str::parse::<u64>) {
+        None => None,
+        Some(Ok(ms)) => Some(Duration::from_millis(ms)),
+        Some(Err(_)) => {
+            eprintln!("--suspect-ms takes milliseconds, as 5000");
+            std::process::exit(2);
+        }
+    };
     // Longer than the suspect timeout (3 s) plus detection: each half declares the other dead,
     // so healing needs SWIM's announce to down members and the rejoin under a new identity.
     let split_for = Duration::from_secs(10);
@@ -627,6 +654,7 @@ fn simulated(args: &[String], sizes: &[usize], smoke: bool) {
         seed,
         partition: Some(split_for),
         settle: !smoke,
+        suspect,
     };
     println!(
         "gossip at fleet scale, simulated time: in-memory network with {latency_spec} ms latency, \
