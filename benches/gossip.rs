@@ -320,11 +320,10 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
     let (mut bytes_per_node_s, mut packets_per_node_s) = (bytes_after_join, packets_after_join);
     let mut measured = steady;
     if setup.settle {
-        let refresh = gossip::longest_refresh(
-            n - 1,
-            NodeOptions::new("", addr(0), key.clone()).refresh_interval,
-            gossip::max_transmissions(256),
-        );
+        // The nodes run the shipped timings.
+        let shipped = NodeOptions::new("", addr(0), key.clone());
+        let refresh =
+            gossip::longest_refresh(n - 1, shipped.refresh_interval, shipped.max_transmissions);
         measured = refresh.max(steady);
         (bytes_per_node_s, packets_per_node_s) = window(&nodes, measured).await;
     }

@@ -84,7 +84,7 @@ reach-reason: mtls_required\r\nconnection: close\r\ncontent-length: 93\r\n\r\n\
 
 /// At most this much of a refused plaintext client's request is read (and dropped) before the
 /// connection closes.
-const PLAINTEXT_DRAIN: usize = 64 * 1024;
+const PLAINTEXT_DRAIN: u64 = 64 * 1024;
 
 // === impl PlainTcp ===
 
@@ -208,14 +208,8 @@ impl Accept for Mesh {
                     // Read what the client sent until it hangs up (bounded): closing with its
                     // request unread would reset the connection, and a reset that reaches the
                     // client before it has read the answer discards the answer.
-                    let mut unread = [0u8; 4096];
-                    let mut budget = PLAINTEXT_DRAIN;
-                    while budget > 0 {
-                        match stream.read(&mut unread).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => budget = budget.saturating_sub(n),
-                        }
-                    }
+                    let mut unread = (&mut stream).take(PLAINTEXT_DRAIN);
+                    let _ = tokio::io::copy(&mut unread, &mut tokio::io::sink()).await;
                 })
                 .await;
                 return Err(err);

@@ -39,6 +39,7 @@ pub const MAX_ITEM: usize = 1100;
 const TICK: Duration = Duration::from_millis(100);
 /// New members are handed to the sink at most this often (losses go at once).
 const ADDITIONS_EVERY: Duration = Duration::from_millis(500);
+
 /// Where the node hands what it learns: the sidecar's registry and peer views, or a benchmark.
 pub trait Membership: Send + Sync + 'static {
     /// The members that can be routed to (alive, profile known), after any change.
@@ -140,19 +141,10 @@ pub fn spawn(
             options.clock,
         ))),
     };
-    let rng: StdRng = match options.seed {
-        Some(seed) => StdRng::seed_from_u64(seed),
-        None => rand::make_rng(),
-    };
-    // The node's own draws (refresh jitter) apart from SWIM's, seeded alike.
-    let own_rng: StdRng = match options.seed {
-        Some(seed) => StdRng::seed_from_u64(seed ^ 0x5eed_0f4e_f4e5),
-        None => rand::make_rng(),
-    };
     let foca = Foca::with_custom_broadcast(
         identity,
         options.foca_config(),
-        rng,
+        seeded(options.seed),
         PostcardCodec,
         handler.clone(),
     );
@@ -173,7 +165,8 @@ pub fn spawn(
         profile: None,
         live: None,
         latest_live: None,
-        rng: own_rng,
+        // The node's own draws (refresh jitter), apart from SWIM's and seeded alike.
+        rng: seeded(options.seed.map(|seed| seed ^ 0x5eed_0f4e_f4e5)),
         refresh_draw: 1.0,
         started_us: options.clock.unix_us().saturating_sub(1_000_000),
         leaving: false,
@@ -606,6 +599,11 @@ impl Node {
             not_alive,
         };
     }
+}
+
+/// A generator from `seed` (a repeatable simulation), else from the system.
+fn seeded(seed: Option<u64>) -> StdRng {
+    seed.map_or_else(rand::make_rng, StdRng::seed_from_u64)
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {
