@@ -1,8 +1,12 @@
+//! Small fleets on the in-memory network, under simulated time.
+//!
 //! An old and a new encoding in one fleet (issue 14): nodes of this version beside one that
 //! writes as the next version would — every item a version newer with fields appended, and a
 //! kind of item this version does not know, both sent directly and riding on SWIM. The fleet
 //! still converges: everyone routes to everyone, with the right profiles and live views, and
 //! the old nodes count what they skipped instead of dropping what came with it.
+//!
+//! A member that refutes a suspicion in time stays the member it was (issue 19's false deaths).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -101,6 +105,9 @@ fn live(state: State, in_flight: u32) -> Live {
     }
 }
 
+/// Long beside the probes (200 ms), so a suspicion is seen in `/status` before it runs out.
+const SUSPECT: Duration = Duration::from_secs(2);
+
 /// The node that writes as the next version.
 const NEWER: usize = 1;
 
@@ -108,7 +115,10 @@ fn start(net: &Arc<MemNetwork>, i: usize, key: &ClusterKey) -> Node {
     let mut o = NodeOptions::new(name(i), addr(i), key.clone());
     o.probe_interval = Duration::from_millis(200);
     o.probe_timeout = Duration::from_millis(60);
-    o.suspect_timeout = Duration::from_millis(600);
+    o.suspect_timeout = SUSPECT;
+    // Four nodes gossiping five times a second would pass a rumour on its 10 times within the
+    // second: the suspicion would be spent before the member it is about is back to hear it.
+    o.max_transmissions = 40;
     o.refresh_interval = Duration::from_millis(500);
     o.min_publish_interval = Duration::from_millis(50);
     o.newer_wire = i == NEWER;
@@ -184,5 +194,55 @@ async fn an_old_and_a_new_encoding_in_one_fleet_converge() {
         }
         let status = node.handle.status();
         assert_eq!(status.alive, 2, "node {i}: {status:?}");
+    }
+}
+
+/// A member cut off long enough to be suspected, then back before the suspicion runs out,
+/// refutes it and keeps its identity: nobody drops it, and it does not rejoin as someone new
+/// (foca alone would tell it "you are down" when the suspecter's timer ran out; see
+/// `Node::refuted`).
+#[tokio::test(start_paused = true)]
+async fn a_refuted_suspicion_is_not_a_death() {
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let n = 4;
+    let nodes: Vec<Node> = (0..n).map(|i| start(&net, i, &key)).collect();
+    eventually(
+        "everyone to route to everyone",
+        Duration::from_secs(10),
+        || (0..n).all(|i| sees_everyone(&nodes, i, |_| State::Healthy)),
+    )
+    .await;
+    let cut_off = n - 1;
+    let identity = |i: usize| nodes[i].seen.member(&name(cut_off)).map(|m| m.node);
+    let before = identity(0).expect("routed to before");
+
+    let others: Vec<SocketAddr> = (0..cut_off).map(addr).collect();
+    net.partition(&[addr(cut_off)], &others);
+    eventually("someone to suspect the cut-off member", SUSPECT, || {
+        (0..cut_off).any(|i| nodes[i].handle.status().suspect > 0)
+    })
+    .await;
+    net.heal();
+
+    // Past every suspecter's timer, with room for the rumour of a death to spread.
+    let until = tokio::time::Instant::now() + SUSPECT * 2;
+    while tokio::time::Instant::now() < until {
+        for i in 0..cut_off {
+            assert_eq!(
+                identity(i).as_ref(),
+                Some(&before),
+                "node {i} dropped or renamed the member that refuted its suspicion"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..cut_off {
+        let status = nodes[i].handle.status();
+        assert_eq!(
+            (status.alive, status.suspect, status.down),
+            (n - 1, 0, 0),
+            "node {i}"
+        );
     }
 }

@@ -437,9 +437,36 @@ impl Node {
             }
             self.timers.pop();
             if let Some(event) = self.timer_events.remove(&id) {
+                if self.refuted(&event) {
+                    continue;
+                }
                 let _ = self.foca.handle_timer(event, &mut self.runtime);
             }
         }
+    }
+
+    /// A suspicion's timer whose member has since refuted it (it is alive, or suspected under
+    /// a newer incarnation). foca 2.0 still tells that member "you are down" when such a timer
+    /// runs out (its incarnation check guards the state change, not the message), and the
+    /// member rejoins under a new identity: a live member dropped by the whole fleet, once per
+    /// refuted suspicion (docs/gossip.md, False deaths). The timer has nothing left to do.
+    fn refuted(&self, timer: &Timer<NodeId>) -> bool {
+        let Timer::ChangeSuspectToDown {
+            member_id,
+            incarnation,
+            ..
+        } = timer
+        else {
+            return false;
+        };
+        self.foca
+            .iter_membership_state()
+            .find(|m| m.id() == member_id)
+            .is_some_and(|m| match m.state() {
+                foca::State::Alive => true,
+                foca::State::Suspect => m.incarnation() != *incarnation,
+                foca::State::Down => false,
+            })
     }
 
     fn on_tick(&mut self) {
