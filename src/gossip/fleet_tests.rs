@@ -237,8 +237,8 @@ async fn a_refuted_suspicion_is_not_a_death() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    for i in 0..cut_off {
-        let status = nodes[i].handle.status();
+    for (i, node) in nodes.iter().enumerate().take(cut_off) {
+        let status = node.handle.status();
         assert_eq!(
             (status.alive, status.suspect, status.down),
             (n - 1, 0, 0),
