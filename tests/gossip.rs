@@ -378,14 +378,16 @@ async fn sigterm_on_the_binary_announces_draining_then_leaves_and_no_call_fails(
         .status()
         .unwrap();
     assert!(killed.success());
+    // Deadlines are for a loaded CI machine: what is asserted is the order (draining, then
+    // gone, no call failed), not the speed (it once timed out under a concurrent benchmark).
     eventually(
-        Duration::from_secs(3),
+        Duration::from_secs(10),
         "A to see agent-b draining",
         || async { sees_draining(&a, "agent-b") },
     )
     .await;
     eventually(
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         "agent-b to leave A's table",
         || async { peer_address(&a, "agent-b").is_none() },
     )

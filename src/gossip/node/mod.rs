@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use foca::{AccumulatingRuntime, Codec, Foca, OwnedNotification, PostcardCodec, Timer};
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{RngExt, SeedableRng};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -445,6 +445,19 @@ impl Node {
         }
     }
 
+    /// foca repeats its announces at a fixed period from the moment a node joined, so nodes
+    /// that joined together announce in step, and after a partition heals the first node to
+    /// ask across it asks up to a whole period later (docs/gossip.md, The heal). Each round
+    /// comes after a random 0.5–1.5 of the period instead: the same rate, out of step.
+    fn staggered(&mut self, after: Duration, event: &Timer<NodeId>) -> Duration {
+        match event {
+            Timer::PeriodicAnnounce(_) | Timer::PeriodicAnnounceDown(_) => {
+                after.mul_f64(self.rng.random_range(0.5..1.5))
+            }
+            _ => after,
+        }
+    }
+
     /// A suspicion's timer whose member has since refuted it (it is alive, or suspected under
     /// a newer incarnation). foca 2.0 still tells that member "you are down" when such a timer
     /// runs out (its incarnation check guards the state change, not the message), and the
@@ -511,6 +524,7 @@ impl Node {
         }
         let now = Instant::now();
         while let Some((after, event)) = self.runtime.to_schedule() {
+            let after = self.staggered(after, &event);
             self.timer_seq += 1;
             self.timers.push(Reverse((now + after, self.timer_seq)));
             self.timer_events.insert(self.timer_seq, event);
