@@ -181,12 +181,35 @@ async fn each_until(
     deadline: Duration,
     f: impl Fn(&Node) -> bool,
 ) -> Vec<Duration> {
+    each_until_or_late(nodes, deadline, f, deadline, |_| {}).await
+}
+
+/// `each_until`, calling `late` once with the nodes still waiting at `late_after`.
+async fn each_until_or_late(
+    nodes: &[&Node],
+    deadline: Duration,
+    f: impl Fn(&Node) -> bool,
+    late_after: Duration,
+    late: impl FnOnce(&[&Node]),
+) -> Vec<Duration> {
     let start = Instant::now();
     let mut when: Vec<Option<Duration>> = vec![None; nodes.len()];
+    let mut late = Some(late);
     while start.elapsed() < deadline && when.iter().any(Option::is_none) {
         for (i, n) in nodes.iter().enumerate() {
             if when[i].is_none() && f(n) {
                 when[i] = Some(start.elapsed());
+            }
+        }
+        if start.elapsed() >= late_after {
+            if let Some(late) = late.take() {
+                let waiting: Vec<&Node> = (0..nodes.len())
+                    .filter(|i| when[*i].is_none())
+                    .map(|i| nodes[i])
+                    .collect();
+                if !waiting.is_empty() {
+                    late(&waiting);
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -194,6 +217,51 @@ async fn each_until(
     let mut out: Vec<Duration> = when.into_iter().map(|w| w.unwrap_or(deadline)).collect();
     out.sort();
     out
+}
+
+/// Nodes a change (`name` went busy) has not reached within 3 s, and what each holds of `name`
+/// against what a node it reached holds (`GOSSIP_BENCH_TRACE=1`).
+fn trace_missed_change(waiting: &[&Node], name: &str, all: &[&Node]) {
+    if std::env::var_os("GOSSIP_BENCH_TRACE").is_none() {
+        return;
+    }
+    let held_by = |x: &Node| {
+        let status = x.handle.status();
+        let held = status.members.iter().find(|m| m.name == name);
+        held.map(|m| (m.epoch, m.liveness, m.live_seq, m.last_seen_s))
+    };
+    let reached = all
+        .iter()
+        .find(|x| lock(&x.seen.lives).get(name).is_some_and(|l| l.busy))
+        .map(|x| held_by(x));
+    for x in waiting {
+        eprintln!(
+            "change of {name} missed by {}: routes to it {}, holds {:?}; a node it reached holds {:?}",
+            x.name,
+            lock(&x.seen.members).contains(name),
+            held_by(x),
+            reached,
+        );
+    }
+}
+
+/// Nodes that still route to a dead member after 10 s, and what each holds of it (`GOSSIP_BENCH_TRACE=1`).
+fn trace_not_dropped(nodes: &[&Node], name: &str) {
+    if std::env::var_os("GOSSIP_BENCH_TRACE").is_none() {
+        return;
+    }
+    for x in nodes {
+        let status = x.handle.status();
+        let held = status.members.iter().find(|m| m.name == name);
+        eprintln!(
+            "dead {name} still routed by {}: holds {:?}; its SWIM: {} alive, {} suspect, {} down",
+            x.name,
+            held.map(|m| (m.epoch, m.liveness, m.last_seen_s)),
+            status.alive,
+            status.suspect,
+            status.down,
+        );
+    }
 }
 
 /// Why nodes that do not route to everyone miss whom (`GOSSIP_BENCH_TRACE=1`): per missing
@@ -336,12 +404,15 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         let name = nodes[who].name.clone();
         nodes[who].handle.publish_live(live(true));
         let others: Vec<&Node> = nodes.iter().filter(|x| x.name != name).collect();
-        change.extend(
-            each_until(&others, Duration::from_secs(30), |x| {
-                lock(&x.seen.lives).get(&name).is_some_and(|l| l.busy)
-            })
-            .await,
-        );
+        let arrivals = each_until_or_late(
+            &others,
+            Duration::from_secs(30),
+            |x| lock(&x.seen.lives).get(&name).is_some_and(|l| l.busy),
+            Duration::from_secs(3),
+            |waiting| trace_missed_change(waiting, &name, &others),
+        )
+        .await;
+        change.extend(arrivals);
         nodes[who].handle.publish_live(live(false));
         let _ = wait_until(Duration::from_secs(10), || {
             nodes
@@ -360,9 +431,13 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
     nodes[victim].handle.abort();
     let others: Vec<&Node> = nodes.iter().filter(|x| x.name != name).collect();
     let dead_deadline = Duration::from_secs(60);
-    let mut dead = each_until(&others, dead_deadline, |x| {
-        !lock(&x.seen.members).contains(&name)
-    })
+    let mut dead = each_until_or_late(
+        &others,
+        dead_deadline,
+        |x| !lock(&x.seen.members).contains(&name),
+        Duration::from_secs(10),
+        |waiting| trace_not_dropped(waiting, &name),
+    )
     .await;
     let dead_detected = dead.iter().all(|d| *d < dead_deadline);
     trace("dead node out", wall, start);

@@ -447,7 +447,7 @@ impl Node {
 
     /// foca repeats its announces at a fixed period from the moment a node joined, so nodes
     /// that joined together announce in step, and after a partition heals the first node to
-    /// ask across it asks up to a whole period later (docs/gossip.md, The heal). Each round
+    /// ask across it asks up to a whole period later (docs/gossip.md, "The heal"). Each round
     /// comes after a random 0.5–1.5 of the period instead: the same rate, out of step.
     fn staggered(&mut self, after: Duration, event: &Timer<NodeId>) -> Duration {
         match event {
@@ -462,7 +462,7 @@ impl Node {
     /// a newer incarnation). foca 2.0 still tells that member "you are down" when such a timer
     /// runs out (its incarnation check guards the state change, not the message), and the
     /// member rejoins under a new identity: a live member dropped by the whole fleet, once per
-    /// refuted suspicion (docs/gossip.md, False deaths). The timer has nothing left to do.
+    /// refuted suspicion (docs/gossip.md, "The false death"). The timer has nothing left to do.
     fn refuted(&self, timer: &Timer<NodeId>) -> bool {
         let Timer::ChangeSuspectToDown {
             member_id,
