@@ -219,27 +219,39 @@ async fn each_until_or_late(
     out
 }
 
+/// Whether `GOSSIP_BENCH_TRACE` asks for each phase's trace.
+fn tracing() -> bool {
+    std::env::var_os("GOSSIP_BENCH_TRACE").is_some()
+}
+
+/// What `x` holds of the member `name`, as its `/status` lists it.
+fn held_by(x: &Node, name: &str) -> Option<gossip::MemberStatus> {
+    x.handle
+        .status()
+        .members
+        .iter()
+        .find(|m| m.name == name)
+        .cloned()
+}
+
 /// Nodes a change (`name` went busy) has not reached within 3 s, and what each holds of `name`
 /// against what a node it reached holds (`GOSSIP_BENCH_TRACE=1`).
 fn trace_missed_change(waiting: &[&Node], name: &str, all: &[&Node]) {
-    if std::env::var_os("GOSSIP_BENCH_TRACE").is_none() {
+    if !tracing() {
         return;
     }
-    let held_by = |x: &Node| {
-        let status = x.handle.status();
-        let held = status.members.iter().find(|m| m.name == name);
-        held.map(|m| (m.epoch, m.liveness, m.live_seq, m.last_seen_s))
-    };
+    let held =
+        |x: &Node| held_by(x, name).map(|m| (m.epoch, m.liveness, m.live_seq, m.last_seen_s));
     let reached = all
         .iter()
         .find(|x| lock(&x.seen.lives).get(name).is_some_and(|l| l.busy))
-        .map(|x| held_by(x));
+        .map(|x| held(x));
     for x in waiting {
         eprintln!(
             "change of {name} missed by {}: routes to it {}, holds {:?}; a node it reached holds {:?}",
             x.name,
             lock(&x.seen.members).contains(name),
-            held_by(x),
+            held(x),
             reached,
         );
     }
@@ -247,16 +259,15 @@ fn trace_missed_change(waiting: &[&Node], name: &str, all: &[&Node]) {
 
 /// Nodes that still route to a dead member after 10 s, and what each holds of it (`GOSSIP_BENCH_TRACE=1`).
 fn trace_not_dropped(nodes: &[&Node], name: &str) {
-    if std::env::var_os("GOSSIP_BENCH_TRACE").is_none() {
+    if !tracing() {
         return;
     }
     for x in nodes {
         let status = x.handle.status();
-        let held = status.members.iter().find(|m| m.name == name);
         eprintln!(
             "dead {name} still routed by {}: holds {:?}; its SWIM: {} alive, {} suspect, {} down",
             x.name,
-            held.map(|m| (m.epoch, m.liveness, m.last_seen_s)),
+            held_by(x, name).map(|m| (m.epoch, m.liveness, m.last_seen_s)),
             status.alive,
             status.suspect,
             status.down,
@@ -267,7 +278,7 @@ fn trace_not_dropped(nodes: &[&Node], name: &str) {
 /// Why nodes that do not route to everyone miss whom (`GOSSIP_BENCH_TRACE=1`): per missing
 /// member, what the node's table says of it (`absent`: never heard of).
 fn diagnose(nodes: &[&Node], expected: usize) {
-    if std::env::var_os("GOSSIP_BENCH_TRACE").is_none() {
+    if !tracing() {
         return;
     }
     let mut why: HashMap<String, usize> = HashMap::new();
@@ -300,7 +311,7 @@ fn diagnose(nodes: &[&Node], expected: usize) {
 
 /// Shows where a run's wall time goes (`GOSSIP_BENCH_TRACE=1`).
 fn trace(phase: &str, wall: std::time::Instant, start: Instant) {
-    if std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
+    if tracing() {
         eprintln!(
             "{phase}: wall {:.1}s, simulated {:.1}s",
             wall.elapsed().as_secs_f64(),
@@ -360,7 +371,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         if start.elapsed() > Duration::from_secs(120) {
             break (false, start.elapsed());
         }
-        if std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
+        if tracing() {
             let routable: Vec<usize> = nodes.iter().map(|x| lock(&x.seen.members).len()).collect();
             eprintln!(
                 "t={:.1}s routable min {} max {}",
@@ -451,7 +462,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
                 .sum::<u64>()
         })
         .sum();
-    if false_deaths > 0 && std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
+    if false_deaths > 0 && tracing() {
         // Who was dropped, by how many, and whether that node rejoined under a new identity
         // (its epoch moved: it was declared down and came back).
         let mut by: HashMap<String, u64> = HashMap::new();
@@ -541,7 +552,7 @@ async fn partition_and_heal(
     let deadline = Duration::from_secs(120);
     let healing =
         async { each_until(&living, deadline, |x| lock(&x.seen.members).len() == others).await };
-    let healed = if std::env::var_os("GOSSIP_BENCH_TRACE").is_some() {
+    let healed = if tracing() {
         let start = Instant::now();
         let watch = async {
             loop {

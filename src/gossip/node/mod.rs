@@ -1,16 +1,15 @@
 //! One gossip node: a task that owns the SWIM state machine (foca), seals and opens every
 //! datagram, publishes this agent's items and hands what it learns to the sidecar.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use foca::{AccumulatingRuntime, Codec, Foca, OwnedNotification, PostcardCodec, Timer};
+use foca::{AccumulatingRuntime, Codec, Foca, OwnedNotification, PostcardCodec};
 use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
+use rand::SeedableRng;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -28,10 +27,12 @@ use super::wire::{self, Body, Decoded, Live, NodeId};
 mod options;
 mod publish;
 mod repair;
+mod timers;
 
 pub use options::{max_transmissions, NodeOptions};
 pub use publish::longest_refresh;
 use publish::Published;
+use timers::Timers;
 
 /// Largest item published: it must fit in a datagram after foca's header (and the envelope's).
 pub const MAX_ITEM: usize = 1100;
@@ -39,7 +40,6 @@ pub const MAX_ITEM: usize = 1100;
 const TICK: Duration = Duration::from_millis(100);
 /// New members are handed to the sink at most this often (losses go at once).
 const ADDITIONS_EVERY: Duration = Duration::from_millis(500);
-
 /// Where the node hands what it learns: the sidecar's registry and peer views, or a benchmark.
 pub trait Membership: Send + Sync + 'static {
     /// The members that can be routed to (alive, profile known), after any change.
@@ -156,9 +156,7 @@ pub fn spawn(
         transport,
         sink,
         stats: stats.clone(),
-        timers: BinaryHeap::new(),
-        timer_events: HashMap::new(),
-        timer_seq: 0,
+        timers: Timers::default(),
         replay: ReplayGuard::default(),
         last_sent_at: 0,
         seq: 0,
@@ -202,9 +200,7 @@ struct Node {
     transport: Arc<dyn Transport>,
     sink: Arc<dyn Membership>,
     stats: Arc<Stats>,
-    timers: BinaryHeap<Reverse<(Instant, u64)>>,
-    timer_events: HashMap<u64, Timer<NodeId>>,
-    timer_seq: u64,
+    timers: Timers,
     replay: ReplayGuard,
     /// Envelope send times are strictly increasing, so no two honest packets are byte-identical.
     last_sent_at: u64,
@@ -250,7 +246,7 @@ impl Node {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let next_timer = self.timers.peek().map(|Reverse((at, _))| *at);
+            let next_timer = self.timers.next_at();
             tokio::select! {
                 _ = stop.cancelled() => return,
                 Some((from, packet)) = inbox.recv() => self.on_packet(from, &packet),
@@ -429,59 +425,6 @@ impl Node {
         self.transport.send(to, packet);
     }
 
-    fn fire_timers(&mut self) {
-        let now = Instant::now();
-        while let Some(Reverse((at, id))) = self.timers.peek().copied() {
-            if at > now {
-                break;
-            }
-            self.timers.pop();
-            if let Some(event) = self.timer_events.remove(&id) {
-                if self.refuted(&event) {
-                    continue;
-                }
-                let _ = self.foca.handle_timer(event, &mut self.runtime);
-            }
-        }
-    }
-
-    /// foca repeats its announces at a fixed period from the moment a node joined, so nodes
-    /// that joined together announce in step, and after a partition heals the first node to
-    /// ask across it asks up to a whole period later (docs/gossip.md, "The heal"). Each round
-    /// comes after a random 0.5–1.5 of the period instead: the same rate, out of step.
-    fn staggered(&mut self, after: Duration, event: &Timer<NodeId>) -> Duration {
-        match event {
-            Timer::PeriodicAnnounce(_) | Timer::PeriodicAnnounceDown(_) => {
-                after.mul_f64(self.rng.random_range(0.5..1.5))
-            }
-            _ => after,
-        }
-    }
-
-    /// A suspicion's timer whose member has since refuted it (it is alive, or suspected under
-    /// a newer incarnation). foca 2.0 still tells that member "you are down" when such a timer
-    /// runs out (its incarnation check guards the state change, not the message), and the
-    /// member rejoins under a new identity: a live member dropped by the whole fleet, once per
-    /// refuted suspicion (docs/gossip.md, "The false death"). The timer has nothing left to do.
-    fn refuted(&self, timer: &Timer<NodeId>) -> bool {
-        let Timer::ChangeSuspectToDown {
-            member_id,
-            incarnation,
-            ..
-        } = timer
-        else {
-            return false;
-        };
-        self.foca
-            .iter_membership_state()
-            .find(|m| m.id() == member_id)
-            .is_some_and(|m| match m.state() {
-                foca::State::Alive => true,
-                foca::State::Suspect => m.incarnation() != *incarnation,
-                foca::State::Down => false,
-            })
-    }
-
     fn on_tick(&mut self) {
         let now = Instant::now();
         let refresh_due = self.refresh_due(now);
@@ -523,12 +466,7 @@ impl Node {
             self.send(to.addr, Kind::Swim, &data);
         }
         let now = Instant::now();
-        while let Some((after, event)) = self.runtime.to_schedule() {
-            let after = self.staggered(after, &event);
-            self.timer_seq += 1;
-            self.timers.push(Reverse((now + after, self.timer_seq)));
-            self.timer_events.insert(self.timer_seq, event);
-        }
+        self.schedule_timers(now);
         let mut rejoined = false;
         while let Some(notification) = self.runtime.to_notify() {
             let mut table = self.handler.lock();

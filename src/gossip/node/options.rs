@@ -27,7 +27,8 @@ pub struct NodeOptions {
     pub min_publish_interval: Duration,
     /// Envelopes sent further than this from the receiver's clock are refused.
     pub replay_window: Duration,
-    /// Times each item is passed on; grows with the fleet (see `max_transmissions`).
+    /// Times each item and membership update is passed on, from `expected_members` (see
+    /// `max_transmissions`): fixed, not recounted as the fleet grows.
     pub max_transmissions: u8,
     /// Envelope stamps and epochs: the wall clock, or the runtime's for a simulation.
     pub clock: Clock,
@@ -60,6 +61,7 @@ impl NodeOptions {
         }
     }
 
+    /// SWIM's settings from these timings.
     pub(super) fn foca_config(&self) -> foca::Config {
         let mut c = foca::Config::new_lan(NonZeroU32::MIN);
         c.probe_period = self.probe_interval.max(Duration::from_millis(10));
