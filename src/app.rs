@@ -234,7 +234,7 @@ impl Sidecar {
                     "inbound",
                     layers::edge("inbound", &metrics, inbound.stack()),
                 ),
-                traffic_settings,
+                inbound_settings(&traffic_settings, &store.snapshot()),
                 metrics.clone(),
                 stop_traffic.clone(),
             )),
@@ -499,6 +499,21 @@ fn mesh_tls(
     Ok(Some(tls))
 }
 
+/// The inbound listener's server settings: one h2 connection carries no more streams than the
+/// agent can run or queue (`max_concurrency` + `queue.capacity` at start), so a client cannot
+/// park thousands of streams on one connection.
+fn inbound_settings(
+    traffic: &ServerSettings,
+    snapshot: &crate::config::Snapshot,
+) -> ServerSettings {
+    let agent = &snapshot.bootstrap.agent;
+    let streams = agent.max_concurrency.get() + agent.queue.capacity;
+    ServerSettings {
+        h2_max_streams: Some(u32::try_from(streams).unwrap_or(u32::MAX)),
+        ..traffic.clone()
+    }
+}
+
 /// The inbound listener's acceptor: TLS or plaintext as the live policy's mode allows.
 fn mesh_accept(
     store: &Arc<ConfigStore>,
@@ -506,10 +521,12 @@ fn mesh_accept(
     limits: &crate::config::Limits,
     metrics: &Arc<Metrics>,
 ) -> Mesh {
+    let intercept = store.snapshot().bootstrap.listen.intercept.ports.clone();
     let (store, metrics) = (store.clone(), metrics.clone());
     Mesh::new(
         tls,
-        Arc::new(move || store.snapshot().mtls_mode()),
+        Arc::new(move |port| store.snapshot().mtls_mode_for(port)),
+        &intercept,
         limits.header_read_timeout.get(),
         limits.header_read_timeout.get(),
         Arc::new(move |reason| metrics.tls_handshake_failed(reason)),

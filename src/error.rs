@@ -63,8 +63,8 @@ pub enum ReachError {
     BodyTimeout,
     #[error("this caller is not allowed to call capability `{capability}`")]
     Forbidden { capability: String },
-    #[error("capability `{capability}` is not served at `{path}`")]
-    UnknownPath { capability: String, path: String },
+    #[error("capability `{capability}` is not served at `{path}`: the path belongs to another capability, or to none")]
+    CapabilityPathMismatch { capability: String, path: String },
     #[error("{0}")]
     BadRequest(String),
     #[error("no such endpoint: {0}")]
@@ -131,7 +131,7 @@ pub enum Reason {
     IdempotencyBusy,
     ClientBodyError,
     BodyTimeout,
-    UnknownPath,
+    CapabilityPathMismatch,
     BadRequest,
     NotFound,
     Internal,
@@ -165,7 +165,7 @@ impl Reason {
         Reason::IdempotencyBusy,
         Reason::ClientBodyError,
         Reason::BodyTimeout,
-        Reason::UnknownPath,
+        Reason::CapabilityPathMismatch,
         Reason::BadRequest,
         Reason::NotFound,
         Reason::Internal,
@@ -199,7 +199,7 @@ impl Reason {
             Reason::IdempotencyBusy => "idempotency_busy",
             Reason::ClientBodyError => "client_body_error",
             Reason::BodyTimeout => "body_timeout",
-            Reason::UnknownPath => "unknown_path",
+            Reason::CapabilityPathMismatch => "capability_path_mismatch",
             Reason::BadRequest => "bad_request",
             Reason::NotFound => "not_found",
             Reason::Internal => "internal",
@@ -225,6 +225,7 @@ impl ReachError {
         match self {
             ReachError::MissingCapability
             | ReachError::BadRequest(_)
+            | ReachError::CapabilityPathMismatch { .. }
             | ReachError::ClientBody
             | ReachError::IntentUnresolved { .. }
             | ReachError::IntentAmbiguous { .. } => StatusCode::BAD_REQUEST,
@@ -233,9 +234,7 @@ impl ReachError {
             ReachError::ForeignHost { .. } | ReachError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ReachError::IdempotencyConflict => StatusCode::CONFLICT,
             ReachError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ReachError::UnknownCapability { .. }
-            | ReachError::UnknownPath { .. }
-            | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
+            ReachError::UnknownCapability { .. } | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
             ReachError::NoAvailableInstance { .. }
             | ReachError::Saturated { .. }
             | ReachError::Ejected { .. }
@@ -276,7 +275,7 @@ impl ReachError {
             ReachError::IdempotencyBusy => Reason::IdempotencyBusy,
             ReachError::ClientBody => Reason::ClientBodyError,
             ReachError::BodyTimeout => Reason::BodyTimeout,
-            ReachError::UnknownPath { .. } => Reason::UnknownPath,
+            ReachError::CapabilityPathMismatch { .. } => Reason::CapabilityPathMismatch,
             ReachError::BadRequest(_) => Reason::BadRequest,
             ReachError::NotFound(_) => Reason::NotFound,
             ReachError::Internal => Reason::Internal,

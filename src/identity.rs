@@ -16,6 +16,24 @@ const MAX_LEN: usize = 2048;
 #[serde(transparent)]
 pub struct SpiffeId(Arc<str>);
 
+/// Who a peer must prove to be in its TLS handshake: the identity it announced, or, for a peer
+/// that announced none (a static peer without `identity`, under `strict`), any workload of this
+/// sidecar's trust domain.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Expected {
+    Exactly(SpiffeId),
+    TrustDomain,
+}
+
+impl fmt::Display for Expected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Expected::Exactly(id) => f.write_str(id.as_str()),
+            Expected::TrustDomain => f.write_str("any identity of the trust domain"),
+        }
+    }
+}
+
 /// An identity pattern: a SPIFFE ID whose path segments (and trust domain) may be `*`, which
 /// matches exactly one segment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -30,6 +48,12 @@ impl SpiffeId {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The trust domain: `prod.example` in `spiffe://prod.example/ns/…`.
+    pub fn trust_domain(&self) -> &str {
+        let rest = self.0.strip_prefix(SCHEME).unwrap_or(&self.0);
+        rest.split('/').next().unwrap_or_default()
     }
 
     /// The last path segment: the service account in `…/ns/<ns>/sa/<sa>`.

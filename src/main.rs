@@ -369,12 +369,32 @@ fn dev_certs(out: &Path, trust_domain: &str, namespace: &str, names: &[String]) 
 
 fn check(files: &[PathBuf]) -> ExitCode {
     let mut failed = false;
+    let (mut bootstraps, mut policies) = (Vec::new(), Vec::new());
     for file in files {
         match check_file(file) {
-            Ok(summary) => println!("{}: ok ({summary})", file.display()),
+            Ok((summary, parsed)) => {
+                println!("{}: ok ({summary})", file.display());
+                match parsed {
+                    Some(Parsed::Bootstrap(b)) => bootstraps.push((file, b)),
+                    Some(Parsed::Policy(p)) => policies.push((file, p)),
+                    None => {}
+                }
+            }
             Err(err) => {
                 eprintln!("{err}");
                 failed = true;
+            }
+        }
+    }
+    // What holds only for a bootstrap and a policy together.
+    for (bootstrap_file, bootstrap) in &bootstraps {
+        for (policy_file, policy) in &policies {
+            for warning in config::warnings::warnings(bootstrap, policy) {
+                eprintln!(
+                    "warning: {} with {}: {warning}",
+                    bootstrap_file.display(),
+                    policy_file.display()
+                );
             }
         }
     }
@@ -385,9 +405,15 @@ fn check(files: &[PathBuf]) -> ExitCode {
     }
 }
 
+/// A file `check` read, kept for the checks that need a bootstrap and a policy together.
+enum Parsed {
+    Bootstrap(Box<config::Bootstrap>),
+    Policy(Box<config::Policy>),
+}
+
 /// Validates one file of any kind: a bootstrap (and the TLS files it names), a policy, or the
 /// injector's.
-fn check_file(path: &Path) -> Result<String, String> {
+fn check_file(path: &Path) -> Result<(String, Option<Parsed>), String> {
     let text = config::read_file(path).map_err(|e| e.to_string())?;
     let kind = config::detect_kind(path, &text).map_err(|e| e.to_string())?;
     let mut summary = kind.as_str().to_owned();
@@ -414,16 +440,18 @@ fn check_file(path: &Path) -> Result<String, String> {
                     config::StoreLocation::Redis(_) => format!("{summary}; tasks in Redis"),
                 };
             }
+            return Ok((summary, Some(Parsed::Bootstrap(Box::new(bootstrap)))));
         }
         FileKind::Policy => {
             let policy = config::parse_policy(path, &text).map_err(|e| e.to_string())?;
             if let Some(note) = check_escalation(path, &policy)? {
                 summary = format!("{summary}; {note}");
             }
+            return Ok((summary, Some(Parsed::Policy(Box::new(policy)))));
         }
         FileKind::Injector => drop(InjectorConfig::parse(path, &text).map_err(|e| e.to_string())?),
     }
-    Ok(summary)
+    Ok((summary, None))
 }
 
 /// The escalation settings as the runner will use them: a webhook URL it can POST to, a key

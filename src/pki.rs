@@ -68,17 +68,41 @@ impl DevCa {
     /// A workload certificate whose URI SAN is `spiffe_id`, valid from a minute ago for
     /// `valid_for`, usable as TLS server and client.
     pub fn issue(&self, spiffe_id: &str, valid_for: Duration) -> Result<Issued, PkiError> {
+        let name = spiffe_id.rsplit('/').next().unwrap_or(spiffe_id);
+        self.issue_with(name, &[spiffe_id], &[], valid_for)
+    }
+
+    /// A certificate named `common_name` with these URI and DNS SANs (any number of each, none
+    /// included), otherwise as [`DevCa::issue`]: for testing what a sidecar makes of a
+    /// certificate that is not a workload identity.
+    pub fn issue_with(
+        &self,
+        common_name: &str,
+        uris: &[&str],
+        dns: &[&str],
+        valid_for: Duration,
+    ) -> Result<Issued, PkiError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
-        params.distinguished_name.push(
-            DnType::CommonName,
-            spiffe_id.rsplit('/').next().unwrap_or(spiffe_id),
-        );
-        let uri = spiffe_id
-            .to_owned()
-            .try_into()
-            .map_err(|_| PkiError::BadUri(spiffe_id.to_owned()))?;
-        params.subject_alt_names = vec![SanType::URI(uri)];
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        let mut sans = Vec::new();
+        for uri in uris {
+            let ia5 = (*uri)
+                .to_owned()
+                .try_into()
+                .map_err(|_| PkiError::BadUri((*uri).to_owned()))?;
+            sans.push(SanType::URI(ia5));
+        }
+        for name in dns {
+            let ia5 = (*name)
+                .to_owned()
+                .try_into()
+                .map_err(|_| PkiError::BadUri((*name).to_owned()))?;
+            sans.push(SanType::DnsName(ia5));
+        }
+        params.subject_alt_names = sans;
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,

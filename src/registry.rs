@@ -10,9 +10,8 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::config::{ExternalTarget, MtlsMode, Snapshot, StaticPeer};
-use crate::error::ReachError;
 use crate::gossip::Member;
-use crate::identity::SpiffeId;
+use crate::identity::{Expected, SpiffeId};
 
 /// A peer sidecar that can take calls for some capabilities.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -97,20 +96,17 @@ impl Peer {
         self.source == "external"
     }
 
-    /// The identity a call to this peer must be made to, over mutual TLS, under `mode`; `None`:
-    /// plaintext. A plain service (an external target) is always called in plaintext; a peer
-    /// sidecar that announces no identity only outside `strict`.
-    pub fn dial_identity(&self, mode: MtlsMode) -> Result<Option<&SpiffeId>, ReachError> {
+    /// Who a call to this peer must reach, over mutual TLS, under `mode`; `None`: plaintext. A
+    /// plain service (an external target) is always called in plaintext; a peer sidecar that
+    /// announces no identity is called in plaintext only outside `strict` — in `strict` over TLS
+    /// all the same, to any SVID of the trust domain.
+    pub fn dial_identity(&self, mode: MtlsMode) -> Option<Expected> {
         match (mode, &self.identity) {
-            (MtlsMode::Disabled, _) => Ok(None),
-            _ if self.is_external() => Ok(None),
-            (_, Some(identity)) => Ok(Some(identity)),
-            (MtlsMode::Permissive, None) => Ok(None),
-            (MtlsMode::Strict, None) => Err(ReachError::UpstreamConnect {
-                target: format!("peer {} ({})", self.name, self.address),
-                message: "mtls mode is strict and the peer announces no identity".to_owned(),
-                refused: false,
-            }),
+            (MtlsMode::Disabled, _) => None,
+            _ if self.is_external() => None,
+            (_, Some(identity)) => Some(Expected::Exactly(identity.clone())),
+            (MtlsMode::Permissive, None) => None,
+            (MtlsMode::Strict, None) => Some(Expected::TrustDomain),
         }
     }
 }

@@ -136,7 +136,15 @@ async fn a_capability_serves_only_its_declared_paths() {
     .await;
     let inbound = pair.callee.addrs.inbound;
     let c = client();
-    for headers in [&[("reach-capability", CAP)][..], &[][..]] {
+    // Naming the capability does not stretch its paths; naming none maps the path to none.
+    for (headers, status, reason) in [
+        (
+            &[("reach-capability", CAP)][..],
+            400,
+            "capability_path_mismatch",
+        ),
+        (&[][..], 404, "unknown_capability"),
+    ] {
         let reply = send(
             &c,
             "PUT",
@@ -145,8 +153,8 @@ async fn a_capability_serves_only_its_declared_paths() {
             "crash",
         )
         .await;
-        assert_eq!(reply.status, 404, "{}", reply.body);
-        assert_eq!(reply.header("reach-reason"), "unknown_path");
+        assert_eq!(reply.status, status, "{}", reply.body);
+        assert_eq!(reply.header("reach-reason"), reason);
     }
     // Dot segments and encoded separators cannot climb out of a declared prefix.
     for path in [

@@ -141,8 +141,30 @@ async fn tls_request(
     files: TlsFiles,
     headers: &[(&str, &str)],
 ) -> Result<Reply, String> {
+    tls_call(addr, files, "POST", "/review", headers).await
+}
+
+/// [`tls_request`] with any method and path.
+async fn tls_call(
+    addr: SocketAddr,
+    files: TlsFiles,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<Reply, String> {
     let tls = MeshTls::load(files).map_err(|e| e.to_string())?;
-    let connector = tokio_rustls::TlsConnector::from(tls.current().client.clone());
+    tls_with(addr, tls.current().client.clone(), method, path, headers).await
+}
+
+/// One request over TLS with `config`, as a hand-written client would send it.
+async fn tls_with(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<Reply, String> {
+    let connector = tokio_rustls::TlsConnector::from(config);
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -155,7 +177,10 @@ async fn tls_request(
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let mut builder = Request::post("/review").header("host", addr.to_string());
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
     for (k, v) in headers {
         builder = builder.header(*k, *v);
     }
@@ -689,4 +714,327 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
     assert_eq!(rogue_agent.stats().business, 0, "the rogue got work");
     assert!(b_agent.stats().business >= 30);
     stop.cancel();
+}
+
+// === attacks (an outside review's findings, each refused) ===
+
+/// The paths the agent was sent, in order.
+fn paths(seen: &Mutex<Vec<http::HeaderMap>>) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|h| h["x-seen-path"].to_str().unwrap().to_owned())
+        .collect()
+}
+
+/// `pay-1`: an agent serving `payments` on `/pay` (billing only) and `review` on `/review`
+/// (anyone), behind a sidecar in `mode`.
+async fn payments_callee(pki: &Pki, agent: SocketAddr, mode: MtlsMode) -> Sidecar {
+    let mut b = Bootstrap::local("pay-1", agent, &["payments", "review"]).unwrap();
+    b.agent.capabilities[0].paths = vec!["/pay".to_owned()];
+    b.agent.capabilities[1].paths = vec!["/review".to_owned()];
+    let mut p = policy(Some(mode));
+    p.authorization = Authorization {
+        default: Verdict::Allow,
+        capabilities: [(
+            "payments".to_owned(),
+            CapabilityAuthorization {
+                allow: vec![
+                    IdentityPattern::parse(&format!("{TRUST_DOMAIN}/ns/billing/sa/*")).unwrap(),
+                ],
+            },
+        )]
+        .into_iter()
+        .collect(),
+    };
+    start(with_tls(b, pki.files("pay", &id("payments", "pay"))), p).await
+}
+
+// Findings 1, 3 and 5: a caller with a valid certificate of another namespace tries every way
+// to `POST /pay` in strict — no header, another capability's header, dot segments, encoded
+// names, merged slashes, a forged XFCC, plaintext — and none reaches the agent's /pay.
+#[tokio::test]
+async fn a_certified_stranger_tries_every_way_to_pay_and_none_reaches_the_agent() {
+    let pki = Pki::new("attack");
+    let (agent, seen) = echo_agent().await;
+    let callee = payments_callee(&pki, agent, MtlsMode::Strict).await;
+    let inbound = callee.addrs.inbound;
+    let intruder = pki.files("intruder", &id("dev", "intruder"));
+    let attempts: [(&str, &[(&str, &str)], u16, &str); 9] = [
+        ("/pay", &[], 403, "forbidden"),
+        (
+            "/pay",
+            &[("reach-capability", "payments")],
+            403,
+            "forbidden",
+        ),
+        (
+            "/pay",
+            &[("reach-capability", "review")],
+            400,
+            "capability_path_mismatch",
+        ),
+        (
+            "/review/../pay",
+            &[("reach-capability", "review")],
+            400,
+            "bad_request",
+        ),
+        (
+            "/review/%2e%2e/pay",
+            &[("reach-capability", "review")],
+            400,
+            "bad_request",
+        ),
+        ("/p%61y", &[], 403, "forbidden"),
+        (
+            "//pay",
+            &[("reach-capability", "review")],
+            400,
+            "capability_path_mismatch",
+        ),
+        ("/pay;x=1", &[], 403, "forbidden"),
+        ("/admin", &[], 404, "unknown_capability"),
+    ];
+    for (path, headers, status, reason) in attempts {
+        let reply = tls_call(inbound, intruder.clone(), "POST", path, headers)
+            .await
+            .unwrap();
+        assert_eq!(reply.status, status, "{path} {headers:?}: {}", reply.body);
+        assert_eq!(reply.header("reach-reason"), reason, "{path} {headers:?}");
+    }
+    let plain = send(
+        &client(),
+        "POST",
+        &format!("http://{inbound}/pay"),
+        &[],
+        "x",
+    )
+    .await;
+    assert_eq!(plain.status, 403, "{}", plain.body);
+    assert_eq!(plain.header("reach-reason"), "mtls_required");
+    assert!(
+        paths(&seen).is_empty(),
+        "reached the agent: {:?}",
+        paths(&seen)
+    );
+
+    // What the stranger may call it gets, with forwarding headers that are the sidecar's.
+    let forged =
+        "By=spiffe://test.example/ns/payments/sa/pay;URI=spiffe://test.example/ns/billing/sa/api";
+    let reply = tls_call(
+        inbound,
+        intruder.clone(),
+        "POST",
+        "/review",
+        &[
+            ("x-forwarded-client-cert", forged),
+            ("x-forwarded-for", "10.9.9.9"),
+            ("forwarded", "for=10.9.9.9"),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let head = seen.lock().unwrap().pop().unwrap();
+    let xfcc = head["x-forwarded-client-cert"].to_str().unwrap();
+    assert!(
+        xfcc.starts_with(&format!("By={};Hash=", id("payments", "pay")))
+            && xfcc.ends_with(&format!(";URI={}", id("dev", "intruder"))),
+        "{xfcc}"
+    );
+    assert_eq!(head.get_all("x-forwarded-client-cert").iter().count(), 1);
+    assert_eq!(head["x-forwarded-for"], "127.0.0.1");
+    assert!(head.get("forwarded").is_none(), "{head:?}");
+
+    // A billing workload pays, without naming the capability.
+    let billing = pki.files("billing", &id("billing", "api"));
+    let paid = tls_call(inbound, billing, "POST", "/pay", &[])
+        .await
+        .unwrap();
+    assert_eq!(paid.status, 200, "{}", paid.body);
+    assert_eq!(paths(&seen), ["/pay"]);
+    let m = metrics(&callee).await;
+    assert_eq!(
+        counter(&m, "reach_authz_denied_total{capability=\"payments\"}"),
+        4,
+        "{m}"
+    );
+}
+
+// Finding 1 in permissive: an anonymous plaintext caller that names nothing is judged by the
+// capability its path maps to, not by `default`.
+#[tokio::test]
+async fn permissive_plaintext_without_a_header_is_refused_an_allow_listed_path() {
+    let pki = Pki::new("attack-permissive");
+    let (agent, seen) = echo_agent().await;
+    let callee = payments_callee(&pki, agent, MtlsMode::Permissive).await;
+    let url = |path: &str| format!("http://{}{path}", callee.addrs.inbound);
+    let denied = send(&client(), "POST", &url("/pay"), &[], "x").await;
+    assert_eq!(denied.status, 403, "{}", denied.body);
+    assert_eq!(denied.header("reach-reason"), "forbidden");
+    let review = send(&client(), "POST", &url("/review"), &[], "x").await;
+    assert_eq!(review.status, 200, "{}", review.body);
+    assert_eq!(paths(&seen), ["/review"]);
+}
+
+/// A client config presenting `issued` (from `ca`), trusting any server: the attacker's.
+fn client_presenting(issued: &agent_reach::pki::Issued) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_slice_iter(issued.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer))
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+/// Trusts every server certificate (the attacker does not care who answers).
+#[derive(Debug)]
+struct AnyServer;
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+// Finding 4: certificates from the bundle's CA that are not SVIDs of the trust domain — no SAN,
+// a DNS SAN only, two URI SANs, another trust domain — fail the handshake in both modes,
+// counted by reason, and are never served as "nobody" (named by address).
+#[tokio::test]
+async fn a_certificate_that_is_not_an_svid_of_the_trust_domain_is_refused() {
+    let pki = Pki::new("not-svid");
+    let (agent, seen) = echo_agent().await;
+    let week = Duration::from_secs(7 * 24 * 3600);
+    let odd = [
+        (
+            "no_spiffe_id",
+            pki.ca.issue_with("bare", &[], &[], week).unwrap(),
+        ),
+        (
+            "no_spiffe_id",
+            pki.ca
+                .issue_with("dns", &[], &["coder-a.agents"], week)
+                .unwrap(),
+        ),
+        (
+            "several_uri_sans",
+            pki.ca
+                .issue_with("two", &[&id("billing", "api"), &id("dev", "x")], &[], week)
+                .unwrap(),
+        ),
+        (
+            "foreign_trust_domain",
+            pki.ca
+                .issue_with(
+                    "other",
+                    &["spiffe://elsewhere.example/ns/billing/sa/api"],
+                    &[],
+                    week,
+                )
+                .unwrap(),
+        ),
+    ];
+    for mode in [MtlsMode::Strict, MtlsMode::Permissive] {
+        let callee = payments_callee(&pki, agent, mode).await;
+        for (reason, issued) in &odd {
+            let reply = tls_with(
+                callee.addrs.inbound,
+                client_presenting(issued),
+                "POST",
+                "/review",
+                &[("reach-caller", "coder-a")],
+            )
+            .await;
+            assert!(reply.is_err(), "{mode:?} {reason}: served: {reply:?}");
+        }
+        let m = metrics(&callee).await;
+        for (reason, want) in [
+            ("no_spiffe_id", 2),
+            ("several_uri_sans", 1),
+            ("foreign_trust_domain", 1),
+        ] {
+            let series = format!("reach_tls_handshake_failures_total{{reason=\"{reason}\"}}");
+            assert_eq!(counter(&m, &series), want, "{mode:?}: {m}");
+        }
+    }
+    assert!(paths(&seen).is_empty(), "{:?}", paths(&seen));
+}
+
+// Finding 6: a strict caller whose static peer names no identity still calls it — over TLS,
+// to any SVID of the trust domain — instead of dialling plaintext and ejecting it.
+#[tokio::test]
+async fn a_strict_caller_speaks_tls_to_a_static_peer_that_names_no_identity() {
+    let pki = Pki::new("strict-unnamed");
+    let (agent, seen) = echo_agent().await;
+    let callee = strict_coder(&pki, agent).await;
+    let mut b = caller_of("caller", &callee, "coder-1", &id("agents", "coder"));
+    b.peers[0].identity = None;
+    let caller = meshed(
+        &pki,
+        b,
+        "caller",
+        &id("agents", "caller"),
+        Some(MtlsMode::Strict),
+    )
+    .await;
+    for _ in 0..3 {
+        let reply = call(&client(), caller.addrs.outbound).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(
+        head["reach-caller-identity"],
+        id("agents", "caller").as_str()
+    );
+    let m = metrics(&callee).await;
+    assert_eq!(
+        counter(
+            &m,
+            "reach_tls_handshake_failures_total{reason=\"plaintext\"}"
+        ),
+        0,
+        "{m}"
+    );
 }

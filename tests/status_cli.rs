@@ -111,3 +111,27 @@ async fn a_closed_admin_port_is_a_clear_error() {
         "{out:?}"
     );
 }
+
+// `agent-reach status | head -1`: the reader goes away before the table is written; the command
+// ends quietly (it panicked on the broken pipe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_stops_reading_ends_it_quietly() {
+    let pair = Pair::start(MockConfig::new("coder-1")).await;
+    let admin = format!("http://{}", pair.caller.addrs.admin);
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(BIN)
+            .args(["status", "--json", "--admin", &admin])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Close the read end before anything is written.
+        drop(child.stdout.take());
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.status.success(), "{stderr}");
+}

@@ -25,12 +25,15 @@ pub fn run(admin: &str, watch: bool, json: bool) -> ExitCode {
         match fetch(admin) {
             Ok((text, doc)) => {
                 let frame = if json { text } else { render(&doc) };
-                if watch {
-                    // Clear the screen and home the cursor, then redraw.
-                    print!("\x1b[2J\x1b[H");
+                // Clear the screen and home the cursor, then redraw.
+                let clear = if watch { "\x1b[2J\x1b[H" } else { "" };
+                let mut out = std::io::stdout().lock();
+                let written =
+                    writeln!(out, "{clear}{}", frame.trim_end()).and_then(|()| out.flush());
+                // A reader that stopped reading (`status | head`) ends the command, quietly.
+                if written.is_err() {
+                    return ExitCode::SUCCESS;
                 }
-                print!("{}", frame.trim_end());
-                println!();
                 shown = true;
             }
             // Said once and out: nothing answered, so there is nothing to watch.
@@ -44,7 +47,6 @@ pub fn run(admin: &str, watch: bool, json: bool) -> ExitCode {
         if !watch {
             return ExitCode::SUCCESS;
         }
-        let _ = std::io::stdout().flush();
         std::thread::sleep(WATCH_EVERY);
     }
 }

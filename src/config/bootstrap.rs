@@ -132,6 +132,25 @@ pub struct Listen {
     pub outbound: SocketAddr,
     pub inbound: SocketAddr,
     pub admin: SocketAddr,
+    /// Inbound interception: off unless `init-net` redirects the agent's ports here.
+    #[serde(skip_serializing_if = "Intercept::is_off")]
+    pub intercept: Intercept,
+}
+
+/// `listen.intercept`: the agent ports `init-net` redirects to the inbound listener (the injector
+/// writes it beside the init container). Only connections whose original destination is one of
+/// these are served as intercepted; any other redirect is a direct connection (`docs/kubernetes.md`,
+/// "Inbound interception").
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Intercept {
+    pub ports: Vec<u16>,
+}
+
+impl Intercept {
+    pub fn is_off(&self) -> bool {
+        self.ports.is_empty()
+    }
 }
 
 impl Default for Listen {
@@ -140,6 +159,7 @@ impl Default for Listen {
             outbound: SocketAddr::from(([127, 0, 0, 1], 4140)),
             inbound: SocketAddr::from(([0, 0, 0, 0], 4143)),
             admin: SocketAddr::from(([0, 0, 0, 0], 4191)),
+            intercept: Intercept::default(),
         }
     }
 }
@@ -406,8 +426,8 @@ pub struct Capability {
     #[serde(default)]
     pub probe: Option<ProbeSpec>,
     /// Path prefixes this capability serves on the agent (e.g. `/review`); calls for it to any
-    /// other path get `404 unknown_path`, so the agent's admin endpoints are not reachable
-    /// through the inbound listener. Empty: every path.
+    /// other path are refused, so the agent's admin endpoints are not reachable through the
+    /// inbound listener. Empty: every path (the least specific match; `docs/mtls.md`).
     #[serde(default)]
     pub paths: Vec<String>,
     /// The JSON Schema the agent's JSON answers must match (inline, or a file relative to this
@@ -593,6 +613,7 @@ impl Bootstrap {
                 outbound: any,
                 inbound: any,
                 admin: any,
+                intercept: Intercept::default(),
             },
             limits: Limits::default(),
             agent: AgentProfile {

@@ -41,6 +41,10 @@ impl TlsFiles {
 pub struct MtlsPolicy {
     /// Unset: `permissive` where the bootstrap has `tls`, `disabled` where it has not.
     pub mode: Option<MtlsMode>,
+    /// A mode per intercepted agent port (Istio's port-level mTLS), for connections `init-net`
+    /// redirected from that port: `{8080: permissive}` keeps serving plaintext clients of the
+    /// agent's port under a `strict` fleet. Ports the bootstrap does not intercept never match.
+    pub ports: BTreeMap<u16, MtlsMode>,
 }
 
 /// What the inbound listener accepts and what the caller speaks to peers.

@@ -13,6 +13,7 @@ mod restart_only;
 mod rule_tables;
 mod scalar;
 mod tasks;
+pub mod warnings;
 mod watch;
 pub mod yaml;
 
@@ -22,8 +23,8 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 pub use bootstrap::{
-    A2aConfig, AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Limits, Listen,
-    ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer, TracingConfig,
+    A2aConfig, AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Intercept, Limits,
+    Listen, ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer, TracingConfig,
 };
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use intents::{fold_padded, IntentRule, IntentThreshold, Intents, Keyword, ANY};
@@ -167,6 +168,12 @@ impl Snapshot {
 
     /// The mutual TLS mode in force: the policy's, or by default `permissive` where this
     /// sidecar has certificates and `disabled` where it has none.
+    /// The mode for a connection intercepted from the agent's `port` (`None`: a direct one).
+    pub fn mtls_mode_for(&self, port: Option<u16>) -> MtlsMode {
+        port.and_then(|p| self.policy.mtls.ports.get(&p).copied())
+            .unwrap_or_else(|| self.mtls_mode())
+    }
+
     pub fn mtls_mode(&self) -> MtlsMode {
         match (self.policy.mtls.mode, &self.bootstrap.tls) {
             (Some(mode), _) => mode,

@@ -194,7 +194,7 @@ pub fn render_table(s: &DemoSummary) -> String {
         sent.join(", ")
     ));
     out.push_str(&format!(
-        "  {} of {} answered with their refusal (408, 400, 404 unknown_path, 422); {} counted {} failures against itself and stayed {}; the caller's {} calls meanwhile: {} failed\n",
+        "  {} of {} answered with their refusal (408, 400, 400 capability_path_mismatch, 422); {} counted {} failures against itself and stayed {}; the caller's {} calls meanwhile: {} failed\n",
         h.refused_as_expected,
         h.answerable,
         h.target,

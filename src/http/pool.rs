@@ -37,7 +37,7 @@ use super::client::{self, Failure};
 use super::{headers, ReachBody};
 use crate::config::Policy;
 use crate::error::ReachError;
-use crate::identity::SpiffeId;
+use crate::identity::Expected;
 use crate::transport::ConnectMesh;
 
 /// The largest read buffer of one upstream connection (as the legacy client).
@@ -56,13 +56,13 @@ impl<T: hyper::rt::Read + hyper::rt::Write + Unpin + Send> Transported for T {}
 /// Dials an authority through a transport, erasing its type: in plaintext, or with mutual TLS
 /// to a peer that must present the identity given.
 type Dial = Arc<
-    dyn Fn(Uri, Option<SpiffeId>) -> Pin<Box<dyn Future<Output = Result<Io, Failure>> + Send>>
+    dyn Fn(Uri, Option<Expected>) -> Pin<Box<dyn Future<Output = Result<Io, Failure>> + Send>>
         + Send
         + Sync,
 >;
 
 fn dialer<C: crate::transport::Connect>(connect: C, mesh: Option<ConnectMesh>) -> Dial {
-    Arc::new(move |uri: Uri, identity: Option<SpiffeId>| {
+    Arc::new(move |uri: Uri, identity: Option<Expected>| {
         let (connect, mesh) = (connect.clone(), mesh.clone());
         Box::pin(async move {
             match (identity, mesh) {
@@ -128,7 +128,7 @@ struct Inner {
 /// A connection and the handle that sends requests on it.
 struct Pooled {
     /// The identity the peer proved in the TLS handshake; `None` in plaintext.
-    identity: Option<SpiffeId>,
+    identity: Option<Expected>,
     tx: SendRequest<ReachBody>,
     conn: Pin<Box<Conn>>,
     /// The waker every poll of `conn` registers (see `Guard`).
@@ -252,7 +252,7 @@ impl Pool {
 
     /// The most recently idle live connection to `authority` that proved `identity` (or is
     /// plaintext, for none), if any.
-    fn checkout(&self, authority: &str, identity: Option<&SpiffeId>) -> Option<Pooled> {
+    fn checkout(&self, authority: &str, identity: Option<&Expected>) -> Option<Pooled> {
         let now = Instant::now();
         let idle_timeout = self.inner.config.idle_timeout;
         loop {
@@ -347,7 +347,7 @@ impl Pool {
     async fn connect(
         &self,
         authority: &str,
-        identity: Option<&SpiffeId>,
+        identity: Option<&Expected>,
     ) -> Result<Pooled, Failure> {
         let uri = Uri::builder()
             .scheme(self.inner.scheme.clone())
@@ -387,7 +387,7 @@ impl Pool {
         &self,
         mut req: Request<ReachBody>,
         authority: &str,
-        identity: Option<&SpiffeId>,
+        identity: Option<&Expected>,
     ) -> Result<Response<UpstreamBody>, Failure> {
         loop {
             let (pooled, reused) = match self.checkout(authority, identity) {
@@ -603,7 +603,7 @@ pub async fn forward(
     pool: &Pool,
     mut req: Request<ReachBody>,
     authority: &str,
-    identity: Option<&SpiffeId>,
+    identity: Option<&Expected>,
     target: &(dyn fmt::Display + Sync),
     timeout: Duration,
 ) -> Result<Response<UpstreamBody>, ReachError> {

@@ -27,7 +27,7 @@ use super::layers;
 use crate::config::Limits;
 use crate::intercept::Intercepted;
 use crate::metrics::Metrics;
-use crate::transport::{Accept, ClientAddr, PeerIdentity};
+use crate::transport::{Accept, ClientAddr, PeerIdentity, PeerTls};
 
 /// How a listener serves its connections.
 #[derive(Clone, Debug)]
@@ -57,6 +57,8 @@ struct PerConnection<S> {
     client: ClientAddr,
     /// The client's verified identity, once the acceptor has read it from its certificate.
     identity: Option<PeerIdentity>,
+    /// Set for a TLS connection (see [`PeerTls`]).
+    tls: Option<PeerTls>,
     /// Set when `init-net`'s rules redirected the connection here (inbound interception).
     intercepted: Option<Intercepted>,
     activity: Activity,
@@ -111,6 +113,7 @@ pub async fn serve<A, S, B>(
                 inner: service.clone(),
                 client: ClientAddr(remote),
                 identity: None,
+                tls: None,
                 intercepted: None,
                 activity: Activity::new(),
             },
@@ -165,6 +168,7 @@ async fn serve_connection<A, S, B>(
         }
     };
     service.identity = A::identity(&io).map(PeerIdentity);
+    service.tls = A::tls(&io);
     service.intercepted = A::intercepted(&io).map(Intercepted);
     let activity = service.activity.clone();
     let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
@@ -311,6 +315,9 @@ where
         req.extensions_mut().insert(self.client);
         if let Some(identity) = &self.identity {
             req.extensions_mut().insert(identity.clone());
+        }
+        if let Some(tls) = &self.tls {
+            req.extensions_mut().insert(tls.clone());
         }
         if let Some(intercepted) = self.intercepted {
             req.extensions_mut().insert(intercepted);

@@ -5,9 +5,9 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::{HeaderMap, HeaderName, Request};
+use http::{HeaderMap, HeaderName, HeaderValue, Request};
 
-use crate::config::{Capability, Snapshot};
+use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
 use crate::http::headers;
@@ -24,7 +24,17 @@ pub(super) struct Vouched<'a> {
     /// The caller's SPIFFE ID, from the certificate it presented.
     pub(super) identity: Option<&'a SpiffeId>,
     pub(super) attempt: Option<u16>,
+    /// The connection's peer: the only `x-forwarded-for` the agent is given.
+    pub(super) remote: Option<IpAddr>,
+    /// `x-forwarded-client-cert` for the verified certificate (`transport::PeerTls`).
+    pub(super) client_cert: Option<&'a HeaderValue>,
 }
+
+/// Forwarding headers are the sidecar's too (Envoy's `SANITIZE_SET`): a caller's
+/// `x-forwarded-client-cert` is replaced by the one made from the certificate it presented, and
+/// its `x-forwarded-for` by the connection's peer address. `forwarded` is removed, not
+/// rewritten: a chain the caller wrote cannot be checked, and one header for the peer is enough.
+const FORWARDING: [&str; 3] = ["x-forwarded-client-cert", "x-forwarded-for", "forwarded"];
 
 /// Strips hop-by-hop and every `reach-*` header, then writes back what is vouched for. A header
 /// that already holds exactly the vouched value stays where it is (a peer sidecar's request
@@ -52,6 +62,18 @@ pub(super) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>) {
     }
     for name in unvouched {
         headers.remove(name);
+    }
+    for name in FORWARDING {
+        headers.remove(name);
+    }
+    if let Some(cert) = vouched.client_cert {
+        headers.insert(FORWARDING[0], cert.clone());
+    }
+    if let Some(remote) = vouched.remote {
+        headers.insert(
+            FORWARDING[1],
+            headers::value(&remote.to_canonical().to_string()),
+        );
     }
     if let Some(capability) = vouched.capability {
         if !headers.contains_key(headers::CAPABILITY) {
@@ -147,131 +169,26 @@ pub(super) fn attempt_of(headers: &HeaderMap) -> Option<u16> {
         .ok()
 }
 
-/// Refuses a call for `capability` to a path outside the prefixes it declares. Where paths are
-/// declared, a path the agent might read differently than we do is refused too.
-/// The capability an intercepted call (which names none: its client knows nothing of the mesh)
-/// is measured as: the first whose `paths` cover the request's path, else the first that
-/// declares no paths (it serves everything), else none (plain traffic, label `other`).
-pub(super) fn capability_by_path<'c>(
-    capabilities: &'c [Capability],
-    path: &str,
-) -> Option<&'c str> {
-    capabilities
-        .iter()
-        .find(|c| c.paths.iter().any(|p| path_has_prefix(path, p)))
-        .or_else(|| capabilities.iter().find(|c| c.paths.is_empty()))
-        .map(|c| c.name.as_str())
-}
-
-pub(super) fn check_path(
-    snapshot: &Snapshot,
-    capability: Option<&str>,
-    path: &str,
-) -> Result<(), ReachError> {
-    let agent = &snapshot.bootstrap.agent;
-    let declared: Vec<&[String]> = match capability.and_then(|c| agent.capability(c)) {
-        Some(cap) => vec![&cap.paths],
-        // Plain traffic (no capability named) may reach what some capability serves.
-        None => agent
-            .capabilities
-            .iter()
-            .map(|c| c.paths.as_slice())
-            .collect(),
+/// `uri` with its path replaced by `path` (the normalized one), its query kept.
+pub(super) fn with_path(uri: &http::Uri, path: &str) -> Result<http::Uri, ReachError> {
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
     };
-    if declared.is_empty() || declared.iter().any(|paths| paths.is_empty()) {
-        return Ok(());
-    }
-    refuse_ambiguous(path)?;
-    if declared
-        .iter()
-        .any(|paths| paths.iter().any(|p| path_has_prefix(path, p)))
-    {
-        return Ok(());
-    }
-    Err(ReachError::UnknownPath {
-        capability: capability.unwrap_or("-").to_owned(),
-        path: path.to_owned(),
-    })
-}
-
-/// Refuses a path whose meaning depends on who reads it: dot segments (`/review/../admin`, also
-/// percent-encoded or `..;` as some servers read it), encoded slashes and backslashes. The
-/// agent might resolve them to a path the capability does not serve.
-fn refuse_ambiguous(path: &str) -> Result<(), ReachError> {
-    let lower = path.to_ascii_lowercase();
-    let decoded = lower.replace("%2e", ".");
-    let dot_segment = decoded
-        .split('/')
-        .map(|segment| segment.split(';').next().unwrap_or(segment))
-        .any(|segment| segment == "." || segment == "..");
-    let hidden_separator = ["%2f", "%5c", "\\"].iter().any(|s| lower.contains(s));
-    if dot_segment || hidden_separator {
-        return Err(ReachError::BadRequest(format!(
-            "the path `{path}` has dot segments or encoded separators"
-        )));
-    }
-    Ok(())
-}
-
-/// `/review` covers `/review` and `/review/…`, not `/reviewer`.
-fn path_has_prefix(path: &str, prefix: &str) -> bool {
-    let prefix = prefix.trim_end_matches('/');
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/') || prefix.is_empty(),
-        None => false,
-    }
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(
+        path_and_query
+            .parse()
+            .map_err(|_| ReachError::BadRequest(format!("the path `{path}` is not valid")))?,
+    );
+    http::Uri::from_parts(parts)
+        .map_err(|_| ReachError::BadRequest(format!("the path `{path}` is not valid")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::HeaderValue;
-
-    #[test]
-    fn dot_segments_and_encoded_separators_are_refused() {
-        for bad in [
-            "/review/../admin",
-            "/review/%2e%2E/admin",
-            "/review/..;/admin",
-            "/review/./x",
-            "/review%2fadmin",
-            "/review%5Cadmin",
-            "/review\\admin",
-        ] {
-            assert!(refuse_ambiguous(bad).is_err(), "{bad}");
-        }
-        for good in ["/review", "/review/x.y", "/review/...", "/a;b=1"] {
-            assert!(refuse_ambiguous(good).is_ok(), "{good}");
-        }
-    }
-
-    #[test]
-    fn an_intercepted_call_is_measured_as_the_capability_its_path_names() {
-        let text = "listen: { outbound: 127.0.0.1:0, inbound: 127.0.0.1:0, admin: 127.0.0.1:0 }\n\
-                    agent:\n  name: a\n  address: 127.0.0.1:1\n  max_concurrency: 1\n  capabilities:\n\
-                    \x20   - { name: review, paths: [/review] }\n\
-                    \x20   - { name: chat }\n\
-                    \x20   - { name: search, paths: [/search] }\n";
-        let bootstrap = match crate::config::parse_bootstrap(std::path::Path::new("b"), text) {
-            Ok(b) => b,
-            Err(err) => panic!("{err}"),
-        };
-        let caps = &bootstrap.agent.capabilities;
-        assert_eq!(capability_by_path(caps, "/search/x"), Some("search"));
-        assert_eq!(capability_by_path(caps, "/review"), Some("review"));
-        // No paths cover it: the capability that serves everything.
-        assert_eq!(capability_by_path(caps, "/healthz"), Some("chat"));
-        assert_eq!(capability_by_path(&caps[..1], "/healthz"), None);
-    }
-
-    #[test]
-    fn path_prefixes_match_whole_segments() {
-        assert!(path_has_prefix("/review", "/review"));
-        assert!(path_has_prefix("/review/x", "/review/"));
-        assert!(!path_has_prefix("/reviewer", "/review"));
-        assert!(!path_has_prefix("/admin/mode", "/review"));
-        assert!(path_has_prefix("/anything", "/"));
-    }
 
     #[test]
     fn callers_reach_headers_are_replaced_after_hop_by_hop_stripping() {
@@ -284,12 +201,20 @@ mod tests {
         h.insert("reach-agent", HeaderValue::from_static("forged"));
         h.insert("reach-deadline", HeaderValue::from_static("1"));
         h.insert("x-kept", HeaderValue::from_static("1"));
+        h.insert(
+            "x-forwarded-client-cert",
+            HeaderValue::from_static("URI=spiffe://t/ns/a/sa/admin"),
+        );
+        h.insert("x-forwarded-for", HeaderValue::from_static("127.0.0.1"));
+        h.insert("forwarded", HeaderValue::from_static("for=127.0.0.1"));
         let vouched = Vouched {
             capability: Some("code-review"),
             deadline: Some(Deadline::after(std::time::Duration::from_secs(5))),
             caller: None,
             identity: None,
             attempt: Some(2),
+            remote: Some(IpAddr::from([10, 0, 0, 7])),
+            client_cert: None,
         };
         rewrite(&mut h, vouched);
         assert!(h.get("reach-caller").is_none());
@@ -298,5 +223,11 @@ mod tests {
         assert_eq!(h["reach-capability"], "code-review");
         assert_eq!(h["reach-attempt"], "2");
         assert!(h.contains_key("x-kept"));
+        assert!(
+            h.get("x-forwarded-client-cert").is_none(),
+            "no certificate: no XFCC"
+        );
+        assert_eq!(h["x-forwarded-for"], "10.0.0.7");
+        assert!(h.get("forwarded").is_none());
     }
 }

@@ -23,11 +23,12 @@ use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
 use crate::http::step::{answer, Step};
 use crate::http::{headers, ClientAddr, ReachBody};
+use crate::identity::SpiffeId;
 use crate::intercept::Intercepted;
 use crate::local::{LocalAgent, SELF_PATH};
-use crate::transport::PeerIdentity;
+use crate::transport::{PeerIdentity, PeerTls};
 
-/// Capability label for requests that named none, or one this agent does not declare.
+/// The label of refusals that belong to no capability.
 const OTHER: &str = "other";
 
 pub(super) fn layer<S>(
@@ -56,53 +57,69 @@ where
 )]
 fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<ReachBody>> {
     let arrived = Instant::now();
-    let path = match request_target::of(&req) {
+    let target = match request_target::of(&req) {
         Ok(Target::Path(path)) => path,
         Ok(Target::ServerOptions) => return Err(request_target::server_options()),
         Err(err) => return Err(err.into_response()),
     };
-    if path.path() == SELF_PATH && req.method() == http::Method::GET {
+    if target.path() == SELF_PATH && req.method() == http::Method::GET {
         return Err(self_view(&inbound.local));
     }
     let snapshot = inbound.store.snapshot();
     let refuse = |err: ReachError| err.into_response();
     let intercepted = Intercepted::of(&req).is_some();
-    let capability = capability_at_edge(inbound, &req, &snapshot, path.path(), intercepted)?;
-    let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
     let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);
     let identity = PeerIdentity::of(&req).cloned();
-    let label = capability.unwrap_or(OTHER);
-    authorize::check(
+    let tls = PeerTls::of(&req).cloned();
+    let named = named_capability(&req).map_err(refuse)?;
+    // An intercepted client called the agent itself, whose card the agent serves.
+    if !intercepted && target.path() == CARD_PATH && req.method() == http::Method::GET {
+        if let Some(answer) = agent_card(inbound, &snapshot, identity.as_ref()) {
+            return Err(answer);
+        }
+    }
+    let authorized = authorize::check(
         &snapshot,
         &inbound.metrics,
-        capability,
-        label,
+        named,
+        target.path(),
         identity.as_ref(),
         remote,
     )
     .map_err(refuse)?;
-    let caller = match &identity {
-        Some(id) => Some(edge::caller_named_by(
-            &req,
-            id,
-            remote,
-            &inbound.registry,
-            &snapshot,
-        )),
-        None => remote.and_then(|r| edge::verified_caller(&req, r, &inbound.registry, &snapshot)),
+    let capability = authorized.capability.name.as_str();
+    Span::current().record(field::CAPABILITY, capability);
+    // The agent is sent the path the decision was made on.
+    let normalized = match authorized.path {
+        std::borrow::Cow::Owned(path) => Some(path),
+        std::borrow::Cow::Borrowed(_) => None,
     };
+    let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
+    let caller = caller_of(
+        inbound,
+        &req,
+        &snapshot,
+        identity.as_ref(),
+        tls.is_some(),
+        remote,
+    );
     let (mut parts, incoming) = req.into_parts();
+    if let Some(path) = normalized {
+        parts.uri = edge::with_path(&parts.uri, &path).map_err(refuse)?;
+    }
     let vouched = edge::Vouched {
-        capability,
+        capability: Some(capability),
         deadline,
         caller: caller.clone(),
         identity: identity.as_ref(),
         attempt: edge::attempt_of(&parts.headers),
+        remote: remote.map(|r| r.ip()),
+        client_cert: tls.as_ref().and_then(|t| t.xfcc.as_ref()),
     };
     edge::rewrite(&mut parts.headers, vouched);
     let meta = Meta {
-        label: label.to_owned(),
-        own_timeout: snapshot.capability_timeout(capability),
+        label: capability.to_owned(),
+        own_timeout: snapshot.capability_timeout(Some(capability)),
         deadline,
         arrived,
         intercepted,
@@ -119,93 +136,70 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     })
 }
 
-/// The capability the call is measured as, its path checked against it; or the edge's own
-/// answer (a refusal, the agent's card).
-#[allow(
-    clippy::result_large_err,
-    reason = "the refusal is the answer, moved once"
-)]
-fn capability_at_edge<'s>(
-    inbound: &Inbound,
-    req: &Request<Incoming>,
-    snapshot: &'s Snapshot,
-    path: &str,
-    intercepted: bool,
-) -> Result<Option<&'s str>, Response<ReachBody>> {
-    let refuse = |err: ReachError| err.into_response();
-    let capability = match capability_of(req, snapshot).map_err(refuse)? {
-        None if intercepted => {
-            edge::capability_by_path(&snapshot.bootstrap.agent.capabilities, path)
-        }
-        named => named,
-    };
-    if let Some(name) = capability {
-        Span::current().record(field::CAPABILITY, name);
+/// The `reach-capability` header, when the request has one.
+fn named_capability<B>(req: &Request<B>) -> Result<Option<&str>, ReachError> {
+    match req.headers().get(headers::CAPABILITY) {
+        Some(value) => value
+            .to_str()
+            .map(Some)
+            .map_err(|_| ReachError::UnknownCapability {
+                capability: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            }),
+        None => Ok(None),
     }
-    // An intercepted client called the agent itself, which answered every path (its card too)
-    // before the redirect: the sidecar measures that traffic, it does not narrow or answer it.
-    if intercepted {
-        return Ok(capability);
-    }
-    if path == CARD_PATH && req.method() == http::Method::GET {
-        if let Some(answer) = agent_card(inbound, req, snapshot, capability) {
-            return Err(answer.unwrap_or_else(refuse));
-        }
-    }
-    edge::check_path(snapshot, capability, path).map_err(refuse)?;
-    Ok(capability)
 }
 
-/// The agent's A2A card as last read (`agent.a2a`), authorized like a call: not forwarded, so
-/// it takes no slot and a capability's `paths` need not list it. `None`: no card was read.
+/// The caller's name the agent is told: from its certificate when it presented one; a TLS caller
+/// without one is nobody (never named by where it connects from); a plaintext caller by a known
+/// peer's name at its address.
+fn caller_of<B>(
+    inbound: &Inbound,
+    req: &Request<B>,
+    snapshot: &Snapshot,
+    identity: Option<&SpiffeId>,
+    tls: bool,
+    remote: Option<std::net::SocketAddr>,
+) -> Option<String> {
+    match identity {
+        Some(id) => Some(edge::caller_named_by(
+            req,
+            id,
+            remote,
+            &inbound.registry,
+            snapshot,
+        )),
+        None if tls => None,
+        None => remote.and_then(|r| edge::verified_caller(req, r, &inbound.registry, snapshot)),
+    }
+}
+
+/// The agent's A2A card as last read (`agent.a2a`): not forwarded, so it takes no slot and no
+/// capability's `paths` need list it. It lists every skill, so a caller may read it when it may
+/// call at least one. `None`: no card was read (the path is then mapped like any other).
 fn agent_card(
     inbound: &Inbound,
-    req: &Request<Incoming>,
     snapshot: &Snapshot,
-    capability: Option<&str>,
-) -> Option<Result<Response<ReachBody>, ReachError>> {
+    identity: Option<&SpiffeId>,
+) -> Option<Response<ReachBody>> {
     let card = inbound.local.card()?;
-    let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);
-    let identity = PeerIdentity::of(req).cloned();
-    let label = capability.unwrap_or(OTHER);
-    Some(
-        authorize::check(
-            snapshot,
-            &inbound.metrics,
-            capability,
-            label,
-            identity.as_ref(),
-            remote,
-        )
-        .map(|()| {
-            crate::http::server::text(
-                http::StatusCode::OK,
-                "application/json",
-                card.as_ref().clone(),
-            )
-        }),
-    )
+    let capabilities = &snapshot.bootstrap.agent.capabilities;
+    if !authorize::may_call_any(capabilities, &snapshot.policy.authorization, identity) {
+        inbound.metrics.authz_denied(OTHER);
+        return Some(
+            ReachError::Forbidden {
+                capability: "agent card".to_owned(),
+            }
+            .into_response(),
+        );
+    }
+    Some(crate::http::server::text(
+        http::StatusCode::OK,
+        "application/json",
+        card.as_ref().clone(),
+    ))
 }
 
 fn self_view(local: &LocalAgent) -> Response<ReachBody> {
     let body = serde_json::to_string(&local.self_view()).unwrap_or_else(|_| "{}".to_owned());
     crate::http::server::text(http::StatusCode::OK, "application/json", body)
-}
-
-/// The capability a request was routed as. A name this agent does not serve is refused, so a
-/// caller with a stale view moves on; a request with no name is served as plain traffic.
-fn capability_of<'s>(
-    req: &Request<Incoming>,
-    snapshot: &'s Snapshot,
-) -> Result<Option<&'s str>, ReachError> {
-    let Some(value) = req.headers().get(headers::CAPABILITY) else {
-        return Ok(None);
-    };
-    let name = value.to_str().unwrap_or_default();
-    match snapshot.bootstrap.agent.capability(name) {
-        Some(cap) => Ok(Some(cap.name.as_str())),
-        None => Err(ReachError::UnknownCapability {
-            capability: name.to_owned(),
-        }),
-    }
 }

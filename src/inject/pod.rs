@@ -256,6 +256,18 @@ pub fn bootstrap_text(
         agent.insert("a2a".into(), json!({}));
     }
     bootstrap.insert("agent".into(), Value::Object(agent));
+    if settings.intercept {
+        // Beside `init-net`: the sidecar believes an original destination only for these ports.
+        let listen = bootstrap
+            .entry("listen")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(listen) = listen.as_object_mut() {
+            listen.insert(
+                "intercept".into(),
+                json!({ "ports": [settings.agent_port] }),
+            );
+        }
+    }
     if settings.mtls && config.mtls.is_some() {
         bootstrap.insert("tls".into(), mtls::bootstrap_tls());
     }

@@ -47,10 +47,16 @@ async fn send(client: &Pool, peers: &PeerViews, attempt: Try) -> Attempt {
         Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {} ({})", peer.name, peer.address));
     let sent = Instant::now();
     let pending = peers.begin(peer, candidate.latency_ms);
-    let forwarded = match peer.dial_identity(snapshot.mtls_mode()) {
-        Ok(identity) => forward(client, request, &peer.address, identity, &target, timeout).await,
-        Err(err) => Err(err),
-    };
+    let identity = peer.dial_identity(snapshot.mtls_mode());
+    let forwarded = forward(
+        client,
+        request,
+        &peer.address,
+        identity.as_ref(),
+        &target,
+        timeout,
+    )
+    .await;
     let elapsed = sent.elapsed();
     let response = match forwarded {
         Ok(response) => response,

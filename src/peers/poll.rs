@@ -94,14 +94,21 @@ async fn fetch(
     mode: MtlsMode,
     timeout: Duration,
 ) -> Result<SelfView, Fetch> {
-    let identity = peer.dial_identity(mode).map_err(|_| Fetch::Unreachable)?;
+    let identity = peer.dial_identity(mode);
     let request = Request::get(SELF_PATH)
         .body(body::empty())
         .map_err(|_| Fetch::Unreadable)?;
     let target = Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {}", peer.address));
-    let response = forward(client, request, &peer.address, identity, &target, timeout)
-        .await
-        .map_err(|_| Fetch::Unreachable)?;
+    let response = forward(
+        client,
+        request,
+        &peer.address,
+        identity.as_ref(),
+        &target,
+        timeout,
+    )
+    .await
+    .map_err(|_| Fetch::Unreachable)?;
     if !response.status().is_success() {
         return Err(Fetch::Unreadable);
     }

@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::mtls::{self, MeshTls};
+use super::PeerTls;
 use crate::config::MtlsMode;
 use crate::identity::SpiffeId;
 
@@ -34,6 +35,11 @@ pub trait Accept: Clone + Send + Sync + 'static {
     fn intercepted(_io: &Self::Io) -> Option<std::net::SocketAddr> {
         None
     }
+
+    /// Set when `io` is TLS: what the request's [`PeerTls`] extension carries.
+    fn tls(_io: &Self::Io) -> Option<PeerTls> {
+        None
+    }
 }
 
 /// Plain TCP. hyper's header-read timeout starts only once it knows the protocol, so the first
@@ -50,13 +56,24 @@ pub struct Tls {
     handshake_timeout: Duration,
 }
 
+/// The mTLS mode for one connection: `None` for a direct one, `Some(port)` for one intercepted
+/// from the agent's `port` (the policy's `mtls.ports` may say otherwise for it).
+pub type ModeFor = Arc<dyn Fn(Option<u16>) -> MtlsMode + Send + Sync>;
+
 /// The inbound listener between sidecars: TLS or plaintext, told apart by the first byte, and
 /// accepted as the mTLS mode in force allows. The mode is read at every accept, so a policy
 /// reload takes effect on the next connection; the certificates are the latest loaded.
+///
+/// A connection counts as intercepted only when the bootstrap says this sidecar intercepts
+/// (`listen.intercept.ports`, written beside `init-net`) and its original destination is one of
+/// those ports: any other NAT rule in the pod (a hostPort, a NodePort) makes a direct connection,
+/// held to the mode like any other.
 #[derive(Clone)]
 pub struct Mesh {
     tls: Option<Arc<MeshTls>>,
-    mode: Arc<dyn Fn() -> MtlsMode + Send + Sync>,
+    mode: ModeFor,
+    /// The agent ports `init-net` redirects here; empty: this sidecar does not intercept.
+    intercept: Arc<[u16]>,
     first_byte_timeout: Duration,
     handshake_timeout: Duration,
     /// Hears of each connection refused, with the reason (the failure counter).
@@ -70,7 +87,15 @@ pub enum MeshIo {
     /// Plaintext redirected by `init-net` from the agent's port (its original destination): an
     /// ordinary client's call to the agent, not mesh traffic.
     Intercepted(TcpStream, std::net::SocketAddr),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Tls(Box<MeshTlsIo>),
+}
+
+/// A TLS connection and what its handshake proved.
+#[derive(Debug)]
+pub struct MeshTlsIo {
+    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    identity: Option<SpiffeId>,
+    xfcc: Option<http::HeaderValue>,
 }
 
 /// The first byte of a TLS record carrying a handshake (the ClientHello).
@@ -151,7 +176,8 @@ impl Accept for Tls {
 impl Mesh {
     pub fn new(
         tls: Option<Arc<MeshTls>>,
-        mode: Arc<dyn Fn() -> MtlsMode + Send + Sync>,
+        mode: ModeFor,
+        intercept: &[u16],
         first_byte_timeout: Duration,
         handshake_timeout: Duration,
         refused: Arc<dyn Fn(&'static str) + Send + Sync>,
@@ -159,6 +185,7 @@ impl Mesh {
         Self {
             tls,
             mode,
+            intercept: intercept.into(),
             first_byte_timeout,
             handshake_timeout,
             refused,
@@ -178,7 +205,8 @@ impl std::fmt::Debug for Mesh {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mesh")
             .field("tls", &self.tls.is_some())
-            .field("mode", &(self.mode)())
+            .field("mode", &(self.mode)(None))
+            .field("intercept", &self.intercept)
             .finish_non_exhaustive()
     }
 }
@@ -190,16 +218,22 @@ impl Accept for Mesh {
         let first = PlainTcp::new(self.first_byte_timeout)
             .first_byte(&stream)
             .await?;
-        let mode = (self.mode)();
+        // Asked of the kernel only where this sidecar intercepts, and believed only for the
+        // ports it intercepts.
+        let original = if self.intercept.is_empty() {
+            None
+        } else {
+            crate::intercept::intercepted(&stream).filter(|o| self.intercept.contains(&o.port()))
+        };
+        let mode = (self.mode)(original.map(|o| o.port()));
         if first != TLS_HANDSHAKE {
-            // A redirected connection was addressed to the agent, not to this listener: its
-            // client never heard of the mesh, so `strict` (which is about sidecars talking to
-            // each other) does not apply; it would have reached the agent in plaintext anyway.
-            if let Some(original) = crate::intercept::intercepted(&stream) {
-                return Ok(MeshIo::Intercepted(stream, original));
-            }
             if mode == MtlsMode::Strict {
-                let err = self.refuse("plaintext");
+                let reason = if original.is_some() {
+                    "intercepted_plaintext"
+                } else {
+                    "plaintext"
+                };
+                let err = self.refuse(reason);
                 let _ = tokio::time::timeout(self.handshake_timeout, async {
                     use tokio::io::{AsyncReadExt, AsyncWriteExt};
                     let mut stream = stream;
@@ -214,7 +248,10 @@ impl Accept for Mesh {
                 .await;
                 return Err(err);
             }
-            return Ok(MeshIo::Plain(stream));
+            return Ok(match original {
+                Some(original) => MeshIo::Intercepted(stream, original),
+                None => MeshIo::Plain(stream),
+            });
         }
         let loaded = match (&self.tls, mode) {
             (_, MtlsMode::Disabled) => return Err(self.refuse("tls_disabled")),
@@ -227,7 +264,19 @@ impl Accept for Mesh {
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         match tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)).await {
-            Ok(Ok(tls)) => Ok(MeshIo::Tls(Box::new(tls))),
+            Ok(Ok(tls)) => {
+                // The verifier let only an SVID of our trust domain through.
+                let cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first());
+                let identity = cert.and_then(mtls::identity_of);
+                let xfcc = cert
+                    .zip(identity.as_ref())
+                    .and_then(|(cert, id)| mtls::xfcc(&loaded.identity, cert, id));
+                Ok(MeshIo::Tls(Box::new(MeshTlsIo {
+                    stream: tls,
+                    identity,
+                    xfcc,
+                })))
+            }
             Ok(Err(err)) => match mtls::failure_reason(&err) {
                 // A client that hung up mid-handshake (a caller cancelling a dial, a port scan)
                 // was not refused: not counted.
@@ -241,7 +290,16 @@ impl Accept for Mesh {
     fn identity(io: &MeshIo) -> Option<SpiffeId> {
         match io {
             MeshIo::Plain(_) | MeshIo::Intercepted(..) => None,
-            MeshIo::Tls(tls) => mtls::identity_of(tls.get_ref().1.peer_certificates()?.first()?),
+            MeshIo::Tls(tls) => tls.identity.clone(),
+        }
+    }
+
+    fn tls(io: &MeshIo) -> Option<PeerTls> {
+        match io {
+            MeshIo::Plain(_) | MeshIo::Intercepted(..) => None,
+            MeshIo::Tls(tls) => Some(PeerTls {
+                xfcc: tls.xfcc.clone(),
+            }),
         }
     }
 
@@ -264,7 +322,7 @@ impl AsyncRead for MeshIo {
         match self.get_mut() {
             MeshIo::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
             MeshIo::Intercepted(s, _) => std::pin::Pin::new(s).poll_read(cx, buf),
-            MeshIo::Tls(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            MeshIo::Tls(s) => std::pin::Pin::new(&mut s.stream).poll_read(cx, buf),
         }
     }
 }
@@ -278,7 +336,7 @@ impl AsyncWrite for MeshIo {
         match self.get_mut() {
             MeshIo::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
             MeshIo::Intercepted(s, _) => std::pin::Pin::new(s).poll_write(cx, buf),
-            MeshIo::Tls(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            MeshIo::Tls(s) => std::pin::Pin::new(&mut s.stream).poll_write(cx, buf),
         }
     }
 
@@ -290,7 +348,7 @@ impl AsyncWrite for MeshIo {
         match self.get_mut() {
             MeshIo::Plain(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
             MeshIo::Intercepted(s, _) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
-            MeshIo::Tls(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
+            MeshIo::Tls(s) => std::pin::Pin::new(&mut s.stream).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -298,7 +356,7 @@ impl AsyncWrite for MeshIo {
         match self {
             MeshIo::Plain(s) => s.is_write_vectored(),
             MeshIo::Intercepted(s, _) => s.is_write_vectored(),
-            MeshIo::Tls(s) => s.is_write_vectored(),
+            MeshIo::Tls(s) => s.stream.is_write_vectored(),
         }
     }
 
@@ -309,7 +367,7 @@ impl AsyncWrite for MeshIo {
         match self.get_mut() {
             MeshIo::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
             MeshIo::Intercepted(s, _) => std::pin::Pin::new(s).poll_flush(cx),
-            MeshIo::Tls(s) => std::pin::Pin::new(s).poll_flush(cx),
+            MeshIo::Tls(s) => std::pin::Pin::new(&mut s.stream).poll_flush(cx),
         }
     }
 
@@ -320,7 +378,7 @@ impl AsyncWrite for MeshIo {
         match self.get_mut() {
             MeshIo::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
             MeshIo::Intercepted(s, _) => std::pin::Pin::new(s).poll_shutdown(cx),
-            MeshIo::Tls(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            MeshIo::Tls(s) => std::pin::Pin::new(&mut s.stream).poll_shutdown(cx),
         }
     }
 }

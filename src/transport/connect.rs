@@ -17,6 +17,7 @@ use hyper_util::client::legacy::connect::{self as legacy, HttpConnector};
 use tower::Service;
 
 use crate::config::{ConfigStore, Policy};
+use crate::identity::Expected;
 
 /// A transport the upstream clients dial through: a service from an upstream's URI to an open
 /// connection (the data path's pool calls it; hyper-util's pooled client takes it as its
@@ -177,11 +178,12 @@ impl ConnectMesh {
         Self { tcp, tls }
     }
 
-    /// Opens a TLS connection to `uri`'s authority and checks the peer is `expected`.
+    /// Opens a TLS connection to `uri`'s authority and checks the peer is `expected`: an SVID
+    /// of this sidecar's trust domain in every case, and the identity it announced when it did.
     pub async fn connect(
         &self,
         uri: Uri,
-        expected: &crate::identity::SpiffeId,
+        expected: &Expected,
     ) -> Result<MeshStream, MeshConnectError> {
         use tower::ServiceExt;
         let host = uri.host().unwrap_or_default().trim_matches(['[', ']']);
@@ -195,22 +197,25 @@ impl ConnectMesh {
             .await
             .map_err(|e| MeshConnectError::Tcp(e.into()))?
             .into_inner();
-        let connector = tokio_rustls::TlsConnector::from(self.tls.current().client.clone());
+        let loaded = self.tls.current();
+        let connector = tokio_rustls::TlsConnector::from(loaded.client.clone());
         let tls = connector
             .connect(name, tcp)
             .await
             .map_err(MeshConnectError::Handshake)?;
-        let found = tls
-            .get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|chain| chain.first())
-            .and_then(super::mtls::identity_of);
-        match found {
-            Some(found) if &found == expected => Ok(hyper_util::rt::TokioIo::new(tls)),
-            found => Err(MeshConnectError::WrongIdentity {
+        let cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first());
+        let found = match cert {
+            Some(cert) => super::mtls::svid_of(cert, loaded.identity.trust_domain()),
+            None => Err(super::mtls::NotAnSvid::NoSpiffeId),
+        };
+        match (found, expected) {
+            (Ok(_), Expected::TrustDomain) => Ok(hyper_util::rt::TokioIo::new(tls)),
+            (Ok(found), Expected::Exactly(want)) if &found == want => {
+                Ok(hyper_util::rt::TokioIo::new(tls))
+            }
+            (found, _) => Err(MeshConnectError::WrongIdentity {
                 expected: expected.to_string(),
-                found: found.map_or_else(|| "none".to_owned(), |f| f.to_string()),
+                found: found.map_or_else(|e| e.to_string(), |f| f.to_string()),
             }),
         }
     }

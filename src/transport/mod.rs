@@ -26,6 +26,20 @@ impl PeerIdentity {
     }
 }
 
+/// A request that came over TLS: set for every TLS connection, with or without a client
+/// certificate, so a TLS caller is never named by its address. `xfcc` is the
+/// `x-forwarded-client-cert` value made from the verified certificate, when one was presented.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerTls {
+    pub xfcc: Option<http::HeaderValue>,
+}
+
+impl PeerTls {
+    pub fn of<B>(req: &http::Request<B>) -> Option<&PeerTls> {
+        req.extensions().get::<PeerTls>()
+    }
+}
+
 /// The address of the client a request came from. The accept loop puts it in every request's
 /// extensions; the TLS peer identity ([`PeerIdentity`]) sits beside it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

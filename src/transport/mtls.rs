@@ -16,10 +16,11 @@ use arc_swap::ArcSwap;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig,
-    SignatureScheme,
+    CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore,
+    ServerConfig, SignatureScheme,
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -102,6 +103,74 @@ pub fn identity_of(cert: &CertificateDer<'_>) -> Option<SpiffeId> {
     leaf(cert).map(|(identity, _)| identity)
 }
 
+/// Why a certificate that chains to the bundle is still not a workload identity here; each is a
+/// `reach_tls_handshake_failures_total{reason}` label.
+#[derive(Debug, thiserror::Error)]
+pub enum NotAnSvid {
+    #[error("the certificate carries no spiffe:// URI SAN")]
+    NoSpiffeId,
+    #[error("the certificate carries {0} URI SANs; a SPIFFE SVID carries exactly one")]
+    SeveralUris(usize),
+    #[error("the certificate's identity `{0}` is outside trust domain `{1}`")]
+    ForeignTrustDomain(String, String),
+}
+
+impl NotAnSvid {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            NotAnSvid::NoSpiffeId => "no_spiffe_id",
+            NotAnSvid::SeveralUris(_) => "several_uri_sans",
+            NotAnSvid::ForeignTrustDomain(..) => "foreign_trust_domain",
+        }
+    }
+}
+
+/// The certificate's SPIFFE ID if it is an SVID of `trust_domain`: exactly one URI SAN, a
+/// `spiffe://` ID in that domain. A certificate with only DNS SANs, or none, names nobody.
+pub fn svid_of(cert: &CertificateDer<'_>, trust_domain: &str) -> Result<SpiffeId, NotAnSvid> {
+    use x509_parser::extensions::GeneralName;
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|_| NotAnSvid::NoSpiffeId)?;
+    let san = parsed
+        .subject_alternative_name()
+        .map_err(|_| NotAnSvid::NoSpiffeId)?
+        .ok_or(NotAnSvid::NoSpiffeId)?;
+    let uris: Vec<&str> = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            GeneralName::URI(uri) => Some(*uri),
+            _ => None,
+        })
+        .collect();
+    let uri = match uris.as_slice() {
+        [] => return Err(NotAnSvid::NoSpiffeId),
+        [one] => *one,
+        many => return Err(NotAnSvid::SeveralUris(many.len())),
+    };
+    let id = SpiffeId::parse(uri).map_err(|_| NotAnSvid::NoSpiffeId)?;
+    if id.trust_domain() != trust_domain {
+        return Err(NotAnSvid::ForeignTrustDomain(
+            id.to_string(),
+            trust_domain.to_owned(),
+        ));
+    }
+    Ok(id)
+}
+
+/// The `x-forwarded-client-cert` value for a verified client certificate, as Envoy writes it:
+/// who it was forwarded by (this sidecar), the certificate's SHA-256 and its URI SAN.
+pub fn xfcc(by: &SpiffeId, cert: &CertificateDer<'_>, uri: &SpiffeId) -> Option<http::HeaderValue> {
+    use std::fmt::Write;
+    let digest = ring::digest::digest(&ring::digest::SHA256, cert.as_ref());
+    let mut hash = String::with_capacity(64);
+    for byte in digest.as_ref() {
+        let _ = write!(hash, "{byte:02x}");
+    }
+    http::HeaderValue::try_from(format!("By={by};Hash={hash};URI={uri}")).ok()
+}
+
 /// A leaf certificate's SPIFFE ID and validity (Unix seconds), from one parse.
 fn leaf(cert: &CertificateDer<'_>) -> Option<(SpiffeId, (i64, i64))> {
     use x509_parser::extensions::GeneralName;
@@ -166,7 +235,8 @@ fn load(files: &TlsFiles) -> Result<(Loaded, u64), CertError> {
             .map_err(|e| bad(&files.ca, format!("not a usable CA certificate: {e}")))?;
     }
     let (strict, permissive, client) =
-        configs(Arc::new(roots), chain, key).map_err(|e| bad(&files.cert, e))?;
+        configs(Arc::new(roots), chain, key, identity.trust_domain())
+            .map_err(|e| bad(&files.cert, e))?;
     let loaded = Loaded {
         identity,
         valid,
@@ -190,6 +260,7 @@ fn configs(
     roots: Arc<RootCertStore>,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
+    trust_domain: &str,
 ) -> Result<Configs, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let tls13 = &[&rustls::version::TLS13];
@@ -200,7 +271,10 @@ fn configs(
         } else {
             verifier
         };
-        let verifier = verifier.build().map_err(|e| e.to_string())?;
+        let verifier = Arc::new(SvidOnly {
+            chain: verifier.build().map_err(|e| e.to_string())?,
+            trust_domain: trust_domain.to_owned(),
+        });
         let mut config = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(tls13)
             .map_err(|e| e.to_string())?
@@ -223,6 +297,69 @@ fn configs(
     // The peer pool speaks HTTP/1.1 (docs/perf-levers.md): it offers nothing else.
     client.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok((server(false)?, server(true)?, Arc::new(client)))
+}
+
+/// Verifies a client's chain against the trust bundle, then that its certificate is an SVID of
+/// this sidecar's trust domain: a certificate from the bundle's CA that names no workload (no
+/// SAN, a DNS SAN, two URI SANs) fails the handshake instead of being served as nobody.
+#[derive(Debug)]
+struct SvidOnly {
+    chain: Arc<dyn ClientCertVerifier>,
+    trust_domain: String,
+}
+
+impl ClientCertVerifier for SvidOnly {
+    fn offer_client_auth(&self) -> bool {
+        self.chain.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.chain.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.chain.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .chain
+            .verify_client_cert(end_entity, intermediates, now)?;
+        svid_of(end_entity, &self.trust_domain).map_err(not_an_svid)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.chain.supported_verify_schemes()
+    }
+}
+
+/// A certificate that is not an SVID, as the handshake error rustls sends an alert for.
+fn not_an_svid(why: NotAnSvid) -> rustls::Error {
+    rustls::Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(Arc::new(why))))
 }
 
 /// Verifies a peer's chain against the trust bundle and nothing about its host name: a peer is
@@ -290,6 +427,10 @@ pub fn failure_reason(err: &std::io::Error) -> &'static str {
                 | CertificateError::ExpiredContext { .. }
                 | CertificateError::NotValidYet
                 | CertificateError::NotValidYetContext { .. } => "expired",
+                CertificateError::Other(other) => other
+                    .0
+                    .downcast_ref::<NotAnSvid>()
+                    .map_or("bad_certificate", NotAnSvid::reason),
                 _ => "bad_certificate",
             },
             rustls::Error::AlertReceived(_) => "alert_received",

@@ -182,7 +182,8 @@ pub async fn echo_agent() -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>) {
     sized_agent(2).await
 }
 
-/// An agent that answers every request with `size` bytes and remembers each request's head.
+/// An agent that answers every request with `size` bytes and remembers each request's head
+/// (and its target, as `x-seen-path`).
 pub async fn sized_agent(size: usize) -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>) {
     let body = bytes::Bytes::from(vec![b'x'; size]);
     let listener = TcpListener::bind(any_port()).await.unwrap();
@@ -197,7 +198,10 @@ pub async fn sized_agent(size: usize) -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>
                     hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                         let (record, body) = (record.clone(), body.clone());
                         async move {
-                            record.lock().unwrap().push(req.headers().clone());
+                            // The head as the agent saw it, its target as `x-seen-path`.
+                            let mut head = req.headers().clone();
+                            head.insert("x-seen-path", req.uri().to_string().parse().unwrap());
+                            record.lock().unwrap().push(head);
                             let _ = req.into_body().collect().await;
                             Ok::<_, std::convert::Infallible>(Response::new(Full::new(body)))
                         }
