@@ -1,8 +1,9 @@
 //! Inbound interception for real: a "pod" network namespace (agent, sidecar, `init-net`) and a
 //! "client" namespace joined by a veth pair. A plain client in the client namespace calls the
 //! agent's port; the sidecar answers for it (its `reach-agent` header) and counts the call as
-//! intercepted, in plaintext though the policy's mTLS mode is `strict`, while a plaintext call
-//! to the inbound port itself is refused and the agent's port still serves on loopback. Needs root and `ip netns` (CI runs as
+//! intercepted, in plaintext under `strict` only because the policy makes that port
+//! `permissive`, while a plaintext call to the inbound port itself, or through an unrelated
+//! DNAT rule, is refused; without the port exception strict refuses intercepted plaintext too. Needs root and `ip netns` (CI runs as
 //! root); skips with a message elsewhere.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,7 +27,7 @@ struct Netns {
 
 impl Netns {
     /// `None` (after saying why) where namespaces cannot be made.
-    fn create() -> Option<Self> {
+    fn create(tag: u32) -> Option<Self> {
         let uid = Command::new("id").arg("-u").output().ok()?;
         if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
             eprintln!(
@@ -36,18 +37,18 @@ impl Netns {
         }
         let id = std::process::id();
         let ns = Self {
-            pod: format!("ar-pod-{id}"),
-            client: format!("ar-cli-{id}"),
+            pod: format!("ar-pod{tag}-{id}"),
+            client: format!("ar-cli{tag}-{id}"),
             children: Vec::new(),
-            dir: std::env::temp_dir().join(format!("ar-intercept-{id}")),
+            dir: std::env::temp_dir().join(format!("ar-intercept{tag}-{id}")),
         };
         if let Err(err) = ns.ip(&["netns", "add", &ns.pod]) {
             eprintln!("skipping tests/intercept.rs: `ip netns add` failed ({err})");
             return None;
         }
         let (vp, vc) = (
-            format!("arp{}", id % 100_000),
-            format!("arc{}", id % 100_000),
+            format!("arp{tag}{}", id % 100_000),
+            format!("arc{tag}{}", id % 100_000),
         );
         let steps: [&[&str]; 10] = [
             &["netns", "add", &ns.client],
@@ -178,19 +179,25 @@ fn metric(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 
 #[test]
 fn a_plain_client_calling_the_agents_port_is_measured_by_the_sidecar() {
-    let Some(mut ns) = Netns::create() else {
+    let Some(mut ns) = Netns::create(1) else {
         return;
     };
     let bin = env!("CARGO_BIN_EXE_agent-reach");
     let bootstrap = ns.dir.join("bootstrap.yaml");
-    // `strict`: peers must speak mutual TLS; an intercepted client, which knows nothing of the
-    // mesh, is let through in plaintext all the same.
+    // `strict`: peers must speak mutual TLS; an intercepted client of the agent's port, which
+    // knows nothing of the mesh, is let through in plaintext because the policy says so for
+    // that port.
     let policy = ns.dir.join("policy.yaml");
-    std::fs::write(&policy, "mtls:\n  mode: strict\n").unwrap();
+    std::fs::write(
+        &policy,
+        format!("mtls:\n  mode: strict\n  ports: {{ {AGENT_PORT}: permissive }}\n"),
+    )
+    .unwrap();
     std::fs::write(
         &bootstrap,
         format!(
             "listen:\n  outbound: 127.0.0.1:4140\n  inbound: 0.0.0.0:{INBOUND_PORT}\n  admin: 0.0.0.0:{ADMIN_PORT}\n\
+             \x20 intercept: {{ ports: [{AGENT_PORT}] }}\n\
              agent:\n  name: intercepted-agent\n  address: 127.0.0.1:{AGENT_PORT}\n  max_concurrency: 4\n\
              \x20 capabilities:\n    - name: echo\n"
         ),
@@ -301,4 +308,103 @@ fn a_plain_client_calling_the_agents_port_is_measured_by_the_sidecar() {
         !local.to_ascii_lowercase().contains("reach-agent:"),
         "{local}"
     );
+
+    // An unrelated NAT rule in the pod (as a hostPort or NodePort adds) sends port 80 to the
+    // inbound listener: not an intercepted port, so a direct connection, and `strict` refuses it.
+    let dnat = ns.exec(
+        &pod,
+        &[
+            "iptables",
+            "-w",
+            "-t",
+            "nat",
+            "-I",
+            "PREROUTING",
+            "-p",
+            "tcp",
+            "--dport",
+            "80",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            &format!("{POD_IP}:{INBOUND_PORT}"),
+        ],
+    );
+    assert!(
+        dnat.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dnat.stderr)
+    );
+    let natted = ns
+        .get(&client, POD_IP, 80, "/work")
+        .expect("a call through the NAT'd port");
+    assert!(natted.starts_with("HTTP/1.1 403"), "{natted}");
+    assert!(natted.contains("mtls_required"), "{natted}");
+}
+
+// Strict means strict for intercepted clients too: with no port-level exception, a plaintext
+// client of an agent that listens only on 127.0.0.1 (the README's pod) is refused at the
+// sidecar, and the refusal is counted as `intercepted_plaintext`.
+#[test]
+fn strict_refuses_intercepted_plaintext_without_a_port_exception() {
+    let Some(mut ns) = Netns::create(2) else {
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_agent-reach");
+    let bootstrap = ns.dir.join("bootstrap.yaml");
+    let policy = ns.dir.join("policy.yaml");
+    std::fs::write(&policy, "mtls:\n  mode: strict\n").unwrap();
+    std::fs::write(
+        &bootstrap,
+        format!(
+            "listen:\n  outbound: 127.0.0.1:4140\n  inbound: 0.0.0.0:{INBOUND_PORT}\n  admin: 0.0.0.0:{ADMIN_PORT}\n\
+             \x20 intercept: {{ ports: [{AGENT_PORT}] }}\n\
+             agent:\n  name: loopback-agent\n  address: 127.0.0.1:{AGENT_PORT}\n  max_concurrency: 4\n\
+             \x20 capabilities:\n    - name: echo\n"
+        ),
+    )
+    .unwrap();
+    let agent = format!("127.0.0.1:{AGENT_PORT}");
+    ns.spawn("agent", &[bin, "mock-agent", "--listen", &agent]);
+    let (config, policy) = (bootstrap.to_str().unwrap(), policy.to_str().unwrap());
+    ns.spawn(
+        "sidecar",
+        &[bin, "run", "--config", config, "--policy", policy],
+    );
+    let (pod, client) = (ns.pod.clone(), ns.client.clone());
+    ns.until("the sidecar is live", || {
+        ns.get(&pod, "127.0.0.1", ADMIN_PORT, "/live")
+    });
+    ns.until("the agent answers on loopback", || {
+        ns.get(&pod, "127.0.0.1", AGENT_PORT, "/work")
+    });
+    let (ports, inbound) = (AGENT_PORT.to_string(), INBOUND_PORT.to_string());
+    let out = ns.exec(
+        &pod,
+        &[
+            bin,
+            "init-net",
+            "--agent-ports",
+            &ports,
+            "--inbound-port",
+            &inbound,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "init-net: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let refused = ns
+        .get(&client, POD_IP, AGENT_PORT, "/work")
+        .expect("an answer from the sidecar");
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+    assert!(refused.contains("mtls_required"), "{refused}");
+    let metrics = ns.get(&pod, "127.0.0.1", ADMIN_PORT, "/metrics").unwrap();
+    let counted = metric(
+        &metrics,
+        "reach_tls_handshake_failures_total",
+        &["reason=\"intercepted_plaintext\""],
+    );
+    assert_eq!(counted, Some(1.0), "{metrics}");
 }
