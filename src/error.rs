@@ -18,6 +18,8 @@ pub enum ReachError {
     ForeignHost { host: String },
     #[error("no agent known to this sidecar serves capability `{capability}`")]
     UnknownCapability { capability: String },
+    #[error("no capability of this agent serves `{path}`")]
+    NoCapabilityAt { path: String },
     #[error("no peer can take capability `{capability}` right now")]
     NoAvailableInstance {
         capability: String,
@@ -79,6 +81,9 @@ pub enum ReachError {
     TaskConflict(String),
     #[error("the request body is larger than the {limit} bytes a task may carry (`tasks.max_payload_bytes`)")]
     PayloadTooLarge { limit: usize },
+    /// A task's `reach-callback` names a destination the policy does not allow.
+    #[error(transparent)]
+    CallbackRefused(#[from] crate::tasks::callback::Refused),
     /// `any.reach` or `reach-intent` and no intent rule matched: `candidates` lists every
     /// rule's capability and keywords.
     #[error("no intent rule matches this call: name a capability with `reach-capability`, or say what it is for with one of the keywords of {names}")]
@@ -140,6 +145,7 @@ pub enum Reason {
     TaskStoreUnavailable,
     TaskConflict,
     PayloadTooLarge,
+    CallbackRefused,
     IntentUnresolved,
     IntentAmbiguous,
     InvalidOutput,
@@ -147,7 +153,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 30] = [
+    pub const ALL: [Reason; 31] = [
         Reason::MissingCapability,
         Reason::ForbiddenHost,
         Reason::UnknownCapability,
@@ -174,6 +180,7 @@ impl Reason {
         Reason::TaskStoreUnavailable,
         Reason::TaskConflict,
         Reason::PayloadTooLarge,
+        Reason::CallbackRefused,
         Reason::IntentUnresolved,
         Reason::IntentAmbiguous,
         Reason::InvalidOutput,
@@ -208,6 +215,7 @@ impl Reason {
             Reason::TaskStoreUnavailable => "task_store_unavailable",
             Reason::TaskConflict => "task_conflict",
             Reason::PayloadTooLarge => "payload_too_large",
+            Reason::CallbackRefused => "callback_refused",
             Reason::IntentUnresolved => "intent_unresolved",
             Reason::IntentAmbiguous => "intent_ambiguous",
             Reason::InvalidOutput => "invalid_output",
@@ -227,6 +235,7 @@ impl ReachError {
             | ReachError::BadRequest(_)
             | ReachError::CapabilityPathMismatch { .. }
             | ReachError::ClientBody
+            | ReachError::CallbackRefused(_)
             | ReachError::IntentUnresolved { .. }
             | ReachError::IntentAmbiguous { .. } => StatusCode::BAD_REQUEST,
             ReachError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -234,7 +243,9 @@ impl ReachError {
             ReachError::ForeignHost { .. } | ReachError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ReachError::IdempotencyConflict => StatusCode::CONFLICT,
             ReachError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ReachError::UnknownCapability { .. } | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
+            ReachError::UnknownCapability { .. }
+            | ReachError::NoCapabilityAt { .. }
+            | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
             ReachError::NoAvailableInstance { .. }
             | ReachError::Saturated { .. }
             | ReachError::Ejected { .. }
@@ -260,7 +271,9 @@ impl ReachError {
         match self {
             ReachError::MissingCapability => Reason::MissingCapability,
             ReachError::ForeignHost { .. } => Reason::ForbiddenHost,
-            ReachError::UnknownCapability { .. } => Reason::UnknownCapability,
+            ReachError::UnknownCapability { .. } | ReachError::NoCapabilityAt { .. } => {
+                Reason::UnknownCapability
+            }
             ReachError::NoAvailableInstance { .. } => Reason::NoAvailableInstance,
             ReachError::Saturated { .. } => Reason::Saturated,
             ReachError::Ejected { .. } => Reason::Ejected,
@@ -284,6 +297,7 @@ impl ReachError {
             ReachError::TaskStore(_) => Reason::TaskStoreUnavailable,
             ReachError::TaskConflict(_) => Reason::TaskConflict,
             ReachError::PayloadTooLarge { .. } => Reason::PayloadTooLarge,
+            ReachError::CallbackRefused(_) => Reason::CallbackRefused,
             ReachError::IntentUnresolved { .. } => Reason::IntentUnresolved,
             ReachError::IntentAmbiguous { .. } => Reason::IntentAmbiguous,
             ReachError::InvalidOutput { .. } => Reason::InvalidOutput,

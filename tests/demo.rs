@@ -93,6 +93,11 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     assert_eq!(a["denied_counted"], a["intruder_calls"], "{a}");
     assert_eq!(a["reached_agents"], 0, "{a}");
     assert_eq!(a["plaintext_status"], 403, "{a}");
+    // Around its sidecar (no header, path tricks, forged XFCC, plaintext, a forwarded port):
+    // every way refused, none reached an agent.
+    assert_eq!(a["ways_tried"], 5, "{a}");
+    assert_eq!(a["ways_refused"], a["ways_tried"], "{a}");
+    assert_eq!(a["ways_reached"], 0, "{a}");
     assert!(a["calls"].as_u64().unwrap() > 0, "{a}");
     assert!(
         a["failed"].as_u64().unwrap() * 100 <= a["calls"].as_u64().unwrap(),

@@ -760,7 +760,9 @@ async fn a_certified_stranger_tries_every_way_to_pay_and_none_reaches_the_agent(
     let callee = payments_callee(&pki, agent, MtlsMode::Strict).await;
     let inbound = callee.addrs.inbound;
     let intruder = pki.files("intruder", &id("dev", "intruder"));
-    let attempts: [(&str, &[(&str, &str)], u16, &str); 9] = [
+    // Path, headers, the status and reason it must get.
+    type Attempt<'a> = (&'a str, &'a [(&'a str, &'a str)], u16, &'a str);
+    let attempts: [Attempt<'_>; 9] = [
         ("/pay", &[], 403, "forbidden"),
         (
             "/pay",

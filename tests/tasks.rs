@@ -1,6 +1,6 @@
 //! Async tasks (`prefer: respond-async`): accepted durably with `202`, run through the async
 //! chain, escalated to a signed webhook when every agent fails, sent back by a person's `retry`
-//! or closed by `resolve`.
+//! or closed by `resolve`; callbacks only to hosts the policy allows, given up in bounded time.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -49,6 +49,16 @@ struct Fleet {
 }
 
 async fn fleet(names: &[&str], policy: Policy, dir: &std::path::Path) -> Fleet {
+    fleet_with(names, policy, dir, |b| b).await
+}
+
+/// `fleet`, the caller's bootstrap changed by `tune` first.
+async fn fleet_with(
+    names: &[&str],
+    policy: Policy,
+    dir: &std::path::Path,
+    tune: impl FnOnce(Bootstrap) -> Bootstrap,
+) -> Fleet {
     let mut agents = Vec::new();
     let mut callees = Vec::new();
     let mut caller =
@@ -63,6 +73,7 @@ async fn fleet(names: &[&str], policy: Policy, dir: &std::path::Path) -> Fleet {
         callees.push(callee);
     }
     caller.tasks = Some(TasksConfig::file(dir.join("tasks.db")));
+    let caller = tune(caller);
     let paths = ConfigPaths {
         bootstrap: None,
         policy: Some(dir.join("policy.yaml")),
@@ -73,6 +84,15 @@ async fn fleet(names: &[&str], policy: Policy, dir: &std::path::Path) -> Fleet {
         _callees: callees,
         caller,
     }
+}
+
+/// `policy` with the `callbacks` section written in YAML (`{ allow_hosts: [...], ... }`).
+fn with_callbacks(mut policy: Policy, section: &str) -> Policy {
+    let text = format!("callbacks: {section}\n");
+    policy.callbacks = agent_reach::config::parse_policy(std::path::Path::new("p.yaml"), &text)
+        .unwrap()
+        .callbacks;
+    policy
 }
 
 fn fast_chain(final_fallback: FinalFallback, rounds: Option<u32>) -> Policy {
@@ -321,12 +341,11 @@ async fn every_agent_failing_escalates_with_every_reason_then_retry_and_resolve(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_rounds_run_the_chain_again_later_and_then_fail() {
     let dir = tmp("queue");
-    let fleet = fleet(
-        &["coder-1"],
+    let policy = with_callbacks(
         fast_chain(FinalFallback::Queue, Some(2)),
-        &dir,
-    )
-    .await;
+        r#"{ allow_hosts: ["127.0.0.1"] }"#,
+    );
+    let fleet = fleet(&["coder-1"], policy, &dir).await;
     fleet.agents[0].set_mode(Mode::RateLimited);
     let out = fleet.caller.addrs.outbound;
     let (url, callbacks) = webhook(0).await;
@@ -351,4 +370,197 @@ async fn queue_rounds_run_the_chain_again_later_and_then_fail() {
     let sent: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(sent["event"], "task.failed");
     assert_eq!(sent["id"], id.as_str());
+}
+
+/// A port nothing listens on right now, for a listener the bootstrap must name.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn port_of(url: &str) -> u16 {
+    url.parse::<http::Uri>().unwrap().port_u16().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_is_refused_while_the_policy_lists_no_hosts() {
+    let dir = tmp("cb-off");
+    let fleet = fleet(&["coder-1"], Policy::default(), &dir).await;
+    let out = fleet.caller.addrs.outbound;
+    let (url, posts) = webhook(0).await;
+    let reply = submit(out, &[("reach-callback", url.as_str())], "{}").await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert_eq!(reply.header("reach-reason"), "callback_refused");
+    assert_eq!(reply.json()["error"], "callback_refused");
+    assert!(
+        reply.body.contains("callbacks.allow_hosts"),
+        "{}",
+        reply.body
+    );
+    // Nothing was stored, so nothing will be delivered.
+    let list = get(&client(), &format!("http://{out}/reach/v1/tasks")).await;
+    assert_eq!(list.json()["tasks"], serde_json::json!([]), "{}", list.body);
+    assert!(posts.lock().unwrap().is_empty());
+    // Without a callback the same call is a task as before.
+    assert_eq!(submit(out, &[], "{}").await.status, 202);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn link_local_userinfo_and_the_sidecars_own_ports_are_refused_even_when_listed() {
+    let dir = tmp("cb-never");
+    // Fixed in the bootstrap: a port 0 listener's port is the OS's, which the policy check
+    // cannot know.
+    let (admin, outbound) = (free_port(), free_port());
+    let policy = with_callbacks(
+        Policy::default(),
+        r#"{ allow_hosts: ["169.254.169.254", "fe80::1", "127.0.0.1", "localhost"] }"#,
+    );
+    let fleet = fleet_with(&["coder-1"], policy, &dir, |mut b| {
+        b.listen.admin = SocketAddr::from(([127, 0, 0, 1], admin));
+        b.listen.outbound = SocketAddr::from(([127, 0, 0, 1], outbound));
+        b
+    })
+    .await;
+    let out = fleet.caller.addrs.outbound;
+    assert_eq!(fleet.caller.addrs.admin.port(), admin);
+    assert_eq!(out.port(), outbound);
+    let (hook, _posts) = webhook(0).await;
+    let hook_port = port_of(&hook);
+    let refused = [
+        (
+            "http://169.254.169.254/latest/meta-data/".to_owned(),
+            "link-local",
+        ),
+        ("http://[fe80::1]/hook".to_owned(), "link-local"),
+        ("http://[::ffff:169.254.169.254]/".to_owned(), "link-local"),
+        (
+            format!("http://ops:s3cret@127.0.0.1:{hook_port}/hook"),
+            "user name or password",
+        ),
+        (
+            format!("http://127.0.0.1:{admin}/status"),
+            "own admin listener",
+        ),
+        (
+            format!("http://localhost:{admin}/status"),
+            "own admin listener",
+        ),
+        (
+            format!("http://127.0.0.1:{}/review", out.port()),
+            "own outbound listener",
+        ),
+    ];
+    for (url, why) in &refused {
+        let reply = submit(out, &[("reach-callback", url.as_str())], "{}").await;
+        assert_eq!(reply.status, 400, "{url}: {}", reply.body);
+        assert_eq!(reply.header("reach-reason"), "callback_refused", "{url}");
+        assert!(reply.body.contains(why), "{url}: {}", reply.body);
+        assert!(
+            !reply.body.contains("s3cret"),
+            "the password is not echoed: {}",
+            reply.body
+        );
+    }
+    // The list itself works: a listed host on a port of its own is accepted.
+    let ok = submit(out, &[("reach-callback", hook.as_str())], "{}").await;
+    assert_eq!(ok.status, 202, "{}", ok.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_host_receives_the_callback_and_the_view_says_delivered() {
+    let dir = tmp("cb-ok");
+    let (url, posts) = webhook(0).await;
+    let port = port_of(&url);
+    let policy = with_callbacks(
+        Policy::default(),
+        &format!(r#"{{ allow_hosts: ["127.0.0.1:{port}"] }}"#),
+    );
+    let fleet = fleet(&["coder-1"], policy, &dir).await;
+    let out = fleet.caller.addrs.outbound;
+    // Listed with its port: the same IP on another port is not.
+    let other = format!("http://127.0.0.1:{}/hook", port.wrapping_add(1).max(1));
+    let reply = submit(out, &[("reach-callback", other.as_str())], "{}").await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(reply.body.contains("not in the policy"), "{}", reply.body);
+
+    let id = submit(out, &[("reach-callback", url.as_str())], "review")
+        .await
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_state(out, &id, "done", Duration::from_secs(10)).await;
+    eventually(
+        Duration::from_secs(10),
+        "the callback is delivered",
+        || async { task(out, &id).await["callback"]["state"] == "delivered" },
+    )
+    .await;
+    let view = task(out, &id).await;
+    assert_eq!(view["callback"]["tries"], 1, "{view}");
+    assert_eq!(view["callback"]["url"], url.as_str());
+    let posts = posts.lock().unwrap().clone();
+    assert_eq!(posts.len(), 1);
+    let (headers, body) = &posts[0];
+    assert_eq!(headers["reach-task-id"], id.as_str());
+    let sent: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(sent["event"], "task.done");
+    assert_eq!(
+        sent["callback"]["state"], "pending",
+        "sent before it was accepted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_that_always_fails_is_given_up_after_the_bounded_time() {
+    let dir = tmp("cb-give-up");
+    let (url, posts) = webhook(usize::MAX).await;
+    let policy = with_callbacks(
+        Policy::default(),
+        r#"{ allow_hosts: ["127.0.0.1"], give_up_after: 2s, max_tries: 100 }"#,
+    );
+    let fleet = fleet(&["coder-1"], policy, &dir).await;
+    let out = fleet.caller.addrs.outbound;
+    let id = submit(out, &[("reach-callback", url.as_str())], "{}")
+        .await
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_state(out, &id, "done", Duration::from_secs(10)).await;
+    let started = tokio::time::Instant::now();
+    eventually(
+        Duration::from_secs(15),
+        "the callback is given up",
+        || async { task(out, &id).await["callback"]["state"] == "given_up" },
+    )
+    .await;
+    // Two seconds of tries, and the backoff's last wait cut to the deadline.
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    let view = task(out, &id).await;
+    let callback = &view["callback"];
+    let tries = callback["tries"].as_u64().unwrap();
+    assert!(tries >= 2, "{view:#}");
+    assert_eq!(callback["delivered"], false);
+    let reason = callback["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("give_up_after 2s") && reason.contains("answered 500"),
+        "{reason}"
+    );
+    assert_eq!(callback["last_error"], "answered 500");
+    assert_eq!(
+        posts.lock().unwrap().len() as u64,
+        tries,
+        "each try was one POST"
+    );
+    // Given up is final: the task owes nothing more, so the list shows it as is.
+    assert_eq!(view["state"], "done");
+    assert!(view.get("next_ms").is_none(), "{view:#}");
 }

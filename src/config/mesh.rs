@@ -44,7 +44,30 @@ pub struct MtlsPolicy {
     /// A mode per intercepted agent port (Istio's port-level mTLS), for connections `init-net`
     /// redirected from that port: `{8080: permissive}` keeps serving plaintext clients of the
     /// agent's port under a `strict` fleet. Ports the bootstrap does not intercept never match.
+    /// A key may be quoted (`"8080"`, as Helm's `toYaml` writes it).
+    #[serde(deserialize_with = "port_modes")]
     pub ports: BTreeMap<u16, MtlsMode>,
+}
+
+/// `mtls.ports`, its keys numbers or numeric strings.
+fn port_modes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<u16, MtlsMode>, D::Error> {
+    #[derive(Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+    #[serde(untagged)]
+    enum Key {
+        Number(u16),
+        Text(String),
+    }
+    let raw = BTreeMap::<Key, MtlsMode>::deserialize(d)?;
+    raw.into_iter()
+        .map(|(key, mode)| match key {
+            Key::Number(port) => Ok((port, mode)),
+            Key::Text(text) => text
+                .trim()
+                .parse::<u16>()
+                .map(|port| (port, mode))
+                .map_err(|_| serde::de::Error::custom(format!("`{text}` is not a port"))),
+        })
+        .collect()
 }
 
 /// What the inbound listener accepts and what the caller speaks to peers.

@@ -6,7 +6,7 @@ use super::bounds::{ms, secs, Row, Rule, DAY, HOUR, MINUTE, MS, ZERO};
 use super::duration::HumanDuration;
 use super::mesh::{Authorization, MtlsPolicy};
 use super::scalar::{HostPort, Name, NumVisitor};
-use super::tasks::{EscalationPolicy, QueueRounds};
+use super::tasks::{CallbacksPolicy, EscalationPolicy, QueueRounds};
 use crate::reach::{EstimateParams, StateParams, Weights};
 
 /// `config/policy.yaml`, shared by the fleet. Every field has a default, so an empty file is valid.
@@ -51,6 +51,8 @@ pub struct Policy {
     pub metrics: MetricsPolicy,
     /// Where a task goes when every agent failed it (`retry.fallback.final_fallback: escalate`).
     pub escalation: EscalationPolicy,
+    /// Where a task's `reach-callback` may point, and when its delivery is given up.
+    pub callbacks: CallbacksPolicy,
     /// Checking answers against a capability's `output_schema`.
     pub validation: ValidationPolicy,
     /// The session-affinity table's bounds (`docs/affinity.md`).
@@ -156,6 +158,8 @@ pub(super) const RULES: &[Row] = &[
     ("retry.fallback.queue.max_delay", Rule::Span(ZERO, DAY)),
     ("retry.fallback.queue.max_rounds", Rule::Whole(0, 1000)),
     ("escalation.max_payload_bytes", Rule::Whole(0, 16 << 20)),
+    ("callbacks.give_up_after", Rule::Span(secs(1), DAY)),
+    ("callbacks.max_tries", Rule::Whole(1, 1000)),
     ("targets[].timeout", Rule::Span(MS, DAY)),
     ("targets[].max_concurrency", Rule::Whole(1, 100_000)),
     ("targets[].rate_limit.per_second", Rule::Above(0.0, 1e6)),

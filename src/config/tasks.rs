@@ -1,11 +1,13 @@
 //! Async tasks: where the bootstrap keeps them (per pod, restart-only) and the policy's final
-//! fallback and escalation (per fleet, reloaded live). `docs/tasks.md`.
+//! fallback, escalation and callbacks (per fleet, reloaded live). `docs/tasks.md`.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 use super::duration::HumanDuration;
+use crate::tasks::callback::Host;
 
 /// Bootstrap `tasks`: the durable store of `prefer: respond-async` calls. Exactly one of `path`
 /// (the embedded single-file store) and `store` (a shared Redis) is set.
@@ -171,6 +173,199 @@ impl Default for EscalationPolicy {
             webhook: None,
             key_file: None,
             max_payload_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// Policy `callbacks`: where a task's `reach-callback` may point, and how long its delivery is
+/// tried. Empty by default: a callback is refused until an operator lists its host.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CallbacksPolicy {
+    /// `hooks.example.com` (any port), `10.0.0.5:9000` (that IP and port), `*.example.org` (its
+    /// subdomains, not itself). Link-local and unspecified addresses, userinfo and this
+    /// sidecar's own listener ports are refused whatever is listed.
+    pub allow_hosts: Vec<CallbackHost>,
+    /// A delivery with no 2xx this long after its first try is given up.
+    pub give_up_after: HumanDuration,
+    /// ... or after this many tries, whichever comes first.
+    pub max_tries: u32,
+}
+
+impl Default for CallbacksPolicy {
+    fn default() -> Self {
+        Self {
+            allow_hosts: Vec::new(),
+            give_up_after: HumanDuration::from_secs(3600),
+            max_tries: 20,
+        }
+    }
+}
+
+impl CallbacksPolicy {
+    /// Whether some entry of `allow_hosts` admits `host` on `port`.
+    pub fn allows(&self, host: &Host, port: u16) -> bool {
+        self.allow_hosts
+            .iter()
+            .any(|entry| entry.matches(host, port))
+    }
+}
+
+/// One `callbacks.allow_hosts` entry, kept as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallbackHost {
+    text: String,
+    pattern: HostPattern,
+    port: Option<u16>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum HostPattern {
+    /// That name, or that IP and no other (not its IPv4-mapped form either).
+    Exact(Host),
+    /// `*.<domain>`: a name with at least one label before `<domain>`.
+    Subdomains(String),
+}
+
+impl CallbackHost {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = |why: &str| {
+            format!(
+                "`{text}` is not a callback host ({why}): write `name`, `name:port`, `*.domain`, `ip` or `ip:port`"
+            )
+        };
+        let t = text.trim();
+        if t.is_empty()
+            || t.contains("://")
+            || t.contains(['/', '@', '?', '#'])
+            || t.contains(char::is_whitespace)
+        {
+            return Err(bad("a host, not a URL"));
+        }
+        let (wildcard, rest) = match t.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, t),
+        };
+        let (host, port) = split_port(rest).ok_or_else(|| bad("the port is 1 to 65535"))?;
+        let host = Host::parse(host).map_err(|e: String| bad(&e))?;
+        let pattern = match (wildcard, host) {
+            (false, host) => HostPattern::Exact(host),
+            (true, Host::Name(domain)) => HostPattern::Subdomains(domain),
+            (true, Host::Ip(_)) => return Err(bad("a wildcard takes a domain, not an IP")),
+        };
+        Ok(Self {
+            text: t.to_owned(),
+            pattern,
+            port,
+        })
+    }
+
+    fn matches(&self, host: &Host, port: u16) -> bool {
+        if self.port.is_some_and(|p| p != port) {
+            return false;
+        }
+        match (&self.pattern, host) {
+            (HostPattern::Exact(entry), host) => entry == host,
+            (HostPattern::Subdomains(domain), Host::Name(name)) => name
+                .strip_suffix(domain.as_str())
+                .and_then(|head| head.strip_suffix('.'))
+                .is_some_and(|head| !head.is_empty()),
+            (HostPattern::Subdomains(_), Host::Ip(_)) => false,
+        }
+    }
+}
+
+/// `host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address (no port); `None` for a bad
+/// port.
+fn split_port(text: &str) -> Option<(&str, Option<u16>)> {
+    let port = |p: &str| p.parse::<u16>().ok().filter(|p| *p != 0);
+    if text.starts_with('[') {
+        let end = text.find(']')?;
+        let (host, after) = text.split_at(end + 1);
+        return match after.strip_prefix(':') {
+            Some(p) => Some((host, Some(port(p)?))),
+            None if after.is_empty() => Some((host, None)),
+            None => None,
+        };
+    }
+    if text.matches(':').count() > 1 {
+        return Some((text, None));
+    }
+    match text.rsplit_once(':') {
+        Some((host, p)) => Some((host, Some(port(p)?))),
+        None => Some((text, None)),
+    }
+}
+
+impl std::str::FromStr for CallbackHost {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::parse(s)
+    }
+}
+
+impl fmt::Display for CallbackHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl Serialize for CallbackHost {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for CallbackHost {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Checked inside the visitor, so the error points at the entry (line and column).
+        struct Visit;
+        impl de::Visitor<'_> for Visit {
+            type Value = CallbackHost;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a callback host")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<CallbackHost, E> {
+                CallbackHost::parse(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_host_entries_parse_strictly() {
+        for ok in [
+            "hooks.example.com",
+            "hooks.example.com:8443",
+            "*.example.org",
+            "10.0.0.5",
+            "10.0.0.5:9000",
+            "fd00::7",
+            "[fd00::7]:9000",
+        ] {
+            assert_eq!(
+                CallbackHost::parse(ok).map(|h| h.to_string()),
+                Ok(ok.into())
+            );
+        }
+        for bad in [
+            "",
+            "*",
+            "https://hooks.example.com",
+            "hooks.example.com/path",
+            "u:p@hooks.example.com",
+            "hooks.example.com:0",
+            "hooks.example.com:99999",
+            "*.10.0.0.5",
+            "a b",
+            "127.1",
+        ] {
+            assert!(CallbackHost::parse(bad).is_err(), "{bad}");
         }
     }
 }

@@ -4,7 +4,11 @@
 //! `code-review` only to the agents' namespace, live. An intruder with a valid certificate of
 //! another namespace joins the fleet and calls `code-review`: every call is refused 403
 //! `forbidden` by the agents' sidecars and none reaches an agent; a plaintext stranger is refused
-//! at the handshake; the caller's own traffic goes on.
+//! at the handshake; the caller's own traffic goes on. Then the intruder goes around its sidecar
+//! with its certificate: no `reach-capability` header, a dot-segment path, a forged
+//! `x-forwarded-client-cert` claiming an allowed identity; and in plaintext, straight and through
+//! a forwarded port (what a stray NAT rule amounts to; the kernel's own DNAT is in
+//! `tests/intercept.rs`). Each way is counted tried, refused and reached (0).
 
 use std::time::Duration;
 
@@ -38,9 +42,24 @@ pub struct AuthorizationSummary {
     pub plaintext_status: u16,
     /// `reach_tls_handshake_failures_total{reason="plaintext"}` at that agent.
     pub plaintext_refusals_counted: u64,
+    /// Every way around the mesh the intruder tried, with what came of it.
+    pub ways: Vec<Way>,
+    /// Requests of all the ways, refused, and how many reached an agent (must be 0).
+    pub ways_tried: u64,
+    pub ways_refused: u64,
+    pub ways_reached: u64,
     /// The caller's traffic meanwhile, over mutual TLS.
     pub calls: u64,
     pub failed: u64,
+}
+
+/// One way the intruder tried to reach an agent, and the answer it got.
+#[derive(Clone, Debug, Serialize)]
+pub struct Way {
+    pub way: &'static str,
+    /// The status it got (0: the connection was refused or reset).
+    pub status: u16,
+    pub refused: bool,
 }
 
 pub(super) async fn run(
@@ -58,6 +77,7 @@ pub(super) async fn run(
         .map_err(DemoError::Config)?
         .with_gossip(&fleet.seed, fleet.key_dir.join("gossip.key"));
     let bootstrap = fleet.with_tls(bootstrap, &intruder_identity)?;
+    let files = bootstrap.tls.clone();
     let intruder = super::start_sidecar(bootstrap, fleet.policy.clone()).await?;
     let knows_all = super::poll(Duration::from_secs(10), || {
         intruder.status().peers.len() >= fleet.agents.len()
@@ -107,6 +127,12 @@ pub(super) async fn run(
     .await;
     intruder.shutdown().await;
 
+    // Around its sidecar, with its certificate, and in plaintext.
+    let before: u64 = fleet.agents.iter().map(|(a, _)| a.stats().business).sum();
+    let ways = around(target.addrs.inbound, files).await;
+    let after: u64 = fleet.agents.iter().map(|(a, _)| a.stats().business).sum();
+    let ways_reached = after.saturating_sub(before);
+
     // The caller's own calls go on over strict mutual TLS.
     let calls = Calls::default();
     drive::traffic(
@@ -128,6 +154,10 @@ pub(super) async fn run(
         denied_counted,
         plaintext_status,
         plaintext_refusals_counted,
+        ways_tried: ways.len() as u64,
+        ways_refused: ways.iter().filter(|w| w.refused).count() as u64,
+        ways_reached,
+        ways,
         calls: calls.len() as u64,
         failed: calls.iter().filter(|c| !c.ok).count() as u64,
     })
@@ -142,4 +172,130 @@ fn strict(policy: &mut Policy, allowed: &IdentityPattern) {
             allow: vec![allowed.clone()],
         },
     );
+}
+
+/// One TLS way in: its name, the path, the headers it adds.
+type Attempt<'a> = (&'static str, &'a str, Vec<(&'a str, &'a str)>);
+
+/// The ways around the mesh, each tried once at an agent's inbound `addr`.
+async fn around(addr: std::net::SocketAddr, files: Option<crate::config::TlsFiles>) -> Vec<Way> {
+    let forged = format!(
+        "By={td}/ns/agents/sa/agent;URI={td}/ns/agents/sa/caller",
+        td = super::TRUST_DOMAIN
+    );
+    let claimed = format!("{}/ns/agents/sa/caller", super::TRUST_DOMAIN);
+    let tls: [Attempt<'_>; 3] = [
+        ("TLS, no reach-capability header", "/review", vec![]),
+        (
+            "TLS, a dot-segment path",
+            "/other/../review",
+            vec![("reach-capability", CAPABILITY)],
+        ),
+        (
+            "TLS, a forged x-forwarded-client-cert",
+            "/review",
+            vec![
+                ("x-forwarded-client-cert", forged.as_str()),
+                ("reach-caller-identity", claimed.as_str()),
+            ],
+        ),
+    ];
+    let mut ways = Vec::new();
+    let config = files
+        .and_then(|f| crate::transport::mtls::MeshTls::load(f).ok())
+        .map(|t| t.current().client.clone());
+    for (way, path, extra) in tls {
+        let status = match &config {
+            Some(config) => direct_tls(addr, config.clone(), path, &extra).await,
+            None => 0,
+        };
+        ways.push(Way {
+            way,
+            status,
+            refused: status != 200,
+        });
+    }
+    let plain = raw(addr, "/review").await;
+    ways.push(Way {
+        way: "plaintext, no header",
+        status: plain,
+        refused: plain != 200,
+    });
+    let forwarded = match forward_port(addr).await {
+        Some(relay) => raw(relay, "/review").await,
+        None => 0,
+    };
+    ways.push(Way {
+        way: "plaintext through a forwarded port",
+        status: forwarded,
+        refused: forwarded != 200,
+    });
+    ways
+}
+
+/// One POST over TLS with the intruder's certificate, as a hand-written client sends it: the
+/// status, or 0 when the handshake or the connection failed.
+async fn direct_tls(
+    addr: std::net::SocketAddr,
+    config: std::sync::Arc<rustls::ClientConfig>,
+    path: &str,
+    extra: &[(&str, &str)],
+) -> u16 {
+    let attempt = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let name = rustls::pki_types::ServerName::try_from("agent").ok()?;
+        let stream = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .ok()?;
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut tx, conn) = hyper::client::conn::http1::handshake(io).await.ok()?;
+        tokio::spawn(conn);
+        let mut request = http::Request::post(path).header(http::header::HOST, "agent");
+        for (k, v) in extra {
+            request = request.header(*k, *v);
+        }
+        let response = tx
+            .send_request(request.body(body::full("steal the code")).ok()?)
+            .await
+            .ok()?;
+        Some(response.status().as_u16())
+    };
+    tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(0)
+}
+
+/// One plaintext POST with no capability header: the status, or 0.
+async fn raw(addr: std::net::SocketAddr, path: &str) -> u16 {
+    let http = client::build(&Policy::default());
+    let Ok(request) = http::Request::post(format!("http://{addr}{path}")).body(body::full("x"))
+    else {
+        return 0;
+    };
+    match tokio::time::timeout(Duration::from_secs(5), http.request(request)).await {
+        Ok(Ok(response)) => response.status().as_u16(),
+        _ => 0,
+    }
+}
+
+/// A relay from a new loopback port to `to`, for one connection: the port, as a stray
+/// port-forward would expose it.
+async fn forward_port(to: std::net::SocketAddr) -> Option<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.ok()?;
+    let port = listener.local_addr().ok()?;
+    tokio::spawn(async move {
+        if let Ok((mut client, _)) = listener.accept().await {
+            if let Ok(mut upstream) = tokio::net::TcpStream::connect(to).await {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    tokio::io::copy_bidirectional(&mut client, &mut upstream),
+                )
+                .await;
+            }
+        }
+    });
+    Some(port)
 }

@@ -59,7 +59,7 @@ const ATTACKS: [Attack; 5] = [
     Attack {
         kind: "undeclared paths",
         count: 4,
-        expect: Some(" 404 "),
+        expect: Some(" 400 "),
     },
     Attack {
         kind: "reused keys",

@@ -306,6 +306,28 @@ pub fn render_table(s: &DemoSummary) -> String {
         "  a plaintext request at an agent's inbound port: refused at the handshake ({}, {} counted); the caller's {} calls after, TLS-only: {} failed\n",
         a.plaintext_status, a.plaintext_refusals_counted, a.calls, a.failed
     ));
+    let ways: Vec<String> = a
+        .ways
+        .iter()
+        .map(|w| {
+            format!(
+                "{} ({})",
+                w.way,
+                if w.status == 0 {
+                    "refused at the connection".to_owned()
+                } else {
+                    w.status.to_string()
+                }
+            )
+        })
+        .collect();
+    out.push_str(&format!(
+        "  around its sidecar, {} ways tried: {}; {} refused, {} reached an agent\n",
+        a.ways_tried,
+        ways.join(", "),
+        a.ways_refused,
+        a.ways_reached
+    ));
     let k = &s.tasks;
     out.push_str(&format!(
         "\noutput validation: {} answered plausible fakes (200, JSON of the wrong shape); its sidecar checked them against code-review's output_schema\n  {} async tasks meanwhile: {} done with a validated answer, {} fakes turned away as 502 invalid_output and passed over, {} answered by the faker\n",

@@ -22,9 +22,10 @@ use crate::metrics::Metrics;
 pub(super) enum Refusal {
     /// Dot segments, encoded separators or percent signs, bad escapes: `400 bad_request`.
     AmbiguousPath(String),
-    /// The header names a capability this agent does not serve, or the path maps to none:
-    /// `404 unknown_capability`.
+    /// The header names a capability this agent does not serve: `404 unknown_capability`.
     UnknownCapability(String),
+    /// The path maps to no capability (and no header named one): `404 unknown_capability`.
+    Unmapped(String),
     /// The header names a capability whose paths do not cover the request's (most specifically):
     /// `400 capability_path_mismatch`.
     PathMismatch { capability: String, path: String },
@@ -52,15 +53,14 @@ pub(super) fn decide<'c, 'p>(
     let best = capabilities
         .iter()
         .filter_map(|c| specificity(c, &path))
-        .max()
-        .ok_or_else(|| Refusal::UnknownCapability("-".to_owned()))?;
+        .max();
     let capability = match named {
         Some(name) => {
             let cap = capabilities
                 .iter()
                 .find(|c| c.name.as_str() == name)
                 .ok_or_else(|| Refusal::UnknownCapability(name.to_owned()))?;
-            if specificity(cap, &path) != Some(best) {
+            if best.is_none() || specificity(cap, &path) != best {
                 return Err(Refusal::PathMismatch {
                     capability: name.to_owned(),
                     path: path.into_owned(),
@@ -72,8 +72,8 @@ pub(super) fn decide<'c, 'p>(
         // request: without a header, the first declared.
         None => capabilities
             .iter()
-            .find(|c| specificity(c, &path) == Some(best))
-            .ok_or_else(|| Refusal::UnknownCapability("-".to_owned()))?,
+            .find(|c| best.is_some() && specificity(c, &path) == best)
+            .ok_or_else(|| Refusal::Unmapped(path.to_string()))?,
     };
     if !authz.allows(Some(capability.name.as_str()), caller) {
         return Err(Refusal::Forbidden(capability.name.to_string()));
@@ -177,6 +177,7 @@ impl Refusal {
                 "the path `{path}` has dot segments, encoded separators or malformed escapes"
             )),
             Refusal::UnknownCapability(capability) => ReachError::UnknownCapability { capability },
+            Refusal::Unmapped(path) => ReachError::NoCapabilityAt { path },
             Refusal::PathMismatch { capability, path } => {
                 ReachError::CapabilityPathMismatch { capability, path }
             }
@@ -281,7 +282,13 @@ mod tests {
             })
         };
         let forbidden = |c: &str| Err(Refusal::Forbidden(c.to_owned()));
-        let table: Vec<(Option<&str>, &str, Option<&SpiffeId>, Result<&str, Refusal>)> = vec![
+        type Row<'a> = (
+            Option<&'a str>,
+            &'a str,
+            Option<&'a SpiffeId>,
+            Result<&'a str, Refusal>,
+        );
+        let table: Vec<Row<'_>> = vec![
             // Finding 1: leaving the header out does not skip the allow list.
             (None, "/pay", Some(&coder), forbidden("payments")),
             (
@@ -354,7 +361,16 @@ mod tests {
         // judged by `default`.
         let narrow = [cap("review", &["/review"])];
         let got = decide(&narrow, &policy, None, "/admin/mode", None);
-        assert_eq!(name(&got), Err(Refusal::UnknownCapability("-".into())));
+        assert_eq!(name(&got), Err(Refusal::Unmapped("/admin/mode".into())));
+        // Naming a capability there is a mismatch, not an unknown name.
+        let got = decide(&narrow, &policy, Some("review"), "/admin/mode", None);
+        assert_eq!(
+            name(&got),
+            Err(Refusal::PathMismatch {
+                capability: "review".into(),
+                path: "/admin/mode".into()
+            })
+        );
         // The path forwarded is the normalized one.
         let got = decide(&caps, &policy, None, "/review//p%61ge", None).unwrap();
         assert_eq!(got.path, "/review/page");
@@ -377,9 +393,12 @@ mod tests {
 
     // === the reference model ===
 
+    /// A capability as the model sees it: name, declared paths, allow list (none: `default`).
+    type ModelCap = (String, Vec<String>, Option<Vec<String>>);
+
     /// The decision written the slow, obvious way: segments as lists, every capability scored.
     fn model(
-        caps: &[(String, Vec<String>, Option<Vec<String>>)],
+        caps: &[ModelCap],
         default_allow: bool,
         named: Option<&str>,
         path: &str,
@@ -436,18 +455,18 @@ mod tests {
             .iter()
             .filter_map(|(n, p, a)| score(p).map(|s| (s, n, a)))
             .collect();
-        let best = scored.iter().map(|(s, ..)| *s).max().ok_or("unknown")?;
+        let best = scored.iter().map(|(s, ..)| *s).max();
         let chosen = match named {
             Some(n) => {
                 let (_, paths, _) = caps.iter().find(|(c, ..)| c == n).ok_or("unknown")?;
-                if score(paths) != Some(best) {
+                if best.is_none() || score(paths) != best {
                     return Err("mismatch");
                 }
                 n.to_owned()
             }
             None => scored
                 .iter()
-                .find(|(s, ..)| *s == best)
+                .find(|(s, ..)| Some(*s) == best)
                 .map(|(_, n, _)| (*n).clone())
                 .ok_or("unknown")?,
         };
@@ -495,7 +514,7 @@ mod tests {
             path in prop::collection::vec(segment(), 0..5).prop_map(|s| format!("/{}", s.join("/"))),
             caller in prop::option::of(prop::sample::select(vec!["coder", "billing", "intruder"])),
         ) {
-            let caps: Vec<(String, Vec<String>, Option<Vec<String>>)> = caps
+            let caps: Vec<ModelCap> = caps
                 .into_iter()
                 .enumerate()
                 .map(|(i, (paths, allow))| {
@@ -522,7 +541,7 @@ mod tests {
             let got = match &got {
                 Ok(a) => Ok(a.capability.name.to_string()),
                 Err(Refusal::AmbiguousPath(_)) => Err("ambiguous"),
-                Err(Refusal::UnknownCapability(_)) => Err("unknown"),
+                Err(Refusal::UnknownCapability(_) | Refusal::Unmapped(_)) => Err("unknown"),
                 Err(Refusal::PathMismatch { .. }) => Err("mismatch"),
                 Err(Refusal::Forbidden(_)) => Err("forbidden"),
             };

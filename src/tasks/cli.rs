@@ -165,6 +165,12 @@ pub fn detail(t: &Value) -> String {
         if d.is_object() {
             let state = if d["delivered"] == true {
                 "delivered".to_owned()
+            } else if d["state"] == "given_up" {
+                format!(
+                    "given up ({} tries; {})",
+                    d["tries"],
+                    d["reason"].as_str().unwrap_or("-")
+                )
             } else {
                 format!(
                     "pending ({} tries; {})",

@@ -2,6 +2,8 @@
 //! its final result to the caller's callback. A POST is accepted by a 2xx; anything else is
 //! tried again later with backoff (the runner requeues the task), so a receiver sees each
 //! delivery at least once and should deduplicate by `reach-task-id` + `reach-delivery`.
+//! Callbacks go through their own client, whose connector screens every address it dials
+//! (`callback::Guarded`); the operator's webhook does not need that.
 //!
 //! When a key is set, each POST is signed: `reach-signature: t=<unix seconds>,sha256=<hex>`, the
 //! HMAC-SHA256 of `<t>.<body>` (the timestamp inside the MAC, so a captured POST cannot be
@@ -13,9 +15,12 @@ use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connect, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+
+use super::callback::{self, Guarded, Refused};
+use crate::config::Listen;
 
 /// The task a POST is about.
 pub const TASK_ID: http::HeaderName = http::HeaderName::from_static("reach-task-id");
@@ -33,23 +38,38 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// image needs no CA bundle).
 #[derive(Clone, Debug)]
 pub struct Poster {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    webhook: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    callback: Client<HttpsConnector<Guarded>, Full<Bytes>>,
+}
+
+/// Why a callback POST did not land.
+#[derive(Debug, thiserror::Error)]
+pub enum PostError {
+    /// The destination is one a callback may never reach: given up at once.
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    /// Anything else: tried again later.
+    #[error("{0}")]
+    Failed(String),
 }
 
 impl Poster {
-    pub fn new() -> Result<Self, String> {
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(provider)
-            .map_err(|e| e.to_string())?
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client = Client::builder(TokioExecutor::new()).build(https);
-        Ok(Self { client })
+    /// `listen`: this sidecar's listeners, which a callback may not reach.
+    pub fn new(listen: &Listen) -> Result<Self, String> {
+        let builder = || {
+            let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+            hyper_rustls::HttpsConnectorBuilder::new()
+                .with_provider_and_webpki_roots(provider)
+                .map_err(|e| e.to_string())
+                .map(|b| b.https_or_http().enable_http1())
+        };
+        let webhook = Client::builder(TokioExecutor::new()).build(builder()?.build());
+        let guarded = builder()?.wrap_connector(Guarded::new(listen.clone()));
+        let callback = Client::builder(TokioExecutor::new()).build(guarded);
+        Ok(Self { webhook, callback })
     }
 
-    /// POSTs `body` as JSON; `Ok` when the receiver accepted it (2xx).
+    /// POSTs `body` as JSON to the escalation webhook; `Ok` when the receiver accepted it (2xx).
     pub async fn post(
         &self,
         url: &str,
@@ -58,33 +78,72 @@ impl Poster {
         body: Vec<u8>,
         key: Option<&[u8]>,
     ) -> Result<(), String> {
-        let mut request = Request::builder()
-            .method(Method::POST)
-            .uri(url)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(http::header::USER_AGENT, "agent-reach")
-            .header(TASK_ID, task_id)
-            .header(DELIVERY, delivery.to_string());
-        if let Some(key) = key {
-            request = request.header(SIGNATURE, sign(key, now_secs(), &body));
+        send(&self.webhook, url, task_id, delivery, body, key)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// POSTs `body` as JSON to a task's callback, through the screening connector.
+    pub async fn post_callback(
+        &self,
+        url: &str,
+        task_id: &str,
+        delivery: u32,
+        body: Vec<u8>,
+    ) -> Result<(), PostError> {
+        send(&self.callback, url, task_id, delivery, body, None).await
+    }
+}
+
+async fn send<C>(
+    client: &Client<C, Full<Bytes>>,
+    url: &str,
+    task_id: &str,
+    delivery: u32,
+    body: Vec<u8>,
+    key: Option<&[u8]>,
+) -> Result<(), PostError>
+where
+    C: Connect + Clone + Send + Sync + 'static,
+{
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::USER_AGENT, "agent-reach")
+        .header(TASK_ID, task_id)
+        .header(DELIVERY, delivery.to_string());
+    if let Some(key) = key {
+        request = request.header(SIGNATURE, sign(key, now_secs(), &body));
+    }
+    // The URL is not echoed: it may hold a password.
+    let request = request
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| PostError::Failed(format!("bad URL: {e}")))?;
+    let sent = tokio::time::timeout(TIMEOUT, client.request(request)).await;
+    let response = match sent {
+        Err(_) => {
+            return Err(PostError::Failed(format!(
+                "no answer within {}s",
+                TIMEOUT.as_secs()
+            )))
         }
-        let request = request
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| format!("bad URL `{url}`: {e}"))?;
-        let sent = tokio::time::timeout(TIMEOUT, self.client.request(request)).await;
-        let response = match sent {
-            Err(_) => return Err(format!("no answer within {}s", TIMEOUT.as_secs())),
-            Ok(Err(err)) => return Err(format!("{err}: {}", crate::http::client::chain(&err))),
-            Ok(Ok(response)) => response,
-        };
-        let status = response.status();
-        // Read (a little of) the answer so the connection can be reused.
-        let _ = tokio::time::timeout(TIMEOUT, response.into_body().collect()).await;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(format!("answered {}", status.as_u16()))
+        Ok(Err(err)) => {
+            if let Some(refused) = callback::refusal(&err) {
+                return Err(PostError::Refused(refused));
+            }
+            let chain = crate::http::client::chain(&err);
+            return Err(PostError::Failed(format!("{err}: {chain}")));
         }
+        Ok(Ok(response)) => response,
+    };
+    let status = response.status();
+    // Read (a little of) the answer so the connection can be reused.
+    let _ = tokio::time::timeout(TIMEOUT, response.into_body().collect()).await;
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(PostError::Failed(format!("answered {}", status.as_u16())))
     }
 }
 

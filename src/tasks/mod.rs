@@ -3,6 +3,7 @@
 //! and ends done, failed, or escalated to a person — surviving restarts of the sidecar.
 
 pub mod api;
+pub mod callback;
 pub mod cli;
 pub mod deliver;
 mod journal;

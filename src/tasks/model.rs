@@ -120,7 +120,8 @@ pub fn encode_body(bytes: &[u8]) -> (String, BodyEncoding) {
 }
 
 /// A POST still owed to someone (the escalation webhook or the caller's callback): retried with
-/// backoff until it is accepted.
+/// backoff until it is accepted — or, for a callback, given up (`callbacks.give_up_after`,
+/// `callbacks.max_tries`, or a destination the policy refuses).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct Delivery {
     pub url: String,
@@ -130,6 +131,14 @@ pub struct Delivery {
     pub last_error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered_ms: Option<u64>,
+    /// The first try: the give-up clock starts here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_try_ms: Option<u64>,
+    /// Why no more tries will be made, once none will.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub given_up: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub given_up_ms: Option<u64>,
 }
 
 impl Delivery {
@@ -140,6 +149,25 @@ impl Delivery {
             tries: 0,
             last_error: None,
             delivered_ms: None,
+            first_try_ms: None,
+            given_up: None,
+            given_up_ms: None,
+        }
+    }
+
+    /// Whether it is still to be tried.
+    pub fn owed(&self) -> bool {
+        !self.delivered && self.given_up.is_none()
+    }
+
+    /// `pending`, `delivered` or `given_up`.
+    pub fn state(&self) -> &'static str {
+        if self.delivered {
+            "delivered"
+        } else if self.given_up.is_some() {
+            "given_up"
+        } else {
+            "pending"
         }
     }
 }
@@ -220,11 +248,11 @@ impl Task {
         match self.state {
             State::Queued | State::Retrying | State::Running => Some(Work::Run),
             State::Escalated => match &self.escalation {
-                Some(d) if !d.delivered => Some(Work::Escalate),
+                Some(d) if d.owed() => Some(Work::Escalate),
                 _ => None,
             },
             State::Done | State::Failed | State::Resolved => match &self.callback {
-                Some(d) if !d.delivered => Some(Work::Callback),
+                Some(d) if d.owed() => Some(Work::Callback),
                 _ => None,
             },
         }

@@ -1,15 +1,16 @@
 //! The task queue as the outbound port sees it: submission (`prefer: respond-async`), reading,
 //! and a person's `retry` and `resolve`. Every change is in the store before it is answered.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use http::request::Parts;
 use tokio::sync::Notify;
 
+use super::callback::{self, Refused};
 use super::model::{now_ms, Delivery, Resolution, State, StoredRequest, Task};
 use super::store::{Inserted, StoreError, TaskStore};
-use crate::config::{StoreLocation, TasksConfig};
+use crate::config::{ConfigStore, StoreLocation, TasksConfig};
 use crate::error::ReachError;
 use crate::http::headers;
 use crate::idempotency;
@@ -44,6 +45,9 @@ pub struct Queue {
     pub(super) owner: String,
     pub(super) wake: Notify,
     pub(super) metrics: Arc<Metrics>,
+    /// The live config, for the callback policy: set when the runner starts (`attach`). Until
+    /// then a callback is refused rather than let through unchecked.
+    live: OnceLock<Arc<ConfigStore>>,
 }
 
 fn store_error(err: StoreError) -> ReachError {
@@ -98,7 +102,21 @@ impl Queue {
             owner: format!("{member}-{:08x}", rand::random::<u32>()),
             wake: Notify::new(),
             metrics,
+            live: OnceLock::new(),
         }))
+    }
+
+    /// Gives the queue the live config its callback checks read.
+    pub fn attach(&self, config: Arc<ConfigStore>) {
+        let _ = self.live.set(config);
+    }
+
+    /// The `reach-callback` URL, when the live policy allows it (`callback::check`).
+    fn callback_url(&self, value: &http::HeaderValue) -> Result<String, Refused> {
+        let text = value.to_str().map_err(|_| Refused::NotHttp)?.trim();
+        let live = self.live.get().ok_or(Refused::NotReady)?.snapshot();
+        callback::check(text, &live.policy, &live.bootstrap.listen)?;
+        Ok(text.to_owned())
     }
 
     /// The largest body a task may carry.
@@ -121,7 +139,7 @@ impl Queue {
     ) -> Result<Submitted, ReachError> {
         let callback = match parts.headers.get(CALLBACK) {
             None => None,
-            Some(value) => Some(callback_url(value)?),
+            Some(value) => Some(self.callback_url(value)?),
         };
         let priority = match parts.headers.get(PRIORITY) {
             None => 5,
@@ -280,17 +298,6 @@ fn keyed_id(capability: &str, key: &str) -> String {
         .map(|b| format!("{b:02x}"))
         .collect();
     format!("k-{hex}")
-}
-
-fn callback_url(value: &http::HeaderValue) -> Result<String, ReachError> {
-    let bad =
-        || ReachError::BadRequest("`reach-callback` must be an http:// or https:// URL".into());
-    let text = value.to_str().map_err(|_| bad())?.trim();
-    let uri: http::Uri = text.parse().map_err(|_| bad())?;
-    match (uri.scheme_str(), uri.host()) {
-        (Some("http" | "https"), Some(_)) => Ok(text.to_owned()),
-        _ => Err(bad()),
-    }
 }
 
 /// The call as each attempt will replay it: the task's own headers dropped (they are not for

@@ -12,7 +12,8 @@ use http_body_util::BodyExt;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use super::deliver::{self, Poster};
+use super::callback;
+use super::deliver::{self, PostError, Poster};
 use super::journal::{AttemptNote, Chain, Journal};
 use super::model::{
     encode_body, now_ms, AttemptRecord, Delivery, State, StoredResponse, Task, Work,
@@ -36,8 +37,10 @@ pub fn spawn(
     config: Arc<ConfigStore>,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
+    // Before the first await: submissions check callbacks against the live policy from here on.
+    queue.attach(config.clone());
     tokio::spawn(async move {
-        let poster = match Poster::new() {
+        let poster = match Poster::new(&config.snapshot().bootstrap.listen) {
             Ok(p) => p,
             Err(err) => {
                 tracing::error!(%err, "cannot build the webhook client; tasks will not run");
@@ -280,34 +283,88 @@ impl Runner {
             return self.release(task).await;
         };
         let attempt = delivery.tries + 1;
-        let (body, key) = match kind {
+        let since = *delivery.first_try_ms.get_or_insert_with(now_ms);
+        let sent = match kind {
             Kind::Escalation => {
                 let escalation = &snapshot.policy.escalation;
                 let body = view::escalation(&task, escalation.max_payload_bytes, attempt, extra);
-                (body, self.escalation_key(&snapshot))
+                let body = serde_json::to_vec(&body).unwrap_or_default();
+                let key = self.escalation_key(&snapshot);
+                self.poster
+                    .post(&delivery.url, &task.id, attempt, body, key.as_deref())
+                    .await
+                    .map_err(PostError::Failed)
             }
-            Kind::Callback => (view::callback(&task, attempt, extra), None),
+            // Checked again, against the policy as it is now: a host taken off the list since
+            // the submission is not called.
+            Kind::Callback => {
+                match callback::check(&delivery.url, &snapshot.policy, &snapshot.bootstrap.listen) {
+                    Err(refused) => Err(PostError::Refused(refused)),
+                    Ok(()) => {
+                        let body = view::callback(&task, attempt, extra);
+                        let body = serde_json::to_vec(&body).unwrap_or_default();
+                        self.poster
+                            .post_callback(&delivery.url, &task.id, attempt, body)
+                            .await
+                    }
+                }
+            }
         };
-        let body = serde_json::to_vec(&body).unwrap_or_default();
-        let sent = self
-            .poster
-            .post(&delivery.url, &task.id, attempt, body, key.as_deref())
-            .await;
-        delivery.tries = attempt;
         let now = now_ms();
         match sent {
             Ok(()) => {
+                delivery.tries = attempt;
                 delivery.delivered = true;
                 delivery.delivered_ms = Some(now);
                 delivery.last_error = None;
                 self.queue.metrics.task_delivery(kind.as_str(), "accepted");
             }
-            Err(err) => {
-                tracing::warn!(task = %task.id, kind = kind.as_str(), tries = attempt, %err,
-                    "delivery refused; trying again later");
-                delivery.last_error = Some(err);
-                task.due_ms = now.saturating_add(deliver::backoff(attempt).as_millis() as u64);
+            // Nothing was sent: not a try, and never worth another.
+            Err(PostError::Refused(refused)) => {
+                let reason = refused.to_string();
+                tracing::warn!(task = %task.id, kind = kind.as_str(), %reason,
+                    "delivery refused by the callback policy; given up");
+                delivery.given_up = Some(reason);
+                delivery.given_up_ms = Some(now);
+                self.queue.metrics.task_delivery(kind.as_str(), "given_up");
+            }
+            Err(PostError::Failed(err)) => {
+                delivery.tries = attempt;
                 self.queue.metrics.task_delivery(kind.as_str(), "refused");
+                let next = now.saturating_add(deliver::backoff(attempt).as_millis() as u64);
+                match kind {
+                    Kind::Escalation => {
+                        tracing::warn!(task = %task.id, kind = kind.as_str(), tries = attempt,
+                            %err, "delivery refused; trying again later");
+                        task.due_ms = next;
+                    }
+                    Kind::Callback => {
+                        let bounds = &snapshot.policy.callbacks;
+                        let window = bounds.give_up_after.get();
+                        let deadline = since.saturating_add(window.as_millis() as u64);
+                        if attempt >= bounds.max_tries || now >= deadline {
+                            let reason = format!(
+                                "no 2xx in {attempt} tries over {} (callbacks.give_up_after {}, max_tries {}); last: {err}",
+                                crate::config::format_duration(std::time::Duration::from_millis(
+                                    now.saturating_sub(since)
+                                )),
+                                crate::config::format_duration(window),
+                                bounds.max_tries,
+                            );
+                            tracing::warn!(task = %task.id, tries = attempt, %reason,
+                                "callback given up");
+                            delivery.given_up = Some(reason);
+                            delivery.given_up_ms = Some(now);
+                            self.queue.metrics.task_delivery(kind.as_str(), "given_up");
+                        } else {
+                            tracing::warn!(task = %task.id, kind = kind.as_str(), tries = attempt,
+                                %err, "delivery refused; trying again later");
+                            // The last try lands on the deadline, not a backoff past it.
+                            task.due_ms = next.min(deadline);
+                        }
+                    }
+                }
+                delivery.last_error = Some(err);
             }
         }
         match kind {

@@ -4,8 +4,35 @@
 
 use serde_json::{json, Value};
 
-use super::model::{encode_body, Task};
+use super::callback::mask_userinfo;
+use super::model::{encode_body, Delivery, Task};
 use super::queue::TASKS_PATH;
+
+/// A webhook or callback delivery: `state` (`pending`, `delivered`, `given_up` with its
+/// `reason`), the tries, and the URL with any userinfo masked.
+fn delivery(d: &Delivery) -> Value {
+    let mut view = json!({
+        "url": mask_userinfo(&d.url),
+        "state": d.state(),
+        "delivered": d.delivered,
+        "tries": d.tries,
+    });
+    if let Some(obj) = view.as_object_mut() {
+        let optional = [
+            ("last_error", d.last_error.as_ref().map(|e| json!(e))),
+            ("delivered_ms", d.delivered_ms.map(|t| json!(t))),
+            ("first_try_ms", d.first_try_ms.map(|t| json!(t))),
+            ("reason", d.given_up.as_ref().map(|r| json!(r))),
+            ("given_up_ms", d.given_up_ms.map(|t| json!(t))),
+        ];
+        for (key, value) in optional {
+            if let Some(value) = value {
+                obj.insert(key.into(), value);
+            }
+        }
+    }
+    view
+}
 
 fn masked_headers(headers: &[(String, String)], extra: &[String]) -> Value {
     let map: serde_json::Map<String, Value> = headers
@@ -58,10 +85,10 @@ pub fn api(task: &Task, extra: &[String]) -> Value {
         obj.insert("lease".into(), json!(lease));
     }
     if let Some(callback) = &task.callback {
-        obj.insert("callback".into(), json!(callback));
+        obj.insert("callback".into(), delivery(callback));
     }
     if let Some(escalation) = &task.escalation {
-        obj.insert("escalation".into(), json!(escalation));
+        obj.insert("escalation".into(), delivery(escalation));
     }
     if let Some(resolution) = &task.resolution {
         obj.insert("resolution".into(), json!(resolution));
