@@ -82,8 +82,8 @@ pub enum ReachError {
     #[error("the request body is larger than the {limit} bytes a task may carry (`tasks.max_payload_bytes`)")]
     PayloadTooLarge { limit: usize },
     /// A task's `reach-callback` names a destination the policy does not allow.
-    #[error(transparent)]
-    CallbackRefused(#[from] crate::tasks::callback::Refused),
+    #[error("{0}")]
+    CallbackRefused(String),
     /// `any.reach` or `reach-intent` and no intent rule matched: `candidates` lists every
     /// rule's capability and keywords.
     #[error("no intent rule matches this call: name a capability with `reach-capability`, or say what it is for with one of the keywords of {names}")]

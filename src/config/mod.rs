@@ -39,7 +39,7 @@ pub use policy::{
 pub use quality::{Compare, GoldenTask, QualitySpec};
 pub use restart_only::{PendingRestart, RestartOnly, RESTART_ONLY};
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
-pub use tasks::{EscalationPolicy, QueueRounds, StoreLocation, TasksConfig};
+pub use tasks::{EscalationPolicy, Host, QueueRounds, StoreLocation, TasksConfig};
 pub use watch::{spawn_watcher, OnReload, ReloadResult};
 
 /// A config file that could not be read or is not valid.

@@ -12,9 +12,8 @@
 //!   is dialled, so a name that resolves (or rebinds) to a forbidden address is refused.
 //!   `docs/tasks.md`, "Callbacks".
 
-use std::fmt;
 use std::future::Future;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -23,7 +22,7 @@ use http::Uri;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::config::{Listen, Policy};
+use crate::config::{Host, Listen, Policy};
 
 /// Why a callback URL is refused: at submission a `400 callback_refused`, at delivery the
 /// reason the delivery was given up.
@@ -56,68 +55,6 @@ pub enum Refused {
         addr: IpAddr,
         why: &'static str,
     },
-}
-
-/// A callback's host: an IP address as written, or a lowercase DNS name without its trailing
-/// dot.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Host {
-    Ip(IpAddr),
-    Name(String),
-}
-
-impl Host {
-    /// `raw` as a URL or a config entry writes it (`[::1]` or `::1`, `Hooks.Example.com.`).
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        let bad = |why: &str| format!("`{raw}` is not a host name or an IP address: {why}");
-        if let Some(inner) = raw.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
-            return inner
-                .parse::<Ipv6Addr>()
-                .map(|ip| Host::Ip(IpAddr::V6(ip)))
-                .map_err(|_| bad("not an IPv6 address"));
-        }
-        if let Ok(ip) = raw.parse::<IpAddr>() {
-            return Ok(Host::Ip(ip));
-        }
-        let name = raw.strip_suffix('.').unwrap_or(raw).to_ascii_lowercase();
-        if name.is_empty() || name.len() > 253 {
-            return Err(bad("empty or too long"));
-        }
-        let label_ok = |l: &str| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        };
-        if !name.split('.').all(label_ok) {
-            return Err(bad("use letters, digits, `-` and `.`"));
-        }
-        // `127.1`, `2852039166`, `0xa9fea9fe`: resolvers read these as IPv4 addresses, so as names
-        // they would slip past the address checks.
-        let last = name.rsplit('.').next().unwrap_or_default();
-        let numeric = last.bytes().all(|b| b.is_ascii_digit())
-            || last
-                .strip_prefix("0x")
-                .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
-        if numeric {
-            return Err(bad(
-                "a numeric host must be a dotted IPv4 address (a.b.c.d)",
-            ));
-        }
-        Ok(Host::Name(name))
-    }
-}
-
-impl fmt::Display for Host {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Host::Ip(IpAddr::V6(ip)) => write!(f, "[{ip}]"),
-            Host::Ip(ip) => write!(f, "{ip}"),
-            Host::Name(name) => f.write_str(name),
-        }
-    }
 }
 
 /// The address a packet to `ip` really goes to: an IPv4-mapped (`::ffff:a.b.c.d`) or NAT64

@@ -139,7 +139,10 @@ impl Queue {
     ) -> Result<Submitted, ReachError> {
         let callback = match parts.headers.get(CALLBACK) {
             None => None,
-            Some(value) => Some(self.callback_url(value)?),
+            Some(value) => Some(
+                self.callback_url(value)
+                    .map_err(|refused| ReachError::CallbackRefused(refused.to_string()))?,
+            ),
         };
         let priority = match parts.headers.get(PRIORITY) {
             None => 5,
