@@ -583,3 +583,407 @@ async fn a_rotated_key_file_is_taken_without_a_restart() {
     assert_eq!(call_cap(a.addrs.outbound, CAP).await.status, 200);
     let _ = b;
 }
+
+// Issue 39: a sidecar restarted in place (same name, same inbound and gossip addresses, as a
+// container restarted inside a pod that keeps its IP) is routed to as soon as it is back.
+
+/// Which sidecar is the fleet's one seed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seed {
+    /// The caller: the restarted sidecar announces itself to it on start.
+    Caller,
+    /// The restarted sidecar: it comes back knowing nobody, and the caller must find it.
+    Restarted,
+}
+
+/// How the old incarnation goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// SIGTERM: it drains (announcing `draining`), then leaves.
+    Term,
+    /// SIGTERM with a call in flight, which must still succeed.
+    TermInFlight,
+    /// SIGKILL: gone without a word.
+    Kill,
+}
+
+/// A free port on loopback for TCP (`udp` false) or UDP, released for the sidecar to bind.
+fn free_port(udp: bool) -> u16 {
+    if udp {
+        UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    } else {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+}
+
+/// The sidecar binary on a bootstrap, with its start-up line awaited.
+struct Binary {
+    child: std::process::Child,
+    log: std::sync::mpsc::Receiver<String>,
+}
+
+impl Binary {
+    fn start(bootstrap: &std::path::Path) -> Self {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agent-reach"))
+            .args(["run", "--config"])
+            .arg(bootstrap)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Self { child, log }
+    }
+
+    /// Waits (off the runtime) for the line saying the sidecar listens.
+    async fn listening(self) -> Self {
+        tokio::task::spawn_blocking(move || loop {
+            match self.log.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) if line.contains("agent-reach sidecar started") => return self,
+                Ok(_) => {}
+                Err(_) => panic!("the sidecar did not log its start"),
+            }
+        })
+        .await
+        .unwrap()
+    }
+
+    fn signal(&self, signal: &str) {
+        let sent = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
+    /// Waits for the process to exit, off the runtime.
+    async fn exited(mut self) -> std::process::ExitStatus {
+        tokio::task::spawn_blocking(move || self.child.wait().unwrap())
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Callers (four, each sending calls back to back) noting when each answer came and what it
+/// was, in the order they came.
+fn steady_caller(
+    outbound: SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<Vec<(tokio::time::Instant, u16, String)>> {
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !stop.is_cancelled() {
+                    let reply = call_cap(outbound, CAP).await;
+                    seen.push((
+                        tokio::time::Instant::now(),
+                        reply.status.as_u16(),
+                        reply.body,
+                    ));
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                seen
+            })
+        })
+        .collect();
+    tokio::spawn(async move {
+        let mut seen = Vec::new();
+        for w in workers {
+            seen.extend(w.await.unwrap());
+        }
+        seen.sort_by_key(|(at, _, _)| *at);
+        seen
+    })
+}
+
+/// The scenario of issue 39: caller A (the seed, in process) sends calls to agent-b's capability;
+/// agent-b's sidecar (the binary) is stopped as `stop` says and, 3 s after it exited, started
+/// again on the same bootstrap. Returns the time from the new sidecar's start-up line (it
+/// listens) to A's first successful call, and what A's calls got meanwhile. `shipped`: the
+/// shipped timings, else the tests' fast ones.
+async fn restart_in_place(
+    tag: &str,
+    stop: Stop,
+    seed: Seed,
+    shipped: bool,
+) -> (Duration, Vec<String>) {
+    let key = key_file(tag);
+    let tune = if shipped { |b| b } else { fast };
+    let mut config = MockConfig::new("agent-b");
+    config.latency = Latency::fixed(Duration::from_millis(20));
+    config.slow_latency = Duration::from_millis(1500);
+    let b_agent = mock(config).await;
+    let timings = if shipped {
+        String::new()
+    } else {
+        "  probe_interval: 200ms\n  probe_timeout: 100ms\n  suspect_timeout: 1s\n  refresh_interval: 500ms\n"
+            .to_owned()
+    };
+    let b_gossip = SocketAddr::from(([127, 0, 0, 1], free_port(true)));
+    let write_bootstrap = |seed: SocketAddr| {
+        let bootstrap = key.with_file_name("agent-b.yaml");
+        std::fs::write(
+            &bootstrap,
+            format!(
+                "listen: {{ outbound: 127.0.0.1:0, inbound: 127.0.0.1:{}, admin: 127.0.0.1:0 }}\n\
+                 agent:\n  name: agent-b\n  address: {}\n  max_concurrency: 64\n  capabilities: [ {{ name: {CAP} }} ]\n\
+                 gossip:\n  listen: {b_gossip}\n  seeds: [{seed}]\n  key_file: gossip.key\n{timings}",
+                free_port(false),
+                b_agent.addr,
+            ),
+        )
+        .unwrap();
+        bootstrap
+    };
+    let (_a_agent, a, bootstrap, b) = match seed {
+        Seed::Caller => {
+            let (a_agent, a) = member("agent-a", &[], &[], &key, tune).await;
+            let bootstrap = write_bootstrap(gossip_addr(&a));
+            let b = Binary::start(&bootstrap).listening().await;
+            (a_agent, a, bootstrap, b)
+        }
+        // The fleet's seed is agent-b itself: its bootstrap names its own address.
+        Seed::Restarted => {
+            let bootstrap = write_bootstrap(b_gossip);
+            let b = Binary::start(&bootstrap).listening().await;
+            let (a_agent, a) = member("agent-a", &[], &[b_gossip], &key, tune).await;
+            (a_agent, a, bootstrap, b)
+        }
+    };
+    eventually(Duration::from_secs(20), "A to route to agent-b", || async {
+        call_cap(a.addrs.outbound, CAP).await.status == 200
+    })
+    .await;
+
+    // The call in flight when SIGTERM comes goes first, alone, so it is the one at the agent.
+    let in_flight = match stop {
+        Stop::TermInFlight => {
+            b_agent.set_mode(agent_reach::mock_agent::Mode::Slow);
+            let outbound = a.addrs.outbound;
+            let call = tokio::spawn(async move { call_cap(outbound, CAP).await });
+            eventually(
+                Duration::from_secs(5),
+                "a call in flight at agent-b",
+                || async { b_agent.stats().in_flight > 0 },
+            )
+            .await;
+            Some(call)
+        }
+        _ => None,
+    };
+    let stop_calls = tokio_util::sync::CancellationToken::new();
+    let caller = steady_caller(a.addrs.outbound, stop_calls.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    match stop {
+        Stop::Term | Stop::TermInFlight => {
+            b.signal("TERM");
+            let status = b.exited().await;
+            assert!(status.success(), "exit status {status:?}");
+        }
+        Stop::Kill => {
+            b.signal("KILL");
+            b.exited().await;
+        }
+    }
+    if let Some(call) = in_flight {
+        let reply = call.await.unwrap();
+        assert_eq!(reply.status, 200, "the in-flight call: {}", reply.body);
+        b_agent.set_mode(agent_reach::mock_agent::Mode::Normal);
+    }
+    // The container's restart delay: scenario time, not a wait for anything.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let b = Binary::start(&bootstrap).listening().await;
+    let listening = tokio::time::Instant::now();
+    let served_before = b_agent.stats().business;
+    let trace = std::env::var_os("RESTART_TRACE").is_some();
+    let traced = std::cell::Cell::new(listening);
+    eventually(
+        Duration::from_secs(60),
+        "A's calls to succeed again",
+        || async {
+            if trace && traced.get().elapsed() >= Duration::from_secs(1) {
+                traced.set(tokio::time::Instant::now());
+                trace_peer(&a, "agent-b", listening);
+            }
+            b_agent.stats().business > served_before
+                && call_cap(a.addrs.outbound, CAP).await.status == 200
+        },
+    )
+    .await;
+    stop_calls.cancel();
+    let seen = caller.await.unwrap();
+    let first_ok = seen
+        .iter()
+        .find(|(at, status, _)| *at >= listening && *status == 200)
+        .map(|(at, _, _)| at.saturating_duration_since(listening))
+        .expect("a successful call after the restart");
+    // Failures after the restart, one line per run of the same answer.
+    let mut failures: Vec<(String, f64, f64, usize)> = Vec::new();
+    for (at, status, body) in seen
+        .iter()
+        .filter(|(at, s, _)| *at >= listening && *s != 200)
+    {
+        let t = at.saturating_duration_since(listening).as_secs_f64();
+        let reason = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| body.chars().take(60).collect());
+        let what = format!("{status} {reason}");
+        match failures.last_mut() {
+            Some((w, _, last, n)) if *w == what => (*last, *n) = (t, *n + 1),
+            _ => failures.push((what, t, t, 1)),
+        }
+    }
+    let failures = failures
+        .into_iter()
+        .map(|(what, from, to, n)| format!("{n}x {what} (+{from:.2}s..+{to:.2}s)"))
+        .collect();
+    drop(b);
+    (first_ok, failures)
+}
+
+/// What A knows of `name` (gossip member, routing, its view): `RESTART_TRACE=1`.
+fn trace_peer(a: &Sidecar, name: &str, since: tokio::time::Instant) {
+    let s = serde_json::to_value(a.status()).unwrap();
+    let member = s["gossip"]["members"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == name).cloned());
+    let routed = peer_address(a, name);
+    let view = s["peer_views"]
+        .as_array()
+        .and_then(|v| v.iter().find(|p| p["name"] == name).cloned())
+        .map(|v| {
+            format!(
+                "caller's {} own {} outcomes {}",
+                v["view"]["state"], v["self_view"]["view"]["state"], v["outcomes"]
+            )
+        });
+    println!(
+        "+{:.1}s member {} routed {routed:?} view {view:?}",
+        since.elapsed().as_secs_f64(),
+        member.map_or("none".to_owned(), |m| m.to_string())
+    );
+}
+
+/// The first call after the restart succeeds within 2 s of the new sidecar listening.
+async fn routed_to_at_once(tag: &str, stop: Stop, seed: Seed) {
+    let (took, failures) = restart_in_place(tag, stop, seed, true).await;
+    println!("{tag}: first call {took:?} after listening; failed: {failures:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "first successful call {took:?} after the new sidecar listened; failed: {failures:?}"
+    );
+}
+
+/// Issue 39: SIGTERM (drain announced), restart 3 s later at the same addresses; the caller is
+/// the seed, so the new sidecar announces itself to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_restarted_in_place_after_sigterm_is_routed_to_at_once() {
+    routed_to_at_once("inplace-term", Stop::Term, Seed::Caller).await;
+}
+
+/// Issue 39: the same with a call in flight when SIGTERM comes: it succeeds, and so does the
+/// first call after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_restarted_in_place_with_a_call_in_flight_is_routed_to_at_once() {
+    routed_to_at_once("inplace-flight", Stop::TermInFlight, Seed::Caller).await;
+}
+
+/// Issue 39: SIGKILL (nothing announced; the caller's calls fail while it is down and its view
+/// ejects the peer), restart 3 s later at the same addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_restarted_in_place_after_sigkill_is_routed_to_at_once() {
+    routed_to_at_once("inplace-kill", Stop::Kill, Seed::Caller).await;
+}
+
+/// Issue 39: the restarted sidecar is the fleet's one seed: it comes back knowing nobody, and
+/// the caller (which saw it leave) must find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_restarted_in_place_after_sigterm_is_routed_to_at_once() {
+    routed_to_at_once("seed-term", Stop::Term, Seed::Restarted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_restarted_in_place_with_a_call_in_flight_is_routed_to_at_once() {
+    routed_to_at_once("seed-flight", Stop::TermInFlight, Seed::Restarted).await;
+}
+
+/// Issue 39: the seed is SIGKILLed and back before the caller has detected the death: the
+/// caller still probes the old identity, and the new one answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_restarted_in_place_after_sigkill_is_routed_to_at_once() {
+    routed_to_at_once("seed-kill", Stop::Kill, Seed::Restarted).await;
+}
+
+/// Issue 39's measurement: five restarts each way, the time to the first successful call printed.
+/// `cargo test --test gossip restart_in_place_figures -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: five restarts each way (minutes)"]
+async fn restart_in_place_figures() {
+    // `RESTART_TIMINGS=fast`: the tests' fast gossip timings instead of the shipped ones;
+    // `RESTART_ONLY=sigkill` (or `sigterm`, `sigterm+in-flight`, each with `, restarted seed`
+    // for the other topology): one way only.
+    let shipped = std::env::var("RESTART_TIMINGS").map_or(true, |t| t != "fast");
+    let only = std::env::var("RESTART_ONLY").ok();
+    let runs = [
+        (Stop::Term, Seed::Caller, "sigterm"),
+        (Stop::TermInFlight, Seed::Caller, "sigterm+in-flight"),
+        (Stop::Kill, Seed::Caller, "sigkill"),
+        (Stop::Term, Seed::Restarted, "sigterm, restarted seed"),
+        (
+            Stop::TermInFlight,
+            Seed::Restarted,
+            "sigterm+in-flight, restarted seed",
+        ),
+        (Stop::Kill, Seed::Restarted, "sigkill, restarted seed"),
+    ];
+    for (stop, seed, label) in runs {
+        if only.as_ref().is_some_and(|o| o != label) {
+            continue;
+        }
+        let mut figures = Vec::new();
+        for run in 0..5 {
+            let (took, failures) = restart_in_place(
+                &format!("figures-{}-{run}", label.replace([' ', ','], "")),
+                stop,
+                seed,
+                shipped,
+            )
+            .await;
+            println!(
+                "{label} run {}: first successful call {:.2}s after listening; failed: {failures:?}",
+                run + 1,
+                took.as_secs_f64(),
+            );
+            figures.push(took.as_secs_f64());
+        }
+        let shown: Vec<String> = figures.iter().map(|s| format!("{s:.2}")).collect();
+        println!("{label}: {} s", shown.join(", "));
+    }
+}

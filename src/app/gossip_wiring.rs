@@ -155,35 +155,41 @@ async fn offer_views(
     }
 }
 
+/// Resolves the seeds and asks to join through them: every `every`, and each second while this
+/// node knows no member — also when it is left alone later (its only peer restarted), not only
+/// at start. Between resolutions the node itself asks a seed that left or died whether it is
+/// back (`gossip/node/returns.rs`).
 async fn resolve_seeds(
     handle: Arc<GossipHandle>,
     seeds: Vec<HostPort>,
     every: Duration,
     stop: CancellationToken,
 ) {
+    let mut resolved_at: Option<tokio::time::Instant> = None;
     loop {
-        let mut addrs = Vec::new();
-        for seed in &seeds {
-            match tokio::time::timeout(
-                Duration::from_secs(2),
-                tokio::net::lookup_host(seed.as_str()),
-            )
-            .await
-            {
-                Ok(Ok(found)) => addrs.extend(found),
-                Ok(Err(err)) => tracing::warn!(seed = %seed, %err, "cannot resolve gossip seed"),
-                Err(_) => tracing::warn!(seed = %seed, "resolving gossip seed timed out"),
+        let due = resolved_at.is_none_or(|at| at.elapsed() >= every) || handle.swim_members() == 0;
+        if due {
+            resolved_at = Some(tokio::time::Instant::now());
+            let mut addrs = Vec::new();
+            for seed in &seeds {
+                match tokio::time::timeout(
+                    Duration::from_secs(2),
+                    tokio::net::lookup_host(seed.as_str()),
+                )
+                .await
+                {
+                    Ok(Ok(found)) => addrs.extend(found),
+                    Ok(Err(err)) => {
+                        tracing::warn!(seed = %seed, %err, "cannot resolve gossip seed")
+                    }
+                    Err(_) => tracing::warn!(seed = %seed, "resolving gossip seed timed out"),
+                }
             }
+            handle.announce(addrs);
         }
-        handle.announce(addrs);
-        let wait = if handle.status().swim_members == 0 {
-            JOIN_RETRY
-        } else {
-            every
-        };
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep(JOIN_RETRY) => {}
         }
     }
 }

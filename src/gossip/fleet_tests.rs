@@ -7,6 +7,9 @@
 //! the old nodes count what they skipped instead of dropping what came with it.
 //!
 //! A member that refutes a suspicion in time stays the member it was (issue 19's false deaths).
+//!
+//! A node restarted in place (same name, same address, a new identity) is met at once, whether
+//! the others saw the old one leave or still probe it (issue 39).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,7 +19,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{spawn, Capability, ClusterKey, GossipHandle, Live, MemNetwork, Member};
-use super::{Membership, NodeOptions, Profile, Rejected};
+use super::{Membership, NodeId, NodeOptions, Profile, Rejected};
 use crate::config::RouteMode;
 use crate::reach::State;
 
@@ -112,6 +115,12 @@ const SUSPECT: Duration = Duration::from_secs(2);
 const NEWER: usize = 1;
 
 fn start(net: &Arc<MemNetwork>, i: usize, key: &ClusterKey) -> Node {
+    let seeds = if i == 0 { vec![] } else { vec![addr(0)] };
+    start_seeded(net, i, key, seeds)
+}
+
+/// Node `i`, joining through `seeds` (none: it waits to be found).
+fn start_seeded(net: &Arc<MemNetwork>, i: usize, key: &ClusterKey, seeds: Vec<SocketAddr>) -> Node {
     let mut o = NodeOptions::new(name(i), addr(i), key.clone());
     o.probe_interval = Duration::from_millis(200);
     o.probe_timeout = Duration::from_millis(60);
@@ -128,8 +137,8 @@ fn start(net: &Arc<MemNetwork>, i: usize, key: &ClusterKey) -> Node {
     let handle = spawn(o, transport, inbox, seen.clone(), stop.clone());
     handle.publish_profile(profile(i));
     handle.publish_live(live(State::Healthy, i as u32));
-    if i != 0 {
-        handle.announce(vec![addr(0)]);
+    if !seeds.is_empty() {
+        handle.announce(seeds);
     }
     Node {
         handle,
@@ -244,5 +253,95 @@ async fn a_refuted_suspicion_is_not_a_death() {
             (n - 1, 0, 0),
             "node {i}"
         );
+    }
+}
+
+/// The identity under which node `me` routes to node `of`, if it does.
+fn routed_identity(nodes: &[Option<Node>], me: usize, of: usize) -> Option<NodeId> {
+    nodes[me]
+        .as_ref()
+        .and_then(|n| n.seen.member(&name(of)))
+        .map(|m| m.node)
+}
+
+/// Issue 39: the fleet's one seed leaves (SIGTERM) and comes back at its address 3 s later,
+/// knowing nobody (its only seed is itself). The other node, left alone when it left, finds it
+/// within a second: it asks a seed that was just alive whether it is back (before, it waited
+/// for the seeds' next resolution, 30 s, since foca's announces stop on a node left alone).
+#[tokio::test(start_paused = true)]
+async fn a_seed_restarted_in_place_after_leaving_is_found_at_once() {
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let mut nodes: Vec<Option<Node>> = (0..2).map(|i| Some(start(&net, i, &key))).collect();
+    eventually(
+        "the two to route to each other",
+        Duration::from_secs(10),
+        || routed_identity(&nodes, 0, 1).is_some() && routed_identity(&nodes, 1, 0).is_some(),
+    )
+    .await;
+    let old = routed_identity(&nodes, 1, 0).expect("routed to before");
+
+    if let Some(seed) = nodes[0].take() {
+        seed.handle.leave().await;
+    }
+    eventually(
+        "the seed to leave node 1's table",
+        Duration::from_secs(2),
+        || routed_identity(&nodes, 1, 0).is_none(),
+    )
+    .await;
+    // The container's restart delay: scenario time.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    nodes[0] = Some(start_seeded(&net, 0, &key, vec![addr(0)]));
+    eventually(
+        "node 1 to route to the new seed",
+        Duration::from_secs(1),
+        || {
+            routed_identity(&nodes, 1, 0)
+                .is_some_and(|id| id.addr == old.addr && id.epoch > old.epoch)
+        },
+    )
+    .await;
+    eventually(
+        "the new seed to route to node 1",
+        Duration::from_secs(1),
+        || routed_identity(&nodes, 0, 1).is_some(),
+    )
+    .await;
+}
+
+/// Issue 39: a node crashes (SIGKILL: no word) and comes back at its address before anyone
+/// has detected the death, with nobody to announce itself to. The others still probe its old
+/// identity; the new one answers those by announcing itself, and is routed to within a few
+/// probe periods, before the suspicion could even run out (before, foca dropped the probes
+/// unread, and once the old identity was declared dead nobody asked).
+#[tokio::test(start_paused = true)]
+async fn a_node_restarted_in_place_answers_the_probes_of_its_old_identity() {
+    let net = MemNetwork::new();
+    let key = ClusterKey::random();
+    let mut nodes: Vec<Option<Node>> = (0..2).map(|i| Some(start(&net, i, &key))).collect();
+    eventually(
+        "the two to route to each other",
+        Duration::from_secs(10),
+        || routed_identity(&nodes, 0, 1).is_some() && routed_identity(&nodes, 1, 0).is_some(),
+    )
+    .await;
+    let old = routed_identity(&nodes, 0, 1).expect("routed to before");
+
+    drop(nodes[1].take());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    nodes[1] = Some(start_seeded(&net, 1, &key, vec![]));
+    eventually("node 0 to route to the new node 1", SUSPECT / 2, || {
+        routed_identity(&nodes, 0, 1).is_some_and(|id| id.addr == old.addr && id.epoch > old.epoch)
+    })
+    .await;
+    // …and stays with it: the old identity's death, when it is declared, changes nothing.
+    let until = tokio::time::Instant::now() + SUSPECT * 2;
+    while tokio::time::Instant::now() < until {
+        assert!(
+            routed_identity(&nodes, 0, 1).is_some_and(|id| id.epoch > old.epoch),
+            "node 0 stopped routing to the new node 1"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

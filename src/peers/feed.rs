@@ -23,8 +23,14 @@ pub struct GossipFeed {
 
 impl Membership for GossipFeed {
     fn members(&self, members: &[Member]) {
-        self.registry
-            .set_gossip(members.iter().map(Peer::from_member).collect());
+        let peers: Vec<Peer> = members.iter().map(Peer::from_member).collect();
+        // A member restarted in place (same name, same address, a new gossip epoch) is a new
+        // process: this caller's view of the old one (ejected while it was down, draining) is
+        // dropped before the new one becomes a candidate.
+        for (peer, member) in peers.iter().zip(members) {
+            self.views.bind_incarnation(peer, member.node.epoch);
+        }
+        self.registry.set_gossip(peers);
         // Forget the views of peers that left: a dead member's history must not linger.
         let names = self.registry.names(&self.store.snapshot());
         self.views.retain(&names);
@@ -34,8 +40,10 @@ impl Membership for GossipFeed {
         let peer = self
             .registry
             .gossip_peer(&member.name)
+            .filter(|p| p.address == member.profile.inbound)
             .unwrap_or_else(|| Arc::new(Peer::from_member(member)));
-        self.views.set_remote(&peer, self_view(member, live));
+        self.views
+            .set_member_view(&peer, member.node.epoch, self_view(member, live));
     }
 }
 
@@ -145,4 +153,175 @@ pub fn live(view: &SelfView) -> Live {
 /// How long a polled self-view stays trusted (gossip members' views live as long as they do).
 pub fn self_view_lifetime(snapshot: &Snapshot) -> std::time::Duration {
     snapshot.policy.peer_views.poll_interval.get() * super::SELF_VIEW_LIFETIME_POLLS
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Bootstrap, ConfigPaths, ConfigStore, Policy, RouteMode};
+    use crate::gossip::NodeId;
+    use crate::metrics::Metrics;
+    use crate::reach::{Signal, State};
+
+    const NAME: &str = "agent-b";
+
+    fn feed() -> GossipFeed {
+        let b = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let store = Arc::new(ConfigStore::new(
+            b,
+            Policy::default(),
+            ConfigPaths::default(),
+        ));
+        let views = Arc::new(PeerViews::new(
+            store.clone(),
+            Arc::new(Metrics::new("test")),
+        ));
+        GossipFeed {
+            registry: Arc::new(Registry::new()),
+            views,
+            store,
+        }
+    }
+
+    /// agent-b as gossip has it, incarnation `epoch`, always at the same addresses.
+    fn member(epoch: u64) -> Member {
+        Member {
+            name: NAME.into(),
+            node: NodeId {
+                addr: SocketAddr::from(([10, 0, 0, 2], 4190)),
+                epoch,
+            },
+            profile: Arc::new(Profile {
+                inbound: "10.0.0.2:4143".into(),
+                zone: String::new(),
+                region: String::new(),
+                max_concurrency: 4,
+                capabilities: vec![WireCapability {
+                    name: "review".into(),
+                    tags: Default::default(),
+                    timeout_ms: 30_000,
+                    mode: RouteMode::Sync,
+                    cost_milli: 0,
+                    idempotent: false,
+                    output_schema: None,
+                    a2a: None,
+                }],
+                version: "test".into(),
+                identity: None,
+            }),
+        }
+    }
+
+    fn own_view(state: State) -> Live {
+        Live {
+            profile_seq: 1,
+            state,
+            state_age_s: 0,
+            cap: 1000,
+            availability: 1000,
+            saturation: 0,
+            saturation_predicted: 0,
+            quality_milli: None,
+            degraded: false,
+            latency_ms: Some(20),
+            p50_ms: None,
+            p95_ms: None,
+            busy: false,
+            cooling_down: false,
+            in_flight: 0,
+            queued: 0,
+        }
+    }
+
+    /// This caller's view of agent-b: its state and the outcomes it counted.
+    fn view_of(feed: &GossipFeed) -> Option<(State, u64)> {
+        feed.views
+            .status(&feed.store.snapshot())
+            .into_iter()
+            .find(|p| p.name == NAME)
+            .map(|p| (p.view.state, p.outcomes.failure))
+    }
+
+    fn peer(feed: &GossipFeed) -> Arc<Peer> {
+        feed.registry
+            .gossip_peer(NAME)
+            .unwrap_or_else(|| panic!("{NAME} is routable"))
+    }
+
+    /// Issue 39: a member killed and restarted in place (same name, same inbound and gossip
+    /// addresses, a new epoch) is not held back by what this caller saw of the old process: the
+    /// calls that failed while it was down ejected the old one, not the new one.
+    #[tokio::test]
+    async fn a_gossip_member_restarted_in_place_is_not_held_to_the_old_ones_ejection() {
+        let feed = feed();
+        feed.members(&[member(1)]);
+        feed.live(&member(1), &own_view(State::Healthy));
+        let old = peer(&feed);
+        for _ in 0..10 {
+            feed.views
+                .observe(&old, Signal::Failure(Duration::from_millis(1)));
+        }
+        assert_eq!(view_of(&feed).map(|v| v.0), Some(State::Ejected));
+
+        // A late view of the old incarnation changes nothing once the new one is bound.
+        feed.members(&[member(2)]);
+        assert_eq!(view_of(&feed), Some((State::Parole, 0)), "started afresh");
+        feed.live(&member(1), &own_view(State::Draining));
+        feed.live(&member(2), &own_view(State::Healthy));
+        assert_eq!(view_of(&feed), Some((State::Healthy, 0)));
+        // The same incarnation delivered again keeps what this caller saw of it.
+        feed.views
+            .observe(&peer(&feed), Signal::Failure(Duration::from_millis(1)));
+        feed.members(&[member(2)]);
+        assert_eq!(view_of(&feed), Some((State::Healthy, 1)));
+    }
+
+    /// Issue 39: the old incarnation drained (its own view `draining`, so this caller's too) and
+    /// the new one's first live view comes with it still bound: the new one is routable.
+    #[tokio::test]
+    async fn a_gossip_member_restarted_after_draining_is_not_shadowed_by_the_drain() {
+        let feed = feed();
+        feed.members(&[member(1)]);
+        feed.live(&member(1), &own_view(State::Draining));
+        assert_eq!(view_of(&feed).map(|v| v.0), Some(State::Draining));
+        // The new incarnation's view before its membership is handed over (the node hands both
+        // in one go, but the view alone must not land in the old one's entry either).
+        feed.live(&member(2), &own_view(State::Parole));
+        assert_eq!(view_of(&feed), Some((State::Parole, 0)));
+        feed.members(&[member(2)]);
+        assert_eq!(view_of(&feed), Some((State::Parole, 0)));
+    }
+
+    /// Issue 39 (an in-flight call): an attempt begun on the old incarnation that ends after
+    /// the restart says nothing about the new one, and is not counted in its in-flight calls.
+    #[tokio::test]
+    async fn a_gossip_members_old_incarnation_calls_ending_late_do_not_count_against_the_new() {
+        let feed = feed();
+        feed.members(&[member(1)]);
+        let old = peer(&feed);
+        let snapshot = feed.store.snapshot();
+        let in_flight: Vec<_> = (0..5).map(|_| feed.views.begin(&old, None)).collect();
+        feed.members(&[member(2)]);
+        for attempt in in_flight {
+            attempt.finish(Signal::Failure(Duration::from_millis(1)), &snapshot);
+        }
+        assert_eq!(view_of(&feed), Some((State::Parole, 0)));
+        let scored = feed.views.score(
+            &snapshot,
+            &[peer(&feed)],
+            &crate::peers::RouteRequest {
+                capability: "review".into(),
+                ..Default::default()
+            },
+        );
+        assert_eq!(scored.first().map(|s| s.pending), Some(0));
+        assert!(
+            scored.first().is_some_and(|s| s.excluded.is_none()),
+            "{scored:?}"
+        );
+    }
 }

@@ -18,6 +18,7 @@ pub(crate) use latency::judge;
 pub use poll::spawn_poller;
 
 use crate::fast_hash::FastMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -53,6 +54,13 @@ struct Entry {
     address: String,
     /// Found by gossip: its self-view lives as long as the member does (a polled one goes stale).
     from_gossip: bool,
+    /// Which incarnation of a gossip member this entry is about (its gossip epoch: a restarted
+    /// sidecar has a new one, even at the same address); `None` for a static peer, or until
+    /// gossip says. Evidence about one incarnation is never held against the next.
+    incarnation: Option<u64>,
+    /// Unique to this entry: an attempt begun on an entry since started afresh (the peer
+    /// restarted, or was forgotten) says nothing about the new one.
+    generation: u64,
     view: ReachView,
     remote: Option<(SelfView, Instant)>,
     last_score: Option<f64>,
@@ -212,21 +220,30 @@ impl PeerViews {
     /// black-holed peer — shows up only this way; a short deadline on a healthy peer does not.
     pub fn begin<'v>(&'v self, peer: &'v Peer, latency_ms: Option<f64>) -> Pending<'v> {
         let now = Instant::now();
-        entry(&mut self.lock(), peer, now).pending += 1;
+        let generation = {
+            let mut inner = self.lock();
+            let e = entry(&mut inner, peer, now);
+            e.pending += 1;
+            e.generation
+        };
         let usual = latency_ms.map_or(Duration::ZERO, |ms| Duration::from_secs_f64(ms / 1000.0));
         Pending {
             views: self,
             peer,
+            generation,
             started: now,
             overdue_after: (usual * 5).max(OVERDUE_FLOOR),
             done: false,
         }
     }
 
-    fn end(&self, peer: &Peer) {
+    /// An attempt begun on the entry of `generation` ended. An entry started afresh since (the
+    /// peer restarted in place, or was forgotten) did not count it.
+    fn end(&self, peer: &Peer, generation: u64) {
         let mut inner = self.lock();
-        let e = entry(&mut inner, peer, Instant::now());
-        e.pending = e.pending.saturating_sub(1);
+        if let Some(e) = same_entry(&mut inner, peer, generation) {
+            e.pending = e.pending.saturating_sub(1);
+        }
     }
 
     /// A poll of the peer's self-view could not connect.
@@ -239,14 +256,22 @@ impl PeerViews {
 
     /// Evidence about `peer` from outside an attempt (its sidecar did not answer a poll).
     pub fn observe(&self, peer: &Peer, signal: Signal) {
-        self.record(peer, signal, &self.store.snapshot());
+        self.record(peer, signal, &self.store.snapshot(), None);
     }
 
-    /// Evidence about `peer`, judged under the caller's config snapshot.
-    fn record(&self, peer: &Peer, signal: Signal, snapshot: &Snapshot) {
+    /// Evidence about `peer`, judged under the caller's config snapshot: from an attempt begun
+    /// on the entry of `generation` (dropped if that entry has since been started afresh: it is
+    /// about an incarnation that is gone), or from outside an attempt (`None`).
+    fn record(&self, peer: &Peer, signal: Signal, snapshot: &Snapshot, generation: Option<u64>) {
         let now = Instant::now();
         let mut inner = self.lock();
-        let e = entry(&mut inner, peer, now);
+        let e = match generation {
+            None => entry(&mut inner, peer, now),
+            Some(generation) => match same_entry(&mut inner, peer, generation) {
+                Some(e) => e,
+                None => return,
+            },
+        };
         e.outcomes.count(signal);
         let t = e.view.observe(
             signal,
@@ -260,11 +285,27 @@ impl PeerViews {
         }
     }
 
-    pub(crate) fn set_remote(&self, peer: &Peer, mut remote: SelfView) {
+    pub(crate) fn set_remote(&self, peer: &Peer, remote: SelfView) {
+        self.set_remote_of(peer, None, remote);
+    }
+
+    /// A gossip member's own view, from its incarnation `incarnation`.
+    pub(crate) fn set_member_view(&self, peer: &Peer, incarnation: u64, remote: SelfView) {
+        self.set_remote_of(peer, Some(incarnation), remote);
+    }
+
+    fn set_remote_of(&self, peer: &Peer, incarnation: Option<u64>, mut remote: SelfView) {
         sanitize(&mut remote);
         let now = Instant::now();
         let mut inner = self.lock();
-        let entry = entry(&mut inner, peer, now);
+        let entry = match incarnation {
+            None => entry(&mut inner, peer, now),
+            Some(incarnation) => match bound(&mut inner, peer, incarnation, now) {
+                Some(e) => e,
+                // An earlier incarnation's view, late: the newer one's stands.
+                None => return,
+            },
+        };
         entry
             .view
             .estimates_mut()
@@ -273,7 +314,9 @@ impl PeerViews {
         entry.unreachable_since = None;
         if entry.view.state() == State::Draining && remote.view.state != State::Draining {
             // Back after draining at the same address: a restarted agent, a new history.
+            let incarnation = entry.incarnation;
             *entry = fresh_entry(peer, now);
+            entry.incarnation = incarnation;
         }
         let t = match remote.view.state {
             State::Draining => entry.view.drain(now),
@@ -291,6 +334,14 @@ impl PeerViews {
         if let Some(t) = t {
             self.transitioned(&peer.name, t);
         }
+    }
+
+    /// Gossip routes to this incarnation of `peer` now: an entry about an earlier one (the same
+    /// agent before it restarted, at the same address or not) starts afresh, so nothing the
+    /// caller saw of the old process — an ejection, a drain, failures while it was down —
+    /// holds the new one back.
+    pub(crate) fn bind_incarnation(&self, peer: &Peer, incarnation: u64) {
+        let _ = bound(&mut self.lock(), peer, incarnation, Instant::now());
     }
 
     /// Forgets peers no longer known (a dead gossip member, a static peer removed by a reload).
@@ -466,6 +517,8 @@ fn sanitize(remote: &mut SelfView) {
 pub struct Pending<'v> {
     views: &'v PeerViews,
     peer: &'v Peer,
+    /// The entry the attempt counts in (`Entry::generation`).
+    generation: u64,
     started: Instant,
     overdue_after: Duration,
     done: bool,
@@ -475,7 +528,8 @@ impl Pending<'_> {
     /// Ends the attempt with what this caller saw, under the call's config snapshot.
     pub fn finish(mut self, signal: Signal, snapshot: &Snapshot) {
         self.done = true;
-        self.views.record(self.peer, signal, snapshot);
+        self.views
+            .record(self.peer, signal, snapshot, Some(self.generation));
     }
 
     /// Ends the attempt with no evidence either way (nothing ran).
@@ -488,11 +542,17 @@ impl Drop for Pending<'_> {
     /// An attempt given up without an answer (the caller's deadline, the caller gone) says
     /// nothing about the peer — unless it waited far longer than the peer usually takes.
     fn drop(&mut self) {
-        self.views.end(self.peer);
+        self.views.end(self.peer, self.generation);
         if !self.done {
             let waited = self.started.elapsed();
             if waited >= self.overdue_after {
-                self.views.observe(self.peer, Signal::Timeout(waited));
+                let snapshot = self.views.store.snapshot();
+                self.views.record(
+                    self.peer,
+                    Signal::Timeout(waited),
+                    &snapshot,
+                    Some(self.generation),
+                );
             }
         }
     }
@@ -517,10 +577,50 @@ fn entry<'m>(map: &'m mut FastMap<String, Entry>, peer: &Peer, now: Instant) -> 
     e
 }
 
+/// The entry for `peer` if it is still the one of `generation` (not started afresh since).
+fn same_entry<'m>(
+    map: &'m mut FastMap<String, Entry>,
+    peer: &Peer,
+    generation: u64,
+) -> Option<&'m mut Entry> {
+    map.get_mut(peer.name.as_str())
+        .filter(|e| e.generation == generation && e.address == peer.address)
+}
+
+/// The entry for `peer`, bound to gossip's `incarnation` of it: one about an earlier
+/// incarnation starts afresh; `None` if `incarnation` is older than the one bound (late news).
+fn bound<'m>(
+    map: &'m mut FastMap<String, Entry>,
+    peer: &Peer,
+    incarnation: u64,
+    now: Instant,
+) -> Option<&'m mut Entry> {
+    let e = entry(map, peer, now);
+    match e.incarnation {
+        Some(known) if incarnation < known => return None,
+        Some(known) if incarnation > known => {
+            tracing::info!(
+                peer = %peer.name,
+                address = %peer.address,
+                "peer restarted (a new incarnation): this caller's view of it starts afresh"
+            );
+            *e = fresh_entry(peer, now);
+        }
+        _ => {}
+    }
+    e.incarnation = Some(incarnation);
+    Some(e)
+}
+
+/// Entries' generations, unique in the process.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
 fn fresh_entry(peer: &Peer, now: Instant) -> Entry {
     Entry {
         address: peer.address.clone(),
         from_gossip: peer.source == "gossip",
+        incarnation: None,
+        generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
         view: ReachView::new(now, false),
         remote: None,
         last_score: None,

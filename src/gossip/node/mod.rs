@@ -27,6 +27,7 @@ use super::wire::{self, Body, Decoded, Live, NodeId};
 mod options;
 mod publish;
 mod repair;
+mod returns;
 mod timers;
 
 pub use options::{max_transmissions, NodeOptions};
@@ -116,6 +117,15 @@ impl GossipHandle {
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }
+
+    /// How many members SWIM lists (as of the node's last look), without building `status`.
+    pub fn swim_members(&self) -> usize {
+        self.table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .swim
+            .members
+    }
 }
 
 /// Starts a node on `transport`; it runs until `leave` or `stop`.
@@ -181,6 +191,8 @@ pub fn spawn(
         housekeeping_at: None,
         swim_view_stale: false,
         address_warnings: AddressWarnings::default(),
+        seed_watch: HashMap::new(),
+        answered_old: HashMap::new(),
         options,
     };
     let task = tokio::spawn(node.run(inbox, rx, stop));
@@ -234,6 +246,11 @@ struct Node {
     swim_view_stale: bool,
     /// Peers whose datagrams break the address rule, warned about once a minute each.
     address_warnings: AddressWarnings,
+    /// The seeds named last, watched so that one restarted in place is found at once.
+    seed_watch: HashMap<SocketAddr, returns::SeedWatch>,
+    /// Senders of messages meant for this address's previous incarnation, and when each was
+    /// last announced to.
+    answered_old: HashMap<SocketAddr, Instant>,
 }
 
 impl Node {
@@ -324,6 +341,8 @@ impl Node {
             if !same_addr(header.src.addr, from) {
                 self.address_warnings
                     .warn(from, header.src.addr, AddressRule::SwimSource);
+            } else {
+                self.answer_for_previous_incarnation(from, &header);
             }
         }
         self.handler.lock().from = Some(from);
@@ -391,8 +410,12 @@ impl Node {
             Command::Live(live) => self.offer_live(live.into()),
             // Joining before there is a profile to show would leave the members that answer
             // without it until the next round: wait for the first profile.
-            Command::Seeds(addrs) if self.profile.is_none() => self.deferred_seeds = addrs,
+            Command::Seeds(addrs) if self.profile.is_none() => {
+                self.watch_seeds(&addrs);
+                self.deferred_seeds = addrs;
+            }
             Command::Seeds(addrs) => {
+                self.watch_seeds(&addrs);
                 let known = self.handler.lock().active_addrs();
                 for addr in addrs {
                     if addr != self.options.addr && !known.contains(&addr) {
@@ -452,6 +475,7 @@ impl Node {
             self.handler.lock().prune(now);
             self.repair_housekeeping(now);
         }
+        self.ask_returning_seeds(now);
         self.deliver_members(now);
         // Membership changes show in `/status` within a tick; suspicion within half a second.
         if housekeeping || std::mem::take(&mut self.swim_view_stale) {
@@ -471,8 +495,16 @@ impl Node {
         while let Some(notification) = self.runtime.to_notify() {
             let mut table = self.handler.lock();
             match notification {
-                OwnedNotification::MemberUp(id) => table.member_up(&id),
-                OwnedNotification::MemberDown(id) => table.member_down(&id, now),
+                OwnedNotification::MemberUp(id) => {
+                    table.member_up(&id);
+                    drop(table);
+                    self.seed_back(id.addr);
+                }
+                OwnedNotification::MemberDown(id) => {
+                    table.member_down(&id, now);
+                    drop(table);
+                    self.seed_away(id.addr, now);
+                }
                 OwnedNotification::Rename(old, new) => table.renamed(&old, &new, now),
                 OwnedNotification::Rejoin(id) => {
                     table.set_my_node(id);
