@@ -34,6 +34,8 @@ mod gossip_wiring;
 
 /// The admin listener never streams: a request that takes longer than this is stuck.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest a task runner waits after start for gossip to join and hand over members.
+const SETTLE_GOSSIP: Duration = Duration::from_secs(10);
 /// Admin endpoints answer GET; a body is never read.
 const ADMIN_BODY_LIMIT: usize = 16 * 1024;
 
@@ -257,15 +259,35 @@ impl Sidecar {
                 reloads(&metrics),
                 stop_rest.clone(),
             ),
-            peers::spawn_poller(store.clone(), registry, peers, peer_pool, stop_rest.clone()),
+            peers::spawn_poller(
+                store.clone(),
+                registry.clone(),
+                peers,
+                peer_pool,
+                stop_rest.clone(),
+            ),
             admin.spawn_history(stop_rest.clone()),
         ];
         let mut rest = rest;
         if let Some(queue) = tasks {
+            let settle = match &gossip {
+                Some(g) => {
+                    let (g, registry) = (g.clone(), registry.clone());
+                    crate::tasks::runner::Settle {
+                        settled: Box::new(move || {
+                            g.swim_members() > 0 && registry.gossip_members() > 0
+                        }),
+                        at_least: Duration::ZERO,
+                        at_most: SETTLE_GOSSIP,
+                    }
+                }
+                None => crate::tasks::runner::Settle::static_fleet(),
+            };
             rest.push(crate::tasks::runner::spawn(
                 queue,
                 Arc::new(crate::outbound::TaskChain(outbound.clone())),
                 store.clone(),
+                settle,
                 stop_rest.clone(),
             ));
         }

@@ -216,6 +216,11 @@ impl Registry {
         built
     }
 
+    /// How many members gossip has handed over (with their profiles).
+    pub fn gossip_members(&self) -> usize {
+        self.gossip.load().peers.len()
+    }
+
     pub fn gossip_peer(&self, name: &str) -> Option<Arc<Peer>> {
         self.gossip.load().by_name.get(name).cloned()
     }

@@ -106,3 +106,139 @@ async fn a_task_killed_mid_attempt_resumes_without_running_twice() {
     // The resumed attempt carried the same key: the callee's sidecar joined the original.
     assert_eq!(agent.stats().business, 1, "the agent ran the task once");
 }
+
+/// A UDP port on loopback that is free now, for a gossip address kept across a restart.
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A gossip key file in `dir`.
+fn gossip_key(dir: &Path) -> PathBuf {
+    let path = dir.join("gossip.key");
+    let secret: [u8; 32] = rand::random();
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&path, hex).unwrap();
+    path
+}
+
+/// The caller of issue 32's first finding: no static peers, the fleet's gossip seed (`seeds:
+/// []`, at the fixed `gossip` address), its task store in `dir`, the default policy
+/// (`final_fallback: fail`), one task at a time.
+fn gossip_caller(dir: &Path, gossip: SocketAddr) -> PathBuf {
+    gossip_key(dir);
+    let bootstrap = dir.join("agent-reach.yaml");
+    std::fs::write(
+        &bootstrap,
+        format!(
+            "listen: {{ outbound: 127.0.0.1:0, inbound: 127.0.0.1:0, admin: 127.0.0.1:0 }}\n\
+             agent:\n  name: caller\n  address: 127.0.0.1:9\n  max_concurrency: 8\n  capabilities: []\n\
+             tasks: {{ path: tasks.db, lease: 5s, workers: 1 }}\n\
+             gossip:\n  listen: {gossip}\n  seeds: []\n  key_file: gossip.key\n  \
+             probe_interval: 200ms\n  probe_timeout: 100ms\n  suspect_timeout: 1s\n  refresh_interval: 500ms\n"
+        ),
+    )
+    .unwrap();
+    bootstrap
+}
+
+/// A sidecar serving `CAP` that joins the fleet through `seed`, its agent answering in `latency`.
+async fn gossip_callee(
+    seed: SocketAddr,
+    key: PathBuf,
+    latency: Duration,
+) -> (agent_reach::mock_agent::MockAgent, agent_reach::Sidecar) {
+    let mut config = MockConfig::new("coder-1");
+    config.latency = Latency::fixed(latency);
+    let agent = mock(config).await;
+    let mut bootstrap = Bootstrap::local("coder-1", agent.addr, &[CAP])
+        .unwrap()
+        .with_gossip(&[seed], key);
+    if let Some(g) = bootstrap.gossip.as_mut() {
+        g.probe_interval = agent_reach::config::HumanDuration::from_millis(200);
+        g.probe_timeout = agent_reach::config::HumanDuration::from_millis(100);
+        g.suspect_timeout = agent_reach::config::HumanDuration::from_secs(1);
+        g.refresh_interval = agent_reach::config::HumanDuration::from_millis(500);
+    }
+    (agent, sidecar(bootstrap).await)
+}
+
+/// Issue 32, finding 1: the task sidecar is the gossip seed and finds its peers only by gossip.
+/// It is SIGKILLed with tasks queued and started again: the runner must not resume them before
+/// gossip has found the one agent that serves them (before: every queued task `failed` with
+/// `404 unknown_capability` within milliseconds of the restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gossip_seed_restarted_with_tasks_queued_fails_none_of_them() {
+    let dir = tmp("gossip-restart");
+    let gossip = SocketAddr::from(([127, 0, 0, 1], free_udp_port()));
+    let bootstrap = gossip_caller(&dir, gossip);
+    let first = SidecarProcess::start(&bootstrap, None, &[]);
+    let (agent, _callee) =
+        gossip_callee(gossip, dir.join("gossip.key"), Duration::from_millis(300)).await;
+    // The fleet has formed: a first task is done.
+    let warm = submit_one(first.outbound).await;
+    until_state(first.outbound, &warm, "done").await;
+    let mut ids = Vec::new();
+    for _ in 0..12 {
+        ids.push(submit_one(first.outbound).await);
+    }
+    first.kill9();
+    let before = agent.stats().business;
+    assert!(before < 13, "tasks were still queued at the kill");
+
+    let second = SidecarProcess::start(&bootstrap, None, &[]);
+    for id in &ids {
+        let t = wait_state(second.outbound, id, "done", Duration::from_secs(60)).await;
+        assert_eq!(t["response"]["status"], 200, "{t:#}");
+    }
+}
+
+/// Issue 32: a task whose capability nobody serves yet waits — `waiting`, with the reason —
+/// and runs once a server appears; its round is not spent on the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_nobody_serves_yet_waits_then_runs_when_a_server_joins() {
+    let dir = tmp("gossip-wait");
+    let gossip = SocketAddr::from(([127, 0, 0, 1], free_udp_port()));
+    let bootstrap = gossip_caller(&dir, gossip);
+    let caller = SidecarProcess::start(&bootstrap, None, &[]);
+    let id = submit_one(caller.outbound).await;
+    // Alone, the runner starts after its settle bound; the task then waits.
+    let waiting = wait_state(caller.outbound, &id, "waiting", Duration::from_secs(30)).await;
+    let why = waiting["error"].as_str().unwrap_or_default();
+    assert!(why.contains("unknown_capability"), "{waiting:#}");
+    assert!(waiting["waiting_since_ms"].is_u64(), "{waiting:#}");
+
+    let (agent, _callee) =
+        gossip_callee(gossip, dir.join("gossip.key"), Duration::from_millis(20)).await;
+    let done = wait_state(caller.outbound, &id, "done", Duration::from_secs(30)).await;
+    assert_eq!(done["rounds"], 1, "waiting spent no round: {done:#}");
+    assert!(done.get("waiting_since_ms").is_none(), "{done:#}");
+    assert_eq!(agent.stats().business, 1);
+}
+
+/// Issue 32: a wait is bounded by `tasks.max_wait`; then the task follows `final_fallback`
+/// (here the default, `fail`), saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_waits_past_max_wait_follows_the_final_fallback() {
+    let dir = tmp("max-wait");
+    // A static peer that serves another capability: nobody serves `CAP`.
+    let bootstrap = dir.join("agent-reach.yaml");
+    std::fs::write(
+        &bootstrap,
+        "listen: { outbound: 127.0.0.1:0, inbound: 127.0.0.1:0, admin: 127.0.0.1:0 }\n\
+         agent:\n  name: caller\n  address: 127.0.0.1:9\n  max_concurrency: 8\n  capabilities: []\n\
+         peers:\n  - { name: other, address: 127.0.0.1:9, capabilities: [translate] }\n\
+         tasks: { path: tasks.db, max_wait: 1500ms }\n",
+    )
+    .unwrap();
+    let caller = SidecarProcess::start(&bootstrap, None, &[]);
+    let id = submit_one(caller.outbound).await;
+    wait_state(caller.outbound, &id, "waiting", Duration::from_secs(10)).await;
+    let failed = wait_state(caller.outbound, &id, "failed", Duration::from_secs(10)).await;
+    let why = failed["error"].as_str().unwrap_or_default();
+    assert!(why.contains("tasks.max_wait"), "{failed:#}");
+    assert!(failed["attempts"].as_array().is_some_and(|a| a.is_empty()), "{failed:#}");
+}

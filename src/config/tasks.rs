@@ -41,6 +41,18 @@ pub struct TasksConfig {
     /// Finished tasks are kept this long, then removed.
     #[serde(default = "default_retention")]
     pub retention: HumanDuration,
+    /// How long a task waits for an agent to serve its capability (none known yet — a sidecar
+    /// just started, gossip still joining — or every one out of reach) before its
+    /// `final_fallback` applies. Waiting is not a failed round.
+    #[serde(default = "default_max_wait")]
+    pub max_wait: HumanDuration,
+    /// The most tasks kept (finished ones included, until `retention` removes them): beyond
+    /// it a submission is answered `503 task_store_full` with `retry-after`.
+    #[serde(default = "default_max_tasks")]
+    pub max_tasks: u64,
+    /// The most bytes of stored task documents: beyond it, as for `max_tasks`.
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: u64,
 }
 
 fn default_lease() -> HumanDuration {
@@ -58,6 +70,17 @@ fn default_max_response() -> usize {
 fn default_retention() -> HumanDuration {
     HumanDuration::from_secs(24 * 3600)
 }
+fn default_max_wait() -> HumanDuration {
+    HumanDuration::from_secs(3600)
+}
+/// Sized so that a full store stays a small file; the embedded store's memory does not grow
+/// with it (its page cache is bounded, `store/file.rs`).
+fn default_max_tasks() -> u64 {
+    100_000
+}
+fn default_max_bytes() -> u64 {
+    256 << 20
+}
 
 impl TasksConfig {
     /// The embedded store at `path`, every other setting at its default.
@@ -71,6 +94,9 @@ impl TasksConfig {
             max_payload_bytes: default_max_payload(),
             max_response_bytes: default_max_response(),
             retention: default_retention(),
+            max_wait: default_max_wait(),
+            max_tasks: default_max_tasks(),
+            max_bytes: default_max_bytes(),
         }
     }
 

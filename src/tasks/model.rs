@@ -17,6 +17,10 @@ pub enum State {
     Running,
     /// Every agent failed it; the whole chain runs again at `due_ms` (`final_fallback: queue`).
     Retrying,
+    /// No agent serves its capability yet (none known, or every one out of reach, so nothing
+    /// was tried): it is asked again at `due_ms`, with backoff, until one appears or
+    /// `tasks.max_wait` passes. A wait is not a round.
+    Waiting,
     /// An agent answered; the answer is kept.
     Done,
     /// Every agent failed it and nothing more will be tried.
@@ -33,6 +37,7 @@ impl State {
             State::Queued => "queued",
             State::Running => "running",
             State::Retrying => "retrying",
+            State::Waiting => "waiting",
             State::Done => "done",
             State::Failed => "failed",
             State::Escalated => "escalated",
@@ -44,10 +49,11 @@ impl State {
         Self::ALL.into_iter().find(|st| st.as_str() == s)
     }
 
-    pub const ALL: [State; 7] = [
+    pub const ALL: [State; 8] = [
         State::Queued,
         State::Running,
         State::Retrying,
+        State::Waiting,
         State::Done,
         State::Failed,
         State::Escalated,
@@ -226,9 +232,13 @@ pub struct Task {
     pub attempts: Vec<AttemptRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<StoredResponse>,
-    /// Why the last chain ended without an answer.
+    /// Why the last chain ended without an answer (while `waiting`: why nothing was tried).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Since when the task has waited for an agent to serve its capability (`State::Waiting`);
+    /// cleared once a chain runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback: Option<Delivery>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -246,7 +256,7 @@ impl Task {
     /// What is owed next, if anything: a store keeps the tasks with work in its queue.
     pub fn work(&self) -> Option<Work> {
         match self.state {
-            State::Queued | State::Retrying | State::Running => Some(Work::Run),
+            State::Queued | State::Retrying | State::Waiting | State::Running => Some(Work::Run),
             State::Escalated => match &self.escalation {
                 Some(d) if d.owed() => Some(Work::Escalate),
                 _ => None,

@@ -177,6 +177,7 @@ impl Queue {
             attempts: Vec::new(),
             response: None,
             error: None,
+            waiting_since_ms: None,
             callback: callback.as_deref().map(Delivery::to),
             escalation: None,
             resolution: None,

@@ -31,10 +31,59 @@ const IDLE_POLL: Duration = Duration::from_secs(1);
 /// Finished tasks past their retention are removed this often.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
 
+/// When the runner may start claiming: once the sidecar's view of the fleet has settled after
+/// start, so that tasks resumed at start are not judged against a registry gossip has not
+/// filled yet (they would find nobody and wait; this saves them the round trip).
+pub struct Settle {
+    /// Whether the view has settled (gossip: joined, and members handed over).
+    pub settled: Box<dyn Fn() -> bool + Send + Sync>,
+    /// Claim no earlier than this after start (a static fleet's short grace)…
+    pub at_least: Duration,
+    /// …and no later, settled or not: a lone seed may wait long to be found.
+    pub at_most: Duration,
+}
+
+impl std::fmt::Debug for Settle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settle")
+            .field("at_least", &self.at_least)
+            .field("at_most", &self.at_most)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settle {
+    /// Peers named in the config only: they are known at once; a short grace for their first
+    /// poll.
+    pub fn static_fleet() -> Self {
+        Self {
+            settled: Box::new(|| true),
+            at_least: Duration::from_millis(500),
+            at_most: Duration::from_millis(500),
+        }
+    }
+
+    /// Waits until settled, bounded; false if stopped meanwhile.
+    async fn wait(&self, stop: &CancellationToken) -> bool {
+        let start = tokio::time::Instant::now();
+        loop {
+            let waited = start.elapsed();
+            if waited >= self.at_most || (waited >= self.at_least && (self.settled)()) {
+                return true;
+            }
+            tokio::select! {
+                () = stop.cancelled() => return false,
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        }
+    }
+}
+
 pub fn spawn(
     queue: Arc<Queue>,
     chain: Arc<dyn Chain>,
     config: Arc<ConfigStore>,
+    settle: Settle,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     // Before the first await: submissions check callbacks against the live policy from here on.
@@ -53,6 +102,14 @@ pub fn spawn(
             config,
             poster,
         });
+        let started = tokio::time::Instant::now();
+        if !settle.wait(&stop).await {
+            return;
+        }
+        tracing::info!(
+            after_ms = started.elapsed().as_millis() as u64,
+            "fleet view settled; the task runner starts"
+        );
         runner.run(stop).await;
     })
 }
@@ -159,8 +216,9 @@ impl Runner {
         let snapshot = self.config.snapshot();
         let lease = self.queue.config.lease.get();
         // A task found running was cut off mid-chain (its runner died): the same round again,
-        // under the same key, so an agent that ran it answers from its record.
-        if task.state != State::Running {
+        // under the same key, so an agent that ran it answers from its record. A waiting task
+        // has not run its round yet.
+        if !matches!(task.state, State::Running | State::Waiting) {
             task.rounds += 1;
         }
         task.state = State::Running;
@@ -181,10 +239,12 @@ impl Runner {
         tokio::pin!(chain);
         let mut renew = tokio::time::interval(lease / 3);
         renew.tick().await;
+        let mut tried = 0usize;
         let answer = loop {
             tokio::select! {
                 answer = &mut chain => break answer,
                 Some(note) = heard.recv() => {
+                    tried += 1;
                     task.attempts.push(record(note, round));
                     self.hold(&mut task, lease).await?;
                 }
@@ -192,8 +252,15 @@ impl Runner {
             }
         };
         while let Ok(note) = heard.try_recv() {
+            tried += 1;
             task.attempts.push(record(note, round));
         }
+        if tried == 0 {
+            if let Some(reason) = nobody_serves(&answer) {
+                return self.wait(task, reason, &snapshot).await;
+            }
+        }
+        task.waiting_since_ms = None;
         let class = Class::of_response(&answer);
         let response = stored_response(answer, self.queue.config.max_response_bytes).await;
         match class {
@@ -213,6 +280,44 @@ impl Runner {
                 self.after_failed_chain(task, &snapshot).await
             }
         }
+    }
+
+    /// Nothing was tried: no agent serves the capability yet (gossip still joining after a
+    /// start, every server restarting). The task waits — due again with backoff, the round
+    /// not spent — until one appears or `tasks.max_wait` passes; then the final fallback.
+    async fn wait(
+        &self,
+        mut task: Task,
+        reason: &'static str,
+        snapshot: &Snapshot,
+    ) -> Result<(), StoreError> {
+        let now = now_ms();
+        let first = task.waiting_since_ms.is_none();
+        let since = *task.waiting_since_ms.get_or_insert(now);
+        let waited = Duration::from_millis(now.saturating_sub(since));
+        let max_wait = self.queue.config.max_wait.get();
+        if waited >= max_wait {
+            task.waiting_since_ms = None;
+            task.error = Some(format!(
+                "{reason}: no agent served `{}` within tasks.max_wait ({})",
+                task.capability,
+                crate::config::format_duration(max_wait)
+            ));
+            return self.final_fallback(task, snapshot).await;
+        }
+        let pause = wait_backoff(waited).min(max_wait - waited);
+        task.state = State::Waiting;
+        task.error = Some(format!("{reason}: no agent serves `{}` yet", task.capability));
+        task.due_ms = now.saturating_add(pause.as_millis() as u64);
+        task.updated_ms = now;
+        task.lease = None;
+        self.queue.store.save(&mut task).await?;
+        if first {
+            self.queue.metrics.task_event("waiting");
+            tracing::info!(task = %task.id, capability = %task.capability, reason,
+                "no agent serves the task's capability yet; it waits");
+        }
+        Ok(())
     }
 
     /// Renews the lease, committing the attempts heard so far.
@@ -244,7 +349,12 @@ impl Runner {
                 "every agent failed the task; it runs again later");
             return Ok(());
         }
-        match fallback.final_fallback {
+        self.final_fallback(task, snapshot).await
+    }
+
+    /// Nothing more will be tried by the queue: escalated to a person, or failed.
+    async fn final_fallback(&self, mut task: Task, snapshot: &Snapshot) -> Result<(), StoreError> {
+        match snapshot.policy.retry.fallback.final_fallback {
             FinalFallback::Escalate => {
                 task.escalation = snapshot
                     .policy
@@ -476,6 +586,25 @@ async fn stored_response(response: http::Response<ReachBody>, max: usize) -> Sto
         encoding,
         truncated,
     }
+}
+
+/// The reason of an answer that says no agent could be asked (nobody serves the capability,
+/// or every server is out of reach), when it is one.
+fn nobody_serves(answer: &http::Response<ReachBody>) -> Option<&'static str> {
+    let reason = answer.headers().get(crate::http::headers::REASON)?;
+    [
+        crate::error::Reason::UnknownCapability,
+        crate::error::Reason::NoAvailableInstance,
+    ]
+    .into_iter()
+    .map(|r| r.as_str())
+    .find(|r| reason.as_bytes() == r.as_bytes())
+}
+
+/// The pause before a waiting task is asked again: a quarter of the time it has waited, from
+/// 250 ms to 5 s, so a fleet that is joining is met at once and a long wait costs little.
+fn wait_backoff(waited: Duration) -> Duration {
+    (waited / 4).clamp(Duration::from_millis(250), Duration::from_secs(5))
 }
 
 /// Why a chain's last answer was not a success, in one line.

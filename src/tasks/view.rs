@@ -81,6 +81,9 @@ pub fn api(task: &Task, extra: &[String]) -> Value {
     if let Some(error) = &task.error {
         obj.insert("error".into(), json!(error));
     }
+    if let Some(since) = task.waiting_since_ms {
+        obj.insert("waiting_since_ms".into(), json!(since));
+    }
     if let Some(lease) = &task.lease {
         obj.insert("lease".into(), json!(lease));
     }

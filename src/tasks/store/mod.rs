@@ -160,6 +160,7 @@ pub(crate) mod conformance {
             attempts: Vec::new(),
             response: None,
             error: None,
+            waiting_since_ms: None,
             callback: None,
             escalation: None,
             resolution: None,
