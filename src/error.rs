@@ -42,6 +42,10 @@ pub enum ReachError {
         /// The connection was refused (nothing listens there), not timed out.
         refused: bool,
     },
+    /// Up (it holds other connections open) but it accepted no new one in time: its listen
+    /// backlog is full. Load, not failure: answered as `saturated`.
+    #[error("{target} accepted no new connection within {}: it is serving others and its listen backlog is full", format_duration(*after))]
+    Backlogged { target: String, after: Duration },
     #[error("{target} failed: {message}")]
     Upstream { target: String, message: String },
     #[error("{target} did not answer within {}", format_duration(*after))]
@@ -77,6 +81,8 @@ pub enum ReachError {
     TasksDisabled,
     #[error("the task store failed: {0}")]
     TaskStore(String),
+    #[error("the task store is full: {0}; try again once finished tasks are removed (`tasks.retention`)")]
+    TaskStoreFull(String),
     #[error("{0}")]
     TaskConflict(String),
     #[error("the request body is larger than the {limit} bytes a task may carry (`tasks.max_payload_bytes`)")]
@@ -143,6 +149,7 @@ pub enum Reason {
     Forbidden,
     TasksDisabled,
     TaskStoreUnavailable,
+    TaskStoreFull,
     TaskConflict,
     PayloadTooLarge,
     CallbackRefused,
@@ -153,7 +160,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 31] = [
+    pub const ALL: [Reason; 32] = [
         Reason::MissingCapability,
         Reason::ForbiddenHost,
         Reason::UnknownCapability,
@@ -178,6 +185,7 @@ impl Reason {
         Reason::Forbidden,
         Reason::TasksDisabled,
         Reason::TaskStoreUnavailable,
+        Reason::TaskStoreFull,
         Reason::TaskConflict,
         Reason::PayloadTooLarge,
         Reason::CallbackRefused,
@@ -213,6 +221,7 @@ impl Reason {
             Reason::Forbidden => "forbidden",
             Reason::TasksDisabled => "tasks_disabled",
             Reason::TaskStoreUnavailable => "task_store_unavailable",
+            Reason::TaskStoreFull => "task_store_full",
             Reason::TaskConflict => "task_conflict",
             Reason::PayloadTooLarge => "payload_too_large",
             Reason::CallbackRefused => "callback_refused",
@@ -248,6 +257,7 @@ impl ReachError {
             | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
             ReachError::NoAvailableInstance { .. }
             | ReachError::Saturated { .. }
+            | ReachError::Backlogged { .. }
             | ReachError::Ejected { .. }
             | ReachError::IdempotencyBusy
             | ReachError::AffinityLost { .. }
@@ -260,7 +270,9 @@ impl ReachError {
             }
             ReachError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             ReachError::TasksDisabled => StatusCode::NOT_IMPLEMENTED,
-            ReachError::TaskStore(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ReachError::TaskStore(_) | ReachError::TaskStoreFull(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ReachError::TaskConflict(_) => StatusCode::CONFLICT,
             ReachError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         }
@@ -275,7 +287,7 @@ impl ReachError {
                 Reason::UnknownCapability
             }
             ReachError::NoAvailableInstance { .. } => Reason::NoAvailableInstance,
-            ReachError::Saturated { .. } => Reason::Saturated,
+            ReachError::Saturated { .. } | ReachError::Backlogged { .. } => Reason::Saturated,
             ReachError::Ejected { .. } => Reason::Ejected,
             ReachError::Draining => Reason::Draining,
             ReachError::UpstreamConnect { .. } => Reason::UpstreamConnectFailed,
@@ -295,6 +307,7 @@ impl ReachError {
             ReachError::Forbidden { .. } => Reason::Forbidden,
             ReachError::TasksDisabled => Reason::TasksDisabled,
             ReachError::TaskStore(_) => Reason::TaskStoreUnavailable,
+            ReachError::TaskStoreFull(_) => Reason::TaskStoreFull,
             ReachError::TaskConflict(_) => Reason::TaskConflict,
             ReachError::PayloadTooLarge { .. } => Reason::PayloadTooLarge,
             ReachError::CallbackRefused(_) => Reason::CallbackRefused,
@@ -317,8 +330,13 @@ impl ReachError {
             | ReachError::RateLimited { retry_after, .. } => Some(*retry_after),
             ReachError::Draining
             | ReachError::IdempotencyBusy
+            | ReachError::Backlogged { .. }
             | ReachError::Ejected { .. }
             | ReachError::NoAvailableInstance { .. } => Some(Duration::from_secs(1)),
+            // The store reopens within seconds once it can (disk space back, Redis up).
+            ReachError::TaskStore(_) => Some(Duration::from_secs(2)),
+            // Room comes back as finished tasks age out.
+            ReachError::TaskStoreFull(_) => Some(Duration::from_secs(30)),
             _ => None,
         }
     }

@@ -242,3 +242,159 @@ async fn a_task_that_waits_past_max_wait_follows_the_final_fallback() {
     assert!(why.contains("tasks.max_wait"), "{failed:#}");
     assert!(failed["attempts"].as_array().is_some_and(|a| a.is_empty()), "{failed:#}");
 }
+
+/// A tmpfs of `size` at `dir`, unmounted on drop; `None` where mounting is refused (not root).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Option<Self> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Self(dir.to_owned()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Fills the filesystem `fill` is on, leaving nothing.
+fn fill_disk(fill: &Path) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(fill).unwrap();
+    let block = vec![0u8; 64 * 1024];
+    while file.write_all(&block).is_ok() {}
+    let small = [0u8; 512];
+    while file.write_all(&small).is_ok() {}
+    let _ = file.sync_all();
+}
+
+/// Issue 32, finding 2: a full disk. While the store cannot write, submissions answer `503
+/// task_store_unavailable` with `retry-after`, `/ready` answers 503 and the store's errors are
+/// counted; once space is freed, writes resume by themselves (before: every submission stayed
+/// 503 — redb refuses everything after an I/O error until reopened — the runner logged each of
+/// its retries, and `/ready` stayed 200). Root only (a 4 MiB tmpfs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_reported_and_the_store_heals_once_space_returns() {
+    let dir = tmp("full-disk");
+    let Some(fs) = Tmpfs::mount(&dir.join("store"), "4m") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root); the full-disk test runs in CI");
+        return;
+    };
+    let agent = mock(MockConfig::new("coder-1")).await;
+    let callee = sidecar(Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap()).await;
+    let bootstrap = caller_bootstrap(
+        &dir,
+        "coder-1",
+        callee.addrs.inbound,
+        "{ path: store/tasks.db, lease: 5s }",
+    );
+    let caller = SidecarProcess::start(&bootstrap, None, &[]);
+    let ready = || async move {
+        get(&client(), &format!("http://{}/ready", caller.admin))
+            .await
+            .status
+    };
+    let mut accepted = vec![submit_one(caller.outbound).await];
+    assert_eq!(ready().await, 200);
+
+    // Submissions go on until the store meets the full disk; every answer is a 202 or a 503.
+    // redb may find room in its own file for small writes after a reopen, so the disk is
+    // topped up again until a submission and `/ready` both see the store down.
+    let mut refused = None;
+    let mut fills = 0;
+    for _ in 0..400 {
+        fills += 1;
+        fill_disk(&fs.0.join(format!("fill-{fills}")));
+        let reply = submit(caller.outbound, &[], &"x".repeat(4096)).await;
+        match reply.status.as_u16() {
+            202 => accepted.push(reply.json()["id"].as_str().unwrap().to_owned()),
+            503 if ready().await == 503 => {
+                refused = Some(reply);
+                break;
+            }
+            503 => {}
+            other => panic!("a submission answered {other}: {}", reply.body),
+        }
+    }
+    let refused = refused.expect("a full disk refuses submissions and /ready reports it");
+    assert_eq!(refused.header("reach-reason"), "task_store_unavailable");
+    assert!(refused.body.contains("No space left"), "{}", refused.body);
+    assert!(!refused.header("retry-after").is_empty(), "retry-after is set");
+    let metrics = get(&client(), &format!("http://{}/metrics", caller.admin)).await;
+    assert!(
+        counter(&metrics.body, "reach_task_store_errors_total{kind=\"io\"") > 0,
+        "store errors are counted"
+    );
+
+    for n in 1..=fills {
+        let _ = std::fs::remove_file(fs.0.join(format!("fill-{n}")));
+    }
+    eventually(Duration::from_secs(30), "submissions to be taken again", || async {
+        let reply = submit(caller.outbound, &[], "{\"diff\": 2}").await;
+        if reply.status == 202 {
+            return true;
+        }
+        assert_eq!(reply.status, 503, "{}", reply.body);
+        false
+    })
+    .await;
+    eventually(Duration::from_secs(10), "/ready to be 200 again", || async {
+        ready().await == 200
+    })
+    .await;
+    for id in &accepted {
+        wait_state(caller.outbound, id, "done", Duration::from_secs(60)).await;
+    }
+    // The store's going down and coming back are logged once each, not per retry.
+    let lines: Vec<String> = caller.log.try_iter().collect();
+    let loud = lines
+        .iter()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .count();
+    assert!(loud < 20, "{loud} warnings and errors: {:#?}", &lines[..lines.len().min(40)]);
+}
+
+/// Issue 32, finding 3: the store is bounded. Beyond `tasks.max_tasks` a submission is
+/// answered `503 task_store_full` with `retry-after`, and nothing is stored (before: no bound
+/// but `retention`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submission_beyond_max_tasks_is_refused_as_full() {
+    let agent = mock(MockConfig::new("coder-1")).await;
+    let callee = sidecar(Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap()).await;
+    let dir = tmp("bounded");
+    let bootstrap = caller_bootstrap(
+        &dir,
+        "coder-1",
+        callee.addrs.inbound,
+        "{ path: tasks.db, max_tasks: 5 }",
+    );
+    let caller = SidecarProcess::start(&bootstrap, None, &[]);
+    for _ in 0..5 {
+        submit_one(caller.outbound).await;
+    }
+    let full = submit(caller.outbound, &[], "{\"diff\": 6}").await;
+    assert_eq!(full.status, 503, "{}", full.body);
+    assert_eq!(full.header("reach-reason"), "task_store_full");
+    assert!(full.body.contains("tasks.max_tasks"), "{}", full.body);
+    assert!(!full.header("retry-after").is_empty());
+    let listed = get(
+        &client(),
+        &format!("http://{}/reach/v1/tasks?limit=100", caller.outbound),
+    )
+    .await;
+    assert_eq!(listed.json()["tasks"].as_array().map(Vec::len), Some(5), "{}", listed.body);
+    // Still ready: a full store refuses new work but keeps the work it has.
+    let ready = get(&client(), &format!("http://{}/ready", caller.admin)).await;
+    assert_eq!(ready.status, 200);
+}

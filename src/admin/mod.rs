@@ -110,10 +110,24 @@ impl Admin {
             }
             "/live" => text(StatusCode::OK, "text/plain", "live\n"),
             "/ready" => {
-                if self.ready.load(Ordering::Acquire) {
-                    text(StatusCode::OK, "text/plain", "ready\n")
-                } else {
+                // A sidecar whose task store fails cannot keep the promise of a `202`: not
+                // ready, so Kubernetes sees it (and restarts it if it stays so).
+                let store_down = self.outbound.tasks().and_then(|q| q.store_down());
+                if !self.ready.load(Ordering::Acquire) {
                     text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n")
+                } else if let Some(down) = store_down {
+                    let since = crate::tasks::model::now_ms().saturating_sub(down.since_ms);
+                    text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain",
+                        format!(
+                            "not ready: the task store has failed for {:.1} s: {}\n",
+                            since as f64 / 1000.0,
+                            down.error
+                        ),
+                    )
+                } else {
+                    text(StatusCode::OK, "text/plain", "ready\n")
                 }
             }
             "/status" => {

@@ -56,6 +56,7 @@ pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "reach_idempotent_replays_total";
 pub const DEADLINES_EXCEEDED_TOTAL: &str = "reach_deadlines_exceeded_total";
 pub const TASKS_TOTAL: &str = "reach_tasks_total";
 pub const TASK_DELIVERIES_TOTAL: &str = "reach_task_deliveries_total";
+pub const TASK_STORE_ERRORS_TOTAL: &str = "reach_task_store_errors_total";
 pub const GOSSIP_MEMBERS: &str = "reach_gossip_members";
 pub const GOSSIP_MESSAGES_TOTAL: &str = "reach_gossip_messages_total";
 pub const GOSSIP_BYTES_TOTAL: &str = "reach_gossip_bytes_total";
@@ -154,11 +155,15 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         TASKS_TOTAL,
-        "Async task events (submitted, done, failed, requeued, escalated, retried, resolved, taken_over).",
+        "Async task events (submitted, done, failed, requeued, waiting, escalated, retried, resolved, taken_over).",
     ),
     (
         TASK_DELIVERIES_TOTAL,
         "POSTs of escalations and callbacks by kind and result (accepted, refused).",
+    ),
+    (
+        TASK_STORE_ERRORS_TOTAL,
+        "Task store operations that failed, by kind (io, redis, corrupt, full).",
     ),
     (
         RETRY_BUDGET_EXHAUSTED_TOTAL,
@@ -582,6 +587,11 @@ impl Metrics {
     /// An async task's step (`TASKS_TOTAL`).
     pub fn task_event(&self, event: &'static str) {
         self.with(|| counter!(TASKS_TOTAL, "event" => event).increment(1));
+    }
+
+    /// A failed task store operation (`TASK_STORE_ERRORS_TOTAL`); `by` 0 registers the series.
+    pub fn task_store_error(&self, kind: &'static str, by: u64) {
+        self.with(|| counter!(TASK_STORE_ERRORS_TOTAL, "kind" => kind).increment(by));
     }
 
     /// A webhook or callback POST (`TASK_DELIVERIES_TOTAL`).

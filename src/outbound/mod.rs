@@ -101,6 +101,11 @@ impl Outbound {
         }
     }
 
+    /// The task queue, when this sidecar takes async tasks.
+    pub fn tasks(&self) -> Option<&Arc<Queue>> {
+        self.tasks.as_ref()
+    }
+
     /// Takes async tasks into `queue`.
     pub fn with_tasks(mut self, queue: Arc<Queue>) -> Self {
         self.tasks = Some(queue);

@@ -56,6 +56,8 @@ fn store_error(err: StoreError) -> ReachError {
             ReachError::TaskConflict(format!("task {id} changed while this ran; read it again"))
         }
         StoreError::Missing(id) => ReachError::NotFound(format!("{}/{id}", TASKS_PATH)),
+        StoreError::Full(why) => ReachError::TaskStoreFull(why),
+        StoreError::Backend(why) => ReachError::TaskStore(why),
         other => ReachError::TaskStore(other.to_string()),
     }
 }
@@ -88,7 +90,11 @@ impl Queue {
                 .unwrap_or_else(|| agent.to_owned());
             format!("agent-reach:tasks:{workload}")
         });
-        let store = TaskStore::open(&location, &prefix)
+        let limits = crate::tasks::store::Limits {
+            max_tasks: config.max_tasks,
+            max_bytes: config.max_bytes,
+        };
+        let store = TaskStore::open(&location, &prefix, limits, metrics.clone())
             .await
             .map_err(|e| e.to_string())?;
         if let StoreLocation::File(path) = &location {
@@ -126,6 +132,11 @@ impl Queue {
 
     pub fn kind(&self) -> &'static str {
         self.store.kind()
+    }
+
+    /// Since when and why the store has been failing; `None` while it works.
+    pub fn store_down(&self) -> Option<crate::tasks::store::Down> {
+        self.store.down()
     }
 
     /// Stores the call as a task (durable on return) and wakes a runner. A call with an

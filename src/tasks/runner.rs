@@ -30,6 +30,9 @@ use crate::http::ReachBody;
 const IDLE_POLL: Duration = Duration::from_secs(1);
 /// Finished tasks past their retention are removed this often.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// A claim the store failed is tried again after this, doubling up to `CLAIM_BACKOFF_MAX`.
+const CLAIM_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const CLAIM_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// When the runner may start claiming: once the sidecar's view of the fleet has settled after
 /// start, so that tasks resumed at start are not judged against a registry gossip has not
@@ -129,6 +132,8 @@ impl Runner {
         let mut running = JoinSet::new();
         let mut purged = tokio::time::Instant::now();
         let lease = self.queue.config.lease.get();
+        // While the store fails, claims back off (the store logs going down and coming back).
+        let mut backoff: Option<Duration> = None;
         loop {
             while running.try_join_next().is_some() {}
             let permit = tokio::select! {
@@ -146,6 +151,7 @@ impl Runner {
                 .await
             {
                 Ok(Some(task)) => {
+                    backoff = None;
                     if task.state == State::Running {
                         // Its runner died mid-chain (a crash, or a replica whose lease ran
                         // out): the chain runs again, and the task's key keeps each agent
@@ -160,10 +166,19 @@ impl Runner {
                     });
                     continue;
                 }
-                Ok(None) => drop(permit),
+                Ok(None) => {
+                    backoff = None;
+                    drop(permit);
+                }
                 Err(err) => {
                     drop(permit);
-                    tracing::warn!(%err, "task store: cannot claim; trying again shortly");
+                    let wait = backoff.map_or(CLAIM_BACKOFF_FIRST, |w| (w * 2).min(CLAIM_BACKOFF_MAX));
+                    backoff = Some(wait);
+                    tracing::debug!(%err, wait_ms = wait.as_millis() as u64, "task store: cannot claim");
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => continue,
+                        () = stop.cancelled() => break,
+                    }
                 }
             }
             if purged.elapsed() >= PURGE_EVERY {
@@ -201,7 +216,8 @@ impl Runner {
             Err(StoreError::Conflict(_)) => {
                 tracing::info!(task = %id, "task taken over by another runner; letting go");
             }
-            Err(err) => tracing::warn!(task = %id, %err, "task store: cannot record a step"),
+            // The lease runs out and the step is taken again (by its key, never run twice).
+            Err(err) => tracing::debug!(task = %id, %err, "task store: cannot record a step"),
         }
     }
 

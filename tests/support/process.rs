@@ -14,6 +14,7 @@ pub struct SidecarProcess {
     child: Child,
     pub outbound: SocketAddr,
     pub inbound: SocketAddr,
+    pub admin: SocketAddr,
     pub log: Receiver<String>,
 }
 
@@ -52,13 +53,16 @@ impl SidecarProcess {
                 let _ = child.wait();
                 panic!("the sidecar did not log its start");
             };
-            if let (Some(outbound), Some(inbound)) =
-                (bound_addr(&line, "outbound"), bound_addr(&line, "inbound"))
-            {
+            if let (Some(outbound), Some(inbound), Some(admin)) = (
+                bound_addr(&line, "outbound"),
+                bound_addr(&line, "inbound"),
+                bound_addr(&line, "admin"),
+            ) {
                 return Self {
                     child,
                     outbound,
                     inbound,
+                    admin,
                     log,
                 };
             }

@@ -10,9 +10,12 @@
 pub mod file;
 pub mod redis;
 
-use crate::config::StoreLocation;
+use std::sync::Arc;
 
-use super::model::{State, Task};
+use crate::config::StoreLocation;
+use crate::metrics::Metrics;
+
+use super::model::{now_ms, State, Task};
 
 /// A store operation that did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +32,9 @@ pub enum StoreError {
     /// A stored document does not parse.
     #[error("task {id} is unreadable: {reason}")]
     Corrupt { id: String, reason: String },
+    /// A new task would pass `tasks.max_tasks` or `tasks.max_bytes`: nothing was written.
+    #[error("the task store is full ({0})")]
+    Full(String),
 }
 
 /// What `insert` did.
@@ -40,54 +46,175 @@ pub enum Inserted {
     Existing(Box<Task>),
 }
 
-/// The task store in use.
+/// How much the store may hold (`tasks.max_tasks`, `tasks.max_bytes`): checked when a task is
+/// added; a stored task may still grow (its attempts, its answer), so nothing accepted is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_tasks: u64,
+    pub max_bytes: u64,
+}
+
+impl Limits {
+    /// Why a store holding `tasks` documents of `bytes` in all cannot take one more of `adding`
+    /// bytes, if it cannot.
+    pub fn refuse(&self, tasks: u64, bytes: u64, adding: u64) -> Option<String> {
+        if tasks >= self.max_tasks {
+            return Some(format!("{tasks} tasks stored, tasks.max_tasks is {}", self.max_tasks));
+        }
+        if bytes.saturating_add(adding) > self.max_bytes {
+            return Some(format!(
+                "{bytes} bytes stored, tasks.max_bytes is {}",
+                self.max_bytes
+            ));
+        }
+        None
+    }
+}
+
+/// The kinds of `reach_task_store_errors_total`: the disk (`io`), the Redis connection
+/// (`redis`), a document that does not parse (`corrupt`), a submission refused by the bounds
+/// (`full`).
+pub const ERROR_KINDS: [&str; 4] = ["io", "redis", "corrupt", "full"];
+
+/// Since when, and why, the store has been failing.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Down {
+    /// Unix milliseconds.
+    pub since_ms: u64,
+    pub error: String,
+}
+
 #[derive(Debug)]
-pub enum TaskStore {
+enum Backend {
     File(file::FileStore),
     Redis(redis::RedisStore),
 }
 
+/// The task store in use, and its health as its last operations found it: down from a failed
+/// operation on the store itself until one succeeds (`/ready` answers 503 meanwhile).
+#[derive(Debug)]
+pub struct TaskStore {
+    backend: Backend,
+    down: std::sync::Mutex<Option<Down>>,
+    metrics: Arc<Metrics>,
+}
+
+impl From<file::FileStore> for TaskStore {
+    fn from(store: file::FileStore) -> Self {
+        Self::new(Backend::File(store), Arc::new(Metrics::new("tasks")))
+    }
+}
+
+impl From<redis::RedisStore> for TaskStore {
+    fn from(store: redis::RedisStore) -> Self {
+        Self::new(Backend::Redis(store), Arc::new(Metrics::new("tasks")))
+    }
+}
+
 impl TaskStore {
+    fn new(backend: Backend, metrics: Arc<Metrics>) -> Self {
+        // Every kind from zero, so a first error shows in `increase()`.
+        for kind in ERROR_KINDS {
+            metrics.task_store_error(kind, 0);
+        }
+        Self {
+            backend,
+            down: std::sync::Mutex::new(None),
+            metrics,
+        }
+    }
+
     /// Opens (creating when absent) the store at `location`; `prefix` namespaces a shared store.
-    pub async fn open(location: &StoreLocation, prefix: &str) -> Result<Self, StoreError> {
-        Ok(match location {
-            StoreLocation::File(path) => TaskStore::File(file::FileStore::open(path).await?),
+    pub async fn open(
+        location: &StoreLocation,
+        prefix: &str,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, StoreError> {
+        let backend = match location {
+            StoreLocation::File(path) => Backend::File(file::FileStore::open(path, limits).await?),
             StoreLocation::Redis(url) => {
-                TaskStore::Redis(redis::RedisStore::open(url, prefix).await?)
+                Backend::Redis(redis::RedisStore::open(url, prefix, limits).await?)
             }
-        })
+        };
+        Ok(Self::new(backend, metrics))
     }
 
     /// What the store is, for logs and `/status`: `file` or `redis`.
     pub fn kind(&self) -> &'static str {
-        match self {
-            TaskStore::File(_) => "file",
-            TaskStore::Redis(_) => "redis",
+        match self.backend {
+            Backend::File(_) => "file",
+            Backend::Redis(_) => "redis",
         }
+    }
+
+    /// Since when and why the store has been failing; `None` while it works.
+    pub fn down(&self) -> Option<Down> {
+        self.down
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Notes what an operation found of the store's health; logs a change once.
+    fn track<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        let mut down = self
+            .down
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &result {
+            Err(StoreError::Backend(error)) => {
+                let kind = match self.backend {
+                    Backend::File(_) => "io",
+                    Backend::Redis(_) => "redis",
+                };
+                self.metrics.task_store_error(kind, 1);
+                if down.is_none() {
+                    tracing::error!(store = self.kind(), %error,
+                        "task store down: submissions answer 503 and tasks wait until it is back");
+                    *down = Some(Down {
+                        since_ms: now_ms(),
+                        error: error.clone(),
+                    });
+                }
+            }
+            Err(StoreError::Corrupt { .. }) => self.metrics.task_store_error("corrupt", 1),
+            Err(StoreError::Full(_)) => self.metrics.task_store_error("full", 1),
+            // A conflict or a missing task is an answer: the store worked.
+            Ok(_) | Err(StoreError::Conflict(_) | StoreError::Missing(_)) => {
+                if let Some(was) = down.take() {
+                    tracing::info!(store = self.kind(),
+                        down_ms = now_ms().saturating_sub(was.since_ms),
+                        "task store back");
+                }
+            }
+        }
+        result
     }
 
     /// Stores `task` unless its id is taken; durable when this returns. Sets `task.version` to 1.
-    /// A task with work is queued at its `due_ms`.
+    /// A task with work is queued at its `due_ms`. Refused with [`StoreError::Full`] beyond the
+    /// store's limits.
     pub async fn insert(&self, task: &mut Task) -> Result<Inserted, StoreError> {
-        match self {
-            TaskStore::File(s) => s.insert(task).await,
-            TaskStore::Redis(s) => s.insert(task).await,
-        }
+        self.track(match &self.backend {
+            Backend::File(s) => s.insert(task).await,
+            Backend::Redis(s) => s.insert(task).await,
+        })
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
-        match self {
-            TaskStore::File(s) => s.get(id).await,
-            TaskStore::Redis(s) => s.get(id).await,
-        }
+        self.track(match &self.backend {
+            Backend::File(s) => s.get(id).await,
+            Backend::Redis(s) => s.get(id).await,
+        })
     }
 
     /// Up to `limit` tasks, newest first, in `state` when given.
     pub async fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Task>, StoreError> {
-        match self {
-            TaskStore::File(s) => s.list(state, limit).await,
-            TaskStore::Redis(s) => s.list(state, limit).await,
-        }
+        self.track(match &self.backend {
+            Backend::File(s) => s.list(state, limit).await,
+            Backend::Redis(s) => s.list(state, limit).await,
+        })
     }
 
     /// Takes the next task whose work is due at `now_ms` — highest priority first, then the
@@ -100,36 +227,36 @@ impl TaskStore {
         now_ms: u64,
         lease_ms: u64,
     ) -> Result<Option<Task>, StoreError> {
-        match self {
-            TaskStore::File(s) => s.claim(owner, now_ms, lease_ms).await,
-            TaskStore::Redis(s) => s.claim(owner, now_ms, lease_ms).await,
-        }
+        self.track(match &self.backend {
+            Backend::File(s) => s.claim(owner, now_ms, lease_ms).await,
+            Backend::Redis(s) => s.claim(owner, now_ms, lease_ms).await,
+        })
     }
 
     /// Writes `task` if the stored version is `task.version`, then bumps `task.version`; durable
     /// when this returns. With `task.lease` set, the task stays claimed (until `lease.until_ms`);
     /// without, it is queued at `due_ms` when it has work and dropped from the queue when not.
     pub async fn save(&self, task: &mut Task) -> Result<(), StoreError> {
-        match self {
-            TaskStore::File(s) => s.save(task).await,
-            TaskStore::Redis(s) => s.save(task).await,
-        }
+        self.track(match &self.backend {
+            Backend::File(s) => s.save(task).await,
+            Backend::Redis(s) => s.save(task).await,
+        })
     }
 
     /// The earliest `due_ms` among queued tasks (and lease expiries), to sleep until.
     pub async fn next_due(&self) -> Result<Option<u64>, StoreError> {
-        match self {
-            TaskStore::File(s) => s.next_due().await,
-            TaskStore::Redis(s) => s.next_due().await,
-        }
+        self.track(match &self.backend {
+            Backend::File(s) => s.next_due().await,
+            Backend::Redis(s) => s.next_due().await,
+        })
     }
 
     /// Removes finished tasks older than `retention_ms`; returns how many.
     pub async fn purge(&self, now_ms: u64, retention_ms: u64) -> Result<usize, StoreError> {
-        match self {
-            TaskStore::File(s) => s.purge(now_ms, retention_ms).await,
-            TaskStore::Redis(s) => s.purge(now_ms, retention_ms).await,
-        }
+        self.track(match &self.backend {
+            Backend::File(s) => s.purge(now_ms, retention_ms).await,
+            Backend::Redis(s) => s.purge(now_ms, retention_ms).await,
+        })
     }
 }
 
@@ -252,6 +379,33 @@ pub(crate) mod conformance {
         assert_eq!(store.next_due().await.ok().flatten(), Some(5_000));
         let again = store.claim("a", 5_000, 1_000).await.ok().flatten();
         assert_eq!(again.map(|t| t.state), Some(State::Retrying));
+    }
+
+    /// A store of `max_tasks: 3` takes three tasks and refuses a fourth; a purge makes room,
+    /// and a resubmission of a stored id is still answered.
+    pub(crate) async fn refuses_beyond_limits(store: &TaskStore) {
+        for i in 0..3 {
+            let mut t = task(&format!("b{i}"), 5, 100);
+            t.state = State::Done;
+            assert!(matches!(store.insert(&mut t).await, Ok(Inserted::New)));
+        }
+        let mut more = task("b3", 5, 100);
+        assert!(
+            matches!(store.insert(&mut more).await, Err(StoreError::Full(_))),
+            "a fourth task is refused"
+        );
+        assert!(matches!(store.get("b3").await, Ok(None)));
+        let mut again = task("b0", 5, 100);
+        assert!(matches!(
+            store.insert(&mut again).await,
+            Ok(Inserted::Existing(_))
+        ));
+        // A stored task may still grow: nothing accepted is refused its progress.
+        let mut grown = store.get("b1").await.ok().flatten().unwrap_or_else(|| task("x", 0, 0));
+        grown.error = Some("x".repeat(4096));
+        assert!(store.save(&mut grown).await.is_ok());
+        assert_eq!(store.purge(100_000, 1_000).await.ok(), Some(3));
+        assert!(matches!(store.insert(&mut more).await, Ok(Inserted::New)));
     }
 
     /// Finished tasks past their retention go; others stay.

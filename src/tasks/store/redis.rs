@@ -8,6 +8,13 @@
 //!   `rank * RANK_SPAN + due_ms`: lower rank (higher priority) first, then the earliest due.
 //! - `P:leased` — a sorted set of the claimed tasks, scored by the lease's until_ms.
 //! - `P:created` — a sorted set of every task, scored by created_ms (list and purge).
+//! - `P:bytes` — the size of every stored document, in all (`tasks.max_bytes`; the count for
+//!   `tasks.max_tasks` is `P:created`'s).
+//!
+//! Nothing accepted is lost across a Redis restart only if Redis keeps every write on disk
+//! before it answers: `appendonly yes` with `appendfsync always` (`docs/tasks.md`). While Redis
+//! is away, operations fail (the store counts as down, submissions answer `503` with
+//! `retry-after`) and the connection manager reconnects on the next command.
 //!
 //! Every write that touches more than one key is one Lua script (EVALSHA), so it is atomic.
 //! The hash fields `v`, `owner` and `u` are authoritative: a read puts them into the document's
@@ -24,7 +31,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 
-use super::{Inserted, StoreError};
+use super::{Inserted, Limits, StoreError};
 use crate::tasks::model::{Lease, State, Task};
 
 /// The ready score's span per rank: due times are kept below it (year 2286), so a score
@@ -53,24 +60,33 @@ local function place(task, ready, leased, id, slot, score, owner, untl)
 end
 ";
 
-/// Create-if-absent. KEYS: task, ready, leased, created. ARGV: id, doc, rank, slot, score,
-/// owner, until, created score. Returns the stored row when the id is taken, else a row of nils.
+/// Create-if-absent, within the limits. KEYS: task, ready, leased, created, bytes. ARGV: id,
+/// doc, rank, slot, score, owner, until, created score, max tasks, max bytes. Returns the stored
+/// row when the id is taken, `{nil, 0, …}` when the store is full, else a row of nils.
 const INSERT: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.call('HMGET', KEYS[1], 'doc', 'v', 'owner', 'u')
 end
+local bytes = tonumber(redis.call('GET', KEYS[5]) or '0')
+if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[9])
+  or bytes + string.len(ARGV[2]) > tonumber(ARGV[10]) then
+  return {false, 0, false, false}
+end
+redis.call('INCRBY', KEYS[5], string.len(ARGV[2]))
 redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'v', 1, 'r', ARGV[3])
 place(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 redis.call('ZADD', KEYS[4], ARGV[8], ARGV[1])
 return {false, false, false, false}
 ";
 
-/// Compare-and-set on `v`. KEYS: task, ready, leased. ARGV: id, expected v, doc, rank, slot,
-/// score, owner, until. Returns the new version, -1 when the task is missing, -2 on a conflict.
+/// Compare-and-set on `v`. KEYS: task, ready, leased, bytes. ARGV: id, expected v, doc, rank,
+/// slot, score, owner, until. Returns the new version, -1 when the task is missing, -2 on a
+/// conflict.
 const SAVE: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
 if not v then return -1 end
 if v ~= ARGV[2] then return -2 end
+redis.call('INCRBY', KEYS[4], string.len(ARGV[3]) - redis.call('HSTRLEN', KEYS[1], 'doc'))
 redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'r', ARGV[4])
 place(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
 return redis.call('HINCRBY', KEYS[1], 'v', 1)
@@ -123,10 +139,11 @@ return best
 ";
 
 /// Removes a task if it is still at the version it was judged expired at (ARGV[2]; empty for an
-/// index entry whose hash had vanished). KEYS: task, ready, leased, created. ARGV: id, v.
+/// index entry whose hash had vanished). KEYS: task, ready, leased, created, bytes. ARGV: id, v.
 const PURGE: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
 if v and v ~= ARGV[2] then return 0 end
+redis.call('DECRBY', KEYS[5], redis.call('HSTRLEN', KEYS[1], 'doc'))
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -165,6 +182,8 @@ pub struct RedisStore {
     ready: String,
     leased: String,
     created: String,
+    bytes: String,
+    limits: Limits,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -233,7 +252,7 @@ fn redact(url: &str) -> String {
 impl RedisStore {
     /// Connects and PINGs, so a wrong address fails at start rather than at the first task.
     /// `redis://` and `rediss://` (TLS with the system's roots).
-    pub async fn open(url: &str, prefix: &str) -> Result<Self, StoreError> {
+    pub async fn open(url: &str, prefix: &str, limits: Limits) -> Result<Self, StoreError> {
         let shown = redact(url);
         let fail = |what: &str, e: &dyn std::fmt::Display| {
             StoreError::Backend(format!("redis {shown}: {what}: {e}"))
@@ -260,6 +279,8 @@ impl RedisStore {
             ready: format!("{prefix}:ready"),
             leased: format!("{prefix}:leased"),
             created: format!("{prefix}:created"),
+            bytes: format!("{prefix}:bytes"),
+            limits,
         })
     }
 
@@ -282,6 +303,7 @@ impl RedisStore {
             .key(&self.ready)
             .key(&self.leased)
             .key(&self.created)
+            .key(&self.bytes)
             .arg(&task.id)
             .arg(doc)
             .arg(u64::from(task.rank()))
@@ -290,9 +312,17 @@ impl RedisStore {
             .arg(owner)
             .arg(until)
             .arg(task.created_ms)
+            .arg(self.limits.max_tasks)
+            .arg(self.limits.max_bytes)
             .invoke_async(&mut self.conn())
             .await
             .map_err(backend)?;
+        if row.0.is_none() && row.1 == Some(0) {
+            return Err(StoreError::Full(format!(
+                "tasks.max_tasks is {}, tasks.max_bytes is {}",
+                self.limits.max_tasks, self.limits.max_bytes
+            )));
+        }
         Ok(match decode(&task.id, row)? {
             Some(stored) => Inserted::Existing(Box::new(stored)),
             None => Inserted::New,
@@ -395,6 +425,7 @@ impl RedisStore {
             .key(self.key(&new.id))
             .key(&self.ready)
             .key(&self.leased)
+            .key(&self.bytes)
             .arg(&new.id)
             .arg(task.version)
             .arg(doc)
@@ -460,6 +491,7 @@ impl RedisStore {
                     .key(&self.ready)
                     .key(&self.leased)
                     .key(&self.created)
+                    .key(&self.bytes)
                     .arg(id)
                     .arg(version)
                     .invoke_async(&mut self.conn())
@@ -487,7 +519,11 @@ mod tests {
     pub(crate) use super::test_server::RedisServer;
 
     async fn store(server: &RedisServer, prefix: &str) -> RedisStore {
-        match RedisStore::open(&server.url(), prefix).await {
+        let limits = Limits {
+            max_tasks: 1_000,
+            max_bytes: 1 << 20,
+        };
+        match RedisStore::open(&server.url(), prefix, limits).await {
             Ok(s) => s,
             Err(e) => panic!("{e}"),
         }
@@ -499,10 +535,18 @@ mod tests {
             return;
         };
         // A prefix per function: each starts from an empty store on the one server.
-        conformance::insert_and_read(&TaskStore::Redis(store(&server, "a").await)).await;
-        conformance::claim_order_and_leases(&TaskStore::Redis(store(&server, "b").await)).await;
-        conformance::save_requeues(&TaskStore::Redis(store(&server, "c").await)).await;
-        conformance::purge_finished(&TaskStore::Redis(store(&server, "d").await)).await;
+        conformance::insert_and_read(&TaskStore::from(store(&server, "a").await)).await;
+        conformance::claim_order_and_leases(&TaskStore::from(store(&server, "b").await)).await;
+        conformance::save_requeues(&TaskStore::from(store(&server, "c").await)).await;
+        conformance::purge_finished(&TaskStore::from(store(&server, "d").await)).await;
+        let small = Limits {
+            max_tasks: 3,
+            max_bytes: 1 << 20,
+        };
+        match RedisStore::open(&server.url(), "e", small).await {
+            Ok(s) => conformance::refuses_beyond_limits(&TaskStore::from(s)).await,
+            Err(e) => panic!("{e}"),
+        }
     }
 
     #[tokio::test]
@@ -589,7 +633,12 @@ mod tests {
             .map(|a| a.port())
             .unwrap_or(1);
         let started = std::time::Instant::now();
-        let err = RedisStore::open(&format!("redis://:secret@127.0.0.1:{port}/0"), "x").await;
+        let limits = Limits {
+            max_tasks: 1,
+            max_bytes: 1,
+        };
+        let err =
+            RedisStore::open(&format!("redis://:secret@127.0.0.1:{port}/0"), "x", limits).await;
         match err {
             Err(StoreError::Backend(msg)) => {
                 assert!(msg.contains("cannot connect"), "{msg}");
