@@ -151,6 +151,20 @@ fn main() {
     }
 }
 
+/// The resident set of process `pid` in MiB (`/proc/PID/status`), 0 where unreadable. The
+/// store's page cache is bounded, so this stays flat however many tasks are stored.
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
 /// The filesystem type of `dir` (`stat -f`), or `unknown`.
 fn fs_type(dir: &Path) -> String {
     Command::new("stat")
@@ -372,8 +386,8 @@ async fn submission(binary: &Path, root: &Path, options: &Options) -> Result<(),
         options.seconds
     );
     println!(
-        "\n{:>8} {:>11} {:>9} {:>9} {:>9} {:>7} {:>12}  runner states at the end",
-        "clients", "submits/s", "p50 ms", "p99 ms", "max ms", "errors", "store KiB/t"
+        "\n{:>8} {:>11} {:>9} {:>9} {:>9} {:>7} {:>12} {:>16}  runner states at the end",
+        "clients", "submits/s", "p50 ms", "p99 ms", "max ms", "errors", "store KiB/t", "RSS MiB start→end"
     );
     for &clients in &options.levels {
         let dir = root.join(format!("submit-{clients}"));
@@ -395,6 +409,7 @@ async fn submission(binary: &Path, root: &Path, options: &Options) -> Result<(),
         )?;
         let process = Process::start(binary, &bootstrap, &policy, &dir.join("sidecar.log"))?;
         let outbound = process.outbound;
+        let rss_start = rss_mib(process.child.id());
         let warm_until = Instant::now() + Duration::from_millis(500);
         let until = warm_until + Duration::from_secs_f64(options.seconds);
         let errors = Arc::new(AtomicU64::new(0));
@@ -434,10 +449,11 @@ async fn submission(binary: &Path, root: &Path, options: &Options) -> Result<(),
             states.push(format!("{state} {}", count(&client, outbound, state).await));
         }
         let total = latencies.len() as f64;
+        let rss_end = rss_mib(process.child.id());
         process.kill9();
         let size = std::fs::metadata(dir.join("tasks.db")).map_or(0, |m| m.len());
         println!(
-            "{:>8} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>7} {:>12.2}  {}",
+            "{:>8} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>7} {:>12.2} {:>16}  {}",
             clients,
             total / options.seconds,
             percentile(&latencies, 0.50),
@@ -445,6 +461,7 @@ async fn submission(binary: &Path, root: &Path, options: &Options) -> Result<(),
             percentile(&latencies, 1.0),
             errors.load(Ordering::Relaxed),
             size as f64 / 1024.0 / total.max(1.0),
+            format!("{rss_start:.1}→{rss_end:.1}"),
             states.join(", ")
         );
     }
