@@ -10,7 +10,7 @@
 //! | `Failed` | it reached the agent, which failed (5xx, a broken exchange) | failure | idempotent only |
 //! | `Failed`, `502 invalid_output` | the agent answered, but not in its capability's output schema | failure | idempotent, keyed or async: elsewhere, never the same agent |
 //! | `Refused` | refused with a cooldown before anything ran (429; an agent's 503 with `retry-after`) | refusal | yes, elsewhere |
-//! | `Shed` | a sidecar turned it away before any agent saw it | cooldown only | yes, elsewhere, at once when full |
+//! | `Shed` | a sidecar turned it away before any agent saw it (admission full, or the agent's listen backlog full while it serves others) | cooldown only | yes, elsewhere, at once when full |
 //! | `Stale` | `404 unknown_capability`: the caller's registry is stale | nothing | yes, elsewhere |
 //! | `TimedOut` | no answer in time (ours, or a peer sidecar's 504) | timeout | keyed: same agent; idempotent: elsewhere |
 //! | `Unreachable` | no connection: the request never left | failure (refused: unreachable) | yes, elsewhere |
@@ -132,7 +132,8 @@ impl Class {
                 retry_after: *retry_after,
                 why: Refusal::Full,
             },
-            ReachError::IdempotencyBusy => Class::Shed {
+            // Up and serving others, with no room in its accept queue: load, like a full queue.
+            ReachError::IdempotencyBusy | ReachError::Backlogged { .. } => Class::Shed {
                 retry_after: DEFAULT_COOLDOWN,
                 why: Refusal::Full,
             },
@@ -346,6 +347,13 @@ mod tests {
                 },
             ),
             (ReachError::IdempotencyBusy, shed(Refusal::Full)),
+            (
+                ReachError::Backlogged {
+                    target: "agent a".into(),
+                    after: s,
+                },
+                shed(Refusal::Full),
+            ),
             (ReachError::Draining, shed(Refusal::OutOfRotation)),
             (
                 ReachError::Ejected { agent: "a".into() },
@@ -397,6 +405,10 @@ mod tests {
             ReachError::Draining,
             ReachError::Ejected { agent: "a".into() },
             ReachError::IdempotencyBusy,
+            ReachError::Backlogged {
+                target: "agent a".into(),
+                after: s,
+            },
             ReachError::UnknownCapability {
                 capability: "c".into(),
             },

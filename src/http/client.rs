@@ -38,6 +38,8 @@ pub struct Failure {
     pub connect: bool,
     /// …because it was refused: nothing listens at the address.
     pub refused: bool,
+    /// …because it timed out: on a listener that is up, its accept queue is full.
+    pub timed_out: bool,
     pub message: String,
 }
 
@@ -125,6 +127,7 @@ pub fn describe(err: &legacy::Error) -> Failure {
     Failure {
         connect: err.is_connect(),
         refused: err.is_connect() && refused(err),
+        timed_out: err.is_connect() && timed_out(err),
         message: chain(err),
     }
 }
@@ -144,10 +147,20 @@ pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
 /// Whether a connection was refused (nothing listens there): an `io::Error` of that kind
 /// anywhere in the chain.
 pub(crate) fn refused(err: &(dyn std::error::Error + 'static)) -> bool {
+    io_kind_in_chain(err, std::io::ErrorKind::ConnectionRefused)
+}
+
+/// Whether a connect timed out (the transport's connect timeout, or the kernel's): an
+/// `io::Error` of that kind anywhere in the chain.
+pub(crate) fn timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
+    io_kind_in_chain(err, std::io::ErrorKind::TimedOut)
+}
+
+fn io_kind_in_chain(err: &(dyn std::error::Error + 'static), kind: std::io::ErrorKind) -> bool {
     let mut source = Some(err);
     while let Some(s) = source {
         let io = s.downcast_ref::<std::io::Error>();
-        if io.is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused) {
+        if io.is_some_and(|io| io.kind() == kind) {
             return true;
         }
         source = s.source();

@@ -16,6 +16,12 @@
 //! authority, a pooled connection found closed before the request was written is retried on
 //! another (the request never left: hyper gives it back), and the `connect`/`refused`
 //! classification routing relies on (the request never reached the upstream).
+//!
+//! The pool opens a connection only when it has no idle one, for a request in hand, so the
+//! connections it holds to an upstream are those in use plus at most `max_idle_per_host` idle:
+//! to the local agent, admission's `max_concurrency` plus the idle set. A connect that times out
+//! while the upstream holds others open is its listen backlog being full, not the upstream
+//! gone: [`Backlog::Wait`] connects again, within the call's time, instead of failing.
 
 use std::fmt;
 use std::future::Future;
@@ -77,6 +83,7 @@ fn dialer<C: crate::transport::Connect>(connect: C, mesh: Option<ConnectMesh>) -
                 (Some(identity), None) => Err(Failure {
                     connect: true,
                     refused: false,
+                    timed_out: false,
                     message: format!(
                         "the peer is `{identity}` but this sidecar has no certificate (bootstrap `tls`)"
                     ),
@@ -122,7 +129,36 @@ struct Inner {
     scheme: http::uri::Scheme,
     /// Idle connections per authority.
     idle: Mutex<Map<Vec<Idle>>>,
+    /// What shows each authority is accepting connections (locked per new connection only).
+    live: Mutex<Map<Arc<Live>>>,
     sweeping: AtomicBool,
+}
+
+/// An authority's open connections and its last accepted one: each open connection holds a
+/// clone, so the count is the `Arc`'s, less the map's own.
+#[derive(Default)]
+struct Live {
+    connected: Mutex<Option<Instant>>,
+}
+
+/// A connection established this recently shows the upstream was accepting (one that closes
+/// after each answer holds none open between calls).
+const ACCEPTING_WINDOW: Duration = Duration::from_secs(5);
+
+/// Connect attempts to a backlogged upstream are at least this far apart (a tiny
+/// `timeouts.connect` must not turn the wait into a storm of SYNs).
+const BACKLOG_RETRY_SPACING: Duration = Duration::from_millis(20);
+
+/// What `send` does when a connect times out while the upstream is accepting other connections
+/// (it holds some open, or accepted one within the last seconds): its listen backlog is full.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backlog {
+    /// Fail the connect: the caller moves to another upstream (peers).
+    #[default]
+    Fail,
+    /// Connect again (or take a connection freed meanwhile) until the call's time runs out, then
+    /// answer [`ReachError::Backlogged`]: the local agent, which has no other to move to.
+    Wait,
 }
 
 /// A connection and the handle that sends requests on it.
@@ -134,6 +170,8 @@ struct Pooled {
     /// The waker every poll of `conn` registers (see `Guard`).
     guard: Arc<Guard>,
     waker: Waker,
+    /// Counts this connection open to its authority until it is dropped.
+    _live: Arc<Live>,
 }
 
 /// The waker a connection registers everywhere inside hyper (socket readiness, the request
@@ -198,6 +236,49 @@ struct Idle {
     since: Instant,
 }
 
+// === impl Inner ===
+
+impl Inner {
+    fn live(&self) -> std::sync::MutexGuard<'_, Map<Arc<Live>>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A connection to `authority` was just established: what it holds while open.
+    fn connected(&self, authority: &str) -> Arc<Live> {
+        let live = self.live().entry(authority.into()).or_default().clone();
+        *live.connected.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        live
+    }
+
+    /// Whether `authority` is accepting connections: some are open, or one was established
+    /// within [`ACCEPTING_WINDOW`].
+    fn accepting(&self, authority: &str) -> bool {
+        let Some(live) = self.live().get(authority).cloned() else {
+            return false;
+        };
+        // Less the map's clone and this one.
+        let open = Arc::strong_count(&live).saturating_sub(2);
+        let recent = live
+            .connected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < ACCEPTING_WINDOW);
+        open > 0 || recent
+    }
+
+    /// Forgets authorities with nothing open and no recent connection (peers come and go).
+    fn forget_quiet(&self) {
+        self.live().retain(|_, live| {
+            Arc::strong_count(live) > 1
+                || live
+                    .connected
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_some_and(|at| at.elapsed() < ACCEPTING_WINDOW)
+        });
+    }
+}
+
 impl Pool {
     /// A pool whose connections `connect` opens (plaintext only).
     pub fn new<C: crate::transport::Connect>(config: PoolConfig, connect: C) -> Self {
@@ -222,6 +303,7 @@ impl Pool {
                 dial: dialer(connect, mesh),
                 scheme,
                 idle: Mutex::new(Map::default()),
+                live: Mutex::new(Map::default()),
                 sweeping: AtomicBool::new(false),
             }),
         }
@@ -340,6 +422,7 @@ impl Pool {
                     }
                     map.retain(|_, list| !list.is_empty());
                 }
+                inner.forget_quiet();
             }
         });
     }
@@ -357,6 +440,7 @@ impl Pool {
             .map_err(|err| Failure {
                 connect: true,
                 refused: false,
+                timed_out: false,
                 message: format!("bad upstream address `{authority}`: {err}"),
             })?;
         let io = (self.inner.dial)(uri, identity.cloned()).await?;
@@ -368,6 +452,7 @@ impl Pool {
             .map_err(|err| Failure {
                 connect: true,
                 refused: false,
+                timed_out: false,
                 message: client::chain(&err),
             })?;
         let guard = Arc::new(Guard::default());
@@ -377,7 +462,44 @@ impl Pool {
             conn: Box::pin(conn),
             waker: Waker::from(guard.clone()),
             guard,
+            _live: self.inner.connected(authority),
         })
+    }
+
+    /// A connection for a request to `authority`: an idle one, else a new one. With
+    /// [`Backlog::Wait`], a connect that timed out while the upstream is accepting others is
+    /// tried again (an idle connection freed meanwhile taken first); `waiting` is true while it
+    /// is, so `forward` can tell a backlogged upstream from a silent one when time runs out.
+    async fn connection(
+        &self,
+        authority: &str,
+        identity: Option<&Expected>,
+        backlog: Backlog,
+        waiting: &mut bool,
+    ) -> Result<(Pooled, bool), Failure> {
+        loop {
+            if let Some(pooled) = self.checkout(authority, identity) {
+                *waiting = false;
+                return Ok((pooled, true));
+            }
+            let started = tokio::time::Instant::now();
+            match self.connect(authority, identity).await {
+                Ok(pooled) => {
+                    *waiting = false;
+                    return Ok((pooled, false));
+                }
+                Err(failure)
+                    if backlog == Backlog::Wait
+                        && failure.timed_out
+                        && self.inner.accepting(authority) =>
+                {
+                    *waiting = true;
+                    tracing::debug!(%authority, "connect timed out while the upstream serves others: its backlog is full, connecting again");
+                    tokio::time::sleep_until(started + BACKLOG_RETRY_SPACING).await;
+                }
+                Err(failure) => return Err(failure),
+            }
+        }
     }
 
     /// Sends `req` (origin-form URI, `Host` set) to `authority` — over mutual TLS to a peer that
@@ -385,15 +507,28 @@ impl Pool {
     /// pooled connection found closed before the request left is skipped.
     pub async fn send(
         &self,
-        mut req: Request<ReachBody>,
+        req: Request<ReachBody>,
         authority: &str,
         identity: Option<&Expected>,
     ) -> Result<Response<UpstreamBody>, Failure> {
+        self.send_with(req, authority, identity, Backlog::Fail, &mut false)
+            .await
+    }
+
+    /// [`Pool::send`], treating a backlogged upstream as `backlog` says (see
+    /// [`Pool::connection`] for `waiting`).
+    async fn send_with(
+        &self,
+        mut req: Request<ReachBody>,
+        authority: &str,
+        identity: Option<&Expected>,
+        backlog: Backlog,
+        waiting: &mut bool,
+    ) -> Result<Response<UpstreamBody>, Failure> {
         loop {
-            let (pooled, reused) = match self.checkout(authority, identity) {
-                Some(pooled) => (pooled, true),
-                None => (self.connect(authority, identity).await?, false),
-            };
+            let (pooled, reused) = self
+                .connection(authority, identity, backlog, waiting)
+                .await?;
             let mut pooled = Some(pooled);
             match exchange(&mut pooled, req).await {
                 Ok(response) => {
@@ -416,6 +551,7 @@ impl Pool {
                     return Err(Failure {
                         connect: true,
                         refused: false,
+                        timed_out: false,
                         message: "the new connection closed before the request was sent".to_owned(),
                     })
                 }
@@ -423,6 +559,7 @@ impl Pool {
                     return Err(Failure {
                         connect: false,
                         refused: false,
+                        timed_out: false,
                         message: client::chain(&err),
                     })
                 }
@@ -601,11 +738,35 @@ impl Body for UpstreamBody {
 /// names the upstream in errors (formatted only on failure).
 pub async fn forward(
     pool: &Pool,
+    req: Request<ReachBody>,
+    authority: &str,
+    identity: Option<&Expected>,
+    target: &(dyn fmt::Display + Sync),
+    timeout: Duration,
+) -> Result<Response<UpstreamBody>, ReachError> {
+    forward_with(
+        pool,
+        req,
+        authority,
+        identity,
+        target,
+        timeout,
+        Backlog::Fail,
+    )
+    .await
+}
+
+/// [`forward`], treating an upstream whose listen backlog is full as `backlog` says: with
+/// [`Backlog::Wait`], time that runs out still waiting for it to accept is
+/// [`ReachError::Backlogged`] (load), not a timeout.
+pub async fn forward_with(
+    pool: &Pool,
     mut req: Request<ReachBody>,
     authority: &str,
     identity: Option<&Expected>,
     target: &(dyn fmt::Display + Sync),
     timeout: Duration,
+    backlog: Backlog,
 ) -> Result<Response<UpstreamBody>, ReachError> {
     // Origin-form: the edge already refused anything that is not a path; an absolute-form
     // request keeps only its path (the authority is ours to choose, never the caller's).
@@ -626,7 +787,13 @@ pub async fn forward(
     *req.version_mut() = Version::HTTP_11;
     req.headers_mut()
         .insert(header::HOST, headers::value(authority));
-    match tokio::time::timeout(timeout, pool.send(req, authority, identity)).await {
+    let mut waiting = false;
+    let sent = tokio::time::timeout(
+        timeout,
+        pool.send_with(req, authority, identity, backlog, &mut waiting),
+    )
+    .await;
+    match sent {
         Ok(Ok(mut response)) => {
             headers::strip_hop_by_hop(response.headers_mut());
             Ok(response)
@@ -643,6 +810,10 @@ pub async fn forward(
                 ReachError::Upstream { target, message }
             })
         }
+        Err(_) if waiting => Err(ReachError::Backlogged {
+            target: target.to_string(),
+            after: timeout,
+        }),
         Err(_) => Err(ReachError::Timeout {
             target: target.to_string(),
             after: timeout,
@@ -670,6 +841,7 @@ fn connect_failure(err: &(dyn std::error::Error + 'static)) -> Failure {
     Failure {
         connect: true,
         refused: client::refused(err),
+        timed_out: client::timed_out(err),
         message: format!("connect error: {}", client::chain(err)),
     }
 }
@@ -847,5 +1019,175 @@ mod tests {
             Err(_) => None,
         };
         assert_eq!(body.as_deref(), Some(&b"/x"[..]));
+    }
+
+    /// A listener with a backlog of 1 that accepts one connection and serves it (`/slow` takes
+    /// `hold`), then accepts no more; the test fills its accept queue once the one is in.
+    #[cfg(target_os = "linux")]
+    async fn backlogged(hold: Duration) -> (SocketAddr, tokio::sync::oneshot::Receiver<()>) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap_or_else(|e| panic!("{e}"));
+        socket
+            .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let listener = socket.listen(1).unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let (accepted, first) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let _ = accepted.send(());
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| async move {
+                if req.uri().path() == "/slow" {
+                    tokio::time::sleep(hold).await;
+                }
+                Ok::<_, std::convert::Infallible>(Response::new(body::full("ok")))
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            // Still listening, accepting nothing.
+            std::future::pending::<()>().await;
+            drop(listener);
+        });
+        (addr, first)
+    }
+
+    /// Connects until a connect no longer completes: the accept queue is full.
+    #[cfg(target_os = "linux")]
+    async fn fill(addr: SocketAddr) -> Vec<tokio::net::TcpStream> {
+        let mut held = Vec::new();
+        for _ in 0..64 {
+            let connect = tokio::net::TcpStream::connect(addr);
+            match tokio::time::timeout(Duration::from_millis(200), connect).await {
+                Ok(Ok(stream)) => held.push(stream),
+                _ => break,
+            }
+        }
+        held
+    }
+
+    fn quick_connect() -> crate::transport::ConnectTcp {
+        crate::transport::ConnectTcp::new(crate::transport::TcpSettings {
+            connect_timeout: Duration::from_millis(100),
+            ..crate::transport::TcpSettings::from_policy(&Policy::default())
+        })
+    }
+
+    async fn get_with(
+        pool: &Pool,
+        addr: SocketAddr,
+        timeout: Duration,
+        backlog: Backlog,
+    ) -> Result<Response<UpstreamBody>, ReachError> {
+        let req = Request::get("/")
+            .body(body::empty())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let authority = addr.to_string();
+        forward_with(pool, req, &authority, None, &"test", timeout, backlog).await
+    }
+
+    /// One slow call holds the only accepted connection while the accept queue is full.
+    #[cfg(target_os = "linux")]
+    async fn busy_upstream(
+        pool: &Pool,
+        hold: Duration,
+    ) -> (
+        SocketAddr,
+        Vec<tokio::net::TcpStream>,
+        tokio::task::JoinHandle<bool>,
+    ) {
+        let (addr, first) = backlogged(hold).await;
+        let slow = {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let req = Request::get("/slow")
+                    .body(body::empty())
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let authority = addr.to_string();
+                let sent = forward(
+                    &pool,
+                    req,
+                    &authority,
+                    None,
+                    &"test",
+                    Duration::from_secs(5),
+                );
+                match sent.await {
+                    Ok(response) => response.into_body().collect().await.is_ok(),
+                    Err(_) => false,
+                }
+            })
+        };
+        first.await.unwrap_or_else(|e| panic!("{e}"));
+        let held = fill(addr).await;
+        (addr, held, slow)
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_connect_timed_out_by_a_full_backlog_fails_unless_the_call_waits() {
+        let pool = Pool::new(config(), quick_connect());
+        let (addr, _held, slow) = busy_upstream(&pool, Duration::from_millis(500)).await;
+        let failed = get_with(&pool, addr, Duration::from_secs(2), Backlog::Fail).await;
+        assert!(
+            matches!(
+                failed,
+                Err(ReachError::UpstreamConnect { refused: false, .. })
+            ),
+            "{failed:?}"
+        );
+        // Waiting, the call takes the connection the slow one frees.
+        let waited = get_with(&pool, addr, Duration::from_secs(2), Backlog::Wait).await;
+        assert!(waited.is_ok(), "{waited:?}");
+        assert!(slow.await.unwrap_or(false));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn time_run_out_waiting_on_a_full_backlog_is_backlogged_not_a_timeout() {
+        let pool = Pool::new(config(), quick_connect());
+        let (addr, _held, _slow) = busy_upstream(&pool, Duration::from_secs(3)).await;
+        let waited = get_with(&pool, addr, Duration::from_millis(400), Backlog::Wait).await;
+        assert!(
+            matches!(waited, Err(ReachError::Backlogged { .. })),
+            "{waited:?}"
+        );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_connect_timeout_to_an_upstream_never_seen_accepting_is_not_waited_out() {
+        let (addr, first) = backlogged(Duration::ZERO).await;
+        // Its one accepted connection is not this pool's.
+        let _other = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        first.await.unwrap_or_else(|e| panic!("{e}"));
+        let _held = fill(addr).await;
+        let pool = Pool::new(config(), quick_connect());
+        let started = Instant::now();
+        let waited = get_with(&pool, addr, Duration::from_secs(2), Backlog::Wait).await;
+        assert!(
+            matches!(
+                waited,
+                Err(ReachError::UpstreamConnect { refused: false, .. })
+            ),
+            "{waited:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_is_not_waited_out() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        drop(listener);
+        let pool = Pool::new(config(), quick_connect());
+        let err = get_with(&pool, addr, Duration::from_secs(2), Backlog::Wait).await;
+        assert!(
+            matches!(err, Err(ReachError::UpstreamConnect { refused: true, .. })),
+            "{err:?}"
+        );
     }
 }

@@ -1,5 +1,12 @@
 //! The innermost inbound step: the call forwarded to the local agent over the agent client,
 //! within its timeout.
+//!
+//! Connections to the agent stay within admission: the pool opens one only for a call holding a
+//! slot and finding none idle, so at most `max_concurrency` in use plus the idle set. An agent
+//! with a small listen backlog that is serving others can still time out a connect (its accept
+//! queue is full): that call connects again within its time ([`Backlog::Wait`]), and if the time
+//! runs out it is answered `503 saturated`, load and not failure: never `upstream_connect_failed`,
+//! which would count against (and eject) an agent that is up.
 
 use std::convert::Infallible;
 
@@ -8,7 +15,7 @@ use tower::service_fn;
 
 use super::call::Forward;
 use crate::error::ReachError;
-use crate::http::pool::{forward, Named, Pool, UpstreamBody};
+use crate::http::pool::{forward_with, Backlog, Named, Pool, UpstreamBody};
 use crate::http::step::Step;
 
 pub(super) fn endpoint(
@@ -20,8 +27,16 @@ pub(super) fn endpoint(
             let agent = &call.snapshot.bootstrap.agent;
             let target = Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "agent {}", agent.name));
             let address = agent.address.as_str();
-            let forwarded =
-                forward(&client, call.request, address, None, &target, call.timeout).await;
+            let forwarded = forward_with(
+                &client,
+                call.request,
+                address,
+                None,
+                &target,
+                call.timeout,
+                Backlog::Wait,
+            )
+            .await;
             Ok::<_, Infallible>(forwarded)
         }
     })
