@@ -148,6 +148,17 @@ enum Command {
         listen: std::net::SocketAddr,
         #[arg(long, default_value = "mock-agent")]
         name: String,
+        /// Append one JSON line per business call executed (its `idempotency-key`) to this file.
+        #[arg(long)]
+        log: Option<PathBuf>,
+        /// Business call latency: fixed (`50ms`) or a range (`20ms..80ms`).
+        #[arg(long, default_value = "5ms")]
+        latency: agent_reach::mock_agent::Latency,
+        /// Events sent by `GET /sse`, one per `--sse-interval`.
+        #[arg(long, default_value_t = 5)]
+        sse_events: u32,
+        #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+        sse_interval: HumanDuration,
     },
     /// Container lifecycle hooks for the plain-container sidecar (images have no shell).
     #[command(hide = true)]
@@ -315,7 +326,20 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::MockAgent { listen, name } => mock_agent(listen, &name),
+        Command::MockAgent {
+            listen,
+            name,
+            log,
+            latency,
+            sse_events,
+            sse_interval,
+        } => {
+            let mut config = agent_reach::mock_agent::MockConfig::new(&name);
+            config.latency = latency;
+            config.sse_events = sse_events;
+            config.sse_interval = sse_interval.get();
+            mock_agent(listen, config, log.as_deref())
+        }
         Command::Baseline {
             action:
                 BaselineAction::Record {
@@ -762,14 +786,23 @@ fn check_baselines(path: &Path, bootstrap: &config::Bootstrap) -> Result<Option<
     Ok((tasks > 0).then(|| format!("{tasks} golden task(s) with their baselines")))
 }
 
-fn mock_agent(listen: std::net::SocketAddr, name: &str) -> ExitCode {
-    use agent_reach::mock_agent::{MockAgent, MockConfig};
+fn mock_agent(
+    listen: std::net::SocketAddr,
+    config: agent_reach::mock_agent::MockConfig,
+    log: Option<&std::path::Path>,
+) -> ExitCode {
+    use agent_reach::mock_agent::{MockAgent, Workload};
     let runtime = match runtime(Some(1)) {
         Ok(rt) => rt,
         Err(code) => return code,
     };
+    let name = config.name.clone();
     runtime.block_on(async {
-        match MockAgent::start(listen, MockConfig::new(name)).await {
+        let started = match log {
+            Some(log) => MockAgent::start_logged(listen, config, Workload::default(), log).await,
+            None => MockAgent::start(listen, config).await,
+        };
+        match started {
             Ok(agent) => {
                 println!("mock agent `{name}` on http://{}", agent.addr);
                 agent.crashed().await;

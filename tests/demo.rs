@@ -171,6 +171,14 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
             .starts_with("code-review; by=intent"),
         "{k}"
     );
+    // The caller killed with tasks queued and restarted: every accepted task done, none run
+    // twice by an agent.
+    let r = &k["restart"];
+    assert!(r["accepted"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["unfinished_at_kill"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["done"], r["accepted"], "{r}");
+    assert_eq!(r["lost"], 0, "{r}");
+    assert_eq!(r["run_twice"], 0, "{r}");
     // A2A: skills from the cards, routable fleet-wide; every follow-up reached its holder.
     let c = &summary["conversations"];
     assert!(c["skill_routable_after_ms"].as_f64().is_some(), "{c}");

@@ -22,6 +22,7 @@ mod report;
 mod scale;
 mod slow;
 mod storm;
+mod task_restart;
 mod tasks;
 
 use std::net::SocketAddr;
@@ -221,7 +222,7 @@ impl Fleet {
 
     /// Starts one more agent behind its sidecar, joining through the seed.
     pub async fn add_agent(&mut self, name: &str) -> Result<(), DemoError> {
-        let agent = start_agent(name).await?;
+        let agent = start_agent(name, &self.execution_log(name)).await?;
         let mut bootstrap = Bootstrap::local(name, agent.addr, &[CAPABILITY])
             .map_err(DemoError::Config)?
             .with_gossip(&self.seed, self.key_dir.join("gossip.key"));
@@ -248,7 +249,7 @@ impl Fleet {
 
     /// Starts one more agent whose sidecar config comes from the injector, as in Kubernetes.
     pub async fn add_injected_agent(&mut self, name: &str) -> Result<Injection, DemoError> {
-        let agent = start_agent(name).await?;
+        let agent = start_agent(name, &self.execution_log(name)).await?;
         let (bootstrap, injection) = injected::injected_bootstrap(
             name,
             agent.addr,
@@ -276,6 +277,11 @@ impl Fleet {
             edit(&mut policy);
             sidecar.store().replace(snapshot.bootstrap.clone(), policy);
         }
+    }
+
+    /// Where agent `name` logs each business call it executed.
+    fn execution_log(&self, name: &str) -> PathBuf {
+        self.key_dir.join(format!("executions-{name}.jsonl"))
     }
 
     /// `bootstrap` with a certificate for `identity` from the fleet's CA.
@@ -367,14 +373,15 @@ async fn poll(within: Duration, mut done: impl FnMut() -> bool) -> Option<Durati
 /// What a call takes once an agent's dependency slows down: ten times the usual 20–60 ms.
 const SLOW_LATENCY: Duration = Duration::from_millis(400);
 
-async fn start_agent(name: &str) -> Result<MockAgent, DemoError> {
+async fn start_agent(name: &str, log: &std::path::Path) -> Result<MockAgent, DemoError> {
     let mut config = MockConfig::new(name);
     config.latency = Latency {
         min: Duration::from_millis(20),
         max: Duration::from_millis(60),
     };
     config.slow_latency = SLOW_LATENCY;
-    Ok(MockAgent::start(SocketAddr::from(([127, 0, 0, 1], 0)), config).await?)
+    let listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    Ok(MockAgent::start_logged(listen, config, Default::default(), log).await?)
 }
 
 /// A fresh cluster key for this run, in a private temporary directory.

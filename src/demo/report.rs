@@ -357,6 +357,19 @@ pub fn render_table(s: &DemoSummary) -> String {
             )),
         k.answer_status.map_or("-".to_owned(), |s| s.to_string())
     ));
+    let r = &k.restart;
+    out.push_str(&format!(
+        "  the caller (the task queue, the gossip seed) killed with {} of its tasks unfinished and started again on the same store: {} accepted, {} done after the restart, {} lost, {} run twice (first done after {}, all after {})\n",
+        r.unfinished_at_kill,
+        r.accepted,
+        r.done,
+        r.lost,
+        r.run_twice,
+        r.first_done_after_ms
+            .map_or("-".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
+        r.all_done_after_ms
+            .map_or("never (within 60 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
+    ));
     let c = &s.conversations;
     out.push_str(&format!(
         "\nA2A: three agents joined with no capability written down; their sidecars read the skill `translate` from the agents' cards and the caller could route it after {}\n  the card through the caller's outbound port names {} ; {} conversations (started on {} agents): {} of {} follow-ups (tasks/get, a second turn in the context) reached the agent holding the task\n",

@@ -6,7 +6,8 @@
 //! keyword rules. It is stored and answered `202` at once. Every agent is refusing work, so the
 //! fallback chain fails, runs again from the queue, fails again, and the task is escalated to a
 //! person's webhook with every attempt's reason, signed. The person fixes the agents and sends
-//! the task back (`POST /reach/v1/tasks/<id>/retry`); it runs and is done.
+//! the task back (`POST /reach/v1/tasks/<id>/retry`); it runs and is done. Last, the caller
+//! is killed with tasks queued and started again (`task_restart.rs`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -53,6 +54,8 @@ pub struct TasksSummary {
     pub done_after_retry_ms: Option<f64>,
     pub final_state: String,
     pub answer_status: Option<u64>,
+    /// The caller killed with tasks queued and started again (`task_restart.rs`).
+    pub restart: super::task_restart::RestartSummary,
 }
 
 /// Tasks submitted while one agent gives plausible fakes.
@@ -203,6 +206,7 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<TasksSummary, DemoError> {
     .await
     .map(|_| retried.elapsed());
     let last = task(&http, outbound, &id).await;
+    let restart = super::task_restart::run(fleet).await?;
     Ok(TasksSummary {
         faker,
         checked_tasks: ids.len() as u64,
@@ -222,19 +226,20 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<TasksSummary, DemoError> {
         done_after_retry_ms: done_after.map(|d| super::round(d.as_secs_f64() * 1000.0)),
         final_state: last["state"].as_str().unwrap_or("-").to_owned(),
         answer_status: last["response"]["status"].as_u64(),
+        restart,
     })
 }
 
 type Client = client::UpstreamClient;
 
-async fn read_json(response: Response<hyper::body::Incoming>) -> serde_json::Value {
+pub(super) async fn read_json(response: Response<hyper::body::Incoming>) -> serde_json::Value {
     match response.into_body().collect().await {
         Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or_default(),
         Err(_) => serde_json::Value::Null,
     }
 }
 
-async fn task(http: &Client, outbound: std::net::SocketAddr, id: &str) -> serde_json::Value {
+pub(super) async fn task(http: &Client, outbound: std::net::SocketAddr, id: &str) -> serde_json::Value {
     let Ok(request) =
         Request::get(format!("http://{outbound}/reach/v1/tasks/{id}")).body(body::empty())
     else {

@@ -7,6 +7,9 @@
 //! changed `language` and a `summary` about something else, for golden tasks). [`MockAgent::start_with`] adds a
 //! [`Workload`]: a worker pool whose excess calls wait in the agent's own queue, a fixed seed for
 //! the agent's random draws, and the share and length of `long-tasks` calls.
+//! [`MockAgent::start_logged`] also appends one JSON line per business call it executed to an
+//! execution log (time, agent, pid, `idempotency-key`, path, status), written as the answer is
+//! handed back, so a fault run can tell whether an agent ran the same key twice.
 
 pub mod a2a;
 mod config;
@@ -53,6 +56,8 @@ struct State {
     /// Business calls served since the current crash-after mode was set.
     since_mode: AtomicU64,
     crashed: CancellationToken,
+    /// The execution log, when there is one (appended, one line per business call).
+    log: Option<Mutex<std::fs::File>>,
 }
 
 /// A running mock agent.
@@ -75,6 +80,33 @@ impl MockAgent {
         config: MockConfig,
         workload: Workload,
     ) -> std::io::Result<Self> {
+        Self::start_inner(listen, config, workload, None).await
+    }
+
+    /// Like [`MockAgent::start_with`], appending one JSON line per business call it executed
+    /// (probes excluded) to `log`: `{"t_ms", "agent", "pid", "key", "method", "path",
+    /// "status"}`, where `key` is the request's `idempotency-key` (null without one). The line
+    /// is written when the answer is ready, before it is sent: a call cut off by a crash before
+    /// that is not logged.
+    pub async fn start_logged(
+        listen: SocketAddr,
+        config: MockConfig,
+        workload: Workload,
+        log: &std::path::Path,
+    ) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        Self::start_inner(listen, config, workload, Some(file)).await
+    }
+
+    async fn start_inner(
+        listen: SocketAddr,
+        config: MockConfig,
+        workload: Workload,
+        log: Option<std::fs::File>,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
@@ -91,6 +123,7 @@ impl MockAgent {
             in_flight: AtomicU64::new(0),
             since_mode: AtomicU64::new(0),
             crashed: CancellationToken::new(),
+            log: log.map(Mutex::new),
         });
         let task = tokio::spawn(serve(listener, state.clone()));
         Ok(Self { addr, state, task })
@@ -146,6 +179,27 @@ impl State {
             health: self.health.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             queued: self.queued.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Appends one line to the execution log (when there is one). A failed write is reported
+    /// on stderr, never fatal: the agent keeps serving.
+    fn log_execution(&self, key: Option<String>, method: &str, path: &str, status: StatusCode) {
+        use std::io::Write;
+        let Some(log) = &self.log else { return };
+        let t_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut line = serde_json::json!({
+            "t_ms": t_ms, "agent": self.config.name, "pid": std::process::id(),
+            "key": key, "method": method, "path": path, "status": status.as_u16(),
+        })
+        .to_string();
+        line.push('\n');
+        let mut file = log.lock().unwrap_or_else(|p| p.into_inner());
+        // One write of the whole line: with O_APPEND it lands in one piece.
+        if let Err(err) = file.write_all(line.as_bytes()) {
+            eprintln!("mock agent: cannot write the execution log: {err}");
         }
     }
 
@@ -251,14 +305,27 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ReachBody
 }
 
 async fn business(state: Arc<State>, req: Request<Incoming>) -> Response<ReachBody> {
-    let counter = if req.headers().contains_key("reach-probe") {
+    let probe = req.headers().contains_key("reach-probe");
+    let counter = if probe {
         &state.probes
     } else {
         &state.business
     };
     counter.fetch_add(1, Ordering::Relaxed);
     state.in_flight.fetch_add(1, Ordering::Relaxed);
+    // What the execution log needs, taken before the request is consumed.
+    let logged = (!probe && state.log.is_some()).then(|| {
+        let key = req
+            .headers()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        (key, req.method().to_string(), req.uri().path().to_owned())
+    });
     let response = business_inner(&state, req).await;
+    if let Some((key, method, path)) = logged {
+        state.log_execution(key, &method, &path, response.status());
+    }
     state.in_flight.fetch_sub(1, Ordering::Relaxed);
     response
 }
@@ -486,5 +553,54 @@ mod tests {
         };
         assert_eq!(draws(7), draws(7));
         assert_ne!(draws(7), draws(8));
+    }
+
+    /// The execution log: one line per business call with its `idempotency-key`, none for a
+    /// probe or `/healthz`.
+    #[tokio::test]
+    async fn the_execution_log_has_a_line_per_business_call_with_its_key() {
+        use http_body_util::Full;
+        use hyper_util::client::legacy::Client;
+        let log = std::env::temp_dir().join(format!(
+            "mock-agent-log-{}-{:?}.jsonl",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_file(&log);
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let Ok(agent) =
+            MockAgent::start_logged(any, MockConfig::new("logged"), Workload::default(), &log)
+                .await
+        else {
+            panic!("cannot start the mock agent");
+        };
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        for (path, key, probe) in [
+            ("/review", Some("t-1#1"), false),
+            ("/review", None, false),
+            ("/review", None, true),
+            ("/healthz", None, false),
+        ] {
+            let mut request = Request::builder().uri(format!("http://{}{path}", agent.addr));
+            if let Some(key) = key {
+                request = request.header("idempotency-key", key);
+            }
+            if probe {
+                request = request.header("reach-probe", "1");
+            }
+            let request = request.body(Full::new(Bytes::new())).unwrap_or_default();
+            assert!(client.request(request).await.is_ok());
+        }
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[0]["key"], "t-1#1");
+        assert_eq!(lines[0]["agent"], "logged");
+        assert_eq!(lines[0]["status"], 200);
+        assert!(lines[1]["key"].is_null(), "{text}");
+        let _ = std::fs::remove_file(&log);
     }
 }
