@@ -22,6 +22,7 @@ mod report;
 mod scale;
 mod slow;
 mod storm;
+mod task_api;
 mod task_restart;
 mod tasks;
 

@@ -53,7 +53,7 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<RestartSummary, DemoError> 
             if response.status() != http::StatusCode::ACCEPTED {
                 return None;
             }
-            super::tasks::read_json(response).await["id"]
+            super::task_api::read_json(response).await["id"]
                 .as_str()
                 .map(str::to_owned)
         }
@@ -65,15 +65,19 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<RestartSummary, DemoError> 
     let bootstrap = restarted_bootstrap(fleet);
     let policy: Policy = fleet.caller.store().snapshot().policy.clone();
     let stand_in = start_sidecar(
-        Bootstrap::local("stand-in", std::net::SocketAddr::from(([127, 0, 0, 1], 9)), &[])
-            .map_err(DemoError::Config)?,
+        Bootstrap::local(
+            "stand-in",
+            std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+            &[],
+        )
+        .map_err(DemoError::Config)?,
         Policy::default(),
     )
     .await?;
     let old = std::mem::replace(&mut fleet.caller, stand_in);
     let mut unfinished = 0;
     for id in &ids {
-        if super::tasks::task(&http, outbound, id).await["state"] != "done" {
+        if super::task_api::task(&http, outbound, id).await["state"] != "done" {
             unfinished += 1;
         }
     }
@@ -109,7 +113,7 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<RestartSummary, DemoError> 
     while !pending.is_empty() && Instant::now() < until {
         let mut still = Vec::new();
         for id in pending {
-            let t = super::tasks::task(&http, outbound, id).await;
+            let t = super::task_api::task(&http, outbound, id).await;
             if t["state"] == "done" {
                 done += 1;
                 first_done.get_or_insert_with(|| started.elapsed());
@@ -149,7 +153,10 @@ fn restarted_bootstrap(fleet: &Fleet) -> Bootstrap {
 /// Rounds of the tasks `ids` (idempotency keys `<id>#<round>`) some agent's execution log shows
 /// more than once.
 fn run_twice(fleet: &Fleet, ids: &[String]) -> u64 {
-    let ours = |key: &str| key.split_once('#').is_some_and(|(id, _)| ids.iter().any(|i| i == id));
+    let ours = |key: &str| {
+        key.split_once('#')
+            .is_some_and(|(id, _)| ids.iter().any(|i| i == id))
+    };
     let mut twice = 0;
     for (agent, _) in &fleet.agents {
         let Ok(text) = std::fs::read_to_string(fleet.execution_log(agent.name())) else {

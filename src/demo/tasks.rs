@@ -17,6 +17,7 @@ use http_body_util::BodyExt;
 use serde::Serialize;
 use tokio::net::TcpListener;
 
+use super::task_api::{read_json, task};
 use super::{poll, DemoError, Fleet, CAPABILITY};
 use crate::config::{FinalFallback, HumanDuration, IntentRule, Intents, Name, QueueRounds};
 use crate::http::{body, client};
@@ -231,25 +232,6 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<TasksSummary, DemoError> {
 }
 
 type Client = client::UpstreamClient;
-
-pub(super) async fn read_json(response: Response<hyper::body::Incoming>) -> serde_json::Value {
-    match response.into_body().collect().await {
-        Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or_default(),
-        Err(_) => serde_json::Value::Null,
-    }
-}
-
-pub(super) async fn task(http: &Client, outbound: std::net::SocketAddr, id: &str) -> serde_json::Value {
-    let Ok(request) =
-        Request::get(format!("http://{outbound}/reach/v1/tasks/{id}")).body(body::empty())
-    else {
-        return serde_json::Value::Null;
-    };
-    match http.request(request).await {
-        Ok(response) => read_json(response).await,
-        Err(_) => serde_json::Value::Null,
-    }
-}
 
 /// Polls the task every 50 ms until `done(task)`.
 async fn wait_for(
