@@ -107,7 +107,7 @@ where
                 journal.note(attempt.note(&scored[chosen].peer.name, started));
             }
         }
-        let pause = attempts.after(&attempt, chosen, &scored);
+        let pause = attempts.after(&attempt, chosen, &scored, &tiers);
         last = Some((attempt, chosen));
         match pause {
             Some(pause) => tokio::time::sleep(pause).await,
@@ -251,6 +251,7 @@ impl<'a> Attempts<'a> {
         attempt: &Attempt<B>,
         chosen: usize,
         scored: &[Scored],
+        tiers: &[Tier],
     ) -> Option<Duration> {
         if let Attempt::Limited(_) = attempt {
             // Refused here before anything was sent: the next candidate, at once, for free.
@@ -271,6 +272,11 @@ impl<'a> Attempts<'a> {
         if self.tried.len() >= self.max {
             return None;
         }
+        // Nobody left to try: the answer goes back at once — no retry counted, no budget
+        // spent, no backoff paid for an attempt that will not happen.
+        if !same_peer && !self.untried_left(scored, tiers) {
+            return None;
+        }
         if same_peer {
             self.sticky = Some(chosen);
         }
@@ -286,6 +292,14 @@ impl<'a> Attempts<'a> {
         self.retry_reason = Some(reason);
         let pause = self.pause(attempt, scored);
         Some(self.deadline.map_or(pause, |d| pause.min(d.remaining())))
+    }
+
+    /// Whether `pick` would find a candidate not yet tried.
+    fn untried_left(&self, scored: &[Scored], tiers: &[Tier]) -> bool {
+        let floor = self.snapshot.policy.zones.tier_min_score;
+        let mut skip = tiers::outside_nearest(scored, tiers, &self.tried, floor);
+        skip.extend_from_slice(&self.tried);
+        pick(scored, &skip, || 0.5).is_some()
     }
 
     /// The pause before the next attempt.
@@ -455,6 +469,30 @@ mod tests {
 
     fn answered(routed: &Routed<()>) -> Option<u16> {
         routed.answer.as_ref().ok().map(|r| r.status().as_u16())
+    }
+
+    /// Issue 33, finding 3: with one candidate answering 429 nothing is retried: the answer
+    /// comes back at once, no retry is counted and no budget spent (before: a retry counted,
+    /// budget withdrawn and a backoff paid while the answer said `reach-attempts: 1`).
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_candidates_refusal_is_answered_at_once_without_a_retry() {
+        let mut policy = Policy::default();
+        policy.retry.backoff_base = crate::config::HumanDuration::from_millis(100);
+        let out = for_tests(policy);
+        let p = plan(&out, "POST", false, &["a"]);
+        let began = Instant::now();
+        let (routed, asked) = run(&out, p, vec![status(429, Some("rate_limited"))]).await;
+        assert_eq!(answered(&routed), Some(429));
+        assert_eq!(routed.attempts, Some(1));
+        assert_eq!(asked.len(), 1);
+        assert_eq!(began.elapsed(), Duration::ZERO, "no backoff");
+        let metrics = out.metrics.render();
+        assert!(
+            !metrics
+                .lines()
+                .any(|l| l.starts_with("reach_retries_total{") && !l.ends_with(" 0")),
+            "no retry counted: {metrics}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

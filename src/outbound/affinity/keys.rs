@@ -104,8 +104,8 @@ pub(crate) fn first_event(bytes: &[u8]) -> Option<Vec<u8>> {
     Some(data)
 }
 
-/// A2A's JSON-RPC methods that start or continue a task or context (v0.2 slash forms and
-/// v0.3+ PascalCase).
+/// A2A's JSON-RPC methods that start or continue a task or context, in both naming generations
+/// (v0.2/v0.3 slash forms, v1 PascalCase): the table in `docs/affinity.md`.
 fn is_a2a_method(method: &str) -> bool {
     matches!(
         method,
@@ -118,8 +118,23 @@ fn is_a2a_method(method: &str) -> bool {
             | "SendStreamingMessage"
             | "GetTask"
             | "CancelTask"
+            | "SubscribeToTask"
             | "TaskResubscription"
+            | "CreateTaskPushNotificationConfig"
+            | "SetTaskPushNotificationConfig"
+            | "GetTaskPushNotificationConfig"
+            | "ListTaskPushNotificationConfig"
+            | "ListTaskPushNotificationConfigs"
+            | "DeleteTaskPushNotificationConfig"
     ) || method.starts_with("tasks/pushNotificationConfig/")
+}
+
+/// The task a resource name names: `tasks/{id}`, or a sub-resource of it
+/// (`tasks/{id}/pushNotificationConfigs/{config}`).
+fn task_of_resource(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("tasks/")?;
+    let id = rest.split('/').next().filter(|id| !id.is_empty())?;
+    Some(id.to_owned())
 }
 
 fn a2a_request(body: &[u8]) -> Option<Vec<(Kind, String)>> {
@@ -131,12 +146,13 @@ fn a2a_request(body: &[u8]) -> Option<Vec<(Kind, String)>> {
     let Some(params) = rpc.params else {
         return Some(keys);
     };
-    // `tasks/*` name the task by `id` (v1: `name: tasks/{id}`), push configs by `taskId`.
-    let task = params.id.or(params.task_id).or_else(|| {
-        params
-            .name
-            .and_then(|n| n.strip_prefix("tasks/").map(str::to_owned))
-    });
+    // A push config names its task by `taskId` (its own `id` is the config's); the others by
+    // `id`, or by a resource name (`name`, `parent`: `tasks/{id}[/…]`).
+    let task = params
+        .task_id
+        .or(params.id)
+        .or_else(|| params.name.as_deref().and_then(task_of_resource))
+        .or_else(|| params.parent.as_deref().and_then(task_of_resource));
     keys.extend(task.map(|t| (Kind::Task, t)));
     if let Some(message) = params.message {
         keys.extend(message.task_id.map(|t| (Kind::Task, t)));
@@ -185,6 +201,8 @@ struct Params {
     id: Option<String>,
     #[serde(default)]
     name: Option<String>,
+    #[serde(default)]
+    parent: Option<String>,
     #[serde(default)]
     task_id: Option<String>,
     #[serde(default)]
@@ -303,6 +321,75 @@ mod tests {
         let first = br#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m"}}}"#;
         let found = of_request(&h, Some(first), None);
         assert!(found.a2a && found.keys.is_empty());
+    }
+
+    /// Issue 33, finding 1: every method that names a task, in both generations, is bound to
+    /// the task's holder (`docs/affinity.md`); before, `SubscribeToTask` and the push-config
+    /// methods were not.
+    #[test]
+    fn every_follow_up_method_names_its_task() {
+        let h = head(&[JSON]);
+        let cases: &[(&str, &str)] = &[
+            ("tasks/get", r#"{"id":"t1"}"#),
+            ("tasks/cancel", r#"{"id":"t1"}"#),
+            ("tasks/resubscribe", r#"{"id":"t1"}"#),
+            (
+                "tasks/pushNotificationConfig/set",
+                r#"{"taskId":"t1","pushNotificationConfig":{"url":"http://h/"}}"#,
+            ),
+            (
+                "tasks/pushNotificationConfig/get",
+                r#"{"id":"t1","pushNotificationConfigId":"c9"}"#,
+            ),
+            ("tasks/pushNotificationConfig/list", r#"{"id":"t1"}"#),
+            (
+                "tasks/pushNotificationConfig/delete",
+                r#"{"id":"t1","pushNotificationConfigId":"c9"}"#,
+            ),
+            ("GetTask", r#"{"id":"t1"}"#),
+            ("GetTask", r#"{"name":"tasks/t1"}"#),
+            ("CancelTask", r#"{"id":"t1"}"#),
+            ("SubscribeToTask", r#"{"id":"t1"}"#),
+            ("SubscribeToTask", r#"{"name":"tasks/t1"}"#),
+            ("TaskResubscription", r#"{"id":"t1"}"#),
+            (
+                "CreateTaskPushNotificationConfig",
+                r#"{"taskId":"t1","id":"c9","url":"http://h/"}"#,
+            ),
+            (
+                "CreateTaskPushNotificationConfig",
+                r#"{"parent":"tasks/t1","configId":"c9"}"#,
+            ),
+            (
+                "SetTaskPushNotificationConfig",
+                r#"{"taskId":"t1","pushNotificationConfig":{}}"#,
+            ),
+            (
+                "GetTaskPushNotificationConfig",
+                r#"{"taskId":"t1","id":"c9"}"#,
+            ),
+            (
+                "GetTaskPushNotificationConfig",
+                r#"{"name":"tasks/t1/pushNotificationConfigs/c9"}"#,
+            ),
+            ("ListTaskPushNotificationConfigs", r#"{"taskId":"t1"}"#),
+            ("ListTaskPushNotificationConfig", r#"{"parent":"tasks/t1"}"#),
+            (
+                "DeleteTaskPushNotificationConfig",
+                r#"{"taskId":"t1","id":"c9"}"#,
+            ),
+            (
+                "DeleteTaskPushNotificationConfig",
+                r#"{"name":"tasks/t1/pushNotificationConfigs/c9"}"#,
+            ),
+        ];
+        for (method, params) in cases {
+            let body =
+                format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{params}}}"#);
+            let found = of_request(&h, Some(body.as_bytes()), None);
+            assert!(found.a2a, "{method} is A2A");
+            assert_eq!(keys(&found), [(Kind::Task, "t1")], "{method} {params}");
+        }
     }
 
     #[test]
