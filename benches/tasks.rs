@@ -387,7 +387,14 @@ async fn submission(binary: &Path, root: &Path, options: &Options) -> Result<(),
     );
     println!(
         "\n{:>8} {:>11} {:>9} {:>9} {:>9} {:>7} {:>12} {:>16}  runner states at the end",
-        "clients", "submits/s", "p50 ms", "p99 ms", "max ms", "errors", "store KiB/t", "RSS MiB start→end"
+        "clients",
+        "submits/s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "errors",
+        "store KiB/t",
+        "RSS MiB start→end"
     );
     for &clients in &options.levels {
         let dir = root.join(format!("submit-{clients}"));

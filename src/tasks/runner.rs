@@ -172,7 +172,8 @@ impl Runner {
                 }
                 Err(err) => {
                     drop(permit);
-                    let wait = backoff.map_or(CLAIM_BACKOFF_FIRST, |w| (w * 2).min(CLAIM_BACKOFF_MAX));
+                    let wait =
+                        backoff.map_or(CLAIM_BACKOFF_FIRST, |w| (w * 2).min(CLAIM_BACKOFF_MAX));
                     backoff = Some(wait);
                     tracing::debug!(%err, wait_ms = wait.as_millis() as u64, "task store: cannot claim");
                     tokio::select! {
@@ -323,7 +324,10 @@ impl Runner {
         }
         let pause = wait_backoff(waited).min(max_wait - waited);
         task.state = State::Waiting;
-        task.error = Some(format!("{reason}: no agent serves `{}` yet", task.capability));
+        task.error = Some(format!(
+            "{reason}: no agent serves `{}` yet",
+            task.capability
+        ));
         task.due_ms = now.saturating_add(pause.as_millis() as u64);
         task.updated_ms = now;
         task.lease = None;
