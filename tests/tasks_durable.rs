@@ -240,7 +240,10 @@ async fn a_task_that_waits_past_max_wait_follows_the_final_fallback() {
     let failed = wait_state(caller.outbound, &id, "failed", Duration::from_secs(10)).await;
     let why = failed["error"].as_str().unwrap_or_default();
     assert!(why.contains("tasks.max_wait"), "{failed:#}");
-    assert!(failed["attempts"].as_array().is_some_and(|a| a.is_empty()), "{failed:#}");
+    assert!(
+        failed["attempts"].as_array().is_some_and(|a| a.is_empty()),
+        "{failed:#}"
+    );
 }
 
 /// A tmpfs of `size` at `dir`, unmounted on drop; `None` where mounting is refused (not root).
@@ -330,7 +333,10 @@ async fn a_full_disk_is_reported_and_the_store_heals_once_space_returns() {
     let refused = refused.expect("a full disk refuses submissions and /ready reports it");
     assert_eq!(refused.header("reach-reason"), "task_store_unavailable");
     assert!(refused.body.contains("No space left"), "{}", refused.body);
-    assert!(!refused.header("retry-after").is_empty(), "retry-after is set");
+    assert!(
+        !refused.header("retry-after").is_empty(),
+        "retry-after is set"
+    );
     let metrics = get(&client(), &format!("http://{}/metrics", caller.admin)).await;
     assert!(
         counter(&metrics.body, "reach_task_store_errors_total{kind=\"io\"") > 0,
@@ -340,18 +346,24 @@ async fn a_full_disk_is_reported_and_the_store_heals_once_space_returns() {
     for n in 1..=fills {
         let _ = std::fs::remove_file(fs.0.join(format!("fill-{n}")));
     }
-    eventually(Duration::from_secs(30), "submissions to be taken again", || async {
-        let reply = submit(caller.outbound, &[], "{\"diff\": 2}").await;
-        if reply.status == 202 {
-            return true;
-        }
-        assert_eq!(reply.status, 503, "{}", reply.body);
-        false
-    })
+    eventually(
+        Duration::from_secs(30),
+        "submissions to be taken again",
+        || async {
+            let reply = submit(caller.outbound, &[], "{\"diff\": 2}").await;
+            if reply.status == 202 {
+                return true;
+            }
+            assert_eq!(reply.status, 503, "{}", reply.body);
+            false
+        },
+    )
     .await;
-    eventually(Duration::from_secs(10), "/ready to be 200 again", || async {
-        ready().await == 200
-    })
+    eventually(
+        Duration::from_secs(10),
+        "/ready to be 200 again",
+        || async { ready().await == 200 },
+    )
     .await;
     for id in &accepted {
         wait_state(caller.outbound, id, "done", Duration::from_secs(60)).await;
@@ -362,7 +374,11 @@ async fn a_full_disk_is_reported_and_the_store_heals_once_space_returns() {
         .iter()
         .filter(|l| l.contains("WARN") || l.contains("ERROR"))
         .count();
-    assert!(loud < 20, "{loud} warnings and errors: {:#?}", &lines[..lines.len().min(40)]);
+    assert!(
+        loud < 20,
+        "{loud} warnings and errors: {:#?}",
+        &lines[..lines.len().min(40)]
+    );
 }
 
 /// Issue 32, finding 3: the store is bounded. Beyond `tasks.max_tasks` a submission is
@@ -393,7 +409,12 @@ async fn a_submission_beyond_max_tasks_is_refused_as_full() {
         &format!("http://{}/reach/v1/tasks?limit=100", caller.outbound),
     )
     .await;
-    assert_eq!(listed.json()["tasks"].as_array().map(Vec::len), Some(5), "{}", listed.body);
+    assert_eq!(
+        listed.json()["tasks"].as_array().map(Vec::len),
+        Some(5),
+        "{}",
+        listed.body
+    );
     // Still ready: a full store refuses new work but keeps the work it has.
     let ready = get(&client(), &format!("http://{}/ready", caller.admin)).await;
     assert_eq!(ready.status, 200);

@@ -441,7 +441,12 @@ fn recover(db: &Database) -> Result<(), StoreError> {
     if !counted {
         // A file written before the counts were kept: count it once.
         let (mut count, mut bytes) = (0u64, 0u64);
-        for entry in txn.open_table(TASKS).map_err(backend)?.iter().map_err(backend)? {
+        for entry in txn
+            .open_table(TASKS)
+            .map_err(backend)?
+            .iter()
+            .map_err(backend)?
+        {
             let (_, doc) = entry.map_err(backend)?;
             count += 1;
             bytes += doc.value().len() as u64;

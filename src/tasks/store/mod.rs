@@ -59,7 +59,10 @@ impl Limits {
     /// bytes, if it cannot.
     pub fn refuse(&self, tasks: u64, bytes: u64, adding: u64) -> Option<String> {
         if tasks >= self.max_tasks {
-            return Some(format!("{tasks} tasks stored, tasks.max_tasks is {}", self.max_tasks));
+            return Some(format!(
+                "{tasks} tasks stored, tasks.max_tasks is {}",
+                self.max_tasks
+            ));
         }
         if bytes.saturating_add(adding) > self.max_bytes {
             return Some(format!(
@@ -183,9 +186,11 @@ impl TaskStore {
             // A conflict or a missing task is an answer: the store worked.
             Ok(_) | Err(StoreError::Conflict(_) | StoreError::Missing(_)) => {
                 if let Some(was) = down.take() {
-                    tracing::info!(store = self.kind(),
+                    tracing::info!(
+                        store = self.kind(),
                         down_ms = now_ms().saturating_sub(was.since_ms),
-                        "task store back");
+                        "task store back"
+                    );
                 }
             }
         }
@@ -401,7 +406,12 @@ pub(crate) mod conformance {
             Ok(Inserted::Existing(_))
         ));
         // A stored task may still grow: nothing accepted is refused its progress.
-        let mut grown = store.get("b1").await.ok().flatten().unwrap_or_else(|| task("x", 0, 0));
+        let mut grown = store
+            .get("b1")
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| task("x", 0, 0));
         grown.error = Some("x".repeat(4096));
         assert!(store.save(&mut grown).await.is_ok());
         assert_eq!(store.purge(100_000, 1_000).await.ok(), Some(3));
