@@ -272,14 +272,14 @@ impl Runner {
             tried += 1;
             task.attempts.push(record(note, round));
         }
+        let class = Class::of_response(&answer);
+        let response = stored_response(answer, self.queue.config.max_response_bytes).await;
         if tried == 0 {
-            if let Some(reason) = nobody_serves(&answer) {
+            if let Some(reason) = nobody_to_ask(&response) {
                 return self.wait(task, reason, &snapshot).await;
             }
         }
         task.waiting_since_ms = None;
-        let class = Class::of_response(&answer);
-        let response = stored_response(answer, self.queue.config.max_response_bytes).await;
         match class {
             Class::Success => {
                 task.response = Some(response);
@@ -608,17 +608,35 @@ async fn stored_response(response: http::Response<ReachBody>, max: usize) -> Sto
     }
 }
 
-/// The reason of an answer that says no agent could be asked (nobody serves the capability,
-/// or every server is out of reach), when it is one.
-fn nobody_serves(answer: &http::Response<ReachBody>) -> Option<&'static str> {
-    let reason = answer.headers().get(crate::http::headers::REASON)?;
-    [
-        crate::error::Reason::UnknownCapability,
-        crate::error::Reason::NoAvailableInstance,
-    ]
-    .into_iter()
-    .map(|r| r.as_str())
-    .find(|r| reason.as_bytes() == r.as_bytes())
+/// Why a chain that tried nobody had nobody to ask, when that is so: nobody serves the
+/// capability (`unknown_capability`), or every server is out of rotation — draining, or its
+/// sidecar unreachable, as in a restart (`no_available_instance` whose every candidate is so).
+/// Servers passed over for what they did (ejected after failing or refusing) are a failed
+/// chain: the final fallback judges those.
+fn nobody_to_ask(response: &StoredResponse) -> Option<&'static str> {
+    let reason = response
+        .headers
+        .iter()
+        .find(|(n, _)| n == crate::http::headers::REASON.as_str())
+        .map(|(_, v)| v.as_str())?;
+    let unknown = crate::error::Reason::UnknownCapability.as_str();
+    let unavailable = crate::error::Reason::NoAvailableInstance.as_str();
+    if reason == unknown {
+        return Some(unknown);
+    }
+    if reason != unavailable {
+        return None;
+    }
+    let body: serde_json::Value = serde_json::from_str(&response.body).ok()?;
+    let candidates = body["candidates"].as_array()?;
+    let out_of_rotation = |c: &serde_json::Value| {
+        c["state"] == "draining"
+            || c["self_state"] == "draining"
+            || c["passed_over"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("sidecar unreachable") || p.starts_with("draining"))
+    };
+    (!candidates.is_empty() && candidates.iter().all(out_of_rotation)).then_some(unavailable)
 }
 
 /// The pause before a waiting task is asked again: a quarter of the time it has waited, from
