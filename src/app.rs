@@ -34,6 +34,26 @@ mod gossip_wiring;
 
 /// The admin listener never streams: a request that takes longer than this is stuck.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The capabilities known at start, their series exported from 0 (`metrics/known.rs`): the
+/// agent's own (inbound), and those its static peers serve or its policy names (outbound).
+fn register_known_capabilities(metrics: &Metrics, snapshot: &crate::config::Snapshot) {
+    use crate::metrics::Direction;
+    for capability in &snapshot.bootstrap.agent.capabilities {
+        metrics.register_capability(Direction::Inbound, capability.name.as_str());
+    }
+    let peers = snapshot
+        .bootstrap
+        .peers
+        .iter()
+        .flat_map(|p| &p.capabilities);
+    for capability in peers {
+        metrics.register_capability(Direction::Outbound, capability.as_str());
+    }
+    for capability in snapshot.policy.capabilities.keys() {
+        metrics.register_capability(Direction::Outbound, capability);
+    }
+}
+
 /// The longest a task runner waits after start for gossip to join and hand over members.
 const SETTLE_GOSSIP: Duration = Duration::from_secs(10);
 /// Admin endpoints answer GET; a body is never read.
@@ -199,6 +219,7 @@ impl Sidecar {
             }
             None => None,
         };
+        register_known_capabilities(&metrics, &snapshot);
         let ready = Arc::new(AtomicBool::new(false));
         let admin = Arc::new(Admin {
             store: store.clone(),

@@ -9,6 +9,7 @@
 //! `docs/metrics.md` lists every series.
 
 mod demand;
+mod known;
 mod peers;
 
 use std::sync::Mutex;
@@ -244,7 +245,7 @@ const HISTOGRAMS: &[(&str, &str)] = &[
 ];
 
 /// Which way a request crossed the sidecar.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Direction {
     Inbound,
     Outbound,
@@ -286,6 +287,8 @@ pub struct Metrics {
     peers: Mutex<PeerSeries>,
     /// The fleet's demand per capability, replaced on every refresh.
     fleet_demand: Mutex<demand::FleetDemand>,
+    /// The capabilities whose series were registered at 0 (`known.rs`).
+    known: known::Known,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -312,8 +315,10 @@ impl Metrics {
             first_byte: Mutex::default(),
             peers: Mutex::default(),
             fleet_demand: Mutex::default(),
+            known: Mutex::default(),
         };
         metrics.describe();
+        metrics.register_transitions();
         let agent = agent.to_owned();
         metrics.with(|| {
             gauge!(INFO, "agent" => agent, "version" => env!("CARGO_PKG_VERSION")).set(1.0)

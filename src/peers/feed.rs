@@ -24,6 +24,12 @@ pub struct GossipFeed {
 impl Membership for GossipFeed {
     fn members(&self, members: &[Member]) {
         let peers: Vec<Peer> = members.iter().map(Peer::from_member).collect();
+        // What gossip says may be called is counted from 0 before its first call.
+        for capability in peers.iter().flat_map(|p| &p.capabilities) {
+            self.views
+                .metrics()
+                .register_capability(crate::metrics::Direction::Outbound, capability);
+        }
         // A member restarted in place (same name, same address, a new gossip epoch) is a new
         // process: this caller's view of the old one (ejected while it was down, draining) is
         // dropped before the new one becomes a candidate.

@@ -194,6 +194,11 @@ pub struct PeerStatus {
 }
 
 impl PeerViews {
+    /// The metrics this caller's views count into.
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     pub fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>) -> Self {
         Self {
             store,

@@ -14,5 +14,7 @@ pub use estimate::{
 };
 pub use log::{TransitionLog, TransitionRecord, TRANSITIONS_KEPT};
 pub use score::{capability_match, cost, score, Factors, Weights};
-pub use state::{shown, Event, QualityMark, State, StateMachine, StateParams, Transition};
+pub use state::{
+    shown, Event, QualityMark, State, StateMachine, StateParams, Transition, TRANSITIONS,
+};
 pub use view::{ReachView, ViewSnapshot};

@@ -153,6 +153,84 @@ pub struct Transition {
     pub reason: &'static str,
 }
 
+/// Every transition `StateMachine` makes (from, to, reason), kept in step with its `enter`
+/// calls: the metrics export each at 0 from the start, so a dashboard's `increase()` sees the
+/// first ejection (`docs/metrics.md`).
+pub const TRANSITIONS: &[(State, State, &str)] = &[
+    (State::Healthy, State::Probation, "score below the floor"),
+    (
+        State::Parole,
+        State::Ejected,
+        "the agent refuses connections",
+    ),
+    (
+        State::Healthy,
+        State::Ejected,
+        "the agent refuses connections",
+    ),
+    (
+        State::Probation,
+        State::Ejected,
+        "the agent refuses connections",
+    ),
+    (
+        State::Recovering,
+        State::Ejected,
+        "the agent refuses connections",
+    ),
+    (
+        State::Draining,
+        State::Ejected,
+        "the agent refuses connections",
+    ),
+    (
+        State::Ejected,
+        State::Recovering,
+        "the agent accepts connections again",
+    ),
+    (State::Parole, State::Healthy, "proved itself on parole"),
+    (State::Ejected, State::Recovering, "the agent answers again"),
+    (
+        State::Ejected,
+        State::Recovering,
+        "cool-off over and the probe passed",
+    ),
+    (State::Parole, State::Ejected, "failed on parole"),
+    (State::Healthy, State::Probation, "business probe failed"),
+    (State::Healthy, State::Probation, "consecutive failures"),
+    (
+        State::Probation,
+        State::Ejected,
+        "kept failing on probation",
+    ),
+    (
+        State::Probation,
+        State::Ejected,
+        "failure rate on probation",
+    ),
+    (State::Recovering, State::Ejected, "failed while recovering"),
+    (
+        State::Parole,
+        State::Healthy,
+        "parole served without failures",
+    ),
+    (State::Probation, State::Healthy, "probation window passed"),
+    (State::Probation, State::Ejected, "probation window failed"),
+    (State::Ejected, State::Recovering, "cool-off over"),
+    (State::Recovering, State::Healthy, "ramp complete"),
+    (State::Parole, State::Healthy, "its own view is healthy"),
+    (
+        State::Ejected,
+        State::Recovering,
+        "its own view is recovering",
+    ),
+    (State::Parole, State::Draining, "draining"),
+    (State::Healthy, State::Draining, "draining"),
+    (State::Probation, State::Draining, "draining"),
+    (State::Ejected, State::Draining, "draining"),
+    (State::Recovering, State::Draining, "draining"),
+];
+
 #[derive(Clone, Debug)]
 pub struct StateMachine {
     state: State,

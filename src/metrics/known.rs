@@ -1,0 +1,131 @@
+//! Zero series for the label sets known before their first event. Prometheus' instrumentation
+//! guidance: a counter that may be incremented is exported at 0 from the start, else
+//! `increase()` and `rate()` miss the first event of every label set (a dashboard read 0
+//! ejections after two). Known at start: every state transition of the reach model, for both
+//! views; per capability this sidecar serves, its request outcomes; per capability it may call
+//! (its static peers', its policy's, and each gossip brings), its outcomes, every retry reason
+//! and its retry budget.
+
+use std::collections::HashSet;
+
+use metrics::counter;
+
+use super::{
+    Direction, Metrics, OUTCOMES, RETRIES_TOTAL, RETRY_BUDGET_EXHAUSTED_TOTAL,
+    STATE_TRANSITIONS_TOTAL,
+};
+use crate::reach::TRANSITIONS;
+
+/// The `reason` labels of `reach_retries_total`: the refusals (`classify::Refusal::as_str`),
+/// the failures `outbound::attempt::retry` names, and the policy's own two.
+pub(super) const RETRY_REASONS: [&str; 12] = [
+    "rate_limited",
+    "saturated",
+    "refused",
+    "agent_unreachable",
+    "unknown_capability",
+    "connect_failed",
+    "invalid_output",
+    "timeout_keyed",
+    "timeout",
+    "server_error",
+    "chain_next",
+    "target_limited",
+];
+
+/// Capabilities registered at most: gossip names are validated, but a fleet's are not bounded.
+const MAX_KNOWN: usize = 1024;
+
+/// The capabilities already registered, per direction.
+pub(super) type Known = std::sync::Mutex<HashSet<(Direction, String)>>;
+
+impl Metrics {
+    /// Every transition of the reach model, for the agent's own view and the peers'.
+    pub(super) fn register_transitions(&self) {
+        self.with(|| {
+            for view in ["self", "peer"] {
+                for (from, to, reason) in TRANSITIONS {
+                    counter!(STATE_TRANSITIONS_TOTAL, "view" => view, "from" => from.as_str(), "to" => to.as_str(), "reason" => super::reason_label(reason))
+                        .increment(0);
+                }
+            }
+        });
+    }
+
+    /// `capability`'s series from zero: its request outcomes and, for a capability this
+    /// sidecar calls, its retry reasons and budget. Once per capability and direction.
+    pub fn register_capability(&self, direction: Direction, capability: &str) {
+        {
+            let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+            if known.len() >= MAX_KNOWN || !known.insert((direction, capability.to_owned())) {
+                return;
+            }
+        }
+        for outcome in OUTCOMES {
+            let (counter, _) = self.register_request(direction, capability, outcome);
+            counter.increment(0);
+        }
+        if direction == Direction::Outbound {
+            let capability = capability.to_owned();
+            self.with(|| {
+                for reason in RETRY_REASONS {
+                    counter!(RETRIES_TOTAL, "capability" => capability.clone(), "reason" => reason)
+                        .increment(0);
+                }
+                counter!(RETRY_BUDGET_EXHAUSTED_TOTAL, "capability" => capability).increment(0);
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(text: &str, prefix: &str) -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Issue 33, finding 2: the ejection and retry series exist at 0 before their first event,
+    /// with their `# TYPE` (before: absent until the first increment, already at 1).
+    #[test]
+    fn known_label_sets_are_exported_at_zero_from_the_start() {
+        let m = Metrics::new("a");
+        m.register_capability(Direction::Outbound, "review");
+        m.register_capability(Direction::Inbound, "translate");
+        let text = m.render();
+        assert!(
+            text.contains("# TYPE reach_state_transitions_total counter"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE reach_retry_budget_exhausted_total counter"));
+        let ejections = series(&text, "reach_state_transitions_total{");
+        assert!(ejections.iter().any(|l| l.contains("view=\"peer\"")
+            && l.contains("to=\"ejected\"")
+            && l.contains("reason=\"failed_on_parole\"")
+            && l.ends_with(" 0")));
+        assert_eq!(ejections.len(), 2 * TRANSITIONS.len());
+        let retries = series(&text, "reach_retries_total{");
+        assert_eq!(retries.len(), RETRY_REASONS.len(), "{retries:?}");
+        assert!(retries.iter().all(|l| l.ends_with(" 0")));
+        assert_eq!(
+            series(&text, "reach_retry_budget_exhausted_total{"),
+            ["reach_retry_budget_exhausted_total{capability=\"review\"} 0"]
+        );
+        let inbound = series(&text, "reach_requests_total{");
+        assert!(inbound
+            .iter()
+            .any(|l| l.contains("capability=\"translate\"") && l.contains("outcome=\"timeout\"")));
+        // Once per capability: a second registration changes nothing, an event counts from 0.
+        m.register_capability(Direction::Outbound, "review");
+        m.retry("review", "rate_limited");
+        let text = m.render();
+        assert!(
+            text.contains("reach_retries_total{capability=\"review\",reason=\"rate_limited\"} 1"),
+            "{text}"
+        );
+    }
+}
