@@ -367,7 +367,10 @@ async fn the_retry_budget_stops_retries_under_a_sustained_failure() {
         .await
         .body;
     assert!(
-        metrics.contains("reach_retry_budget_exhausted_total{capability=\"code-review\"}"),
+        counter(
+            &metrics,
+            "reach_retry_budget_exhausted_total{capability=\"code-review\"}"
+        ) > 0,
         "{metrics}"
     );
     fleet.shutdown().await;
