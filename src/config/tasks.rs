@@ -42,8 +42,8 @@ pub struct TasksConfig {
     #[serde(default = "default_retention")]
     pub retention: HumanDuration,
     /// How long a task waits for an agent to serve its capability (none known yet — a sidecar
-    /// just started, gossip still joining — or every one out of reach) before its
-    /// `final_fallback` applies. Waiting is not a failed round.
+    /// just started, gossip still joining — or every one out of rotation: draining,
+    /// unreachable) before its `final_fallback` applies. Waiting is not a failed round.
     #[serde(default = "default_max_wait")]
     pub max_wait: HumanDuration,
     /// The most tasks kept (finished ones included, until `retention` removes them): beyond

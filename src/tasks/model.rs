@@ -17,9 +17,9 @@ pub enum State {
     Running,
     /// Every agent failed it; the whole chain runs again at `due_ms` (`final_fallback: queue`).
     Retrying,
-    /// No agent serves its capability yet (none known, or every one out of reach, so nothing
-    /// was tried): it is asked again at `due_ms`, with backoff, until one appears or
-    /// `tasks.max_wait` passes. A wait is not a round.
+    /// No agent serves its capability yet (none known, or every one out of rotation: draining,
+    /// its sidecar unreachable; so nothing was tried): it is asked again at `due_ms`, with
+    /// backoff, until one appears or `tasks.max_wait` passes. A wait is not a round.
     Waiting,
     /// An agent answered; the answer is kept.
     Done,
