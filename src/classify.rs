@@ -104,7 +104,8 @@ impl Class {
             (StatusCode::FORBIDDEN, Some(Reason::Forbidden)) => Class::Rejected,
             // The caller's sidecar refused to move a bound call: no other agent holds its
             // task or session, so retrying elsewhere cannot help.
-            (StatusCode::SERVICE_UNAVAILABLE, Some(Reason::AffinityLost)) => Class::Rejected,
+            // (503, or in the protocol's terms a 404 for MCP and a JSON-RPC error for A2A.)
+            (_, Some(Reason::AffinityLost)) => Class::Rejected,
             (StatusCode::GATEWAY_TIMEOUT, Some(Reason::Timeout | Reason::DeadlineExceeded)) => {
                 Class::TimedOut
             }
@@ -430,6 +431,7 @@ mod tests {
                 capability: "c".into(),
                 holder: "a".into(),
                 key: "taskId",
+                rpc_id: None,
             },
         ] {
             let class = Class::of_error(&err);

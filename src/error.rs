@@ -7,6 +7,11 @@ use http::StatusCode;
 
 use crate::config::format_duration;
 
+/// The `key` of an `AffinityLost` bound by an MCP session, an A2A task or an A2A context.
+pub const AFFINITY_MCP_SESSION: &str = "Mcp-Session-Id";
+pub const AFFINITY_A2A_TASK: &str = "taskId";
+pub const AFFINITY_A2A_CONTEXT: &str = "contextId";
+
 /// Why the sidecar answered a request itself instead of passing on an agent's response.
 #[derive(Debug, thiserror::Error)]
 pub enum ReachError {
@@ -119,6 +124,8 @@ pub enum ReachError {
         holder: String,
         /// Which key bound it (`reach-affinity`, `Mcp-Session-Id`, `taskId`, `contextId`).
         key: &'static str,
+        /// The JSON-RPC request's `id`, for an answer in the protocol's own terms.
+        rpc_id: Option<Box<serde_json::Value>>,
     },
 }
 
@@ -260,8 +267,14 @@ impl ReachError {
             | ReachError::Backlogged { .. }
             | ReachError::Ejected { .. }
             | ReachError::IdempotencyBusy
-            | ReachError::AffinityLost { .. }
             | ReachError::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            // In the protocol's own terms (`docs/affinity.md`): MCP's unknown session is a 404
+            // (its client starts a new one); A2A's task-not-found is a JSON-RPC error.
+            ReachError::AffinityLost { key, .. } => match *key {
+                AFFINITY_MCP_SESSION => StatusCode::NOT_FOUND,
+                AFFINITY_A2A_TASK | AFFINITY_A2A_CONTEXT => StatusCode::OK,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            },
             ReachError::UpstreamConnect { .. }
             | ReachError::Upstream { .. }
             | ReachError::InvalidOutput { .. } => StatusCode::BAD_GATEWAY,

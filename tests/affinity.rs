@@ -327,3 +327,166 @@ async fn a_stopped_holder_is_replaced_under_fallback() {
     )
     .await;
 }
+
+/// Issue 33, finding 4: a lost holder answers in the protocol's own terms. An MCP session whose
+/// holder is out: `404` with a JSON-RPC error carrying the request's id (the client starts a new
+/// session, which then works on a survivor); an A2A task whose holder is out: a JSON-RPC
+/// `-32001` task-not-found naming the holder. `reach-reason: affinity_lost` stays on both
+/// (before: a bare `503` either way).
+#[tokio::test]
+async fn a_lost_holder_answers_in_the_protocols_terms() {
+    let mut fleet = Fleet::start(Policy::default()).await;
+    let init = fleet
+        .rpc("initialize", json!({"protocolVersion": "2025-06-18"}))
+        .await;
+    let mcp_holder = agent(&init);
+    let session = init.header("mcp-session-id").to_owned();
+    let message = json!({"message": {"role": "user", "messageId": "m1",
+                                     "parts": [{"kind": "text", "text": "hi"}]}});
+    // A task on the same agent as the session, so one stop loses both.
+    let (task, a2a_holder) = loop {
+        let sent = fleet.rpc("message/send", message.clone()).await;
+        if agent(&sent) == mcp_holder {
+            break (
+                sent.json()["result"]["id"].as_str().unwrap().to_owned(),
+                mcp_holder.clone(),
+            );
+        }
+    };
+    fleet.stop(&mcp_holder).await;
+
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}).to_string();
+    let mcp = |session: String| {
+        let fleet = &fleet;
+        let body = body.clone();
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("mcp-session-id", session.as_str()),
+            ];
+            fleet.call(&headers, &body).await
+        }
+    };
+    let lost = mcp(session.clone()).await;
+    assert_eq!(lost.status, 404, "{lost:?}");
+    assert_eq!(lost.header("reach-reason"), "affinity_lost");
+    let rpc = lost.json();
+    assert_eq!(rpc["jsonrpc"], "2.0", "{rpc}");
+    assert_eq!(rpc["id"], 7, "{rpc}");
+    assert_eq!(rpc["error"]["code"], -32001, "{rpc}");
+    assert_eq!(rpc["error"]["data"]["holder"], mcp_holder.as_str(), "{rpc}");
+    // The client starts a new session: it lands on a survivor and its calls work.
+    let again = fleet
+        .rpc("initialize", json!({"protocolVersion": "2025-06-18"}))
+        .await;
+    let survivor = agent(&again);
+    assert_ne!(survivor, mcp_holder);
+    let next = mcp(again.header("mcp-session-id").to_owned()).await;
+    assert_eq!(agent(&next), survivor);
+
+    let got = fleet.rpc("tasks/get", json!({"id": task})).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    assert_eq!(got.header("reach-reason"), "affinity_lost");
+    let rpc = got.json();
+    assert_eq!(rpc["id"], 1, "{rpc}");
+    assert_eq!(rpc["error"]["code"], -32001, "{rpc}");
+    assert!(
+        rpc["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Task not found"),
+        "{rpc}"
+    );
+    assert_eq!(rpc["error"]["data"]["holder"], a2a_holder.as_str(), "{rpc}");
+}
+
+/// Issue 33, finding 4: an MCP `DELETE` of a session ends its binding: answered by the holder,
+/// and the session id is no longer pinned to it (before: the binding stayed).
+#[tokio::test]
+async fn an_mcp_delete_ends_the_sessions_binding() {
+    let fleet = Fleet::start(Policy::default()).await;
+    let init = fleet
+        .rpc("initialize", json!({"protocolVersion": "2025-06-18"}))
+        .await;
+    let holder = agent(&init);
+    let session = init.header("mcp-session-id").to_owned();
+    let entries = || fleet.metric("reach_affinity_entries");
+    let before = entries().await;
+    assert!(before >= 1, "the session is bound");
+    let url = format!("http://{}/a2a", fleet.caller.addrs.outbound);
+    let deleted = send(
+        &client(),
+        "DELETE",
+        &url,
+        &[
+            ("reach-capability", CAP),
+            ("mcp-session-id", session.as_str()),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(agent(&deleted), holder, "the holder answers the DELETE");
+    assert_eq!(entries().await, before - 1, "the binding is gone");
+}
+
+/// Issue 33, finding 1: every A2A follow-up that names a task reaches the agent that holds it, in
+/// both naming generations and each way a method names its task (`id`, `taskId`, a resource
+/// name). Before, `SubscribeToTask` and the push-config methods got no affinity and reached any
+/// agent (the holder 9 of 12 times through the SDK).
+#[tokio::test]
+async fn every_a2a_follow_up_reaches_the_holder_of_its_task() {
+    let fleet = Fleet::start(Policy::default()).await;
+    let message = json!({"message": {"role": "user", "messageId": "m1",
+                                     "parts": [{"kind": "text", "text": "hi"}]}});
+    let first = fleet.rpc("message/send", message).await;
+    let holder = agent(&first);
+    let task = first.json()["result"]["id"].as_str().unwrap().to_owned();
+    let config = json!({"id": "cfg-1", "url": "https://example.invalid/hook"});
+    let follow_ups = [
+        ("tasks/resubscribe", json!({"id": task})),
+        ("SubscribeToTask", json!({"id": task})),
+        ("SubscribeToTask", json!({"name": format!("tasks/{task}")})),
+        ("tasks/cancel", json!({"id": task})),
+        ("CancelTask", json!({"id": task})),
+        (
+            "tasks/pushNotificationConfig/set",
+            json!({"taskId": task, "pushNotificationConfig": config}),
+        ),
+        (
+            "CreateTaskPushNotificationConfig",
+            json!({"parent": format!("tasks/{task}"), "configId": "cfg-1", "config": config}),
+        ),
+        (
+            "tasks/pushNotificationConfig/get",
+            json!({"id": task, "pushNotificationConfigId": "cfg-1"}),
+        ),
+        (
+            "GetTaskPushNotificationConfig",
+            json!({"name": format!("tasks/{task}/pushNotificationConfigs/cfg-1")}),
+        ),
+        ("tasks/pushNotificationConfig/list", json!({"id": task})),
+        (
+            "ListTaskPushNotificationConfig",
+            json!({"parent": format!("tasks/{task}")}),
+        ),
+        (
+            "tasks/pushNotificationConfig/delete",
+            json!({"id": task, "pushNotificationConfigId": "cfg-1"}),
+        ),
+        (
+            "DeleteTaskPushNotificationConfig",
+            json!({"taskId": task, "id": "cfg-1"}),
+        ),
+    ];
+    for (method, params) in follow_ups {
+        // Three agents: a method without affinity lands elsewhere at least once in four.
+        for round in 0..4 {
+            let reply = fleet.rpc(method, params.clone()).await;
+            assert_eq!(
+                agent(&reply),
+                holder,
+                "{method} {params} (round {round}) left the holder"
+            );
+        }
+    }
+}

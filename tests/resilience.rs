@@ -386,3 +386,48 @@ async fn calls_abandoned_far_past_the_peers_latency_count_against_it() {
         serde_json::to_string(&pair.caller.status().peer_views).unwrap()
     );
 }
+
+/// Issue 33, finding 3: with one candidate, its refusal is the answer at once: no retry is
+/// counted or budgeted when no untried candidate is left (before, every call added to
+/// `reach_retries_total{reason="rate_limited"}` and spent budget while answering
+/// `reach-attempts: 1`).
+#[tokio::test]
+async fn a_lone_refusing_candidate_is_not_retried_counted_or_budgeted() {
+    use agent_reach::mock_agent::Mode;
+
+    let mut config = MockConfig::new("coder-1");
+    config.mode = Mode::RateLimited;
+    let pair = support::Pair::start(config).await;
+    let url = format!("http://{}/review", pair.outbound());
+    // The first refusal cools the agent down (its `retry-after`); later calls find nobody.
+    for i in 0..20 {
+        let reply = send(&client(), "POST", &url, &[("reach-capability", CAP)], "x").await;
+        if i == 0 || reply.status == 429 {
+            assert_eq!(reply.status, 429, "{}", reply.body);
+            assert_eq!(reply.header("reach-attempts"), "1");
+        } else {
+            assert_eq!(reply.header("reach-reason"), "no_available_instance");
+        }
+    }
+    let metrics = get(
+        &client(),
+        &format!("http://{}/metrics", pair.caller.addrs.admin),
+    )
+    .await
+    .body;
+    let retries: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("reach_retries_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum();
+    assert_eq!(retries, 0, "no retry happened:\n{metrics}");
+    let exhausted: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("reach_retry_budget_exhausted_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum();
+    assert_eq!(exhausted, 0, "no budget was spent to run out:\n{metrics}");
+    assert!(pair.agent.stats().business >= 1);
+}

@@ -38,9 +38,18 @@ impl ReachError {
             // Which capabilities the intent could have meant, so the caller can name one.
             body["candidates"] = candidates.clone();
         }
-        if let ReachError::AffinityLost { holder, .. } = &self {
+        if let ReachError::AffinityLost {
+            holder,
+            key,
+            rpc_id,
+            ..
+        } = &self
+        {
             // The agent that holds the task or session, for the caller's logs.
             body["holder"] = holder.as_str().into();
+            if let Some(rpc) = lost_in_protocol_terms(key, holder, rpc_id.as_deref(), &body) {
+                body = rpc;
+            }
         }
         if let ReachError::InvalidOutput { errors, .. } = &self {
             // Where the answer went wrong, one entry per error, for the caller's logs.
@@ -64,6 +73,31 @@ impl ReachError {
         }
         response
     }
+}
+
+/// A lost MCP session or A2A task as the protocol's client understands it: a JSON-RPC error
+/// (MCP's "session not found", A2A's `TaskNotFoundError`, -32001 both) naming the holder in
+/// `data`, with the sidecar's own answer there too.
+fn lost_in_protocol_terms(
+    key: &str,
+    holder: &str,
+    rpc_id: Option<&serde_json::Value>,
+    ours: &serde_json::Value,
+) -> Option<serde_json::Value> {
+    let message = match key {
+        crate::error::AFFINITY_MCP_SESSION => "Session not found",
+        crate::error::AFFINITY_A2A_TASK | crate::error::AFFINITY_A2A_CONTEXT => "Task not found",
+        _ => return None,
+    };
+    Some(serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": rpc_id.cloned().unwrap_or(serde_json::Value::Null),
+        "error": {
+            "code": -32001,
+            "message": format!("{message}: agent `{holder}`, which held it, is out"),
+            "data": { "reason": "affinity_lost", "holder": holder, "sidecar": ours },
+        },
+    }))
 }
 
 #[cfg(test)]

@@ -161,6 +161,19 @@ fn a2a_request(body: &[u8]) -> Option<Vec<(Kind, String)>> {
     Some(keys)
 }
 
+/// A JSON-RPC request's `id`, when `body` is one.
+pub(crate) fn rpc_id(body: &[u8]) -> Option<serde_json::Value> {
+    #[derive(Deserialize)]
+    struct Id {
+        #[serde(default)]
+        id: Option<serde_json::Value>,
+    }
+    if !mentions_jsonrpc(body) {
+        return None;
+    }
+    serde_json::from_slice::<Id>(body).ok()?.id
+}
+
 fn text(head: &HeaderMap, name: http::HeaderName) -> Option<String> {
     let value = head.get(name)?.to_str().ok()?.trim();
     (!value.is_empty()).then(|| value.to_owned())

@@ -68,7 +68,7 @@ where
         Upload::Buffered(bytes) => Some(&bytes[..]),
         Upload::Stream(..) => None,
     };
-    let found = keys::of_request(&call.parts.headers, body, settings.and_then(|c| c.protocol));
+    let mut found = keys::of_request(&call.parts.headers, body, settings.and_then(|c| c.protocol));
     let capability: Option<Arc<str>> =
         (!found.keys.is_empty() || found.a2a).then(|| call.capability.as_str().into());
     let pinned = capability
@@ -82,11 +82,35 @@ where
     if let Some(pin) = &pinned {
         call.parts.extensions.insert(pin.clone());
     }
+    // A lost MCP session or A2A task is answered as a JSON-RPC error with the request's id.
+    let rpc_id = pinned
+        .as_ref()
+        .filter(|p| p.kind != Kind::Header)
+        .and_then(|_| keys::rpc_id(body?))
+        .map(Box::new);
+    // MCP's `DELETE` ends the session, whatever the holder answers.
+    let ends_session = call.parts.method == http::Method::DELETE;
     let routed = answer(inner.oneshot(call).await);
-    let routed = match &pinned {
+    let mut routed = match &pinned {
         Some(pin) if pin.mode == AffinityMode::Strict => lost_holder(out, routed, pin),
         _ => routed,
     };
+    if let Err(ReachError::AffinityLost { rpc_id: id, .. }) = &mut routed.answer {
+        *id = rpc_id;
+    }
+    // The binding outlives a holder that is only out for now (it may come back with the task);
+    // a deleted session is gone for good, and its answer binds it to nobody.
+    if let (Some(cap), true) = (&capability, ends_session) {
+        for (_, value) in found.keys.iter().filter(|(k, _)| *k == Kind::McpSession) {
+            let left = out.affinity.forget(&Key {
+                capability: cap.clone(),
+                kind: Kind::McpSession,
+                value: value.as_str().into(),
+            });
+            out.metrics.affinity_entries(left);
+        }
+        found.keys.retain(|(k, _)| *k != Kind::McpSession);
+    }
     let Routed {
         answer: result,
         label,
@@ -165,6 +189,7 @@ fn lost_holder(out: &Outbound, routed: Routed, pin: &Pinned) -> Routed {
         capability: routed.label.clone(),
         holder: pin.holder.to_string(),
         key: pin.kind.as_str(),
+        rpc_id: None,
     };
     Routed {
         answer: Err(err),

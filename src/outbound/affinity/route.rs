@@ -62,6 +62,7 @@ pub(in crate::outbound) fn narrow(
                 capability: route.capability.clone(),
                 holder: pin.holder.to_string(),
                 key: pin.kind.as_str(),
+                rpc_id: None,
             };
             Err(Routed::refused(&route.capability, err))
         }

@@ -24,9 +24,9 @@ impl Kind {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Kind::Header => "reach-affinity",
-            Kind::McpSession => "Mcp-Session-Id",
-            Kind::Task => "taskId",
-            Kind::Context => "contextId",
+            Kind::McpSession => crate::error::AFFINITY_MCP_SESSION,
+            Kind::Task => crate::error::AFFINITY_A2A_TASK,
+            Kind::Context => crate::error::AFFINITY_A2A_CONTEXT,
         }
     }
 }
@@ -123,6 +123,14 @@ impl Table {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.lock().map.len()
+    }
+
+    /// Ends `key`'s binding (its session was deleted, or its holder is gone for good); returns
+    /// how many keys are left bound.
+    pub(crate) fn forget(&self, key: &Key) -> usize {
+        let mut inner = self.lock();
+        inner.remove(key);
+        inner.map.len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
