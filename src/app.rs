@@ -46,11 +46,12 @@ fn register_known_capabilities(metrics: &Metrics, snapshot: &crate::config::Snap
         .peers
         .iter()
         .flat_map(|p| &p.capabilities);
-    for capability in peers {
-        metrics.register_capability(Direction::Outbound, capability.as_str());
-    }
-    for capability in snapshot.policy.capabilities.keys() {
+    let policy = snapshot.policy.capabilities.keys();
+    for capability in peers.map(|c| c.as_str()).chain(policy.map(String::as_str)) {
         metrics.register_capability(Direction::Outbound, capability);
+        if snapshot.observe_only(capability) {
+            metrics.register_observed(capability);
+        }
     }
 }
 

@@ -3,16 +3,19 @@
 //! `increase()` and `rate()` miss the first event of every label set (a dashboard read 0
 //! ejections after two). Known at start: every state transition of the reach model, for both
 //! views; per capability this sidecar serves, its request outcomes; per capability it may call
-//! (its static peers', its policy's, and each gossip brings), its outcomes, every retry reason
-//! and its retry budget.
+//! (its static peers', its policy's, and each gossip brings), its outcomes, every retry reason,
+//! its retry budget and its calls no peer could take (and those of an unknown capability);
+//! per capability routed observe-only at the time it became known, its agreement and avoidable
+//! failures; deadlines exceeded in both directions.
 
 use std::collections::HashSet;
 
 use metrics::counter;
 
 use super::{
-    Direction, Metrics, OUTCOMES, RETRIES_TOTAL, RETRY_BUDGET_EXHAUSTED_TOTAL,
-    STATE_TRANSITIONS_TOTAL,
+    Direction, Metrics, DEADLINES_EXCEEDED_TOTAL, NO_CANDIDATE_TOTAL,
+    OBSERVE_AVOIDABLE_FAILURES_TOTAL, OBSERVE_CALLS_TOTAL, OUTCOMES, RETRIES_TOTAL,
+    RETRY_BUDGET_EXHAUSTED_TOTAL, STATE_TRANSITIONS_TOTAL,
 };
 use crate::reach::TRANSITIONS;
 
@@ -36,12 +39,17 @@ pub(super) const RETRY_REASONS: [&str; 12] = [
 /// Capabilities registered at most: gossip names are validated, but a fleet's are not bounded.
 const MAX_KNOWN: usize = 1024;
 
-/// The capabilities already registered, per direction.
-pub(super) type Known = std::sync::Mutex<HashSet<(Direction, String)>>;
+/// The capabilities already registered, per series family (a direction's, or `observed`).
+pub(super) type Known = std::sync::Mutex<HashSet<(&'static str, String)>>;
+
+/// The label an outbound call's series carry when it named no capability the sidecar knows
+/// (`outbound/candidates.rs`).
+const UNKNOWN_CAPABILITY: &str = "unknown";
 
 impl Metrics {
-    /// Every transition of the reach model, for the agent's own view and the peers'.
-    pub(super) fn register_transitions(&self) {
+    /// Every transition of the reach model, for the agent's own view and the peers'; deadlines
+    /// exceeded either way; the outcomes of calls to an unknown capability.
+    pub(super) fn register_fixed(&self) {
         self.with(|| {
             for view in ["self", "peer"] {
                 for (from, to, reason) in TRANSITIONS {
@@ -49,17 +57,45 @@ impl Metrics {
                         .increment(0);
                 }
             }
+            for direction in [Direction::Inbound, Direction::Outbound] {
+                counter!(DEADLINES_EXCEEDED_TOTAL, "direction" => direction.as_str()).increment(0);
+            }
+            counter!(NO_CANDIDATE_TOTAL, "capability" => UNKNOWN_CAPABILITY).increment(0);
+        });
+        for outcome in OUTCOMES {
+            let (counter, _) =
+                self.register_request(Direction::Outbound, UNKNOWN_CAPABILITY, outcome);
+            counter.increment(0);
+        }
+    }
+
+    /// Whether `capability`'s series of `family` are still to be registered (once each).
+    fn first_time(&self, family: &'static str, capability: &str) -> bool {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        known.len() < MAX_KNOWN && known.insert((family, capability.to_owned()))
+    }
+
+    /// An observe-only capability's series from zero: its agreement with the model both ways
+    /// and its avoidable failures. Once per capability.
+    pub fn register_observed(&self, capability: &str) {
+        if !self.first_time("observed", capability) {
+            return;
+        }
+        let capability = capability.to_owned();
+        self.with(|| {
+            for agreement in ["same", "different"] {
+                counter!(OBSERVE_CALLS_TOTAL, "capability" => capability.clone(), "agreement" => agreement)
+                    .increment(0);
+            }
+            counter!(OBSERVE_AVOIDABLE_FAILURES_TOTAL, "capability" => capability).increment(0);
         });
     }
 
     /// `capability`'s series from zero: its request outcomes and, for a capability this
     /// sidecar calls, its retry reasons and budget. Once per capability and direction.
     pub fn register_capability(&self, direction: Direction, capability: &str) {
-        {
-            let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-            if known.len() >= MAX_KNOWN || !known.insert((direction, capability.to_owned())) {
-                return;
-            }
+        if !self.first_time(direction.as_str(), capability) {
+            return;
         }
         for outcome in OUTCOMES {
             let (counter, _) = self.register_request(direction, capability, outcome);
@@ -72,7 +108,9 @@ impl Metrics {
                     counter!(RETRIES_TOTAL, "capability" => capability.clone(), "reason" => reason)
                         .increment(0);
                 }
-                counter!(RETRY_BUDGET_EXHAUSTED_TOTAL, "capability" => capability).increment(0);
+                counter!(RETRY_BUDGET_EXHAUSTED_TOTAL, "capability" => capability.clone())
+                    .increment(0);
+                counter!(NO_CANDIDATE_TOTAL, "capability" => capability).increment(0);
             });
         }
     }

@@ -318,7 +318,7 @@ impl Metrics {
             known: Mutex::default(),
         };
         metrics.describe();
-        metrics.register_transitions();
+        metrics.register_fixed();
         let agent = agent.to_owned();
         metrics.with(|| {
             gauge!(INFO, "agent" => agent, "version" => env!("CARGO_PKG_VERSION")).set(1.0)

@@ -25,10 +25,13 @@ impl Membership for GossipFeed {
     fn members(&self, members: &[Member]) {
         let peers: Vec<Peer> = members.iter().map(Peer::from_member).collect();
         // What gossip says may be called is counted from 0 before its first call.
+        let snapshot = self.store.snapshot();
+        let metrics = self.views.metrics();
         for capability in peers.iter().flat_map(|p| &p.capabilities) {
-            self.views
-                .metrics()
-                .register_capability(crate::metrics::Direction::Outbound, capability);
+            metrics.register_capability(crate::metrics::Direction::Outbound, capability);
+            if snapshot.observe_only(capability) {
+                metrics.register_observed(capability);
+            }
         }
         // A member restarted in place (same name, same address, a new gossip epoch) is a new
         // process: this caller's view of the old one (ejected while it was down, draining) is
@@ -38,7 +41,7 @@ impl Membership for GossipFeed {
         }
         self.registry.set_gossip(peers);
         // Forget the views of peers that left: a dead member's history must not linger.
-        let names = self.registry.names(&self.store.snapshot());
+        let names = self.registry.names(&snapshot);
         self.views.retain(&names);
     }
 

@@ -114,10 +114,12 @@ fn is_a2a_method(method: &str) -> bool {
             | "tasks/get"
             | "tasks/cancel"
             | "tasks/resubscribe"
+            | "tasks/list"
             | "SendMessage"
             | "SendStreamingMessage"
             | "GetTask"
             | "CancelTask"
+            | "ListTasks"
             | "SubscribeToTask"
             | "TaskResubscription"
             | "CreateTaskPushNotificationConfig"
@@ -154,6 +156,7 @@ fn a2a_request(body: &[u8]) -> Option<Vec<(Kind, String)>> {
         .or_else(|| params.name.as_deref().and_then(task_of_resource))
         .or_else(|| params.parent.as_deref().and_then(task_of_resource));
     keys.extend(task.map(|t| (Kind::Task, t)));
+    keys.extend(params.context_id.map(|c| (Kind::Context, c)));
     if let Some(message) = params.message {
         keys.extend(message.task_id.map(|t| (Kind::Task, t)));
         keys.extend(message.context_id.map(|c| (Kind::Context, c)));
@@ -218,6 +221,9 @@ struct Params {
     parent: Option<String>,
     #[serde(default)]
     task_id: Option<String>,
+    /// `ListTasks` filters by context: the agent that holds the context has its tasks.
+    #[serde(default)]
+    context_id: Option<String>,
     #[serde(default)]
     message: Option<MessageIds>,
 }
@@ -402,6 +408,19 @@ mod tests {
             let found = of_request(&h, Some(body.as_bytes()), None);
             assert!(found.a2a, "{method} is A2A");
             assert_eq!(keys(&found), [(Kind::Task, "t1")], "{method} {params}");
+        }
+    }
+
+    #[test]
+    fn a_task_list_names_its_context() {
+        let h = head(&[JSON]);
+        for method in ["ListTasks", "tasks/list"] {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{{"contextId":"c1"}}}}"#
+            );
+            let found = of_request(&h, Some(body.as_bytes()), None);
+            assert!(found.a2a, "{method} is A2A");
+            assert_eq!(keys(&found), [(Kind::Context, "c1")], "{method}");
         }
     }
 

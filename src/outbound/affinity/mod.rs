@@ -86,30 +86,15 @@ where
     let rpc_id = pinned
         .as_ref()
         .filter(|p| p.kind != Kind::Header)
-        .and_then(|_| keys::rpc_id(body?))
-        .map(Box::new);
-    // MCP's `DELETE` ends the session, whatever the holder answers.
+        .and_then(|_| keys::rpc_id(body?));
     let ends_session = call.parts.method == http::Method::DELETE;
     let routed = answer(inner.oneshot(call).await);
-    let mut routed = match &pinned {
-        Some(pin) if pin.mode == AffinityMode::Strict => lost_holder(out, routed, pin),
+    let routed = match &pinned {
+        Some(pin) if pin.mode == AffinityMode::Strict => lost_holder(out, routed, pin, rpc_id),
         _ => routed,
     };
-    if let Err(ReachError::AffinityLost { rpc_id: id, .. }) = &mut routed.answer {
-        *id = rpc_id;
-    }
-    // The binding outlives a holder that is only out for now (it may come back with the task);
-    // a deleted session is gone for good, and its answer binds it to nobody.
     if let (Some(cap), true) = (&capability, ends_session) {
-        for (_, value) in found.keys.iter().filter(|(k, _)| *k == Kind::McpSession) {
-            let left = out.affinity.forget(&Key {
-                capability: cap.clone(),
-                kind: Kind::McpSession,
-                value: value.as_str().into(),
-            });
-            out.metrics.affinity_entries(left);
-        }
-        found.keys.retain(|(k, _)| *k != Kind::McpSession);
+        end_session(out, cap, &mut found);
     }
     let Routed {
         answer: result,
@@ -146,6 +131,21 @@ where
     }
 }
 
+/// MCP's `DELETE` ends the session whatever the holder answers: its binding is gone for good,
+/// and the answer binds it to nobody. (A binding otherwise outlives a holder that is only out
+/// for now: it may come back with the task.)
+fn end_session(out: &Outbound, capability: &Arc<str>, found: &mut keys::Found) {
+    for (_, value) in found.keys.iter().filter(|(k, _)| *k == Kind::McpSession) {
+        let left = out.affinity.forget(&Key {
+            capability: capability.clone(),
+            kind: Kind::McpSession,
+            value: value.as_str().into(),
+        });
+        out.metrics.affinity_entries(left);
+    }
+    found.keys.retain(|(k, _)| *k != Kind::McpSession);
+}
+
 /// The agent the first bound key names, with the key's kind.
 fn lookup(
     out: &Outbound,
@@ -166,8 +166,13 @@ fn lookup(
 }
 
 /// A strict call's only attempt went to its holder and found it out: `affinity_lost`, since
-/// no other agent has its task or session.
-fn lost_holder(out: &Outbound, routed: Routed, pin: &Pinned) -> Routed {
+/// no other agent has its task or session. `rpc_id`: the JSON-RPC request's, for the answer.
+fn lost_holder(
+    out: &Outbound,
+    routed: Routed,
+    pin: &Pinned,
+    rpc_id: Option<serde_json::Value>,
+) -> Routed {
     if routed.peer != *pin.holder {
         return routed;
     }
@@ -189,7 +194,7 @@ fn lost_holder(out: &Outbound, routed: Routed, pin: &Pinned) -> Routed {
         capability: routed.label.clone(),
         holder: pin.holder.to_string(),
         key: pin.kind.as_str(),
-        rpc_id: None,
+        rpc_id: rpc_id.map(Box::new),
     };
     Routed {
         answer: Err(err),
