@@ -14,6 +14,8 @@
 //! - No function on the data path (`src/outbound`, `src/inbound`, `src/http`) is longer than
 //!   [`MAX_FN_LINES`] lines, counted from the `fn` line to its closing brace. Functions inside
 //!   test modules are not counted.
+//! - Every source path `docs/architecture.md` names in backticks exists, so the page that says
+//!   where each step of a request lives cannot go stale: [`architecture_names_files_that_exist`].
 //!
 //! The scanner is deliberately simple: comments and literals are blanked out, then paths are
 //! read and braces matched. It does not expand macros, see method calls (an inherent impl
@@ -153,6 +155,65 @@ fn digests_come_from_ring() {
         found.is_empty(),
         "use ring::hmac / ring::digest instead: {found:?}"
     );
+}
+
+/// `docs/architecture.md` names the file of every step; a step moved or renamed without the page
+/// fails here. A path is any backtick-quoted text that starts with `src/`, up to the first
+/// character that cannot be in a path; a folder counts as well as a file.
+#[test]
+fn architecture_names_files_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = fs::read_to_string(root.join("docs/architecture.md"))
+        .unwrap_or_else(|e| panic!("docs/architecture.md: {e}"));
+    let named = source_paths_in_backticks(&page);
+    // A page that names a handful of files is no map of the stacks; nor is a parse that found none.
+    assert!(
+        named.len() >= 40,
+        "docs/architecture.md names only {} source paths in backticks: {named:?}",
+        named.len()
+    );
+    let missing: Vec<&String> = named.iter().filter(|p| !root.join(p).exists()).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names source paths that do not exist (update the page with the \
+         code): {missing:?}"
+    );
+    assert_eq!(
+        source_paths_in_backticks(
+            "a `src/a/b.rs` b `src/c/` (`src/d.rs`, `Outbound::stack`) `src/e.rs:12`)\n\
+             ```text\nsrc/f.rs `src/g.rs\n```\n`src/h.rs`"
+        ),
+        BTreeSet::from(
+            ["src/a/b.rs", "src/c/", "src/d.rs", "src/e.rs", "src/h.rs"].map(String::from)
+        ),
+    );
+}
+
+/// Every backtick-quoted span of `text` that starts with `src/`, cut at the first character
+/// that is not part of a path. Fenced code blocks are left out (their fences are backticks too).
+fn source_paths_in_backticks(text: &str) -> BTreeSet<String> {
+    let mut fenced = false;
+    let prose: Vec<&str> = text
+        .lines()
+        .filter(|line| {
+            let fence = line.trim_start().starts_with("```");
+            fenced ^= fence;
+            !fence && !fenced
+        })
+        .collect();
+    prose
+        .join("\n")
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| span.starts_with("src/"))
+        .map(|span| {
+            let end = span
+                .find(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c)))
+                .unwrap_or(span.len());
+            span[..end].trim_end_matches('.').to_owned()
+        })
+        .collect()
 }
 
 /// The scanner's own checks, so a blind spot shows up here rather than as a silent pass.
