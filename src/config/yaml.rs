@@ -1,5 +1,5 @@
 //! The one place YAML is parsed and written. serde_yaml is deprecated upstream; swapping in a
-//! maintained fork (serde_yaml_ng, serde_norway) touches only this file (tests/layout.rs holds
+//! maintained fork (serde_yaml_ng, serde_norway) touches only this file (tests/it/layout.rs holds
 //! every other file of `src/` to it). The `pub` part is for the injector, the tests and the
 //! benchmarks, which read and write Kubernetes manifests.
 

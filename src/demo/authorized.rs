@@ -8,7 +8,7 @@
 //! with its certificate: no `reach-capability` header, a dot-segment path, a forged
 //! `x-forwarded-client-cert` claiming an allowed identity; and in plaintext, straight and through
 //! a forwarded port (what a stray NAT rule amounts to; the kernel's own DNAT is in
-//! `tests/intercept.rs`). Each way is counted tried, refused and reached (0).
+//! `tests/it/intercept.rs`). Each way is counted tried, refused and reached (0).
 
 use std::time::Duration;
 

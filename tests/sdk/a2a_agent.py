@@ -1,4 +1,4 @@
-"""An A2A agent built with the official a2a-sdk, for tests/sdk.rs.
+"""An A2A agent built with the official a2a-sdk, for tests/it/sdk.rs.
 
 Usage: a2a_agent.py NAME. Binds 127.0.0.1:0 and prints {"port": N} on stdout, then serves its
 card at /.well-known/agent-card.json and JSON-RPC (A2A 1.0) at /. Every answer names the agent,

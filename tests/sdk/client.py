@@ -1,4 +1,4 @@
-"""The SDK clients' side of tests/sdk.rs: a2a-sdk and mcp clients through the caller's sidecar.
+"""The SDK clients' side of tests/it/sdk.rs: a2a-sdk and mcp clients through the caller's sidecar.
 
 Usage: client.py OUTBOUND_PORT A2A_CAPABILITY MCP_CAPABILITY. A2A goes the HTTP_PROXY way (the
 card is discovered at http://<capability>.reach/ through the outbound port as a proxy); MCP goes

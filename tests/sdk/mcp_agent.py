@@ -1,4 +1,4 @@
-"""An MCP server built with the official mcp SDK (streamable HTTP at /mcp), for tests/sdk.rs.
+"""An MCP server built with the official mcp SDK (streamable HTTP at /mcp), for tests/it/sdk.rs.
 
 Usage: mcp_agent.py NAME. Binds 127.0.0.1:0 and prints {"port": N} on stdout. Its tools name
 the agent, so the client can tell which one answered:

@@ -508,7 +508,7 @@ impl RedisStore {
 
 /// The `redis-server` launcher the black-box tests use too (one file for both).
 #[cfg(test)]
-#[path = "../../../tests/support/redis.rs"]
+#[path = "../../../tests/it/support/redis.rs"]
 pub(crate) mod test_server;
 
 #[cfg(test)]
