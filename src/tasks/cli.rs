@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use serde_json::Value;
 
 use super::queue::TASKS_PATH;
-use crate::admin::cli::exchange;
+use crate::http::blocking::exchange;
 
 /// The outbound port's default address, as the bootstrap's default listener binds it.
 pub const DEFAULT_OUTBOUND: &str = "http://127.0.0.1:4140";
