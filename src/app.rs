@@ -48,10 +48,7 @@ fn register_known_capabilities(metrics: &Metrics, snapshot: &crate::config::Snap
         .flat_map(|p| &p.capabilities);
     let policy = snapshot.policy.capabilities.keys();
     for capability in peers.map(|c| c.as_str()).chain(policy.map(String::as_str)) {
-        metrics.register_capability(Direction::Outbound, capability);
-        if snapshot.observe_only(capability) {
-            metrics.register_observed(capability);
-        }
+        metrics.register_called(capability, snapshot.observe_only(capability));
     }
 }
 

@@ -430,7 +430,7 @@ mod tests {
             ReachError::AffinityLost {
                 capability: "c".into(),
                 holder: "a".into(),
-                key: "taskId",
+                key: crate::error::AffinityKey::Task,
                 rpc_id: None,
             },
         ] {

@@ -7,10 +7,36 @@ use http::StatusCode;
 
 use crate::config::format_duration;
 
-/// The `key` of an `AffinityLost` bound by an MCP session, an A2A task or an A2A context.
-pub const AFFINITY_MCP_SESSION: &str = "Mcp-Session-Id";
-pub const AFFINITY_A2A_TASK: &str = "taskId";
-pub const AFFINITY_A2A_CONTEXT: &str = "contextId";
+/// Which affinity key bound a call (`docs/affinity.md`): each kind is its own namespace (a task
+/// id never matches a context id), and a lost holder is answered in its protocol's terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AffinityKey {
+    /// `reach-affinity`.
+    Header,
+    /// `Mcp-Session-Id`.
+    McpSession,
+    /// An A2A task id.
+    Task,
+    /// An A2A context id.
+    Context,
+}
+
+impl AffinityKey {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AffinityKey::Header => "reach-affinity",
+            AffinityKey::McpSession => "Mcp-Session-Id",
+            AffinityKey::Task => "taskId",
+            AffinityKey::Context => "contextId",
+        }
+    }
+}
+
+impl std::fmt::Display for AffinityKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Why the sidecar answered a request itself instead of passing on an agent's response.
 #[derive(Debug, thiserror::Error)]
@@ -122,8 +148,8 @@ pub enum ReachError {
     AffinityLost {
         capability: String,
         holder: String,
-        /// Which key bound it (`reach-affinity`, `Mcp-Session-Id`, `taskId`, `contextId`).
-        key: &'static str,
+        /// Which key bound it.
+        key: AffinityKey,
         /// The JSON-RPC request's `id`, for an answer in the protocol's own terms.
         rpc_id: Option<Box<serde_json::Value>>,
     },
@@ -270,10 +296,10 @@ impl ReachError {
             | ReachError::Draining => StatusCode::SERVICE_UNAVAILABLE,
             // In the protocol's own terms (`docs/affinity.md`): MCP's unknown session is a 404
             // (its client starts a new one); A2A's task-not-found is a JSON-RPC error.
-            ReachError::AffinityLost { key, .. } => match *key {
-                AFFINITY_MCP_SESSION => StatusCode::NOT_FOUND,
-                AFFINITY_A2A_TASK | AFFINITY_A2A_CONTEXT => StatusCode::OK,
-                _ => StatusCode::SERVICE_UNAVAILABLE,
+            ReachError::AffinityLost { key, .. } => match key {
+                AffinityKey::McpSession => StatusCode::NOT_FOUND,
+                AffinityKey::Task | AffinityKey::Context => StatusCode::OK,
+                AffinityKey::Header => StatusCode::SERVICE_UNAVAILABLE,
             },
             ReachError::UpstreamConnect { .. }
             | ReachError::Upstream { .. }

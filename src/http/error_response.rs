@@ -8,7 +8,7 @@
 use http::{header, Response};
 
 use super::{body, headers, ReachBody};
-use crate::error::{ReachError, Reason};
+use crate::error::{AffinityKey, ReachError, Reason};
 
 impl Reason {
     /// The reason on a response, when a sidecar made it.
@@ -47,7 +47,7 @@ impl ReachError {
         {
             // The agent that holds the task or session, for the caller's logs.
             body["holder"] = holder.as_str().into();
-            if let Some(rpc) = lost_in_protocol_terms(key, holder, rpc_id.as_deref(), &body) {
+            if let Some(rpc) = lost_in_protocol_terms(*key, holder, rpc_id.as_deref(), &body) {
                 body = rpc;
             }
         }
@@ -79,15 +79,15 @@ impl ReachError {
 /// (MCP's "session not found", A2A's `TaskNotFoundError`, -32001 both) naming the holder in
 /// `data`, with the sidecar's own answer there too.
 fn lost_in_protocol_terms(
-    key: &str,
+    key: AffinityKey,
     holder: &str,
     rpc_id: Option<&serde_json::Value>,
     ours: &serde_json::Value,
 ) -> Option<serde_json::Value> {
     let message = match key {
-        crate::error::AFFINITY_MCP_SESSION => "Session not found",
-        crate::error::AFFINITY_A2A_TASK | crate::error::AFFINITY_A2A_CONTEXT => "Task not found",
-        _ => return None,
+        AffinityKey::McpSession => "Session not found",
+        AffinityKey::Task | AffinityKey::Context => "Task not found",
+        AffinityKey::Header => return None,
     };
     Some(serde_json::json!({
         "jsonrpc": "2.0",

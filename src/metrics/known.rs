@@ -15,7 +15,7 @@ use metrics::counter;
 use super::{
     Direction, Metrics, DEADLINES_EXCEEDED_TOTAL, NO_CANDIDATE_TOTAL,
     OBSERVE_AVOIDABLE_FAILURES_TOTAL, OBSERVE_CALLS_TOTAL, OUTCOMES, RETRIES_TOTAL,
-    RETRY_BUDGET_EXHAUSTED_TOTAL, STATE_TRANSITIONS_TOTAL,
+    RETRY_BUDGET_EXHAUSTED_TOTAL, STATE_TRANSITIONS_TOTAL, UNKNOWN_CAPABILITY,
 };
 use crate::reach::TRANSITIONS;
 
@@ -41,10 +41,6 @@ const MAX_KNOWN: usize = 1024;
 
 /// The capabilities already registered, per series family (a direction's, or `observed`).
 pub(super) type Known = std::sync::Mutex<HashSet<(&'static str, String)>>;
-
-/// The label an outbound call's series carry when it named no capability the sidecar knows
-/// (`outbound/candidates.rs`).
-const UNKNOWN_CAPABILITY: &str = "unknown";
 
 impl Metrics {
     /// Every transition of the reach model, for the agent's own view and the peers'; deadlines
@@ -75,9 +71,18 @@ impl Metrics {
         known.len() < MAX_KNOWN && known.insert((family, capability.to_owned()))
     }
 
+    /// A capability this sidecar may call (its static peers', its policy's, gossip's): its
+    /// outbound series from zero, and the observe-only ones while it is routed observe-only.
+    pub fn register_called(&self, capability: &str, observe_only: bool) {
+        self.register_capability(Direction::Outbound, capability);
+        if observe_only {
+            self.register_observed(capability);
+        }
+    }
+
     /// An observe-only capability's series from zero: its agreement with the model both ways
     /// and its avoidable failures. Once per capability.
-    pub fn register_observed(&self, capability: &str) {
+    fn register_observed(&self, capability: &str) {
         if !self.first_time("observed", capability) {
             return;
         }

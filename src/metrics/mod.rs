@@ -31,6 +31,9 @@ pub const INBOUND_TTFB: &str = "reach_inbound_time_to_first_byte_seconds";
 pub const INBOUND_IN_FLIGHT: &str = "reach_inbound_in_flight";
 pub const INBOUND_QUEUE_DEPTH: &str = "reach_inbound_queue_depth";
 pub const NO_CANDIDATE_TOTAL: &str = "reach_no_candidate_total";
+/// The capability label of a call that named no capability anyone serves: typed names must not
+/// grow the series.
+pub const UNKNOWN_CAPABILITY: &str = "unknown";
 pub const CONFIG_RELOADS_TOTAL: &str = "reach_config_reloads_total";
 pub const CONNECTIONS_OPEN: &str = "reach_connections_open";
 pub const CONNECTIONS_TOTAL: &str = "reach_connections_total";

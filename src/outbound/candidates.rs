@@ -15,10 +15,8 @@ use crate::config::RouteMode;
 use crate::error::ReachError;
 use crate::http::headers;
 use crate::http::step::{answer, Step};
+use crate::metrics::UNKNOWN_CAPABILITY;
 use crate::peers::RouteRequest;
-
-/// The metric label of a capability nobody serves: typed names must not grow the series.
-const UNKNOWN: &str = "unknown";
 
 pub(super) fn layer<S>(
     out: Arc<Outbound>,
@@ -51,11 +49,11 @@ fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
     });
     if scored.is_empty() {
         // Not labelled by name: a caller's typos must not grow the metric series.
-        out.metrics.no_candidate(UNKNOWN);
+        out.metrics.no_candidate(UNKNOWN_CAPABILITY);
         let err = ReachError::UnknownCapability {
             capability: route.capability.clone(),
         };
-        return Err(Routed::refused(UNKNOWN, err));
+        return Err(Routed::refused(UNKNOWN_CAPABILITY, err));
     }
     // A call whose affinity key is bound goes to the key's holder.
     let (scored, prefer) = match call.parts.extensions.get::<affinity::Pinned>() {

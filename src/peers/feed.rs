@@ -28,10 +28,7 @@ impl Membership for GossipFeed {
         let snapshot = self.store.snapshot();
         let metrics = self.views.metrics();
         for capability in peers.iter().flat_map(|p| &p.capabilities) {
-            metrics.register_capability(crate::metrics::Direction::Outbound, capability);
-            if snapshot.observe_only(capability) {
-                metrics.register_observed(capability);
-            }
+            metrics.register_called(capability, snapshot.observe_only(capability));
         }
         // A member restarted in place (same name, same address, a new gossip epoch) is a new
         // process: this caller's view of the old one (ejected while it was down, draining) is

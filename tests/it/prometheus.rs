@@ -310,11 +310,7 @@ impl Fleet {
             )
             .await
             .body;
-            total += text
-                .lines()
-                .filter(|l| l.starts_with(series) && l.contains(with))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>();
+            total += support::sum(&text, series, with);
         }
         total
     }

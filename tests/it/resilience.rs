@@ -415,17 +415,9 @@ async fn a_lone_refusing_candidate_is_not_retried_counted_or_budgeted() {
     )
     .await
     .body;
-    // Every label set of the series, summed.
-    let total = |series: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(series))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    let retries = total("reach_retries_total{");
+    let retries = support::sum(&metrics, "reach_retries_total{", "");
     assert_eq!(retries, 0.0, "no retry happened:\n{metrics}");
-    let exhausted = total("reach_retry_budget_exhausted_total{");
+    let exhausted = support::sum(&metrics, "reach_retry_budget_exhausted_total{", "");
     assert_eq!(exhausted, 0.0, "no budget was spent to run out:\n{metrics}");
     assert!(pair.agent.stats().business >= 1);
 }

@@ -82,17 +82,22 @@ where
     if let Some(pin) = &pinned {
         call.parts.extensions.insert(pin.clone());
     }
-    // A lost MCP session or A2A task is answered as a JSON-RPC error with the request's id.
-    let rpc_id = pinned
-        .as_ref()
-        .filter(|p| p.kind != Kind::Header)
-        .and_then(|_| keys::rpc_id(body?));
+    // A lost MCP session or A2A task is answered as a JSON-RPC error with the request's id:
+    // the body is kept (a reference) and parsed only if the holder turns out lost.
+    let bound_body = match (&pinned, &call.upload) {
+        (Some(p), Upload::Buffered(bytes)) if p.kind != Kind::Header => Some(bytes.clone()),
+        _ => None,
+    };
     let ends_session = call.parts.method == http::Method::DELETE;
     let routed = answer(inner.oneshot(call).await);
-    let routed = match &pinned {
-        Some(pin) if pin.mode == AffinityMode::Strict => lost_holder(out, routed, pin, rpc_id),
+    let mut routed = match &pinned {
+        Some(pin) if pin.mode == AffinityMode::Strict => lost_holder(out, routed, pin),
         _ => routed,
     };
+    // Whichever step found the holder lost (`narrow` before any attempt, or `lost_holder`).
+    if let Err(ReachError::AffinityLost { rpc_id, .. }) = &mut routed.answer {
+        *rpc_id = bound_body.as_deref().and_then(keys::rpc_id).map(Box::new);
+    }
     if let (Some(cap), true) = (&capability, ends_session) {
         end_session(out, cap, &mut found);
     }
@@ -166,13 +171,8 @@ fn lookup(
 }
 
 /// A strict call's only attempt went to its holder and found it out: `affinity_lost`, since
-/// no other agent has its task or session. `rpc_id`: the JSON-RPC request's, for the answer.
-fn lost_holder(
-    out: &Outbound,
-    routed: Routed,
-    pin: &Pinned,
-    rpc_id: Option<serde_json::Value>,
-) -> Routed {
+/// no other agent has its task or session.
+fn lost_holder(out: &Outbound, routed: Routed, pin: &Pinned) -> Routed {
     if routed.peer != *pin.holder {
         return routed;
     }
@@ -193,8 +193,8 @@ fn lost_holder(
     let err = ReachError::AffinityLost {
         capability: routed.label.clone(),
         holder: pin.holder.to_string(),
-        key: pin.kind.as_str(),
-        rpc_id: rpc_id.map(Box::new),
+        key: pin.kind,
+        rpc_id: None,
     };
     Routed {
         answer: Err(err),

@@ -61,7 +61,7 @@ pub(in crate::outbound) fn narrow(
             let err = ReachError::AffinityLost {
                 capability: route.capability.clone(),
                 holder: pin.holder.to_string(),
-                key: pin.kind.as_str(),
+                key: pin.kind,
                 rpc_id: None,
             };
             Err(Routed::refused(&route.capability, err))

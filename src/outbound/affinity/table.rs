@@ -7,29 +7,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// Where a key came from: each kind is its own namespace (a task id never matches a context id).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Kind {
-    /// `reach-affinity`.
-    Header,
-    /// `Mcp-Session-Id`.
-    McpSession,
-    /// An A2A task id.
-    Task,
-    /// An A2A context id.
-    Context,
-}
-
-impl Kind {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Kind::Header => "reach-affinity",
-            Kind::McpSession => crate::error::AFFINITY_MCP_SESSION,
-            Kind::Task => crate::error::AFFINITY_A2A_TASK,
-            Kind::Context => crate::error::AFFINITY_A2A_CONTEXT,
-        }
-    }
-}
+/// Where a key came from: the same kinds an `affinity_lost` names.
+pub(crate) use crate::error::AffinityKey as Kind;
 
 /// One key: the capability it was used with, its kind and its value.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

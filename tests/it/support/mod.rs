@@ -218,6 +218,15 @@ pub async fn sized_agent(size: usize) -> (SocketAddr, Arc<Mutex<Vec<HeaderMap>>>
 
 /// The value of the first series in `metrics` (Prometheus text) starting with `series` (name
 /// and labels), 0 when there is none.
+/// Every label set of `series` (its name and `{`) whose line also holds `with`, summed.
+pub fn sum(metrics: &str, series: &str, with: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(series) && l.contains(with))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 pub fn counter(metrics: &str, series: &str) -> u64 {
     metrics
         .lines()
