@@ -30,6 +30,10 @@ use tokio_util::sync::CancellationToken;
 
 #[path = "common/mod.rs"]
 mod common;
+// The binary's blocking client of `agent-reach status` (not part of the library).
+#[path = "../src/bin/agent-reach/blocking.rs"]
+#[allow(dead_code, unreachable_pub, unused_imports)]
+mod blocking;
 use common::{free_port, kib, terminate, write};
 
 /// A key every member and the sidecar share (64 hex characters).
@@ -392,9 +396,8 @@ async fn get_async(admin: SocketAddr, path: &'static str) -> Result<(String, f64
 /// One admin GET: the body and how long it took, in ms.
 fn get(admin: SocketAddr, path: &str) -> Result<(String, f64), String> {
     let started = Instant::now();
-    let (status, body, url) =
-        agent_reach::http::blocking::exchange(&format!("http://{admin}"), "GET", path, b"")
-            .map_err(|e| e.to_string())?;
+    let (status, body, url) = blocking::exchange(&format!("http://{admin}"), "GET", path, b"")
+        .map_err(|e| e.to_string())?;
     if status != 200 {
         return Err(format!("{url} answered {status}"));
     }

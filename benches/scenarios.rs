@@ -134,6 +134,12 @@
 #[path = "common/mod.rs"]
 mod common;
 
+// The binary's mock agent (src/bin/agent-reach/mock_agent), included by path: it is not part of
+// the library.
+#[path = "../src/bin/agent-reach/mock_agent/mod.rs"]
+#[allow(dead_code, unreachable_pub, unused_imports)]
+mod mock_agent;
+
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -144,13 +150,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent_reach::config::{yaml, ConfigPaths, ConfigStore, Policy};
-use agent_reach::mock_agent::{Latency, MockAgent, MockConfig, Mode, Workload};
 use agent_reach::{Bootstrap, Sidecar};
 use bytes::Bytes;
 use common::{free_port, write, Tools};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use mock_agent::{Latency, MockAgent, MockConfig, Mode, Workload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -1726,7 +1732,7 @@ impl Reach {
         }
         if self.probe {
             for c in &mut b.agent.capabilities {
-                c.probe = Some(agent_reach::demo::probe_spec());
+                c.probe = Some(mock_agent::probe_spec());
             }
         }
         start_sidecar(b, self.policy.clone()).await

@@ -2,7 +2,6 @@
 //! (`page`, with the sparklines' history in `history`); `cli` is `agent-reach status`, which
 //! reads `/status` from outside.
 
-pub mod cli;
 pub mod history;
 mod page;
 
@@ -199,7 +198,7 @@ impl Admin {
 
 /// Problems first, on the page and in `agent-reach status`: the states that take an agent out
 /// of rotation, then those that limit it.
-fn severity(state: State) -> u8 {
+pub fn severity(state: State) -> u8 {
     match state {
         State::Ejected => 0,
         State::Probation => 1,

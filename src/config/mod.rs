@@ -2,6 +2,7 @@
 
 mod bootstrap;
 mod bounds;
+pub mod check;
 mod duration;
 mod intents;
 mod mesh;

@@ -1,7 +1,6 @@
 //! HTTP plumbing shared by every listener: body type, reach headers, the server loop, the client.
 
 pub mod activity;
-pub mod blocking;
 pub mod body;
 pub mod client;
 pub mod deadline;

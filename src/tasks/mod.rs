@@ -4,7 +4,6 @@
 
 pub mod api;
 pub mod callback;
-pub mod cli;
 pub mod deliver;
 mod journal;
 pub mod model;

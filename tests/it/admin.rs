@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::mock_agent::MockConfig;
 use agent_reach::config::{ConfigPaths, HumanDuration, MetricsPolicy, Policy};
-use agent_reach::mock_agent::MockConfig;
 use agent_reach::Bootstrap;
 use support::*;
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use agent_reach::mock_agent::{Latency, MockConfig};
+use crate::mock_agent::{Latency, MockConfig};
 use support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-reach");

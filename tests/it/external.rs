@@ -7,8 +7,8 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::mock_agent::MockConfig;
 use agent_reach::config::{ExternalTarget, HostPort, Name, Policy, RateLimit};
-use agent_reach::mock_agent::MockConfig;
 use agent_reach::Bootstrap;
 use support::*;
 

@@ -9,8 +9,8 @@ use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::mock_agent::{Latency, MockAgent, MockConfig};
 use agent_reach::gossip::{envelope, wire, ClusterKey};
-use agent_reach::mock_agent::{Latency, MockAgent, MockConfig};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
 
@@ -787,7 +787,7 @@ async fn restart_in_place(
     // The call in flight when SIGTERM comes goes first, alone, so it is the one at the agent.
     let in_flight = match stop {
         Stop::TermInFlight => {
-            b_agent.set_mode(agent_reach::mock_agent::Mode::Slow);
+            b_agent.set_mode(crate::mock_agent::Mode::Slow);
             let outbound = a.addrs.outbound;
             let call = tokio::spawn(async move { call_cap(outbound, CAP).await });
             eventually(
@@ -817,7 +817,7 @@ async fn restart_in_place(
     if let Some(call) = in_flight {
         let reply = call.await.unwrap();
         assert_eq!(reply.status, 200, "the in-flight call: {}", reply.body);
-        b_agent.set_mode(agent_reach::mock_agent::Mode::Normal);
+        b_agent.set_mode(crate::mock_agent::Mode::Normal);
     }
     // The container's restart delay: scenario time, not a wait for anything.
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::mock_agent::{MockConfig, Mode};
 use agent_reach::config::HumanDuration;
-use agent_reach::mock_agent::{MockConfig, Mode};
 use agent_reach::reach::State;
 use agent_reach::Bootstrap;
 use http::Request;
@@ -406,7 +406,7 @@ async fn stored_responses_stay_within_the_budget_and_each_callers_share() {
 #[tokio::test]
 async fn status_never_shows_a_probes_secret_headers() {
     let pair = Pair::start_with(MockConfig::new("coder-1"), |mut b| {
-        let mut probe = agent_reach::demo::probe_spec();
+        let mut probe = crate::mock_agent::probe_spec();
         probe
             .headers
             .insert("authorization".to_owned(), "Bearer s3cret-token".to_owned());

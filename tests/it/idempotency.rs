@@ -6,8 +6,8 @@ use crate::support;
 
 use std::time::Duration;
 
+use crate::mock_agent::{Latency, MockConfig};
 use agent_reach::config::HumanDuration;
-use agent_reach::mock_agent::{Latency, MockConfig};
 use support::*;
 
 /// An agent slower (1.2 s) than its declared timeout (1 s).

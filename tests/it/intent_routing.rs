@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::mock_agent::{MockAgent, MockConfig};
 use agent_reach::config::{self, ConfigPaths};
-use agent_reach::mock_agent::{MockAgent, MockConfig};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
 

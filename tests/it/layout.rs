@@ -4,7 +4,7 @@
 //!   through `use crate::…`, `crate::x::…`, `super::…` or `self::…` (in `use` trees and in paths
 //!   in code alike; also a string that is nothing but such a path, as in serde's
 //!   `deserialize_with = "…"`). This holds for the top-level modules of the crate and for the
-//!   sibling submodules in any folder (`src/inject/pod.rs` and `src/inject/config.rs` are
+//!   sibling submodules in any folder (`src/config/policy.rs` and `src/config/tasks.rs` are
 //!   siblings). A path through a re-export is followed to where the item is defined, so a
 //!   `super::Name` that the folder's `mod.rs` re-exports from a sibling still imports that
 //!   sibling. Test modules (`#[cfg(test)] mod tests`) count too: a test that needs another
@@ -16,6 +16,9 @@
 //!   test modules are not counted.
 //! - Every source path `docs/architecture.md` names in backticks exists, so the page that says
 //!   where each step of a request lives cannot go stale: [`architecture_names_files_that_exist`].
+//! - The library is the sidecar: the subcommands, the demo, the mock agent, the injector and the
+//!   terminal client are the binary's (`src/bin/agent-reach/`), and no library module names or
+//!   includes them: [`the_library_is_the_sidecar`]. The import rules above hold in the binary too.
 //!
 //! The scanner is deliberately simple: comments and literals are blanked out, then paths are
 //! read and braces matched. It does not expand macros, see method calls (an inherent impl
@@ -33,20 +36,79 @@ const MAX_FN_LINES: usize = 80;
 /// The folders whose functions [`MAX_FN_LINES`] applies to.
 const DATA_PATH: [&str; 3] = ["outbound", "inbound", "http"];
 
+/// The library (`src/`) and the binary (`src/bin/agent-reach/`), each with the folder it is read
+/// from: the import rules hold in both.
+fn crates() -> [(&'static str, Crate); 2] {
+    [
+        ("src", Crate::read()),
+        (BINARY, Crate::read_from(BINARY, "main")),
+    ]
+}
+
+/// The binary's folder, a crate of its own (its root is `main.rs`).
+const BINARY: &str = "src/bin/agent-reach";
+
+/// What belongs to the binary, never to the library: the subcommands, the demo, the mock agent,
+/// the injector and the terminal commands' blocking client.
+const BINARY_ONLY: [&str; 5] = ["commands", "demo", "mock_agent", "inject", "blocking"];
+
+#[test]
+fn the_library_is_the_sidecar() {
+    let library = Crate::read();
+    let mut report = String::new();
+    for file in &library.files {
+        let top = file.module.first().map_or("", String::as_str);
+        if BINARY_ONLY.contains(&top) {
+            let _ = writeln!(report, "{}: a library module `{top}`", file.path.display());
+        }
+        for name in BINARY_ONLY {
+            for offset in words(&file.text, &format!("crate::{name}")) {
+                let _ = writeln!(
+                    report,
+                    "{}:{}: names `crate::{name}`",
+                    file.path.display(),
+                    file.line_of(offset)
+                );
+            }
+        }
+        let raw = Path::new(env!("CARGO_MANIFEST_DIR")).join(&file.path);
+        let raw = fs::read_to_string(&raw).unwrap_or_else(|e| panic!("{raw:?}: {e}"));
+        if raw.contains("bin/agent-reach/") && raw.contains("#[path") {
+            let _ = writeln!(
+                report,
+                "{}: includes a file of the binary",
+                file.path.display()
+            );
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "the library imports what belongs to the binary ({BINARY}):\n{report}"
+    );
+    let binary = Crate::read_from(BINARY, "main");
+    for name in BINARY_ONLY {
+        assert!(
+            binary.modules.contains(&vec![name.to_owned()]),
+            "{BINARY} has no module `{name}` (update BINARY_ONLY)"
+        );
+    }
+}
+
 #[test]
 fn no_two_modules_import_each_other() {
-    let graphs = Crate::read().graphs();
     let mut report = String::new();
-    for (folder, graph) in &graphs {
-        for (from, tos) in graph {
-            for (to, evidence) in tos {
-                let back = graph.get(to).and_then(|tos| tos.get(from));
-                if let (true, Some(back)) = (from < to, back) {
-                    let _ = writeln!(
+    for (root, crate_) in crates() {
+        for (folder, graph) in &crate_.graphs() {
+            for (from, tos) in graph {
+                for (to, evidence) in tos {
+                    let back = graph.get(to).and_then(|tos| tos.get(from));
+                    if let (true, Some(back)) = (from < to, back) {
+                        let _ = writeln!(
                         report,
                         "{}: {from} ↔ {to}\n    {from} → {to}: {evidence}\n    {to} → {from}: {back}",
-                        place(folder)
+                        place(root, folder)
                     );
+                    }
                 }
             }
         }
@@ -60,16 +122,17 @@ fn no_two_modules_import_each_other() {
 
 #[test]
 fn no_import_cycles() {
-    let graphs = Crate::read().graphs();
     let mut report = String::new();
-    for (folder, graph) in &graphs {
-        for cycle in cycles(graph) {
-            let _ = writeln!(report, "{}: {}", place(folder), cycle.join(", "));
-            let members: BTreeSet<&String> = cycle.iter().collect();
-            for from in &cycle {
-                for (to, evidence) in &graph[from] {
-                    if members.contains(to) {
-                        let _ = writeln!(report, "    {from} → {to}: {evidence}");
+    for (root, crate_) in crates() {
+        for (folder, graph) in &crate_.graphs() {
+            for cycle in cycles(graph) {
+                let _ = writeln!(report, "{}: {}", place(root, folder), cycle.join(", "));
+                let members: BTreeSet<&String> = cycle.iter().collect();
+                for from in &cycle {
+                    for (to, evidence) in &graph[from] {
+                        if members.contains(to) {
+                            let _ = writeln!(report, "    {from} → {to}: {evidence}");
+                        }
                     }
                 }
             }
@@ -81,11 +144,11 @@ fn no_import_cycles() {
     );
 }
 
-fn place(folder: &[String]) -> String {
+fn place(root: &str, folder: &[String]) -> String {
     if folder.is_empty() {
-        "top-level modules".to_owned()
+        format!("top-level modules of {root}")
     } else {
-        format!("submodules of src/{}", folder.join("/"))
+        format!("submodules of {root}/{}", folder.join("/"))
     }
 }
 
@@ -255,8 +318,8 @@ fn scanner_sees_what_it_should() {
 /// One `.rs` file of the crate.
 struct File {
     path: PathBuf,
-    /// The module this file defines, from the crate root: `src/inject/pod.rs` is
-    /// `["inject", "pod"]`, `src/inject/mod.rs` and `src/inject.rs` are `["inject"]`.
+    /// The module this file defines, from the crate root: `src/config/policy.rs` is
+    /// `["config", "policy"]`, `src/config/mod.rs` and `src/config.rs` are `["config"]`.
     module: Vec<String>,
     /// The text with comments and literals blanked out (same length, same lines).
     text: String,
@@ -299,10 +362,19 @@ struct Crate {
 type Graph = BTreeMap<String, BTreeMap<String, String>>;
 
 impl Crate {
+    /// The library: `src/` but the binary's folder.
     fn read() -> Crate {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        Crate::read_from("src", "lib")
+    }
+
+    /// The crate in `folder` (relative to the package), whose root file is `root.rs`.
+    fn read_from(folder: &str, root: &str) -> Crate {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(folder);
         let mut found = Vec::new();
         walk(&src, &mut found);
+        if root == "lib" {
+            found.retain(|path| !path.starts_with(src.join("bin")));
+        }
         let files = found
             .into_iter()
             .map(|path| {
@@ -315,7 +387,7 @@ impl Crate {
                 (relative, text)
             })
             .collect();
-        Crate::from_parts(files, Path::new("src"))
+        Crate::from_parts(files, Path::new(folder), root)
     }
 
     fn from_files(files: Vec<(&str, &str)>) -> Crate {
@@ -323,11 +395,11 @@ impl Crate {
             .into_iter()
             .map(|(path, text)| (path.to_string(), text.to_string()))
             .collect();
-        Crate::from_parts(files, Path::new(""))
+        Crate::from_parts(files, Path::new(""), "lib")
     }
 
     /// `files` are (path relative to `src/`, text).
-    fn from_parts(files: Vec<(String, String)>, root: &Path) -> Crate {
+    fn from_parts(files: Vec<(String, String)>, root: &Path, root_file: &str) -> Crate {
         let mut out = Vec::new();
         for (relative, text) in files {
             let Some(stem) = relative.strip_suffix(".rs") else {
@@ -337,12 +409,10 @@ impl Crate {
             if module.last().is_some_and(|last| last == "mod") {
                 module.pop();
             }
-            // lib.rs is the crate root (its re-exports are followed); main.rs is another crate
-            // (the binary) that reaches the library through `agent_reach::`, not `crate::`.
-            if module == ["lib"] {
+            // The root file (lib.rs, or the binary's main.rs) is the crate root (its re-exports
+            // are followed).
+            if module.len() == 1 && module[0] == root_file {
                 module.clear();
-            } else if module == ["main"] {
-                continue;
             }
             let text = scrub(&text);
             let inline = inline_modules(&text);
@@ -383,7 +453,7 @@ impl Crate {
         let mut graphs: BTreeMap<Vec<String>, Graph> = BTreeMap::new();
         for ((folder, from, to), evidence) in edges {
             if print {
-                println!("{}: {from} → {to}  {evidence}", place(&folder));
+                println!("{}: {from} → {to}  {evidence}", place("src", &folder));
             }
             graphs
                 .entry(folder)

@@ -6,8 +6,8 @@ use crate::support;
 
 use std::time::Duration;
 
+use crate::mock_agent::MockConfig;
 use agent_reach::config::{HumanDuration, Policy};
-use agent_reach::mock_agent::MockConfig;
 use agent_reach::Bootstrap;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

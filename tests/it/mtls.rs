@@ -468,7 +468,7 @@ fn rotate(ca: &DevCa, files: &TlsFiles, spiffe_id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotating_the_certificates_under_traffic_loses_no_request() {
     let pki = Pki::new("rotate");
-    let agent = mock(agent_reach::mock_agent::MockConfig::new("coder-1")).await;
+    let agent = mock(crate::mock_agent::MockConfig::new("coder-1")).await;
     let coder = id("agents", "coder");
     let callee_files = pki.files("coder", &coder);
     let caller_files = pki.files("caller", &id("agents", "caller"));
@@ -620,7 +620,7 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
     )
     .await;
     let seed = a.addrs.gossip.unwrap();
-    let b_agent = mock(agent_reach::mock_agent::MockConfig::new("agent-b")).await;
+    let b_agent = mock(crate::mock_agent::MockConfig::new("agent-b")).await;
     let _b = start(
         fast(with_tls(
             Bootstrap::local("agent-b", b_agent.addr, &[CAP])
@@ -632,7 +632,7 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
     )
     .await;
     // The rogue's sidecar: a real certificate from the fleet's CA, under its own identity.
-    let rogue_agent = mock(agent_reach::mock_agent::MockConfig::new("rogue")).await;
+    let rogue_agent = mock(crate::mock_agent::MockConfig::new("rogue")).await;
     let rogue = meshed(
         &pki,
         Bootstrap::local("rogue", rogue_agent.addr, &[CAP]).unwrap(),

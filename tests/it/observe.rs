@@ -8,8 +8,8 @@ use crate::support;
 
 use std::net::SocketAddr;
 
+use crate::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::config::{CapabilityPolicy, Policy};
-use agent_reach::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
 

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::config::{OutputSchema, Policy};
-use agent_reach::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
 

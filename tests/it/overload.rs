@@ -9,8 +9,8 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::mock_agent::{Latency, MockAgent, MockConfig};
 use agent_reach::config::PositiveCount;
-use agent_reach::mock_agent::{Latency, MockAgent, MockConfig};
 use agent_reach::reach::State;
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;

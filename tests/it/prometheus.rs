@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::demo::demo_policy;
+use crate::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::config::{CapabilityPolicy, HumanDuration, Policy};
-use agent_reach::demo::demo_policy;
-use agent_reach::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::reach::State;
 use agent_reach::{Bootstrap, Sidecar};
 use serde_json::Value;

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::mock_agent::{Latency, MockAgent, MockConfig, Mode};
 use agent_reach::config::{Compare, GoldenTask, HumanDuration, Policy, QualitySpec, Snapshot};
 use agent_reach::http::client::AgentClient;
-use agent_reach::mock_agent::{Latency, MockAgent, MockConfig, Mode};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
 

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::demo::{demo_policy, Fleet};
+use crate::mock_agent::{MockConfig, Mode};
 use agent_reach::config::{HumanDuration, Policy, PositiveCount};
-use agent_reach::demo::{demo_policy, Fleet};
-use agent_reach::mock_agent::{MockConfig, Mode};
 use agent_reach::peers::PeerStatus;
 use agent_reach::reach::State;
 use agent_reach::Sidecar;

@@ -7,8 +7,8 @@ use crate::support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::mock_agent::MockConfig;
 use agent_reach::config::{self, ConfigPaths, Policy};
-use agent_reach::mock_agent::MockConfig;
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
 

@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::mock_agent::{Latency, MockAgent, MockConfig};
 use agent_reach::config::{HumanDuration, PositiveCount};
-use agent_reach::mock_agent::{Latency, MockAgent, MockConfig};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
 use tokio_util::sync::CancellationToken;

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use agent_reach::mock_agent::MockConfig;
+use crate::mock_agent::MockConfig;
 use support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-reach");

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_reach::demo::{demo_policy, Fleet};
-use agent_reach::mock_agent::Mode;
+use crate::demo::{demo_policy, Fleet};
+use crate::mock_agent::Mode;
 use agent_reach::reach::State;
 use support::*;
 

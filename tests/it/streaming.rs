@@ -6,7 +6,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use agent_reach::mock_agent::MockConfig;
+use crate::mock_agent::MockConfig;
 use http_body_util::BodyExt;
 use support::*;
 

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::config::{
     ConfigPaths, FinalFallback, HumanDuration, Policy, QueueRounds, TasksConfig,
 };
-use agent_reach::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::{Bootstrap, Sidecar};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};

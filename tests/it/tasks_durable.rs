@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agent_reach::mock_agent::{Latency, MockConfig, Mode};
+use crate::mock_agent::{Latency, MockConfig, Mode};
 use agent_reach::Bootstrap;
 use support::process::SidecarProcess;
 use support::tasks::{caller_bootstrap, submit, wait_state};
@@ -150,7 +150,7 @@ async fn gossip_callee(
     seed: SocketAddr,
     key: PathBuf,
     latency: Duration,
-) -> (agent_reach::mock_agent::MockAgent, agent_reach::Sidecar) {
+) -> (crate::mock_agent::MockAgent, agent_reach::Sidecar) {
     let mut config = MockConfig::new("coder-1");
     config.latency = Latency::fixed(latency);
     let agent = mock(config).await;

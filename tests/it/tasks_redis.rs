@@ -7,7 +7,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use agent_reach::mock_agent::{Latency, MockConfig};
+use crate::mock_agent::{Latency, MockConfig};
 use agent_reach::Bootstrap;
 use support::process::SidecarProcess;
 use support::redis::RedisServer;

@@ -7,8 +7,8 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use agent_reach::demo::demo_policy;
-use agent_reach::mock_agent::{MockAgent, MockConfig, Mode};
+use crate::demo::demo_policy;
+use crate::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::reach::State;
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;

@@ -10,10 +10,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::mock_agent::{MockAgent, MockConfig};
 use agent_reach::config::{ConfigPaths, ConfigStore, Policy};
 use agent_reach::http::body;
 use agent_reach::http::client::{self, UpstreamClient};
-use agent_reach::mock_agent::{MockAgent, MockConfig};
 use agent_reach::{Bootstrap, Sidecar};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};

@@ -1,0 +1,86 @@
+//! `agent-reach mock-agent`: one mock agent (`crate::mock_agent`) with the seeds' fault modes on
+//! `--listen` until killed — for trying the sidecar by hand, and for the tests that run agents as
+//! processes (the chaos fleet, interception in network namespaces). Switch the mode while it
+//! runs: `curl -X PUT localhost:8080/admin/mode -d slow`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use agent_reach::config::HumanDuration;
+
+use super::{parse_duration, runtime};
+use crate::mock_agent::{describe_latency, Latency, MockAgent, MockConfig, Mode, Workload};
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    #[arg(long, default_value = "mock-agent")]
+    name: String,
+    /// Business-call latency: fixed (`50ms`) or uniform over a range (`20ms..80ms`).
+    #[arg(long, default_value = "5ms")]
+    latency: Latency,
+    /// Share of business calls that fail with 500 in normal mode, 0..1.
+    #[arg(long, default_value_t = 0.0)]
+    failure_rate: f64,
+    /// normal, rate-limited, slow, locked, hang, long-tasks, wrong-shape (a 200 with JSON of the
+    /// wrong shape) or crash-after=N.
+    #[arg(long, default_value = "normal")]
+    mode: Mode,
+    /// Latency of every business call in `slow` mode.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    slow_latency: HumanDuration,
+    /// Events sent by `GET /sse`, one per `--sse-interval`.
+    #[arg(long, default_value_t = 5)]
+    sse_events: u32,
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    sse_interval: HumanDuration,
+    /// Append one JSON line per business call executed (its `idempotency-key`) to this file.
+    #[arg(long)]
+    log: Option<PathBuf>,
+}
+
+pub(crate) fn run(args: Args) -> ExitCode {
+    let config = MockConfig {
+        name: args.name,
+        latency: args.latency,
+        failure_rate: args.failure_rate,
+        mode: args.mode,
+        slow_latency: args.slow_latency.get(),
+        sse_events: args.sse_events,
+        sse_interval: args.sse_interval.get(),
+    };
+    let runtime = match runtime(Some(1)) {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let listen = args.listen;
+    runtime.block_on(async {
+        let started = match &args.log {
+            Some(log) => {
+                MockAgent::start_logged(listen, config.clone(), Workload::default(), log).await
+            }
+            None => MockAgent::start(listen, config.clone()).await,
+        };
+        match started {
+            Ok(agent) => {
+                println!(
+                    "mock agent `{}` on http://{} (mode {}, latency {})",
+                    config.name,
+                    agent.addr,
+                    agent.mode(),
+                    describe_latency(&config.latency)
+                );
+                tokio::select! {
+                    _ = agent.crashed() => ExitCode::FAILURE,
+                    _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
+                }
+            }
+            Err(err) => {
+                eprintln!("mock agent: {listen}: {err}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
