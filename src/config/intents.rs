@@ -1,6 +1,6 @@
 //! Policy `intents`: keyword rules that pick the capability of a call that names none
 //! (`any.reach`, or a `reach-intent` header). Checked and compiled once, when the policy loads,
-//! so a call only case-folds its own text and looks the keywords up (`outbound::intent`).
+//! so a call only case-folds its own text and looks the keywords up (`outbound::resolve::intent`).
 
 use std::fmt;
 

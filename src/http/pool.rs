@@ -768,7 +768,7 @@ pub async fn forward_with(
     timeout: Duration,
     backlog: Backlog,
 ) -> Result<Response<UpstreamBody>, ReachError> {
-    // Origin-form: the edge already refused anything that is not a path; an absolute-form
+    // Origin-form: inbound intake already refused anything that is not a path; an absolute-form
     // request keeps only its path (the authority is ours to choose, never the caller's).
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {
         let path = req

@@ -2,7 +2,7 @@
 //! one of the agent's capabilities by what it will do at the agent — its path, normalized once —
 //! and the fleet policy's `authorization` is asked about that capability (`docs/mtls.md`,
 //! "Authorization"). Mesh, plaintext and intercepted connections are decided the same way, at
-//! the edge, before the call takes a slot or reaches the agent.
+//! intake, before the call takes a slot or reaches the agent.
 //!
 //! Why the path and not the `reach-capability` header: the agent acts on the path; a header is
 //! the caller's to write. So the header may only choose among the capabilities the path already

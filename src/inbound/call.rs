@@ -13,7 +13,7 @@ use crate::http::upload::{UploadWatch, WatchedUpload};
 use crate::http::{body, ReachBody};
 use crate::local::Slot;
 
-/// What one inbound call is, as the steps after the edge need it.
+/// What one inbound call is, as the steps after intake need it.
 #[derive(Clone, Debug)]
 pub(super) struct Meta {
     /// The capability's metric label.
@@ -26,7 +26,7 @@ pub(super) struct Meta {
     pub(super) intercepted: bool,
 }
 
-/// One call from a peer, checked at the edge, under one config snapshot.
+/// One call from a peer, checked at intake, under one config snapshot.
 pub(super) struct Call {
     pub(super) meta: Meta,
     pub(super) snapshot: Arc<Snapshot>,

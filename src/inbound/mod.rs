@@ -1,18 +1,18 @@
 //! The inbound listener: admits peers' requests against the local agent's limits, forwards them to
 //! the agent, and measures what really happened.
 //!
-//! The request path is one stack, built in [`Inbound::stack`] in request order; each step is a
-//! tower service in a file of its own.
+//! The request path is one stack, built in [`Inbound::stack`] (just below) in request order;
+//! each step is a tower service in a file or folder named for it: `intake` (asking `authorize`),
+//! `admit::gate`, `keyed`, `admit`, `measure`, `validate` and `agent`. What passes between them
+//! is in `call`.
 
+mod admit;
 mod agent;
 mod authorize;
 mod call;
-mod edge;
-mod gate;
 mod intake;
 mod keyed;
 mod measure;
-mod slot;
 mod stats;
 mod validate;
 
@@ -36,6 +36,29 @@ use crate::metrics::{Direction, Metrics};
 use crate::rate_limit::RateLimiters;
 use crate::reach::Signal;
 use crate::registry::Registry;
+
+impl Inbound {
+    /// The inbound request path, in request order.
+    pub fn stack(self: &Arc<Self>) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
+        ServiceBuilder::new()
+            // What a request from outside may carry in: its target, capability, path, deadline
+            // and caller checked, `reach-*` headers rewritten; one config snapshot for the call.
+            .layer(intake::layer(self.clone()))
+            // Refused before any work: a passed deadline, an agent out of rotation, the rate limit.
+            .layer(admit::gate::layer(self.clone()))
+            // A keyed call runs once, to completion; its retries join it or replay its answer.
+            .layer(keyed::layer(self.clone()))
+            // A slot under the agent's concurrency limit, or a place in its queue, or `saturated`.
+            .layer(admit::layer(self.clone()))
+            // What really happened, told to the agent's own view; the slot held until delivered.
+            .layer(measure::layer(self.clone()))
+            // A capability with an output schema: its JSON answer read and checked, a wrong
+            // shape refused as the agent's failure (`502 invalid_output`).
+            .layer(validate::layer(self.clone()))
+            // The local agent, over the agent client, within the call's timeout.
+            .service(agent::endpoint(self.client.clone()))
+    }
+}
 
 /// What the inbound steps share: the sidecar's state, each `Arc` cloned into the steps.
 #[derive(Debug)]
@@ -72,27 +95,6 @@ impl Inbound {
             idempotency,
             rate_limit: RateLimiters::default(),
         }
-    }
-
-    /// The inbound request path, in request order.
-    pub fn stack(self: &Arc<Self>) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
-        ServiceBuilder::new()
-            // What a request from outside may carry in: its target, capability, path, deadline
-            // and caller checked, `reach-*` headers rewritten; one config snapshot for the call.
-            .layer(intake::layer(self.clone()))
-            // Refused before any work: a passed deadline, an agent out of rotation, the rate limit.
-            .layer(gate::layer(self.clone()))
-            // A keyed call runs once, to completion; its retries join it or replay its answer.
-            .layer(keyed::layer(self.clone()))
-            // A slot under the agent's concurrency limit, or a place in its queue, or `saturated`.
-            .layer(slot::layer(self.clone()))
-            // What really happened, told to the agent's own view; the slot held until delivered.
-            .layer(measure::layer(self.clone()))
-            // A capability with an output schema: its JSON answer read and checked, a wrong
-            // shape refused as the agent's failure (`502 invalid_output`).
-            .layer(validate::layer(self.clone()))
-            // The local agent, over the agent client, within the call's timeout.
-            .service(agent::endpoint(self.client.clone()))
     }
 
     pub fn load(&self) -> Load {

@@ -20,7 +20,7 @@ use super::{
 use crate::reach::TRANSITIONS;
 
 /// The `reason` labels of `reach_retries_total`: the refusals (`classify::Refusal::as_str`),
-/// the failures `outbound::attempt::retry` names, and the policy's own two.
+/// the failures `outbound::attempts::retry` names, and the policy's own two.
 pub(super) const RETRY_REASONS: [&str; 12] = [
     "rate_limited",
     "saturated",

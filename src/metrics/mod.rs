@@ -266,7 +266,7 @@ impl Direction {
 /// The outcomes a request ends with (`outcome` label), in the order of the handle cache.
 const OUTCOMES: [&str; 4] = ["success", "failure", "timeout", "rejected"];
 
-/// The zone tiers of `reach_tier_picks_total` (`outbound::tiers::Tier::as_str`).
+/// The zone tiers of `reach_tier_picks_total` (`outbound::candidates::tiers::Tier::as_str`).
 const TIERS: [&str; 3] = ["zone", "region", "any"];
 
 /// A request's counter and duration histogram, for one direction and outcome.

@@ -1,4 +1,5 @@
-//! What passes between the outbound steps: a call, its plan, one attempt, and the routed answer.
+//! What passes between the outbound steps: a call, one attempt, and the routed answer (a call's
+//! plan, its candidates, is the candidates step's own: [`super::candidates::Plan`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -7,14 +8,13 @@ use http::request::Parts;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use super::tiers::Tier;
 use crate::config::{Name, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
 use crate::http::pool::UpstreamBody;
 use crate::http::upload::{Upload, UploadWatch};
 use crate::http::ReachBody;
-use crate::peers::{RouteRequest, Scored};
+use crate::peers::Scored;
 
 /// One call from the local agent, its body read (or ready to stream), under one config snapshot.
 pub(super) struct Call {
@@ -24,16 +24,6 @@ pub(super) struct Call {
     pub(super) deadline: Option<Deadline>,
     pub(super) snapshot: Arc<Snapshot>,
     pub(super) started: Instant,
-}
-
-/// A call with its candidates: who may take it, best first by the pick's lights.
-pub(super) struct Plan {
-    pub(super) call: Call,
-    pub(super) route: RouteRequest,
-    pub(super) scored: Vec<Scored>,
-    pub(super) tiers: Vec<Tier>,
-    /// The candidate the first attempt must go to: the holder of the call's affinity key.
-    pub(super) prefer: Option<usize>,
 }
 
 /// One attempt on one peer.

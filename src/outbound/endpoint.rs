@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tower::service_fn;
 
-use super::attempt::{Attempt, Refusal};
+use super::attempts::retry::{Attempt, Refusal};
 use super::call::Try;
 use crate::classify::Class;
 use crate::error::ReachError;

@@ -1,33 +1,25 @@
 //! The outbound listener: the local agent calls a capability; the sidecar scores the peers that
 //! serve it, picks one, forwards the call, and moves to another peer when the first refused it.
 //!
-//! The request path is one stack, built in [`Outbound::stack`] in request order; each step is a
-//! tower service in a file of its own.
+//! The request path is one stack, built in [`Outbound::stack`] (just below) in request order;
+//! each step is a tower service in a file or folder named for it: `local_api`, `agent_card`,
+//! `resolve` (the capability, by name or intent), `submit`, `dedupe`, then the routing a task's
+//! runner shares, [`Outbound::routing`]: `record`, `affinity`, `candidates` (sampled, scored, in
+//! tiers; the pick), `attempts` (the attempt policy: retry table, budget, backoff), `target_limit`
+//! and `endpoint`. What passes between them is in `call`.
 
 mod affinity;
 mod agent_card;
-mod attempt;
-mod balance;
+mod attempts;
 mod call;
 mod candidates;
-mod decision;
 mod dedupe;
 mod endpoint;
-mod intent;
-#[cfg(test)]
-mod latency_share;
 mod local_api;
-mod observe;
-mod policy;
 mod record;
-mod request;
 mod resolve;
-mod retry;
-mod sample;
 mod submit;
-mod target;
 mod target_limit;
-mod tiers;
 
 use std::sync::Arc;
 
@@ -35,10 +27,10 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::ServiceBuilder;
 
-pub use balance::pick;
-pub use observe::{ObserveCounts, ObserveLog};
-pub use sample::{score_candidates, SAMPLE};
-pub use target::capability_of;
+pub use attempts::observe::{ObserveCounts, ObserveLog};
+pub use candidates::balance::pick;
+pub use candidates::sample::{score_candidates, SAMPLE};
+pub use resolve::capability_of;
 
 use crate::config::ConfigStore;
 use crate::http::pool::Pool;
@@ -51,9 +43,48 @@ use crate::peers::PeerViews;
 use crate::rate_limit::RateLimiters;
 use crate::registry::Registry;
 use crate::tasks::Queue;
+use attempts::budget::RetryBudgets;
 use call::Call;
-use retry::RetryBudgets;
 use tower::ServiceExt;
+
+impl Outbound {
+    /// The outbound request path, in request order.
+    pub fn stack(self: &Arc<Self>) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
+        ServiceBuilder::new()
+            // The agent's own API (`/reach/v1/busy`, `/reach/v1/tasks`) is not a capability call.
+            .layer(local_api::layer(
+                self.local.clone(),
+                self.store.clone(),
+                self.tasks.clone(),
+            ))
+            // An A2A card through the proxy names the proxy, not the one peer that answered.
+            .layer(agent_card::layer())
+            // Which capability; the call's one config snapshot, deadline and body, read once.
+            .layer(resolve::layer(self.clone()))
+            // `prefer: respond-async`: stored as a task and answered 202; a runner routes it.
+            .layer(submit::layer(self.clone()))
+            // The agent's own resent call (its client timed out and resent) runs once.
+            .layer(dedupe::layer(self.clone()))
+            .service(self.routing())
+    }
+
+    /// A call routed: what a task's runner sends its stored call through.
+    fn routing(self: &Arc<Self>) -> impl Step<Call, Response = Response<ReachBody>> {
+        ServiceBuilder::new()
+            // Metrics and `reach-attempts` on whatever answer comes back.
+            .layer(record::layer(self.metrics.clone()))
+            // A call carrying a task or session key goes to the agent that holds it; answers bind.
+            .layer(affinity::layer(self.clone()))
+            // The peers that serve the capability, scored, in zone tiers.
+            .layer(candidates::layer(self.clone()))
+            // Which candidate next and when: retry table, budget, backoff, deadline, fallback.
+            .layer(attempts::layer(self.clone()))
+            // An external target's rate limit: refused here, at once; another endpoint may take it.
+            .layer(target_limit::layer(self.clone()))
+            // One attempt on one peer, over the peer client; the caller's view hears the answer.
+            .service(endpoint::endpoint(self.client.clone(), self.peers.clone()))
+    }
+}
 
 /// What the outbound steps share: the sidecar's state, each `Arc` cloned into the steps.
 #[derive(Debug)]
@@ -115,43 +146,6 @@ impl Outbound {
     /// What observe-only mode found so far, per capability.
     pub fn observed(&self) -> Vec<(String, ObserveCounts)> {
         self.observe.snapshot()
-    }
-
-    /// The outbound request path, in request order.
-    pub fn stack(self: &Arc<Self>) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
-        ServiceBuilder::new()
-            // The agent's own API (`/reach/v1/busy`, `/reach/v1/tasks`) is not a capability call.
-            .layer(local_api::layer(
-                self.local.clone(),
-                self.store.clone(),
-                self.tasks.clone(),
-            ))
-            // An A2A card through the proxy names the proxy, not the one peer that answered.
-            .layer(agent_card::layer())
-            // Which capability; the call's one config snapshot, deadline and body, read once.
-            .layer(resolve::layer(self.clone()))
-            // `prefer: respond-async`: stored as a task and answered 202; a runner routes it.
-            .layer(submit::layer(self.clone()))
-            // The agent's own resent call (its client timed out and resent) runs once.
-            .layer(dedupe::layer(self.clone()))
-            .service(self.routing())
-    }
-
-    /// A call routed: what a task's runner sends its stored call through.
-    fn routing(self: &Arc<Self>) -> impl Step<Call, Response = Response<ReachBody>> {
-        ServiceBuilder::new()
-            // Metrics and `reach-attempts` on whatever answer comes back.
-            .layer(record::layer(self.metrics.clone()))
-            // A call carrying a task or session key goes to the agent that holds it; answers bind.
-            .layer(affinity::layer(self.clone()))
-            // The peers that serve the capability, scored, in zone tiers.
-            .layer(candidates::layer(self.clone()))
-            // Which candidate next and when: retry table, budget, backoff, deadline, fallback.
-            .layer(policy::layer(self.clone()))
-            // An external target's rate limit: refused here, at once; another endpoint may take it.
-            .layer(target_limit::layer(self.clone()))
-            // One attempt on one peer, over the peer client; the caller's view hears the answer.
-            .service(endpoint::endpoint(self.client.clone(), self.peers.clone()))
     }
 
     /// Routes a task's stored call for `capability` (its attempts reported to the `Journal` in

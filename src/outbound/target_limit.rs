@@ -8,7 +8,7 @@ use std::time::Duration;
 use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
 
-use super::attempt::Attempt;
+use super::attempts::retry::Attempt;
 use super::call::Try;
 use super::Outbound;
 use crate::error::ReachError;

@@ -7,7 +7,7 @@
 //! An estimate no traffic refreshes decays toward the candidates' typical latency (the lower
 //! median) with a time constant of ten calls' worth of time, at least 1 s: one slow sample
 //! cannot keep a peer unpicked, and so unmeasured, for long. The pick's exploration share does
-//! the rest (`outbound::balance`).
+//! the rest (`outbound::candidates::balance`).
 
 use super::Scored;
 use crate::reach::recent_tau_s;

@@ -12,10 +12,11 @@ use std::time::Instant;
 use serde::Serialize;
 use tower::ServiceExt;
 
-use super::attempt::{self, Attempt};
-use super::call::{Plan, Routed, Try};
+use super::super::call::{Routed, Try};
+use super::super::candidates::{tiers, Plan};
+use super::super::{pick, Outbound};
 use super::request::{upstream_request, Bodies};
-use super::{pick, tiers, Outbound};
+use super::retry::{self, Attempt};
 use crate::classify::Outcome;
 use crate::config::Snapshot;
 use crate::error::ReachError;
@@ -63,7 +64,7 @@ impl ObserveLog {
 }
 
 /// Routes one call as a plain proxy and compares with the model's choice.
-pub(super) async fn route<B, S>(out: &Outbound, inner: S, plan: Plan) -> Routed<B>
+pub(in crate::outbound) async fn route<B, S>(out: &Outbound, inner: S, plan: Plan) -> Routed<B>
 where
     S: Step<Try, Response = Attempt<B>>,
 {
@@ -103,9 +104,9 @@ where
         };
         let sent = Instant::now();
         // The only retry here follows a connect failure.
-        let span = attempt::span(&mut attempt, &parts, capability, n, Some("connect_failed"));
+        let span = retry::span(&mut attempt, &parts, capability, n, Some("connect_failed"));
         let attempt = answer(inner.clone().oneshot(attempt).await);
-        attempt::end(span, &attempt);
+        retry::end(span, &attempt);
         let elapsed_ms = sent.elapsed().as_secs_f64() * 1000.0;
         let retry = matches!(
             &attempt,

@@ -6,11 +6,11 @@
 //! them (`capability`, `attempt`, `chosen`, `status`, …); only the candidates, a list of records
 //! with nested factors, are one JSON value (`candidates`), as a flat field cannot hold them.
 
-use super::attempt::Attempt;
+use super::retry::Attempt;
 use crate::config::{RouteMode, Snapshot};
 use crate::peers::{RouteRequest, Scored};
 
-pub(super) fn log<B>(
+pub(in crate::outbound) fn log<B>(
     snapshot: &Snapshot,
     route: &RouteRequest,
     scored: &[Scored],
@@ -50,7 +50,7 @@ pub(super) fn log<B>(
 }
 
 /// How a call's capability was chosen, when it did not simply name it (`docs/intents.md`).
-pub(super) enum Resolution<'a> {
+pub(in crate::outbound) enum Resolution<'a> {
     /// By the policy's intent rules.
     Intent { keyword: &'a str, confidence: f64 },
     /// Intent routing was asked for, but the call named its capability: the name won.
@@ -59,7 +59,7 @@ pub(super) enum Resolution<'a> {
 
 /// One event per call that asked for intent routing: the capability it went to and why, logged
 /// once before its attempts (each of which logs `routed`).
-pub(super) fn resolved(snapshot: &Snapshot, capability: &str, how: &Resolution<'_>) {
+pub(in crate::outbound) fn resolved(snapshot: &Snapshot, capability: &str, how: &Resolution<'_>) {
     if !snapshot.policy.decision_log {
         return;
     }
@@ -89,7 +89,7 @@ fn mode_str(mode: RouteMode) -> &'static str {
 }
 
 /// The candidate snapshot shown in `no_available_instance` and the decision log.
-pub(super) fn snapshot_of(scored: &[Scored]) -> Vec<serde_json::Value> {
+pub(in crate::outbound) fn snapshot_of(scored: &[Scored]) -> Vec<serde_json::Value> {
     scored
         .iter()
         .map(|s| {

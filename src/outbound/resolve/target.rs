@@ -14,7 +14,7 @@ const SUFFIX: &str = ".reach";
 
 /// What a call asks for.
 #[derive(Debug, PartialEq)]
-pub(super) enum Wanted {
+pub(in crate::outbound) enum Wanted {
     /// A capability by name: `reach-capability` or `<capability>.reach`.
     Named(Name),
     /// `any.reach` or `reach-intent` (or `reach-capability: any`): picked by the policy's intent
@@ -34,7 +34,7 @@ pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
 
 /// What a call asks for: a capability by name (the cheap, common path: no allocation beyond the
 /// name), by intent, or by name over an intent.
-pub(super) fn wanted<B>(req: &Request<B>) -> Result<Wanted, ReachError> {
+pub(in crate::outbound) fn wanted<B>(req: &Request<B>) -> Result<Wanted, ReachError> {
     if req.method() == Method::CONNECT {
         let host = req
             .uri()

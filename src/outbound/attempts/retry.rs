@@ -3,15 +3,15 @@
 use http::request::Parts;
 use http::Response;
 
-use super::call::Try;
-pub(super) use crate::classify::Refusal;
+use super::super::call::Try;
+pub(in crate::outbound) use crate::classify::Refusal;
 use crate::classify::{self, Class, Outcome};
 use crate::error::ReachError;
 use crate::http::pool::UpstreamBody;
 use crate::trace::AttemptSpan;
 
 /// How one attempt ended, as far as retrying cares.
-pub(super) enum Attempt<B = UpstreamBody> {
+pub(in crate::outbound) enum Attempt<B = UpstreamBody> {
     Done(Response<B>),
     /// Refused without running the task (429, or a peer sidecar's 503): safe to try elsewhere.
     Refused(Response<B>, Refusal),
@@ -23,7 +23,7 @@ pub(super) enum Attempt<B = UpstreamBody> {
 /// The client span of attempt `n` when the call is traced (the listener put its span in the
 /// call's extensions), named in the attempt's `traceparent`; `retry` is why the attempt before
 /// did not end the call. Synchronous, so the routing future holds one pointer, nothing more.
-pub(super) fn span(
+pub(in crate::outbound) fn span(
     attempt: &mut Try,
     call: &Parts,
     capability: &str,
@@ -48,7 +48,7 @@ pub(super) fn span(
 }
 
 /// Ends the attempt's span, if it has one, with how the attempt ended.
-pub(super) fn end<B>(span: Option<AttemptSpan>, attempt: &Attempt<B>) {
+pub(in crate::outbound) fn end<B>(span: Option<AttemptSpan>, attempt: &Attempt<B>) {
     if let Some(span) = span {
         let (status, outcome) = attempt.outcome();
         span.finish(status, outcome);
@@ -58,7 +58,7 @@ pub(super) fn end<B>(span: Option<AttemptSpan>, attempt: &Attempt<B>) {
 impl<B> Attempt<B> {
     /// What the caller gets when this attempt is the last: the response, refusal or not, or the
     /// error.
-    pub(super) fn into_answer(self) -> Result<Response<B>, ReachError> {
+    pub(in crate::outbound) fn into_answer(self) -> Result<Response<B>, ReachError> {
         match self {
             Attempt::Failed(err) | Attempt::Limited(err) => Err(err),
             Attempt::Done(response) | Attempt::Refused(response, _) => Ok(response),
@@ -66,7 +66,7 @@ impl<B> Attempt<B> {
     }
 
     /// The status of the answer, if one came back, and what the attempt meant (for its span).
-    pub(super) fn outcome(&self) -> (Option<http::StatusCode>, Outcome) {
+    pub(in crate::outbound) fn outcome(&self) -> (Option<http::StatusCode>, Outcome) {
         match self {
             Attempt::Done(response) | Attempt::Refused(response, _) => (
                 Some(response.status()),
@@ -78,7 +78,7 @@ impl<B> Attempt<B> {
 
     /// Why it ended as it did, in words: a sidecar's `reach-reason` with its message, the
     /// error, or the agent's status.
-    pub(super) fn reason(&self) -> String {
+    pub(in crate::outbound) fn reason(&self) -> String {
         match self {
             Attempt::Failed(err) | Attempt::Limited(err) => format!("{}: {err}", err.code()),
             Attempt::Done(response) | Attempt::Refused(response, _) => {
@@ -91,7 +91,7 @@ impl<B> Attempt<B> {
     }
 
     /// The attempt as a task records it.
-    pub(super) fn note(
+    pub(in crate::outbound) fn note(
         &self,
         peer: &str,
         started: std::time::SystemTime,
@@ -108,7 +108,7 @@ impl<B> Attempt<B> {
     }
 
     /// Whether the agent (or its sidecar) failed the call: an async chain hands it on.
-    pub(super) fn failed(&self) -> bool {
+    pub(in crate::outbound) fn failed(&self) -> bool {
         self.outcome().1 == Outcome::Failure
     }
 
@@ -122,7 +122,7 @@ impl<B> Attempt<B> {
     /// | timed out, 502/503/504 from the agent, idempotent method | on another peer |
     /// | `502 invalid_output`, idempotent, keyed or async (a chain) | on another peer: the same agent would answer the same |
     /// | anything else (other 4xx, success, a POST that may have run) | never |
-    pub(super) fn retry(
+    pub(in crate::outbound) fn retry(
         &self,
         keyed: bool,
         idempotent: bool,

@@ -1,7 +1,9 @@
-//! The inbound edge as a step: what a request from outside may carry in. Its target, capability,
+//! Intake, the inbound stack's first step: what a request from outside may carry in. Its target, capability,
 //! path and deadline are checked, its caller verified, its `reach-*` headers rewritten (see
-//! `edge`), and the call gets the one config snapshot it runs under. `GET /reach/v1/self` (the
+//! `vouched`), and the call gets the one config snapshot it runs under. `GET /reach/v1/self` (the
 //! agent's self-view, for callers without gossip) is answered here.
+
+mod vouched;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use tower::{service_fn, ServiceExt};
 use tracing::Span;
 
 use super::call::{Call, CallBody, Meta};
-use super::{authorize, edge, Inbound};
+use super::{authorize, Inbound};
 use crate::a2a::CARD_PATH;
 use crate::config::Snapshot;
 use crate::error::ReachError;
@@ -105,18 +107,18 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     );
     let (mut parts, incoming) = req.into_parts();
     if let Some(path) = normalized {
-        parts.uri = edge::with_path(&parts.uri, &path).map_err(refuse)?;
+        parts.uri = vouched::with_path(&parts.uri, &path).map_err(refuse)?;
     }
-    let vouched = edge::Vouched {
+    let vouched = vouched::Vouched {
         capability: Some(capability),
         deadline,
         caller: caller.clone(),
         identity: identity.as_ref(),
-        attempt: edge::attempt_of(&parts.headers),
+        attempt: vouched::attempt_of(&parts.headers),
         remote: remote.map(|r| r.ip()),
         client_cert: tls.as_ref().and_then(|t| t.xfcc.as_ref()),
     };
-    edge::rewrite(&mut parts.headers, vouched);
+    vouched::rewrite(&mut parts.headers, vouched);
     let meta = Meta {
         label: capability.to_owned(),
         own_timeout: snapshot.capability_timeout(Some(capability)),
@@ -161,7 +163,7 @@ fn caller_of<B>(
     remote: Option<std::net::SocketAddr>,
 ) -> Option<String> {
     match identity {
-        Some(id) => Some(edge::caller_named_by(
+        Some(id) => Some(vouched::caller_named_by(
             req,
             id,
             remote,
@@ -169,7 +171,7 @@ fn caller_of<B>(
             snapshot,
         )),
         None if tls => None,
-        None => remote.and_then(|r| edge::verified_caller(req, r, &inbound.registry, snapshot)),
+        None => remote.and_then(|r| vouched::verified_caller(req, r, &inbound.registry, snapshot)),
     }
 }
 

@@ -2,6 +2,9 @@
 //! make the listener an open proxy) or asks for by intent, the one config snapshot the whole call
 //! runs under, its deadline, and its body — buffered when it may need replaying on another peer.
 
+mod intent;
+mod target;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,10 +15,11 @@ use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
 use tracing::Span;
 
+use super::attempts::decision::{self, Resolution};
 use super::call::Call;
-use super::decision::{self, Resolution};
-use super::target::{wanted, Wanted};
-use super::{intent, record, Outbound};
+use super::{record, Outbound};
+use target::{wanted, Wanted};
+
 use crate::config::{Name, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
@@ -24,6 +28,7 @@ use crate::http::request_target::{self, Target};
 use crate::http::step::{answer, Step};
 use crate::http::upload::Upload;
 use crate::http::{headers, upload, ReachBody};
+pub use target::capability_of;
 
 pub(super) fn layer<S>(
     out: Arc<Outbound>,

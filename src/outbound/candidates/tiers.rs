@@ -6,14 +6,14 @@ use crate::peers::Scored;
 
 /// How far a candidate is from the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Tier {
+pub(in crate::outbound) enum Tier {
     Zone,
     Region,
     Any,
 }
 
 impl Tier {
-    pub(super) fn of(me: (&str, &str), peer: (&str, &str)) -> Self {
+    pub(in crate::outbound) fn of(me: (&str, &str), peer: (&str, &str)) -> Self {
         let ((my_zone, my_region), (zone, region)) = (me, peer);
         if !my_zone.is_empty() && my_zone == zone {
             Tier::Zone
@@ -24,7 +24,7 @@ impl Tier {
         }
     }
 
-    pub(super) fn as_str(self) -> &'static str {
+    pub(in crate::outbound) fn as_str(self) -> &'static str {
         match self {
             Tier::Zone => "zone",
             Tier::Region => "region",
@@ -35,7 +35,7 @@ impl Tier {
 
 /// The candidates outside the nearest tier that can take the call, to be skipped by the pick
 /// (together with those already tried). Empty when no tier can: the pick then sees everyone.
-pub(super) fn outside_nearest(
+pub(in crate::outbound) fn outside_nearest(
     scored: &[Scored],
     tiers: &[Tier],
     tried: &[usize],

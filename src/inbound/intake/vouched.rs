@@ -1,5 +1,5 @@
-//! The inbound edge: what a request from outside may carry in. `reach-*` headers are the
-//! sidecar's to set — a caller cannot name itself, set the agent's deadline format or smuggle
+//! What the sidecar vouches for at intake: who the caller is, and the only `reach-*` and
+//! forwarding headers the agent sees. `reach-*` headers are the sidecar's to set — a caller cannot name itself, set the agent's deadline format or smuggle
 //! routing hints to the agent — so every one is dropped and the sidecar writes back only what
 //! it vouches for, after hop-by-hop stripping (so `Connection: reach-…` cannot remove them).
 
@@ -16,18 +16,18 @@ use crate::registry::Registry;
 
 /// The headers the sidecar re-adds once the caller's `reach-*` headers are gone.
 #[derive(Debug)]
-pub(super) struct Vouched<'a> {
-    pub(super) capability: Option<&'a str>,
-    pub(super) deadline: Option<Deadline>,
+pub(in crate::inbound) struct Vouched<'a> {
+    pub(in crate::inbound) capability: Option<&'a str>,
+    pub(in crate::inbound) deadline: Option<Deadline>,
     /// A caller name the sidecar could check (see [`verified_caller`], [`caller_named_by`]).
-    pub(super) caller: Option<String>,
+    pub(in crate::inbound) caller: Option<String>,
     /// The caller's SPIFFE ID, from the certificate it presented.
-    pub(super) identity: Option<&'a SpiffeId>,
-    pub(super) attempt: Option<u16>,
+    pub(in crate::inbound) identity: Option<&'a SpiffeId>,
+    pub(in crate::inbound) attempt: Option<u16>,
     /// The connection's peer: the only `x-forwarded-for` the agent is given.
-    pub(super) remote: Option<IpAddr>,
+    pub(in crate::inbound) remote: Option<IpAddr>,
     /// `x-forwarded-client-cert` for the verified certificate (`transport::PeerTls`).
-    pub(super) client_cert: Option<&'a HeaderValue>,
+    pub(in crate::inbound) client_cert: Option<&'a HeaderValue>,
 }
 
 /// Forwarding headers are the sidecar's too (Envoy's `SANITIZE_SET`): a caller's
@@ -39,7 +39,7 @@ const FORWARDING: [&str; 3] = ["x-forwarded-client-cert", "x-forwarded-for", "fo
 /// Strips hop-by-hop and every `reach-*` header, then writes back what is vouched for. A header
 /// that already holds exactly the vouched value stays where it is (a peer sidecar's request
 /// carries the same four): no rehashing and no allocation on the common path.
-pub(super) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>) {
+pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>) {
     headers::strip_hop_by_hop(headers);
     let mut unvouched: Vec<HeaderName> = Vec::new();
     for (name, value) in headers.iter() {
@@ -106,7 +106,7 @@ pub(super) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>) {
 /// the connection comes from that peer's address. Not authentication — anything on that host can
 /// claim it — but a stranger on the network can no longer name itself anybody; mutual TLS is
 /// what will make it an identity.
-pub(super) fn verified_caller<B>(
+pub(in crate::inbound) fn verified_caller<B>(
     req: &Request<B>,
     remote: SocketAddr,
     registry: &Registry,
@@ -127,7 +127,7 @@ pub(super) fn verified_caller<B>(
 /// member announced this identity, else a member with this identity at the connection's
 /// address, else the identity's last segment (the service account). Never a name the
 /// certificate does not back.
-pub(super) fn caller_named_by<B>(
+pub(in crate::inbound) fn caller_named_by<B>(
     req: &Request<B>,
     identity: &SpiffeId,
     remote: Option<SocketAddr>,
@@ -159,7 +159,7 @@ pub(super) fn caller_named_by<B>(
 }
 
 /// `reach-attempt` as a small number, or nothing.
-pub(super) fn attempt_of(headers: &HeaderMap) -> Option<u16> {
+pub(in crate::inbound) fn attempt_of(headers: &HeaderMap) -> Option<u16> {
     headers
         .get(headers::ATTEMPT)?
         .to_str()
@@ -170,7 +170,7 @@ pub(super) fn attempt_of(headers: &HeaderMap) -> Option<u16> {
 }
 
 /// `uri` with its path replaced by `path` (the normalized one), its query kept.
-pub(super) fn with_path(uri: &http::Uri, path: &str) -> Result<http::Uri, ReachError> {
+pub(in crate::inbound) fn with_path(uri: &http::Uri, path: &str) -> Result<http::Uri, ReachError> {
     let path_and_query = match uri.query() {
         Some(query) => format!("{path}?{query}"),
         None => path.to_owned(),

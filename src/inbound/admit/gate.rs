@@ -8,8 +8,8 @@ use http::Response;
 use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
 
-use super::call::Call;
-use super::Inbound;
+use super::super::call::Call;
+use super::super::Inbound;
 use crate::classify::Outcome;
 use crate::error::ReachError;
 use crate::http::step::Step;
@@ -17,7 +17,7 @@ use crate::http::ReachBody;
 use crate::metrics::Direction;
 use crate::reach::State;
 
-pub(super) fn layer<S>(
+pub(in crate::inbound) fn layer<S>(
     inbound: Arc<Inbound>,
 ) -> impl Layer<S, Service = impl Step<Call, Response = Response<ReachBody>>> + Clone
 where

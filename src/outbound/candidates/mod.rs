@@ -1,6 +1,12 @@
 //! Who may take a call: the peers that serve its capability (a sample of them in a large fleet),
 //! each scored by this caller's view, in zone tiers.
 
+pub(super) mod balance;
+#[cfg(test)]
+mod latency_share;
+pub(super) mod sample;
+pub(super) mod tiers;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -8,15 +14,25 @@ use http::HeaderMap;
 use tower::layer::{layer_fn, Layer};
 use tower::{service_fn, ServiceExt};
 
-use super::call::{Call, Plan, Routed};
-use super::tiers::Tier;
-use super::{affinity, sample, Outbound};
+use super::call::{Call, Routed};
+use super::{affinity, Outbound};
 use crate::config::RouteMode;
 use crate::error::ReachError;
 use crate::http::headers;
 use crate::http::step::{answer, Step};
 use crate::metrics::UNKNOWN_CAPABILITY;
-use crate::peers::RouteRequest;
+use crate::peers::{RouteRequest, Scored};
+use tiers::Tier;
+
+/// A call with its candidates: who may take it, best first by the pick's lights.
+pub(super) struct Plan {
+    pub(super) call: Call,
+    pub(super) route: RouteRequest,
+    pub(super) scored: Vec<Scored>,
+    pub(super) tiers: Vec<Tier>,
+    /// The candidate the first attempt must go to: the holder of the call's affinity key.
+    pub(super) prefer: Option<usize>,
+}
 
 pub(super) fn layer<S>(
     out: Arc<Outbound>,

@@ -11,15 +11,15 @@ use crate::http::upload::{Upload, UploadWatch, WatchedUpload};
 use crate::http::{body, headers, ReachBody};
 
 /// The call's body for each attempt: a buffered one replays, a streamed one goes once.
-pub(super) struct Bodies {
-    pub(super) replay: Option<Bytes>,
+pub(in crate::outbound) struct Bodies {
+    pub(in crate::outbound) replay: Option<Bytes>,
     stream: Option<WatchedUpload<Incoming>>,
     /// Whether the caller's upload broke or stalled (then nothing is held against a peer).
-    pub(super) watch: UploadWatch,
+    pub(in crate::outbound) watch: UploadWatch,
 }
 
 impl Bodies {
-    pub(super) fn of(upload: Upload<Incoming>, snapshot: &Snapshot) -> Self {
+    pub(in crate::outbound) fn of(upload: Upload<Incoming>, snapshot: &Snapshot) -> Self {
         match upload {
             Upload::Buffered(bytes) => Bodies {
                 replay: Some(bytes),
@@ -38,7 +38,7 @@ impl Bodies {
         }
     }
 
-    pub(super) fn next(&mut self) -> Option<ReachBody> {
+    pub(in crate::outbound) fn next(&mut self) -> Option<ReachBody> {
         match (&self.replay, self.stream.take()) {
             (Some(bytes), _) => Some(body::full(bytes.clone())),
             (None, Some(streamed)) => Some(body::boxed(streamed)),
@@ -48,7 +48,7 @@ impl Bodies {
 }
 
 /// The agent's request as a peer receives it: the sidecar's own `reach-*` headers added.
-pub(super) fn upstream_request(
+pub(in crate::outbound) fn upstream_request(
     parts: &Parts,
     body: ReachBody,
     snapshot: &Snapshot,

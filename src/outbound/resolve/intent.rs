@@ -12,21 +12,21 @@ use crate::config::{fold_padded, Intents, Keyword, Name};
 use crate::error::ReachError;
 
 /// How much of a body is read for its intent: enough for any prompt's opening, bounded per call.
-pub(super) const MAX_TEXT: usize = 16 * 1024;
+pub(in crate::outbound) const MAX_TEXT: usize = 16 * 1024;
 
 /// The capability an intent resolved to, and why.
 #[derive(Debug, PartialEq)]
-pub(super) struct Resolved<'a> {
-    pub(super) capability: &'a Name,
+pub(in crate::outbound) struct Resolved<'a> {
+    pub(in crate::outbound) capability: &'a Name,
     /// The winning rule's longest keyword found in the text (folded).
-    pub(super) keyword: &'a str,
+    pub(in crate::outbound) keyword: &'a str,
     /// The winner's keyword length over the sum of every matched rule's longest keyword length.
-    pub(super) confidence: f64,
+    pub(in crate::outbound) confidence: f64,
 }
 
 impl Resolved<'_> {
     /// `reach-resolved-capability: data-fetch; by=intent; keyword="crawl"; confidence=1.00`.
-    pub(super) fn header(&self) -> HeaderValue {
+    pub(in crate::outbound) fn header(&self) -> HeaderValue {
         let mut text = format!("{}; by=intent; keyword=\"", self.capability);
         // Keywords are letters, digits and spaces: only non-ASCII needs escaping for a header.
         for c in self.keyword.chars() {
@@ -46,14 +46,14 @@ impl Resolved<'_> {
 
 /// `reach-resolved-capability` for a call that asked for intent routing but named its
 /// capability too: the name wins.
-pub(super) fn overridden(capability: &Name) -> HeaderValue {
+pub(in crate::outbound) fn overridden(capability: &Name) -> HeaderValue {
     HeaderValue::from_str(&format!("{capability}; by=override"))
         .unwrap_or_else(|_| HeaderValue::from_static("-; by=override"))
 }
 
 /// Picks the capability `text` asks for: the rule owning the longest matched keyword, when no
 /// other rule matched one as long and its confidence reaches `threshold`.
-pub(super) fn resolve<'a>(
+pub(in crate::outbound) fn resolve<'a>(
     intents: &'a Intents,
     threshold: f64,
     text: &str,
@@ -149,7 +149,7 @@ fn unresolved(intents: &Intents) -> ReachError {
 
 /// The text a buffered body offers for its intent: a JSON body's string values (its keys and
 /// structure say nothing of the task), any other body's UTF-8 text; at most [`MAX_TEXT`].
-pub(super) fn body_text(body: &Bytes) -> Cow<'_, str> {
+pub(in crate::outbound) fn body_text(body: &Bytes) -> Cow<'_, str> {
     let trimmed = body.trim_ascii_start();
     if trimmed.starts_with(b"{") || trimmed.starts_with(b"[") {
         if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) {

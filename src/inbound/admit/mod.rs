@@ -1,6 +1,8 @@
 //! Admission: a slot under the agent's concurrency limit, else a place in its bounded queue
 //! (never waiting past the caller's deadline), else `503 saturated` with a `retry-after`.
 
+pub(super) mod gate;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,6 +3,12 @@
 //! tier first, never the same peer twice (but a keyed call that timed out goes back to its
 //! agent) — within the retry table, the capability's retry budget, the backoff and the deadline.
 
+pub(super) mod budget;
+pub(super) mod decision;
+pub(super) mod observe;
+mod request;
+pub(super) mod retry;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,11 +20,10 @@ use tower::retry::budget::TpsBudget;
 use tower::{service_fn, ServiceExt};
 use tracing::Span;
 
-use super::attempt::{self, Attempt, Refusal};
-use super::call::{Plan, Routed, Try};
-use super::request::{upstream_request, Bodies};
-use super::tiers::{self, Tier};
-use super::{decision, observe, pick, retry, Outbound};
+use super::call::{Routed, Try};
+use super::candidates::tiers::{self, Tier};
+use super::candidates::Plan;
+use super::{pick, Outbound};
 use crate::config::{RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
@@ -28,6 +33,8 @@ use crate::http::upload::UploadWatch;
 use crate::http::{headers, ReachBody};
 use crate::idempotency;
 use crate::peers::Scored;
+use request::{upstream_request, Bodies};
+use retry::{Attempt, Refusal};
 
 pub(super) fn layer<S>(
     out: Arc<Outbound>,
@@ -96,10 +103,10 @@ where
         let request = upstream_request(&parts, body, &snapshot, &route.capability, n);
         let mut try_ = attempts.attempt(request, &scored[chosen], &bodies.watch, &snapshot);
         let retry = attempts.retry_reason;
-        let span = attempt::span(&mut try_, &parts, &route.capability, n, retry);
+        let span = retry::span(&mut try_, &parts, &route.capability, n, retry);
         let started = std::time::SystemTime::now();
         let attempt = answer(inner.clone().oneshot(try_).await);
-        attempt::end(span, &attempt);
+        retry::end(span, &attempt);
         if !matches!(attempt, Attempt::Limited(_)) {
             out.metrics.tier_pick(tiers[chosen].as_str());
             decision::log(&snapshot, &route, &scored, chosen, n, &attempt);
@@ -164,7 +171,7 @@ impl<'a> Attempts<'a> {
         let retry = &snapshot.policy.retry;
         let budget = out.budgets.get(call.capability, retry);
         // Every call earns its capability a fraction of a retry.
-        retry::deposit(&budget);
+        budget::deposit(&budget);
         let is_async = call.mode == Some(RouteMode::Async);
         // An async call walks a fallback chain of its own length; a sync one gets the retries;
         // a body that streams gets one attempt.
@@ -283,7 +290,7 @@ impl<'a> Attempts<'a> {
         // A shed never reached an agent: moving it adds no load to any agent, so it does not
         // spend the budget that guards agents against retry storms (429s do).
         let shed = matches!(attempt, Attempt::Refused(_, why) if why.never_reached_an_agent());
-        if !shed && !retry::withdraw(&self.budget) {
+        if !shed && !budget::withdraw(&self.budget) {
             // Fail fast with what we have: this is what stops a correlated retry storm.
             self.out.metrics.retry_budget_exhausted(self.capability);
             return None;
@@ -309,7 +316,7 @@ impl<'a> Attempts<'a> {
             // Give the previous agent time to clean up before the next takes over.
             policy.fallback.interval.get()
         } else {
-            retry::backoff(
+            budget::backoff(
                 self.tried.len() as u32,
                 policy.backoff_base.get(),
                 policy.backoff_max.get(),
@@ -371,8 +378,8 @@ mod tests {
     use super::*;
     use crate::config::Policy;
     use crate::http::upload::Upload;
-    use crate::outbound::balance::tests::candidate;
     use crate::outbound::call::Call;
+    use crate::outbound::candidates::balance::tests::candidate;
     use crate::outbound::for_tests;
     use crate::peers::RouteRequest;
     use bytes::Bytes;

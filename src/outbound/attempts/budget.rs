@@ -15,7 +15,7 @@ use crate::config::RetryPolicy;
 
 /// One budget per capability, rebuilt when the policy's budget changes.
 #[derive(Debug, Default)]
-pub(super) struct RetryBudgets {
+pub(in crate::outbound) struct RetryBudgets {
     budgets: Mutex<crate::fast_hash::FastMap<String, (BudgetKey, Arc<TpsBudget>)>>,
 }
 
@@ -29,7 +29,11 @@ struct BudgetKey {
 
 impl RetryBudgets {
     /// The budget for `capability` under `policy`.
-    pub(super) fn get(&self, capability: &str, policy: &RetryPolicy) -> Arc<TpsBudget> {
+    pub(in crate::outbound) fn get(
+        &self,
+        capability: &str,
+        policy: &RetryPolicy,
+    ) -> Arc<TpsBudget> {
         // TpsBudget asserts its ranges; the policy's values are clamped into them.
         let key = BudgetKey {
             ttl: policy
@@ -53,18 +57,23 @@ impl RetryBudgets {
 }
 
 /// A call was made: it earns the capability `ratio` of a retry.
-pub(super) fn deposit(budget: &TpsBudget) {
+pub(in crate::outbound) fn deposit(budget: &TpsBudget) {
     budget.deposit();
 }
 
 /// Takes one retry from the budget; false when it is spent.
-pub(super) fn withdraw(budget: &TpsBudget) -> bool {
+pub(in crate::outbound) fn withdraw(budget: &TpsBudget) -> bool {
     budget.withdraw()
 }
 
 /// Full-jitter exponential backoff before retry number `retry` (1-based): a uniform draw in
 /// `0..=min(max, base · 2^(retry−1))`, so callers that failed together do not retry together.
-pub(super) fn backoff(retry: u32, base: Duration, max: Duration, random: f64) -> Duration {
+pub(in crate::outbound) fn backoff(
+    retry: u32,
+    base: Duration,
+    max: Duration,
+    random: f64,
+) -> Duration {
     let ceiling = base
         .saturating_mul(1u32 << retry.saturating_sub(1).min(16))
         .min(max);
