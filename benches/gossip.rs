@@ -2,7 +2,8 @@
 //! suspect for 3 s, live view refreshed every 2 s). Per fleet size N it prints: time for the
 //! fleet to converge from one seed, time for a state change to reach every node (p50/max),
 //! time for a dead node to leave every table (p50/max), and bytes and datagrams per node per
-//! second in steady state. Never asserts on time.
+//! second in steady state. Never asserts on time. The fleet is the one the gossip tests run
+//! (`tests/it/support/gossip_fleet.rs`), here with the shipped timings.
 //!
 //! Two modes run the same node code:
 //! - real time (default): a multi-thread runtime, no network faults. On a small machine a large
@@ -20,104 +21,27 @@
 //! `-- --virtual --nodes 100,1000,2000`, or `-- --smoke` / `-- --virtual --smoke` (`cargo test`
 //! runs both smokes: a few seconds).
 
-use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent_reach::gossip::{
-    self, Clock, ClusterKey, Faults, GossipHandle, Live, MemNetwork, Member, Membership,
-    NodeOptions, Profile,
-};
+use agent_reach::gossip::{self, Clock, ClusterKey, Faults, Live, MemNetwork, NodeOptions};
 use agent_reach::reach::State;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-#[derive(Default)]
-struct Seen {
-    members: Mutex<HashSet<String>>,
-    lives: Mutex<HashMap<String, Live>>,
-    /// Members dropped from the routing table, each time (a dead one, or a false death).
-    dropped: Mutex<HashMap<String, u64>>,
-    /// When each member was first dropped (the trace of a false death).
-    first_dropped: Mutex<HashMap<String, Instant>>,
-}
+/// The fleet harness the gossip tests use too.
+#[path = "../tests/it/support/gossip_fleet.rs"]
+#[allow(dead_code)] // the tests' helpers (`eventually`, `quick_timings`, …)
+mod harness;
 
-impl Membership for Seen {
-    fn members(&self, members: &[Member]) {
-        let now: HashSet<String> = members.iter().map(|m| m.name.clone()).collect();
-        let mut before = lock(&self.members);
-        let mut dropped = lock(&self.dropped);
-        for gone in before.difference(&now) {
-            *dropped.entry(gone.clone()).or_default() += 1;
-            lock(&self.first_dropped)
-                .entry(gone.clone())
-                .or_insert_with(Instant::now);
-        }
-        *before = now;
-    }
-    fn live(&self, member: &Member, live: &Live) {
-        lock(&self.lives).insert(member.name.clone(), *live);
-    }
-}
+use harness::{addr, wait_until, Fleet, Node};
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-struct Node {
-    name: String,
-    addr: SocketAddr,
-    handle: GossipHandle,
-    seen: Arc<Seen>,
-}
-
-fn addr(i: usize) -> SocketAddr {
-    SocketAddr::from(([10, 1, (i / 250) as u8, (i % 250) as u8 + 1], 4190))
-}
-
+/// The live view the benchmark's agents publish, busy or not.
 fn live(busy: bool) -> Live {
     Live {
-        profile_seq: 0,
-        state: State::Healthy,
-        state_age_s: 0,
-        cap: 1000,
-        availability: 990,
-        saturation: if busy { 1000 } else { 200 },
-        latency_ms: Some(40),
-        p50_ms: Some(38),
-        p95_ms: Some(90),
         busy,
-        cooling_down: false,
-        in_flight: 2,
-        queued: 0,
-        saturation_predicted: 0,
-        quality_milli: None,
-        degraded: false,
-    }
-}
-
-fn profile(i: usize) -> Profile {
-    Profile {
-        inbound: format!("{}:4143", addr(i).ip()),
-        zone: format!("zone-{}", i % 3),
-        region: "region-1".into(),
-        max_concurrency: 8,
-        capabilities: vec![gossip::Capability {
-            name: format!("capability-{}", i % 5),
-            tags: [("python".to_owned(), 900u16), ("go".to_owned(), 600u16)]
-                .into_iter()
-                .collect(),
-            timeout_ms: 30_000,
-            mode: agent_reach::config::RouteMode::Sync,
-            cost_milli: 0,
-            idempotent: false,
-            output_schema: None,
-            a2a: None,
-        }],
-        version: env!("CARGO_PKG_VERSION").into(),
-        identity: None,
+        saturation: if busy { 1000 } else { 200 },
+        ..harness::live(State::Healthy, 2)
     }
 }
 
@@ -162,17 +86,6 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
-}
-
-async fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < deadline {
-        if f() {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    None
 }
 
 /// Polls until every node in `nodes` satisfies `f`, recording when each first did.
@@ -244,13 +157,13 @@ fn trace_missed_change(waiting: &[&Node], name: &str, all: &[&Node]) {
         |x: &Node| held_by(x, name).map(|m| (m.epoch, m.liveness, m.live_seq, m.last_seen_s));
     let reached = all
         .iter()
-        .find(|x| lock(&x.seen.lives).get(name).is_some_and(|l| l.busy))
+        .find(|x| x.seen.live_of(name).is_some_and(|l| l.busy))
         .map(|x| held(x));
     for x in waiting {
         eprintln!(
             "change of {name} missed by {}: routes to it {}, holds {:?}; a node it reached holds {:?}",
             x.name,
-            lock(&x.seen.members).contains(name),
+            x.seen.routes_to(name),
             held(x),
             reached,
         );
@@ -284,8 +197,7 @@ fn diagnose(nodes: &[&Node], expected: usize) {
     let mut why: HashMap<String, usize> = HashMap::new();
     let mut behind = 0;
     for x in nodes {
-        let routed = lock(&x.seen.members).clone();
-        if routed.len() >= expected {
+        if x.seen.count() >= expected {
             continue;
         }
         behind += 1;
@@ -297,7 +209,7 @@ fn diagnose(nodes: &[&Node], expected: usize) {
             .collect();
         for other in nodes
             .iter()
-            .filter(|o| o.name != x.name && !routed.contains(&o.name))
+            .filter(|o| o.name != x.name && !x.seen.routes_to(&o.name))
         {
             let reason = match listed.get(other.name.as_str()) {
                 None => "absent".to_owned(),
@@ -333,13 +245,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
     } else {
         (ClusterKey::random(), Clock::Wall)
     };
-    let stop = CancellationToken::new();
-    let mut nodes = Vec::with_capacity(n);
-    let start = Instant::now();
-    for i in 0..n {
-        let (transport, inbox) = net.join(addr(i));
-        let seen = Arc::new(Seen::default());
-        let mut options = NodeOptions::new(format!("agent-{i}"), addr(i), key.clone());
+    let fleet = Fleet::new(net, key, move |i, options| {
         options.clock = clock;
         if let Some(suspect) = setup.suspect {
             options.suspect_timeout = suspect;
@@ -347,32 +253,19 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         if setup.virtual_time {
             options.seed = Some(setup.seed.wrapping_mul(1_000_003).wrapping_add(i as u64));
         }
-        let handle = gossip::spawn(options, transport, inbox, seen.clone(), stop.clone());
-        handle.publish_profile(profile(i));
-        handle.publish_live(live(false));
-        if i > 0 {
-            handle.announce(vec![addr(0)]);
-        }
-        nodes.push(Node {
-            name: format!("agent-{i}"),
-            addr: addr(i),
-            handle,
-            seen,
-        });
-    }
+    });
+    let start = Instant::now();
+    let nodes: Vec<Node> = (0..n).map(|i| fleet.start(i)).collect();
     // As the sidecar does: seeds are retried each second until a member answers.
     let (converged, converge) = loop {
-        if nodes
-            .iter()
-            .all(|node| lock(&node.seen.members).len() == n - 1)
-        {
+        if nodes.iter().all(|node| node.seen.count() == n - 1) {
             break (true, start.elapsed());
         }
         if start.elapsed() > Duration::from_secs(120) {
             break (false, start.elapsed());
         }
         if tracing() {
-            let routable: Vec<usize> = nodes.iter().map(|x| lock(&x.seen.members).len()).collect();
+            let routable: Vec<usize> = nodes.iter().map(|x| x.seen.count()).collect();
             eprintln!(
                 "t={:.1}s routable min {} max {}",
                 start.elapsed().as_secs_f64(),
@@ -381,7 +274,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
             );
         }
         for node in nodes.iter().skip(1) {
-            if lock(&node.seen.members).is_empty() {
+            if node.seen.count() == 0 {
                 node.handle.announce(vec![addr(0)]);
             }
         }
@@ -400,7 +293,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
     let mut measured = steady;
     if setup.settle {
         // The nodes run the shipped timings.
-        let shipped = NodeOptions::new("", addr(0), key.clone());
+        let shipped = NodeOptions::new("", addr(0), fleet.key.clone());
         let refresh =
             gossip::longest_refresh(n - 1, shipped.refresh_interval, shipped.max_transmissions);
         measured = refresh.max(steady);
@@ -418,7 +311,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         let arrivals = each_until_or_late(
             &others,
             Duration::from_secs(30),
-            |x| lock(&x.seen.lives).get(&name).is_some_and(|l| l.busy),
+            |x| x.seen.live_of(&name).is_some_and(|l| l.busy),
             Duration::from_secs(3),
             |waiting| trace_missed_change(waiting, &name, &others),
         )
@@ -429,7 +322,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
             nodes
                 .iter()
                 .filter(|x| x.name != name)
-                .all(|x| lock(&x.seen.lives).get(&name).is_some_and(|l| !l.busy))
+                .all(|x| x.seen.live_of(&name).is_some_and(|l| !l.busy))
         })
         .await;
     }
@@ -438,14 +331,14 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
     // A node dies without a word.
     let victim = n / 2;
     let name = nodes[victim].name.clone();
-    net.cut(nodes[victim].addr);
+    fleet.net.cut(nodes[victim].addr);
     nodes[victim].handle.abort();
     let others: Vec<&Node> = nodes.iter().filter(|x| x.name != name).collect();
     let dead_deadline = Duration::from_secs(60);
     let mut dead = each_until_or_late(
         &others,
         dead_deadline,
-        |x| !lock(&x.seen.members).contains(&name),
+        |x| !x.seen.routes_to(&name),
         Duration::from_secs(10),
         |waiting| trace_not_dropped(waiting, &name),
     )
@@ -455,7 +348,8 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
     let false_deaths = nodes
         .iter()
         .map(|x| {
-            lock(&x.seen.dropped)
+            x.seen
+                .dropped()
                 .iter()
                 .filter(|(member, _)| **member != name)
                 .map(|(_, times)| times)
@@ -467,7 +361,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         // (its epoch moved: it was declared down and came back).
         let mut by: HashMap<String, u64> = HashMap::new();
         for x in &nodes {
-            for (member, times) in lock(&x.seen.dropped).iter() {
+            for (member, times) in &x.seen.dropped() {
                 if *member != name {
                     *by.entry(member.clone()).or_default() += times;
                 }
@@ -478,7 +372,7 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
             let identity = node.and_then(|x| x.handle.status().node.clone());
             let first = nodes
                 .iter()
-                .filter_map(|x| lock(&x.seen.first_dropped).get(member).copied())
+                .filter_map(|x| x.seen.first_dropped(member))
                 .min()
                 .map(|at| at.saturating_duration_since(start).as_secs_f64());
             eprintln!(
@@ -487,13 +381,13 @@ async fn run_fleet(n: usize, steady: Duration, changes: usize, setup: Setup) -> 
         }
     }
     let heal = match setup.partition {
-        Some(split_for) => partition_and_heal(&net, &nodes, victim, split_for).await,
+        Some(split_for) => partition_and_heal(&fleet.net, &nodes, victim, split_for).await,
         None => None,
     };
     trace("partition healed", wall, start);
     dead.sort();
     change.sort();
-    stop.cancel();
+    drop(nodes);
     Figures {
         n,
         converged,
@@ -550,15 +444,13 @@ async fn partition_and_heal(
     net.heal();
     let others = living.len() - 1;
     let deadline = Duration::from_secs(120);
-    let healing =
-        async { each_until(&living, deadline, |x| lock(&x.seen.members).len() == others).await };
+    let healing = async { each_until(&living, deadline, |x| x.seen.count() == others).await };
     let healed = if tracing() {
         let start = Instant::now();
         let watch = async {
             loop {
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                let routable: Vec<usize> =
-                    living.iter().map(|x| lock(&x.seen.members).len()).collect();
+                let routable: Vec<usize> = living.iter().map(|x| x.seen.count()).collect();
                 let behind = routable.iter().filter(|r| **r < others).count();
                 eprintln!(
                     "heal t={:.0}s routable min {} max {}, {behind} nodes behind",

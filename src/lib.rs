@@ -5,6 +5,11 @@
 
 #![warn(missing_debug_implementations)]
 
+// The gossip fleet harness (`tests/it/support/gossip_fleet.rs`) names the crate as the
+// black-box tests do; the unit tests include it by path.
+#[cfg(test)]
+extern crate self as agent_reach;
+
 pub mod a2a;
 pub mod admin;
 pub mod agent_request;

@@ -1,4 +1,5 @@
-//! Small fleets on the in-memory network, under simulated time.
+//! Small fleets on the in-memory network, under simulated time (the harness is
+//! `tests/it/support/gossip_fleet.rs`).
 //!
 //! An old and a new encoding in one fleet (issue 14): nodes of this version beside one that
 //! writes as the next version would — every item a version newer with fields appended, and a
@@ -11,102 +12,18 @@
 //! A node restarted in place (same name, same address, a new identity) is met at once, whether
 //! the others saw the old one leave or still probe it (issue 39).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
-use super::{spawn, Capability, ClusterKey, GossipHandle, Live, MemNetwork, Member};
-use super::{Membership, NodeId, NodeOptions, Profile, Rejected};
-use crate::config::RouteMode;
+use super::{ClusterKey, MemNetwork, NodeId, Rejected};
 use crate::reach::State;
 
-#[derive(Default)]
-struct Seen {
-    members: Mutex<Vec<Member>>,
-    lives: Mutex<HashMap<String, Live>>,
-}
+/// The harness the black-box tests and the benchmark use too.
+#[path = "../../tests/it/support/gossip_fleet.rs"]
+#[allow(dead_code)] // the benchmark's drop counts and the black-box tests' helpers
+mod harness;
 
-impl Membership for Seen {
-    fn members(&self, members: &[Member]) {
-        *self.members.lock().unwrap_or_else(|p| p.into_inner()) = members.to_vec();
-    }
-    fn live(&self, member: &Member, live: &Live) {
-        self.lives
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(member.name.clone(), *live);
-    }
-}
-
-impl Seen {
-    fn member(&self, name: &str) -> Option<Member> {
-        let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
-        members.iter().find(|m| m.name == name).cloned()
-    }
-    fn live_of(&self, name: &str) -> Option<Live> {
-        let lives = self.lives.lock().unwrap_or_else(|p| p.into_inner());
-        lives.get(name).copied()
-    }
-}
-
-struct Node {
-    handle: GossipHandle,
-    seen: Arc<Seen>,
-    _stop: tokio_util::sync::DropGuard,
-}
-
-fn addr(i: usize) -> SocketAddr {
-    SocketAddr::from(([10, 2, 0, i as u8 + 1], 4190))
-}
-
-fn name(i: usize) -> String {
-    format!("agent-{i}")
-}
-
-fn profile(i: usize) -> Profile {
-    Profile {
-        inbound: format!("{}:4143", addr(i).ip()),
-        zone: format!("zone-{i}"),
-        region: "region".into(),
-        max_concurrency: 4,
-        capabilities: vec![Capability {
-            name: format!("capability-{i}"),
-            tags: [("python".to_owned(), 900u16)].into_iter().collect(),
-            timeout_ms: 30_000,
-            mode: RouteMode::Async,
-            cost_milli: 1500,
-            idempotent: true,
-            output_schema: None,
-            a2a: None,
-        }],
-        version: if i == NEWER { "next" } else { "this" }.into(),
-        identity: None,
-    }
-}
-
-fn live(state: State, in_flight: u32) -> Live {
-    Live {
-        profile_seq: 0,
-        state,
-        state_age_s: 0,
-        cap: 1000,
-        availability: 1000,
-        saturation: 0,
-        latency_ms: Some(10),
-        p50_ms: None,
-        p95_ms: None,
-        busy: false,
-        cooling_down: false,
-        in_flight,
-        queued: 0,
-        saturation_predicted: 0,
-        quality_milli: None,
-        degraded: false,
-    }
-}
+use harness::{addr, eventually, live, name, profile, quick_timings, Fleet, Node};
 
 /// Long beside the probes (200 ms), so a suspicion is seen in `/status` before it runs out.
 const SUSPECT: Duration = Duration::from_secs(2);
@@ -114,45 +31,16 @@ const SUSPECT: Duration = Duration::from_secs(2);
 /// The node that writes as the next version.
 const NEWER: usize = 1;
 
-fn start(net: &Arc<MemNetwork>, i: usize, key: &ClusterKey) -> Node {
-    let seeds = if i == 0 { vec![] } else { vec![addr(0)] };
-    start_seeded(net, i, key, seeds)
-}
-
-/// Node `i`, joining through `seeds` (none: it waits to be found).
-fn start_seeded(net: &Arc<MemNetwork>, i: usize, key: &ClusterKey, seeds: Vec<SocketAddr>) -> Node {
-    let mut o = NodeOptions::new(name(i), addr(i), key.clone());
-    o.probe_interval = Duration::from_millis(200);
-    o.probe_timeout = Duration::from_millis(60);
-    o.suspect_timeout = SUSPECT;
-    // Four nodes gossiping five times a second would pass a rumour on its 10 times within the
-    // second: the suspicion would be spent before the member it is about is back to hear it.
-    o.max_transmissions = 40;
-    o.refresh_interval = Duration::from_millis(500);
-    o.min_publish_interval = Duration::from_millis(50);
-    o.newer_wire = i == NEWER;
-    let (transport, inbox) = net.join(addr(i));
-    let seen = Arc::new(Seen::default());
-    let stop = CancellationToken::new();
-    let handle = spawn(o, transport, inbox, seen.clone(), stop.clone());
-    handle.publish_profile(profile(i));
-    handle.publish_live(live(State::Healthy, i as u32));
-    if !seeds.is_empty() {
-        handle.announce(seeds);
-    }
-    Node {
-        handle,
-        seen,
-        _stop: stop.drop_guard(),
-    }
-}
-
-async fn eventually(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
-    let start = tokio::time::Instant::now();
-    while !f() {
-        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+fn fleet() -> Fleet {
+    Fleet::new(MemNetwork::new(), ClusterKey::random(), |i, o| {
+        quick_timings(o);
+        o.suspect_timeout = SUSPECT;
+        // Four nodes gossiping five times a second would pass a rumour on its 10 times within
+        // the second: the suspicion would be spent before the member it is about is back to
+        // hear it.
+        o.max_transmissions = 40;
+        o.newer_wire = i == NEWER;
+    })
 }
 
 /// Whether `node` routes to every other with its profile and the live view it published.
@@ -167,10 +55,9 @@ fn sees_everyone(nodes: &[Node], me: usize, state_of: impl Fn(usize) -> State) -
 
 #[tokio::test(start_paused = true)]
 async fn an_old_and_a_new_encoding_in_one_fleet_converge() {
-    let net = MemNetwork::new();
-    let key = ClusterKey::random();
+    let fleet = fleet();
     // The seed and the third node are this version; the second writes as the next one.
-    let nodes: Vec<Node> = (0..3).map(|i| start(&net, i, &key)).collect();
+    let nodes: Vec<Node> = (0..3).map(|i| fleet.start(i)).collect();
     eventually(
         "everyone to route to everyone",
         Duration::from_secs(10),
@@ -212,10 +99,9 @@ async fn an_old_and_a_new_encoding_in_one_fleet_converge() {
 /// `Node::refuted`).
 #[tokio::test(start_paused = true)]
 async fn a_refuted_suspicion_is_not_a_death() {
-    let net = MemNetwork::new();
-    let key = ClusterKey::random();
+    let fleet = fleet();
     let n = 4;
-    let nodes: Vec<Node> = (0..n).map(|i| start(&net, i, &key)).collect();
+    let nodes: Vec<Node> = (0..n).map(|i| fleet.start(i)).collect();
     eventually(
         "everyone to route to everyone",
         Duration::from_secs(10),
@@ -227,12 +113,12 @@ async fn a_refuted_suspicion_is_not_a_death() {
     let before = identity(0).expect("routed to before");
 
     let others: Vec<SocketAddr> = (0..cut_off).map(addr).collect();
-    net.partition(&[addr(cut_off)], &others);
+    fleet.net.partition(&[addr(cut_off)], &others);
     eventually("someone to suspect the cut-off member", SUSPECT, || {
         (0..cut_off).any(|i| nodes[i].handle.status().suspect > 0)
     })
     .await;
-    net.heal();
+    fleet.net.heal();
 
     // Past every suspecter's timer, with room for the rumour of a death to spread.
     let until = tokio::time::Instant::now() + SUSPECT * 2;
@@ -270,9 +156,8 @@ fn routed_identity(nodes: &[Option<Node>], me: usize, of: usize) -> Option<NodeI
 /// for the seeds' next resolution, 30 s, since foca's announces stop on a node left alone).
 #[tokio::test(start_paused = true)]
 async fn a_seed_restarted_in_place_after_leaving_is_found_at_once() {
-    let net = MemNetwork::new();
-    let key = ClusterKey::random();
-    let mut nodes: Vec<Option<Node>> = (0..2).map(|i| Some(start(&net, i, &key))).collect();
+    let fleet = fleet();
+    let mut nodes: Vec<Option<Node>> = (0..2).map(|i| Some(fleet.start(i))).collect();
     eventually(
         "the two to route to each other",
         Duration::from_secs(10),
@@ -292,7 +177,7 @@ async fn a_seed_restarted_in_place_after_leaving_is_found_at_once() {
     .await;
     // The container's restart delay: scenario time.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    nodes[0] = Some(start_seeded(&net, 0, &key, vec![addr(0)]));
+    nodes[0] = Some(fleet.start_as(&name(0), 0, vec![addr(0)]));
     eventually(
         "node 1 to route to the new seed",
         Duration::from_secs(1),
@@ -317,9 +202,8 @@ async fn a_seed_restarted_in_place_after_leaving_is_found_at_once() {
 /// unread, and once the old identity was declared dead nobody asked).
 #[tokio::test(start_paused = true)]
 async fn a_node_restarted_in_place_answers_the_probes_of_its_old_identity() {
-    let net = MemNetwork::new();
-    let key = ClusterKey::random();
-    let mut nodes: Vec<Option<Node>> = (0..2).map(|i| Some(start(&net, i, &key))).collect();
+    let fleet = fleet();
+    let mut nodes: Vec<Option<Node>> = (0..2).map(|i| Some(fleet.start(i))).collect();
     eventually(
         "the two to route to each other",
         Duration::from_secs(10),
@@ -330,7 +214,7 @@ async fn a_node_restarted_in_place_answers_the_probes_of_its_old_identity() {
 
     drop(nodes[1].take());
     tokio::time::sleep(Duration::from_millis(100)).await;
-    nodes[1] = Some(start_seeded(&net, 1, &key, vec![]));
+    nodes[1] = Some(fleet.start_as(&name(1), 1, vec![]));
     eventually("node 0 to route to the new node 1", SUSPECT / 2, || {
         routed_identity(&nodes, 0, 1).is_some_and(|id| id.addr == old.addr && id.epoch > old.epoch)
     })

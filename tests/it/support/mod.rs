@@ -2,6 +2,8 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod chaos;
+/// An in-memory fleet of gossip nodes (the unit tests and `benches/gossip.rs` include it too).
+pub mod gossip_fleet;
 pub mod process;
 pub mod tasks;
 
