@@ -16,7 +16,7 @@ use crate::classify::{Class, Outcome};
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::attempt_timeout;
-use crate::http::measured::{BodyEnd, MeasuredBody};
+use crate::http::observed::{BodyEnd, Observed};
 use crate::http::step::{self, answer, Step};
 use crate::http::upload::UploadWatch;
 use crate::http::{body, headers, ReachBody};
@@ -75,7 +75,7 @@ where
     let (mut parts, incoming) = response.into_parts();
     let agent = snapshot.bootstrap.agent.name.as_str();
     parts.headers.insert(headers::AGENT, headers::value(agent));
-    let measured = MeasuredBody::new(incoming, move |end| {
+    let measured = Observed::new(incoming, move |end: BodyEnd| {
         let arrived = meta.arrived;
         let (outcome, signal) = match end {
             BodyEnd::Error => (Outcome::Failure, Some(Signal::Failure(arrived.elapsed()))),

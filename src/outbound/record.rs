@@ -13,7 +13,7 @@ use super::call::{Call, Routed};
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::layers::field;
-use crate::http::measured::{BodyEnd, MeasuredBody};
+use crate::http::observed::{BodyEnd, Observed};
 use crate::http::step::{self, answer, Step};
 use crate::http::{body, headers, ReachBody};
 use crate::metrics::{Direction, Metrics};
@@ -79,7 +79,7 @@ where
     let outcome = Class::of_response(&response).outcome();
     Span::current().record(field::OUTCOME, outcome.as_str());
     let (parts, incoming) = response.into_parts();
-    let measured = MeasuredBody::new(incoming, move |end| {
+    let measured = Observed::new(incoming, move |end: BodyEnd| {
         let outcome = if end == BodyEnd::Error {
             Outcome::Failure
         } else {

@@ -116,7 +116,7 @@ where
                 .headers()
                 .contains_key(crate::http::headers::MCP_SESSION_ID);
         if !anything || !response.status().is_success() || peer == "-" {
-            return response.map(Watched::plain);
+            return response.map(body::plain);
         }
         let peer: Arc<str> = peer.as_str().into();
         let binding = body::Binding {
@@ -215,7 +215,7 @@ fn bind(
         .extend(keys::of_response_head(response.headers()));
     if !a2a {
         binding.finish(Some(Vec::new()));
-        return response.map(Watched::plain);
+        return response.map(body::plain);
     }
     let head = response.headers();
     let shape = if keys::is_json(head) {
@@ -230,9 +230,9 @@ fn bind(
         body::Shape::Stream
     } else {
         binding.finish(Some(Vec::new()));
-        return response.map(Watched::plain);
+        return response.map(body::plain);
     };
-    response.map(|incoming| Watched::watching(incoming, binding, shape))
+    response.map(|incoming| body::watching(incoming, binding, shape))
 }
 
 fn bounds(snapshot: &Snapshot) -> Bounds {
