@@ -20,12 +20,12 @@ use crate::http::pool::{Pool, PoolConfig};
 use crate::http::server::{self, ServerSettings};
 use crate::http::{layers, ReachBody};
 use crate::inbound::Inbound;
-use crate::local::{Admission, LocalAgent};
+use crate::local::LocalAgent;
 use crate::metrics::Metrics;
 use crate::outbound::Outbound;
-use crate::peers::{self, PeerViews};
+use crate::peers;
 use crate::probe;
-use crate::registry::Registry;
+use crate::runtime::Shared;
 use crate::trace::{self, Tracer};
 use crate::transport::mtls::MeshTls;
 use crate::transport::{ConnectMesh, ConnectTcp, Mesh, PlainTcp};
@@ -145,26 +145,14 @@ impl Sidecar {
             tcp.clone(),
             tls.clone().map(|tls| ConnectMesh::new(tcp, tls)),
         );
-        let registry = Arc::new(Registry::new());
-        let admission = Admission::new(snapshot.bootstrap.agent.max_concurrency.get());
-        let local = Arc::new(LocalAgent::new(
-            store.clone(),
-            metrics.clone(),
-            admission.clone(),
-        ));
-        let peers =
-            Arc::new(PeerViews::new(store.clone(), metrics.clone()).with_own_agent(local.clone()));
-        // One table for peers' keys and the local agent's own: one byte budget for both.
-        let idempotency = idempotency_table(&snapshot.policy);
-        let inbound = Arc::new(Inbound::new(
-            store.clone(),
-            metrics.clone(),
-            agent_pool,
-            admission,
-            local.clone(),
-            registry.clone(),
-            idempotency.clone(),
-        ));
+        let shared = Shared::new(store.clone(), metrics.clone());
+        let Shared {
+            registry,
+            peers,
+            local,
+            ..
+        } = shared.clone();
+        let inbound = Arc::new(Inbound::new(&shared, agent_pool));
         let tasks = match &snapshot.bootstrap.tasks {
             Some(config) => {
                 let base = store.paths.bootstrap.as_deref().and_then(|p| p.parent());
@@ -176,15 +164,7 @@ impl Sidecar {
             }
             None => None,
         };
-        let mut outbound = Outbound::new(
-            store.clone(),
-            metrics.clone(),
-            peer_pool.clone(),
-            registry.clone(),
-            peers.clone(),
-            local.clone(),
-            idempotency,
-        );
+        let mut outbound = Outbound::new(&shared, peer_pool.clone());
         if let Some(queue) = &tasks {
             outbound = outbound.with_tasks(queue.clone());
         }
@@ -467,17 +447,6 @@ fn admin_service(
         async move { Ok::<_, Infallible>(admin.handle(req).await) }
     });
     layers::guarded(ADMIN_TIMEOUT, ADMIN_BODY_LIMIT, layers::compressed(admin))
-}
-
-fn idempotency_table(policy: &crate::config::Policy) -> Arc<crate::idempotency::IdempotencyTable> {
-    let p = &policy.idempotency;
-    crate::idempotency::IdempotencyTable::new(crate::idempotency::Budget {
-        max_keys: p.max_keys,
-        ttl: p.ttl.get(),
-        max_body: p.max_body_bytes,
-        max_total_bytes: p.max_total_bytes,
-        per_caller_share: p.per_caller_share.get(),
-    })
 }
 
 async fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
