@@ -14,18 +14,18 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Admin, Status};
 use crate::config::MtlsMode;
-use crate::config::{spawn_watcher, ConfigStore, ReloadResult};
+use crate::config::{spawn_watcher, ConfigStore, Listen, ReloadResult, Snapshot};
 use crate::gossip::GossipHandle;
 use crate::http::pool::{Pool, PoolConfig};
 use crate::http::server::{self, ServerSettings};
 use crate::http::{layers, ReachBody};
 use crate::inbound::Inbound;
-use crate::local::{Admission, LocalAgent};
+use crate::local::LocalAgent;
 use crate::metrics::Metrics;
 use crate::outbound::Outbound;
-use crate::peers::{self, PeerViews};
+use crate::peers;
 use crate::probe;
-use crate::registry::Registry;
+use crate::runtime::Shared;
 use crate::trace::{self, Tracer};
 use crate::transport::mtls::MeshTls;
 use crate::transport::{ConnectMesh, ConnectTcp, Mesh, PlainTcp};
@@ -111,226 +111,51 @@ impl Sidecar {
     /// Binds every listener and starts serving. Must run inside a tokio runtime.
     pub async fn start(store: Arc<ConfigStore>) -> Result<Self, StartError> {
         let snapshot = store.snapshot();
-        let listen = snapshot.bootstrap.listen.clone();
-        let limits = snapshot.bootstrap.limits.clone();
-        let outbound_listener = bind("outbound", listen.outbound).await?;
-        let inbound_listener = bind("inbound", listen.inbound).await?;
-        let admin_listener = bind("admin", listen.admin).await?;
-        let addrs = BoundAddrs {
-            outbound: local_addr(&outbound_listener, listen.outbound),
-            inbound: local_addr(&inbound_listener, listen.inbound),
-            admin: local_addr(&admin_listener, listen.admin),
-            gossip: None,
-        };
-
-        if snapshot.policy.pool.idle_timeout.get() >= limits.header_read_timeout.get() {
-            tracing::warn!(
-                "policy pool.idle_timeout is not below limits.header_read_timeout: peers close idle \
-                 connections before callers stop reusing them, and a call can fail on one"
-            );
-        }
+        let (listeners, mut addrs) = Listeners::bind(&snapshot.bootstrap.listen).await?;
         let metrics = Arc::new(Metrics::new(snapshot.bootstrap.agent.name.as_str()));
         let tls = mesh_tls(&store, &snapshot)?;
-        // The data path's pools drive each connection in the request's own task; one to the
-        // local agent (plaintext, loopback), one to peers (mutual TLS where the mode says so).
-        // Connectors read the live policy per new connection; the pools' own settings are
-        // restart-only (src/config/restart_only.rs).
-        let agent_pool = Pool::new(
-            PoolConfig::from_policy(&snapshot.policy),
-            ConnectTcp::following(store.clone()),
-        );
-        let tcp = ConnectTcp::following(store.clone());
-        let peer_pool = Pool::with_mesh(
-            PoolConfig::from_policy(&snapshot.policy),
-            tcp.clone(),
-            tls.clone().map(|tls| ConnectMesh::new(tcp, tls)),
-        );
-        let registry = Arc::new(Registry::new());
-        let admission = Admission::new(snapshot.bootstrap.agent.max_concurrency.get());
-        let local = Arc::new(LocalAgent::new(
-            store.clone(),
-            metrics.clone(),
-            admission.clone(),
-        ));
-        let peers =
-            Arc::new(PeerViews::new(store.clone(), metrics.clone()).with_own_agent(local.clone()));
-        // One table for peers' keys and the local agent's own: one byte budget for both.
-        let idempotency = idempotency_table(&snapshot.policy);
-        let inbound = Arc::new(Inbound::new(
-            store.clone(),
-            metrics.clone(),
-            agent_pool,
-            admission,
-            local.clone(),
-            registry.clone(),
-            idempotency.clone(),
-        ));
-        let tasks = match &snapshot.bootstrap.tasks {
-            Some(config) => {
-                let base = store.paths.bootstrap.as_deref().and_then(|p| p.parent());
-                let agent = snapshot.bootstrap.agent.name.as_str();
-                let queue = crate::tasks::Queue::open(config, base, agent, agent, metrics.clone())
-                    .await
-                    .map_err(StartError::Tasks)?;
-                Some(queue)
-            }
-            None => None,
-        };
-        let mut outbound = Outbound::new(
-            store.clone(),
-            metrics.clone(),
-            peer_pool.clone(),
-            registry.clone(),
-            peers.clone(),
-            local.clone(),
-            idempotency,
-        );
+        let (agent_pool, peer_pool) = pools(&store, &snapshot, tls.as_ref());
+        let shared = Shared::new(store.clone(), metrics.clone());
+        let local = shared.local.clone();
+        let inbound = Arc::new(Inbound::new(&shared, agent_pool));
+        let tasks = open_tasks(&store, &snapshot, &metrics).await?;
+        let mut outbound = Outbound::new(&shared, peer_pool.clone());
         if let Some(queue) = &tasks {
             outbound = outbound.with_tasks(queue.clone());
         }
         let outbound = Arc::new(outbound);
         let stop_traffic = CancellationToken::new();
         let stop_rest = CancellationToken::new();
-        // The trace wrapper goes outside each edge: the listener's future is boxed inside it, so
-        // wrapping there moves a few words per request, not the whole request path.
         let traces = start_traces(&snapshot)?;
         let tracer = traces.as_ref().map_or_else(Tracer::off, |t| t.0.clone());
-        let mut addrs = addrs;
-        let gossip = match snapshot.bootstrap.gossip.clone() {
-            Some(config) => {
-                let started = gossip_wiring::start(
-                    &config,
-                    &store,
-                    addrs.inbound,
-                    peers::GossipFeed {
-                        registry: registry.clone(),
-                        views: peers.clone(),
-                        store: store.clone(),
-                    },
-                    local.clone(),
-                    tls.clone(),
-                    stop_rest.clone(),
-                )
-                .await?;
-                addrs.gossip = Some(started.1);
-                Some(started.0)
-            }
-            None => None,
-        };
+        let gossip = start_gossip(&snapshot, &shared, &mut addrs, tls.clone(), &stop_rest).await?;
         register_known_capabilities(&metrics, &snapshot);
         let ready = Arc::new(AtomicBool::new(false));
-        let admin = Arc::new(Admin {
-            store: store.clone(),
-            metrics: metrics.clone(),
-            inbound: inbound.clone(),
-            outbound: outbound.clone(),
-            local: local.clone(),
-            peers: peers.clone(),
-            registry: registry.clone(),
-            gossip: gossip.clone(),
-            ready: ready.clone(),
-            history: Default::default(),
-        });
-
-        let traffic_settings = ServerSettings::from_limits(&limits, limits.drain_timeout.get());
-        let accept = PlainTcp::new(limits.header_read_timeout.get());
-        let traffic = vec![
-            tokio::spawn(server::serve(
-                "outbound",
-                outbound_listener,
-                accept,
-                tracer.server(
-                    "outbound",
-                    layers::edge("outbound", &metrics, outbound.stack()),
-                ),
-                traffic_settings.clone(),
-                metrics.clone(),
-                stop_traffic.clone(),
-            )),
-            tokio::spawn(server::serve(
-                "inbound",
-                inbound_listener,
-                mesh_accept(&store, tls.clone(), &limits, &metrics),
-                tracer.server(
-                    "inbound",
-                    layers::edge("inbound", &metrics, inbound.stack()),
-                ),
-                inbound_settings(&traffic_settings, &store.snapshot()),
-                metrics.clone(),
-                stop_traffic.clone(),
-            )),
-        ];
-        let rest = vec![
-            tokio::spawn(server::serve(
-                "admin",
-                admin_listener,
-                accept,
-                layers::edge("admin", &metrics, admin_service(admin.clone())),
-                ServerSettings::from_limits(&limits, Duration::from_secs(1)),
-                metrics.clone(),
-                stop_rest.clone(),
-            )),
-            spawn_watcher(store.clone(), reloads(&metrics), stop_rest.clone()),
-            spawn_upkeep(metrics.clone(), local.clone(), stop_rest.clone()),
-            crate::a2a::spawn(
-                store.clone(),
-                local.clone(),
-                reloads(&metrics),
-                stop_rest.clone(),
-            ),
-            peers::spawn_poller(
-                store.clone(),
-                registry.clone(),
-                peers,
-                peer_pool,
-                stop_rest.clone(),
-            ),
-            admin.spawn_history(stop_rest.clone()),
-        ];
-        let mut rest = rest;
+        let admin = admin(&shared, &inbound, &outbound, &gossip, &ready);
+        let traffic = spawn_traffic(
+            (listeners.outbound, listeners.inbound),
+            (&outbound, &inbound),
+            &snapshot,
+            &shared,
+            tls.clone(),
+            &tracer,
+            &stop_traffic,
+        );
+        let mut rest = spawn_rest(
+            listeners.admin,
+            &admin,
+            &snapshot,
+            &shared,
+            peer_pool,
+            &stop_rest,
+        );
         if let Some(queue) = tasks {
-            let settle = match &gossip {
-                Some(g) => {
-                    let (g, registry) = (g.clone(), registry.clone());
-                    crate::tasks::runner::Settle {
-                        settled: Box::new(move || {
-                            g.swim_members() > 0 && registry.gossip_members() > 0
-                        }),
-                        at_least: Duration::ZERO,
-                        at_most: SETTLE_GOSSIP,
-                    }
-                }
-                None => crate::tasks::runner::Settle::static_fleet(),
-            };
-            rest.push(crate::tasks::runner::spawn(
-                queue,
-                Arc::new(crate::outbound::TaskChain(outbound.clone())),
-                store.clone(),
-                settle,
-                stop_rest.clone(),
-            ));
+            rest.push(spawn_runner(queue, &gossip, &shared, &outbound, &stop_rest));
         }
         if let Some(tls) = tls {
-            let reloads = reloads(&metrics);
-            rest.push(tls.spawn_watch(
-                snapshot.bootstrap.watch_interval.get(),
-                move |r| {
-                    let result = match r {
-                        crate::transport::certs::Reloaded::Renewed => ReloadResult::Ok,
-                        _ => ReloadResult::Error,
-                    };
-                    reloads("tls", result)
-                },
-                stop_rest.clone(),
-            ));
+            rest.push(spawn_tls_watch(tls, &snapshot, &metrics, &stop_rest));
         }
-        // Probes run on their own low-priority thread; failing to start it is logged, not fatal.
-        let probes = probe::spawn(store.clone(), local.clone(), metrics, stop_rest.clone())
-            .map_err(|err| {
-                tracing::error!(%err, "cannot start the probe thread; business probes are off");
-                local.prober_unavailable();
-            })
-            .ok();
+        let probes = spawn_probes(&shared, &stop_rest);
         ready.store(true, Ordering::Release);
         tracing::info!(
             agent = %snapshot.bootstrap.agent.name,
@@ -469,15 +294,271 @@ fn admin_service(
     layers::guarded(ADMIN_TIMEOUT, ADMIN_BODY_LIMIT, layers::compressed(admin))
 }
 
-fn idempotency_table(policy: &crate::config::Policy) -> Arc<crate::idempotency::IdempotencyTable> {
-    let p = &policy.idempotency;
-    crate::idempotency::IdempotencyTable::new(crate::idempotency::Budget {
-        max_keys: p.max_keys,
-        ttl: p.ttl.get(),
-        max_body: p.max_body_bytes,
-        max_total_bytes: p.max_total_bytes,
-        per_caller_share: p.per_caller_share.get(),
+/// The traffic listeners: each stack behind the edge layers, inside the trace wrapper. The
+/// trace wrapper goes outside each edge: the listener's future is boxed inside it, so wrapping
+/// there moves a few words per request, not the whole request path.
+fn spawn_traffic(
+    (outbound_listener, inbound_listener): (TcpListener, TcpListener),
+    (outbound, inbound): (&Arc<Outbound>, &Arc<Inbound>),
+    snapshot: &Snapshot,
+    shared: &Shared,
+    tls: Option<Arc<MeshTls>>,
+    tracer: &Tracer,
+    stop_traffic: &CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let (limits, store, metrics) = (&snapshot.bootstrap.limits, &shared.store, &shared.metrics);
+    let traffic_settings = ServerSettings::from_limits(limits, limits.drain_timeout.get());
+    let accept = PlainTcp::new(limits.header_read_timeout.get());
+    vec![
+        tokio::spawn(server::serve(
+            "outbound",
+            outbound_listener,
+            accept,
+            tracer.server(
+                "outbound",
+                layers::edge("outbound", metrics, outbound.stack()),
+            ),
+            traffic_settings.clone(),
+            metrics.clone(),
+            stop_traffic.clone(),
+        )),
+        tokio::spawn(server::serve(
+            "inbound",
+            inbound_listener,
+            mesh_accept(store, tls, limits, metrics),
+            tracer.server("inbound", layers::edge("inbound", metrics, inbound.stack())),
+            inbound_settings(&traffic_settings, &store.snapshot()),
+            metrics.clone(),
+            stop_traffic.clone(),
+        )),
+    ]
+}
+
+/// The admin listener's view of the sidecar.
+fn admin(
+    shared: &Shared,
+    inbound: &Arc<Inbound>,
+    outbound: &Arc<Outbound>,
+    gossip: &Option<Arc<GossipHandle>>,
+    ready: &Arc<AtomicBool>,
+) -> Arc<Admin> {
+    Arc::new(Admin {
+        store: shared.store.clone(),
+        metrics: shared.metrics.clone(),
+        inbound: inbound.clone(),
+        outbound: outbound.clone(),
+        local: shared.local.clone(),
+        peers: shared.peers.clone(),
+        registry: shared.registry.clone(),
+        gossip: gossip.clone(),
+        ready: ready.clone(),
+        history: Default::default(),
     })
+}
+
+/// Probes run on their own low-priority thread; failing to start it is logged, not fatal.
+fn spawn_probes(shared: &Shared, stop: &CancellationToken) -> Option<std::thread::JoinHandle<()>> {
+    let local = &shared.local;
+    probe::spawn(
+        shared.store.clone(),
+        local.clone(),
+        shared.metrics.clone(),
+        stop.clone(),
+    )
+    .map_err(|err| {
+        tracing::error!(%err, "cannot start the probe thread; business probes are off");
+        local.prober_unavailable();
+    })
+    .ok()
+}
+
+/// The admin listener and the background tasks that stop after the drain.
+fn spawn_rest(
+    admin_listener: TcpListener,
+    admin: &Arc<Admin>,
+    snapshot: &Snapshot,
+    shared: &Shared,
+    peer_pool: Pool,
+    stop_rest: &CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let (limits, store, metrics) = (&snapshot.bootstrap.limits, &shared.store, &shared.metrics);
+    let accept = PlainTcp::new(limits.header_read_timeout.get());
+    vec![
+        tokio::spawn(server::serve(
+            "admin",
+            admin_listener,
+            accept,
+            layers::edge("admin", metrics, admin_service(admin.clone())),
+            ServerSettings::from_limits(limits, Duration::from_secs(1)),
+            metrics.clone(),
+            stop_rest.clone(),
+        )),
+        spawn_watcher(store.clone(), reloads(metrics), stop_rest.clone()),
+        spawn_upkeep(metrics.clone(), shared.local.clone(), stop_rest.clone()),
+        crate::a2a::spawn(
+            store.clone(),
+            shared.local.clone(),
+            reloads(metrics),
+            stop_rest.clone(),
+        ),
+        peers::spawn_poller(
+            store.clone(),
+            shared.registry.clone(),
+            shared.peers.clone(),
+            peer_pool,
+            stop_rest.clone(),
+        ),
+        admin.spawn_history(stop_rest.clone()),
+    ]
+}
+
+/// The three listeners, bound.
+struct Listeners {
+    outbound: TcpListener,
+    inbound: TcpListener,
+    admin: TcpListener,
+}
+
+impl Listeners {
+    async fn bind(listen: &Listen) -> Result<(Self, BoundAddrs), StartError> {
+        let listeners = Listeners {
+            outbound: bind("outbound", listen.outbound).await?,
+            inbound: bind("inbound", listen.inbound).await?,
+            admin: bind("admin", listen.admin).await?,
+        };
+        let addrs = BoundAddrs {
+            outbound: local_addr(&listeners.outbound, listen.outbound),
+            inbound: local_addr(&listeners.inbound, listen.inbound),
+            admin: local_addr(&listeners.admin, listen.admin),
+            gossip: None,
+        };
+        Ok((listeners, addrs))
+    }
+}
+
+/// The data path's pools drive each connection in the request's own task; one to the local agent
+/// (plaintext, loopback), one to peers (mutual TLS where the mode says so). Connectors read the
+/// live policy per new connection; the pools' own settings are restart-only
+/// (src/config/restart_only.rs).
+fn pools(
+    store: &Arc<ConfigStore>,
+    snapshot: &Snapshot,
+    tls: Option<&Arc<MeshTls>>,
+) -> (Pool, Pool) {
+    let limits = &snapshot.bootstrap.limits;
+    if snapshot.policy.pool.idle_timeout.get() >= limits.header_read_timeout.get() {
+        tracing::warn!(
+            "policy pool.idle_timeout is not below limits.header_read_timeout: peers close idle \
+             connections before callers stop reusing them, and a call can fail on one"
+        );
+    }
+    let agent_pool = Pool::new(
+        PoolConfig::from_policy(&snapshot.policy),
+        ConnectTcp::following(store.clone()),
+    );
+    let tcp = ConnectTcp::following(store.clone());
+    let peer_pool = Pool::with_mesh(
+        PoolConfig::from_policy(&snapshot.policy),
+        tcp.clone(),
+        tls.cloned().map(|tls| ConnectMesh::new(tcp, tls)),
+    );
+    (agent_pool, peer_pool)
+}
+
+/// The task queue, when the bootstrap has `tasks`.
+async fn open_tasks(
+    store: &ConfigStore,
+    snapshot: &Snapshot,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Arc<crate::tasks::Queue>>, StartError> {
+    let Some(config) = &snapshot.bootstrap.tasks else {
+        return Ok(None);
+    };
+    let base = store.paths.bootstrap.as_deref().and_then(|p| p.parent());
+    let agent = snapshot.bootstrap.agent.name.as_str();
+    let queue = crate::tasks::Queue::open(config, base, agent, agent, metrics.clone())
+        .await
+        .map_err(StartError::Tasks)?;
+    Ok(Some(queue))
+}
+
+/// The gossip node, when the bootstrap has `gossip`; its address goes into `addrs`.
+async fn start_gossip(
+    snapshot: &Snapshot,
+    shared: &Shared,
+    addrs: &mut BoundAddrs,
+    tls: Option<Arc<MeshTls>>,
+    stop: &CancellationToken,
+) -> Result<Option<Arc<GossipHandle>>, StartError> {
+    let Some(config) = &snapshot.bootstrap.gossip else {
+        return Ok(None);
+    };
+    let feed = peers::GossipFeed {
+        registry: shared.registry.clone(),
+        views: shared.peers.clone(),
+        store: shared.store.clone(),
+    };
+    let (handle, addr) = gossip_wiring::start(
+        config,
+        &shared.store,
+        addrs.inbound,
+        feed,
+        shared.local.clone(),
+        tls,
+        stop.clone(),
+    )
+    .await?;
+    addrs.gossip = Some(addr);
+    Ok(Some(handle))
+}
+
+/// The task runner: it waits for gossip to settle, when there is gossip, before routing.
+fn spawn_runner(
+    queue: Arc<crate::tasks::Queue>,
+    gossip: &Option<Arc<GossipHandle>>,
+    shared: &Shared,
+    outbound: &Arc<Outbound>,
+    stop: &CancellationToken,
+) -> JoinHandle<()> {
+    let settle = match gossip {
+        Some(g) => {
+            let (g, registry) = (g.clone(), shared.registry.clone());
+            crate::tasks::runner::Settle {
+                settled: Box::new(move || g.swim_members() > 0 && registry.gossip_members() > 0),
+                at_least: Duration::ZERO,
+                at_most: SETTLE_GOSSIP,
+            }
+        }
+        None => crate::tasks::runner::Settle::static_fleet(),
+    };
+    crate::tasks::runner::spawn(
+        queue,
+        Arc::new(crate::outbound::TaskChain(outbound.clone())),
+        shared.store.clone(),
+        settle,
+        stop.clone(),
+    )
+}
+
+/// Re-reads the TLS files when they change.
+fn spawn_tls_watch(
+    tls: Arc<MeshTls>,
+    snapshot: &Snapshot,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+) -> JoinHandle<()> {
+    let reloads = reloads(metrics);
+    tls.spawn_watch(
+        snapshot.bootstrap.watch_interval.get(),
+        move |r| {
+            let result = match r {
+                crate::transport::certs::Reloaded::Renewed => ReloadResult::Ok,
+                _ => ReloadResult::Error,
+            };
+            reloads("tls", result)
+        },
+        stop.clone(),
+    )
 }
 
 async fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {

@@ -35,6 +35,7 @@ pub mod rate_limit;
 pub mod reach;
 pub mod redact;
 pub mod registry;
+pub mod runtime;
 pub mod tasks;
 pub mod trace;
 pub mod transport;

@@ -10,8 +10,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Response;
-use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
+
+use super::observed::{BodyEnd, Observed, Observer, OnEnd};
 
 /// One connection's activity.
 #[derive(Clone, Debug)]
@@ -78,48 +79,15 @@ impl Drop for Busy {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// A response body that keeps its request in flight until it is done or dropped.
-    pub struct Tracked<B> {
-        #[pin]
-        inner: B,
-        busy: Option<Busy>,
-    }
+/// A response body that keeps its request in flight until it is done or dropped.
+pub type Tracked<B> = Observed<B, Busy>;
+
+/// The request is done when its response body is: `Busy` is dropped then.
+impl OnEnd for Busy {
+    fn end(self, _: BodyEnd) {}
 }
 
-impl<B> Tracked<B> {
-    pub fn new(inner: B, busy: Busy) -> Self {
-        Self {
-            inner,
-            busy: Some(busy),
-        }
-    }
-}
-
-impl<B: Body> Body for Tracked<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
-        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            this.busy.take();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
+impl<D> Observer<D> for Busy {}
 
 pin_project_lite::pin_project! {
     /// A response on its way: the request is in flight from the call until its body is done.
@@ -149,7 +117,7 @@ where
         let this = self.project();
         let response = std::task::ready!(this.inner.poll(cx));
         let busy = this.busy.take();
-        Poll::Ready(response.map(|r| r.map(|inner| Tracked { inner, busy })))
+        Poll::Ready(response.map(|r| r.map(|inner| Observed::maybe(inner, busy))))
     }
 }
 

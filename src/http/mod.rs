@@ -7,7 +7,7 @@ pub mod deadline;
 mod error_response;
 pub mod headers;
 pub mod layers;
-pub mod measured;
+pub mod observed;
 pub mod pool;
 pub mod request_target;
 pub mod server;

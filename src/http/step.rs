@@ -1,9 +1,18 @@
 //! The shape of one step of a listener's request path: a tower `Service` that is always ready,
 //! never fails (a refusal is an answer, not an error), clones cheaply (it holds `Arc`s) and runs
-//! on any worker. Steps are built with `tower::layer::layer_fn` and `tower::service_fn` around an
-//! `async fn`, so a stack is statically typed: no boxed service or future per request.
+//! on any worker.
+//!
+//! A step is written as an `async fn (state, next, request) -> answer` and made a layer by
+//! `step::layer!` (the innermost step, with no next, by `step::service!`), so a stack is
+//! statically typed: per request the state (`Arc`s) and the next step are cloned into the step's
+//! future, and nothing is boxed or allocated. The future is the `async fn`'s own, wrapped in [`Answering`]
+//! rather than awaited inside an `async` block: a block that captured it would hold it twice
+//! over (as the captured value and as the value awaited), and stacks nest.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use tower::Service;
 
@@ -15,6 +24,67 @@ where
     S: Service<R, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send,
 {
+}
+
+/// The layer of a step: `step!(state, step)`, where `step(state, next, request)` answers each
+/// request, `next` being the rest of the stack; `state` (`Arc`s) and `next` are cloned for each
+/// request. Used inside a step's `fn layer<S>`.
+///
+/// A macro, not a generic function: the layer is a closure of the step's own `fn layer<S>`, so
+/// its type names the next step's type once. A helper function's closure (or a struct holding
+/// the step) would name it once more for each of its type parameters that contains it (the
+/// step function `step::<S>` itself, its future), and a stack nests a dozen steps: the types,
+/// and their debug info, grow as a power of the depth.
+macro_rules! layer {
+    ($state:expr, $step:expr) => {{
+        let state = $state;
+        ::tower::layer::layer_fn(move |next| {
+            let state = ::std::clone::Clone::clone(&state);
+            ::tower::service_fn(move |request| {
+                $crate::http::step::Answering::new($step(
+                    ::std::clone::Clone::clone(&state),
+                    ::std::clone::Clone::clone(&next),
+                    request,
+                ))
+            })
+        })
+    }};
+}
+pub(crate) use layer;
+
+/// The innermost step of a stack: `service!(state, step)`, where `step(state, request)` answers
+/// each request; `state` is cloned for each.
+macro_rules! service {
+    ($state:expr, $step:expr) => {{
+        let state = $state;
+        ::tower::service_fn(move |request| {
+            $crate::http::step::Answering::new($step(::std::clone::Clone::clone(&state), request))
+        })
+    }};
+}
+pub(crate) use service;
+
+pin_project_lite::pin_project! {
+    /// A step's future: its `async fn`'s, whose answer is never an error.
+    #[derive(Debug)]
+    pub struct Answering<F> {
+        #[pin]
+        step: F,
+    }
+}
+
+impl<F> Answering<F> {
+    pub fn new(step: F) -> Self {
+        Self { step }
+    }
+}
+
+impl<F: Future> Future for Answering<F> {
+    type Output = Result<F::Output, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().step.poll(cx).map(Ok)
+    }
 }
 
 /// A step's answer: steps never fail.

@@ -4,6 +4,7 @@
 //! arriving must not hold an admission slot for the agent's whole timeout.
 
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Sleep;
 
+use super::observed::{BodyEnd, Observed, Observer, OnEnd};
 use super::BoxError;
 use crate::error::ReachError;
 
@@ -80,11 +82,11 @@ impl UploadWatch {
 }
 
 pin_project_lite::pin_project! {
-    /// Passes the body through, recording how it ended; a gap longer than `gap` between chunks
-    /// ends it with an error.
+    /// Passes the body through, recording how it ended (its observer is the [`UploadWatch`]); a
+    /// gap longer than `gap` between chunks ends it with an error.
     pub struct WatchedUpload<B> {
         #[pin]
-        inner: B,
+        inner: Observed<B, UploadWatch>,
         // Armed only while a read waits on the caller: a body that arrives with its head (most
         // do) never registers a timer, and time spent unread (in the admission queue, or behind
         // an agent that stopped reading) is not the caller's gap.
@@ -101,12 +103,31 @@ impl<B: Body> WatchedUpload<B> {
             watch.set(UploadState::Complete);
         }
         let body = Self {
-            inner,
+            inner: Observed::new(inner, watch.clone()),
             timer: None,
             gap,
             watch: watch.clone(),
         };
         (body, watch)
+    }
+}
+
+/// Bytes arriving keep an upload open; its end says whether it arrived whole or broke.
+impl OnEnd for UploadWatch {
+    fn end(self, end: BodyEnd) {
+        match end {
+            BodyEnd::Complete => self.set(UploadState::Complete),
+            BodyEnd::Error => self.set(UploadState::Broken),
+            // Dropped unread: how far it got stands.
+            BodyEnd::Abandoned => {}
+        }
+    }
+}
+
+impl<D> Observer<D> for UploadWatch {
+    fn frame(&mut self, _: &Frame<D>) -> ControlFlow<()> {
+        self.set(UploadState::Open);
+        ControlFlow::Continue(())
     }
 }
 
@@ -129,23 +150,12 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         match this.inner.as_mut().poll_frame(cx) {
-            Poll::Ready(None) => {
-                this.watch.set(UploadState::Complete);
-                Poll::Ready(None)
-            }
             Poll::Ready(Some(Ok(frame))) => {
                 *this.timer = None;
-                if this.inner.is_end_stream() {
-                    this.watch.set(UploadState::Complete);
-                } else {
-                    this.watch.set(UploadState::Open);
-                }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(err))) => {
-                this.watch.set(UploadState::Broken);
-                Poll::Ready(Some(Err(err.into())))
-            }
+            Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(err.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => match this
                 .timer
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep(*this.gap)))

@@ -1,16 +1,16 @@
 //! Keeping a keyed request's response: a ticket settles its key with the response, through the
 //! body tee that copies it as it streams to the caller.
 
-use std::pin::Pin;
+use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Response, StatusCode};
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Body, Frame};
 
 use super::stored::Stored;
 use super::table::{Held, IdempotencyTable, Slot, Ticket};
+use crate::http::observed::{BodyEnd, Observed, Observer, OnEnd};
 use crate::http::{body, BoxError, ReachBody};
 
 impl Ticket {
@@ -56,90 +56,54 @@ impl Ticket {
         let inner_len = inner.size_hint().exact();
         let head = (parts.status, parts.headers.clone());
         let max = self.table.max_body();
-        let tee = Tee {
-            inner,
+        let tee = self.key.take().map(|key| Tee {
             // Sized from the declared length: a doubling buffer would keep up to twice the body.
             buffer: Some(BytesMut::with_capacity(
                 inner_len.map_or(0, |n| usize::try_from(n).unwrap_or(max).min(max)),
             )),
             max,
             head: Some(head),
-            ticket: self.key.take().map(|k| (self.table.clone(), k)),
-        };
+            ticket: Some((self.table.clone(), key)),
+        });
+        let tee = Observed::maybe(inner, tee);
         Response::from_parts(parts, body::boxed(tee))
     }
 }
 
-pin_project_lite::pin_project! {
-    /// Passes a body through, copying it (up to `max`) into the table when it ends.
-    struct Tee<B> {
-        #[pin]
-        inner: B,
-        buffer: Option<BytesMut>,
-        max: usize,
-        head: Option<(StatusCode, HeaderMap)>,
-        ticket: Option<(Arc<IdempotencyTable>, Held)>,
-    }
+/// Copies a body (up to `max`) as it passes, into the table when it ends.
+struct Tee {
+    buffer: Option<BytesMut>,
+    max: usize,
+    head: Option<(StatusCode, HeaderMap)>,
+    ticket: Option<(Arc<IdempotencyTable>, Held)>,
+}
 
-    impl<B> PinnedDrop for Tee<B> {
-        fn drop(this: Pin<&mut Self>) {
-            // Abandoned mid-stream: the task ran, but we cannot replay it.
-            if let Some((table, key)) = this.project().ticket.take() {
-                table.settle(&key, Some(Slot::TooLarge));
+impl Observer<Bytes> for Tee {
+    fn frame(&mut self, frame: &Frame<Bytes>) -> ControlFlow<()> {
+        if let (Some(data), Some(buffer)) = (frame.data_ref(), self.buffer.as_mut()) {
+            if buffer.len() + data.len() <= self.max {
+                buffer.extend_from_slice(data);
+            } else {
+                self.buffer = None;
             }
         }
+        ControlFlow::Continue(())
     }
 }
 
-impl<B> Body for Tee<B>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let mut this = self.project();
-        let polled = this.inner.as_mut().poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if let (Some(data), Some(buffer)) = (frame.data_ref(), this.buffer.as_mut()) {
-                if buffer.len() + data.len() <= *this.max {
-                    buffer.extend_from_slice(data);
-                } else {
-                    *this.buffer = None;
-                }
-            }
-        }
-        // hyper stops polling once a body says it has ended: settle on the last frame, too.
-        let ended = match &polled {
-            Poll::Ready(None) => true,
-            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
-            _ => false,
+impl OnEnd for Tee {
+    fn end(mut self, end: BodyEnd) {
+        let Some((table, key)) = self.ticket.take() else {
+            return;
         };
-        if ended {
-            if let Some((table, key)) = this.ticket.take() {
-                let slot = match (this.buffer.take(), this.head.take()) {
-                    (Some(buffer), Some((status, headers))) => {
-                        Slot::Done(Arc::new(Stored::new(status, headers, exact(buffer))))
-                    }
-                    _ => Slot::TooLarge,
-                };
-                table.settle(&key, Some(slot));
+        // Broken or abandoned mid-stream: the task ran, but we cannot replay it.
+        let slot = match (end, self.buffer.take(), self.head.take()) {
+            (BodyEnd::Complete, Some(buffer), Some((status, headers))) => {
+                Slot::Done(Arc::new(Stored::new(status, headers, exact(buffer))))
             }
-        }
-        polled.map(|f| f.map(|r| r.map_err(Into::into)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+            _ => Slot::TooLarge,
+        };
+        table.settle(&key, Some(slot));
     }
 }
 

@@ -8,36 +8,32 @@
 //! runs out it is answered `503 saturated`, load and not failure: never `upstream_connect_failed`,
 //! which would count against (and eject) an agent that is up.
 
-use std::convert::Infallible;
-
 use http::Response;
-use tower::service_fn;
 
 use super::call::Forward;
 use crate::error::ReachError;
 use crate::http::pool::{forward_with, Backlog, Named, Pool, UpstreamBody};
-use crate::http::step::Step;
+use crate::http::step::{self, Step};
 
 pub(super) fn endpoint(
     client: Pool,
 ) -> impl Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>> {
-    service_fn(move |call: Forward| {
-        let client = client.clone();
-        async move {
-            let agent = &call.snapshot.bootstrap.agent;
-            let target = Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "agent {}", agent.name));
-            let address = agent.address.as_str();
-            let forwarded = forward_with(
-                &client,
-                call.request,
-                address,
-                None,
-                &target,
-                call.timeout,
-                Backlog::Wait,
-            )
-            .await;
-            Ok::<_, Infallible>(forwarded)
-        }
-    })
+    step::service!(client, forward)
+}
+
+/// The call, forwarded to the agent.
+async fn forward(client: Pool, call: Forward) -> Result<Response<UpstreamBody>, ReachError> {
+    let agent = &call.snapshot.bootstrap.agent;
+    let target = Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "agent {}", agent.name));
+    let address = agent.address.as_str();
+    forward_with(
+        &client,
+        call.request,
+        address,
+        None,
+        &target,
+        call.timeout,
+        Backlog::Wait,
+    )
+    .await
 }

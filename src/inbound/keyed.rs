@@ -1,19 +1,18 @@
 //! Inbound requests with an `idempotency-key`: read and fingerprinted, claimed in the table, run
 //! once, and answered from the original's outcome.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::Response;
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 
 use super::call::{Call, CallBody, Meta};
 use super::Inbound;
 use crate::classify::Outcome;
 use crate::error::ReachError;
 use crate::http::deadline::attempt_timeout;
-use crate::http::step::{answer, Step};
+use crate::http::step::{self, answer, Step};
 use crate::http::upload::{self, Upload, UploadWatch, WatchedUpload};
 use crate::http::{body, ReachBody};
 use crate::idempotency::{self, Claim};
@@ -25,18 +24,18 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    layer_fn(move |inner: S| {
-        let inbound = inbound.clone();
-        service_fn(move |call: Call| {
-            let (inbound, inner) = (inbound.clone(), inner.clone());
-            async move {
-                Ok::<_, Infallible>(match idempotency::key_of(&call.parts.headers) {
-                    Some(key) => keyed(&inbound, inner, call, &key).await,
-                    None => answer(inner.oneshot(call).await),
-                })
-            }
-        })
-    })
+    step::layer!(inbound, once::<S>)
+}
+
+/// A keyed call through the idempotency table; any other straight on.
+async fn once<S>(inbound: Arc<Inbound>, inner: S, call: Call) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    match idempotency::key_of(&call.parts.headers) {
+        Some(key) => keyed(&inbound, inner, call, &key).await,
+        None => answer(inner.oneshot(call).await),
+    }
 }
 
 /// A request with an `idempotency-key`: the first runs — to completion or the caller's deadline,

@@ -2,13 +2,12 @@
 //! own view, the counters and the metrics. The call's slot is held until its answer has been
 //! delivered: the agent is busy until then.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
 use http::{HeaderMap, Response};
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 
 use super::call::{Admitted, Forward, Meta};
 use super::validate::{self, AgentBody};
@@ -17,8 +16,8 @@ use crate::classify::{Class, Outcome};
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::attempt_timeout;
-use crate::http::measured::{BodyEnd, MeasuredBody};
-use crate::http::step::{answer, Step};
+use crate::http::observed::{BodyEnd, Observed};
+use crate::http::step::{self, answer, Step};
 use crate::http::upload::UploadWatch;
 use crate::http::{body, headers, ReachBody};
 use crate::metrics::Direction;
@@ -30,13 +29,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Forward, Response = Result<Response<AgentBody>, ReachError>>,
 {
-    layer_fn(move |inner: S| {
-        let inbound = inbound.clone();
-        service_fn(move |call: Admitted| {
-            let (inbound, inner) = (inbound.clone(), inner.clone());
-            async move { Ok::<_, Infallible>(measure(inbound, inner, call).await) }
-        })
-    })
+    step::layer!(inbound, measure::<S>)
 }
 
 async fn measure<S>(inbound: Arc<Inbound>, inner: S, call: Admitted) -> Response<ReachBody>
@@ -82,7 +75,7 @@ where
     let (mut parts, incoming) = response.into_parts();
     let agent = snapshot.bootstrap.agent.name.as_str();
     parts.headers.insert(headers::AGENT, headers::value(agent));
-    let measured = MeasuredBody::new(incoming, move |end| {
+    let measured = Observed::new(incoming, move |end: BodyEnd| {
         let arrived = meta.arrived;
         let (outcome, signal) = match end {
             BodyEnd::Error => (Outcome::Failure, Some(Signal::Failure(arrived.elapsed()))),

@@ -36,6 +36,7 @@ use crate::metrics::{Direction, Metrics};
 use crate::rate_limit::RateLimiters;
 use crate::reach::Signal;
 use crate::registry::Registry;
+use crate::runtime::Shared;
 
 impl Inbound {
     /// The inbound request path, in request order.
@@ -75,24 +76,17 @@ pub struct Inbound {
 }
 
 impl Inbound {
-    pub fn new(
-        store: Arc<ConfigStore>,
-        metrics: Arc<Metrics>,
-        client: Pool,
-        admission: Arc<Admission>,
-        local: Arc<LocalAgent>,
-        registry: Arc<Registry>,
-        idempotency: Arc<IdempotencyTable>,
-    ) -> Self {
+    /// The inbound listener over the sidecar's shared state, forwarding over `client`.
+    pub fn new(shared: &Shared, client: Pool) -> Self {
         Self {
-            store,
-            metrics,
+            store: shared.store.clone(),
+            metrics: shared.metrics.clone(),
             client,
-            admission,
-            local,
-            registry,
+            admission: shared.admission.clone(),
+            local: shared.local.clone(),
+            registry: shared.registry.clone(),
             stats: Arc::new(InboundStats::default()),
-            idempotency,
+            idempotency: shared.idempotency.clone(),
             rate_limit: RateLimiters::default(),
         }
     }

@@ -7,7 +7,6 @@
 //! through untouched; a schema'd answer that streams or is too large to hold is passed on
 //! unchecked and counted (`reach_output_unvalidated_total`).
 
-use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,15 +15,15 @@ use bytes::Bytes;
 use http::{header, HeaderMap, Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 
 use super::call::{Check, Forward};
 use super::Inbound;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::pool::UpstreamBody;
-use crate::http::step::{answer, Step};
+use crate::http::step::{self, answer, Step};
 
 /// The check for a call to `capability`, when the agent declares a schema for it.
 pub(super) fn check_for(snapshot: &Snapshot, capability: &str) -> Option<Check> {
@@ -48,27 +47,31 @@ pub(super) fn layer<S>(
 where
     S: Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>>,
 {
-    layer_fn(move |inner: S| {
-        let inbound = inbound.clone();
-        service_fn(move |mut call: Forward| {
-            let (inbound, inner) = (inbound.clone(), inner.clone());
-            async move {
-                // A HEAD answer has a length but no body: nothing to check.
-                let check = call
-                    .check
-                    .take()
-                    .filter(|_| call.request.method() != Method::HEAD);
-                let (timeout, snapshot) = (call.timeout, call.snapshot.clone());
-                let response = answer(inner.oneshot(call).await);
-                Ok::<_, Infallible>(match (response, check) {
-                    (Ok(response), Some(check)) => {
-                        validate(&inbound, &snapshot, check, response, timeout).await
-                    }
-                    (response, _) => response.map(|r| r.map(AgentBody::Streamed)),
-                })
-            }
-        })
-    })
+    step::layer!(inbound, checked::<S>)
+}
+
+/// The agent's answer, checked against the capability's output schema when it has one.
+async fn checked<S>(
+    inbound: Arc<Inbound>,
+    inner: S,
+    mut call: Forward,
+) -> Result<Response<AgentBody>, ReachError>
+where
+    S: Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>>,
+{
+    // A HEAD answer has a length but no body: nothing to check.
+    let check = call
+        .check
+        .take()
+        .filter(|_| call.request.method() != Method::HEAD);
+    let (timeout, snapshot) = (call.timeout, call.snapshot.clone());
+    let response = answer(inner.oneshot(call).await);
+    match (response, check) {
+        (Ok(response), Some(check)) => {
+            validate(&inbound, &snapshot, check, response, timeout).await
+        }
+        (response, _) => response.map(|r| r.map(AgentBody::Streamed)),
+    }
 }
 
 /// Why an answer of a capability with a schema was not checked: the metric's `reason`.

@@ -3,17 +3,15 @@
 //! `http://<capability>.reach/` so an A2A client that read it through the proxy keeps calling
 //! through the proxy (and so through routing) rather than one agent's own address.
 
-use std::convert::Infallible;
-
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 
 use crate::a2a::{rewrite_urls, CARD_PATH, MAX_CARD_BYTES};
 use crate::error::ReachError;
-use crate::http::step::{answer, Step};
+use crate::http::step::{self, answer, Step};
 use crate::http::{body, ReachBody};
 
 /// Passes a card request on and rewrites the card in its answer; other requests pass untouched.
@@ -22,19 +20,20 @@ pub(super) fn layer<S>(
 where
     S: Step<Request<Incoming>, Response = Response<ReachBody>>,
 {
-    layer_fn(move |inner: S| {
-        service_fn(move |req: Request<Incoming>| {
-            let inner = inner.clone();
-            async move {
-                let capability = card_request(&req);
-                let response = answer(inner.oneshot(req).await);
-                Ok::<_, Infallible>(match capability {
-                    Some(capability) => rewritten(&capability, response).await,
-                    None => response,
-                })
-            }
-        })
-    })
+    step::layer!((), card::<S>)
+}
+
+/// Passes the request on; a card's answer comes back rewritten.
+async fn card<S>((): (), inner: S, req: Request<Incoming>) -> Response<ReachBody>
+where
+    S: Step<Request<Incoming>, Response = Response<ReachBody>>,
+{
+    let capability = card_request(&req);
+    let response = answer(inner.oneshot(req).await);
+    match capability {
+        Some(capability) => rewritten(&capability, response).await,
+        None => response,
+    }
 }
 
 /// The capability whose card a request asks for, if it asks for one.

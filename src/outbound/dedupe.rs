@@ -1,18 +1,17 @@
 //! The local agent's own repeated call (its client timed out and resent it with the same
 //! `idempotency-key`) runs once: later copies join the first or replay its answer.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::Response;
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 
 use super::call::Call;
 use super::Outbound;
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
-use crate::http::step::{answer, Step};
+use crate::http::step::{self, answer, Step};
 use crate::http::{headers, ReachBody};
 use crate::idempotency::{self, Claim};
 
@@ -25,18 +24,18 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    layer_fn(move |inner: S| {
-        let out = out.clone();
-        service_fn(move |call: Call| {
-            let (out, inner) = (out.clone(), inner.clone());
-            async move {
-                Ok::<_, Infallible>(match idempotency::key_of(&call.parts.headers) {
-                    Some(key) => keyed(&out, inner, call, &key).await,
-                    None => answer(inner.oneshot(call).await),
-                })
-            }
-        })
-    })
+    step::layer!(out, once::<S>)
+}
+
+/// A keyed call through the idempotency table; any other straight on.
+async fn once<S>(out: Arc<Outbound>, inner: S, call: Call) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    match idempotency::key_of(&call.parts.headers) {
+        Some(key) => keyed(&out, inner, call, &key).await,
+        None => answer(inner.oneshot(call).await),
+    }
 }
 
 async fn keyed<S>(out: &Outbound, inner: S, call: Call, key: &str) -> Response<ReachBody>
@@ -75,6 +74,7 @@ where
 /// The step against a stub that counts what runs: no sockets, paused time.
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{Duration, Instant};
 

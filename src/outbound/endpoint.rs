@@ -1,11 +1,8 @@
 //! One attempt on one peer: sent over the peer client with the attempt's deadline, and what its
 //! answer meant told to this caller's view of the peer.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
-
-use tower::service_fn;
 
 use super::attempts::retry::{Attempt, Refusal};
 use super::call::Try;
@@ -13,16 +10,18 @@ use crate::classify::Class;
 use crate::error::ReachError;
 use crate::http::deadline::{self, attempt_timeout, Deadline};
 use crate::http::pool::{forward, Named, Pool};
-use crate::http::step::Step;
+use crate::http::step::{self, Step};
 use crate::peers::PeerViews;
 use crate::reach::Signal;
 
 /// The innermost outbound step.
 pub(super) fn endpoint(client: Pool, peers: Arc<PeerViews>) -> impl Step<Try, Response = Attempt> {
-    service_fn(move |attempt: Try| {
-        let (client, peers) = (client.clone(), peers.clone());
-        async move { Ok::<_, Infallible>(send(&client, &peers, attempt).await) }
-    })
+    step::service!((client, peers), attempt)
+}
+
+/// One attempt, sent.
+async fn attempt((client, peers): (Pool, Arc<PeerViews>), attempt: Try) -> Attempt {
+    send(&client, &peers, attempt).await
 }
 
 /// Sends one attempt and tells the caller's view of the peer what happened.

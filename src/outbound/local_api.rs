@@ -51,6 +51,8 @@ where
             async move { Ok::<_, Infallible>(handle(&local, &store, tasks.as_deref(), req).await) }
         }),
     );
+    // Not `step::layer`: this step routes between two services, and the API's (guarded) service
+    // is cloned only for a request to it, not for every capability call.
     layer_fn(move |inner: S| {
         let api = api.clone();
         service_fn(move |req: Request<Incoming>| {

@@ -42,6 +42,7 @@ use crate::metrics::Metrics;
 use crate::peers::PeerViews;
 use crate::rate_limit::RateLimiters;
 use crate::registry::Registry;
+use crate::runtime::Shared;
 use crate::tasks::Queue;
 use attempts::budget::RetryBudgets;
 use call::Call;
@@ -107,25 +108,18 @@ pub struct Outbound {
 }
 
 impl Outbound {
-    pub fn new(
-        store: Arc<ConfigStore>,
-        metrics: Arc<Metrics>,
-        client: Pool,
-        registry: Arc<Registry>,
-        peers: Arc<PeerViews>,
-        local: Arc<LocalAgent>,
-        idempotency: Arc<IdempotencyTable>,
-    ) -> Self {
+    /// The outbound listener over the sidecar's shared state, calling peers over `client`.
+    pub fn new(shared: &Shared, client: Pool) -> Self {
         Self {
-            store,
-            metrics,
+            store: shared.store.clone(),
+            metrics: shared.metrics.clone(),
             client,
-            registry,
-            peers,
-            local,
+            registry: shared.registry.clone(),
+            peers: shared.peers.clone(),
+            local: shared.local.clone(),
             budgets: RetryBudgets::default(),
             rate_limits: RateLimiters::default(),
-            idempotency,
+            idempotency: shared.idempotency.clone(),
             observe: ObserveLog::default(),
             tasks: None,
             affinity: Arc::default(),
@@ -210,13 +204,14 @@ pub(super) fn for_tests(policy: crate::config::Policy) -> Arc<Outbound> {
         max_total_bytes: 1 << 20,
         per_caller_share: 1.0,
     });
-    Arc::new(Outbound::new(
-        store.clone(),
-        metrics.clone(),
-        client,
-        Arc::new(Registry::new()),
-        Arc::new(PeerViews::new(store, metrics.clone())),
-        Arc::new(local),
+    let shared = Shared {
+        registry: Arc::new(Registry::new()),
+        peers: Arc::new(PeerViews::new(store.clone(), metrics.clone())),
+        local: Arc::new(local),
+        admission: Admission::new(1),
+        store,
+        metrics,
         idempotency,
-    ))
+    };
+    Arc::new(Outbound::new(&shared, client))
 }

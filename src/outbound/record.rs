@@ -1,21 +1,20 @@
 //! The last word on a call: the metrics of how it ended (when its body has been delivered, for
 //! an answer that streams) and `reach-attempts`.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
 use http::Response;
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 use tracing::Span;
 
 use super::call::{Call, Routed};
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::layers::field;
-use crate::http::measured::{BodyEnd, MeasuredBody};
-use crate::http::step::{answer, Step};
+use crate::http::observed::{BodyEnd, Observed};
+use crate::http::step::{self, answer, Step};
 use crate::http::{body, headers, ReachBody};
 use crate::metrics::{Direction, Metrics};
 
@@ -27,17 +26,19 @@ where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<crate::http::body::BoxError>,
 {
-    layer_fn(move |inner: S| {
-        let metrics = metrics.clone();
-        service_fn(move |call: Call| {
-            let (metrics, inner) = (metrics.clone(), inner.clone());
-            async move {
-                let started = call.started;
-                let routed = answer(inner.oneshot(call).await);
-                Ok::<_, Infallible>(respond(&metrics, routed, started))
-            }
-        })
-    })
+    step::layer!(metrics, record::<S, B>)
+}
+
+/// The routed answer, recorded and answered.
+async fn record<S, B>(metrics: Arc<Metrics>, inner: S, call: Call) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Routed<B>>,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<crate::http::body::BoxError>,
+{
+    let started = call.started;
+    let routed = answer(inner.oneshot(call).await);
+    respond(&metrics, routed, started)
 }
 
 fn respond<B>(metrics: &Arc<Metrics>, routed: Routed<B>, started: Instant) -> Response<ReachBody>
@@ -78,7 +79,7 @@ where
     let outcome = Class::of_response(&response).outcome();
     Span::current().record(field::OUTCOME, outcome.as_str());
     let (parts, incoming) = response.into_parts();
-    let measured = MeasuredBody::new(incoming, move |end| {
+    let measured = Observed::new(incoming, move |end: BodyEnd| {
         let outcome = if end == BodyEnd::Error {
             Outcome::Failure
         } else {

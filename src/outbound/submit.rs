@@ -1,18 +1,17 @@
 //! `prefer: respond-async` makes a call a task: stored (durably) and answered `202 Accepted`
 //! with where to find it, instead of routed now. `docs/tasks.md`.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 
 use super::call::Call;
 use super::{record, Outbound};
 use crate::error::ReachError;
-use crate::http::step::{answer, Step};
+use crate::http::step::{self, answer, Step};
 use crate::http::upload::Upload;
 use crate::http::{body, ReachBody};
 use crate::tasks::{self, Queue};
@@ -23,23 +22,23 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    layer_fn(move |inner: S| {
-        let out = out.clone();
-        service_fn(move |call: Call| {
-            let (out, inner) = (out.clone(), inner.clone());
-            async move {
-                if !tasks::wants_async(&call.parts.headers) {
-                    return Ok::<_, Infallible>(answer(inner.oneshot(call).await));
-                }
-                let started = call.started;
-                let label = call.capability.to_string();
-                Ok(match submit(out.tasks.as_deref(), call).await {
-                    Ok(response) => response,
-                    Err(err) => record::refuse(&out.metrics, &label, "-", err, started),
-                })
-            }
-        })
-    })
+    step::layer!(out, maybe_submit::<S>)
+}
+
+/// A call that asks for async stored as a task; any other straight on.
+async fn maybe_submit<S>(out: Arc<Outbound>, inner: S, call: Call) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    if !tasks::wants_async(&call.parts.headers) {
+        return answer(inner.oneshot(call).await);
+    }
+    let started = call.started;
+    let label = call.capability.to_string();
+    match submit(out.tasks.as_deref(), call).await {
+        Ok(response) => response,
+        Err(err) => record::refuse(&out.metrics, &label, "-", err, started),
+    }
 }
 
 async fn submit(queue: Option<&Queue>, call: Call) -> Result<Response<ReachBody>, ReachError> {

@@ -1,18 +1,17 @@
 //! An external target's rate limit (`policy.targets[].rate_limit`): an attempt on one of its
 //! endpoints over the limit is refused here, at once, before anything is sent.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 
 use super::attempts::retry::Attempt;
 use super::call::Try;
 use super::Outbound;
 use crate::error::ReachError;
-use crate::http::step::Step;
+use crate::http::step::{self, answer, Step};
 
 pub(super) fn layer<S>(
     out: Arc<Outbound>,
@@ -20,18 +19,18 @@ pub(super) fn layer<S>(
 where
     S: Step<Try, Response = Attempt>,
 {
-    layer_fn(move |inner: S| {
-        let out = out.clone();
-        service_fn(move |attempt: Try| {
-            let (out, inner) = (out.clone(), inner.clone());
-            async move {
-                if let Err(err) = admit(&out, &attempt) {
-                    return Ok::<_, Infallible>(Attempt::Limited(err));
-                }
-                inner.oneshot(attempt).await
-            }
-        })
-    })
+    step::layer!(out, limited::<S>)
+}
+
+/// Refuses an attempt over its target's limit, or passes it on.
+async fn limited<S>(out: Arc<Outbound>, inner: S, attempt: Try) -> Attempt
+where
+    S: Step<Try, Response = Attempt>,
+{
+    if let Err(err) = admit(&out, &attempt) {
+        return Attempt::Limited(err);
+    }
+    answer(inner.oneshot(attempt).await)
 }
 
 /// Over the limit of the target `attempt`'s peer is an endpoint of, if it is one.

@@ -1,18 +1,17 @@
 //! Refusals before any work: a deadline that has already passed, an agent out of rotation by its
 //! own view, and the agent's rate limit.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::Response;
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 
 use super::super::call::Call;
 use super::super::Inbound;
 use crate::classify::Outcome;
 use crate::error::ReachError;
-use crate::http::step::Step;
+use crate::http::step::{self, answer, Step};
 use crate::http::ReachBody;
 use crate::metrics::Direction;
 use crate::reach::State;
@@ -23,18 +22,18 @@ pub(in crate::inbound) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    layer_fn(move |inner: S| {
-        let inbound = inbound.clone();
-        service_fn(move |call: Call| {
-            let (inbound, inner) = (inbound.clone(), inner.clone());
-            async move {
-                if let Some(refused) = refuse_early(&inbound, &call) {
-                    return Ok::<_, Infallible>(refused);
-                }
-                inner.oneshot(call).await
-            }
-        })
-    })
+    step::layer!(inbound, gate::<S>)
+}
+
+/// Refuses early, or passes the call on.
+async fn gate<S>(inbound: Arc<Inbound>, inner: S, call: Call) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    if let Some(refused) = refuse_early(&inbound, &call) {
+        return refused;
+    }
+    answer(inner.oneshot(call).await)
 }
 
 fn refuse_early(inbound: &Inbound, call: &Call) -> Option<Response<ReachBody>> {

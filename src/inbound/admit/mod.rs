@@ -3,20 +3,19 @@
 
 pub(super) mod gate;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::Response;
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 
 use super::call::{Admitted, Call};
 use super::Inbound;
 use crate::classify::Outcome;
 use crate::error::ReachError;
 use crate::http::deadline::attempt_timeout;
-use crate::http::step::Step;
+use crate::http::step::{self, answer, Step};
 use crate::http::ReachBody;
 use crate::local::AdmissionLimits;
 
@@ -26,18 +25,18 @@ pub(super) fn layer<S>(
 where
     S: Step<Admitted, Response = Response<ReachBody>>,
 {
-    layer_fn(move |inner: S| {
-        let inbound = inbound.clone();
-        service_fn(move |call: Call| {
-            let (inbound, inner) = (inbound.clone(), inner.clone());
-            async move {
-                match admit(&inbound, call).await {
-                    Ok(admitted) => inner.oneshot(admitted).await,
-                    Err(refused) => Ok::<_, Infallible>(refused),
-                }
-            }
-        })
-    })
+    step::layer!(inbound, slot::<S>)
+}
+
+/// Admits the call (a slot, or a place in the queue) or refuses it.
+async fn slot<S>(inbound: Arc<Inbound>, inner: S, call: Call) -> Response<ReachBody>
+where
+    S: Step<Admitted, Response = Response<ReachBody>>,
+{
+    match admit(&inbound, call).await {
+        Ok(admitted) => answer(inner.oneshot(admitted).await),
+        Err(refused) => refused,
+    }
 }
 
 #[allow(

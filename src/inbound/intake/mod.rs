@@ -5,14 +5,13 @@
 
 mod vouched;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 use tracing::Span;
 
 use super::call::{Call, CallBody, Meta};
@@ -23,7 +22,7 @@ use crate::error::ReachError;
 use crate::http::deadline::Deadline;
 use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
-use crate::http::step::{answer, Step};
+use crate::http::step::{self, answer, Step};
 use crate::http::{headers, ClientAddr, ReachBody};
 use crate::identity::SpiffeId;
 use crate::intercept::Intercepted;
@@ -39,18 +38,18 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    layer_fn(move |inner: S| {
-        let inbound = inbound.clone();
-        service_fn(move |req| {
-            let (inbound, inner) = (inbound.clone(), inner.clone());
-            async move {
-                Ok::<_, Infallible>(match intake(&inbound, req) {
-                    Ok(call) => answer(inner.oneshot(call).await),
-                    Err(answered) => answered,
-                })
-            }
-        })
-    })
+    step::layer!(inbound, take::<S>)
+}
+
+/// Takes a request in as a call, or answers it here.
+async fn take<S>(inbound: Arc<Inbound>, inner: S, req: Request<Incoming>) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    match intake(&inbound, req) {
+        Ok(call) => answer(inner.oneshot(call).await),
+        Err(answered) => answered,
+    }
 }
 
 #[allow(

@@ -2,15 +2,15 @@
 //! it names: the keys are bound before the frame that completes the answer (or the stream's first
 //! event) is passed on, so the caller's follow-up cannot overtake its binding.
 
-use std::pin::Pin;
+use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Body, Frame};
 
 use super::keys;
 use super::table::{Bounds, Key, Kind, Table};
+use crate::http::observed::{BodyEnd, Observed, Observer, OnEnd};
 use crate::http::pool::UpstreamBody;
 use crate::metrics::Metrics;
 
@@ -71,107 +71,83 @@ impl Binding {
 }
 
 /// A peer's answer, passed through; watched when it is an A2A call's.
-pub(crate) struct Watched {
-    inner: UpstreamBody,
-    watch: Option<Box<Watch>>,
+pub(crate) type Watched = Observed<UpstreamBody, Watcher>;
+
+/// An answer that is not watched.
+pub(super) fn plain(inner: UpstreamBody) -> Watched {
+    Observed::maybe(inner, None)
 }
 
+/// An answer read for the keys it assigns, bound to the peer with the request's.
+pub(super) fn watching(inner: UpstreamBody, binding: Binding, shape: Shape) -> Watched {
+    let expected = inner.size_hint().exact();
+    let watch = Watch {
+        binding: Some(binding),
+        shape,
+        seen: Vec::new(),
+        expected,
+    };
+    Observed::new(inner, Watcher(Box::new(watch)))
+}
+
+/// Reads an answer for its keys (boxed: the body of an answer not watched stays small).
+pub(crate) struct Watcher(Box<Watch>);
+
 struct Watch {
-    binding: Binding,
+    /// Taken when the keys are bound.
+    binding: Option<Binding>,
     shape: Shape,
     seen: Vec<u8>,
     /// The declared length, so the last frame is known as it arrives.
     expected: Option<u64>,
 }
 
-impl Watched {
-    pub(super) fn plain(inner: UpstreamBody) -> Self {
-        Watched { inner, watch: None }
-    }
-
-    pub(super) fn watching(inner: UpstreamBody, binding: Binding, shape: Shape) -> Self {
-        let expected = inner.size_hint().exact();
-        Watched {
-            inner,
-            watch: Some(Box::new(Watch {
-                binding,
-                shape,
-                seen: Vec::new(),
-                expected,
-            })),
+impl Watcher {
+    /// Binds (`Some`: the request's keys and those assigned) and stops watching.
+    fn bind(&mut self, assigned: Option<Vec<(Kind, String)>>) -> ControlFlow<()> {
+        if let Some(binding) = self.0.binding.take() {
+            binding.finish(assigned);
         }
+        ControlFlow::Break(())
     }
+}
 
+impl Observer<Bytes> for Watcher {
     /// Looks at a frame's bytes; binds when the answer (or the first event) is complete.
-    fn see(&mut self, data: &Bytes) {
-        let Some(watch) = self.watch.as_mut() else {
-            return;
+    fn frame(&mut self, frame: &Frame<Bytes>) -> ControlFlow<()> {
+        let Some(data) = frame.data_ref() else {
+            return ControlFlow::Continue(());
         };
+        let watch = &mut *self.0;
         if watch.seen.len() + data.len() > MAX_WATCHED {
             // Too long to read: the request's keys still hold.
-            if let Some(watch) = self.watch.take() {
-                watch.binding.finish(Some(Vec::new()));
-            }
-            return;
+            return self.bind(Some(Vec::new()));
         }
         watch.seen.extend_from_slice(data);
         let assigned = match watch.shape {
             Shape::Stream => keys::first_event(&watch.seen).map(|e| keys::of_a2a_response(&e)),
-            Shape::Json => {
-                let complete =
-                    self.inner.is_end_stream() || watch.expected == Some(watch.seen.len() as u64);
-                complete.then(|| keys::of_a2a_response(&watch.seen))
-            }
+            // Complete by its declared length here; by its end otherwise (`end`).
+            Shape::Json => (watch.expected == Some(watch.seen.len() as u64))
+                .then(|| keys::of_a2a_response(&watch.seen)),
         };
-        if let Some(assigned) = assigned {
-            self.end(assigned);
-        }
-    }
-
-    fn end(&mut self, assigned: Option<Vec<(Kind, String)>>) {
-        if let Some(watch) = self.watch.take() {
-            watch.binding.finish(assigned);
+        match assigned {
+            Some(assigned) => self.bind(assigned),
+            None => ControlFlow::Continue(()),
         }
     }
 }
 
-impl Body for Watched {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if this.watch.is_some() {
-            match &polled {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Some(data) = frame.data_ref() {
-                        this.see(data);
-                    }
-                }
-                Poll::Ready(None) => {
-                    // The end without a length: what was seen is the whole answer.
-                    let assigned = this.watch.as_ref().map(|w| match w.shape {
-                        Shape::Json => keys::of_a2a_response(&w.seen),
-                        Shape::Stream => Some(Vec::new()),
-                    });
-                    this.end(assigned.flatten());
-                }
-                Poll::Ready(Some(Err(_))) => this.watch = None,
-                Poll::Pending => {}
-            }
+impl OnEnd for Watcher {
+    fn end(mut self, end: BodyEnd) {
+        // A broken or abandoned answer binds nothing.
+        if end != BodyEnd::Complete {
+            return;
         }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        // The end without a length: what was seen is the whole answer.
+        let assigned = match self.0.shape {
+            Shape::Json => keys::of_a2a_response(&self.0.seen),
+            Shape::Stream => Some(Vec::new()),
+        };
+        let _ = self.bind(assigned);
     }
 }

@@ -12,12 +12,11 @@ mod keys;
 mod route;
 mod table;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::Response;
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 
 use super::call::{Call, Routed};
 use super::Outbound;
@@ -25,7 +24,7 @@ use crate::classify::{Class, Refusal};
 use crate::config::{AffinityMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::pool::UpstreamBody;
-use crate::http::step::{answer, Step};
+use crate::http::step::{self, answer, Step};
 use crate::http::upload::Upload;
 
 pub(crate) use body::Watched;
@@ -47,13 +46,15 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Routed>,
 {
-    layer_fn(move |inner: S| {
-        let out = out.clone();
-        service_fn(move |call: Call| {
-            let (out, inner) = (out.clone(), inner.clone());
-            async move { Ok::<_, Infallible>(affine(&out, inner, call).await) }
-        })
-    })
+    step::layer!(out, pinned::<S>)
+}
+
+/// The call routed with its affinity key's holder, and its answer watched for keys to bind.
+async fn pinned<S>(out: Arc<Outbound>, inner: S, call: Call) -> Routed<Watched>
+where
+    S: Step<Call, Response = Routed>,
+{
+    affine(&out, inner, call).await
 }
 
 /// Looks the call's keys up, routes it (to the holder when one is bound), and binds what the
@@ -115,7 +116,7 @@ where
                 .headers()
                 .contains_key(crate::http::headers::MCP_SESSION_ID);
         if !anything || !response.status().is_success() || peer == "-" {
-            return response.map(Watched::plain);
+            return response.map(body::plain);
         }
         let peer: Arc<str> = peer.as_str().into();
         let binding = body::Binding {
@@ -214,7 +215,7 @@ fn bind(
         .extend(keys::of_response_head(response.headers()));
     if !a2a {
         binding.finish(Some(Vec::new()));
-        return response.map(Watched::plain);
+        return response.map(body::plain);
     }
     let head = response.headers();
     let shape = if keys::is_json(head) {
@@ -229,9 +230,9 @@ fn bind(
         body::Shape::Stream
     } else {
         binding.finish(Some(Vec::new()));
-        return response.map(Watched::plain);
+        return response.map(body::plain);
     };
-    response.map(|incoming| Watched::watching(incoming, binding, shape))
+    response.map(|incoming| body::watching(incoming, binding, shape))
 }
 
 fn bounds(snapshot: &Snapshot) -> Bounds {

@@ -9,15 +9,14 @@ pub(super) mod observe;
 mod request;
 pub(super) mod retry;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
 use http::{Request, Response};
-use tower::layer::{layer_fn, Layer};
+use tower::layer::Layer;
 use tower::retry::budget::TpsBudget;
-use tower::{service_fn, ServiceExt};
+use tower::ServiceExt;
 use tracing::Span;
 
 use super::call::{Routed, Try};
@@ -28,7 +27,7 @@ use crate::config::{RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
 use crate::http::layers::field;
-use crate::http::step::{answer, Step};
+use crate::http::step::{self, answer, Step};
 use crate::http::upload::UploadWatch;
 use crate::http::{headers, ReachBody};
 use crate::idempotency;
@@ -42,13 +41,15 @@ pub(super) fn layer<S>(
 where
     S: Step<Try, Response = Attempt>,
 {
-    layer_fn(move |inner: S| {
-        let out = out.clone();
-        service_fn(move |plan: Plan| {
-            let (out, inner) = (out.clone(), inner.clone());
-            async move { Ok::<_, Infallible>(route(&out, inner, plan).await) }
-        })
-    })
+    step::layer!(out, attempts::<S>)
+}
+
+/// Routes the plan's attempts through the rest of the stack.
+async fn attempts<S>(out: Arc<Outbound>, inner: S, plan: Plan) -> Routed
+where
+    S: Step<Try, Response = Attempt>,
+{
+    route(&out, inner, plan).await
 }
 
 /// Drives the call's attempts until one answers for good, the policy says stop, or the
@@ -370,6 +371,7 @@ struct CallShape<'a> {
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
+    use std::convert::Infallible;
     use std::sync::Mutex;
 
     use http::StatusCode;

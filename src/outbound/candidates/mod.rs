@@ -7,19 +7,18 @@ mod latency_share;
 pub(super) mod sample;
 pub(super) mod tiers;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::HeaderMap;
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 
 use super::call::{Call, Routed};
 use super::{affinity, Outbound};
 use crate::config::RouteMode;
 use crate::error::ReachError;
 use crate::http::headers;
-use crate::http::step::{answer, Step};
+use crate::http::step::{self, answer, Step};
 use crate::metrics::UNKNOWN_CAPABILITY;
 use crate::peers::{RouteRequest, Scored};
 use tiers::Tier;
@@ -40,18 +39,18 @@ pub(super) fn layer<S>(
 where
     S: Step<Plan, Response = Routed>,
 {
-    layer_fn(move |inner: S| {
-        let out = out.clone();
-        service_fn(move |call: Call| {
-            let (out, inner) = (out.clone(), inner.clone());
-            async move {
-                Ok::<_, Infallible>(match plan(&out, call) {
-                    Ok(plan) => answer(inner.oneshot(plan).await),
-                    Err(refused) => refused,
-                })
-            }
-        })
-    })
+    step::layer!(out, candidates::<S>)
+}
+
+/// Plans the call and hands the plan on, or refuses it when nobody serves it.
+async fn candidates<S>(out: Arc<Outbound>, inner: S, call: Call) -> Routed
+where
+    S: Step<Plan, Response = Routed>,
+{
+    match plan(&out, call) {
+        Ok(plan) => answer(inner.oneshot(plan).await),
+        Err(refused) => refused,
+    }
 }
 
 #[allow(

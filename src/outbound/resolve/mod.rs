@@ -5,14 +5,13 @@
 mod intent;
 mod target;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::layer::Layer;
+use tower::ServiceExt;
 use tracing::Span;
 
 use super::attempts::decision::{self, Resolution};
@@ -25,7 +24,7 @@ use crate::error::ReachError;
 use crate::http::deadline::Deadline;
 use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
-use crate::http::step::{answer, Step};
+use crate::http::step::{self, answer, Step};
 use crate::http::upload::Upload;
 use crate::http::{headers, upload, ReachBody};
 pub use target::capability_of;
@@ -36,27 +35,27 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    layer_fn(move |inner: S| {
-        let out = out.clone();
-        service_fn(move |req| {
-            let (out, inner) = (out.clone(), inner.clone());
-            async move {
-                // How the capability was chosen, for a call that asked for intent routing: on
-                // every answer of the call. `None` (no allocation) for a call that named it.
-                let mut resolved = None;
-                let mut response = match resolve(&out, req, &mut resolved).await {
-                    Ok(call) => answer(inner.oneshot(call).await),
-                    Err(refused) => refused,
-                };
-                if let Some(value) = resolved {
-                    response
-                        .headers_mut()
-                        .insert(headers::RESOLVED_CAPABILITY, value);
-                }
-                Ok::<_, Infallible>(response)
-            }
-        })
-    })
+    step::layer!(out, resolved::<S>)
+}
+
+/// The call resolved and passed on, its answer marked with how the capability was chosen.
+async fn resolved<S>(out: Arc<Outbound>, inner: S, req: Request<Incoming>) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    // How the capability was chosen, for a call that asked for intent routing: on every answer
+    // of the call. `None` (no allocation) for a call that named it.
+    let mut resolved = None;
+    let mut response = match resolve(&out, req, &mut resolved).await {
+        Ok(call) => answer(inner.oneshot(call).await),
+        Err(refused) => refused,
+    };
+    if let Some(value) = resolved {
+        response
+            .headers_mut()
+            .insert(headers::RESOLVED_CAPABILITY, value);
+    }
+    response
 }
 
 #[allow(
