@@ -56,21 +56,18 @@ pub(crate) fn run(args: Args) -> ExitCode {
         Err(code) => return code,
     };
     let listen = args.listen;
+    let (name, latency) = (config.name.clone(), describe_latency(&config.latency));
     runtime.block_on(async {
         let started = match &args.log {
-            Some(log) => {
-                MockAgent::start_logged(listen, config.clone(), Workload::default(), log).await
-            }
-            None => MockAgent::start(listen, config.clone()).await,
+            Some(log) => MockAgent::start_logged(listen, config, Workload::default(), log).await,
+            None => MockAgent::start(listen, config).await,
         };
         match started {
             Ok(agent) => {
                 println!(
-                    "mock agent `{}` on http://{} (mode {}, latency {})",
-                    config.name,
+                    "mock agent `{name}` on http://{} (mode {}, latency {latency})",
                     agent.addr,
-                    agent.mode(),
-                    describe_latency(&config.latency)
+                    agent.mode()
                 );
                 tokio::select! {
                     _ = agent.crashed() => ExitCode::FAILURE,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub(crate) use crate::blocking::{exchange, FetchError};
+use crate::blocking::{exchange, FetchError};
 use agent_reach::reach::State;
 
 /// The admin port's default address, as the bootstrap's default listener binds it.
@@ -68,7 +68,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
 }
 
 /// `GET <admin>/status`: the body as sent, and parsed.
-pub fn fetch(admin: &str) -> Result<(String, Value), FetchError> {
+fn fetch(admin: &str) -> Result<(String, Value), FetchError> {
     let (status, text, url) = exchange(admin, "GET", "/status", b"")?;
     if status != 200 {
         return Err(FetchError::Status { url, status });
@@ -81,7 +81,7 @@ pub fn fetch(admin: &str) -> Result<(String, Value), FetchError> {
 }
 
 /// The header line and the peer table.
-pub fn render(doc: &Value) -> String {
+fn render(doc: &Value) -> String {
     let mut out = String::new();
     let own = &doc["self"];
     let probe = match doc.get("last_probe").filter(|p| !p.is_null()) {

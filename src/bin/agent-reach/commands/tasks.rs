@@ -106,7 +106,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
 }
 
 /// One line per task, newest first.
-pub fn table(doc: &Value) -> String {
+fn table(doc: &Value) -> String {
     let mut out = format!(
         "{:<36} {:<10} {:<18} {:>6} {:>8}  {}\n",
         "ID", "STATE", "CAPABILITY", "ROUNDS", "ATTEMPTS", "LAST"
@@ -148,7 +148,7 @@ fn last(t: &Value) -> String {
 }
 
 /// One task: its head, every attempt, and what it still owes.
-pub fn detail(t: &Value) -> String {
+fn detail(t: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
