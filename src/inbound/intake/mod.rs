@@ -104,6 +104,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         tls.is_some(),
         remote,
     );
+    let remote_text = remote.map(|r| headers::ip_text(r.ip()));
     let (mut parts, incoming) = req.into_parts();
     if let Some(path) = normalized {
         parts.uri = vouched::with_path(&parts.uri, &path).map_err(refuse)?;
@@ -114,7 +115,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         caller: caller.clone(),
         identity: identity.as_ref(),
         attempt: vouched::attempt_of(&parts.headers),
-        remote: remote.map(|r| r.ip()),
+        remote: remote_text.as_deref(),
         client_cert: tls.as_ref().and_then(|t| t.xfcc.as_ref()),
     };
     vouched::rewrite(&mut parts.headers, vouched);
@@ -125,9 +126,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         arrived,
         intercepted,
     };
-    let scope = caller
-        .or_else(|| remote.map(|r| r.ip().to_string()))
-        .unwrap_or_default();
+    let scope = caller.or(remote_text).unwrap_or_default();
     Ok(Call {
         meta,
         snapshot,

@@ -24,8 +24,8 @@ pub(in crate::inbound) struct Vouched<'a> {
     /// The caller's SPIFFE ID, from the certificate it presented.
     pub(in crate::inbound) identity: Option<&'a SpiffeId>,
     pub(in crate::inbound) attempt: Option<u16>,
-    /// The connection's peer: the only `x-forwarded-for` the agent is given.
-    pub(in crate::inbound) remote: Option<IpAddr>,
+    /// The connection's peer (`headers::ip_text`): the only `x-forwarded-for` the agent is given.
+    pub(in crate::inbound) remote: Option<&'a str>,
     /// `x-forwarded-client-cert` for the verified certificate (`transport::PeerTls`).
     pub(in crate::inbound) client_cert: Option<&'a HeaderValue>,
 }
@@ -34,15 +34,27 @@ pub(in crate::inbound) struct Vouched<'a> {
 /// `x-forwarded-client-cert` is replaced by the one made from the certificate it presented, and
 /// its `x-forwarded-for` by the connection's peer address. `forwarded` is removed, not
 /// rewritten: a chain the caller wrote cannot be checked, and one header for the peer is enough.
-const FORWARDING: [&str; 3] = ["x-forwarded-client-cert", "x-forwarded-for", "forwarded"];
+static FORWARDING: [HeaderName; 3] = [
+    HeaderName::from_static("x-forwarded-client-cert"),
+    HeaderName::from_static("x-forwarded-for"),
+    http::header::FORWARDED,
+];
 
 /// Strips hop-by-hop and every `reach-*` header, then writes back what is vouched for. A header
 /// that already holds exactly the vouched value stays where it is (a peer sidecar's request
 /// carries the same four): no rehashing and no allocation on the common path.
 pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>) {
     headers::strip_hop_by_hop(headers);
+    // One pass over the names finds what to drop; most requests carry no forwarding header, and
+    // a peer sidecar's `reach-*` headers are kept (each removal hashes).
     let mut unvouched: Vec<HeaderName> = Vec::new();
     for (name, value) in headers.iter() {
+        if FORWARDING.contains(name) {
+            if !unvouched.contains(name) {
+                unvouched.push(name.clone());
+            }
+            continue;
+        }
         if !name.as_str().starts_with("reach-") {
             continue;
         }
@@ -56,24 +68,18 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
             }),
             _ => false,
         };
-        if !keep {
+        if !keep && !unvouched.contains(name) {
             unvouched.push(name.clone());
         }
     }
     for name in unvouched {
         headers.remove(name);
     }
-    for name in FORWARDING {
-        headers.remove(name);
-    }
     if let Some(cert) = vouched.client_cert {
-        headers.insert(FORWARDING[0], cert.clone());
+        headers.insert(FORWARDING[0].clone(), cert.clone());
     }
     if let Some(remote) = vouched.remote {
-        headers.insert(
-            FORWARDING[1],
-            headers::value(&remote.to_canonical().to_string()),
-        );
+        headers.insert(FORWARDING[1].clone(), headers::value(remote));
     }
     if let Some(capability) = vouched.capability {
         if !headers.contains_key(headers::CAPABILITY) {
@@ -213,7 +219,7 @@ mod tests {
             caller: None,
             identity: None,
             attempt: Some(2),
-            remote: Some(IpAddr::from([10, 0, 0, 7])),
+            remote: Some("10.0.0.7"),
             client_cert: None,
         };
         rewrite(&mut h, vouched);
