@@ -17,11 +17,14 @@ use std::task::{Context, Poll};
 use tower::Service;
 
 /// One step of a request path taking `R`.
-pub trait Step<R>: Service<R, Error = Infallible, Future: Send> + Clone + Send + 'static {}
+pub trait Step<R>:
+    Service<R, Error = Infallible, Future: Send> + Clone + Send + Sync + 'static
+{
+}
 
 impl<R, S> Step<R> for S
 where
-    S: Service<R, Error = Infallible> + Clone + Send + 'static,
+    S: Service<R, Error = Infallible> + Clone + Send + Sync + 'static,
     S::Future: Send,
 {
 }
@@ -39,6 +42,7 @@ macro_rules! layer {
     ($state:expr, $step:expr) => {{
         let state = $state;
         ::tower::layer::layer_fn(move |next| {
+            let next = $crate::http::step::Next::new(next);
             let state = ::std::clone::Clone::clone(&state);
             ::tower::service_fn(move |request| {
                 $crate::http::step::Answering::new($step(
@@ -63,6 +67,40 @@ macro_rules! service {
     }};
 }
 pub(crate) use service;
+
+/// The rest of a stack, as a step holds it: shared, so that a request's clone of it is one
+/// `Arc`, not a copy of every step below (each holding the rest in turn: a stack of `n` steps
+/// cloned `n²/2` `Arc`s per request).
+#[derive(Debug)]
+pub struct Next<S>(std::sync::Arc<S>);
+
+impl<S> Next<S> {
+    pub fn new(next: S) -> Self {
+        Self(std::sync::Arc::new(next))
+    }
+}
+
+impl<S> Clone for Next<S> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<S: Service<R> + Clone, R> Service<R> for Next<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Steps are always ready (see [`Step`]).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: R) -> S::Future {
+        // The step's own clone holds its state and a `Next`: two `Arc`s.
+        S::clone(&self.0).call(request)
+    }
+}
 
 pin_project_lite::pin_project! {
     /// A step's future: its `async fn`'s, whose answer is never an error.

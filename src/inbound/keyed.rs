@@ -24,7 +24,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    step::layer!(inbound, once::<S>)
+    step::layer!(inbound, once::<step::Next<S>>)
 }
 
 /// A keyed call through the idempotency table; any other straight on.

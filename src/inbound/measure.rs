@@ -29,7 +29,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Forward, Response = Result<Response<AgentBody>, ReachError>>,
 {
-    step::layer!(inbound, measure::<S>)
+    step::layer!(inbound, measure::<step::Next<S>>)
 }
 
 async fn measure<S>(inbound: Arc<Inbound>, inner: S, call: Admitted) -> Response<ReachBody>

@@ -47,7 +47,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>>,
 {
-    step::layer!(inbound, checked::<S>)
+    step::layer!(inbound, checked::<step::Next<S>>)
 }
 
 /// The agent's answer, checked against the capability's output schema when it has one.

@@ -20,7 +20,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Request<Incoming>, Response = Response<ReachBody>>,
 {
-    step::layer!((), card::<S>)
+    step::layer!((), card::<step::Next<S>>)
 }
 
 /// Passes the request on; a card's answer comes back rewritten.

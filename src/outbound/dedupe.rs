@@ -24,7 +24,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    step::layer!(out, once::<S>)
+    step::layer!(out, once::<step::Next<S>>)
 }
 
 /// A keyed call through the idempotency table; any other straight on.

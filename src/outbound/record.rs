@@ -26,7 +26,7 @@ where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<crate::http::body::BoxError>,
 {
-    step::layer!(metrics, record::<S, B>)
+    step::layer!(metrics, record::<step::Next<S>, B>)
 }
 
 /// The routed answer, recorded and answered.

@@ -22,7 +22,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    step::layer!(out, maybe_submit::<S>)
+    step::layer!(out, maybe_submit::<step::Next<S>>)
 }
 
 /// A call that asks for async stored as a task; any other straight on.

@@ -19,7 +19,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Try, Response = Attempt>,
 {
-    step::layer!(out, limited::<S>)
+    step::layer!(out, limited::<step::Next<S>>)
 }
 
 /// Refuses an attempt over its target's limit, or passes it on.

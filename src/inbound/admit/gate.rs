@@ -22,7 +22,7 @@ pub(in crate::inbound) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    step::layer!(inbound, gate::<S>)
+    step::layer!(inbound, gate::<step::Next<S>>)
 }
 
 /// Refuses early, or passes the call on.

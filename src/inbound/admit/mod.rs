@@ -25,7 +25,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Admitted, Response = Response<ReachBody>>,
 {
-    step::layer!(inbound, slot::<S>)
+    step::layer!(inbound, slot::<step::Next<S>>)
 }
 
 /// Admits the call (a slot, or a place in the queue) or refuses it.

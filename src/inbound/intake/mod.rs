@@ -38,7 +38,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    step::layer!(inbound, take::<S>)
+    step::layer!(inbound, take::<step::Next<S>>)
 }
 
 /// Takes a request in as a call, or answers it here.

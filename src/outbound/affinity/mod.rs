@@ -46,7 +46,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Routed>,
 {
-    step::layer!(out, pinned::<S>)
+    step::layer!(out, pinned::<step::Next<S>>)
 }
 
 /// The call routed with its affinity key's holder, and its answer watched for keys to bind.

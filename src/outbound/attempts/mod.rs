@@ -41,7 +41,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Try, Response = Attempt>,
 {
-    step::layer!(out, attempts::<S>)
+    step::layer!(out, attempts::<step::Next<S>>)
 }
 
 /// Routes the plan's attempts through the rest of the stack.

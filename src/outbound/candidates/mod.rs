@@ -39,7 +39,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Plan, Response = Routed>,
 {
-    step::layer!(out, candidates::<S>)
+    step::layer!(out, candidates::<step::Next<S>>)
 }
 
 /// Plans the call and hands the plan on, or refuses it when nobody serves it.

@@ -35,7 +35,7 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    step::layer!(out, resolved::<S>)
+    step::layer!(out, resolved::<step::Next<S>>)
 }
 
 /// The call resolved and passed on, its answer marked with how the capability was chosen.
