@@ -45,7 +45,7 @@ fn main() {
     let runs = value("--runs").unwrap_or(if smoke { 1 } else { 3 }) as usize;
     let seconds = value("--seconds").unwrap_or(if smoke { 1 } else { 4 });
     let concurrency: Vec<usize> = if smoke { vec![1] } else { vec![1, 16, 64] };
-    // --only a,b: those systems (direct always) and sections (bodies, handshakes).
+    // --only a,b: those systems (direct always) and sections (bodies, handshakes, instructions).
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -130,6 +130,9 @@ fn main() {
     }
     print_table(&systems, &concurrency, &results);
     print_mtls(&systems, &concurrency, &results);
+    if !smoke && selected("instructions") {
+        print_instructions(&tools.agent_reach);
+    }
 
     // Bodies and streams: agent-reach against direct only.
     let mut extra: BTreeMap<(&str, usize), Vec<Run>> = BTreeMap::new();
@@ -215,6 +218,42 @@ fn main() {
         passed.join(" ")
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Instructions per request in each sidecar of the pair, counted by valgrind's callgrind through
+/// `benches/perf/hop.sh` (16 keep-alive connections, an nginx `return 200` upstream): the one
+/// figure a busy two-core machine measures without noise (`docs/perf-levers.md`).
+fn print_instructions(binary: &Path) {
+    if common::which("valgrind").is_none() {
+        println!("\ninstructions per request: valgrind not found, skipped (Debian package valgrind)");
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/perf/hop.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["callgrind", "16", "10"])
+        .env("BIN", binary)
+        .env("UPSTREAM", "nginx")
+        .stderr(Stdio::null())
+        .output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let per_request = |role: &str| {
+        text.as_ref().ok().and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with(role))
+                .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("Ir/req=")))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+    };
+    match (per_request("front "), per_request("back ")) {
+        (Some(front), Some(back)) => println!(
+            "\ninstructions per request (callgrind, 16 conns, nginx upstream): caller sidecar {:.1}k, callee sidecar {:.1}k\n  reproduce: UPSTREAM=nginx BIN={} bash benches/perf/hop.sh callgrind 16 10",
+            front / 1000.0,
+            back / 1000.0,
+            binary.display()
+        ),
+        _ => println!("\ninstructions per request: benches/perf/hop.sh callgrind gave no figures"),
+    }
 }
 
 const LUA_REPORT: &str = r#"

@@ -96,6 +96,9 @@ impl<S: Service<R> + Clone, R> Service<R> for Next<S> {
         Poll::Ready(Ok(()))
     }
 
+    // Inlined, so the step's future is built where `Oneshot` keeps it: returned from a call,
+    // it would be copied there whole (the rest of the stack's future, at every step).
+    #[inline(always)]
     fn call(&mut self, request: R) -> S::Future {
         // The step's own clone holds its state and a `Next`: two `Arc`s.
         S::clone(&self.0).call(request)
