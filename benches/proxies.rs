@@ -225,7 +225,9 @@ fn main() {
 /// figure a busy two-core machine measures without noise (`docs/perf-levers.md`).
 fn print_instructions(binary: &Path) {
     if common::which("valgrind").is_none() {
-        println!("\ninstructions per request: valgrind not found, skipped (Debian package valgrind)");
+        println!(
+            "\ninstructions per request: valgrind not found, skipped (Debian package valgrind)"
+        );
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/perf/hop.sh");

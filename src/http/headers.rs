@@ -63,47 +63,67 @@ static HOP_BY_HOP: [HeaderName; HOPS] = [
 /// `te: trailers` survives: it is end-to-end in practice (gRPC needs it).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none of them, and most others only `Connection: keep-alive`: one pass
-    // over the names (cheap comparisons of standard names) finds which are there, and only
-    // those are removed (each removal hashes).
+    // over the names finds which are there, and only those are removed (each removal hashes).
     let mut found = [false; HOPS];
     let mut te = false;
     for name in headers.keys() {
-        if name == header::TE {
-            te = true;
-        } else if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
-            found[i] = true;
+        match hop_by_hop(name) {
+            Some(i) => found[i] = true,
+            None => te |= name == header::TE,
         }
     }
     if !te && !found.contains(&true) {
         return;
     }
     if found[0] {
-        // `Connection` (HOP_BY_HOP[0]) and every header it names.
-        let values: Vec<HeaderValue> = match headers.entry(header::CONNECTION) {
-            header::Entry::Occupied(entry) => entry.remove_entry_mult().1.collect(),
-            header::Entry::Vacant(_) => Vec::new(),
-        };
-        for text in values.iter().filter_map(|v| v.to_str().ok()) {
-            for token in text.split(',').map(str::trim) {
-                let listed = HOP_BY_HOP
-                    .iter()
-                    .any(|h| h.as_str().eq_ignore_ascii_case(token));
-                // Looked up by `&str`: no header name is allocated for `keep-alive` or `close`.
-                if !token.is_empty() && !listed && headers.contains_key(token) {
-                    headers.remove(token);
-                }
-            }
+        // Every header `Connection` names goes too. Its usual tokens (`keep-alive`, `close`)
+        // name hop-by-hop headers or none: nothing is allocated for them.
+        let named: Vec<String> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|text| text.split(','))
+            .map(str::trim)
+            .filter(|token| {
+                !token.is_empty()
+                    && !HOP_BY_HOP
+                        .iter()
+                        .any(|h| h.as_str().eq_ignore_ascii_case(token))
+            })
+            .map(str::to_owned)
+            .collect();
+        for token in named {
+            // Looked up by `&str`: no header name is made for it.
+            headers.remove(token.as_str());
         }
     }
-    for (name, _) in HOP_BY_HOP.iter().zip(found).skip(1).filter(|(_, f)| *f) {
+    for (name, _) in HOP_BY_HOP.iter().zip(found).filter(|(_, f)| *f) {
         headers.remove(name);
     }
-    let keep_te = headers
-        .get(header::TE)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    if !keep_te {
-        headers.remove(header::TE);
+    if te {
+        let keep_te = headers
+            .get(header::TE)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+        if !keep_te {
+            headers.remove(header::TE);
+        }
     }
+}
+
+/// Which of [`HOP_BY_HOP`] `name` is: one string match (by length, then bytes) rather than a
+/// comparison with each of the eight.
+fn hop_by_hop(name: &HeaderName) -> Option<usize> {
+    Some(match name.as_str() {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "trailer" => 5,
+        "transfer-encoding" => 6,
+        "upgrade" => 7,
+        _ => return None,
+    })
 }
 
 /// The shortest and longest wait a `retry-after` is taken as: a zero would retry at once, and a
@@ -130,7 +150,6 @@ fn retry_after_at(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     Some(wait.clamp(RETRY_AFTER_MIN, RETRY_AFTER_MAX))
 }
 
-/// A header value from a string we produced; falls back to an empty value rather than panicking.
 /// An IP address as text, written by hand: `Display` for an address goes through the
 /// formatter's padding machinery, about 1.3k instructions a call on the callee's every request.
 /// IPv4-mapped IPv6 addresses are written as IPv4.
@@ -156,6 +175,7 @@ pub fn ip_text(ip: std::net::IpAddr) -> String {
     }
 }
 
+/// A header value from a string we produced; falls back to an empty value rather than panicking.
 pub fn value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
@@ -247,6 +267,15 @@ mod tests {
                 "{text:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_match_names_the_list() {
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop(name), Some(i), "{name}");
+        }
+        assert_eq!(hop_by_hop(&header::TE), None);
+        assert_eq!(hop_by_hop(&header::CONTENT_TYPE), None);
     }
 
     #[test]

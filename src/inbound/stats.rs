@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::classify::Outcome;
-use crate::reach::percentile;
+use crate::reach::select_percentile;
 
 /// Durations kept for percentiles: enough for a stable p95, bounded in memory.
 const WINDOW: usize = 2048;
@@ -61,16 +61,15 @@ impl InboundStats {
 
     pub fn snapshot(&self) -> StatsSnapshot {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let mut sorted: Vec<f64> = inner.durations_ms.iter().copied().collect();
-        sorted.sort_by(f64::total_cmp);
+        let mut durations: Vec<f64> = inner.durations_ms.iter().copied().collect();
         StatsSnapshot {
             requests: inner.requests,
             successes: inner.successes,
             failures: inner.failures,
             timeouts: inner.timeouts,
             rejected: inner.rejected,
-            p50_ms: percentile(&sorted, 0.50),
-            p95_ms: percentile(&sorted, 0.95),
+            p50_ms: select_percentile(&mut durations, 0.50),
+            p95_ms: select_percentile(&mut durations, 0.95),
         }
     }
 }

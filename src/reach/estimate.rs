@@ -357,8 +357,7 @@ impl Estimates {
             .filter(|(at, _)| now.saturating_duration_since(*at) <= p.window)
             .map(|(_, s)| s * 1000.0)
             .collect();
-        recent.sort_by(f64::total_cmp);
-        let pct = |q: f64| (!recent.is_empty()).then(|| percentile(&recent, q));
+        let mut pct = |q: f64| (!recent.is_empty()).then(|| select_percentile(&mut recent, q));
         EstimateSnapshot {
             p50_ms: pct(0.5),
             p95_ms: pct(0.95),
@@ -386,6 +385,19 @@ impl Estimates {
     }
 }
 
+/// Nearest-rank percentile of `values` (left reordered); 0 when there are none. By selection,
+/// O(n): sorting a full latency window for each snapshot cost more than all the requests it
+/// described (the self view is read on every peer's poll).
+pub fn select_percentile(values: &mut [f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * values.len() as f64).ceil() as usize;
+    *values
+        .select_nth_unstable_by(rank.clamp(1, values.len()) - 1, f64::total_cmp)
+        .1
+}
+
 /// Nearest-rank percentile of sorted values; 0 when there are none.
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
@@ -398,6 +410,21 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn selected_percentiles_are_the_sorted_ones() {
+        let mut values: Vec<f64> = (0..997).map(|i| f64::from((i * 7919) % 1000)).collect();
+        let mut sorted = values.clone();
+        sorted.sort_by(f64::total_cmp);
+        for q in [0.0, 0.01, 0.5, 0.95, 0.99, 1.0] {
+            assert_eq!(
+                select_percentile(&mut values, q),
+                percentile(&sorted, q),
+                "q={q}"
+            );
+        }
+        assert_eq!(select_percentile(&mut [], 0.5), 0.0);
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

@@ -9,8 +9,8 @@ mod trend;
 mod view;
 
 pub use estimate::{
-    percentile, recent_tau_s, EstimateParams, EstimateSnapshot, Estimates, Load, Signal,
-    UNKNOWN_AVAILABILITY,
+    percentile, recent_tau_s, select_percentile, EstimateParams, EstimateSnapshot, Estimates, Load,
+    Signal, UNKNOWN_AVAILABILITY,
 };
 pub use log::{TransitionLog, TransitionRecord, TRANSITIONS_KEPT};
 pub use score::{capability_match, cost, score, Factors, Weights};
