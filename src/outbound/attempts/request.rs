@@ -60,7 +60,10 @@ pub(in crate::outbound) fn upstream_request(
     *request.uri_mut() = parts.uri.clone();
     *request.headers_mut() = parts.headers.clone();
     let h = request.headers_mut();
-    h.insert(headers::CAPABILITY, headers::value(capability));
+    // Usually the agent named it already, exactly so: kept, not made again.
+    if h.get(headers::CAPABILITY).is_none_or(|v| v != capability) {
+        h.insert(headers::CAPABILITY, headers::value(capability));
+    }
     h.insert(
         headers::CALLER,
         headers::value(snapshot.bootstrap.agent.name.as_str()),

@@ -1,6 +1,7 @@
 //! Which capability an outbound request is for (or that it asks for one by intent), and the
 //! refusals that keep the outbound listener from ever acting as an open proxy.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use http::{Method, Request, Version};
@@ -72,15 +73,22 @@ pub(in crate::outbound) fn wanted<B>(req: &Request<B>) -> Result<Wanted, ReachEr
     };
     // An absolute-form URI (what HTTP_PROXY clients send) or an h2 `:authority`, else the Host header.
     let absolute = req.version() < Version::HTTP_2 && req.uri().authority().is_some();
+    // Borrowed, and lowercased only when it is not already: the common call allocates nothing.
     let host = match req.uri().host() {
-        Some(host) => Some(host.to_owned()),
+        Some(host) => Some(host),
         None => req
             .headers()
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok())
-            .map(|h| strip_port(h).to_owned()),
+            .map(strip_port),
     };
-    let host = host.map(|h| h.to_ascii_lowercase());
+    let host: Option<Cow<'_, str>> = host.map(|h| {
+        if h.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Owned(h.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(h)
+        }
+    });
 
     if let Some(name) = host.as_deref().and_then(|h| h.strip_suffix(SUFFIX)) {
         if name == ANY {
@@ -99,13 +107,13 @@ pub(in crate::outbound) fn wanted<B>(req: &Request<B>) -> Result<Wanted, ReachEr
         // A proxy-style request to some other host is refused even with the header: we never
         // connect to the host a client names.
         Some(_) if absolute && !host_is_local => Err(ReachError::ForeignHost {
-            host: host.unwrap_or_default(),
+            host: host.map(Cow::into_owned).unwrap_or_default(),
         }),
         Some(name) => Ok(named(name)),
         None if host_is_local && (intent || asked_any) => Ok(Wanted::Intent),
         None if host_is_local => Err(ReachError::MissingCapability),
         None => Err(ReachError::ForeignHost {
-            host: host.unwrap_or_default(),
+            host: host.map(Cow::into_owned).unwrap_or_default(),
         }),
     }
 }
@@ -123,7 +131,9 @@ fn strip_port(host: &str) -> &str {
 
 fn is_loopback(host: &str) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host == "127.0.0.1"
+        || host == "localhost"
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
