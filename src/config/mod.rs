@@ -33,9 +33,9 @@ pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, Tls
 pub use output_schema::{CompiledSchema, OutputSchema, SchemaDigest, SchemaSource};
 pub use policy::{
     AffinityMode, AffinityPolicy, CapabilityPolicy, EstimatesPolicy, ExternalTarget,
-    FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, Policy, Pool, ProbesPolicy, Protocol,
-    RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, ValidationPolicy,
-    WeightSets, Zones,
+    FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, PeerProtocol, Policy, Pool,
+    ProbesPolicy, Protocol, RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts,
+    ValidationPolicy, WeightSets, Zones,
 };
 pub use quality::{Compare, GoldenTask, QualitySpec};
 pub use restart_only::{PendingRestart, RestartOnly, RESTART_ONLY};
