@@ -17,6 +17,8 @@
 #   WORKERS=1                  (--worker-threads for each sidecar)
 #   UPSTREAM_BIN=path          (the upstream: `cargo build --release --example perf_upstream`)
 #   PEER_PROTOCOL=http1|http2  (the front's policy `pool.peer_protocol`; default http1)
+#   WRK_TIMEOUT=2s             (wrk's own; under callgrind at 64 conns a request can take longer,
+#                               and one wrk gives up on is served but not counted)
 set -uo pipefail
 
 MODE=${1:?mode}
@@ -151,7 +153,7 @@ done = function(summary, latency, requests)
 end
 EOF
 load() { # seconds -> "requests duration_us errors p50 p99 p999"
-    wrk -t1 -c"$CONNS" -d"$1"s -s "$DIR/report.lua" "http://127.0.0.1:$FRONT/" | awk '/^RESULT/ {print $2,$3,$4,$5,$6,$7}'
+    wrk -t1 -c"$CONNS" -d"$1"s --timeout "${WRK_TIMEOUT:-2s}" -s "$DIR/report.lua" "http://127.0.0.1:$FRONT/" | awk '/^RESULT/ {print $2,$3,$4,$5,$6,$7}'
 }
 
 # Warm up: connections pooled, first-use registrations done.
