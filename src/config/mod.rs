@@ -790,4 +790,21 @@ mod tests {
         let err = parse_policy(Path::new("p.yaml"), "affinity: { max_entries: 0 }\n").err();
         assert!(err.is_some_and(|e| e.to_string().contains("affinity.max_entries")));
     }
+
+    #[test]
+    fn the_peer_protocol_is_http1_unless_set_and_nothing_else_passes() {
+        let parse = |text: &str| parse_policy(Path::new("p.yaml"), text);
+        let default = parse("").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(default.pool.peer_protocol, PeerProtocol::Http1);
+        let h2 = parse("pool: { peer_protocol: http2 }\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(h2.pool.peer_protocol, PeerProtocol::Http2);
+        let err = parse("pool:\n  peer_protocol: h3\n")
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("p.yaml:2") && e.contains("http2")),
+            "{err:?}"
+        );
+    }
 }
