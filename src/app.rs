@@ -458,7 +458,7 @@ fn pools(
     );
     let tcp = ConnectTcp::following(store.clone());
     let peer_pool = Pool::with_mesh(
-        PoolConfig::from_policy(&snapshot.policy),
+        PoolConfig::for_peers(&snapshot.policy),
         tcp.clone(),
         tls.cloned().map(|tls| ConnectMesh::new(tcp, tls)),
     );

@@ -16,6 +16,9 @@
 #   OUT=dir                    (where callgrind.out files and logs go; default /tmp/hop-perf)
 #   WORKERS=1                  (--worker-threads for each sidecar)
 #   UPSTREAM_BIN=path          (the upstream: `cargo build --release --example perf_upstream`)
+#   PEER_PROTOCOL=http1|http2  (the front's policy `pool.peer_protocol`; default http1)
+#   WRK_TIMEOUT=2s             (wrk's own; under callgrind at 64 conns a request can take longer,
+#                               and one wrk gives up on is served but not counted)
 set -uo pipefail
 
 MODE=${1:?mode}
@@ -128,7 +131,12 @@ EOF
     ROLE=back "${WRAP[@]}" "$BIN" run --worker-threads "$WORKERS" --log error --config "$DIR/back.yaml" \
         >/dev/null 2>"$OUT/back.log" &
     BACK_PID=$!; PIDS+=($BACK_PID)
+    echo "pool: { peer_protocol: ${PEER_PROTOCOL:-http1} }" >"$DIR/front-policy.yaml"
+    # Under valgrind the back accepts slowly: a burst of connects must not time out (and eject
+    # it) during the warm-up.
+    [ "$MODE" = callgrind ] && echo "timeouts: { connect: 30s, request: 60s }" >>"$DIR/front-policy.yaml"
     ROLE=front "${WRAP[@]}" "$BIN" run --worker-threads "$WORKERS" --log error --config "$DIR/front.yaml" \
+        --policy "$DIR/front-policy.yaml" \
         >/dev/null 2>"$OUT/front.log" &
     FRONT_PID=$!; PIDS+=($FRONT_PID)
 fi
@@ -145,7 +153,7 @@ done = function(summary, latency, requests)
 end
 EOF
 load() { # seconds -> "requests duration_us errors p50 p99 p999"
-    wrk -t1 -c"$CONNS" -d"$1"s -s "$DIR/report.lua" "http://127.0.0.1:$FRONT/" | awk '/^RESULT/ {print $2,$3,$4,$5,$6,$7}'
+    wrk -t1 -c"$CONNS" -d"$1"s --timeout "${WRK_TIMEOUT:-2s}" -s "$DIR/report.lua" "http://127.0.0.1:$FRONT/" | awk '/^RESULT/ {print $2,$3,$4,$5,$6,$7}'
 }
 
 # Warm up: connections pooled, first-use registrations done.
@@ -170,7 +178,7 @@ case $MODE in
         callgrind_control -i off "$BACK_PID" >/dev/null; callgrind_control -i off "$FRONT_PID" >/dev/null
         callgrind_control -d "$BACK_PID" >/dev/null; callgrind_control -d "$FRONT_PID" >/dev/null
         sleep 1
-        echo "requests=$N errors=$ERR conns=$CONNS"
+        echo "requests=$N errors=$ERR conns=$CONNS peer_protocol=${PEER_PROTOCOL:-http1}"
         for role in front back; do
             f=$(ls -t "$OUT"/callgrind."$role".out* 2>/dev/null | head -1)
             ir=$(grep -h '^summary:\|^totals:' "$f" | tail -1 | awk '{print $2}')
@@ -190,7 +198,7 @@ case $MODE in
         C1F=$(switches "$FRONT_PID"); C1B=$(switches "$BACK_PID")
         kill -INT $PF $PB; wait $PF $PB 2>/dev/null
         rps=$(python3 -c "print(round($N/($DUR/1e6)))")
-        echo "requests=$N rps=$rps errors=$ERR p50=${P50}us p99=${P99}us p999=${P999}us conns=$CONNS"
+        echo "requests=$N rps=$rps errors=$ERR p50=${P50}us p99=${P99}us p999=${P999}us conns=$CONNS peer_protocol=${PEER_PROTOCOL:-http1}"
         for role in front back; do
             cs=$(awk -F, '$3=="context-switches"{print $1}' "$DIR/$role.stat")
             mig=$(awk -F, '$3=="cpu-migrations"{print $1}' "$DIR/$role.stat")
@@ -242,6 +250,6 @@ PY
     wall)
         read -r N DUR ERR P50 P99 P999 < <(load "$SECS")
         rps=$(python3 -c "print(round($N/($DUR/1e6)))")
-        echo "requests=$N rps=$rps errors=$ERR p50=${P50}us p99=${P99}us p999=${P999}us conns=$CONNS"
+        echo "requests=$N rps=$rps errors=$ERR p50=${P50}us p99=${P99}us p999=${P999}us conns=$CONNS peer_protocol=${PEER_PROTOCOL:-http1} front_to_back_connections=$(ss -Htn state established "( dport = :$BACK )" | wc -l)"
         ;;
 esac

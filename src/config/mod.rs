@@ -33,9 +33,9 @@ pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, Tls
 pub use output_schema::{CompiledSchema, OutputSchema, SchemaDigest, SchemaSource};
 pub use policy::{
     AffinityMode, AffinityPolicy, CapabilityPolicy, EstimatesPolicy, ExternalTarget,
-    FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, Policy, Pool, ProbesPolicy, Protocol,
-    RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts, ValidationPolicy,
-    WeightSets, Zones,
+    FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, PeerProtocol, Policy, Pool,
+    ProbesPolicy, Protocol, RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts,
+    ValidationPolicy, WeightSets, Zones,
 };
 pub use quality::{Compare, GoldenTask, QualitySpec};
 pub use restart_only::{PendingRestart, RestartOnly, RESTART_ONLY};
@@ -789,5 +789,22 @@ mod tests {
         assert_eq!(chat.protocol, Some(Protocol::A2a));
         let err = parse_policy(Path::new("p.yaml"), "affinity: { max_entries: 0 }\n").err();
         assert!(err.is_some_and(|e| e.to_string().contains("affinity.max_entries")));
+    }
+
+    #[test]
+    fn the_peer_protocol_is_http1_unless_set_and_nothing_else_passes() {
+        let parse = |text: &str| parse_policy(Path::new("p.yaml"), text);
+        let default = parse("").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(default.pool.peer_protocol, PeerProtocol::Http1);
+        let h2 = parse("pool: { peer_protocol: http2 }\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(h2.pool.peer_protocol, PeerProtocol::Http2);
+        let err = parse("pool:\n  peer_protocol: h3\n")
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("p.yaml:2") && e.contains("http2")),
+            "{err:?}"
+        );
     }
 }

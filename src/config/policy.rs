@@ -201,8 +201,8 @@ impl Default for Timeouts {
     }
 }
 
-/// Upstream connection pool. `idle_timeout` and `max_idle_per_host` are restart-only (the pools
-/// are built once); `tcp_keepalive` applies from the next new connection.
+/// Upstream connection pool. `idle_timeout`, `max_idle_per_host` and `peer_protocol` are
+/// restart-only (the pools are built once); `tcp_keepalive` applies from the next new connection.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Pool {
@@ -214,6 +214,31 @@ pub struct Pool {
     pub max_idle_per_host: usize,
     /// TCP keepalive probes on upstream connections, so a half-open peer is noticed.
     pub tcp_keepalive: HumanDuration,
+    /// What the peer pool speaks to other sidecars: `http1` (a pool of HTTP/1.1 connections, one
+    /// request each at a time) or `http2` (one multiplexed connection per peer; prior knowledge
+    /// in plaintext, ALPN `h2` over mutual TLS). Every inbound listener serves both, so a fleet
+    /// can switch one sidecar at a time. The local agent and external targets always get HTTP/1.1.
+    pub peer_protocol: PeerProtocol,
+}
+
+/// The protocol between sidecars (`pool.peer_protocol`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PeerProtocol {
+    /// HTTP/1.1, a connection per request in flight.
+    #[default]
+    Http1,
+    /// HTTP/2, requests multiplexed on one connection per peer.
+    Http2,
+}
+
+impl PeerProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerProtocol::Http1 => "http1",
+            PeerProtocol::Http2 => "http2",
+        }
+    }
 }
 
 impl Default for Pool {
@@ -222,6 +247,7 @@ impl Default for Pool {
             idle_timeout: HumanDuration::from_secs(4),
             max_idle_per_host: 64,
             tcp_keepalive: HumanDuration::from_secs(15),
+            peer_protocol: PeerProtocol::Http1,
         }
     }
 }

@@ -72,6 +72,7 @@ pub const RESTART_ONLY: &[RestartOnly] = restart_only![
     "tasks" => bootstrap.tasks, "the task store and its workers, opened at start";
     "pool.idle_timeout" => policy.pool.idle_timeout, "every connection pool, built at start";
     "pool.max_idle_per_host" => policy.pool.max_idle_per_host, "every connection pool, built at start";
+    "pool.peer_protocol" => policy.pool.peer_protocol, "the peer pool, built at start";
     "idempotency" => policy.idempotency, "the idempotency-key table, sized at start";
 ];
 

@@ -154,11 +154,18 @@ impl Connect for ConnectTcp {
 pub struct ConnectMesh {
     tcp: ConnectTcp,
     tls: std::sync::Arc<super::mtls::MeshTls>,
+    /// Offers ALPN `h2` before `http/1.1`.
+    h2: bool,
 }
 
 /// A TLS connection to a peer whose identity was checked.
 pub type MeshStream =
     hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+/// Whether the server of a mutual-TLS connection picked ALPN `h2`.
+pub fn negotiated_h2(stream: &MeshStream) -> bool {
+    stream.inner().get_ref().1.alpn_protocol() == Some(b"h2")
+}
 
 /// Why a mutual-TLS connection to a peer was not made.
 #[derive(Debug, thiserror::Error)]
@@ -175,7 +182,18 @@ pub enum MeshConnectError {
 
 impl ConnectMesh {
     pub fn new(tcp: ConnectTcp, tls: std::sync::Arc<super::mtls::MeshTls>) -> Self {
-        Self { tcp, tls }
+        Self {
+            tcp,
+            tls,
+            h2: false,
+        }
+    }
+
+    /// Offers ALPN `h2` first (the HTTP/2 peer pool); [`negotiated_h2`] says what the server
+    /// picked.
+    pub fn offering_h2(mut self) -> Self {
+        self.h2 = true;
+        self
     }
 
     /// Opens a TLS connection to `uri`'s authority and checks the peer is `expected`: an SVID
@@ -198,7 +216,12 @@ impl ConnectMesh {
             .map_err(|e| MeshConnectError::Tcp(e.into()))?
             .into_inner();
         let loaded = self.tls.current();
-        let connector = tokio_rustls::TlsConnector::from(loaded.client.clone());
+        let config = if self.h2 {
+            &loaded.client_h2
+        } else {
+            &loaded.client
+        };
+        let connector = tokio_rustls::TlsConnector::from(config.clone());
         let tls = connector
             .connect(name, tcp)
             .await

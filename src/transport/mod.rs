@@ -12,7 +12,7 @@ pub mod mtls;
 use std::net::SocketAddr;
 
 pub use accept::{Accept, Mesh, MeshIo, PlainTcp, Tls};
-pub use connect::{Connect, ConnectMesh, ConnectTcp, MeshConnectError, TcpSettings};
+pub use connect::{negotiated_h2, Connect, ConnectMesh, ConnectTcp, MeshConnectError, TcpSettings};
 
 /// The verified identity of the client a request came from (the SPIFFE ID of the certificate it
 /// presented in the TLS handshake). The accept loop puts it in the request's extensions; a

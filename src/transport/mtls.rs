@@ -50,8 +50,10 @@ pub struct Loaded {
     pub strict: Arc<ServerConfig>,
     /// Verifies a client certificate when one is sent (`permissive`).
     pub permissive: Arc<ServerConfig>,
-    /// Presents this sidecar's certificate and verifies the peer's chain.
+    /// Presents this sidecar's certificate and verifies the peer's chain (ALPN `http/1.1`).
     pub client: Arc<ClientConfig>,
+    /// The same, offering `h2` first (`pool.peer_protocol: http2`).
+    pub client_h2: Arc<ClientConfig>,
 }
 
 impl MeshTls {
@@ -234,7 +236,7 @@ fn load(files: &TlsFiles) -> Result<(Loaded, u64), CertError> {
             .add(ca)
             .map_err(|e| bad(&files.ca, format!("not a usable CA certificate: {e}")))?;
     }
-    let (strict, permissive, client) =
+    let (strict, permissive, client, client_h2) =
         configs(Arc::new(roots), chain, key, identity.trust_domain())
             .map_err(|e| bad(&files.cert, e))?;
     let loaded = Loaded {
@@ -243,6 +245,7 @@ fn load(files: &TlsFiles) -> Result<(Loaded, u64), CertError> {
         strict,
         permissive,
         client,
+        client_h2,
     };
     Ok((loaded, hasher.finish()))
 }
@@ -254,7 +257,12 @@ fn bad(path: &Path, message: String) -> CertError {
     }
 }
 
-type Configs = (Arc<ServerConfig>, Arc<ServerConfig>, Arc<ClientConfig>);
+type Configs = (
+    Arc<ServerConfig>,
+    Arc<ServerConfig>,
+    Arc<ClientConfig>,
+    Arc<ClientConfig>,
+);
 
 fn configs(
     roots: Arc<RootCertStore>,
@@ -294,9 +302,17 @@ fn configs(
         .with_custom_certificate_verifier(Arc::new(ChainOnly(verifier)))
         .with_client_auth_cert(chain.clone(), key.clone_key())
         .map_err(|e| e.to_string())?;
-    // The peer pool speaks HTTP/1.1 (docs/perf-levers.md): it offers nothing else.
+    // An HTTP/1.1 peer pool offers nothing else; an HTTP/2 one offers `h2` first and speaks
+    // HTTP/1.1 on a connection whose server did not pick it.
+    let mut client_h2 = client.clone();
     client.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok((server(false)?, server(true)?, Arc::new(client)))
+    client_h2.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok((
+        server(false)?,
+        server(true)?,
+        Arc::new(client),
+        Arc::new(client_h2),
+    ))
 }
 
 /// Verifies a client's chain against the trust bundle, then that its certificate is an SVID of

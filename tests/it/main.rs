@@ -48,6 +48,7 @@ mod mtls;
 mod observe;
 mod output_validation;
 mod overload;
+mod peer_h2;
 mod prediction;
 mod prometheus;
 mod quality;

@@ -41,10 +41,12 @@ use tower::ServiceExt;
 
 use super::client::{self, Failure};
 use super::{headers, ReachBody};
-use crate::config::Policy;
+use crate::config::{PeerProtocol, Policy};
 use crate::error::ReachError;
 use crate::identity::Expected;
 use crate::transport::ConnectMesh;
+
+mod h2;
 
 /// The largest read buffer of one upstream connection (as the legacy client).
 const READ_BUFFER_MAX: usize = 64 * 1024;
@@ -60,24 +62,33 @@ trait Transported: hyper::rt::Read + hyper::rt::Write + Unpin + Send {}
 impl<T: hyper::rt::Read + hyper::rt::Write + Unpin + Send> Transported for T {}
 
 /// Dials an authority through a transport, erasing its type: in plaintext, or with mutual TLS
-/// to a peer that must present the identity given.
+/// to a peer that must present the identity given. True with the connection when it speaks
+/// HTTP/2: always in plaintext for an HTTP/2 pool (prior knowledge), when the server picked
+/// ALPN `h2` over TLS.
 type Dial = Arc<
-    dyn Fn(Uri, Option<Expected>) -> Pin<Box<dyn Future<Output = Result<Io, Failure>> + Send>>
+    dyn Fn(
+            Uri,
+            Option<Expected>,
+        ) -> Pin<Box<dyn Future<Output = Result<(Io, bool), Failure>> + Send>>
         + Send
         + Sync,
 >;
 
-fn dialer<C: crate::transport::Connect>(connect: C, mesh: Option<ConnectMesh>) -> Dial {
+fn dialer<C: crate::transport::Connect>(connect: C, mesh: Option<ConnectMesh>, h2: bool) -> Dial {
+    let mesh = mesh.map(|mesh| if h2 { mesh.offering_h2() } else { mesh });
     Arc::new(move |uri: Uri, identity: Option<Expected>| {
         let (connect, mesh) = (connect.clone(), mesh.clone());
         Box::pin(async move {
             match (identity, mesh) {
                 (None, _) => match connect.oneshot(uri).await {
-                    Ok(io) => Ok(Box::new(io) as Io),
+                    Ok(io) => Ok((Box::new(io) as Io, h2)),
                     Err(err) => Err(connect_failure(&*err.into())),
                 },
                 (Some(identity), Some(mesh)) => match mesh.connect(uri, &identity).await {
-                    Ok(io) => Ok(Box::new(io) as Io),
+                    Ok(io) => {
+                        let speaks_h2 = h2 && crate::transport::negotiated_h2(&io);
+                        Ok((Box::new(io) as Io, speaks_h2))
+                    }
                     Err(err) => Err(connect_failure(&err)),
                 },
                 (Some(identity), None) => Err(Failure {
@@ -99,18 +110,31 @@ type Map<V> = crate::fast_hash::FastMap<Box<str>, V>;
 pub struct PoolConfig {
     pub idle_timeout: Duration,
     pub max_idle_per_host: usize,
+    /// What it speaks: HTTP/1.1, or HTTP/2 where the upstream does (`h2`).
+    pub protocol: PeerProtocol,
 }
 
 impl PoolConfig {
+    /// An HTTP/1.1 pool (the local agent, external targets).
     pub fn from_policy(policy: &Policy) -> Self {
         Self {
             idle_timeout: policy.pool.idle_timeout.get(),
             max_idle_per_host: policy.pool.max_idle_per_host,
+            protocol: PeerProtocol::Http1,
+        }
+    }
+
+    /// The peer pool: `pool.peer_protocol`.
+    pub fn for_peers(policy: &Policy) -> Self {
+        Self {
+            protocol: policy.pool.peer_protocol,
+            ..Self::from_policy(policy)
         }
     }
 }
 
-/// A pool of HTTP/1.1 connections per authority (`host:port`). Cheap to clone.
+/// A pool of HTTP/1.1 connections per authority (`host:port`), or of HTTP/2 ones
+/// ([`PeerProtocol::Http2`], `h2.rs`). Cheap to clone.
 #[derive(Clone)]
 pub struct Pool {
     inner: Arc<Inner>,
@@ -132,6 +156,8 @@ struct Inner {
     /// What shows each authority is accepting connections (locked per new connection only).
     live: Mutex<Map<Arc<Live>>>,
     sweeping: AtomicBool,
+    /// The HTTP/2 connections, in an HTTP/2 pool.
+    h2: Option<h2::H2>,
 }
 
 /// An authority's open connections and its last accepted one: each open connection holds a
@@ -293,6 +319,7 @@ impl Pool {
         mesh: Option<ConnectMesh>,
     ) -> Self {
         let scheme = connect.scheme().clone();
+        let h2 = (config.protocol == PeerProtocol::Http2).then(h2::H2::new);
         let mut builder = http1::Builder::new();
         // Each pooled connection keeps its read buffer; bodies stream in 64 KiB reads.
         builder.max_buf_size(READ_BUFFER_MAX);
@@ -300,11 +327,12 @@ impl Pool {
             inner: Arc::new(Inner {
                 config,
                 builder,
-                dial: dialer(connect, mesh),
+                dial: dialer(connect, mesh, h2.is_some()),
                 scheme,
                 idle: Mutex::new(Map::default()),
                 live: Mutex::new(Map::default()),
                 sweeping: AtomicBool::new(false),
+                h2,
             }),
         }
     }
@@ -326,6 +354,11 @@ impl Pool {
     /// Idle connections now pooled (all authorities).
     pub fn idle_count(&self) -> usize {
         self.lock().values().map(Vec::len).sum()
+    }
+
+    /// Open HTTP/2 connections (all authorities; 0 in an HTTP/1.1 pool).
+    pub fn h2_count(&self) -> usize {
+        self.inner.h2.as_ref().map_or(0, h2::H2::open_count)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Map<Vec<Idle>>> {
@@ -422,6 +455,9 @@ impl Pool {
                     }
                     map.retain(|_, list| !list.is_empty());
                 }
+                if let Some(h2) = &inner.h2 {
+                    h2.sweep(inner.config.idle_timeout);
+                }
                 inner.forget_quiet();
             }
         });
@@ -432,6 +468,17 @@ impl Pool {
         authority: &str,
         identity: Option<&Expected>,
     ) -> Result<Pooled, Failure> {
+        // An HTTP/2 pool comes here only for an address that did not pick `h2`.
+        let (io, _) = self.dial(authority, identity).await?;
+        self.handshake_h1(io, authority, identity).await
+    }
+
+    /// A connection to `authority` from the transport, and whether it speaks HTTP/2.
+    async fn dial(
+        &self,
+        authority: &str,
+        identity: Option<&Expected>,
+    ) -> Result<(Io, bool), Failure> {
         let uri = Uri::builder()
             .scheme(self.inner.scheme.clone())
             .authority(authority)
@@ -443,7 +490,16 @@ impl Pool {
                 timed_out: false,
                 message: format!("bad upstream address `{authority}`: {err}"),
             })?;
-        let io = (self.inner.dial)(uri, identity.cloned()).await?;
+        (self.inner.dial)(uri, identity.cloned()).await
+    }
+
+    /// An HTTP/1.1 connection on `io`.
+    async fn handshake_h1(
+        &self,
+        io: Io,
+        authority: &str,
+        identity: Option<&Expected>,
+    ) -> Result<Pooled, Failure> {
         let (tx, conn) = self
             .inner
             .builder
@@ -511,8 +567,27 @@ impl Pool {
         authority: &str,
         identity: Option<&Expected>,
     ) -> Result<Response<UpstreamBody>, Failure> {
-        self.send_with(req, authority, identity, Backlog::Fail, &mut false)
+        self.send_any(req, authority, identity, Backlog::Fail, &mut false)
             .await
+    }
+
+    /// Over HTTP/2 in an HTTP/2 pool (which has no backlog to wait on: peers only), else
+    /// [`Pool::send_with`].
+    async fn send_any(
+        &self,
+        req: Request<ReachBody>,
+        authority: &str,
+        identity: Option<&Expected>,
+        backlog: Backlog,
+        waiting: &mut bool,
+    ) -> Result<Response<UpstreamBody>, Failure> {
+        match &self.inner.h2 {
+            Some(h2) => self.send_h2(req, authority, identity, h2).await,
+            None => {
+                self.send_with(req, authority, identity, backlog, waiting)
+                    .await
+            }
+        }
     }
 
     /// [`Pool::send`], treating a backlogged upstream as `backlog` says (see
@@ -541,6 +616,7 @@ impl Pool {
                         incoming,
                         lease,
                         ended: false,
+                        slot: None,
                     }));
                 }
                 Err(Unsent(back)) if reused => {
@@ -638,6 +714,8 @@ pub struct UpstreamBody {
     incoming: Incoming,
     lease: Option<Lease>,
     ended: bool,
+    /// An HTTP/2 stream's claim on its connection (whose own task drives it).
+    slot: Option<h2::Slot>,
 }
 
 impl fmt::Debug for UpstreamBody {
@@ -667,6 +745,8 @@ impl UpstreamBody {
     }
 
     fn release(&mut self) {
+        // An HTTP/2 stream frees its room on the connection as soon as it ends.
+        drop(self.slot.take());
         if let Some(lease) = self.lease.take() {
             lease.pool.release(&lease.authority, lease.pooled);
         }
@@ -790,7 +870,7 @@ pub async fn forward_with(
     let mut waiting = false;
     let sent = tokio::time::timeout(
         timeout,
-        pool.send_with(req, authority, identity, backlog, &mut waiting),
+        pool.send_any(req, authority, identity, backlog, &mut waiting),
     )
     .await;
     match sent {
@@ -894,6 +974,7 @@ mod tests {
         PoolConfig {
             idle_timeout: Duration::from_secs(5),
             max_idle_per_host: 4,
+            protocol: PeerProtocol::Http1,
         }
     }
 
