@@ -33,14 +33,13 @@ use tower_http::compression::CompressionLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::{DefaultOnFailure, DefaultOnRequest, DefaultOnResponse, TraceLayer};
 
 use super::body::{BoxError, ReachBody};
 use crate::metrics::Metrics;
 pub(crate) use panic::panic_message;
 pub use panic::Panicked;
 pub use request_id::RandomId;
-pub use span::{field, RequestSpan};
+pub use span::{field, RequestSpan, Spanned};
 
 /// The request id header: kept when the client sent one, generated when not.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -84,14 +83,7 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let trace = TraceLayer::new_for_http()
-        .make_span_with(RequestSpan::new(listener))
-        .on_request(DefaultOnRequest::new())
-        .on_response(DefaultOnResponse::new())
-        .on_body_chunk(())
-        .on_eos(())
-        // A 5xx is routine on a proxy (`503 saturated` is load, not failure): debug, not error.
-        .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG));
+    let spans = RequestSpan::new(listener);
     ServiceBuilder::new()
         // First, before anything could log the request's headers.
         .map_request(|mut req: Request<ReqB>| {
@@ -102,7 +94,7 @@ where
         // upstream, so the same id reaches the peer's sidecar and the agent.
         .layer(SetRequestIdLayer::new(X_REQUEST_ID, RandomId))
         // One span per request: everything below runs in it, and routing fills its fields.
-        .layer(trace)
+        .layer_fn(move |inner| Spanned::new(spans, inner))
         // Inside the span, so `set-cookie` is marked before a response event could log it.
         .map_response(|mut res: Response<_>| {
             mark_sensitive(res.headers_mut());

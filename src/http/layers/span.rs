@@ -3,8 +3,14 @@
 //! `tracing::Span::current().record(field::CAPABILITY, name)`. A field the span does not declare
 //! is dropped without a word, so the names are constants here.
 
-use http::Request;
-use tower_http::trace::MakeSpan;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Instant;
+
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use tower::Service;
 use tracing::field::Empty;
 use tracing::{Level, Span};
 
@@ -46,25 +52,142 @@ impl RequestSpan {
     }
 }
 
-impl<B> MakeSpan<B> for RequestSpan {
-    fn make_span(&mut self, req: &Request<B>) -> Span {
-        let id = req
-            .headers()
-            .get(X_REQUEST_ID)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
+impl RequestSpan {
+    /// The request's span; a disabled one (nothing to enter) when the filter leaves it out.
+    pub fn make<B>(&self, req: &Request<B>) -> Span {
         tracing::span!(
             LEVEL,
             "request",
             listener = self.listener,
             method = %req.method(),
             path = req.uri().path(),
-            request_id = id,
+            request_id = req
+                .headers()
+                .get(X_REQUEST_ID)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default(),
             capability = Empty,
             peer = Empty,
             attempt = Empty,
             outcome = Empty,
         )
+    }
+}
+
+/// Runs each request, and polls its answer's body, in the request's span, with a DEBUG event
+/// when it starts and when it is answered (a 5xx is routine on a proxy: DEBUG, not ERROR).
+///
+/// Ours rather than tower-http's `Trace`: with the span filtered out (`--log warn`,
+/// `agent_reach::http::layers=warn`) a request pays one check and nothing else, where `Trace`
+/// still read the clock and entered a disabled span on every poll of the answer and its body
+/// (about 1.5k instructions a request; `docs/perf-levers.md`).
+#[derive(Clone, Debug)]
+pub struct Spanned<S> {
+    inner: S,
+    spans: RequestSpan,
+}
+
+impl<S> Spanned<S> {
+    pub fn new(spans: RequestSpan, inner: S) -> Self {
+        Self { inner, spans }
+    }
+}
+
+impl<S, ReqB, B> Service<Request<ReqB>> for Spanned<S>
+where
+    S: Service<Request<ReqB>, Response = Response<B>>,
+{
+    type Response = Response<SpannedBody<B>>;
+    type Error = S::Error;
+    type Future = SpannedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let span = self.spans.make(&req);
+        if span.is_disabled() {
+            return SpannedFuture {
+                inner: self.inner.call(req),
+                span: None,
+            };
+        }
+        tracing::debug!(parent: &span, "started processing request");
+        let inner = span.in_scope(|| self.inner.call(req));
+        SpannedFuture {
+            inner,
+            span: Some((span, Instant::now())),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's answer, polled in its span.
+    pub struct SpannedFuture<F> {
+        #[pin]
+        inner: F,
+        span: Option<(Span, Instant)>,
+    }
+}
+
+impl<F, B, E> Future for SpannedFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<SpannedBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Some((span, started)) = this.span.take() else {
+            let response = ready!(this.inner.poll(cx))?;
+            return Poll::Ready(Ok(response.map(|inner| SpannedBody { inner, span: None })));
+        };
+        let polled = span.in_scope(|| this.inner.poll(cx));
+        let Poll::Ready(answer) = polled else {
+            *this.span = Some((span, started));
+            return Poll::Pending;
+        };
+        let response = answer?;
+        let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+        tracing::debug!(parent: &span, status = response.status().as_u16(), latency_ms, "finished processing request");
+        Poll::Ready(Ok(response.map(|inner| SpannedBody {
+            inner,
+            span: Some(span),
+        })))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An answer's body, polled in its request's span (when there is one).
+    pub struct SpannedBody<B> {
+        #[pin]
+        inner: B,
+        span: Option<Span>,
+    }
+}
+
+impl<B: Body> Body for SpannedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        match this.span {
+            None => this.inner.poll_frame(cx),
+            Some(span) => span.in_scope(|| this.inner.poll_frame(cx)),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -76,7 +199,7 @@ mod tests {
     fn the_span_declares_every_field_constant() {
         let subscriber = tracing_subscriber::registry();
         tracing::subscriber::with_default(subscriber, || {
-            let span = RequestSpan::new("outbound").make_span(&Request::new(()));
+            let span = RequestSpan::new("outbound").make(&Request::new(()));
             let fields = span.metadata().map(|m| m.fields());
             for name in field::ALL {
                 assert!(
