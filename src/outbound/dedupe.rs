@@ -28,26 +28,21 @@ where
 }
 
 /// A keyed call through the idempotency table; any other straight on.
+///
+/// One function, the claim made before anything is awaited: a nested `async fn` for keyed
+/// calls kept its own copy of the call and of the rest of the stack in every call's future.
 async fn once<S>(out: Arc<Outbound>, inner: S, call: Call) -> Response<ReachBody>
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    match idempotency::key_of(&call.parts.headers) {
-        Some(key) => keyed(&out, inner, call, &key).await,
-        None => answer(inner.oneshot(call).await),
-    }
-}
-
-async fn keyed<S>(out: &Outbound, inner: S, call: Call, key: &str) -> Response<ReachBody>
-where
-    S: Step<Call, Response = Response<ReachBody>>,
-{
-    let fingerprint = idempotency::fingerprint(&call.parts, &call.upload);
-    let claim = out
-        .idempotency
-        .claim(LOCAL_SCOPE, call.capability.as_str(), key, fingerprint);
+    let claim = idempotency::key_of(&call.parts.headers).map(|key| {
+        let fingerprint = idempotency::fingerprint(&call.parts, &call.upload);
+        out.idempotency
+            .claim(LOCAL_SCOPE, call.capability.as_str(), &key, fingerprint)
+    });
     match claim {
-        Claim::First(ticket) => {
+        None => answer(inner.oneshot(call).await),
+        Some(Claim::First(ticket)) => {
             let response = answer(inner.oneshot(call).await);
             if response.headers().contains_key(headers::REASON) {
                 // Made by the sidecar: nothing ran, or nothing is known; free the key.
@@ -57,13 +52,15 @@ where
                 ticket.record(response)
             }
         }
-        other => {
+        Some(other) => {
             out.metrics.idempotent_replay();
             let wait = call.deadline.map_or(
                 call.snapshot.policy.timeouts.request.get(),
                 Deadline::remaining,
             );
-            match tokio::time::timeout(wait, idempotency::answer(other)).await {
+            drop(call);
+            // Boxed: only a resent call waits here.
+            match Box::pin(tokio::time::timeout(wait, idempotency::answer(other))).await {
                 Ok(response) => response,
                 Err(_) => ReachError::DeadlineExceeded.into_response(),
             }

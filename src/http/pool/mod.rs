@@ -539,7 +539,9 @@ impl Pool {
                 return Ok((pooled, true));
             }
             let started = tokio::time::Instant::now();
-            match self.connect(authority, identity).await {
+            // Boxed: dialling (TCP, TLS, the handshake) is rare on a warm pool, and its future
+            // would otherwise add its size to every request's.
+            match Box::pin(self.connect(authority, identity)).await {
                 Ok(pooled) => {
                     *waiting = false;
                     return Ok((pooled, false));
@@ -582,7 +584,8 @@ impl Pool {
         waiting: &mut bool,
     ) -> Result<Response<UpstreamBody>, Failure> {
         match &self.inner.h2 {
-            Some(h2) => self.send_h2(req, authority, identity, h2).await,
+            // Boxed: an HTTP/1 pool's requests should not carry the HTTP/2 path's future.
+            Some(h2) => Box::pin(self.send_h2(req, authority, identity, h2)).await,
             None => {
                 self.send_with(req, authority, identity, backlog, waiting)
                     .await

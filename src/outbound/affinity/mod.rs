@@ -46,23 +46,18 @@ pub(super) fn layer<S>(
 where
     S: Step<Call, Response = Routed>,
 {
-    step::layer!(out, pinned::<step::Next<S>>)
-}
-
-/// The call routed with its affinity key's holder, and its answer watched for keys to bind.
-async fn pinned<S>(out: Arc<Outbound>, inner: S, call: Call) -> Routed<Watched>
-where
-    S: Step<Call, Response = Routed>,
-{
-    affine(&out, inner, call).await
+    step::layer!(out, affine::<step::Next<S>>)
 }
 
 /// Looks the call's keys up, routes it (to the holder when one is bound), and binds what the
-/// answer confirms.
-async fn affine<S>(out: &Outbound, inner: S, mut call: Call) -> Routed<Watched>
+/// answer confirms: the call routed with its affinity key's holder, and its answer watched for
+/// keys to bind. (The step itself, not a wrapper: each `async fn` level keeps its own copy of
+/// its arguments in every call's future.)
+async fn affine<S>(out: Arc<Outbound>, inner: S, mut call: Call) -> Routed<Watched>
 where
     S: Step<Call, Response = Routed>,
 {
+    let out = &*out;
     let snapshot = call.snapshot.clone();
     let settings = snapshot.policy.capabilities.get(call.capability.as_str());
     let body = match &call.upload {

@@ -41,25 +41,23 @@ pub(super) fn layer<S>(
 where
     S: Step<Try, Response = Attempt>,
 {
-    step::layer!(out, attempts::<step::Next<S>>)
+    step::layer!(out, route::<crate::http::pool::UpstreamBody, step::Next<S>>)
 }
 
-/// Routes the plan's attempts through the rest of the stack.
-async fn attempts<S>(out: Arc<Outbound>, inner: S, plan: Plan) -> Routed
-where
-    S: Step<Try, Response = Attempt>,
-{
-    route(&out, inner, plan).await
-}
-
-/// Drives the call's attempts until one answers for good, the policy says stop, or the
-/// deadline passes.
-async fn route<B, S>(out: &Outbound, inner: S, plan: Plan) -> Routed<B>
+/// Drives the call's attempts through the rest of the stack until one answers for good, the
+/// policy says stop, or the deadline passes.
+///
+/// The step itself, not a wrapper around it: each `async fn` level keeps its own copy of its
+/// arguments, and this future is part of every call's (`docs/perf-levers.md`).
+async fn route<B, S>(out: Arc<Outbound>, inner: S, plan: Plan) -> Routed<B>
 where
     S: Step<Try, Response = Attempt<B>>,
 {
+    let out = &*out;
     if plan.call.snapshot.observe_only(&plan.route.capability) {
-        return observe::route(out, inner, plan).await;
+        // Boxed: observe-only mode is rare, and its future would otherwise add its size to
+        // every call's.
+        return Box::pin(observe::route(out, inner, plan)).await;
     }
     let Plan {
         call,
@@ -463,7 +461,7 @@ mod tests {
                 }
             })
         };
-        let routed = route(out, stub, plan).await;
+        let routed = route(out.clone(), stub, plan).await;
         let asked = script
             .asked
             .lock()
