@@ -32,7 +32,7 @@ pub(super) struct Call {
     pub(super) snapshot: Arc<Snapshot>,
     /// Idempotency keys are scoped by caller: the verified name, else the connection's address.
     pub(super) scope: String,
-    pub(super) parts: Parts,
+    pub(super) parts: Box<Parts>,
     pub(super) body: CallBody,
 }
 
@@ -53,7 +53,7 @@ impl Call {
             }
             CallBody::Ready(body, upload) => (body, upload),
         };
-        let request = Request::from_parts(self.parts, body);
+        let request = Request::from_parts(*self.parts, body);
         (self.meta, self.snapshot, request, upload)
     }
 }

@@ -19,7 +19,7 @@ use crate::peers::Scored;
 /// One call from the local agent, its body read (or ready to stream), under one config snapshot.
 pub(super) struct Call {
     pub(super) capability: Name,
-    pub(super) parts: Parts,
+    pub(super) parts: Box<Parts>,
     pub(super) upload: Upload<Incoming>,
     pub(super) deadline: Option<Deadline>,
     pub(super) snapshot: Arc<Snapshot>,

@@ -93,7 +93,7 @@ mod tests {
         let (parts, ()) = builder.body(()).unwrap_or_default().into_parts();
         Call {
             capability: Name::parse("review").unwrap_or_else(|e| panic!("{e}")),
-            parts,
+            parts: Box::new(parts),
             upload: Upload::Buffered(Bytes::from_static(body)),
             deadline: None,
             snapshot: out.store.snapshot(),

@@ -159,7 +159,7 @@ impl Outbound {
             .flatten();
         let call = Call {
             capability,
-            parts,
+            parts: Box::new(parts),
             upload: crate::http::upload::Upload::Buffered(bytes),
             deadline,
             snapshot: self.store.snapshot(),

@@ -131,7 +131,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         meta,
         snapshot,
         scope,
-        parts,
+        parts: Box::new(parts),
         body: CallBody::Arriving(incoming),
     })
 }

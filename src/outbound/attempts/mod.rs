@@ -422,7 +422,7 @@ mod tests {
         Plan {
             call: Call {
                 capability: crate::config::Name::parse("review").unwrap_or_else(|e| panic!("{e}")),
-                parts,
+                parts: Box::new(parts),
                 upload: Upload::Buffered(Bytes::from_static(b"{}")),
                 deadline: None,
                 snapshot: out.store.snapshot(),

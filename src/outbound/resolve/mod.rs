@@ -111,7 +111,7 @@ async fn resolve(
     }
     Ok(Call {
         capability,
-        parts,
+        parts: Box::new(parts),
         upload,
         deadline,
         snapshot,
