@@ -19,13 +19,9 @@ pub(super) fn endpoint(client: Pool, peers: Arc<PeerViews>) -> impl Step<Try, Re
     step::service!((client, peers), attempt)
 }
 
-/// One attempt, sent.
-async fn attempt((client, peers): (Pool, Arc<PeerViews>), attempt: Try) -> Attempt {
-    send(&client, &peers, attempt).await
-}
-
 /// Sends one attempt and tells the caller's view of the peer what happened.
-async fn send(client: &Pool, peers: &PeerViews, attempt: Try) -> Attempt {
+async fn attempt((client, peers): (Pool, Arc<PeerViews>), attempt: Try) -> Attempt {
+    let (client, peers) = (&client, &*peers);
     let Try {
         mut request,
         candidate,

@@ -819,14 +819,15 @@ impl Body for UpstreamBody {
 /// Rewrites `req` for `authority` and sends it (over mutual TLS to a peer that must prove
 /// `identity`, when one is given); gives up on the response headers after `timeout`. `target`
 /// names the upstream in errors (formatted only on failure).
-pub async fn forward(
-    pool: &Pool,
+pub fn forward<'a>(
+    pool: &'a Pool,
     req: Request<ReachBody>,
-    authority: &str,
-    identity: Option<&Expected>,
-    target: &(dyn fmt::Display + Sync),
+    authority: &'a str,
+    identity: Option<&'a Expected>,
+    target: &'a (dyn fmt::Display + Sync),
     timeout: Duration,
-) -> Result<Response<UpstreamBody>, ReachError> {
+) -> impl std::future::Future<Output = Result<Response<UpstreamBody>, ReachError>> + Send + 'a {
+    // Not an `async fn`: a level that only awaits another keeps a second copy of its arguments.
     forward_with(
         pool,
         req,
@@ -836,7 +837,6 @@ pub async fn forward(
         timeout,
         Backlog::Fail,
     )
-    .await
 }
 
 /// [`forward`], treating an upstream whose listen backlog is full as `backlog` says: with
@@ -871,11 +871,17 @@ pub async fn forward_with(
     req.headers_mut()
         .insert(header::HOST, headers::value(authority));
     let mut waiting = false;
-    let sent = tokio::time::timeout(
-        timeout,
-        pool.send_any(req, authority, identity, backlog, &mut waiting),
-    )
-    .await;
+    // `send_any` written out: one `async fn` level less in every request's future.
+    let sent = match &pool.inner.h2 {
+        Some(h2) => {
+            let send = Box::pin(pool.send_h2(req, authority, identity, h2));
+            tokio::time::timeout(timeout, send).await
+        }
+        None => {
+            let send = pool.send_with(req, authority, identity, backlog, &mut waiting);
+            tokio::time::timeout(timeout, send).await
+        }
+    };
     match sent {
         Ok(Ok(mut response)) => {
             headers::strip_hop_by_hop(response.headers_mut());
