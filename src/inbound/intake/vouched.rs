@@ -48,6 +48,9 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
     // One pass over the names finds what to drop; most requests carry no forwarding header, and
     // a peer sidecar's `reach-*` headers are kept (each removal hashes).
     let mut unvouched: Vec<HeaderName> = Vec::new();
+    // Which of the vouched headers (in `VOUCHED` order) already hold their value: those are not
+    // looked up again below.
+    let mut held = [false; 5];
     for (name, value) in headers.iter() {
         if FORWARDING.contains(name) {
             if !unvouched.contains(name) {
@@ -58,21 +61,30 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
         if !name.as_str().starts_with("reach-") {
             continue;
         }
-        let keep = match name.as_str() {
-            "reach-capability" => vouched.capability.is_some_and(|c| value == c),
-            "reach-deadline" => vouched.deadline.is_some_and(|d| d.is(value)),
-            "reach-caller" => vouched.caller.as_deref().is_some_and(|c| value == c),
-            "reach-caller-identity" => vouched.identity.is_some_and(|i| value == i.as_str()),
-            "reach-attempt" => vouched.attempt.is_some_and(|a| {
-                value.to_str().ok().and_then(|v| v.trim().parse().ok()) == Some(a)
-            }),
-            _ => false,
+        let (slot, keep) = match name.as_str() {
+            "reach-capability" => (0, vouched.capability.is_some_and(|c| value == c)),
+            "reach-deadline" => (1, vouched.deadline.is_some_and(|d| d.is(value))),
+            "reach-caller" => (2, vouched.caller.as_deref().is_some_and(|c| value == c)),
+            "reach-caller-identity" => (3, vouched.identity.is_some_and(|i| value == i.as_str())),
+            "reach-attempt" => (
+                4,
+                vouched.attempt.is_some_and(|a| {
+                    value.to_str().ok().and_then(|v| v.trim().parse().ok()) == Some(a)
+                }),
+            ),
+            _ => (usize::MAX, false),
         };
-        if !keep && !unvouched.contains(name) {
+        if keep {
+            held[slot] = true;
+        } else if !unvouched.contains(name) {
             unvouched.push(name.clone());
         }
     }
     for name in unvouched {
+        // A name with one value kept and another not goes whole, and is written back below.
+        if let Some(slot) = VOUCHED.iter().position(|v| *v == name) {
+            held[slot] = false;
+        }
         headers.remove(name);
     }
     if let Some(cert) = vouched.client_cert {
@@ -81,32 +93,31 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
     if let Some(remote) = vouched.remote {
         headers.insert(FORWARDING[1].clone(), headers::value(remote));
     }
-    if let Some(capability) = vouched.capability {
-        if !headers.contains_key(headers::CAPABILITY) {
-            headers.insert(headers::CAPABILITY, headers::value(capability));
-        }
+    if let Some(capability) = vouched.capability.filter(|_| !held[0]) {
+        headers.insert(headers::CAPABILITY, headers::value(capability));
     }
-    if let Some(deadline) = vouched.deadline {
-        if !headers.contains_key(deadline::DEADLINE) {
-            headers.insert(deadline::DEADLINE, deadline.header_value());
-        }
+    if let Some(deadline) = vouched.deadline.filter(|_| !held[1]) {
+        headers.insert(deadline::DEADLINE, deadline.header_value());
     }
-    if let Some(caller) = vouched.caller {
-        if !headers.contains_key(headers::CALLER) {
-            headers.insert(headers::CALLER, headers::value(&caller));
-        }
+    if let Some(caller) = vouched.caller.filter(|_| !held[2]) {
+        headers.insert(headers::CALLER, headers::value(&caller));
     }
-    if let Some(identity) = vouched.identity {
-        if !headers.contains_key(headers::CALLER_IDENTITY) {
-            headers.insert(headers::CALLER_IDENTITY, headers::value(identity.as_str()));
-        }
+    if let Some(identity) = vouched.identity.filter(|_| !held[3]) {
+        headers.insert(headers::CALLER_IDENTITY, headers::value(identity.as_str()));
     }
-    if let Some(attempt) = vouched.attempt {
-        if !headers.contains_key(headers::ATTEMPT) {
-            headers.insert(headers::ATTEMPT, attempt.into());
-        }
+    if let Some(attempt) = vouched.attempt.filter(|_| !held[4]) {
+        headers.insert(headers::ATTEMPT, attempt.into());
     }
 }
+
+/// The headers the sidecar vouches for, in the order `rewrite` tracks them.
+static VOUCHED: [HeaderName; 5] = [
+    headers::CAPABILITY,
+    deadline::DEADLINE,
+    headers::CALLER,
+    headers::CALLER_IDENTITY,
+    headers::ATTEMPT,
+];
 
 /// The caller's name as its sidecar sent it, kept only when it is a peer this sidecar knows and
 /// the connection comes from that peer's address. Not authentication — anything on that host can
@@ -235,5 +246,29 @@ mod tests {
         );
         assert_eq!(h["x-forwarded-for"], "10.0.0.7");
         assert!(h.get("forwarded").is_none());
+    }
+
+    #[test]
+    fn a_vouched_header_is_kept_as_sent_and_a_mixed_one_is_written_back_once() {
+        let mut h = HeaderMap::new();
+        h.insert("reach-capability", HeaderValue::from_static("code-review"));
+        h.append("reach-attempt", HeaderValue::from_static("2"));
+        h.append("reach-attempt", HeaderValue::from_static("9"));
+        let vouched = Vouched {
+            capability: Some("code-review"),
+            deadline: None,
+            caller: Some("front".to_owned()),
+            identity: None,
+            attempt: Some(2),
+            remote: None,
+            client_cert: None,
+        };
+        rewrite(&mut h, vouched);
+        assert_eq!(h.get_all("reach-capability").iter().count(), 1);
+        assert_eq!(h["reach-capability"], "code-review");
+        let attempts: Vec<_> = h.get_all("reach-attempt").iter().collect();
+        assert_eq!(attempts, ["2"], "the forged second value is gone");
+        assert_eq!(h["reach-caller"], "front");
+        assert!(h.get("x-forwarded-for").is_none());
     }
 }
