@@ -73,22 +73,7 @@ pub(in crate::outbound) fn wanted<B>(req: &Request<B>) -> Result<Wanted, ReachEr
     };
     // An absolute-form URI (what HTTP_PROXY clients send) or an h2 `:authority`, else the Host header.
     let absolute = req.version() < Version::HTTP_2 && req.uri().authority().is_some();
-    // Borrowed, and lowercased only when it is not already: the common call allocates nothing.
-    let host = match req.uri().host() {
-        Some(host) => Some(host),
-        None => req
-            .headers()
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(strip_port),
-    };
-    let host: Option<Cow<'_, str>> = host.map(|h| {
-        if h.bytes().any(|b| b.is_ascii_uppercase()) {
-            Cow::Owned(h.to_ascii_lowercase())
-        } else {
-            Cow::Borrowed(h)
-        }
-    });
+    let host = host_of(req);
 
     if let Some(name) = host.as_deref().and_then(|h| h.strip_suffix(SUFFIX)) {
         if name == ANY {
@@ -116,6 +101,20 @@ pub(in crate::outbound) fn wanted<B>(req: &Request<B>) -> Result<Wanted, ReachEr
             host: host.map(Cow::into_owned).unwrap_or_default(),
         }),
     }
+}
+
+/// The host a request names: its absolute-form or h2 authority, else `Host` without the port.
+/// Borrowed, and lowercased only when it is not already: the common call allocates nothing.
+fn host_of<B>(req: &Request<B>) -> Option<Cow<'_, str>> {
+    let host = match req.uri().host() {
+        Some(host) => host,
+        None => strip_port(req.headers().get(http::header::HOST)?.to_str().ok()?),
+    };
+    Some(if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(host)
+    })
 }
 
 fn strip_port(host: &str) -> &str {
