@@ -43,6 +43,19 @@ pub struct Failure {
     pub message: String,
 }
 
+impl Failure {
+    /// A connection that was never made (or a request given back unsent): safe to retry
+    /// elsewhere, and neither refused nor timed out.
+    pub fn connect(message: String) -> Self {
+        Self {
+            connect: true,
+            refused: false,
+            timed_out: false,
+            message,
+        }
+    }
+}
+
 /// A plain-TCP pooled client with the policy's connect and pool settings.
 pub fn build(policy: &Policy) -> UpstreamClient {
     pooled(policy, ConnectTcp::new(TcpSettings::from_policy(policy)))

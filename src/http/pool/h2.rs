@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{Authority, Scheme};
 use http::{header, HeaderMap, Request, Response, Uri, Version};
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -204,15 +204,7 @@ impl Pool {
                 Err(mut err) => match err.take_message() {
                     // The connection had closed: the request never left. Try the next.
                     Some(back) if reused => req = back,
-                    Some(_) => {
-                        return Err(Failure {
-                            connect: true,
-                            refused: false,
-                            timed_out: false,
-                            message: "the new connection closed before the request was sent"
-                                .to_owned(),
-                        })
-                    }
+                    Some(_) => return Err(Failure::connect(super::CLOSED_UNSENT.to_owned())),
                     None => return Err(sent_failure(&err.into_error())),
                 },
             }
@@ -249,12 +241,11 @@ impl Pool {
             self.release(authority, pooled);
             return Ok((Opened::H1, false));
         }
-        let (tx, conn) = h2.builder.handshake(io).await.map_err(|err| Failure {
-            connect: true,
-            refused: false,
-            timed_out: false,
-            message: client::chain(&err),
-        })?;
+        let (tx, conn) = h2
+            .builder
+            .handshake(io)
+            .await
+            .map_err(|err| Failure::connect(client::chain(&err)))?;
         let target: Box<str> = authority.into();
         tokio::spawn(async move {
             if let Err(err) = conn.await {
@@ -286,34 +277,21 @@ impl Pool {
 /// `Host`, and no connection-specific header (RFC 9113 §8.2.2; hyper would drop them with a
 /// warning each).
 fn h2_form(req: &mut Request<ReachBody>, scheme: &Scheme, authority: &str) -> Result<(), Failure> {
-    let path = req
-        .uri()
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let authority = Authority::try_from(authority).map_err(|err| Failure {
-        connect: true,
-        refused: false,
-        timed_out: false,
-        message: format!("bad upstream address `{authority}`: {err}"),
-    })?;
+    let path = super::path_of(req.uri());
+    let authority = Authority::try_from(authority)
+        .map_err(|err| Failure::connect(format!("bad upstream address `{authority}`: {err}")))?;
     let mut parts = http::uri::Parts::default();
     parts.scheme = Some(scheme.clone());
     parts.authority = Some(authority);
     parts.path_and_query = Some(path);
-    *req.uri_mut() = Uri::from_parts(parts).map_err(|err| Failure {
-        connect: true,
-        refused: false,
-        timed_out: false,
-        message: err.to_string(),
-    })?;
+    *req.uri_mut() = Uri::from_parts(parts).map_err(|err| Failure::connect(err.to_string()))?;
     *req.version_mut() = Version::HTTP_2;
     strip_connection_specific(req.headers_mut());
     Ok(())
 }
 
 /// Removes what HTTP/2 forbids in a request: `Host` (the URI carries it), the hop-by-hop
-/// headers, and `te` other than `trailers`.
+/// headers, and `te` other than exactly `trailers` (`strip_hop_by_hop` keeps any case of it).
 fn strip_connection_specific(headers: &mut HeaderMap) {
     headers.remove(header::HOST);
     headers::strip_hop_by_hop(headers);
@@ -324,12 +302,7 @@ fn strip_connection_specific(headers: &mut HeaderMap) {
 
 /// Back from [`h2_form`] to what the HTTP/1.1 pool sends.
 fn h1_form(req: &mut Request<ReachBody>, authority: &str) {
-    let path = req
-        .uri()
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    *req.uri_mut() = Uri::from(path);
+    *req.uri_mut() = Uri::from(super::path_of(req.uri()));
     *req.version_mut() = Version::HTTP_11;
     req.headers_mut()
         .insert(header::HOST, headers::value(authority));

@@ -91,14 +91,9 @@ fn dialer<C: crate::transport::Connect>(connect: C, mesh: Option<ConnectMesh>, h
                     }
                     Err(err) => Err(connect_failure(&err)),
                 },
-                (Some(identity), None) => Err(Failure {
-                    connect: true,
-                    refused: false,
-                    timed_out: false,
-                    message: format!(
+                (Some(identity), None) => Err(Failure::connect(format!(
                         "the peer is `{identity}` but this sidecar has no certificate (bootstrap `tls`)"
-                    ),
-                }),
+                    ))),
             }
         })
     })
@@ -484,11 +479,8 @@ impl Pool {
             .authority(authority)
             .path_and_query("/")
             .build()
-            .map_err(|err| Failure {
-                connect: true,
-                refused: false,
-                timed_out: false,
-                message: format!("bad upstream address `{authority}`: {err}"),
+            .map_err(|err| {
+                Failure::connect(format!("bad upstream address `{authority}`: {err}"))
             })?;
         (self.inner.dial)(uri, identity.cloned()).await
     }
@@ -505,12 +497,7 @@ impl Pool {
             .builder
             .handshake(io)
             .await
-            .map_err(|err| Failure {
-                connect: true,
-                refused: false,
-                timed_out: false,
-                message: client::chain(&err),
-            })?;
+            .map_err(|err| Failure::connect(client::chain(&err)))?;
         let guard = Arc::new(Guard::default());
         Ok(Pooled {
             identity: identity.cloned(),
@@ -626,14 +613,7 @@ impl Pool {
                     // A stale pooled connection: the request never left. Try the next.
                     req = back;
                 }
-                Err(Unsent(_)) => {
-                    return Err(Failure {
-                        connect: true,
-                        refused: false,
-                        timed_out: false,
-                        message: "the new connection closed before the request was sent".to_owned(),
-                    })
-                }
+                Err(Unsent(_)) => return Err(Failure::connect(CLOSED_UNSENT.to_owned())),
                 Err(Sent(err)) => {
                     return Err(Failure {
                         connect: false,
@@ -854,12 +834,7 @@ pub async fn forward_with(
     // Origin-form: inbound intake already refused anything that is not a path; an absolute-form
     // request keeps only its path (the authority is ours to choose, never the caller's).
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {
-        let path = req
-            .uri()
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        *req.uri_mut() = Uri::from(path);
+        *req.uri_mut() = Uri::from(path_of(req.uri()));
     }
     if !req.uri().path().starts_with('/') {
         return Err(ReachError::BadRequest(format!(
@@ -924,6 +899,16 @@ impl<F: Fn(&mut fmt::Formatter<'_>) -> fmt::Result> fmt::Display for Named<F> {
         (self.0)(f)
     }
 }
+
+/// A request target's path and query, `/` when it has none.
+fn path_of(uri: &Uri) -> PathAndQuery {
+    uri.path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"))
+}
+
+/// Why a request a new connection gave back unsent failed.
+const CLOSED_UNSENT: &str = "the new connection closed before the request was sent";
 
 /// A transport that could not connect: refused when nothing listens there.
 fn connect_failure(err: &(dyn std::error::Error + 'static)) -> Failure {
