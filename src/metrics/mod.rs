@@ -55,6 +55,8 @@ pub const PROBES_TOTAL: &str = "reach_probes_total";
 pub const PROBE_DURATION: &str = "reach_probe_duration_seconds";
 pub const RETRIES_TOTAL: &str = "reach_retries_total";
 pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_total";
+pub const LOOPS_REFUSED_TOTAL: &str = "reach_loops_refused_total";
+pub const HEDGES_TOTAL: &str = "reach_hedges_total";
 pub const TIER_PICKS_TOTAL: &str = "reach_tier_picks_total";
 pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "reach_idempotent_replays_total";
 pub const DEADLINES_EXCEEDED_TOTAL: &str = "reach_deadlines_exceeded_total";
@@ -172,6 +174,14 @@ const COUNTERS: &[(&str, &str)] = &[
     (
         RETRY_BUDGET_EXHAUSTED_TOTAL,
         "Calls that failed fast because the retry budget was spent.",
+    ),
+    (
+        LOOPS_REFUSED_TOTAL,
+        "Calls refused with 508 loop_detected at this caller, by why (loop, max_hops).",
+    ),
+    (
+        HEDGES_TOTAL,
+        "Hedged attempts by result: won (the hedge's head came first), lost (the first attempt's did), no_budget (the retry budget was spent).",
     ),
     (
         GOSSIP_MESSAGES_TOTAL,
@@ -659,6 +669,17 @@ impl Metrics {
 
     pub fn affinity_entries(&self, n: usize) {
         self.with(|| gauge!(AFFINITY_ENTRIES).set(n as f64));
+    }
+
+    /// A call refused for its delegation chain: a loop, or one hop past `chains.max_hops`.
+    pub fn loop_refused(&self, looped: bool) {
+        let why = if looped { "loop" } else { "max_hops" };
+        self.with(|| counter!(LOOPS_REFUSED_TOTAL, "why" => why).increment(1));
+    }
+
+    /// A hedge's result: `won`, `lost` or `no_budget`.
+    pub fn hedge(&self, result: &'static str) {
+        self.with(|| counter!(HEDGES_TOTAL, "result" => result).increment(1));
     }
 
     pub fn retry_budget_exhausted(&self, capability: &str) {

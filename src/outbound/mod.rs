@@ -105,6 +105,8 @@ pub struct Outbound {
     tasks: Option<Arc<Queue>>,
     /// Which agent holds which task or session (`docs/affinity.md`).
     affinity: Arc<affinity::Table>,
+    /// Opens the delegation chain the agent passes on (`src/chain.rs`).
+    seal: Arc<crate::chain::Seal>,
 }
 
 impl Outbound {
@@ -123,6 +125,7 @@ impl Outbound {
             observe: ObserveLog::default(),
             tasks: None,
             affinity: Arc::default(),
+            seal: shared.seal.clone(),
         }
     }
 
@@ -212,6 +215,7 @@ pub(super) fn for_tests(policy: crate::config::Policy) -> Arc<Outbound> {
         store,
         metrics,
         idempotency,
+        seal: Arc::default(),
     };
     Arc::new(Outbound::new(&shared, client))
 }

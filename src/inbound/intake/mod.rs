@@ -109,7 +109,17 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     if let Some(path) = normalized {
         parts.uri = vouched::with_path(&parts.uri, &path).map_err(refuse)?;
     }
+    // The chain the agent passes on to its own calls: the caller's, if its sidecar is vouched
+    // for, this agent added.
+    let me = snapshot.bootstrap.agent.name.as_str();
+    let sent = parts.headers.get(crate::chain::HEADER);
+    let chain = crate::chain::Chain::at_edge(sent, caller.as_deref(), me, capability);
+    let span = Span::current();
+    if !span.is_disabled() {
+        span.record(field::CHAIN, chain.display());
+    }
     let vouched = vouched::Vouched {
+        chain: Some(inbound.seal.seal(&chain)),
         capability: Some(capability),
         deadline,
         caller: caller.clone(),

@@ -108,7 +108,8 @@ where
         retry::end(span, &attempt);
         if !matches!(attempt, Attempt::Limited(_)) {
             out.metrics.tier_pick(tiers[chosen].as_str());
-            decision::log(&snapshot, &route, &scored, chosen, n, &attempt);
+            let chain = parts.headers.get(crate::chain::HEADER);
+            decision::log(&snapshot, &route, &scored, chosen, n, &attempt, chain);
             if let Some(journal) = parts.extensions.get::<crate::tasks::Journal>() {
                 journal.note(attempt.note(&scored[chosen].peer.name, started));
             }
