@@ -107,6 +107,8 @@ pub struct Outbound {
     affinity: Arc<affinity::Table>,
     /// Opens the delegation chain the agent passes on (`src/chain.rs`).
     seal: Arc<crate::chain::Seal>,
+    /// Recent times to an answer's head, per hedged capability (`hedge: {after: p95}`).
+    head_times: attempts::hedge::HeadTimes,
 }
 
 impl Outbound {
@@ -126,6 +128,7 @@ impl Outbound {
             tasks: None,
             affinity: Arc::default(),
             seal: shared.seal.clone(),
+            head_times: Default::default(),
         }
     }
 

@@ -5,6 +5,7 @@
 
 pub(super) mod budget;
 pub(super) mod decision;
+pub(super) mod hedge;
 pub(super) mod observe;
 mod request;
 pub(super) mod retry;
@@ -23,7 +24,7 @@ use super::call::{Routed, Try};
 use super::candidates::tiers::{self, Tier};
 use super::candidates::Plan;
 use super::{pick, Outbound};
-use crate::config::{RouteMode, Snapshot};
+use crate::config::{HedgeAfter, HedgePolicy, RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
 use crate::http::layers::field;
@@ -91,7 +92,7 @@ where
                 .map_or("-", |(_, i)| scored[*i].peer.name.as_str());
             return attempts.routed(Err(ReachError::DeadlineExceeded), peer);
         }
-        let Some(chosen) = attempts.pick(&scored, &tiers) else {
+        let Some(mut chosen) = attempts.pick(&scored, &tiers) else {
             break;
         };
         let Some(body) = bodies.next() else { break };
@@ -104,7 +105,17 @@ where
         let retry = attempts.retry_reason;
         let span = retry::span(&mut try_, &parts, &route.capability, n, retry);
         let started = std::time::SystemTime::now();
-        let attempt = answer(inner.clone().oneshot(try_).await);
+        let attempt = match attempts.hedging() {
+            None => answer(inner.clone().oneshot(try_).await),
+            // Boxed: a hedged capability is the rare case.
+            Some(wait) => {
+                let hedge = || attempts.hedge(&scored, &tiers, &mut bodies, &parts, &snapshot);
+                let on = (&*out.metrics, &out.head_times, route.capability.as_str());
+                let raced = Box::pin(hedge::race(inner.clone(), try_, wait, hedge, on)).await;
+                chosen = raced.hedge.unwrap_or(chosen);
+                raced.attempt
+            }
+        };
         retry::end(span, &attempt);
         if !matches!(attempt, Attempt::Limited(_)) {
             out.metrics.tier_pick(tiers[chosen].as_str());
@@ -164,6 +175,10 @@ struct Attempts<'a> {
     sticky: Option<usize>,
     /// Why the last attempt was retried (for the next attempt's span).
     retry_reason: Option<&'static str>,
+    /// The capability's `first_event_timeout`.
+    first_event: Option<Duration>,
+    /// The capability's `hedge`, when the call is safe to send twice.
+    hedge: Option<&'a HedgePolicy>,
 }
 
 impl<'a> Attempts<'a> {
@@ -192,7 +207,13 @@ impl<'a> Attempts<'a> {
                 Deadline::after(longest.saturating_mul(max as u32))
             })
         });
+        let own = snapshot.policy.capabilities.get(call.capability);
+        let idempotent_method = call.parts.method.is_idempotent();
+        // Only a call that may run twice is hedged: the loser may have started before it is cut.
+        let safe = call.replayable && (keyed || idempotent_method || is_async);
         Attempts {
+            first_event: own.and_then(|c| c.first_event_timeout).map(|d| d.get()),
+            hedge: own.and_then(|c| c.hedge.as_ref()).filter(|_| safe),
             out,
             snapshot,
             capability: call.capability,
@@ -202,7 +223,7 @@ impl<'a> Attempts<'a> {
             max,
             is_async,
             keyed,
-            idempotent_method: call.parts.method.is_idempotent(),
+            idempotent_method,
             tried: Vec::new(),
             sticky: None,
             retry_reason: None,
@@ -234,6 +255,43 @@ impl<'a> Attempts<'a> {
         Some(chosen)
     }
 
+    /// Whether this attempt races a hedge, and after how long (`None`: not yet, `after: p95`
+    /// with too few samples): only a call's first attempt, when its capability hedges.
+    fn hedging(&self) -> Option<Option<Duration>> {
+        let hedge = self.hedge.filter(|_| self.made() == 1)?;
+        let p95 = match hedge.after {
+            HedgeAfter::P95 => self.out.head_times.p95(self.capability),
+            HedgeAfter::Fixed(_) => None,
+        };
+        Some(hedge.after.wait(p95))
+    }
+
+    /// The hedge: another candidate's attempt, if one is left and the retry budget allows.
+    fn hedge(
+        &mut self,
+        scored: &[Scored],
+        tiers: &[Tier],
+        bodies: &mut Bodies,
+        parts: &Parts,
+        snapshot: &Arc<Snapshot>,
+    ) -> Option<(Try, usize)> {
+        let chosen = self.pick(scored, tiers)?;
+        if !budget::withdraw(&self.budget) {
+            self.tried.pop();
+            self.out.metrics.hedge("no_budget");
+            return None;
+        }
+        let Some(body) = bodies.next() else {
+            self.tried.pop();
+            return None;
+        };
+        let request = upstream_request(parts, body, snapshot, self.capability, self.made());
+        Some((
+            self.attempt(request, &scored[chosen], &bodies.watch, snapshot),
+            chosen,
+        ))
+    }
+
     /// The attempt on `candidate`.
     fn attempt(
         &self,
@@ -249,6 +307,7 @@ impl<'a> Attempts<'a> {
             keyed_deadline: self.keyed_deadline,
             upload: upload.clone(),
             snapshot: snapshot.clone(),
+            first_event: self.first_event,
         }
     }
 
