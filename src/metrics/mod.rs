@@ -12,6 +12,7 @@ mod demand;
 mod known;
 mod peers;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -302,6 +303,28 @@ pub struct Metrics {
     fleet_demand: Mutex<demand::FleetDemand>,
     /// The capabilities whose series were registered at 0 (`known.rs`).
     known: known::Known,
+    /// Loops refused and hedges, as `/status` shows them.
+    chains: ChainCounters,
+}
+
+/// What `/status` shows of delegation chains and hedges: the totals of
+/// `reach_loops_refused_total` and `reach_hedges_total` (`docs/chains.md`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChainCounts {
+    pub loops_refused: u64,
+    pub max_hops_refused: u64,
+    pub hedges_won: u64,
+    pub hedges_lost: u64,
+    pub hedges_no_budget: u64,
+}
+
+#[derive(Debug, Default)]
+struct ChainCounters {
+    loops_refused: AtomicU64,
+    max_hops_refused: AtomicU64,
+    hedges_won: AtomicU64,
+    hedges_lost: AtomicU64,
+    hedges_no_budget: AtomicU64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -329,6 +352,7 @@ impl Metrics {
             peers: Mutex::default(),
             fleet_demand: Mutex::default(),
             known: Mutex::default(),
+            chains: ChainCounters::default(),
         };
         metrics.describe();
         metrics.register_fixed();
@@ -673,13 +697,37 @@ impl Metrics {
 
     /// A call refused for its delegation chain: a loop, or one hop past `chains.max_hops`.
     pub fn loop_refused(&self, looped: bool) {
-        let why = if looped { "loop" } else { "max_hops" };
+        let (why, count) = if looped {
+            ("loop", &self.chains.loops_refused)
+        } else {
+            ("max_hops", &self.chains.max_hops_refused)
+        };
+        count.fetch_add(1, Ordering::Relaxed);
         self.with(|| counter!(LOOPS_REFUSED_TOTAL, "why" => why).increment(1));
     }
 
     /// A hedge's result: `won`, `lost` or `no_budget`.
     pub fn hedge(&self, result: &'static str) {
+        let count = match result {
+            "won" => &self.chains.hedges_won,
+            "lost" => &self.chains.hedges_lost,
+            _ => &self.chains.hedges_no_budget,
+        };
+        count.fetch_add(1, Ordering::Relaxed);
         self.with(|| counter!(HEDGES_TOTAL, "result" => result).increment(1));
+    }
+
+    /// Loops refused and hedges so far, for `/status`.
+    pub fn chain_counts(&self) -> ChainCounts {
+        let c = &self.chains;
+        let read = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ChainCounts {
+            loops_refused: read(&c.loops_refused),
+            max_hops_refused: read(&c.max_hops_refused),
+            hedges_won: read(&c.hedges_won),
+            hedges_lost: read(&c.hedges_lost),
+            hedges_no_budget: read(&c.hedges_no_budget),
+        }
     }
 
     pub fn retry_budget_exhausted(&self, capability: &str) {

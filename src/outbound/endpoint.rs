@@ -19,27 +19,6 @@ pub(super) fn endpoint(client: Pool, peers: Arc<PeerViews>) -> impl Step<Try, Re
     step::service!((client, peers), attempt)
 }
 
-/// The answer's head within `limit`, or [`ReachError::FirstEventTimeout`]: the attempt is dropped
-/// (its connection with it) before anything reached the caller, so the call may move.
-async fn first_head<F>(
-    forwarded: F,
-    limit: std::time::Duration,
-    target: &(dyn std::fmt::Display + Sync),
-) -> Result<http::Response<crate::http::pool::UpstreamBody>, ReachError>
-where
-    F: std::future::Future<
-        Output = Result<http::Response<crate::http::pool::UpstreamBody>, ReachError>,
-    >,
-{
-    match tokio::time::timeout(limit, forwarded).await {
-        Ok(forwarded) => forwarded,
-        Err(_) => Err(ReachError::FirstEventTimeout {
-            target: target.to_string(),
-            after: limit,
-        }),
-    }
-}
-
 /// Sends one attempt and tells the caller's view of the peer what happened.
 async fn attempt((client, peers): (Pool, Arc<PeerViews>), attempt: Try) -> Attempt {
     let (client, peers) = (&client, &*peers);
@@ -65,40 +44,24 @@ async fn attempt((client, peers): (Pool, Arc<PeerViews>), attempt: Try) -> Attem
     let sent = Instant::now();
     let pending = peers.begin(peer, candidate.latency_ms);
     let identity = peer.dial_identity(snapshot.mtls_mode());
+    let forwarded = forward(
+        client,
+        request,
+        &peer.address,
+        identity.as_ref(),
+        &target,
+        timeout,
+    );
     let forwarded = match first_event.filter(|limit| *limit < timeout) {
-        None => {
-            forward(
-                client,
-                request,
-                &peer.address,
-                identity.as_ref(),
-                &target,
-                timeout,
-            )
-            .await
-        }
+        None => forwarded.await,
         // Boxed: a capability with a first-event deadline is the rare case.
-        Some(limit) => {
-            let forwarded = forward(
-                client,
-                request,
-                &peer.address,
-                identity.as_ref(),
-                &target,
-                timeout,
-            );
-            Box::pin(first_head(forwarded, limit, &target)).await
-        }
+        Some(limit) => Box::pin(super::first_event::within(forwarded, limit, &target)).await,
     };
     let elapsed = sent.elapsed();
     let response = match forwarded {
         Ok(response) => response,
         Err(err) => {
-            let timed_out = matches!(
-                err,
-                ReachError::Timeout { .. } | ReachError::FirstEventTimeout { .. }
-            );
-            if let Some(fault) = upload.caller_fault(timed_out) {
+            if let Some(fault) = upload.caller_fault(Class::of_error(&err) == Class::TimedOut) {
                 // The agent's own upload broke or stalled: nothing against the peer.
                 pending.discard();
                 return Attempt::Failed(fault);

@@ -15,6 +15,7 @@ mod call;
 mod candidates;
 mod dedupe;
 mod endpoint;
+mod first_event;
 mod local_api;
 mod record;
 mod resolve;

@@ -197,6 +197,7 @@ async fn a_to_b_to_a_is_refused_at_its_first_turn_with_508_naming_the_chain() {
         "{}",
         metrics.body
     );
+    assert_eq!(fleet.sidecars[1].status().chains.loops_refused, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,4 +356,85 @@ async fn a_hedge_wins_against_a_slow_peer() {
         "{}",
         metrics.body
     );
+    assert!(caller.status().chains.hedges_won >= 1);
+}
+
+/// An agent that answers a stream's head at once and never sends its first event.
+async fn stalled_stream() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = TcpListener::bind(any_port()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let calls: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+    let seen = calls.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<_>| {
+                    let seen = seen.clone();
+                    async move {
+                        if req.uri().path() != "/healthz"
+                            && !req.headers().contains_key("reach-probe")
+                        {
+                            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        let (tx, channel) = http_body_util::channel::Channel::<
+                            bytes::Bytes,
+                            std::convert::Infallible,
+                        >::new(1);
+                        // Held open, never written: the stream that never starts.
+                        tokio::spawn(async move {
+                            let _tx = tx;
+                            std::future::pending::<()>().await;
+                        });
+                        let mut answer = Response::new(body::boxed(channel));
+                        answer
+                            .headers_mut()
+                            .insert("content-type", "text/event-stream".parse().unwrap());
+                        Ok::<_, std::convert::Infallible>(answer)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_first_event_never_comes_moves_before_a_byte_is_sent() {
+    let (stalled, calls) = stalled_stream().await;
+    let fine = mock(MockConfig::new("fine")).await;
+    let yaml = "capabilities: { code-review: { first_event_timeout: 500ms } }";
+    let policy = policy(yaml);
+    let nowhere = SocketAddr::from(([127, 0, 0, 1], 9));
+    let b = Bootstrap::local("stalled", stalled, &[CAP]).unwrap();
+    let stalled_sidecar = sidecar_with(b, policy.clone(), Default::default()).await;
+    let b = Bootstrap::local("fine", fine.addr, &[CAP]).unwrap();
+    let fine_sidecar = sidecar_with(b, policy.clone(), Default::default()).await;
+    let caller = Bootstrap::local("caller", nowhere, &[])
+        .unwrap()
+        .with_peer("stalled", stalled_sidecar.addrs.inbound, &[CAP])
+        .unwrap()
+        .with_peer("fine", fine_sidecar.addrs.inbound, &[CAP])
+        .unwrap();
+    let caller = sidecar_with(caller, policy, Default::default()).await;
+    let url = format!("http://{}/sse", caller.addrs.outbound);
+    for _ in 0..20 {
+        let began = Instant::now();
+        let reply = send(&client(), "GET", &url, &[("reach-capability", CAP)], "").await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert!(reply.body.starts_with("id: 0\n"), "{}", reply.body);
+        assert!(
+            began.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            began.elapsed()
+        );
+        if calls.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            assert_eq!(reply.header("reach-attempts"), "2");
+            return;
+        }
+    }
+    panic!("the stalled peer was never picked");
 }

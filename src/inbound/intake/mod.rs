@@ -109,17 +109,8 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     if let Some(path) = normalized {
         parts.uri = vouched::with_path(&parts.uri, &path).map_err(refuse)?;
     }
-    // The chain the agent passes on to its own calls: the caller's, if its sidecar is vouched
-    // for, this agent added.
-    let me = snapshot.bootstrap.agent.name.as_str();
-    let sent = parts.headers.get(crate::chain::HEADER);
-    let chain = crate::chain::Chain::at_edge(sent, caller.as_deref(), me, capability);
-    let span = Span::current();
-    if !span.is_disabled() {
-        span.record(field::CHAIN, chain.display());
-    }
     let vouched = vouched::Vouched {
-        chain: Some(inbound.seal.seal(&chain)),
+        chain: Some(inbound.chain(&snapshot, &parts.headers, caller.as_deref(), capability)),
         capability: Some(capability),
         deadline,
         caller: caller.clone(),
@@ -144,6 +135,27 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         parts: Box::new(parts),
         body: CallBody::Arriving(incoming),
     })
+}
+
+/// The delegation chain the agent passes on to its own calls, sealed: the caller's, when its
+/// sidecar is vouched for, with this agent serving `capability` added (`src/chain.rs`).
+impl Inbound {
+    fn chain(
+        &self,
+        snapshot: &Snapshot,
+        head: &http::HeaderMap,
+        caller: Option<&str>,
+        capability: &str,
+    ) -> http::HeaderValue {
+        let me = snapshot.bootstrap.agent.name.as_str();
+        let sent = head.get(crate::chain::HEADER);
+        let chain = crate::chain::Chain::at_edge(sent, caller, me, capability);
+        let span = Span::current();
+        if !span.is_disabled() {
+            span.record(field::CHAIN, chain.display());
+        }
+        self.seal.seal(&chain)
+    }
 }
 
 /// The `reach-capability` header, when the request has one.

@@ -17,7 +17,7 @@ pub(in crate::outbound) fn log<B>(
     chosen: usize,
     attempt: usize,
     outcome: &Attempt<B>,
-    chain: Option<&http::HeaderValue>,
+    head: &http::HeaderMap,
 ) {
     if !snapshot.policy.decision_log {
         return;
@@ -46,23 +46,8 @@ pub(in crate::outbound) fn log<B>(
         refused,
         error,
         candidates = %candidates,
-        chain = chain.and_then(|c| c.to_str().ok()),
+        chain = head.get(crate::chain::HEADER).and_then(|c| c.to_str().ok()),
         "routed"
-    );
-}
-
-/// One event per call refused for its delegation chain (`docs/chains.md`).
-pub(in crate::outbound) fn refused_chain(snapshot: &Snapshot, capability: &str, chain: &str) {
-    if !snapshot.policy.decision_log {
-        return;
-    }
-    tracing::info!(
-        target: "agent_reach::decision",
-        direction = "outbound",
-        capability,
-        chain,
-        error = "loop_detected",
-        "refused"
     );
 }
 

@@ -97,9 +97,6 @@ where
         };
         let Some(body) = bodies.next() else { break };
         let n = attempts.made();
-        let span = Span::current();
-        span.record(field::ATTEMPT, n);
-        span.record(field::PEER, scored[chosen].peer.name.as_str());
         let request = upstream_request(&parts, body, &snapshot, &route.capability, n);
         let mut try_ = attempts.attempt(request, &scored[chosen], &bodies.watch, &snapshot);
         let retry = attempts.retry_reason;
@@ -107,7 +104,6 @@ where
         let started = std::time::SystemTime::now();
         let attempt = match attempts.hedging() {
             None => answer(inner.clone().oneshot(try_).await),
-            // Boxed: a hedged capability is the rare case.
             Some(wait) => {
                 let hedge = || attempts.hedge(&scored, &tiers, &mut bodies, &parts, &snapshot);
                 let on = (&*out.metrics, &out.head_times, route.capability.as_str());
@@ -119,8 +115,8 @@ where
         retry::end(span, &attempt);
         if !matches!(attempt, Attempt::Limited(_)) {
             out.metrics.tier_pick(tiers[chosen].as_str());
-            let chain = parts.headers.get(crate::chain::HEADER);
-            decision::log(&snapshot, &route, &scored, chosen, n, &attempt, chain);
+            let head = &parts.headers;
+            decision::log(&snapshot, &route, &scored, chosen, n, &attempt, head);
             if let Some(journal) = parts.extensions.get::<crate::tasks::Journal>() {
                 journal.note(attempt.note(&scored[chosen].peer.name, started));
             }
@@ -252,10 +248,14 @@ impl<'a> Attempts<'a> {
             None => pick(scored, &skip, rand::random::<f64>)?,
         };
         self.tried.push(chosen);
+        let span = Span::current();
+        span.record(field::ATTEMPT, self.tried.len());
+        span.record(field::PEER, scored[chosen].peer.name.as_str());
         Some(chosen)
     }
 
-    /// Whether this attempt races a hedge, and after how long (`None`: not yet, `after: p95`
+    /// Whether this attempt races a hedge (boxed there: a hedged capability is the rare case),
+    /// and after how long (`None`: not yet, `after: p95`
     /// with too few samples): only a call's first attempt, when its capability hedges.
     fn hedging(&self) -> Option<Option<Duration>> {
         let hedge = self.hedge.filter(|_| self.made() == 1)?;

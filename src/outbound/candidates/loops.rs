@@ -35,7 +35,10 @@ pub(super) fn guard(
     let max_hops = snapshot.policy.chains.max_hops;
     let refuse = |looped: bool| {
         metrics.loop_refused(looped);
-        super::super::attempts::decision::refused_chain(snapshot, capability, &chain.display());
+        if snapshot.policy.decision_log {
+            let chain = chain.display();
+            tracing::info!(target: "agent_reach::decision", direction = "outbound", capability, chain, error = "loop_detected", "refused");
+        }
         ReachError::LoopDetected {
             capability: capability.to_owned(),
             chain: chain.display(),
