@@ -105,9 +105,8 @@ where
         let attempt = match attempts.hedging() {
             None => answer(inner.clone().oneshot(try_).await),
             Some(wait) => {
-                let hedge = || attempts.hedge(&scored, &tiers, &mut bodies, &parts, &snapshot);
-                let on = (&*out.metrics, &out.head_times, route.capability.as_str());
-                let raced = Box::pin(hedge::race(inner.clone(), try_, wait, hedge, on)).await;
+                let call = (&scored[..], &tiers[..], &mut bodies, &*parts, &snapshot);
+                let raced = attempts.race(inner.clone(), try_, wait, call).await;
                 chosen = raced.hedge.unwrap_or(chosen);
                 raced.attempt
             }
@@ -266,6 +265,27 @@ impl<'a> Attempts<'a> {
         Some(hedge.after.wait(p95))
     }
 
+    /// `first` raced against a hedge (`hedge::race`), boxed: while it runs, the call's future
+    /// holds one pointer for it.
+    fn race<'f, B, S>(
+        &'f mut self,
+        inner: S,
+        first: Try,
+        wait: Option<Duration>,
+        call: HedgeCall<'f>,
+    ) -> std::pin::Pin<Box<impl std::future::Future<Output = hedge::Raced<B>> + use<'f, 'a, B, S>>>
+    where
+        S: Step<Try, Response = Attempt<B>> + 'f,
+        B: 'f,
+    {
+        let out = self.out;
+        let capability = self.capability;
+        let (scored, tiers, bodies, parts, snapshot) = call;
+        let hedge = move || self.hedge(scored, tiers, bodies, parts, snapshot);
+        let on = (&*out.metrics, &out.head_times, capability);
+        Box::pin(hedge::race(inner, first, wait, hedge, on))
+    }
+
     /// The hedge: another candidate's attempt, if one is left and the retry budget allows.
     fn hedge(
         &mut self,
@@ -414,6 +434,15 @@ impl<'a> Attempts<'a> {
         }
     }
 }
+
+/// What a hedge is made from: the candidates, their tiers, the call's body, head and snapshot.
+type HedgeCall<'f> = (
+    &'f [Scored],
+    &'f [Tier],
+    &'f mut Bodies,
+    &'f Parts,
+    &'f Arc<Snapshot>,
+);
 
 /// What the policy needs to know of a call to set its limits.
 struct CallShape<'a> {
