@@ -99,3 +99,55 @@ impl<'de> Deserialize<'de> for HedgeAfter {
         deserializer.deserialize_str(Visitor)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{parse_policy, ConfigError, HedgeAfter, Policy};
+
+    fn parse(text: &str) -> Result<Policy, ConfigError> {
+        parse_policy(Path::new("policy.yaml"), text)
+    }
+
+    #[test]
+    fn the_keys_parse_and_default() {
+        let policy = parse(
+            "chains: { max_hops: 4 }\ncapabilities:\n  review: { reentrant: true, first_event_timeout: 500ms, hedge: { after: p95 } }\n  plan: { hedge: { after: 200ms, max: 1 } }\n",
+        )
+        .unwrap_or_default();
+        assert_eq!(policy.chains.max_hops, 4);
+        let review = &policy.capabilities["review"];
+        assert!(review.reentrant);
+        assert_eq!(
+            review.first_event_timeout.map(|d| d.get()),
+            Some(std::time::Duration::from_millis(500))
+        );
+        assert_eq!(
+            review.hedge.as_ref().map(|h| h.after),
+            Some(HedgeAfter::P95)
+        );
+        let plan = &policy.capabilities["plan"];
+        assert_eq!(plan.hedge.as_ref().map(|h| h.max), Some(1));
+        assert_eq!(Policy::default().chains.max_hops, 8);
+    }
+
+    #[test]
+    fn bad_values_name_their_line() {
+        for (text, line) in [
+            ("chains:\n  max_hops: 0\n", 2),
+            ("capabilities:\n  review:\n    hedge: { after: soon }\n", 3),
+            ("capabilities:\n  review:\n    hedge: { after: 0s }\n", 3),
+            (
+                "capabilities:\n  review:\n    hedge: { after: p95, max: 2 }\n",
+                3,
+            ),
+            ("capabilities:\n  review:\n    first_event_timeout: 2h\n", 3),
+        ] {
+            match parse(text) {
+                Err(ConfigError::Invalid { line: at, .. }) => assert_eq!(at, line, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+}

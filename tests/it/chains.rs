@@ -438,3 +438,16 @@ async fn a_stream_whose_first_event_never_comes_moves_before_a_byte_is_sent() {
     }
     panic!("the stalled peer was never picked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demos_delegation_loop_stops_at_its_first_turn() {
+    let summary = crate::demo::loop_act().await.unwrap();
+    assert_eq!(summary.status, 508, "{summary:?}");
+    assert_eq!(summary.reason, "loop_detected");
+    assert_eq!(
+        summary.chain,
+        "user > planner/plan > coder/review > tester/test"
+    );
+    assert_eq!(summary.refused_by, "tester");
+    assert_eq!(summary.agent_calls, 3, "one call each");
+}
