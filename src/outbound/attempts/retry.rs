@@ -250,6 +250,23 @@ mod tests {
                 "keyed {keyed}, idempotent {idempotent}, chain {chain}"
             );
         }
+        // No head in time (`first_event_timeout`): nothing reached the caller; elsewhere, never
+        // back to the slow peer, when the call is safe to repeat.
+        let late = Attempt::<()>::Failed(ReachError::FirstEventTimeout {
+            target: "p".into(),
+            after: Duration::from_millis(500),
+        });
+        assert_eq!(late.retry(false, false, false), None);
+        for (keyed, idempotent, chain) in [
+            (true, false, false),
+            (false, true, false),
+            (false, false, true),
+        ] {
+            assert_eq!(
+                late.retry(keyed, idempotent, chain),
+                Some(("first_event_timeout", false))
+            );
+        }
         // Never: other 4xx, success, a broken response to a POST.
         assert_eq!(not_found.retry(true, true, false), None);
         assert_eq!(ok.retry(true, true, false), None);
