@@ -372,11 +372,16 @@ async fn stalled_stream() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
                 let service = hyper::service::service_fn(move |req: Request<_>| {
                     let seen = seen.clone();
                     async move {
-                        if req.uri().path() != "/healthz"
-                            && !req.headers().contains_key("reach-probe")
+                        // Health checks and probes are answered: only the stream stalls.
+                        if req.uri().path() == "/healthz"
+                            || req.headers().contains_key("reach-probe")
                         {
-                            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            let ok = r#"{"ok":true}"#;
+                            return Ok::<_, std::convert::Infallible>(Response::new(body::full(
+                                ok,
+                            )));
                         }
+                        seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         let (tx, channel) = http_body_util::channel::Channel::<
                             bytes::Bytes,
                             std::convert::Infallible,
@@ -405,7 +410,9 @@ async fn stalled_stream() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_whose_first_event_never_comes_moves_before_a_byte_is_sent() {
     let (stalled, calls) = stalled_stream().await;
-    let fine = mock(MockConfig::new("fine")).await;
+    let mut fine = MockConfig::new("fine");
+    (fine.sse_events, fine.sse_interval) = (2, Duration::from_millis(10));
+    let fine = mock(fine).await;
     let yaml = "capabilities: { code-review: { first_event_timeout: 500ms } }";
     let policy = policy(yaml);
     let nowhere = SocketAddr::from(([127, 0, 0, 1], 9));
@@ -421,7 +428,7 @@ async fn a_stream_whose_first_event_never_comes_moves_before_a_byte_is_sent() {
         .unwrap();
     let caller = sidecar_with(caller, policy, Default::default()).await;
     let url = format!("http://{}/sse", caller.addrs.outbound);
-    for _ in 0..20 {
+    for _ in 0..60 {
         let began = Instant::now();
         let reply = send(&client(), "GET", &url, &[("reach-capability", CAP)], "").await;
         assert_eq!(reply.status, 200, "{}", reply.body);

@@ -436,6 +436,7 @@ async fn start_sidecar(bootstrap: Bootstrap, policy: Policy) -> Result<Sidecar, 
 }
 
 /// The delegation-loop act alone (its test runs it without the rest of the demo).
+#[allow(dead_code, reason = "run alone only by tests/it/chains.rs")]
 pub async fn loop_act() -> Result<LoopSummary, DemoError> {
     loops::run().await
 }
