@@ -275,6 +275,16 @@ async fn an_async_task_keeps_its_chain_across_the_queue() {
         chain.starts_with("2;user>r1/plan>r2/review;"),
         "the task's hop carried the chain: {chain}"
     );
+    // The task shows the chain it was submitted in.
+    let tasks = get(
+        &client(),
+        &format!("http://{}/reach/v1/tasks", fleet.sidecars[0].addrs.outbound),
+    )
+    .await
+    .json();
+    let chain = &tasks["tasks"][0]["chain"];
+    assert_eq!(chain["agents"], "user > r1/plan", "{tasks}");
+    assert_eq!(chain["hops"], 1, "{tasks}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
