@@ -107,7 +107,7 @@ where
             Some(wait) => {
                 let call = (&scored[..], &tiers[..], &mut bodies, &*parts, &snapshot);
                 let raced = attempts.race(inner.clone(), try_, wait, call).await;
-                chosen = raced.hedge.unwrap_or(chosen);
+                chosen = attempts.winner(raced.hedge, chosen, &scored);
                 raced.attempt
             }
         };
@@ -254,8 +254,8 @@ impl<'a> Attempts<'a> {
     }
 
     /// Whether this attempt races a hedge (boxed there: a hedged capability is the rare case),
-    /// and after how long (`None`: not yet, `after: p95`
-    /// with too few samples): only a call's first attempt, when its capability hedges.
+    /// and after how long (`None`: never, `after: p95` with too few samples yet): only a call's
+    /// first attempt, when its capability hedges.
     fn hedging(&self) -> Option<Option<Duration>> {
         let hedge = self.hedge.filter(|_| self.made() == 1)?;
         let p95 = match hedge.after {
@@ -284,6 +284,14 @@ impl<'a> Attempts<'a> {
         let hedge = move || self.hedge(scored, tiers, bodies, parts, snapshot);
         let on = (&*out.metrics, &out.head_times, capability);
         Box::pin(hedge::race(inner, first, wait, hedge, on))
+    }
+
+    /// Whose answer a race took: the hedge's candidate when it won, else the first's, named on
+    /// the request's span (the hedge's pick named its own).
+    fn winner(&self, hedge: Option<usize>, first: usize, scored: &[Scored]) -> usize {
+        let chosen = hedge.unwrap_or(first);
+        Span::current().record(field::PEER, scored[chosen].peer.name.as_str());
+        chosen
     }
 
     /// The hedge: another candidate's attempt, if one is left and the retry budget allows.
