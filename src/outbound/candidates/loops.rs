@@ -72,3 +72,72 @@ pub(super) fn guard(
         Err(refuse(true))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Bootstrap, Policy};
+    use crate::outbound::candidates::balance::tests::candidate;
+
+    fn snapshot(policy: Policy) -> Snapshot {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 9));
+        let bootstrap = Bootstrap::local("b", addr, &[]).unwrap_or_else(|e| panic!("{e}"));
+        Snapshot::new(bootstrap, policy, 1)
+    }
+
+    fn guarded(
+        policy: Policy,
+        chain: &'static str,
+        peers: &[&str],
+    ) -> (Result<(), ReachError>, Vec<Scored>) {
+        let mut scored: Vec<Scored> = peers.iter().map(|p| candidate(p, 1.0, 0.9)).collect();
+        let metrics = Metrics::new("t");
+        let value = HeaderValue::from_static(chain);
+        let result = guard(&snapshot(policy), &metrics, "plan", &value, &mut scored);
+        (result, scored)
+    }
+
+    #[test]
+    fn a_candidate_on_the_chain_is_passed_over_and_the_last_one_is_a_loop() {
+        let (result, scored) = guarded(Policy::default(), "2;user>a/plan>b/review", &["a", "c"]);
+        assert!(result.is_ok());
+        assert_eq!(scored[0].excluded.as_deref(), Some(ON_CHAIN));
+        assert!(scored[1].excluded.is_none());
+        let (result, _) = guarded(Policy::default(), "2;user>a/plan>b/review", &["a"]);
+        match result {
+            Err(ReachError::LoopDetected {
+                looped,
+                chain,
+                hops,
+                ..
+            }) => {
+                assert!(looped);
+                assert_eq!((chain.as_str(), hops), ("user > a/plan > b/review", 2));
+            }
+            other => panic!("{other:?}"),
+        }
+        // The same agent serving another capability is no loop.
+        let (result, scored) = guarded(Policy::default(), "1;user>b/review", &["b"]);
+        assert!(result.is_ok() && scored[0].excluded.is_none());
+    }
+
+    #[test]
+    fn reentrant_capabilities_loop_and_max_hops_still_bounds_them() {
+        let mut policy = Policy::default();
+        policy
+            .capabilities
+            .entry("plan".into())
+            .or_default()
+            .reentrant = true;
+        policy.chains.max_hops = 3;
+        let (result, scored) = guarded(policy.clone(), "2;user>a/plan>b/review", &["a"]);
+        assert!(result.is_ok() && scored[0].excluded.is_none());
+        let (result, _) = guarded(policy, "3;user>a/plan>b/review>a/plan", &["a"]);
+        assert!(matches!(
+            result,
+            Err(ReachError::LoopDetected { looped: false, .. })
+        ));
+        let (result, _) = guarded(Policy::default(), "garbage", &["a"]);
+        assert!(matches!(result, Err(ReachError::BadRequest(_))));
+    }
+}
