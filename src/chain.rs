@@ -138,7 +138,17 @@ fn valid_entry(entry: &str) -> bool {
 /// This sidecar's key for the chains it hands its agent: made at start, never leaves the process.
 pub struct Seal {
     key: ring::hmac::Key,
+    /// First hops sealed already, by capability, then caller: a plain call's chain is the same
+    /// for every call from one caller to one capability, so it is sealed once, not per call.
+    first_hops: std::sync::RwLock<FirstHops>,
 }
+
+/// Capability → caller (`-` for one the sidecar could not name) → (this agent, sealed value).
+type FirstHops =
+    crate::fast_hash::FastMap<String, crate::fast_hash::FastMap<String, (String, HeaderValue)>>;
+
+/// First hops kept at most (past it, the rest are sealed per call).
+const MAX_FIRST_HOPS: usize = 4096;
 
 impl std::fmt::Debug for Seal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -151,6 +161,7 @@ impl Default for Seal {
         let bytes: [u8; 32] = rand::random();
         Seal {
             key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes),
+            first_hops: Default::default(),
         }
     }
 }
@@ -167,6 +178,26 @@ impl Seal {
         let mac = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .encode(&tag.as_ref()[..MAC_BYTES.min(tag.as_ref().len())]);
         crate::http::headers::value(&format!("{text};{mac}"))
+    }
+
+    /// The sealed chain of a call that starts one: `caller` (if vouched for) then `me` serving
+    /// `cap`, one hop. Sealed once per caller and capability, then read back.
+    pub fn first_hop(&self, caller: Option<&str>, me: &str, cap: &str) -> HeaderValue {
+        let who = caller.unwrap_or(UNKNOWN);
+        {
+            let known = self.first_hops.read().unwrap_or_else(|p| p.into_inner());
+            let hit = known.get(cap).and_then(|by| by.get(who));
+            if let Some((_, value)) = hit.filter(|(agent, _)| agent == me) {
+                return value.clone();
+            }
+        }
+        let value = self.seal(&Chain::at_edge(None, caller, me, cap));
+        let mut known = self.first_hops.write().unwrap_or_else(|p| p.into_inner());
+        if known.values().map(|by| by.len()).sum::<usize>() < MAX_FIRST_HOPS {
+            let by = known.entry(cap.to_owned()).or_default();
+            by.insert(who.to_owned(), (me.to_owned(), value.clone()));
+        }
+        value
     }
 
     /// The chain in a value this sidecar sealed; a value it did not seal, or one changed since,
@@ -260,6 +291,26 @@ mod tests {
         assert!(
             Seal::default().open(&sealed).is_err(),
             "another sidecar's key"
+        );
+    }
+
+    #[test]
+    fn a_first_hop_is_sealed_once_and_opens_like_any_chain() {
+        let seal = Seal::default();
+        let first = seal.first_hop(Some("a"), "b", "review");
+        assert_eq!(first, seal.first_hop(Some("a"), "b", "review"));
+        let chain = Chain::at_edge(None, Some("a"), "b", "review");
+        assert_eq!(seal.open(&first).ok(), Some(chain));
+        let unknown = seal.first_hop(None, "b", "review");
+        assert_eq!(
+            seal.open(&unknown).ok().map(|c| c.render()),
+            Some("1;->b/review".to_owned())
+        );
+        // Renamed: the entry is made anew.
+        let renamed = seal.first_hop(Some("a"), "c", "review");
+        assert_eq!(
+            seal.open(&renamed).ok().map(|c| c.render()),
+            Some("1;a>c/review".to_owned())
         );
     }
 

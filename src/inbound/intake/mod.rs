@@ -137,9 +137,9 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     })
 }
 
-/// The delegation chain the agent passes on to its own calls, sealed: the caller's, when its
-/// sidecar is vouched for, with this agent serving `capability` added (`src/chain.rs`).
 impl Inbound {
+    /// The delegation chain the agent passes on to its own calls, sealed: the caller's, when
+    /// its sidecar is vouched for, with this agent serving `capability` added (`src/chain.rs`).
     fn chain(
         &self,
         snapshot: &Snapshot,
@@ -148,8 +148,12 @@ impl Inbound {
         capability: &str,
     ) -> http::HeaderValue {
         let me = snapshot.bootstrap.agent.name.as_str();
-        let sent = head.get(crate::chain::HEADER);
-        let chain = crate::chain::Chain::at_edge(sent, caller, me, capability);
+        let sent = head.get(crate::chain::HEADER).filter(|_| caller.is_some());
+        let Some(sent) = sent else {
+            // A chain's first hop (most calls): sealed once per caller and capability.
+            return self.seal.first_hop(caller, me, capability);
+        };
+        let chain = crate::chain::Chain::at_edge(Some(sent), caller, me, capability);
         let span = Span::current();
         if !span.is_disabled() {
             span.record(field::CHAIN, chain.display());
