@@ -2,6 +2,7 @@
 
 mod bootstrap;
 mod bounds;
+mod chains;
 pub mod check;
 mod duration;
 mod intents;
@@ -27,6 +28,7 @@ pub use bootstrap::{
     A2aConfig, AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Intercept, Limits,
     Listen, ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer, TracingConfig,
 };
+pub use chains::{ChainsPolicy, HedgeAfter, HedgePolicy};
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use intents::{fold_padded, IntentRule, IntentThreshold, Intents, Keyword, ANY};
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};

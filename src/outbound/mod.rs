@@ -15,6 +15,7 @@ mod call;
 mod candidates;
 mod dedupe;
 mod endpoint;
+mod first_event;
 mod local_api;
 mod record;
 mod resolve;
@@ -105,6 +106,10 @@ pub struct Outbound {
     tasks: Option<Arc<Queue>>,
     /// Which agent holds which task or session (`docs/affinity.md`).
     affinity: Arc<affinity::Table>,
+    /// Opens the delegation chain the agent passes on (`src/chain.rs`).
+    seal: Arc<crate::chain::Seal>,
+    /// Recent times to an answer's head, per hedged capability (`hedge: {after: p95}`).
+    head_times: attempts::hedge::HeadTimes,
 }
 
 impl Outbound {
@@ -123,6 +128,8 @@ impl Outbound {
             observe: ObserveLog::default(),
             tasks: None,
             affinity: Arc::default(),
+            seal: shared.seal.clone(),
+            head_times: Default::default(),
         }
     }
 
@@ -212,6 +219,7 @@ pub(super) fn for_tests(policy: crate::config::Policy) -> Arc<Outbound> {
         store,
         metrics,
         idempotency,
+        seal: Arc::default(),
     };
     Arc::new(Outbound::new(&shared, client))
 }

@@ -185,6 +185,16 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     assert_eq!(c["card_url"], "http://translate.reach/", "{c}");
     assert!(c["follow_ups"].as_u64().unwrap() > 0, "{c}");
     assert_eq!(c["reached_holder"], c["follow_ups"], "{c}");
+    // A delegation loop among three agents: stopped at its first turn, the chain named.
+    let l = &summary["loops"];
+    assert_eq!(l["status"], 508, "{l}");
+    assert_eq!(l["reason"], "loop_detected", "{l}");
+    assert_eq!(
+        l["chain"], "user > planner/plan > coder/review > tester/test",
+        "{l}"
+    );
+    assert_eq!(l["refused_by"], "tester", "{l}");
+    assert_eq!(l["agent_calls"], 3, "{l}");
     // Predicted saturation: demand ramping onto the weak agent is seen coming before it is full.
     let p = &summary["predict"];
     assert!(p["callers"].as_u64().unwrap() > 1, "{p}");

@@ -14,6 +14,7 @@ mod conversations;
 mod drive;
 mod hostile;
 mod injected;
+mod loops;
 mod membership;
 mod observed;
 mod predict;
@@ -37,6 +38,7 @@ pub use authorized::AuthorizationSummary;
 pub use conversations::ConversationsSummary;
 pub use hostile::HostileSummary;
 pub use injected::Injection;
+pub use loops::LoopSummary;
 pub use membership::MembershipSummary;
 pub use observed::ObserveSummary;
 pub use predict::PredictSummary;
@@ -108,6 +110,8 @@ pub struct DemoSummary {
     /// A2A agents whose skills come from their cards, and conversations whose follow-ups
     /// reach the agent holding the task.
     pub conversations: ConversationsSummary,
+    /// A delegation loop among three agents, stopped at its first turn by its chain.
+    pub loops: LoopSummary,
     /// Demand ramping onto an agent of lower capacity: its predicted saturation ahead of the
     /// actual one.
     pub predict: PredictSummary,
@@ -431,6 +435,12 @@ async fn start_sidecar(bootstrap: Bootstrap, policy: Policy) -> Result<Sidecar, 
     Ok(Sidecar::start(store).await?)
 }
 
+/// The delegation-loop act alone (its test runs it without the rest of the demo).
+#[allow(dead_code, reason = "run alone only by tests/it/chains.rs")]
+pub async fn loop_act() -> Result<LoopSummary, DemoError> {
+    loops::run().await
+}
+
 /// Runs the demo and returns its summary.
 pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
     let mut fleet = Fleet::start(demo_policy()).await?;
@@ -507,6 +517,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         authorized::run(&mut fleet, Duration::from_secs(2), options.concurrency).await?;
     let tasks = tasks::run(&mut fleet).await?;
     let conversations = conversations::run(&mut fleet).await?;
+    let loops = loops::run().await?;
     let predict = predict::run(&mut fleet).await?;
     let scale = scale::run(&fleet).await;
     fleet.shutdown().await;
@@ -527,6 +538,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         authorization,
         tasks,
         conversations,
+        loops,
         predict,
         scale,
     })

@@ -377,6 +377,18 @@ pub fn render_table(s: &DemoSummary) -> String {
             .map_or("never (within 20 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
         c.card_url, c.conversations, c.agents_used, c.reached_holder, c.follow_ups
     ));
+    let l = &s.loops;
+    out.push_str(&format!(
+        "\ndelegation loop: {} delegate in a circle; the first turn came back {} {} after {:.1} ms, refused by {}'s sidecar\n  chain: {} ({} hops); the agents ran {} calls in all, one each\n",
+        l.agents.join(" → "),
+        l.status,
+        l.reason,
+        l.answered_after_ms,
+        l.refused_by,
+        l.chain,
+        l.hops,
+        l.agent_calls
+    ));
     let p = &s.predict;
     let secs = |x: Option<f64>| x.map_or("not within the act".to_owned(), |x| format!("{x:.1} s"));
     out.push_str(&format!(
