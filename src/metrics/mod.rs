@@ -65,6 +65,8 @@ pub const GOSSIP_MEMBERS: &str = "reach_gossip_members";
 pub const GOSSIP_MESSAGES_TOTAL: &str = "reach_gossip_messages_total";
 pub const GOSSIP_BYTES_TOTAL: &str = "reach_gossip_bytes_total";
 pub const GOSSIP_REJECTED_TOTAL: &str = "reach_gossip_rejected_total";
+pub const MODEL_BUDGET_MALFORMED_TOTAL: &str = "reach_model_budget_malformed_total";
+pub const MODEL_HEADROOM: &str = "reach_model_headroom_ratio";
 pub const PANICS_TOTAL: &str = "reach_panics_total";
 pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "reach_tls_handshake_failures_total";
 pub const AUTHZ_DENIED_TOTAL: &str = "reach_authz_denied_total";
@@ -185,9 +187,17 @@ const COUNTERS: &[(&str, &str)] = &[
         GOSSIP_REJECTED_TOTAL,
         "Gossip datagrams dropped unread, and authenticated items refused, by reason (bad_mac, expired, replayed, malformed, oversized, undecodable; not_sender, name_taken, bad_address, out_of_range, unknown_kind).",
     ),
+    (
+        MODEL_BUDGET_MALFORMED_TOTAL,
+        "Rate-limit header values from an external target that did not parse (ignored), by target.",
+    ),
 ];
 
 const GAUGES: &[(&str, &str)] = &[
+    (
+        MODEL_HEADROOM,
+        "The local agent's model headroom, 0..1: the tightest of its providers' budgets (1 when none is known).",
+    ),
     (
         AFFINITY_ENTRIES,
         "Affinity keys bound to an agent in this caller's table.",
@@ -630,6 +640,20 @@ impl Metrics {
                 "capability" => capability, "outcome" => outcome)
             .record(duration.as_secs_f64());
         });
+    }
+
+    /// Unreadable rate-limit values in an external target's answer. `target` is a configured
+    /// target's name: a bounded label.
+    pub fn model_budget_malformed(&self, target: &str, n: u32) {
+        let target = target.to_owned();
+        self.with(|| {
+            counter!(MODEL_BUDGET_MALFORMED_TOTAL, "target" => target).increment(u64::from(n))
+        });
+    }
+
+    /// The local agent's model headroom (docs/model-budgets.md).
+    pub fn model_headroom(&self, headroom: f64) {
+        self.with(|| gauge!(MODEL_HEADROOM).set(headroom));
     }
 
     pub fn idempotent_replay(&self) {

@@ -4,8 +4,9 @@
 use crate::identity::SpiffeId;
 use std::sync::Arc;
 
+use crate::budget::{Figure, PublishedBudget};
 use crate::config::Snapshot;
-use crate::gossip::{milli, unmilli, Capability as WireCapability};
+use crate::gossip::{milli, unmilli, Capability as WireCapability, LiveBudget};
 use crate::gossip::{Live, Member, Membership, Profile};
 use crate::local::{PublishedCapability, SelfView};
 use crate::reach::{EstimateSnapshot, QualityMark, ViewSnapshot};
@@ -103,6 +104,7 @@ pub fn self_view(member: &Member, live: &Live) -> SelfView {
         in_flight: live.in_flight as usize,
         queued: live.queued as usize,
         last_probe: None,
+        budget: live.budget.iter().map(published_budget).collect(),
     }
 }
 
@@ -153,6 +155,30 @@ pub fn live(view: &SelfView) -> Live {
         cooling_down: e.cooling_down,
         in_flight: u32::try_from(view.in_flight).unwrap_or(u32::MAX),
         queued: u32::try_from(view.queued).unwrap_or(u32::MAX),
+        budget: view.budget.iter().map(live_budget).collect(),
+    }
+}
+
+/// A model budget as gossip carries it: thousandths and milliseconds.
+fn live_budget(b: &PublishedBudget) -> LiveBudget {
+    let ms = |s: f64| (crate::budget::seconds(s) * 1000.0) as u32;
+    LiveBudget {
+        group: b.group.clone(),
+        headroom_milli: b.figure.map(|f| milli(f.headroom)),
+        reset_ms: b.figure.map_or(0, |f| ms(f.reset_in_s)),
+        age_ms: b.figure.map_or(0, |f| ms(f.age_s)),
+    }
+}
+
+/// A model budget as gossip delivered it.
+fn published_budget(b: &LiveBudget) -> PublishedBudget {
+    PublishedBudget {
+        group: b.group.clone(),
+        figure: b.headroom_milli.map(|h| Figure {
+            headroom: unmilli(h),
+            reset_in_s: f64::from(b.reset_ms) / 1000.0,
+            age_s: f64::from(b.age_ms) / 1000.0,
+        }),
     }
 }
 
@@ -233,6 +259,7 @@ mod tests {
             saturation_predicted: 0,
             quality_milli: None,
             degraded: false,
+            budget: Vec::new(),
             latency_ms: Some(20),
             p50_ms: None,
             p95_ms: None,
