@@ -43,6 +43,14 @@ pub struct Admin {
     pub history: Arc<history::History>,
 }
 
+/// The agent's tightest model budget on `/status`.
+#[derive(Debug, Serialize)]
+pub struct ModelBudgetStatus {
+    pub headroom: f64,
+    pub reset_in_s: f64,
+    pub reason: String,
+}
+
 /// The `/status` document.
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -50,8 +58,12 @@ pub struct Status {
     /// This agent's own view of itself: state, cap and every estimate.
     #[serde(rename = "self")]
     pub self_view: ViewSnapshot,
-    /// The own state as shown: `degraded` in place of `healthy` while golden tasks drift.
+    /// The own state as shown: `degraded` in place of `healthy` while golden tasks drift, then
+    /// `budget-limited` while a model budget's headroom is cut (docs/model-budgets.md).
     pub self_state: &'static str,
+    /// The agent's tightest model budget, when any provider has stated one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_budget: Option<ModelBudgetStatus>,
     pub last_probe: Option<ProbeRecord>,
     /// Each capability's last golden-task run: similarity per task and what differed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -166,8 +178,21 @@ impl Admin {
         transitions.sort_by(|a, b| a.age_s.total_cmp(&b.age_s));
         transitions.truncate(TRANSITIONS_KEPT);
         let self_view = self.local.refresh().0;
+        let budget = self.local.budgets().headroom(tokio::time::Instant::now());
+        let limited = budget
+            .as_ref()
+            .is_some_and(|b| b.headroom < crate::budget::LIMITED_BELOW);
         Status {
-            self_state: self_view.shown_state(),
+            // An overlay on `healthy`, like `degraded`: the wire state is untouched.
+            self_state: match self_view.shown_state() {
+                "healthy" if limited => "budget-limited",
+                shown => shown,
+            },
+            model_budget: budget.map(|b| ModelBudgetStatus {
+                headroom: b.headroom,
+                reset_in_s: b.reset_in.as_secs_f64(),
+                reason: b.reason,
+            }),
             quality: self.local.quality(),
             // The admin port listens on every address: a probe's credentials are not shown.
             agent: crate::redact::profile(

@@ -111,6 +111,14 @@ fn render(doc: &Value) -> String {
         text(&doc["config_generation"]),
         text(&doc["version"]),
     );
+    if let Some(b) = doc.get("model_budget") {
+        let _ = writeln!(
+            out,
+            "model budget · headroom {} · {}",
+            pct(b["headroom"].as_f64()),
+            b["reason"].as_str().unwrap_or("unknown"),
+        );
+    }
     for q in doc["quality"].as_array().into_iter().flatten() {
         let differing: Vec<&str> = q["tasks"]
             .as_array()
