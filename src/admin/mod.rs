@@ -183,9 +183,10 @@ impl Admin {
             .as_ref()
             .is_some_and(|b| b.headroom < crate::budget::LIMITED_BELOW);
         Status {
-            // An overlay on `healthy`, like `degraded`: the wire state is untouched.
+            // An overlay, like `degraded`, on the states that take traffic (an ejected or
+            // draining agent's state says more): the wire state is untouched.
             self_state: match self_view.shown_state() {
-                "healthy" if limited => "budget-limited",
+                "healthy" | "parole" | "recovering" if limited => "budget-limited",
                 shown => shown,
             },
             model_budget: budget.map(|b| ModelBudgetStatus {
