@@ -285,6 +285,53 @@ mod tests {
             .unwrap_or_else(|| panic!("{NAME} is routable"))
     }
 
+    /// A member's model headroom cuts its share and scores like saturation; at 0 it is passed
+    /// over until the reset, and whole again at the reset with nothing new heard.
+    #[tokio::test(start_paused = true)]
+    async fn a_members_model_headroom_cuts_its_share_none_at_zero_whole_at_the_reset() {
+        let feed = feed();
+        feed.members(&[member(1)]);
+        let with_budget = |milli: u16| Live {
+            budget: vec![LiveBudget {
+                group: None,
+                headroom_milli: Some(milli),
+                reset_ms: 30_000,
+                age_ms: 0,
+            }],
+            ..own_view(State::Healthy)
+        };
+        let request = crate::peers::RouteRequest {
+            capability: "review".into(),
+            ..Default::default()
+        };
+        let score = |feed: &GossipFeed| {
+            let snapshot = feed.store.snapshot();
+            let mut scored = feed.views.score(&snapshot, &[peer(feed)], &request);
+            scored.pop().unwrap_or_else(|| panic!("one candidate"))
+        };
+        feed.live(&member(1), &own_view(State::Healthy));
+        let whole = score(&feed);
+        assert_eq!(whole.cap, 1.0);
+        feed.live(&member(1), &with_budget(300));
+        let cut = score(&feed);
+        assert!((cut.cap - 0.3).abs() < 1e-9, "{}", cut.cap);
+        assert!(cut.factors.score < whole.factors.score);
+        assert_eq!(cut.excluded, None);
+        feed.live(&member(1), &with_budget(0));
+        let spent = score(&feed);
+        assert!(
+            spent
+                .excluded
+                .as_deref()
+                .is_some_and(|e| e.starts_with("budget-limited")),
+            "{:?}",
+            spent.excluded
+        );
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let back = score(&feed);
+        assert_eq!((back.cap, back.excluded), (1.0, None));
+    }
+
     /// Issue 39: a member killed and restarted in place (same name, same inbound and gossip
     /// addresses, a new epoch) is not held back by what this caller saw of the old process: the
     /// calls that failed while it was down ejected the old one, not the new one.

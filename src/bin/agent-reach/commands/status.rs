@@ -412,4 +412,27 @@ mod tests {
             "{out}"
         );
     }
+
+    #[test]
+    fn an_agent_short_of_model_budget_shows_budget_limited_with_the_reason() {
+        let doc = serde_json::json!({
+            "agent": { "name": "coder-2" },
+            "self": { "state": "healthy", "cap": 1.0 },
+            "self_state": "budget-limited",
+            "model_budget": { "headroom": 0.25, "reset_in_s": 41.0,
+                              "reason": "openai: requests 2/10 left, resets in 41s" },
+            "load": { "in_flight": 0, "queued": 0, "limit": 4 },
+            "peer_views": []
+        });
+        let out = render(&doc);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].starts_with("agent coder-2 · budget-limited"),
+            "{out}"
+        );
+        assert_eq!(
+            lines[1],
+            "model budget · headroom 25% · openai: requests 2/10 left, resets in 41s"
+        );
+    }
 }
