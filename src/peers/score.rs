@@ -11,7 +11,7 @@ use crate::config::{RouteMode, Snapshot};
 use crate::local::SelfView;
 use crate::reach::{self, State};
 use crate::registry::Peer;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// How much longer than a peer's published timeout a caller waits for its answer.
 const PUBLISHED_TIMEOUT_GRACE: Duration = Duration::from_millis(50);
@@ -32,7 +32,6 @@ impl PeerViews {
         let lifetime = super::self_view_lifetime(snapshot);
         let me = &snapshot.bootstrap.agent;
         let mut inner = self.lock();
-        let groups = self.budget_groups.lock().unwrap_or_else(|p| p.into_inner());
         let mut transitions = Vec::new();
         let mut scored = candidates
             .iter()
@@ -63,7 +62,7 @@ impl PeerViews {
                 // none at 0, whole again at the reset (docs/model-budgets.md).
                 let headroom = model_headroom(
                     entry.remote.as_ref().filter(|_| remote.is_some()),
-                    &groups,
+                    &self.budget_groups,
                     now,
                 );
                 let cap = if silent.is_some() {
@@ -190,7 +189,6 @@ impl PeerViews {
                 }
             })
             .collect::<Vec<_>>();
-        drop(groups);
         drop(inner);
         super::latency::judge(&mut scored);
         for (peer, t) in transitions {
@@ -201,15 +199,22 @@ impl PeerViews {
 }
 
 /// A candidate's model headroom from its self-view's budgets and its groups' freshest figures;
-/// 1 when it publishes none (the common case costs one check).
-fn model_headroom(remote: Option<&(SelfView, Instant)>, groups: &GroupTable, now: Instant) -> f64 {
+/// 1 when it publishes none (the common case costs one check, and takes no lock).
+fn model_headroom(
+    remote: Option<&(SelfView, Instant)>,
+    groups: &Mutex<GroupTable>,
+    now: Instant,
+) -> f64 {
     match remote {
-        Some((view, at)) if !view.budget.is_empty() => candidate_headroom(
-            &view.budget,
-            now.saturating_duration_since(*at),
-            groups,
-            now,
-        ),
+        Some((view, at)) if !view.budget.is_empty() => {
+            let groups = groups.lock().unwrap_or_else(|p| p.into_inner());
+            candidate_headroom(
+                &view.budget,
+                now.saturating_duration_since(*at),
+                &groups,
+                now,
+            )
+        }
         _ => 1.0,
     }
 }
