@@ -9,7 +9,9 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::mock_agent::{MockAgent, MockConfig, ModelCall, ProviderBudget, ProviderHeaders};
+use crate::mock_agent::{
+    Latency, MockAgent, MockConfig, ModelCall, ProviderBudget, ProviderHeaders,
+};
 use agent_reach::config::{ExternalTarget, HostPort, HumanDuration, Name, Policy};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
@@ -47,12 +49,26 @@ async fn agent(
     provider: Option<(SocketAddr, Option<&str>)>,
     calls_model: bool,
 ) -> (MockAgent, Sidecar) {
-    let agent = mock(MockConfig::new(name)).await;
+    agent_with(name, provider, calls_model, |b| b).await
+}
+
+/// [`agent`], its bootstrap adjusted by `tune` (gossip, for one).
+async fn agent_with(
+    name: &str,
+    provider: Option<(SocketAddr, Option<&str>)>,
+    calls_model: bool,
+    tune: impl FnOnce(Bootstrap) -> Bootstrap,
+) -> (MockAgent, Sidecar) {
+    // Each agent answers in 20 ms, a model call on the way or not: the share watched is the
+    // budget's, not a latency preference (a clearly faster peer wins every tie).
+    let mut config = MockConfig::new(name);
+    config.latency = Latency::fixed(Duration::from_millis(20));
+    let agent = mock(config).await;
     let mut policy = quick_parole();
     if let Some((addr, group)) = provider {
         policy.targets.push(llm_target(addr, group));
     }
-    let bootstrap = Bootstrap::local(name, agent.addr, &[CAP]).unwrap();
+    let bootstrap = tune(Bootstrap::local(name, agent.addr, &[CAP]).unwrap());
     let side = sidecar_with(bootstrap, policy, Default::default()).await;
     if calls_model {
         agent.set_model(ModelCall {
@@ -313,4 +329,79 @@ async fn hostile_header_values_are_bounded_and_garbage_is_ignored_and_counted() 
     let reply = task(&caller, &mut pace).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(g.stats().business, 1);
+}
+
+/// A fresh gossip key file for one test.
+fn key_file(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("agent-reach-budget-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gossip.key");
+    let secret: [u8; 32] = rand::random();
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&path, hex).unwrap();
+    path
+}
+
+/// Gossip on loopback with timings fast enough for a test.
+fn gossiping(seeds: &[SocketAddr], key: &std::path::Path, b: Bootstrap) -> Bootstrap {
+    let mut b = b.with_gossip(seeds, key.to_path_buf());
+    if let Some(g) = b.gossip.as_mut() {
+        g.probe_interval = HumanDuration::from_millis(200);
+        g.probe_timeout = HumanDuration::from_millis(100);
+        g.refresh_interval = HumanDuration::from_millis(500);
+    }
+    b
+}
+
+/// The same over gossip: the group's figure travels in the `Live` item (v4), and the caller
+/// avoids the member that learned nothing as well as the one that spent the account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_spent_budget_travels_by_gossip_to_every_caller() {
+    let provider = mock(provider_config(
+        10,
+        Duration::from_secs(30),
+        ProviderHeaders::Honest,
+    ))
+    .await;
+    let key = key_file("group");
+    let account = Some((provider.addr, Some("acme-openai")));
+    let (a, a_side) = agent_with("coder-a", account, true, |b| gossiping(&[], &key, b)).await;
+    let seed = [a_side.addrs.gossip.expect("gossip is on")];
+    let (b, _b_side) = agent_with("coder-b", account, false, |b| gossiping(&seed, &key, b)).await;
+    let (c, _c_side) = agent_with("coder-c", None, false, |b| gossiping(&seed, &key, b)).await;
+    let caller_bootstrap =
+        Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
+    let caller = sidecar_with(
+        gossiping(&seed, &key, caller_bootstrap),
+        quick_parole(),
+        Default::default(),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the caller knows all three by gossip",
+        || async {
+            let views = caller.status().peer_views;
+            ["coder-a", "coder-b", "coder-c"]
+                .iter()
+                .all(|n| views.iter().any(|p| p.name == *n && p.self_view.is_some()))
+        },
+    )
+    .await;
+    spend(&a_side, 9).await;
+    eventually(
+        Duration::from_secs(5),
+        "the spent budget travels by gossip",
+        || async { caller_sees_spent(&caller, "coder-a") },
+    )
+    .await;
+    let mut pace = pace();
+    for _ in 0..20 {
+        let reply = task(&caller, &mut pace).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    assert_eq!(a.stats().business, 0, "coder-a spent the account");
+    assert_eq!(b.stats().business, 0, "coder-b shares the account");
+    assert_eq!(c.stats().business, 20);
+    assert_eq!(provider.provider_stats().refused, 0);
 }
