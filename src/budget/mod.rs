@@ -6,11 +6,13 @@
 //! (`budget_group:`) share what the first of them learns.
 //!
 //! `headers` reads one answer; `learn` keeps each external target's state and projects its
-//! headroom; `shared` is the callers' side: the freshest state of each group, bounded in age.
+//! headroom; `shared` is the callers' side: the freshest state of each group, bounded in age;
+//! `usage` counts the tokens the answers report.
 
 pub mod headers;
 mod learn;
 pub mod shared;
+pub mod usage;
 
 pub use learn::{Headroom, ModelBudgets, LIMITED_BELOW};
 

@@ -67,6 +67,10 @@ pub const GOSSIP_BYTES_TOTAL: &str = "reach_gossip_bytes_total";
 pub const GOSSIP_REJECTED_TOTAL: &str = "reach_gossip_rejected_total";
 pub const MODEL_BUDGET_MALFORMED_TOTAL: &str = "reach_model_budget_malformed_total";
 pub const MODEL_HEADROOM: &str = "reach_model_headroom_ratio";
+/// OpenTelemetry's GenAI semantic convention, as a counter of tokens.
+pub const GEN_AI_TOKEN_USAGE: &str = "gen_ai_client_token_usage";
+/// Model names with a label of their own; past them, `other`.
+const MAX_MODEL_LABELS: usize = 16;
 pub const PANICS_TOTAL: &str = "reach_panics_total";
 pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "reach_tls_handshake_failures_total";
 pub const AUTHZ_DENIED_TOTAL: &str = "reach_authz_denied_total";
@@ -188,6 +192,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Gossip datagrams dropped unread, and authenticated items refused, by reason (bad_mac, expired, replayed, malformed, oversized, undecodable; not_sender, name_taken, bad_address, out_of_range, unknown_kind).",
     ),
     (
+        GEN_AI_TOKEN_USAGE,
+        "Tokens an external target's answers reported in `usage`, by gen_ai_token_type (input, output), gen_ai_request_model (the answer's model; at most 16, then other) and gen_ai_provider_name (the target).",
+    ),
+    (
         MODEL_BUDGET_MALFORMED_TOTAL,
         "Rate-limit header values from an external target that did not parse (ignored), by target.",
     ),
@@ -302,6 +310,8 @@ pub struct Metrics {
     fleet_demand: Mutex<demand::FleetDemand>,
     /// The capabilities whose series were registered at 0 (`known.rs`).
     known: known::Known,
+    /// The model names `gen_ai_client_token_usage` has a label for (the rest are `other`).
+    models: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -329,6 +339,7 @@ impl Metrics {
             peers: Mutex::default(),
             fleet_demand: Mutex::default(),
             known: Mutex::default(),
+            models: Mutex::default(),
         };
         metrics.describe();
         metrics.register_fixed();
@@ -649,6 +660,30 @@ impl Metrics {
         self.with(|| {
             counter!(MODEL_BUDGET_MALFORMED_TOTAL, "target" => target).increment(u64::from(n))
         });
+    }
+
+    /// Tokens an external target's answer reported (docs/model-budgets.md, "Tokens").
+    pub fn token_usage(&self, provider: &str, model: Option<&str>, input: u64, output: u64) {
+        let model = {
+            let mut known = self.models.lock().unwrap_or_else(|p| p.into_inner());
+            match model {
+                Some(m) if known.iter().any(|k| k == m) => m.to_owned(),
+                Some(m) if known.len() < MAX_MODEL_LABELS => {
+                    known.push(m.to_owned());
+                    m.to_owned()
+                }
+                Some(_) => "other".to_owned(),
+                None => "unknown".to_owned(),
+            }
+        };
+        for (kind, n) in [("input", input), ("output", output)] {
+            let (model, provider) = (model.clone(), provider.to_owned());
+            self.with(|| {
+                counter!(GEN_AI_TOKEN_USAGE, "gen_ai_token_type" => kind,
+                    "gen_ai_request_model" => model, "gen_ai_provider_name" => provider)
+                .increment(n)
+            });
+        }
     }
 
     /// The local agent's model headroom (docs/model-budgets.md).

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::attempts::retry::{Attempt, Refusal};
 use super::call::Try;
-use crate::budget::ModelBudgets;
+use crate::budget::{usage, ModelBudgets};
 use crate::classify::Class;
 use crate::config::Snapshot;
 use crate::error::ReachError;
@@ -68,7 +68,7 @@ async fn attempt(
     )
     .await;
     let elapsed = sent.elapsed();
-    let response = match forwarded {
+    let mut response = match forwarded {
         Ok(response) => response,
         Err(err) => {
             if let Some(fault) = upload.caller_fault(matches!(err, ReachError::Timeout { .. })) {
@@ -92,7 +92,7 @@ async fn attempt(
             return Attempt::Failed(err);
         }
     };
-    learn_budget(&budgets, peer, &snapshot, &response);
+    learn_budget(&budgets, peer, &snapshot, &mut response);
     let class = Class::of_response(&response);
     match class.signal(elapsed) {
         Some(signal) => pending.finish(signal, &snapshot),
@@ -109,16 +109,21 @@ async fn attempt(
 }
 
 /// An external target's answer (a model provider's, typically): its rate-limit headers teach the
-/// agent's model budget. A peer sidecar's answers are not read: nothing per call for them.
+/// agent's model budget, and it is marked for its tokens to be counted when its body has passed
+/// (`src/outbound/record.rs`). A peer sidecar's answers are not read: nothing per call for them.
 fn learn_budget<B>(
     budgets: &Budgets,
     peer: &Peer,
     snapshot: &Snapshot,
-    response: &http::Response<B>,
+    response: &mut http::Response<B>,
 ) {
     let Some(target) = peer.target.as_deref() else {
         return;
     };
+    response.extensions_mut().insert(usage::Watch {
+        provider: Arc::from(target),
+        metrics: budgets.1.clone(),
+    });
     let group = snapshot
         .policy
         .targets

@@ -10,6 +10,7 @@ use tower::ServiceExt;
 use tracing::Span;
 
 use super::call::{Call, Routed};
+use crate::budget::usage;
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::layers::field;
@@ -78,8 +79,10 @@ where
 {
     let outcome = Class::of_response(&response).outcome();
     Span::current().record(field::OUTCOME, outcome.as_str());
-    let (parts, incoming) = response.into_parts();
-    let measured = Observed::new(incoming, move |end: BodyEnd| {
+    let (mut parts, incoming) = response.into_parts();
+    // An external target's answer, marked by the endpoint: its tokens are counted too.
+    let tokens = parts.extensions.remove::<usage::Watch>();
+    let observer = usage::then(tokens, &parts.headers, move |end: BodyEnd| {
         let outcome = if end == BodyEnd::Error {
             Outcome::Failure
         } else {
@@ -94,6 +97,7 @@ where
             elapsed,
         );
     });
+    let measured = Observed::new(incoming, observer);
     Response::from_parts(parts, body::boxed(measured))
 }
 

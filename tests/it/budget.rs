@@ -405,3 +405,55 @@ async fn a_groups_spent_budget_travels_by_gossip_to_every_caller() {
     assert_eq!(c.stats().business, 20);
     assert_eq!(provider.provider_stats().refused, 0);
 }
+
+/// Token accounting: the `usage` of a JSON answer and of a stream's last event, counted by type,
+/// model and provider; the stream still reaches the agent whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_reported_by_json_and_streamed_answers_are_counted() {
+    let provider = mock(provider_config(
+        100,
+        Duration::from_secs(60),
+        ProviderHeaders::Honest,
+    ))
+    .await;
+    let (_a, a_side) = agent("coder-a", Some((provider.addr, None)), false).await;
+    let url = format!("http://{}/v1/chat/completions", a_side.addrs.outbound);
+    let json = send(
+        &client(),
+        "POST",
+        &url,
+        &[("reach-capability", LLM)],
+        r#"{"model":"gpt-test"}"#,
+    )
+    .await;
+    assert_eq!(json.status, 200, "{}", json.body);
+    let streamed = send(
+        &client(),
+        "POST",
+        &url,
+        &[("reach-capability", LLM)],
+        r#"{"model":"gpt-test","stream":true}"#,
+    )
+    .await;
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    assert!(streamed.body.contains("\"usage\"") && streamed.body.ends_with("data: [DONE]\n\n"));
+    let series = "gen_ai_client_token_usage{";
+    let labels = "gen_ai_request_model=\"gpt-test\"";
+    eventually(
+        Duration::from_secs(2),
+        "both answers' tokens are counted",
+        || async {
+            let metrics = get(&client(), &format!("http://{}/metrics", a_side.addrs.admin)).await;
+            let output = sum(&metrics.body, series, "gen_ai_token_type=\"output\"");
+            let input = sum(&metrics.body, series, "gen_ai_token_type=\"input\"");
+            output == 12.0
+                && input >= 2.0
+                && metrics.body.lines().any(|l| {
+                    l.starts_with(series)
+                        && l.contains(labels)
+                        && l.contains("gen_ai_provider_name=\"llm\"")
+                })
+        },
+    )
+    .await;
+}
