@@ -171,6 +171,32 @@ impl Admin {
         )
     }
 
+    /// The agent's tightest model budget: what it learned itself, or a group of its targets as
+    /// another member learned it (callers score it by the group's figure either way).
+    fn model_budget(&self, snapshot: &crate::config::Snapshot) -> Option<crate::budget::Headroom> {
+        let now = tokio::time::Instant::now();
+        let own = self.local.budgets().headroom(now);
+        let groups = snapshot
+            .policy
+            .targets
+            .iter()
+            .filter_map(|t| t.budget_group.as_ref())
+            .filter_map(|g| {
+                let (headroom, reset_in) = self.peers.group_headroom(g.as_str(), now)?;
+                Some(crate::budget::Headroom {
+                    headroom,
+                    reset_in,
+                    reason: format!(
+                        "group {g}: as a member learned it, resets in {:.0}s",
+                        reset_in.as_secs_f64()
+                    ),
+                })
+            });
+        own.into_iter()
+            .chain(groups)
+            .min_by(|a, b| a.headroom.total_cmp(&b.headroom))
+    }
+
     pub fn status(&self) -> Status {
         let snapshot = self.store.snapshot();
         let mut transitions = self.local.transitions();
@@ -178,7 +204,7 @@ impl Admin {
         transitions.sort_by(|a, b| a.age_s.total_cmp(&b.age_s));
         transitions.truncate(TRANSITIONS_KEPT);
         let self_view = self.local.refresh().0;
-        let budget = self.local.budgets().headroom(tokio::time::Instant::now());
+        let budget = self.model_budget(&snapshot);
         let limited = budget
             .as_ref()
             .is_some_and(|b| b.headroom < crate::budget::LIMITED_BELOW);

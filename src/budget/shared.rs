@@ -77,6 +77,14 @@ impl GroupTable {
         )
     }
 
+    /// How long until the group's figure resets, when a fresh one is known.
+    pub fn reset_in(&self, group: &str, now: Instant) -> Option<Duration> {
+        let h = self.groups.get(group)?;
+        let elapsed = now.saturating_duration_since(h.heard_at).as_secs_f64();
+        let left = super::seconds(h.figure.reset_in_s) - elapsed;
+        Some(Duration::from_secs_f64(left.max(0.0)))
+    }
+
     /// Whether any group is known at all: a caller with none skips the lookups.
     pub fn is_empty(&self) -> bool {
         self.groups.is_empty()

@@ -352,6 +352,13 @@ impl PeerViews {
         }
     }
 
+    /// The freshest headroom heard of a `budget_group` from its members, and the time to its
+    /// reset, when a fresh one is known.
+    pub fn group_headroom(&self, group: &str, now: Instant) -> Option<(f64, Duration)> {
+        let groups = self.budget_groups.lock().unwrap_or_else(|p| p.into_inner());
+        Some((groups.headroom(group, now)?, groups.reset_in(group, now)?))
+    }
+
     /// Gossip routes to this incarnation of `peer` now: an entry about an earlier one (the same
     /// agent before it restarted, at the same address or not) starts afresh, so nothing the
     /// caller saw of the old process — an ejection, a drain, failures while it was down —

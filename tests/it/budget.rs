@@ -367,7 +367,7 @@ async fn a_groups_spent_budget_travels_by_gossip_to_every_caller() {
     let account = Some((provider.addr, Some("acme-openai")));
     let (a, a_side) = agent_with("coder-a", account, true, |b| gossiping(&[], &key, b)).await;
     let seed = [a_side.addrs.gossip.expect("gossip is on")];
-    let (b, _b_side) = agent_with("coder-b", account, false, |b| gossiping(&seed, &key, b)).await;
+    let (b, b_side) = agent_with("coder-b", account, false, |b| gossiping(&seed, &key, b)).await;
     let (c, _c_side) = agent_with("coder-c", None, false, |b| gossiping(&seed, &key, b)).await;
     let caller_bootstrap =
         Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
@@ -404,6 +404,19 @@ async fn a_groups_spent_budget_travels_by_gossip_to_every_caller() {
     assert_eq!(b.stats().business, 0, "coder-b shares the account");
     assert_eq!(c.stats().business, 20);
     assert_eq!(provider.provider_stats().refused, 0);
+    // coder-b's own sidecar heard it too: it shows the group's budget as its own.
+    eventually(
+        Duration::from_secs(5),
+        "coder-b shows budget-limited",
+        || async { b_side.status().self_state == "budget-limited" },
+    )
+    .await;
+    let reason = b_side
+        .status()
+        .model_budget
+        .map(|m| m.reason)
+        .unwrap_or_default();
+    assert!(reason.starts_with("group acme-openai"), "{reason}");
 }
 
 /// Token accounting: the `usage` of a JSON answer and of a stream's last event, counted by type,
