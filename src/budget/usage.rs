@@ -1,7 +1,8 @@
 //! Token accounting for an external target's answers: the `usage` of a JSON answer, or of a
 //! stream's events (OpenAI's last chunk with `stream_options.include_usage`, Anthropic's
 //! `message_start` and `message_delta`), counted as `gen_ai_client_token_usage` by token type,
-//! model and provider (docs/model-budgets.md, "Tokens"). Only answers the endpoint marked with a
+//! model and provider, and a stream's time to its first event (docs/model-budgets.md,
+//! "Tokens"). Only answers the endpoint marked with a
 //! [`Watch`] are read: a peer sidecar's answer is passed through unread.
 
 use std::ops::ControlFlow;
@@ -24,6 +25,8 @@ const MAX_LINE: usize = 64 * 1024;
 pub struct Watch {
     pub provider: Arc<str>,
     pub metrics: Arc<Metrics>,
+    /// When the request was sent: a stream's first event is timed from it.
+    pub sent: std::time::Instant,
 }
 
 /// Tokens an answer reported, and for which model.
@@ -71,6 +74,8 @@ pub struct Then<F> {
 #[derive(Debug, Default)]
 struct Reader {
     stream: bool,
+    /// A stream's first data frame has been timed.
+    first_seen: bool,
     held: Vec<u8>,
     usage: Usage,
     overflow: bool,
@@ -117,7 +122,12 @@ impl<F: OnEnd> OnEnd for Then<F> {
 
 impl<F: OnEnd> Observer<Bytes> for Then<F> {
     fn frame(&mut self, frame: &Frame<Bytes>) -> ControlFlow<()> {
-        if let (Some((_, reader)), Some(data)) = (self.watch.as_mut(), frame.data_ref()) {
+        if let (Some((watch, reader)), Some(data)) = (self.watch.as_mut(), frame.data_ref()) {
+            if reader.stream && !reader.first_seen && !data.is_empty() {
+                reader.first_seen = true;
+                let ttft = watch.sent.elapsed();
+                watch.metrics.time_to_first_token(&watch.provider, ttft);
+            }
             reader.read(data);
         }
         // `then` must still hear the end: never break.

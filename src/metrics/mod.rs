@@ -69,6 +69,7 @@ pub const MODEL_BUDGET_MALFORMED_TOTAL: &str = "reach_model_budget_malformed_tot
 pub const MODEL_HEADROOM: &str = "reach_model_headroom_ratio";
 /// OpenTelemetry's GenAI semantic convention, as a counter of tokens.
 pub const GEN_AI_TOKEN_USAGE: &str = "gen_ai_client_token_usage";
+pub const GEN_AI_TTFT: &str = "gen_ai_server_time_to_first_token_seconds";
 /// Model names with a label of their own; past them, `other`.
 const MAX_MODEL_LABELS: usize = 16;
 pub const PANICS_TOTAL: &str = "reach_panics_total";
@@ -254,6 +255,10 @@ const GAUGES: &[(&str, &str)] = &[
 ];
 
 const HISTOGRAMS: &[(&str, &str)] = &[
+    (
+        GEN_AI_TTFT,
+        "From an external target's request sent to its stream's first event, by gen_ai_provider_name (the target).",
+    ),
     (
         REQUEST_DURATION,
         "Request duration until the response body ended, by direction.",
@@ -684,6 +689,14 @@ impl Metrics {
                 .increment(n)
             });
         }
+    }
+
+    /// A streamed answer's first event from an external target (docs/model-budgets.md, "Tokens").
+    pub fn time_to_first_token(&self, provider: &str, ttft: Duration) {
+        let provider = provider.to_owned();
+        self.with(|| {
+            histogram!(GEN_AI_TTFT, "gen_ai_provider_name" => provider).record(ttft.as_secs_f64())
+        });
     }
 
     /// The local agent's model headroom (docs/model-budgets.md).

@@ -92,7 +92,7 @@ async fn attempt(
             return Attempt::Failed(err);
         }
     };
-    learn_budget(&budgets, peer, &snapshot, &mut response);
+    learn_budget(&budgets, peer, &snapshot, &mut response, sent);
     let class = Class::of_response(&response);
     match class.signal(elapsed) {
         Some(signal) => pending.finish(signal, &snapshot),
@@ -116,6 +116,7 @@ fn learn_budget<B>(
     peer: &Peer,
     snapshot: &Snapshot,
     response: &mut http::Response<B>,
+    sent: Instant,
 ) {
     let Some(target) = peer.target.as_deref() else {
         return;
@@ -123,6 +124,7 @@ fn learn_budget<B>(
     response.extensions_mut().insert(usage::Watch {
         provider: Arc::from(target),
         metrics: budgets.1.clone(),
+        sent,
     });
     let group = snapshot
         .policy
