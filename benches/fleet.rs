@@ -328,6 +328,7 @@ fn live(i: usize) -> Live {
         saturation_predicted: (i % 10) as u16 * 100,
         quality_milli: None,
         degraded: false,
+        budget: Vec::new(),
     }
 }
 

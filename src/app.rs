@@ -589,6 +589,8 @@ fn spawn_upkeep(
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {
                     local.publish();
+                    let budget = local.budgets().headroom(tokio::time::Instant::now());
+                    metrics.model_headroom(budget.map_or(1.0, |b| b.headroom));
                     metrics.run_upkeep();
                 }
             }

@@ -43,6 +43,14 @@ pub struct Admin {
     pub history: Arc<history::History>,
 }
 
+/// The agent's tightest model budget on `/status`.
+#[derive(Debug, Serialize)]
+pub struct ModelBudgetStatus {
+    pub headroom: f64,
+    pub reset_in_s: f64,
+    pub reason: String,
+}
+
 /// The `/status` document.
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -50,8 +58,12 @@ pub struct Status {
     /// This agent's own view of itself: state, cap and every estimate.
     #[serde(rename = "self")]
     pub self_view: ViewSnapshot,
-    /// The own state as shown: `degraded` in place of `healthy` while golden tasks drift.
+    /// The own state as shown: `degraded` in place of `healthy` while golden tasks drift, then
+    /// `budget-limited` while a model budget's headroom is cut (docs/model-budgets.md).
     pub self_state: &'static str,
+    /// The agent's tightest model budget, when any provider has stated one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_budget: Option<ModelBudgetStatus>,
     pub last_probe: Option<ProbeRecord>,
     /// Each capability's last golden-task run: similarity per task and what differed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -161,6 +173,32 @@ impl Admin {
         )
     }
 
+    /// The agent's tightest model budget: what it learned itself, or a group of its targets as
+    /// another member learned it (callers score it by the group's figure either way).
+    fn model_budget(&self, snapshot: &crate::config::Snapshot) -> Option<crate::budget::Headroom> {
+        let now = tokio::time::Instant::now();
+        let own = self.local.budgets().headroom(now);
+        let groups = snapshot
+            .policy
+            .targets
+            .iter()
+            .filter_map(|t| t.budget_group.as_ref())
+            .filter_map(|g| {
+                let (headroom, reset_in) = self.peers.group_headroom(g.as_str(), now)?;
+                Some(crate::budget::Headroom {
+                    headroom,
+                    reset_in,
+                    reason: format!(
+                        "group {g}: as a member learned it, resets in {:.0}s",
+                        reset_in.as_secs_f64()
+                    ),
+                })
+            });
+        own.into_iter()
+            .chain(groups)
+            .min_by(|a, b| a.headroom.total_cmp(&b.headroom))
+    }
+
     pub fn status(&self) -> Status {
         let snapshot = self.store.snapshot();
         let mut transitions = self.local.transitions();
@@ -168,8 +206,22 @@ impl Admin {
         transitions.sort_by(|a, b| a.age_s.total_cmp(&b.age_s));
         transitions.truncate(TRANSITIONS_KEPT);
         let self_view = self.local.refresh().0;
+        let budget = self.model_budget(&snapshot);
+        let limited = budget
+            .as_ref()
+            .is_some_and(|b| b.headroom < crate::budget::LIMITED_BELOW);
         Status {
-            self_state: self_view.shown_state(),
+            // An overlay, like `degraded`, on the states that take traffic (an ejected or
+            // draining agent's state says more): the wire state is untouched.
+            self_state: match self_view.shown_state() {
+                "healthy" | "parole" | "recovering" if limited => "budget-limited",
+                shown => shown,
+            },
+            model_budget: budget.map(|b| ModelBudgetStatus {
+                headroom: b.headroom,
+                reset_in_s: b.reset_in.as_secs_f64(),
+                reason: b.reason,
+            }),
             quality: self.local.quality(),
             // The admin port listens on every address: a probe's credentials are not shown.
             agent: crate::redact::profile(

@@ -200,7 +200,7 @@ fn this_agent(out: &mut String, status: &Status) {
          <div class=\"s\">p50 {p50} · p95 {p95} · {failures} failed · {timeouts} timed out · {rejected} turned away</div></div>\
          <div class=\"card wide\"><div class=\"k\">last probe</div><div class=\"v small\">{probe}</div></div>\
          {quality}</div></section>",
-        state = shown_pill(v),
+        state = shown_pill(status),
         quality = quality_card(status),
         since = duration(v.state_age_s),
         cap = pct(v.cap),
@@ -596,9 +596,18 @@ fn sparkline(
     )
 }
 
-/// The own state's pill: `degraded` in place of `healthy` while golden tasks drift.
-fn shown_pill(v: &crate::reach::ViewSnapshot) -> String {
-    format!("<span class=\"pill {s}\">{s}</span>", s = v.shown_state())
+/// The own state's pill: `degraded` in place of `healthy` while golden tasks drift,
+/// `budget-limited` while a model budget is cut, with its reason.
+fn shown_pill(status: &Status) -> String {
+    let s = status.self_state;
+    let why = status
+        .model_budget
+        .as_ref()
+        .filter(|_| s == "budget-limited")
+        .map_or(String::new(), |b| {
+            format!(" <span class=\"s\">{}</span>", esc(&b.reason))
+        });
+    format!("<span class=\"pill {s}\">{s}</span>{why}")
 }
 
 /// Each capability's last golden-task run: its similarity against the threshold, and what
@@ -739,7 +748,7 @@ table.kv th{width:180px;text-transform:none;font-size:13px}
 .good{color:var(--good)}.warn{color:var(--warn)}.bad{color:var(--bad);font-weight:600}
 .pill{display:inline-block;padding:1px 9px;border-radius:999px;font-size:12px;font-weight:600;border:1px solid transparent}
 .pill.healthy{color:var(--good);background:var(--good-bg);border-color:#aceebb}
-.pill.degraded{color:var(--warn);background:var(--warn-bg);border-color:#f5e0a0}
+.pill.degraded,.pill.budget-limited{color:var(--warn);background:var(--warn-bg);border-color:#f5e0a0}
 .pill.parole{color:var(--info);background:var(--info-bg);border-color:#b6e3ff}
 .pill.recovering{color:var(--warn);background:var(--warn-bg);border-color:#f5e0a0}
 .pill.probation{color:var(--orange);background:var(--orange-bg);border-color:#ffd8b5}

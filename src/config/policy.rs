@@ -700,6 +700,10 @@ pub struct ExternalTarget {
     /// A token bucket over all endpoints; an empty bucket answers 429 at once, never a queue.
     #[serde(default)]
     pub rate_limit: Option<RateLimit>,
+    /// The provider account this target's budget belongs to: agents whose targets name the same
+    /// group share what any of them learns of it (docs/model-budgets.md).
+    #[serde(default)]
+    pub budget_group: Option<Name>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]

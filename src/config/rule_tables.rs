@@ -48,7 +48,7 @@ fn full_bootstrap() -> Value {
 /// The example policy with one external target holding every optional key.
 fn full_policy() -> Value {
     let mut doc = example("policy.yaml");
-    let target = "{ name: inventory, capability: inventory, endpoints: [127.0.0.1:1], timeout: 2s, max_concurrency: 32, rate_limit: { per_second: 50, burst: 100 } }";
+    let target = "{ name: inventory, capability: inventory, endpoints: [127.0.0.1:1], timeout: 2s, max_concurrency: 32, rate_limit: { per_second: 50, burst: 100 }, budget_group: acme-openai }";
     doc["targets"] = Value::Sequence(vec![yaml::from_str(target).unwrap_or_default()]);
     doc
 }

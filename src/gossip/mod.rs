@@ -30,4 +30,4 @@ pub use stats::Stats;
 pub use status::{GossipStatus, MemberStatus};
 pub use table::Member;
 pub use transport::{Faults, MemNetwork, Transport, MAX_DATAGRAM};
-pub use wire::{milli, unmilli, NodeId};
+pub use wire::{milli, unmilli, LiveBudget, NodeId};

@@ -45,7 +45,7 @@ pub struct Capability {
 }
 
 /// How the agent is doing now, as its own sidecar sees it: small, sent often.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Live {
     /// The `seq` of the profile this view goes with (gossip sets it when publishing).
     pub profile_seq: u64,
@@ -68,6 +68,8 @@ pub struct Live {
     pub quality_milli: Option<u16>,
     /// Its answers drifted: shown as `degraded` in place of `healthy`, capped lower.
     pub degraded: bool,
+    /// Its model budgets: its own targets' and its groups' (docs/model-budgets.md).
+    pub budget: Vec<wire::LiveBudget>,
 }
 
 // Every match below is exhaustive: a new state or mode in the model does not compile until it
@@ -207,6 +209,7 @@ impl From<Live> for wire::Live {
             saturation_predicted: l.saturation_predicted,
             quality_milli: l.quality_milli,
             degraded: l.degraded,
+            budget: l.budget,
         }
     }
 }
@@ -230,6 +233,7 @@ impl From<wire::Live> for Live {
             saturation_predicted: l.saturation_predicted,
             quality_milli: l.quality_milli,
             degraded: l.degraded,
+            budget: l.budget,
         }
     }
 }
@@ -293,7 +297,13 @@ mod tests {
             saturation_predicted: 400,
             quality_milli: Some(250),
             degraded: true,
+            budget: vec![wire::LiveBudget {
+                group: Some("acme".into()),
+                headroom_milli: Some(120),
+                reset_ms: 30_000,
+                age_ms: 200,
+            }],
         };
-        assert_eq!(Live::from(wire::Live::from(live)), live);
+        assert_eq!(Live::from(wire::Live::from(live.clone())), live);
     }
 }

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 pub use admission::{Admission, AdmissionLimits, Load, Refusal, Slot};
 
+use crate::budget::{ModelBudgets, PublishedBudget};
 use crate::config::{ConfigStore, RouteMode, SchemaDigest, SkillFacts, Snapshot};
 use crate::metrics::Metrics;
 use crate::quality::{QualityStatus, RunReport};
@@ -84,6 +85,10 @@ pub struct SelfView {
     pub in_flight: usize,
     pub queued: usize,
     pub last_probe: Option<ProbeRecord>,
+    /// Its model budgets as its providers' answers state them (docs/model-budgets.md); absent
+    /// from an older sidecar's view.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budget: Vec<PublishedBudget>,
 }
 
 #[derive(Debug)]
@@ -100,6 +105,8 @@ pub struct LocalAgent {
     transitions: TransitionLog,
     /// The agent's A2A card as last read (`agent.a2a`), served to peers on the inbound port.
     card: arc_swap::ArcSwapOption<bytes::Bytes>,
+    /// What the agent's providers said of its model budget, learned by the outbound endpoint.
+    budgets: Arc<ModelBudgets>,
 }
 
 #[derive(Debug)]
@@ -134,7 +141,13 @@ impl LocalAgent {
             prober_running: AtomicBool::new(true),
             transitions: TransitionLog::default(),
             card: arc_swap::ArcSwapOption::empty(),
+            budgets: Arc::default(),
         }
+    }
+
+    /// The agent's model budgets, which the outbound endpoint teaches.
+    pub fn budgets(&self) -> &Arc<ModelBudgets> {
+        &self.budgets
     }
 
     /// The agent's A2A card as last read, if it publishes one.
@@ -390,6 +403,14 @@ impl LocalAgent {
             in_flight: load.in_flight,
             queued: load.queued,
             last_probe: self.last_probe(),
+            budget: self.budgets.published(
+                snapshot
+                    .policy
+                    .targets
+                    .iter()
+                    .filter_map(|t| t.budget_group.as_ref().map(|g| g.as_str())),
+                Instant::now(),
+            ),
         }
     }
 
@@ -508,6 +529,10 @@ mod tests {
                 at: None,
                 age_s: 1.0,
             }),
+            budget: vec![PublishedBudget {
+                group: Some("acme".into()),
+                figure: None,
+            }],
         };
         let text = serde_json::to_string(&doc).unwrap_or_default();
         let back: Result<SelfView, _> = serde_json::from_str(&text);

@@ -68,6 +68,13 @@ pub const GOSSIP_MEMBERS: &str = "reach_gossip_members";
 pub const GOSSIP_MESSAGES_TOTAL: &str = "reach_gossip_messages_total";
 pub const GOSSIP_BYTES_TOTAL: &str = "reach_gossip_bytes_total";
 pub const GOSSIP_REJECTED_TOTAL: &str = "reach_gossip_rejected_total";
+pub const MODEL_BUDGET_MALFORMED_TOTAL: &str = "reach_model_budget_malformed_total";
+pub const MODEL_HEADROOM: &str = "reach_model_headroom_ratio";
+/// OpenTelemetry's GenAI semantic convention, as a counter of tokens.
+pub const GEN_AI_TOKEN_USAGE: &str = "gen_ai_client_token_usage";
+pub const GEN_AI_TTFT: &str = "gen_ai_server_time_to_first_token_seconds";
+/// Model names with a label of their own; past them, `other`.
+const MAX_MODEL_LABELS: usize = 16;
 pub const PANICS_TOTAL: &str = "reach_panics_total";
 pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "reach_tls_handshake_failures_total";
 pub const AUTHZ_DENIED_TOTAL: &str = "reach_authz_denied_total";
@@ -196,9 +203,21 @@ const COUNTERS: &[(&str, &str)] = &[
         GOSSIP_REJECTED_TOTAL,
         "Gossip datagrams dropped unread, and authenticated items refused, by reason (bad_mac, expired, replayed, malformed, oversized, undecodable; not_sender, name_taken, bad_address, out_of_range, unknown_kind).",
     ),
+    (
+        GEN_AI_TOKEN_USAGE,
+        "Tokens an external target's answers reported in `usage`, by gen_ai_token_type (input, output), gen_ai_request_model (the answer's model; at most 16, then other) and gen_ai_provider_name (the target).",
+    ),
+    (
+        MODEL_BUDGET_MALFORMED_TOTAL,
+        "Rate-limit header values from an external target that did not parse (ignored), by target.",
+    ),
 ];
 
 const GAUGES: &[(&str, &str)] = &[
+    (
+        MODEL_HEADROOM,
+        "The local agent's model headroom, 0..1: the tightest of its providers' budgets (1 when none is known).",
+    ),
     (
         AFFINITY_ENTRIES,
         "Affinity keys bound to an agent in this caller's table.",
@@ -247,6 +266,10 @@ const GAUGES: &[(&str, &str)] = &[
 ];
 
 const HISTOGRAMS: &[(&str, &str)] = &[
+    (
+        GEN_AI_TTFT,
+        "From an external target's request sent to its stream's first event, by gen_ai_provider_name (the target).",
+    ),
     (
         REQUEST_DURATION,
         "Request duration until the response body ended, by direction.",
@@ -305,6 +328,8 @@ pub struct Metrics {
     known: known::Known,
     /// Loops refused and hedges, as `/status` shows them.
     chains: ChainCounters,
+    /// The model names `gen_ai_client_token_usage` has a label for (the rest are `other`).
+    models: Mutex<Vec<String>>,
 }
 
 /// What `/status` shows of delegation chains and hedges: the totals of
@@ -353,6 +378,7 @@ impl Metrics {
             fleet_demand: Mutex::default(),
             known: Mutex::default(),
             chains: ChainCounters::default(),
+            models: Mutex::default(),
         };
         metrics.describe();
         metrics.register_fixed();
@@ -664,6 +690,52 @@ impl Metrics {
                 "capability" => capability, "outcome" => outcome)
             .record(duration.as_secs_f64());
         });
+    }
+
+    /// Unreadable rate-limit values in an external target's answer. `target` is a configured
+    /// target's name: a bounded label.
+    pub fn model_budget_malformed(&self, target: &str, n: u32) {
+        let target = target.to_owned();
+        self.with(|| {
+            counter!(MODEL_BUDGET_MALFORMED_TOTAL, "target" => target).increment(u64::from(n))
+        });
+    }
+
+    /// Tokens an external target's answer reported (docs/model-budgets.md, "Tokens").
+    pub fn token_usage(&self, provider: &str, model: Option<&str>, input: u64, output: u64) {
+        let model = {
+            let mut known = self.models.lock().unwrap_or_else(|p| p.into_inner());
+            match model {
+                Some(m) if known.iter().any(|k| k == m) => m.to_owned(),
+                Some(m) if known.len() < MAX_MODEL_LABELS => {
+                    known.push(m.to_owned());
+                    m.to_owned()
+                }
+                Some(_) => "other".to_owned(),
+                None => "unknown".to_owned(),
+            }
+        };
+        for (kind, n) in [("input", input), ("output", output)] {
+            let (model, provider) = (model.clone(), provider.to_owned());
+            self.with(|| {
+                counter!(GEN_AI_TOKEN_USAGE, "gen_ai_token_type" => kind,
+                    "gen_ai_request_model" => model, "gen_ai_provider_name" => provider)
+                .increment(n)
+            });
+        }
+    }
+
+    /// A streamed answer's first event from an external target (docs/model-budgets.md, "Tokens").
+    pub fn time_to_first_token(&self, provider: &str, ttft: Duration) {
+        let provider = provider.to_owned();
+        self.with(|| {
+            histogram!(GEN_AI_TTFT, "gen_ai_provider_name" => provider).record(ttft.as_secs_f64())
+        });
+    }
+
+    /// The local agent's model headroom (docs/model-budgets.md).
+    pub fn model_headroom(&self, headroom: f64) {
+        self.with(|| gauge!(MODEL_HEADROOM).set(headroom));
     }
 
     pub fn idempotent_replay(&self) {

@@ -1,26 +1,41 @@
 //! One attempt on one peer: sent over the peer client with the attempt's deadline, and what its
-//! answer meant told to this caller's view of the peer.
+//! answer meant told to this caller's view of the peer (and, from an external target, what it
+//! said of the agent's model budget).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::attempts::retry::{Attempt, Refusal};
 use super::call::Try;
+use crate::budget::{usage, ModelBudgets};
 use crate::classify::Class;
+use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::{self, attempt_timeout, Deadline};
 use crate::http::pool::{forward, Named, Pool};
 use crate::http::step::{self, Step};
+use crate::metrics::Metrics;
 use crate::peers::PeerViews;
 use crate::reach::Signal;
+use crate::registry::Peer;
+
+/// Where an external target's answers teach the agent's model budget.
+pub(super) type Budgets = (Arc<ModelBudgets>, Arc<Metrics>);
 
 /// The innermost outbound step.
-pub(super) fn endpoint(client: Pool, peers: Arc<PeerViews>) -> impl Step<Try, Response = Attempt> {
-    step::service!((client, peers), attempt)
+pub(super) fn endpoint(
+    client: Pool,
+    peers: Arc<PeerViews>,
+    budgets: Budgets,
+) -> impl Step<Try, Response = Attempt> {
+    step::service!((client, peers, budgets), attempt)
 }
 
 /// Sends one attempt and tells the caller's view of the peer what happened.
-async fn attempt((client, peers): (Pool, Arc<PeerViews>), attempt: Try) -> Attempt {
+async fn attempt(
+    (client, peers, budgets): (Pool, Arc<PeerViews>, Budgets),
+    attempt: Try,
+) -> Attempt {
     let (client, peers) = (&client, &*peers);
     let Try {
         mut request,
@@ -58,7 +73,7 @@ async fn attempt((client, peers): (Pool, Arc<PeerViews>), attempt: Try) -> Attem
         Some(limit) => Box::pin(super::first_event::within(forwarded, limit, &target)).await,
     };
     let elapsed = sent.elapsed();
-    let response = match forwarded {
+    let mut response = match forwarded {
         Ok(response) => response,
         Err(err) => {
             if let Some(fault) = upload.caller_fault(Class::of_error(&err) == Class::TimedOut) {
@@ -82,6 +97,7 @@ async fn attempt((client, peers): (Pool, Arc<PeerViews>), attempt: Try) -> Attem
             return Attempt::Failed(err);
         }
     };
+    learn_budget(&budgets, peer, &snapshot, &mut response, sent);
     let class = Class::of_response(&response);
     match class.signal(elapsed) {
         Some(signal) => pending.finish(signal, &snapshot),
@@ -94,5 +110,41 @@ async fn attempt((client, peers): (Pool, Arc<PeerViews>), attempt: Try) -> Attem
         Class::Shed { why, .. } => Attempt::Refused(response, why),
         Class::Stale => Attempt::Refused(response, Refusal::UnknownCapability),
         _ => Attempt::Done(response),
+    }
+}
+
+/// An external target's answer (a model provider's, typically): its rate-limit headers teach the
+/// agent's model budget, and it is marked for its tokens to be counted when its body has passed
+/// (`src/outbound/record.rs`). A peer sidecar's answers are not read: nothing per call for them.
+fn learn_budget<B>(
+    budgets: &Budgets,
+    peer: &Peer,
+    snapshot: &Snapshot,
+    response: &mut http::Response<B>,
+    sent: Instant,
+) {
+    let Some(target) = peer.target.as_deref() else {
+        return;
+    };
+    response.extensions_mut().insert(usage::Watch {
+        provider: Arc::from(target),
+        metrics: budgets.1.clone(),
+        sent,
+    });
+    let group = snapshot
+        .policy
+        .targets
+        .iter()
+        .find(|t| t.name.as_str() == target)
+        .and_then(|t| t.budget_group.as_ref());
+    let malformed = budgets.0.observe(
+        target,
+        group.map(|g| g.as_str()),
+        response.status(),
+        response.headers(),
+        tokio::time::Instant::now(),
+    );
+    if malformed > 0 {
+        budgets.1.model_budget_malformed(target, malformed);
     }
 }

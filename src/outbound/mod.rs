@@ -84,7 +84,12 @@ impl Outbound {
             // An external target's rate limit: refused here, at once; another endpoint may take it.
             .layer(target_limit::layer(self.clone()))
             // One attempt on one peer, over the peer client; the caller's view hears the answer.
-            .service(endpoint::endpoint(self.client.clone(), self.peers.clone()))
+            // …and an external target's answer teaches the agent's model budget.
+            .service(endpoint::endpoint(
+                self.client.clone(),
+                self.peers.clone(),
+                (self.local.budgets().clone(), self.metrics.clone()),
+            ))
     }
 }
 

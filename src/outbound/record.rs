@@ -11,6 +11,7 @@ use tracing::Span;
 
 use super::call::{Call, Routed};
 use super::first_event::HeldEvent;
+use crate::budget::usage;
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::layers::field;
@@ -82,7 +83,9 @@ where
     let (mut parts, incoming) = response.into_parts();
     // A stream's first event, read early for its first-event deadline, goes first.
     let held = parts.extensions.remove::<HeldEvent>();
-    let measured = Observed::new(incoming, move |end: BodyEnd| {
+    // An external target's answer, marked by the endpoint: its tokens are counted too.
+    let tokens = parts.extensions.remove::<usage::Watch>();
+    let observer = usage::then(tokens, &parts.headers, move |end: BodyEnd| {
         let outcome = if end == BodyEnd::Error {
             Outcome::Failure
         } else {
@@ -97,6 +100,7 @@ where
             elapsed,
         );
     });
+    let measured = Observed::new(incoming, observer);
     match held {
         None => Response::from_parts(parts, body::boxed(measured)),
         Some(held) => Response::from_parts(parts, body::boxed(held.before(measured))),

@@ -128,6 +128,7 @@ mod tests {
             in_flight,
             queued: 0,
             last_probe: None,
+            budget: Vec::new(),
         }
     }
 

@@ -4,8 +4,9 @@
 use crate::identity::SpiffeId;
 use std::sync::Arc;
 
+use crate::budget::{Figure, PublishedBudget};
 use crate::config::Snapshot;
-use crate::gossip::{milli, unmilli, Capability as WireCapability};
+use crate::gossip::{milli, unmilli, Capability as WireCapability, LiveBudget};
 use crate::gossip::{Live, Member, Membership, Profile};
 use crate::local::{PublishedCapability, SelfView};
 use crate::reach::{EstimateSnapshot, QualityMark, ViewSnapshot};
@@ -103,6 +104,7 @@ pub fn self_view(member: &Member, live: &Live) -> SelfView {
         in_flight: live.in_flight as usize,
         queued: live.queued as usize,
         last_probe: None,
+        budget: live.budget.iter().map(published_budget).collect(),
     }
 }
 
@@ -153,6 +155,30 @@ pub fn live(view: &SelfView) -> Live {
         cooling_down: e.cooling_down,
         in_flight: u32::try_from(view.in_flight).unwrap_or(u32::MAX),
         queued: u32::try_from(view.queued).unwrap_or(u32::MAX),
+        budget: view.budget.iter().map(live_budget).collect(),
+    }
+}
+
+/// A model budget as gossip carries it: thousandths and milliseconds.
+fn live_budget(b: &PublishedBudget) -> LiveBudget {
+    let ms = |s: f64| (crate::budget::seconds(s) * 1000.0) as u32;
+    LiveBudget {
+        group: b.group.clone(),
+        headroom_milli: b.figure.map(|f| milli(f.headroom)),
+        reset_ms: b.figure.map_or(0, |f| ms(f.reset_in_s)),
+        age_ms: b.figure.map_or(0, |f| ms(f.age_s)),
+    }
+}
+
+/// A model budget as gossip delivered it.
+fn published_budget(b: &LiveBudget) -> PublishedBudget {
+    PublishedBudget {
+        group: b.group.clone(),
+        figure: b.headroom_milli.map(|h| Figure {
+            headroom: unmilli(h),
+            reset_in_s: f64::from(b.reset_ms) / 1000.0,
+            age_s: f64::from(b.age_ms) / 1000.0,
+        }),
     }
 }
 
@@ -233,6 +259,7 @@ mod tests {
             saturation_predicted: 0,
             quality_milli: None,
             degraded: false,
+            budget: Vec::new(),
             latency_ms: Some(20),
             p50_ms: None,
             p95_ms: None,
@@ -256,6 +283,53 @@ mod tests {
         feed.registry
             .gossip_peer(NAME)
             .unwrap_or_else(|| panic!("{NAME} is routable"))
+    }
+
+    /// A member's model headroom cuts its share and scores like saturation; at 0 it is passed
+    /// over until the reset, and whole again at the reset with nothing new heard.
+    #[tokio::test(start_paused = true)]
+    async fn a_members_model_headroom_cuts_its_share_none_at_zero_whole_at_the_reset() {
+        let feed = feed();
+        feed.members(&[member(1)]);
+        let with_budget = |milli: u16| Live {
+            budget: vec![LiveBudget {
+                group: None,
+                headroom_milli: Some(milli),
+                reset_ms: 30_000,
+                age_ms: 0,
+            }],
+            ..own_view(State::Healthy)
+        };
+        let request = crate::peers::RouteRequest {
+            capability: "review".into(),
+            ..Default::default()
+        };
+        let score = |feed: &GossipFeed| {
+            let snapshot = feed.store.snapshot();
+            let mut scored = feed.views.score(&snapshot, &[peer(feed)], &request);
+            scored.pop().unwrap_or_else(|| panic!("one candidate"))
+        };
+        feed.live(&member(1), &own_view(State::Healthy));
+        let whole = score(&feed);
+        assert_eq!(whole.cap, 1.0);
+        feed.live(&member(1), &with_budget(300));
+        let cut = score(&feed);
+        assert!((cut.cap - 0.3).abs() < 1e-9, "{}", cut.cap);
+        assert!(cut.factors.score < whole.factors.score);
+        assert_eq!(cut.excluded, None);
+        feed.live(&member(1), &with_budget(0));
+        let spent = score(&feed);
+        assert!(
+            spent
+                .excluded
+                .as_deref()
+                .is_some_and(|e| e.starts_with("budget-limited")),
+            "{:?}",
+            spent.excluded
+        );
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let back = score(&feed);
+        assert_eq!((back.cap, back.excluded), (1.0, None));
     }
 
     /// Issue 39: a member killed and restarted in place (same name, same inbound and gossip

@@ -25,6 +25,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::budget::shared::GroupTable;
 use crate::config::{ConfigStore, RouteMode, Snapshot};
 use crate::local::{LocalAgent, SelfView};
 use crate::metrics::Metrics;
@@ -47,6 +48,9 @@ pub struct PeerViews {
     own_agent: Option<Arc<LocalAgent>>,
     /// The fleet's demand per capability as of the last `publish`, for `/status`.
     fleet_demand: Mutex<Vec<CapabilityDemand>>,
+    /// The freshest model budget heard of each `budget_group` (docs/model-budgets.md). Locked
+    /// after `inner` when both are.
+    budget_groups: Mutex<GroupTable>,
 }
 
 #[derive(Debug)]
@@ -207,6 +211,7 @@ impl PeerViews {
             transitions: TransitionLog::default(),
             own_agent: None,
             fleet_demand: Mutex::default(),
+            budget_groups: Mutex::default(),
         }
     }
 
@@ -302,6 +307,12 @@ impl PeerViews {
     fn set_remote_of(&self, peer: &Peer, incarnation: Option<u64>, mut remote: SelfView) {
         sanitize(&mut remote);
         let now = Instant::now();
+        if !remote.budget.is_empty() {
+            self.budget_groups
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .heard(&remote.budget, now);
+        }
         let mut inner = self.lock();
         let entry = match incarnation {
             None => entry(&mut inner, peer, now),
@@ -339,6 +350,13 @@ impl PeerViews {
         if let Some(t) = t {
             self.transitioned(&peer.name, t);
         }
+    }
+
+    /// The freshest headroom heard of a `budget_group` from its members, and the time to its
+    /// reset, when a fresh one is known.
+    pub fn group_headroom(&self, group: &str, now: Instant) -> Option<(f64, Duration)> {
+        let groups = self.budget_groups.lock().unwrap_or_else(|p| p.into_inner());
+        Some((groups.headroom(group, now)?, groups.reset_in(group, now)?))
     }
 
     /// Gossip routes to this incarnation of `peer` now: an entry about an earlier one (the same

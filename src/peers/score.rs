@@ -6,11 +6,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{entry, PeerViews, RouteRequest, Scored};
+use crate::budget::shared::{candidate_headroom, GroupTable};
 use crate::config::{RouteMode, Snapshot};
 use crate::local::SelfView;
 use crate::reach::{self, State};
 use crate::registry::Peer;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// How much longer than a peer's published timeout a caller waits for its answer.
 const PUBLISHED_TIMEOUT_GRACE: Duration = Duration::from_millis(50);
@@ -57,10 +58,19 @@ impl PeerViews {
                 let silent = entry.unreachable_since.filter(|since| {
                     entry.remote.is_some() && now.saturating_duration_since(*since) >= lifetime
                 });
+                // An agent whose model budget runs dry before its reset gets a shrinking share,
+                // none at 0, whole again at the reset (docs/model-budgets.md).
+                let headroom = model_headroom(
+                    entry.remote.as_ref().filter(|_| remote.is_some()),
+                    &self.budget_groups,
+                    now,
+                );
                 let cap = if silent.is_some() {
                     0.0
                 } else {
-                    mine.cap.min(remote.map_or(1.0, |r| r.view.cap))
+                    mine.cap
+                        .min(remote.map_or(1.0, |r| r.view.cap))
+                        .min(headroom)
                 };
                 // Until this caller has seen the peer itself, the peer's own view speaks for it:
                 // a prior of our own would starve peers we have not called yet.
@@ -76,10 +86,14 @@ impl PeerViews {
                 // The peer's own prediction counts as much as its load now: a fleet moves work off
                 // an agent whose queue is climbing before it refuses (docs/reach-model.md,
                 // "Predicted saturation").
-                let saturation = mine.estimates.saturation.max(remote.map_or(0.0, |r| {
-                    remote_saturation(r, entry.pending_at_poll, entry.pending)
-                        .max(r.view.estimates.saturation_predicted)
-                }));
+                let saturation = mine
+                    .estimates
+                    .saturation
+                    .max(remote.map_or(0.0, |r| {
+                        remote_saturation(r, entry.pending_at_poll, entry.pending)
+                            .max(r.view.estimates.saturation_predicted)
+                    }))
+                    .max(1.0 - headroom);
                 let matched = match published {
                     Some(c) => reach::capability_match(&c.tags, &request.tags),
                     // Tags unknown until the peer's profile arrives: neither excluded nor preferred.
@@ -133,6 +147,8 @@ impl PeerViews {
                         "sidecar unreachable for {:.1}s",
                         now.saturating_duration_since(since).as_secs_f64()
                     ))
+                } else if headroom <= 0.0 {
+                    Some("budget-limited (model budget spent until its reset)".to_owned())
                 } else if cap <= 0.0 {
                     let state = if self_state.is_some_and(|s| s != State::Healthy && mine.cap > 0.0)
                     {
@@ -179,6 +195,27 @@ impl PeerViews {
             self.transitioned(&peer, t);
         }
         scored
+    }
+}
+
+/// A candidate's model headroom from its self-view's budgets and its groups' freshest figures;
+/// 1 when it publishes none (the common case costs one check, and takes no lock).
+fn model_headroom(
+    remote: Option<&(SelfView, Instant)>,
+    groups: &Mutex<GroupTable>,
+    now: Instant,
+) -> f64 {
+    match remote {
+        Some((view, at)) if !view.budget.is_empty() => {
+            let groups = groups.lock().unwrap_or_else(|p| p.into_inner());
+            candidate_headroom(
+                &view.budget,
+                now.saturating_duration_since(*at),
+                &groups,
+                now,
+            )
+        }
+        _ => 1.0,
     }
 }
 

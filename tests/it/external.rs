@@ -20,6 +20,7 @@ fn target(addr: SocketAddr, rate_limit: Option<RateLimit>) -> ExternalTarget {
         timeout: None,
         max_concurrency: Some(8),
         rate_limit,
+        budget_group: None,
     }
 }
 

@@ -689,6 +689,7 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
         saturation_predicted: 0,
         quality_milli: None,
         degraded: false,
+        budget: Vec::new(),
     });
     let knows = |name: &'static str| {
         let a = &a;

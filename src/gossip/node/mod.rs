@@ -592,7 +592,7 @@ impl Node {
                 continue;
             };
             if let Some((_, live)) = table.get(&name).and_then(|e| e.live.as_ref()) {
-                self.sink.live(member, &model::Live::from(*live));
+                self.sink.live(member, &model::Live::from(live.clone()));
             }
         }
     }

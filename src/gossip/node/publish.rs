@@ -35,9 +35,9 @@ pub(super) struct Published {
 
 impl Node {
     pub(super) fn last_live(&self) -> Option<Live> {
-        self.latest_live.or_else(|| {
-            self.live.as_ref().and_then(|p| match p.item.body {
-                Body::Live(l) => Some(l),
+        self.latest_live.clone().or_else(|| {
+            self.live.as_ref().and_then(|p| match &p.item.body {
+                Body::Live(l) => Some(l.clone()),
                 Body::Profile(_) => None,
             })
         })
@@ -47,7 +47,7 @@ impl Node {
     /// published one (at once for a state change), else keeps it for the next refresh.
     pub(super) fn offer_live(&mut self, mut live: Live) {
         live.profile_seq = self.profile.as_ref().map_or(0, |p| p.item.seq);
-        self.latest_live = Some(live);
+        self.latest_live = Some(live.clone());
         if self.live_due(Instant::now(), false) {
             self.publish_live_now(live);
         }
@@ -56,10 +56,10 @@ impl Node {
     /// Whether the latest view should go out now: it moved enough since the last publish
     /// (respecting the publish intervals), or the refresh is due.
     pub(super) fn live_due(&self, now: Instant, refresh_due: bool) -> bool {
-        let Some(latest) = self.latest_live else {
+        let Some(latest) = &self.latest_live else {
             return false;
         };
-        let Some((prev, at)) = self.live.as_ref().and_then(|p| match p.item.body {
+        let Some((prev, at)) = self.live.as_ref().and_then(|p| match &p.item.body {
             Body::Live(l) => Some((l, p.at)),
             Body::Profile(_) => None,
         }) else {
@@ -67,13 +67,13 @@ impl Node {
         };
         let since = now.saturating_duration_since(at);
         refresh_due
-            || (urgent(&prev, &latest) && since >= MIN_URGENT_GAP)
-            || (moved(&prev, &latest) && since >= self.options.min_publish_interval)
+            || (urgent(prev, latest) && since >= MIN_URGENT_GAP)
+            || (moved(prev, latest) && since >= self.options.min_publish_interval)
     }
 
     pub(super) fn publish_live_now(&mut self, mut live: Live) {
         live.profile_seq = self.profile.as_ref().map_or(0, |p| p.item.seq);
-        self.latest_live = Some(live);
+        self.latest_live = Some(live.clone());
         self.publish(Body::Live(live));
         self.refresh_draw = self.rng.random_range(REFRESH_DRAW_MIN..=1.0);
     }
@@ -203,10 +203,12 @@ pub fn longest_refresh(members: usize, configured: Duration, max_transmissions: 
     ))
 }
 
-/// A change callers must hear of at once: the state, degraded, busy, cooling down.
+/// A change callers must hear of at once: the state, degraded, busy, cooling down, a model
+/// budget run dry or back.
 fn urgent(a: &Live, b: &Live) -> bool {
     a.state != b.state
         || a.degraded != b.degraded
+        || budget_moved(a, b, 1)
         || a.busy != b.busy
         || a.cooling_down != b.cooling_down
 }
@@ -230,4 +232,24 @@ fn moved(a: &Live, b: &Live) -> bool {
         || a.saturation_predicted.abs_diff(b.saturation_predicted) >= 100
         || far(a.latency_ms, b.latency_ms)
         || a.profile_seq != b.profile_seq
+        // Callers cut a share by the headroom: a step of 0.05 moves it.
+        || budget_moved(a, b, 50)
+}
+
+/// Whether a model budget's headroom moved by `step` thousandths or more (a step of 1 at zero:
+/// run dry or back), or a budget came or went.
+fn budget_moved(a: &Live, b: &Live, step: u16) -> bool {
+    if a.budget.len() != b.budget.len() {
+        return true;
+    }
+    a.budget.iter().zip(&b.budget).any(|(x, y)| {
+        let (hx, hy) = (x.headroom_milli, y.headroom_milli);
+        x.group != y.group
+            || match (hx, hy) {
+                (Some(p), Some(q)) if step == 1 => (p == 0) != (q == 0),
+                (Some(p), Some(q)) => p.abs_diff(q) >= step,
+                (None, None) => false,
+                _ => true,
+            }
+    })
 }

@@ -263,7 +263,7 @@ impl Table {
                 self.dirty = true;
             }
             Body::Live(l) => {
-                entry.live = Some((item.seq, *l));
+                entry.live = Some((item.seq, l.clone()));
                 let lacks_profile = entry
                     .profile
                     .as_ref()

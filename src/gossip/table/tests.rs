@@ -40,6 +40,7 @@ fn live(profile_seq: u64, state: State) -> Body {
         saturation_predicted: 0,
         quality_milli: None,
         degraded: false,
+        budget: Vec::new(),
     })
 }
 
@@ -72,7 +73,8 @@ fn inbound_of(t: &Table, name: &str) -> Option<String> {
 }
 
 fn state_of(t: &Table, name: &str) -> Option<State> {
-    t.get(name).and_then(|e| e.live.map(|(_, l)| l.state))
+    t.get(name)
+        .and_then(|e| e.live.as_ref().map(|(_, l)| l.state))
 }
 
 #[test]

@@ -72,7 +72,7 @@ pub(crate) fn encode_items<'a>(
 }
 
 /// The next version's `Live`: this one's fields and one more, with its default when absent.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct NextLive {
     pub live: Live,
     /// The appended field (here: a queue limit), 0 when an older sidecar sent the item.
@@ -80,7 +80,7 @@ pub(crate) struct NextLive {
 }
 
 impl NextLive {
-    pub(crate) const VERSION: u8 = 4;
+    pub(crate) const VERSION: u8 = 5;
 
     pub(crate) fn encode(&self, head: &Item) -> Result<Vec<u8>, WireError> {
         let mut w = Writer::default();
@@ -108,7 +108,7 @@ impl NextLive {
             name,
             node,
             seq,
-            body: Body::Live(live),
+            body: Body::Live(live.clone()),
         };
         Ok((item, Self { live, queue_limit }))
     }

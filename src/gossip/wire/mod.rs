@@ -111,7 +111,8 @@ impl ItemKind {
             // 4: each capability's A2A `skill` facts appended.
             Self::Profile => 4,
             // 2: `saturation_predicted` appended. 3: `quality_milli` and `degraded` appended.
-            Self::Live => 3,
+            // 4: `budget` appended.
+            Self::Live => 4,
         }
     }
 }
@@ -165,7 +166,7 @@ pub enum Mode {
 }
 
 /// How the agent is doing now, as its own sidecar sees it: small, sent often.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Live {
     /// The `seq` of the profile this view goes with: a receiver without it asks for it.
     pub profile_seq: u64,
@@ -190,7 +191,26 @@ pub struct Live {
     /// Its answers drifted below the threshold (v3). `state` stays `healthy` for such an agent:
     /// an older sidecar would refuse a new state value, and reads it as healthy with its cap.
     pub degraded: bool,
+    /// Its model budgets (v4): its own targets' folded into one (no group) and one per
+    /// `budget_group` (docs/model-budgets.md). An older item reads as none known.
+    pub budget: Vec<LiveBudget>,
 }
+
+/// One model budget in a live view. Each is a record of its own: a newer version may append.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LiveBudget {
+    /// The provider account it belongs to; `None` for the agent's own targets.
+    pub group: Option<String>,
+    /// Its headroom in thousandths; `None` when the agent has learned nothing of it yet (it
+    /// only says it belongs to the group).
+    pub headroom_milli: Option<u16>,
+    /// Until it resets, and how old the answer it was learned from is.
+    pub reset_ms: u32,
+    pub age_ms: u32,
+}
+
+/// Budgets one live view may carry: an agent has few providers.
+pub const MAX_LIVE_BUDGETS: usize = 8;
 
 /// An agent's state in the reach model, as the wire says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -346,7 +366,18 @@ impl Live {
         w.put(&self.queued)?;
         w.put(&self.saturation_predicted)?;
         w.put(&self.quality_milli)?;
-        w.put(&self.degraded)
+        w.put(&self.degraded)?;
+        let budget = &self.budget[..self.budget.len().min(MAX_LIVE_BUDGETS)];
+        w.put(&len_u32(budget.len())?)?;
+        for b in budget {
+            w.record(|w| {
+                w.put(&b.group)?;
+                w.put(&b.headroom_milli)?;
+                w.put(&b.reset_ms)?;
+                w.put(&b.age_ms)
+            })?;
+        }
+        Ok(())
     }
 
     pub(crate) fn read(f: &mut Fields<'_>) -> Result<Self, WireError> {
@@ -366,6 +397,7 @@ impl Live {
         let saturation_predicted = f.since(2)?.unwrap_or(saturation);
         let quality_milli = f.since(3)?.flatten();
         let degraded = f.since(3)?.unwrap_or(false);
+        let budget = read_budgets(f)?;
         Ok(Self {
             profile_seq,
             state,
@@ -383,8 +415,29 @@ impl Live {
             saturation_predicted,
             quality_milli,
             degraded,
+            budget,
         })
     }
+}
+
+/// The live view's budgets (v4), none from an older sidecar.
+fn read_budgets(f: &mut Fields<'_>) -> Result<Vec<LiveBudget>, WireError> {
+    let count: u32 = f.since(4)?.unwrap_or(0);
+    if count as usize > MAX_LIVE_BUDGETS {
+        return Err(WireError::Invalid("too many budgets"));
+    }
+    let mut budget = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let mut b = f.record()?;
+        budget.push(LiveBudget {
+            group: b.take()?,
+            headroom_milli: b.take()?,
+            reset_ms: b.take()?,
+            age_ms: b.take()?,
+        });
+        b.finish()?;
+    }
+    Ok(budget)
 }
 
 fn len_u32(n: usize) -> Result<u32, WireError> {

@@ -28,6 +28,20 @@ fn live() -> Live {
         saturation_predicted: 600,
         quality_milli: Some(250),
         degraded: true,
+        budget: vec![
+            LiveBudget {
+                group: None,
+                headroom_milli: Some(300),
+                reset_ms: 41_000,
+                age_ms: 150,
+            },
+            LiveBudget {
+                group: Some("acme-openai".into()),
+                headroom_milli: None,
+                reset_ms: 0,
+                age_ms: 0,
+            },
+        ],
     }
 }
 
@@ -81,8 +95,15 @@ fn known(read: Result<Decoded, WireError>) -> Option<Item> {
 fn a_live_item_is_small() {
     let item = live_item();
     let bytes = encode_item(&item).unwrap_or_default();
+    // Two model budgets, one of them a group's: 16 bytes more than none.
+    assert!(bytes.len() < 96, "{} bytes", bytes.len());
+    assert_eq!(known(decode_item(&bytes)), Some(item.clone()));
+    let mut plain = item;
+    if let Body::Live(l) = &mut plain.body {
+        l.budget.clear();
+    }
+    let bytes = encode_item(&plain).unwrap_or_default();
     assert!(bytes.len() < 64, "{} bytes", bytes.len());
-    assert_eq!(known(decode_item(&bytes)), Some(item));
 }
 
 #[test]
@@ -123,8 +144,8 @@ fn every_code_is_distinct_and_reads_back() {
     assert!(AgentState::from_code(6).is_err());
 }
 
-/// The old and the new encoding of `Live` on each other's decoder: this sidecar (version 3) and
-/// the next (`NextLive`, version 4, one field appended).
+/// The old and the new encoding of `Live` on each other's decoder: this sidecar and
+/// the next (`NextLive`, one version newer, one field appended).
 #[test]
 fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
     let head = live_item();
@@ -133,7 +154,11 @@ fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
         queue_limit: 16,
     };
     let new_bytes = next.encode(&head).unwrap_or_default();
-    assert_eq!(new_bytes[1], 4, "written as version 4");
+    assert_eq!(
+        new_bytes[1],
+        ItemKind::Live.version() + 1,
+        "written one version newer"
+    );
     // Old reads new: every field it knows, the appended one ignored.
     assert_eq!(known(decode_item(&new_bytes)), Some(head.clone()));
     // New reads old: the missing field takes its default.
@@ -158,8 +183,8 @@ fn an_old_reader_skips_a_newer_field_and_a_new_reader_defaults_a_missing_one() {
     );
 }
 
-/// A live view as version 1 (no `saturation_predicted`) or 2 (no `quality_milli`, `degraded`)
-/// wrote it.
+/// A live view as version 1 (no `saturation_predicted`), 2 (no `quality_milli`, `degraded`) or
+/// 3 (no `budget`) wrote it.
 fn old_live(item: &Item, version: u8) -> Vec<u8> {
     let Body::Live(l) = &item.body else {
         return Vec::new();
@@ -182,6 +207,10 @@ fn old_live(item: &Item, version: u8) -> Vec<u8> {
         if version >= 2 {
             w.put(&l.saturation_predicted)?;
         }
+        if version >= 3 {
+            w.put(&l.quality_milli)?;
+            w.put(&l.degraded)?;
+        }
         Ok(())
     });
     assert!(written.is_ok());
@@ -198,6 +227,7 @@ fn a_version_1_live_view_reads_with_no_prediction() {
             saturation_predicted: live().saturation,
             quality_milli: None,
             degraded: false,
+            budget: Vec::new(),
             ..live()
         }),
         ..item
@@ -213,11 +243,79 @@ fn a_version_2_live_view_reads_with_no_quality_mark() {
         body: Body::Live(Live {
             quality_milli: None,
             degraded: false,
+            budget: Vec::new(),
             ..live()
         }),
         ..item
     };
     assert_eq!(read, Some(expected));
+}
+
+#[test]
+fn a_version_3_live_view_reads_with_no_budget() {
+    let item = live_item();
+    let read = known(decode_item(&old_live(&item, 3)));
+    let expected = Item {
+        body: Body::Live(Live {
+            budget: Vec::new(),
+            ..live()
+        }),
+        ..item
+    };
+    assert_eq!(read, Some(expected));
+}
+
+/// A version 3 sidecar reads this one's live view: every field it knows, the budgets skipped.
+#[test]
+fn a_version_3_reader_skips_the_budget() {
+    let bytes = encode_item(&live_item()).unwrap_or_default();
+    let read = split_frame(&bytes).and_then(|(frame, _)| {
+        let mut f = Fields::new(frame.version, 3, frame.record);
+        let _head: (String, NodeId, u64) = (f.take()?, f.take()?, f.take()?);
+        let (seq, state, age): (u64, u8, u32) = (f.take()?, f.take()?, f.take()?);
+        let _figures: (u16, u16, u16) = (f.take()?, f.take()?, f.take()?);
+        let _latency: [Option<u32>; 3] = [f.take()?, f.take()?, f.take()?];
+        let _flags: (bool, bool, u32, u32, u16) =
+            (f.take()?, f.take()?, f.take()?, f.take()?, f.take()?);
+        let quality: Option<u16> = f.take()?;
+        let degraded: bool = f.take()?;
+        f.finish()?;
+        Ok((seq, state, age, quality, degraded))
+    });
+    let l = live();
+    assert_eq!(
+        read.ok(),
+        Some((
+            l.profile_seq,
+            l.state.code(),
+            l.state_age_s,
+            l.quality_milli,
+            l.degraded
+        ))
+    );
+}
+
+#[test]
+fn a_live_view_with_too_many_budgets_is_refused() {
+    let mut item = live_item();
+    if let Body::Live(l) = &mut item.body {
+        l.budget = vec![LiveBudget::default(); MAX_LIVE_BUDGETS];
+    }
+    let bytes = encode_item(&item).unwrap_or_default();
+    assert_eq!(known(decode_item(&bytes)), Some(item.clone()));
+    if let Body::Live(l) = &mut item.body {
+        l.budget = vec![LiveBudget::default(); MAX_LIVE_BUDGETS + 1];
+    }
+    // The writer sends no more than the bound, so a reader never refuses a sidecar's own view.
+    let bytes = encode_item(&item).unwrap_or_default();
+    let read = known(decode_item(&bytes));
+    assert_eq!(
+        read.and_then(|i| match i.body {
+            Body::Live(l) => Some(l.budget.len()),
+            Body::Profile(_) => None,
+        }),
+        Some(MAX_LIVE_BUDGETS)
+    );
 }
 
 /// A capability as versions 1 and 2 wrote it (no `output_schema`), or 3 (no `skill`).
@@ -463,6 +561,7 @@ mod properties {
                 saturation_predicted: r.2,
                 quality_milli: r.3,
                 degraded: r.0[2],
+                budget: Vec::new(),
             },
         )
     }

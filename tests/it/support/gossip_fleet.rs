@@ -112,6 +112,7 @@ pub(crate) fn live(state: State, in_flight: u32) -> Live {
         saturation_predicted: 0,
         quality_milli: None,
         degraded: false,
+        budget: Vec::new(),
     }
 }
 
@@ -256,7 +257,9 @@ impl Membership for Seen {
     }
 
     fn live(&self, member: &Member, live: &Live) {
-        lock(&self.0).lives.insert(member.name.clone(), *live);
+        lock(&self.0)
+            .lives
+            .insert(member.name.clone(), live.clone());
     }
 }
 
@@ -280,7 +283,7 @@ impl Seen {
 
     /// The last live view of `name` it was told, even after `name` left.
     pub(crate) fn live_of(&self, name: &str) -> Option<Live> {
-        lock(&self.0).lives.get(name).copied()
+        lock(&self.0).lives.get(name).cloned()
     }
 
     /// Times each member left its routing table.

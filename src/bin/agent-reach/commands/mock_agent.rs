@@ -10,7 +10,10 @@ use std::process::ExitCode;
 use agent_reach::config::HumanDuration;
 
 use super::{parse_duration, runtime};
-use crate::mock_agent::{describe_latency, Latency, MockAgent, MockConfig, Mode, Workload};
+use crate::mock_agent::{
+    describe_latency, Latency, MockAgent, MockConfig, Mode, ModelCall, ProviderBudget,
+    ProviderHeaders, Workload,
+};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -39,6 +42,21 @@ pub(crate) struct Args {
     /// Append one JSON line per business call executed (its `idempotency-key`) to this file.
     #[arg(long)]
     log: Option<PathBuf>,
+    /// The budget of the mock model provider at `POST /v1/chat/completions`: requests per
+    /// `--provider-window` (unlimited, with no rate-limit headers, when absent).
+    #[arg(long)]
+    provider_requests: Option<u64>,
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    provider_window: HumanDuration,
+    /// What its rate-limit headers say: `honest`, `hostile` (spent for a decade) or `garbage`.
+    #[arg(long, default_value = "honest")]
+    provider_headers: ProviderHeaders,
+    /// Each task first calls a model through this sidecar outbound address (its own sidecar),
+    /// naming `--model-capability`.
+    #[arg(long)]
+    model_via: Option<SocketAddr>,
+    #[arg(long, default_value = "llm")]
+    model_capability: String,
 }
 
 pub(crate) fn run(args: Args) -> ExitCode {
@@ -50,6 +68,16 @@ pub(crate) fn run(args: Args) -> ExitCode {
         slow_latency: args.slow_latency.get(),
         sse_events: args.sse_events,
         sse_interval: args.sse_interval.get(),
+        provider: ProviderBudget {
+            requests: args.provider_requests,
+            window: args.provider_window.get(),
+            headers: args.provider_headers,
+            ..ProviderBudget::default()
+        },
+        model: args.model_via.map(|outbound| ModelCall {
+            outbound,
+            capability: args.model_capability,
+        }),
     };
     let runtime = match runtime(Some(1)) {
         Ok(rt) => rt,

@@ -111,6 +111,14 @@ fn render(doc: &Value) -> String {
         text(&doc["config_generation"]),
         text(&doc["version"]),
     );
+    if let Some(b) = doc.get("model_budget") {
+        let _ = writeln!(
+            out,
+            "model budget · headroom {} · {}",
+            pct(b["headroom"].as_f64()),
+            b["reason"].as_str().unwrap_or("unknown"),
+        );
+    }
     for q in doc["quality"].as_array().into_iter().flatten() {
         let differing: Vec<&str> = q["tasks"]
             .as_array()
@@ -402,6 +410,29 @@ mod tests {
         assert!(
             lines[3].contains("its answers drift: similarity 0.25"),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn an_agent_short_of_model_budget_shows_budget_limited_with_the_reason() {
+        let doc = serde_json::json!({
+            "agent": { "name": "coder-2" },
+            "self": { "state": "healthy", "cap": 1.0 },
+            "self_state": "budget-limited",
+            "model_budget": { "headroom": 0.25, "reset_in_s": 41.0,
+                              "reason": "openai: requests 2/10 left, resets in 41s" },
+            "load": { "in_flight": 0, "queued": 0, "limit": 4 },
+            "peer_views": []
+        });
+        let out = render(&doc);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].starts_with("agent coder-2 · budget-limited"),
+            "{out}"
+        );
+        assert_eq!(
+            lines[1],
+            "model budget · headroom 25% · openai: requests 2/10 left, resets in 41s"
         );
     }
 }

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use agent_reach::config::parse_duration;
 
+use super::provider::{ModelCall, ProviderBudget};
+
 /// How business calls behave.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -126,6 +128,10 @@ pub struct MockConfig {
     pub slow_latency: Duration,
     pub sse_events: u32,
     pub sse_interval: Duration,
+    /// The budget of its mock model provider (`POST /v1/chat/completions`).
+    pub provider: ProviderBudget,
+    /// Each task first calls a model through the agent's own sidecar (None: no model call).
+    pub model: Option<ModelCall>,
 }
 
 impl MockConfig {
@@ -138,6 +144,8 @@ impl MockConfig {
             slow_latency: Duration::from_secs(3),
             sse_events: 5,
             sse_interval: Duration::from_millis(100),
+            provider: ProviderBudget::default(),
+            model: None,
         }
     }
 }

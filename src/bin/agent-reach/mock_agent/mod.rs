@@ -15,8 +15,10 @@
 #[allow(dead_code)]
 pub mod a2a;
 mod config;
+mod provider;
 
 pub use config::{Latency, MockConfig, MockStats, Mode, Workload};
+pub use provider::{ModelCall, ProviderBudget, ProviderHeaders, ProviderStats};
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -59,6 +61,10 @@ struct State {
     crashed: CancellationToken,
     /// The execution log, when there is one (appended, one line per business call).
     log: Option<Mutex<std::fs::File>>,
+    /// Its mock model provider's budget and window.
+    provider: provider::Provider,
+    /// Where each task's model call goes, when it makes one (settable once its sidecar runs).
+    model: Mutex<Option<ModelCall>>,
 }
 
 /// A running mock agent.
@@ -112,7 +118,6 @@ impl MockAgent {
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             mode: Mutex::new(config.mode),
-            config,
             pool: workload.pool.map(|n| Semaphore::new(n.max(1))),
             rng: Mutex::new(workload.seed.map(StdRng::seed_from_u64)),
             workload,
@@ -125,6 +130,9 @@ impl MockAgent {
             since_mode: AtomicU64::new(0),
             crashed: CancellationToken::new(),
             log: log.map(Mutex::new),
+            provider: provider::Provider::new(config.provider),
+            model: Mutex::new(config.model.clone()),
+            config,
         });
         let task = tokio::spawn(serve(listener, state.clone()));
         Ok(Self { addr, state, task })
@@ -140,6 +148,18 @@ impl MockAgent {
 
     pub fn mode(&self) -> Mode {
         self.state.mode()
+    }
+
+    /// From now on each task first calls a model through `call` (the agent's own sidecar).
+    #[allow(dead_code)] // The budget tests (tests/it/budget.rs) set it once the sidecar runs.
+    pub fn set_model(&self, call: ModelCall) {
+        *self.state.model.lock().unwrap_or_else(|p| p.into_inner()) = Some(call);
+    }
+
+    /// What its mock model provider has answered (also at `GET /admin/provider`).
+    #[allow(dead_code)] // The budget tests (tests/it/budget.rs) read it.
+    pub fn provider_stats(&self) -> ProviderStats {
+        self.state.provider.stats()
     }
 
     pub fn stats(&self) -> MockStats {
@@ -300,7 +320,13 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ReachBody
             }
         }
         (&Method::GET, "/admin/stats") => json(StatusCode::OK, serde_json::json!(state.stats())),
+        (&Method::GET, "/admin/provider") => {
+            json(StatusCode::OK, serde_json::json!(state.provider.stats()))
+        }
         (&Method::GET, "/sse") => sse(&state),
+        (&Method::POST, "/v1/chat/completions") => {
+            state.provider.complete(&state.config.name, req).await
+        }
         _ => business(state, req).await,
     }
 }
@@ -323,12 +349,38 @@ async fn business(state: Arc<State>, req: Request<Incoming>) -> Response<ReachBo
             .map(str::to_owned);
         (key, req.method().to_string(), req.uri().path().to_owned())
     });
-    let response = business_inner(&state, req).await;
+    let response = match model_refusal(&state, probe).await {
+        Some(refused) => refused,
+        None => business_inner(&state, req).await,
+    };
     if let Some((key, method, path)) = logged {
         state.log_execution(key, &method, &path, response.status());
     }
     state.in_flight.fetch_sub(1, Ordering::Relaxed);
     response
+}
+
+/// A task's model call through the agent's own sidecar, when it makes one; a failed call fails
+/// the task as a real agent's would: 429, the model backend's quota.
+async fn model_refusal(state: &State, probe: bool) -> Option<Response<ReachBody>> {
+    let call = state
+        .model
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .filter(|_| !probe)?;
+    let status = provider::call_model(&call, &state.config.name).await;
+    if status.is_success() {
+        return None;
+    }
+    let mut r = json(
+        StatusCode::TOO_MANY_REQUESTS,
+        serde_json::json!({ "error": "rate_limited", "agent": state.config.name,
+            "message": format!("the model backend answered {}", status.as_u16()) }),
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    Some(r)
 }
 
 async fn business_inner(state: &State, req: Request<Incoming>) -> Response<ReachBody> {

@@ -1,0 +1,389 @@
+//! Each external target's budget as its answers state it, and the headroom projected from it:
+//! how much of the budget is left before its reset, against how fast the agent spends it
+//! (docs/model-budgets.md, "Headroom").
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode};
+use tokio::time::Instant;
+
+use super::headers::{self, Kind, Reading, MAX_BLOCK};
+use super::{Figure, PublishedBudget};
+use crate::fast_hash::FastMap;
+
+/// Below this headroom the agent's own view shows `budget-limited`: callers are cutting its share.
+pub const LIMITED_BELOW: f64 = 1.0;
+/// The part of a window held back: a call already on its way may still spend it.
+const RESERVE: f64 = 0.05;
+/// Under this part of a window left, the share shrinks in proportion even at a slow pace.
+const LOW_WATER: f64 = 0.25;
+/// The pace of model calls is measured over this long.
+const PACE_WINDOW: Duration = Duration::from_secs(60);
+/// Answers remembered for the pace, at most.
+const PACE_SAMPLES: usize = 256;
+/// A target with more than this many targets' states is not tracked further (config bounds it).
+const MAX_TARGETS: usize = 64;
+
+/// The local agent's model budgets, one per external target that states one.
+#[derive(Debug, Default)]
+pub struct ModelBudgets {
+    inner: Mutex<FastMap<String, TargetBudget>>,
+}
+
+/// The projected headroom of a budget: 0..1, until when it holds, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Headroom {
+    pub headroom: f64,
+    pub reset_in: Duration,
+    pub reason: String,
+}
+
+#[derive(Debug)]
+struct TargetBudget {
+    group: Option<String>,
+    windows: Vec<Learned>,
+    /// A 429's `retry-after`: no headroom at all until then.
+    blocked_until: Option<Instant>,
+    /// When the target's recent answers came: the pace of model calls.
+    answers: VecDeque<Instant>,
+    learned_at: Instant,
+}
+
+#[derive(Debug)]
+struct Learned {
+    kind: Kind,
+    limit: Option<u64>,
+    remaining: u64,
+    reset_at: Option<Instant>,
+    /// What one call spends of the window (a moving average; 1 for requests until seen).
+    per_call: f64,
+}
+
+impl ModelBudgets {
+    /// Learns from one answer of `target`; the number of unreadable values it carried.
+    pub fn observe(
+        &self,
+        target: &str,
+        group: Option<&str>,
+        status: StatusCode,
+        answer: &HeaderMap,
+        now: Instant,
+    ) -> u32 {
+        let reading = headers::read(answer, SystemTime::now());
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let known = inner.contains_key(target);
+        if !known && (reading.is_empty() || inner.len() >= MAX_TARGETS) {
+            return reading.malformed;
+        }
+        let budget = inner
+            .entry(target.to_owned())
+            .or_insert_with(|| TargetBudget {
+                group: None,
+                windows: Vec::new(),
+                blocked_until: None,
+                answers: VecDeque::new(),
+                learned_at: now,
+            });
+        budget.group = group.map(str::to_owned);
+        budget.learn(&reading, status, now);
+        reading.malformed
+    }
+
+    /// The tightest budget of all targets now, when any is learned.
+    pub fn headroom(&self, now: Instant) -> Option<Headroom> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .iter()
+            .map(|(target, b)| b.headroom(target, now))
+            .min_by(|a, b| a.headroom.total_cmp(&b.headroom))
+    }
+
+    /// What the agent publishes: its ungrouped targets folded into one figure, and one entry per
+    /// group it belongs to (`groups`, from the config: also those it has learned nothing about).
+    pub fn published<'a>(
+        &self,
+        groups: impl Iterator<Item = &'a str>,
+        now: Instant,
+    ) -> Vec<PublishedBudget> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let figure = |b: &TargetBudget, target: &str| {
+            let h = b.headroom(target, now);
+            Figure {
+                headroom: h.headroom,
+                reset_in_s: h.reset_in.as_secs_f64(),
+                age_s: now.saturating_duration_since(b.learned_at).as_secs_f64(),
+            }
+        };
+        let tighter = |a: Option<Figure>, b: Figure| match a {
+            Some(a) if a.headroom <= b.headroom => Some(a),
+            _ => Some(b),
+        };
+        let mut own: Option<Figure> = None;
+        let mut out: Vec<PublishedBudget> = Vec::new();
+        for group in groups {
+            if !out.iter().any(|p| p.group.as_deref() == Some(group)) {
+                out.push(PublishedBudget {
+                    group: Some(group.to_owned()),
+                    figure: None,
+                });
+            }
+        }
+        for (target, b) in inner.iter() {
+            let f = figure(b, target);
+            match b.group.as_deref() {
+                None => own = tighter(own, f),
+                Some(g) => {
+                    if let Some(p) = out.iter_mut().find(|p| p.group.as_deref() == Some(g)) {
+                        p.figure = tighter(p.figure, f);
+                    }
+                }
+            }
+        }
+        if own.is_some() {
+            out.insert(
+                0,
+                PublishedBudget {
+                    group: None,
+                    figure: own,
+                },
+            );
+        }
+        out
+    }
+}
+
+impl TargetBudget {
+    fn learn(&mut self, reading: &Reading, status: StatusCode, now: Instant) {
+        self.answers.push_back(now);
+        while self.answers.len() > PACE_SAMPLES
+            || self
+                .answers
+                .front()
+                .is_some_and(|t| now.saturating_duration_since(*t) > PACE_WINDOW)
+        {
+            self.answers.pop_front();
+        }
+        if reading.is_empty() {
+            return;
+        }
+        self.learned_at = now;
+        for w in &reading.windows {
+            let Some(remaining) = w.remaining else {
+                continue;
+            };
+            let reset_at = w.reset.map(|r| now + r.min(MAX_BLOCK));
+            match self.windows.iter_mut().find(|l| l.kind == w.kind) {
+                Some(l) => {
+                    let same_period = l.reset_at.is_none_or(|at| at > now);
+                    if same_period && l.remaining > remaining {
+                        let spent = (l.remaining - remaining) as f64;
+                        l.per_call = 0.7 * l.per_call + 0.3 * spent;
+                    }
+                    l.limit = w.limit;
+                    l.remaining = remaining;
+                    l.reset_at = reset_at;
+                }
+                None => self.windows.push(Learned {
+                    kind: w.kind,
+                    limit: w.limit,
+                    remaining,
+                    reset_at,
+                    per_call: 1.0,
+                }),
+            }
+        }
+        if let Some(wait) = reading.retry_after {
+            let exhausted = self.windows.iter().any(|l| l.remaining == 0);
+            if status == StatusCode::TOO_MANY_REQUESTS || exhausted {
+                self.blocked_until = Some(now + wait.min(MAX_BLOCK));
+            }
+        }
+    }
+
+    /// Model calls per second lately.
+    fn pace(&self, now: Instant) -> f64 {
+        let recent = self
+            .answers
+            .iter()
+            .filter(|t| now.saturating_duration_since(**t) <= PACE_WINDOW);
+        let (n, first) = recent.fold((0usize, None), |(n, first), t| (n + 1, first.or(Some(*t))));
+        let span = first.map_or(0.0, |f| now.saturating_duration_since(f).as_secs_f64());
+        if n < 3 || span < 1.0 {
+            return 0.0;
+        }
+        n as f64 / span
+    }
+
+    fn headroom(&self, target: &str, now: Instant) -> Headroom {
+        if let Some(until) = self.blocked_until.filter(|u| *u > now) {
+            let reset_in = until.saturating_duration_since(now);
+            return Headroom {
+                headroom: 0.0,
+                reset_in,
+                reason: format!(
+                    "{target}: refused (429), retry in {:.0}s",
+                    reset_in.as_secs_f64()
+                ),
+            };
+        }
+        let whole = Headroom {
+            headroom: 1.0,
+            reset_in: Duration::ZERO,
+            reason: format!("{target}: budget whole"),
+        };
+        // Bounded staleness: an answer this old says nothing about now.
+        if now.saturating_duration_since(self.learned_at) > MAX_BLOCK {
+            return whole;
+        }
+        let pace = self.pace(now);
+        self.windows
+            .iter()
+            .filter_map(|w| w.headroom(target, pace, now))
+            .min_by(|a, b| a.headroom.total_cmp(&b.headroom))
+            .unwrap_or(whole)
+    }
+}
+
+impl Learned {
+    /// This window's headroom, `None` once its reset has passed (it is full again).
+    fn headroom(&self, target: &str, pace: f64, now: Instant) -> Option<Headroom> {
+        let reset_in = match self.reset_at {
+            Some(at) if at <= now => return None,
+            Some(at) => at.saturating_duration_since(now),
+            None => MAX_BLOCK,
+        };
+        let limit = self.limit.unwrap_or(self.remaining).max(1) as f64;
+        let reserve = (limit * RESERVE).ceil().max(1.0);
+        let usable = self.remaining as f64 - reserve;
+        let low = (usable / (limit * LOW_WATER)).clamp(0.0, 1.0);
+        // Spent at this pace until the reset: more than is left means it runs dry first.
+        let need = pace * self.per_call.max(0.0) * reset_in.as_secs_f64();
+        let runway = if need > usable && need > 0.0 {
+            (usable / need).clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        let headroom = if usable <= 0.0 { 0.0 } else { low.min(runway) };
+        Some(Headroom {
+            headroom,
+            reset_in,
+            reason: format!(
+                "{target}: {} {}/{} left, resets in {:.0}s",
+                kind_name(self.kind),
+                self.remaining,
+                limit as u64,
+                reset_in.as_secs_f64()
+            ),
+        })
+    }
+}
+
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Requests => "requests",
+        Kind::Tokens => "tokens",
+        Kind::InputTokens => "input tokens",
+        Kind::OutputTokens => "output tokens",
+        Kind::Quota => "quota",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(remaining: u64, reset: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        let mut put = |k: &'static str, v: String| {
+            if let Ok(v) = http::HeaderValue::from_str(&v) {
+                h.insert(k, v);
+            }
+        };
+        put("x-ratelimit-limit-requests", "100".to_owned());
+        put("x-ratelimit-remaining-requests", remaining.to_string());
+        put("x-ratelimit-reset-requests", reset.to_owned());
+        h
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn headroom_shrinks_as_the_budget_drains_and_is_whole_at_the_reset() {
+        let b = ModelBudgets::default();
+        let ok = StatusCode::OK;
+        assert_eq!(b.headroom(Instant::now()), None, "nothing learned yet");
+        b.observe("openai", None, ok, &answer(90, "60s"), Instant::now());
+        let h = b.headroom(Instant::now()).map(|h| h.headroom);
+        assert_eq!(h, Some(1.0), "plenty left at no pace");
+        b.observe("openai", None, ok, &answer(10, "60s"), Instant::now());
+        let h = b.headroom(Instant::now()).map_or(1.0, |h| h.headroom);
+        assert!(h > 0.0 && h < 1.0, "{h}");
+        b.observe("openai", None, ok, &answer(5, "60s"), Instant::now());
+        let h = b.headroom(Instant::now());
+        assert_eq!(h.as_ref().map(|h| h.headroom), Some(0.0), "{h:?}");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(b.headroom(Instant::now()).map(|h| h.headroom), Some(1.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fast_pace_runs_out_before_the_reset() {
+        let b = ModelBudgets::default();
+        // Ten calls a second, 2 each, 60 s to the reset: 80 left will not last.
+        for i in 0..20 {
+            b.observe(
+                "openai",
+                None,
+                StatusCode::OK,
+                &answer(120 - 2 * i, "60s"),
+                Instant::now(),
+            );
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+        let h = b.headroom(Instant::now()).map_or(1.0, |h| h.headroom);
+        assert!(h < 0.2, "{h}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hostile_retry_after_blocks_no_longer_than_the_bound() {
+        let b = ModelBudgets::default();
+        let mut h = answer(0, "99999h");
+        h.insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("999999999"),
+        );
+        b.observe(
+            "openai",
+            None,
+            StatusCode::TOO_MANY_REQUESTS,
+            &h,
+            Instant::now(),
+        );
+        assert_eq!(b.headroom(Instant::now()).map(|h| h.headroom), Some(0.0));
+        tokio::time::advance(MAX_BLOCK + Duration::from_secs(1)).await;
+        assert_eq!(b.headroom(Instant::now()).map(|h| h.headroom), Some(1.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn publishes_ungrouped_targets_as_one_figure_and_each_group() {
+        let b = ModelBudgets::default();
+        let now = Instant::now();
+        b.observe("openai", None, StatusCode::OK, &answer(3, "30s"), now);
+        b.observe(
+            "claude",
+            Some("acme"),
+            StatusCode::OK,
+            &answer(90, "30s"),
+            now,
+        );
+        let p = b.published(["acme", "other"].into_iter(), now);
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert_eq!(p[0].group, None);
+        assert_eq!(p[0].figure.map(|f| f.headroom), Some(0.0));
+        assert_eq!(p[1].group.as_deref(), Some("acme"));
+        assert_eq!(p[1].figure.map(|f| f.headroom), Some(1.0));
+        assert_eq!(
+            p[2].figure, None,
+            "a member that learned nothing says only that"
+        );
+    }
+}

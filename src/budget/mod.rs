@@ -1,0 +1,61 @@
+//! The local agent's model budget, learned from its providers' answers (docs/model-budgets.md).
+//!
+//! Why: an agent whose `/healthz` answers but whose model account is nearly spent will fail its
+//! next tasks with 429s. Providers say how much is left on every successful answer; reading it
+//! lets callers move work away *before* the first 429, and agents on one account
+//! (`budget_group:`) share what the first of them learns.
+//!
+//! `headers` reads one answer; `learn` keeps each external target's state and projects its
+//! headroom; `shared` is the callers' side: the freshest state of each group, bounded in age;
+//! `usage` counts the tokens the answers report.
+
+pub mod headers;
+mod learn;
+pub mod shared;
+pub mod usage;
+
+pub use learn::{Headroom, ModelBudgets, LIMITED_BELOW};
+
+use serde::{Deserialize, Serialize};
+
+/// What an agent publishes about one budget: its own targets' (folded into one, `group: None`)
+/// or one group's. Without `figure` it only says it belongs to the group.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PublishedBudget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub figure: Option<Figure>,
+}
+
+/// A learned budget as it stood when published: its headroom (0..1), how long until it resets
+/// and how old the answer it was learned from is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Figure {
+    pub headroom: f64,
+    pub reset_in_s: f64,
+    pub age_s: f64,
+}
+
+impl Figure {
+    /// The headroom `elapsed` after it was published: whole again once its reset has passed.
+    pub fn headroom_after(&self, elapsed: std::time::Duration) -> f64 {
+        if elapsed.as_secs_f64() >= seconds(self.reset_in_s) {
+            1.0
+        } else if self.headroom.is_finite() {
+            self.headroom.clamp(0.0, 1.0)
+        } else {
+            1.0
+        }
+    }
+}
+
+/// Seconds as a peer published them, made safe: within 0..[`headers::MAX_BLOCK`], NaN as 0.
+pub(crate) fn seconds(s: f64) -> f64 {
+    let max = headers::MAX_BLOCK.as_secs_f64();
+    if s.is_nan() {
+        0.0
+    } else {
+        s.clamp(0.0, max)
+    }
+}

@@ -1,0 +1,181 @@
+//! A caller's side of shared budgets: the freshest figure heard for each `budget_group`, by
+//! whichever member learned it, and a candidate's headroom from its own figure and its groups'.
+//! Every figure ages out within [`MAX_BLOCK`], so a group gone silent cannot pin agents out.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::headers::MAX_BLOCK;
+use super::{Figure, PublishedBudget};
+use crate::fast_hash::FastMap;
+
+/// Groups remembered, at most; past it the stalest is dropped.
+const MAX_GROUPS: usize = 256;
+
+/// The freshest figure of each group this caller has heard of.
+#[derive(Debug, Default)]
+pub struct GroupTable {
+    groups: FastMap<String, Heard>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Heard {
+    figure: Figure,
+    /// When this caller heard it, and when its member learned it (on this caller's clock).
+    heard_at: Instant,
+    learned_at: Instant,
+}
+
+impl GroupTable {
+    /// A member's published budgets, heard now: a group's figure replaces one learned earlier.
+    pub fn heard(&mut self, budgets: &[PublishedBudget], now: Instant) {
+        for (group, figure) in budgets
+            .iter()
+            .filter_map(|b| Some((b.group.as_deref()?, b.figure?)))
+        {
+            let age = Duration::from_secs_f64(super::seconds(figure.age_s));
+            let learned_at = now.checked_sub(age).unwrap_or(now);
+            let heard = Heard {
+                figure,
+                heard_at: now,
+                learned_at,
+            };
+            match self.groups.get_mut(group) {
+                Some(h) if h.learned_at > learned_at => {}
+                Some(h) => *h = heard,
+                None => {
+                    if self.groups.len() >= MAX_GROUPS {
+                        self.forget_stalest();
+                    }
+                    self.groups.insert(group.to_owned(), heard);
+                }
+            }
+        }
+    }
+
+    fn forget_stalest(&mut self) {
+        let stalest = self
+            .groups
+            .iter()
+            .min_by_key(|(_, h)| h.learned_at)
+            .map(|(g, _)| g.clone());
+        if let Some(g) = stalest {
+            self.groups.remove(&g);
+        }
+    }
+
+    /// The group's headroom now, when a fresh enough figure is known.
+    pub fn headroom(&self, group: &str, now: Instant) -> Option<f64> {
+        let h = self.groups.get(group)?;
+        if now.saturating_duration_since(h.learned_at) > MAX_BLOCK {
+            return None;
+        }
+        Some(
+            h.figure
+                .headroom_after(now.saturating_duration_since(h.heard_at)),
+        )
+    }
+
+    /// How long until the group's figure resets, when a fresh one is known.
+    pub fn reset_in(&self, group: &str, now: Instant) -> Option<Duration> {
+        let h = self.groups.get(group)?;
+        let elapsed = now.saturating_duration_since(h.heard_at).as_secs_f64();
+        let left = super::seconds(h.figure.reset_in_s) - elapsed;
+        Some(Duration::from_secs_f64(left.max(0.0)))
+    }
+
+    /// Whether any group is known at all: a caller with none skips the lookups.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+}
+
+/// A candidate's model headroom (1 when nothing is known): the tightest of its own figure and
+/// its groups' freshest, `elapsed` after its view was heard.
+pub fn candidate_headroom(
+    published: &[PublishedBudget],
+    elapsed: Duration,
+    groups: &GroupTable,
+    now: Instant,
+) -> f64 {
+    published
+        .iter()
+        .map(|b| {
+            let own = b
+                .figure
+                .filter(|f| f.age_s + elapsed.as_secs_f64() <= MAX_BLOCK.as_secs_f64())
+                .map(|f| f.headroom_after(elapsed));
+            let group = b.group.as_deref().and_then(|g| groups.headroom(g, now));
+            // The group's freshest figure speaks for every member; the own one when none is heard.
+            group.or(own).unwrap_or(1.0)
+        })
+        .fold(1.0, f64::min)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn published(group: Option<&str>, headroom: f64, age_s: f64) -> PublishedBudget {
+        PublishedBudget {
+            group: group.map(str::to_owned),
+            figure: Some(Figure {
+                headroom,
+                reset_in_s: 30.0,
+                age_s,
+            }),
+        }
+    }
+
+    fn member_of(group: &str) -> PublishedBudget {
+        PublishedBudget {
+            group: Some(group.to_owned()),
+            figure: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_freshest_figure_of_a_group_scores_every_member() {
+        let mut t = GroupTable::default();
+        let now = Instant::now();
+        t.heard(&[published(Some("acme"), 0.0, 1.0)], now);
+        // An older figure heard later does not replace the fresher one.
+        t.heard(&[published(Some("acme"), 1.0, 5.0)], now);
+        let silent = [member_of("acme")];
+        assert_eq!(candidate_headroom(&silent, Duration::ZERO, &t, now), 0.0);
+        assert_eq!(
+            candidate_headroom(&[member_of("other")], Duration::ZERO, &t, now),
+            1.0
+        );
+        // Back at the reset without anything new heard.
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let later = Instant::now();
+        assert_eq!(
+            candidate_headroom(&silent, Duration::from_secs(31), &t, later),
+            1.0
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_group_ages_out() {
+        let mut t = GroupTable::default();
+        let hostile = PublishedBudget {
+            group: Some("acme".to_owned()),
+            figure: Some(Figure {
+                headroom: 0.0,
+                reset_in_s: f64::INFINITY,
+                age_s: f64::NAN,
+            }),
+        };
+        t.heard(&[hostile], Instant::now());
+        assert_eq!(t.headroom("acme", Instant::now()), Some(0.0));
+        tokio::time::advance(MAX_BLOCK + Duration::from_secs(1)).await;
+        assert_eq!(t.headroom("acme", Instant::now()), None);
+        let own = [published(None, 0.2, 0.0)];
+        assert_eq!(
+            candidate_headroom(&own, Duration::ZERO, &t, Instant::now()),
+            0.2
+        );
+    }
+}

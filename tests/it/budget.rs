@@ -1,0 +1,472 @@
+//! Model budgets (docs/model-budgets.md): agents call a mock model provider through their own
+//! sidecars; the rate-limit headers of its answers steer a caller's work away from an agent whose
+//! budget runs dry before the provider ever answers 429, a group's members share what one learns,
+//! and hostile values are bounded.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::mock_agent::{
+    Latency, MockAgent, MockConfig, ModelCall, ProviderBudget, ProviderHeaders,
+};
+use agent_reach::config::{ExternalTarget, HostPort, HumanDuration, Name, Policy};
+use agent_reach::{Bootstrap, Sidecar};
+use support::*;
+
+/// The capability an agent's sidecar names its model provider by.
+const LLM: &str = "llm";
+
+fn provider_config(requests: u64, window: Duration, headers: ProviderHeaders) -> MockConfig {
+    let mut config = MockConfig::new("provider");
+    config.provider = ProviderBudget {
+        requests: Some(requests),
+        window,
+        headers,
+        ..ProviderBudget::default()
+    };
+    config
+}
+
+fn llm_target(provider: SocketAddr, group: Option<&str>) -> ExternalTarget {
+    ExternalTarget {
+        name: Name::parse(LLM).unwrap(),
+        capability: Name::parse(LLM).unwrap(),
+        endpoints: vec![HostPort::parse(&provider.to_string()).unwrap()],
+        timeout: None,
+        max_concurrency: None,
+        rate_limit: None,
+        budget_group: group.map(|g| Name::parse(g).unwrap()),
+    }
+}
+
+/// An agent serving `CAP` behind its sidecar; with `provider`, the sidecar has the model target,
+/// and with `calls_model` each task first calls the model through that sidecar.
+async fn agent(
+    name: &str,
+    provider: Option<(SocketAddr, Option<&str>)>,
+    calls_model: bool,
+) -> (MockAgent, Sidecar) {
+    agent_with(name, provider, calls_model, |b| b).await
+}
+
+/// [`agent`], its bootstrap adjusted by `tune` (gossip, for one).
+async fn agent_with(
+    name: &str,
+    provider: Option<(SocketAddr, Option<&str>)>,
+    calls_model: bool,
+    tune: impl FnOnce(Bootstrap) -> Bootstrap,
+) -> (MockAgent, Sidecar) {
+    // Each agent answers in 20 ms, a model call on the way or not: the share watched is the
+    // budget's, not a latency preference (a clearly faster peer wins every tie).
+    let mut config = MockConfig::new(name);
+    config.latency = Latency::fixed(Duration::from_millis(20));
+    let agent = mock(config).await;
+    let mut policy = quick_parole();
+    if let Some((addr, group)) = provider {
+        policy.targets.push(llm_target(addr, group));
+    }
+    let bootstrap = tune(Bootstrap::local(name, agent.addr, &[CAP]).unwrap());
+    let side = sidecar_with(bootstrap, policy, Default::default()).await;
+    if calls_model {
+        agent.set_model(ModelCall {
+            outbound: side.addrs.outbound,
+            capability: LLM.to_owned(),
+        });
+    }
+    (agent, side)
+}
+
+/// Parole served at once: the share this test watches is the budget's, not a new agent's.
+fn quick_parole() -> Policy {
+    let mut policy = Policy::default();
+    policy.states.parole.duration = HumanDuration::from_millis(0);
+    policy
+}
+
+/// A caller that knows the agents as static peers and reads their self-views every 20 ms.
+async fn caller(agents: &[(&str, &Sidecar)]) -> Sidecar {
+    let mut bootstrap =
+        Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
+    for (name, side) in agents {
+        bootstrap = bootstrap
+            .with_peer(name, side.addrs.inbound, &[CAP])
+            .unwrap();
+    }
+    let mut policy = quick_parole();
+    policy.peer_views.poll_interval = HumanDuration::from_millis(20);
+    sidecar_with(bootstrap, policy, Default::default()).await
+}
+
+/// The agent's own sidecar calls its model directly `n` times (the agent's own work).
+async fn spend(side: &Sidecar, n: usize) {
+    let url = format!("http://{}/v1/chat/completions", side.addrs.outbound);
+    for _ in 0..n {
+        let reply = send(&client(), "POST", &url, &[("reach-capability", LLM)], "{}").await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+}
+
+/// One task through the caller, paced so the caller reads the peers' views between calls.
+async fn task(caller: &Sidecar, pace: &mut tokio::time::Interval) -> Reply {
+    pace.tick().await;
+    send(
+        &client(),
+        "POST",
+        &format!("http://{}/review", caller.addrs.outbound),
+        &[("reach-capability", CAP)],
+        "diff",
+    )
+    .await
+}
+
+fn pace() -> tokio::time::Interval {
+    tokio::time::interval(Duration::from_millis(25))
+}
+
+/// The agent's own tightest headroom and the seconds to its reset, as its `/status` says.
+fn own_budget(side: &Sidecar) -> Option<(f64, f64)> {
+    side.status()
+        .model_budget
+        .map(|b| (b.headroom, b.reset_in_s))
+}
+
+/// Whether the caller's last read of `name`'s self-view carries a spent budget.
+fn caller_sees_spent(caller: &Sidecar, name: &str) -> bool {
+    caller.status().peer_views.iter().any(|p| {
+        p.name == name
+            && p.self_view.as_ref().is_some_and(|v| {
+                v.budget
+                    .iter()
+                    .any(|b| b.figure.is_some_and(|f| f.headroom <= 0.0))
+            })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_whose_budget_drains_is_avoided_before_any_429_and_returns_at_the_reset() {
+    let provider = mock(provider_config(
+        10,
+        Duration::from_secs(5),
+        ProviderHeaders::Honest,
+    ))
+    .await;
+    let (a, a_side) = agent("coder-a", Some((provider.addr, None)), true).await;
+    let (b, b_side) = agent("coder-b", None, false).await;
+    let (c, c_side) = agent("coder-c", None, false).await;
+    let caller = caller(&[
+        ("coder-a", &a_side),
+        ("coder-b", &b_side),
+        ("coder-c", &c_side),
+    ])
+    .await;
+
+    // Tasks keep coming while coder-a's own work drains its budget steadily (one model call
+    // per task sent, through its sidecar, while its headroom lasts); every task routed to it
+    // spends one more. Its share shrinks with the budget and is gone while calls are left.
+    let mut pace = pace();
+    let mut shrinking = Vec::new();
+    let mut sent = 0;
+    while own_budget(&a_side).is_none_or(|(h, _)| h > 0.0) {
+        spend(&a_side, 1).await;
+        let reply = task(&caller, &mut pace).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        if let Some((h, _)) = own_budget(&a_side).filter(|(h, _)| *h > 0.0 && *h < 1.0) {
+            assert_eq!(a_side.status().self_state, "budget-limited");
+            shrinking.push(h);
+        }
+        sent += 1;
+        assert!(sent < 20, "coder-a never ran dry");
+    }
+    assert!(!shrinking.is_empty(), "a shrinking share on the way down");
+    let (_, reset_in) = own_budget(&a_side).unwrap();
+    assert!(
+        reset_in > 1.0,
+        "drained well before the reset: {reset_in}s left"
+    );
+    eventually(
+        Duration::from_secs(2),
+        "the caller reads the spent budget",
+        || async { caller_sees_spent(&caller, "coder-a") },
+    )
+    .await;
+    // Until the reset, every task goes to the others, and succeeds.
+    let before = a.stats().business;
+    for _ in 0..20 {
+        let reply = task(&caller, &mut pace).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    assert_eq!(a.stats().business, before, "coder-a is avoided while spent");
+    assert!(b.stats().business + c.stats().business >= 20);
+    assert_eq!(
+        provider.provider_stats().refused,
+        0,
+        "the provider never answered 429"
+    );
+
+    // At the reset coder-a comes back, with no probe and no call failing on the way.
+    let before = a.stats().business;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.stats().business == before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "coder-a never came back: its own {:?}, the caller's view {:?}",
+            a_side.status().model_budget,
+            caller
+                .status()
+                .peer_views
+                .iter()
+                .find(|p| p.name == "coder-a")
+                .map(|p| (
+                    p.effective_cap,
+                    p.effective_state,
+                    p.self_view.as_ref().map(|v| v.budget.clone())
+                ))
+        );
+        let reply = task(&caller, &mut pace).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    assert_eq!(
+        provider.provider_stats().refused,
+        0,
+        "the provider never answered 429"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_member_that_made_no_model_call_is_avoided_with_the_one_that_spent_it() {
+    let provider = mock(provider_config(
+        10,
+        Duration::from_secs(30),
+        ProviderHeaders::Honest,
+    ))
+    .await;
+    let account = Some((provider.addr, Some("acme-openai")));
+    let (a, a_side) = agent("coder-a", account, true).await;
+    // coder-b is on the same account but makes no model call: it has learned nothing itself.
+    let (b, b_side) = agent("coder-b", account, false).await;
+    let (c, c_side) = agent("coder-c", None, false).await;
+    let caller = caller(&[
+        ("coder-a", &a_side),
+        ("coder-b", &b_side),
+        ("coder-c", &c_side),
+    ])
+    .await;
+    spend(&a_side, 9).await;
+    assert_eq!(own_budget(&a_side).map(|(h, _)| h), Some(0.0));
+    assert_eq!(
+        own_budget(&b_side),
+        None,
+        "coder-b learned nothing of its own"
+    );
+    eventually(
+        Duration::from_secs(2),
+        "the caller reads the group's spent budget",
+        || async { caller_sees_spent(&caller, "coder-a") },
+    )
+    .await;
+    let mut pace = pace();
+    for _ in 0..20 {
+        let reply = task(&caller, &mut pace).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    assert_eq!(a.stats().business, 0, "coder-a spent the account");
+    assert_eq!(
+        b.stats().business,
+        0,
+        "coder-b shares the account, so it is avoided too"
+    );
+    assert_eq!(c.stats().business, 20);
+    assert_eq!(provider.provider_stats().refused, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_header_values_are_bounded_and_garbage_is_ignored_and_counted() {
+    let hostile = mock(provider_config(
+        1000,
+        Duration::from_secs(60),
+        ProviderHeaders::Hostile,
+    ))
+    .await;
+    let garbage = mock(provider_config(
+        1000,
+        Duration::from_secs(60),
+        ProviderHeaders::Garbage,
+    ))
+    .await;
+    let (_h, h_side) = agent("coder-h", Some((hostile.addr, None)), false).await;
+    let (g, g_side) = agent("coder-g", Some((garbage.addr, None)), false).await;
+    spend(&h_side, 1).await;
+    spend(&g_side, 1).await;
+    // "Spent for ten years, retry in a decade": believed for at most the bound (10 min).
+    let (headroom, reset_in) = own_budget(&h_side).expect("learned");
+    assert_eq!(headroom, 0.0);
+    assert!(reset_in <= 600.0, "bounded: {reset_in}s");
+    let published = h_side.status();
+    assert_eq!(published.self_state, "budget-limited");
+    // Values that do not parse say nothing: the agent keeps its whole share, and they are counted.
+    assert_eq!(
+        own_budget(&g_side),
+        None,
+        "{:?}",
+        g_side.status().model_budget
+    );
+    assert_ne!(g_side.status().self_state, "budget-limited");
+    let metrics = get(&client(), &format!("http://{}/metrics", g_side.addrs.admin)).await;
+    assert!(
+        sum(
+            &metrics.body,
+            "reach_model_budget_malformed_total",
+            "target=\"llm\""
+        ) >= 5.0,
+        "{}",
+        metrics.body
+    );
+    let caller = caller(&[("coder-g", &g_side)]).await;
+    let mut pace = pace();
+    let reply = task(&caller, &mut pace).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(g.stats().business, 1);
+}
+
+/// A fresh gossip key file for one test.
+fn key_file(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("agent-reach-budget-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gossip.key");
+    let secret: [u8; 32] = rand::random();
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&path, hex).unwrap();
+    path
+}
+
+/// Gossip on loopback with timings fast enough for a test.
+fn gossiping(seeds: &[SocketAddr], key: &std::path::Path, b: Bootstrap) -> Bootstrap {
+    let mut b = b.with_gossip(seeds, key.to_path_buf());
+    if let Some(g) = b.gossip.as_mut() {
+        g.probe_interval = HumanDuration::from_millis(200);
+        g.probe_timeout = HumanDuration::from_millis(100);
+        g.refresh_interval = HumanDuration::from_millis(500);
+    }
+    b
+}
+
+/// The same over gossip: the group's figure travels in the `Live` item (v4), and the caller
+/// avoids the member that learned nothing as well as the one that spent the account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_spent_budget_travels_by_gossip_to_every_caller() {
+    let provider = mock(provider_config(
+        10,
+        Duration::from_secs(30),
+        ProviderHeaders::Honest,
+    ))
+    .await;
+    let key = key_file("group");
+    let account = Some((provider.addr, Some("acme-openai")));
+    let (a, a_side) = agent_with("coder-a", account, true, |b| gossiping(&[], &key, b)).await;
+    let seed = [a_side.addrs.gossip.expect("gossip is on")];
+    let (b, b_side) = agent_with("coder-b", account, false, |b| gossiping(&seed, &key, b)).await;
+    let (c, _c_side) = agent_with("coder-c", None, false, |b| gossiping(&seed, &key, b)).await;
+    let caller_bootstrap =
+        Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
+    let caller = sidecar_with(
+        gossiping(&seed, &key, caller_bootstrap),
+        quick_parole(),
+        Default::default(),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the caller knows all three by gossip",
+        || async {
+            let views = caller.status().peer_views;
+            ["coder-a", "coder-b", "coder-c"]
+                .iter()
+                .all(|n| views.iter().any(|p| p.name == *n && p.self_view.is_some()))
+        },
+    )
+    .await;
+    spend(&a_side, 9).await;
+    eventually(
+        Duration::from_secs(5),
+        "the spent budget travels by gossip",
+        || async { caller_sees_spent(&caller, "coder-a") },
+    )
+    .await;
+    let mut pace = pace();
+    for _ in 0..20 {
+        let reply = task(&caller, &mut pace).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    assert_eq!(a.stats().business, 0, "coder-a spent the account");
+    assert_eq!(b.stats().business, 0, "coder-b shares the account");
+    assert_eq!(c.stats().business, 20);
+    assert_eq!(provider.provider_stats().refused, 0);
+    // coder-b's own sidecar heard it too: it shows the group's budget as its own.
+    eventually(
+        Duration::from_secs(5),
+        "coder-b shows budget-limited",
+        || async { b_side.status().self_state == "budget-limited" },
+    )
+    .await;
+    let reason = b_side
+        .status()
+        .model_budget
+        .map(|m| m.reason)
+        .unwrap_or_default();
+    assert!(reason.starts_with("group acme-openai"), "{reason}");
+}
+
+/// Token accounting: the `usage` of a JSON answer and of a stream's last event, counted by type,
+/// model and provider; the stream still reaches the agent whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_reported_by_json_and_streamed_answers_are_counted() {
+    let provider = mock(provider_config(
+        100,
+        Duration::from_secs(60),
+        ProviderHeaders::Honest,
+    ))
+    .await;
+    let (_a, a_side) = agent("coder-a", Some((provider.addr, None)), false).await;
+    let url = format!("http://{}/v1/chat/completions", a_side.addrs.outbound);
+    let json = send(
+        &client(),
+        "POST",
+        &url,
+        &[("reach-capability", LLM)],
+        r#"{"model":"gpt-test"}"#,
+    )
+    .await;
+    assert_eq!(json.status, 200, "{}", json.body);
+    let streamed = send(
+        &client(),
+        "POST",
+        &url,
+        &[("reach-capability", LLM)],
+        r#"{"model":"gpt-test","stream":true}"#,
+    )
+    .await;
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    assert!(streamed.body.contains("\"usage\"") && streamed.body.ends_with("data: [DONE]\n\n"));
+    let series = "gen_ai_client_token_usage{";
+    let labels = "gen_ai_request_model=\"gpt-test\"";
+    eventually(
+        Duration::from_secs(2),
+        "both answers' tokens are counted",
+        || async {
+            let metrics = get(&client(), &format!("http://{}/metrics", a_side.addrs.admin)).await;
+            let output = sum(&metrics.body, series, "gen_ai_token_type=\"output\"");
+            let input = sum(&metrics.body, series, "gen_ai_token_type=\"input\"");
+            output == 12.0
+                && input >= 2.0
+                && metrics.body.lines().any(|l| {
+                    l.starts_with(series)
+                        && l.contains(labels)
+                        && l.contains("gen_ai_provider_name=\"llm\"")
+                })
+        },
+    )
+    .await;
+}
