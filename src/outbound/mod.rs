@@ -16,6 +16,7 @@ mod candidates;
 mod dedupe;
 mod endpoint;
 mod local_api;
+mod mcp;
 mod record;
 mod resolve;
 mod submit;
@@ -66,6 +67,8 @@ impl Outbound {
             .layer(submit::layer(self.clone()))
             // The agent's own resent call (its client timed out and resent) runs once.
             .layer(dedupe::layer(self.clone()))
+            // An MCP capability: tool calls to servers with a working tool; the fleet's tool list.
+            .layer(mcp::layer(self.clone()))
             .service(self.routing())
     }
 
@@ -105,6 +108,8 @@ pub struct Outbound {
     tasks: Option<Arc<Queue>>,
     /// Which agent holds which task or session (`docs/affinity.md`).
     affinity: Arc<affinity::Table>,
+    /// This caller's view of each MCP server's tools (`docs/mcp.md`).
+    tools: mcp::view::ToolViews,
 }
 
 impl Outbound {
@@ -123,6 +128,7 @@ impl Outbound {
             observe: ObserveLog::default(),
             tasks: None,
             affinity: Arc::default(),
+            tools: mcp::view::ToolViews::default(),
         }
     }
 
