@@ -99,7 +99,6 @@ pub(super) const RULES: &[Row] = &[
     ("agent.a2a.refresh", Rule::Span(ms(100), DAY)),
     // Each refresh is one `initialize` and one `tools/list` to the local MCP server.
     ("agent.mcp.refresh", Rule::Span(ms(100), DAY)),
-    ("agent.mcp.failure_threshold", Rule::Whole(1, 1000)),
     ("agent.capabilities[].timeout", Rule::Span(MS, DAY)),
     ("agent.capabilities[].expected_duration", Rule::Span(MS, DAY)),
     ("agent.capabilities[].cost", Rule::Real(0.0, 1e6)),
@@ -325,9 +324,6 @@ pub struct McpConfig {
     /// own settings and gets the tools.
     #[serde(default = "default_mcp_capability")]
     pub capability: Name,
-    /// `isError: true` results in a row before a caller stops sending that tool to this server.
-    #[serde(default = "default_mcp_failure_threshold")]
-    pub failure_threshold: u32,
 }
 
 impl Default for McpConfig {
@@ -336,7 +332,6 @@ impl Default for McpConfig {
             path: default_mcp_path(),
             refresh: default_mcp_refresh(),
             capability: default_mcp_capability(),
-            failure_threshold: default_mcp_failure_threshold(),
         }
     }
 }
@@ -349,9 +344,6 @@ fn default_mcp_refresh() -> HumanDuration {
 }
 fn default_mcp_capability() -> Name {
     Name::sanitized("mcp", "mcp")
-}
-fn default_mcp_failure_threshold() -> u32 {
-    3
 }
 
 /// One MCP tool as a capability entry: what routing and the federated `tools/list` need, kept

@@ -50,7 +50,7 @@ pub fn answer(content_type: &str, body: &[u8]) -> Option<Value> {
     if !content_type.starts_with("text/event-stream") {
         return serde_json::from_slice(body).ok();
     }
-    let text = std::str::from_utf8(body).ok()?;
+    let text = std::str::from_utf8(body).ok()?.replace("\r\n", "\n");
     text.split("\n\n")
         .filter_map(event_data)
         .filter_map(|data| serde_json::from_str::<Value>(&data).ok())
@@ -104,10 +104,10 @@ mod tests {
     #[test]
     fn a_tool_call_names_its_tool() {
         let body = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"search","arguments":{}}}"#;
-        let asked = asked(body).unwrap_or_default();
-        assert_eq!(asked.method, "tools/call");
-        assert_eq!(asked.tool.as_deref(), Some("search"));
-        assert_eq!(asked.id, Some(json!(7)));
+        let call = asked(body).unwrap_or_default();
+        assert_eq!(call.method, "tools/call");
+        assert_eq!(call.tool.as_deref(), Some("search"));
+        assert_eq!(call.id, Some(json!(7)));
         assert_eq!(asked(b"[1,2]"), None, "a batch is not read");
         assert_eq!(asked(b"not json"), None);
         let list =
@@ -122,8 +122,8 @@ mod tests {
             answer("application/json", json).map(|v| v["id"].clone()),
             Some(json!(1))
         );
-        let sse = b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":2,\n data: \"result\":{}}\n\n";
-        // The second event's data spans two lines; a space after `data:` is dropped.
+        let sse = b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":2,\r\ndata:\"result\":{}}\r\n\r\n";
+        // The second event's data spans two lines (CRLF ones); one space after `data:` is dropped.
         let got = answer("text/event-stream", sse);
         assert_eq!(got.map(|v| v["id"].clone()), Some(json!(2)));
     }
