@@ -189,6 +189,8 @@ struct Directory {
 #[derive(Debug, Default)]
 pub struct Registry {
     gossip: ArcSwap<Directory>,
+    /// Some member announces MCP tools: until one does, `is_mcp` is one relaxed load.
+    any_mcp: std::sync::atomic::AtomicBool,
     /// The configured peers of the newest config generation seen.
     configured: ArcSwap<Configured>,
 }
@@ -208,7 +210,9 @@ impl Registry {
             }
         }
         let by_name = peers.iter().map(|p| (p.name.clone(), p.clone())).collect();
-        let mcp = peers.iter().flat_map(|p| p.tools.keys().cloned()).collect();
+        let mcp: HashSet<String> = peers.iter().flat_map(|p| p.tools.keys().cloned()).collect();
+        self.any_mcp
+            .store(!mcp.is_empty(), std::sync::atomic::Ordering::Relaxed);
         self.gossip.store(Arc::new(Directory {
             peers,
             by_name,
@@ -239,10 +243,10 @@ impl Registry {
     }
 
     /// Whether some member announces MCP tools for `capability`: with no MCP server in the
-    /// fleet, an empty set answers without hashing.
+    /// fleet, one relaxed load answers (a plain call pays nothing more).
     pub fn is_mcp(&self, capability: &str) -> bool {
-        let gossip = self.gossip.load();
-        !gossip.mcp.is_empty() && gossip.mcp.contains(capability)
+        self.any_mcp.load(std::sync::atomic::Ordering::Relaxed)
+            && self.gossip.load().mcp.contains(capability)
     }
 
     /// How many members gossip has handed over (with their profiles).

@@ -180,4 +180,68 @@ mod tests {
         );
         assert_eq!(imported.tools.len() + imported.skipped.len(), 100);
     }
+
+    /// The most tools the importer lets through, with the longest titles, still fit one gossip
+    /// profile item beside another capability.
+    #[test]
+    fn the_most_tools_kept_fit_a_profile_item() {
+        use crate::gossip::wire::{
+            encode_item, Body, Capability, Item, Mode, NodeId, Profile, Tool,
+        };
+        let title = "x".repeat(MAX_TITLE);
+        let name = "t".repeat(20);
+        let n = BUDGET / (name.len() + 2 + title.len() + 11);
+        let tools: Vec<Value> = (0..n)
+            .map(|i| json!({ "name": format!("{name}{i:02}"), "title": title }))
+            .collect();
+        let imported = import(&tools);
+        assert_eq!(imported.tools.len(), n);
+        let capability = |name: &str, tools: Vec<Tool>| Capability {
+            name: name.to_owned(),
+            tags: [("search".to_owned(), 800)].into_iter().collect(),
+            timeout_ms: 30_000,
+            mode: Mode::Sync,
+            cost_milli: 0,
+            idempotent: false,
+            output_schema: Some([0xab; 32]),
+            skill: None,
+            tools,
+        };
+        let wire_tools = imported
+            .tools
+            .iter()
+            .map(|t| Tool {
+                name: t.name.clone(),
+                title: t.title.clone(),
+                schema: [0xff; 8],
+                hints: 3,
+            })
+            .collect();
+        let item = Item {
+            name: "a-fairly-long-agent-name-0".into(),
+            node: NodeId {
+                addr: std::net::SocketAddr::from(([10, 0, 0, 1], 4190)),
+                epoch: u64::MAX,
+            },
+            seq: u64::MAX,
+            body: Body::Profile(Profile {
+                inbound: "10.100.200.250:4143".into(),
+                zone: "europe-west4-a".into(),
+                region: "europe-west4".into(),
+                max_concurrency: 64,
+                capabilities: vec![
+                    capability("mcp", wire_tools),
+                    capability("review", Vec::new()),
+                ],
+                version: "0.1.0".into(),
+                identity: "spiffe://prod.example/ns/agents/sa/search".into(),
+            }),
+        };
+        let bytes = encode_item(&item).unwrap_or_default();
+        assert!(
+            bytes.len() <= crate::gossip::MAX_ITEM,
+            "{} bytes",
+            bytes.len()
+        );
+    }
 }

@@ -371,32 +371,6 @@ fn a_version_4_reader_skips_the_tools() {
     assert_eq!(read.map(|c| c.tools), Some(c.tools.clone()));
 }
 
-/// The most tools the importer lets through still fit one profile item.
-#[test]
-fn a_profile_with_the_most_tools_fits_an_item() {
-    let mut item = profile_item();
-    if let Body::Profile(p) = &mut item.body {
-        let name = "t".repeat(20);
-        let title = "x".repeat(crate::mcp::tools::MAX_TITLE);
-        let each = name.len() + title.len() + 11;
-        let n = crate::mcp::tools::BUDGET / each;
-        p.capabilities[0].tools = (0..n)
-            .map(|i| Tool {
-                name: format!("{name}{i:02}"),
-                title: title.clone(),
-                schema: [0xff; 8],
-                hints: 3,
-            })
-            .collect();
-    }
-    let bytes = encode_item(&item).unwrap_or_default();
-    assert!(
-        bytes.len() <= crate::gossip::MAX_ITEM,
-        "{} bytes",
-        bytes.len()
-    );
-}
-
 #[test]
 fn a_newer_profile_reads_with_its_appended_fields_skipped() {
     for item in [profile_item(), live_item()] {
