@@ -9,135 +9,15 @@ use crate::support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::mock_agent::mcp::{tool, McpServer};
 use agent_reach::config::{HumanDuration, McpConfig};
 use agent_reach::{Bootstrap, Sidecar};
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use support::*;
-use tokio::net::TcpListener;
 
 const WAIT: Duration = Duration::from_secs(15);
-
-/// A small MCP server (streamable HTTP, JSON-RPC on `POST /mcp`): its tools can change at run
-/// time, a tool can be made to fail (`isError: true`), and it remembers each tool call.
-#[derive(Clone)]
-struct McpServer {
-    name: &'static str,
-    addr: SocketAddr,
-    state: Arc<Mutex<State>>,
-}
-
-#[derive(Default)]
-struct State {
-    tools: Vec<Value>,
-    failing: BTreeSet<String>,
-    served: Vec<String>,
-    /// Answer with an event stream instead of JSON.
-    sse: bool,
-}
-
-fn tool(name: &str, read_only: bool) -> Value {
-    json!({ "name": name, "title": format!("The {name} tool"),
-        "inputSchema": { "type": "object", "properties": { "q": { "type": "string" } } },
-        "annotations": { "readOnlyHint": read_only } })
-}
-
-impl McpServer {
-    async fn start(name: &'static str, tools: Vec<Value>, sse: bool) -> Self {
-        let listener = TcpListener::bind(any_port()).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let state = Arc::new(Mutex::new(State {
-            tools,
-            sse,
-            ..State::default()
-        }));
-        let server = Self { name, addr, state };
-        let serving = server.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let serving = serving.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(
-                        move |req: Request<hyper::body::Incoming>| {
-                            let serving = serving.clone();
-                            async move { Ok::<_, std::convert::Infallible>(serving.answer(req).await) }
-                        },
-                    );
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        server
-    }
-
-    async fn answer(&self, req: Request<hyper::body::Incoming>) -> Response<Full<bytes::Bytes>> {
-        let bytes = req.into_body().collect().await.unwrap().to_bytes();
-        let message: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let method = message["method"].as_str().unwrap_or_default().to_owned();
-        let Some(id) = message.get("id").cloned() else {
-            // A notification: accepted, no answer.
-            return Response::builder()
-                .status(202)
-                .body(Full::default())
-                .unwrap();
-        };
-        let mut state = self.state.lock().unwrap();
-        let result = match method.as_str() {
-            "initialize" => json!({ "protocolVersion": message["params"]["protocolVersion"],
-                "capabilities": { "tools": { "listChanged": true } },
-                "serverInfo": { "name": self.name, "version": "1" } }),
-            "tools/list" => json!({ "tools": state.tools }),
-            "tools/call" => {
-                let tool = message["params"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                state.served.push(tool.clone());
-                let failing = state.failing.contains(&tool);
-                json!({ "content": [{ "type": "text", "text": self.name }], "isError": failing })
-            }
-            _ => json!({}),
-        };
-        let answer = json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string();
-        let (content_type, body) = if state.sse {
-            (
-                "text/event-stream",
-                format!("event: message\ndata: {answer}\n\n"),
-            )
-        } else {
-            ("application/json", answer)
-        };
-        Response::builder()
-            .header("content-type", content_type)
-            .body(Full::new(body.into()))
-            .unwrap()
-    }
-
-    fn served(&self, tool: &str) -> usize {
-        self.state
-            .lock()
-            .unwrap()
-            .served
-            .iter()
-            .filter(|t| *t == tool)
-            .count()
-    }
-
-    fn set_failing(&self, tool: &str) {
-        self.state.lock().unwrap().failing.insert(tool.to_owned());
-    }
-
-    fn add_tool(&self, t: Value) {
-        self.state.lock().unwrap().tools.push(t);
-    }
-}
 
 fn key_file() -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
@@ -175,14 +55,19 @@ struct Fleet {
 async fn fleet() -> Fleet {
     let key = key_file();
     let servers = vec![
-        McpServer::start("a", vec![tool("search", true), tool("fetch", false)], false).await,
-        McpServer::start("b", vec![tool("search", true), tool("fetch", false)], false).await,
+        McpServer::start("a", vec![tool("search", true), tool("fetch", false)], false)
+            .await
+            .unwrap(),
+        McpServer::start("b", vec![tool("search", true), tool("fetch", false)], false)
+            .await
+            .unwrap(),
         McpServer::start(
             "c",
             vec![tool("search", true), tool("summarize", false)],
             true,
         )
-        .await,
+        .await
+        .unwrap(),
     ];
     let mut callees: Vec<Sidecar> = Vec::new();
     for server in &servers {

@@ -7,13 +7,16 @@
 //! (degraded, not ejected), then a crash and a newcomer whose sidecar is set up by the
 //! injector from its pod's annotations, as in Kubernetes. Every sidecar hop is mutual TLS; last,
 //! the policy turns strict with per-capability authorization and an intruder is refused. Last,
-//! callers come and go in steps while every sidecar reports the fleet's demand ratio.
+//! callers come and go in steps while every sidecar reports the fleet's demand ratio. Between
+//! them, three MCP servers join and one's `search` tool breaks: its calls move, its other tool
+//! keeps serving.
 
 mod authorized;
 mod conversations;
 mod drive;
 mod hostile;
 mod injected;
+mod mcp_tools;
 mod membership;
 mod observed;
 mod predict;
@@ -37,6 +40,7 @@ pub use authorized::AuthorizationSummary;
 pub use conversations::ConversationsSummary;
 pub use hostile::HostileSummary;
 pub use injected::Injection;
+pub use mcp_tools::McpSummary;
 pub use membership::MembershipSummary;
 pub use observed::ObserveSummary;
 pub use predict::PredictSummary;
@@ -108,6 +112,9 @@ pub struct DemoSummary {
     /// A2A agents whose skills come from their cards, and conversations whose follow-ups
     /// reach the agent holding the task.
     pub conversations: ConversationsSummary,
+    /// MCP servers whose tools come from `tools/list`: the fleet's tool list, and one broken
+    /// tool's calls moving while the server's other tool keeps serving.
+    pub mcp: McpSummary,
     /// Demand ramping onto an agent of lower capacity: its predicted saturation ahead of the
     /// actual one.
     pub predict: PredictSummary,
@@ -507,6 +514,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         authorized::run(&mut fleet, Duration::from_secs(2), options.concurrency).await?;
     let tasks = tasks::run(&mut fleet).await?;
     let conversations = conversations::run(&mut fleet).await?;
+    let mcp = mcp_tools::run(&mut fleet).await?;
     let predict = predict::run(&mut fleet).await?;
     let scale = scale::run(&fleet).await;
     fleet.shutdown().await;
@@ -527,6 +535,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         authorization,
         tasks,
         conversations,
+        mcp,
         predict,
         scale,
     })
