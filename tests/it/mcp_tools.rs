@@ -241,6 +241,22 @@ async fn each_tool_call_goes_to_a_server_with_the_tool_and_the_fleet_lists_each_
         "{init}"
     );
     assert_eq!(init["result"]["protocolVersion"], "2026-07-28");
+    // The session revision's `initialize` goes to a server, which the session then stays on.
+    let request = request.to_string().replace("2026-07-28", "2025-06-18");
+    let reply = send(
+        &client(),
+        "POST",
+        &format!("http://{}/mcp", fleet.caller.addrs.outbound),
+        &[
+            ("reach-capability", "mcp"),
+            ("content-type", "application/json"),
+        ],
+        &request,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let server = result_of(&reply)["serverInfo"]["name"].clone();
+    assert!(["a", "b", "c"].iter().any(|n| server == *n), "{server}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
