@@ -330,3 +330,129 @@ async fn a_tool_added_at_run_time_is_routable_within_seconds() {
     let listed = fleet.tools_list().await;
     assert_eq!(listed.get("translate"), Some(&1), "{listed:?}");
 }
+
+/// The venv's python (`tests/sdk/venv.sh` builds it on first use); `None` when the package
+/// index is unreachable (its exit code 3), as in `tests/it/sdk.rs`.
+fn venv_python() -> Option<PathBuf> {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("bash")
+        .arg(repo.join("tests/sdk/venv.sh"))
+        .current_dir(repo)
+        .output()
+        .expect("bash runs tests/sdk/venv.sh");
+    match out.status.code() {
+        Some(0) => {
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            stdout.lines().last().map(|l| PathBuf::from(l.trim()))
+        }
+        Some(3) => None,
+        _ => panic!(
+            "tests/sdk/venv.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// The official SDK's server (`tests/sdk/mcp_agent.py`), killed when dropped.
+struct SdkServer(std::process::Child);
+
+impl Drop for SdkServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sdk_server(python: &std::path::Path, name: &str) -> (SdkServer, SocketAddr) {
+    use std::io::BufRead;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/mcp_agent.py");
+    let mut child = std::process::Command::new(python)
+        .arg(script)
+        .arg(name)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    let port = serde_json::from_str::<Value>(&line).unwrap()["port"]
+        .as_u64()
+        .unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], u16::try_from(port).unwrap()));
+    (SdkServer(child), addr)
+}
+
+/// The official `mcp` SDK's server behind a sidecar with `agent.mcp`: its tools are imported
+/// (over its sessions, in whichever form it answers), and a caller on the stateless revision
+/// lists and calls them through its own sidecar.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdk_servers_tools_are_imported_and_routed() {
+    let Some(python) = tokio::task::spawn_blocking(venv_python).await.unwrap() else {
+        println!("skipping: the SDK venv cannot be built");
+        return;
+    };
+    let (_server, addr) = tokio::task::spawn_blocking(move || sdk_server(&python, "sdk-1"))
+        .await
+        .unwrap();
+    let key = key_file();
+    let mut b = Bootstrap::local("sdk-1", addr, &[])
+        .unwrap()
+        .with_gossip(&[], key.clone());
+    b.agent.mcp = Some(McpConfig {
+        refresh: HumanDuration::from_millis(500),
+        ..McpConfig::default()
+    });
+    let callee = sidecar(fast_gossip(b)).await;
+    let seed = [callee.addrs.gossip.unwrap()];
+    let caller = sidecar(fast_gossip(
+        Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+            .unwrap()
+            .with_gossip(&seed, key),
+    ))
+    .await;
+    let url = format!("http://{}/mcp", caller.addrs.outbound);
+    let headers = |method: &'static str| {
+        vec![
+            ("reach-capability", "mcp"),
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", method),
+        ]
+    };
+    // The stateless revision's envelope, as its SDK client sends it on every request.
+    let meta = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {} });
+    let list = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/list",
+        "params": { "_meta": meta } })
+    .to_string();
+    eventually(WAIT, "the SDK server's tools to be listed", || async {
+        let reply = send(&client(), "POST", &url, &headers("tools/list"), &list).await;
+        let tools: BTreeSet<String> = result_of(&reply)["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str().map(str::to_owned))
+            .collect();
+        tools == BTreeSet::from(["count".to_owned(), "whoami".to_owned()])
+    })
+    .await;
+    let call = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": { "name": "whoami", "arguments": {}, "_meta": meta } })
+    .to_string();
+    let mut with_name = headers("tools/call");
+    with_name.push(("mcp-name", "whoami"));
+    let reply = send(&client(), "POST", &url, &with_name, &call).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let text = result_of(&reply)["content"][0]["text"].clone();
+    assert!(
+        text.as_str()
+            .is_some_and(|t| t.starts_with("sdk-1 session")),
+        "{}",
+        reply.body
+    );
+}
