@@ -9,7 +9,7 @@ use tower::layer::Layer;
 use tower::ServiceExt;
 use tracing::Span;
 
-use super::call::{Call, Routed};
+use super::call::{Call, LastTried, Routed};
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::layers::field;
@@ -54,7 +54,13 @@ where
     } = routed;
     let mut response = match answer {
         Ok(response) => measured(metrics.clone(), response, label, peer, started),
-        Err(err) => refuse(metrics, &label, &peer, err, started),
+        Err(err) => {
+            let mut refused = refuse(metrics, &label, &peer, err, started);
+            if peer != "-" {
+                refused.extensions_mut().insert(LastTried(peer));
+            }
+            refused
+        }
     };
     if let Some(attempts) = attempts {
         response

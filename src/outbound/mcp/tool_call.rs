@@ -1,6 +1,6 @@
 //! One `tools/call`: routed to a server that has the tool (the candidates step narrows with
-//! [`super::narrow`]), its answer read for how the tool did — a JSON-RPC error, or a result with
-//! `isError: true` — and told to this caller's view of that server's tool. A tool its servers
+//! [`super::narrow`]), its answer read for how the tool did — a JSON-RPC error, a result with
+//! `isError: true`, a `5xx` or a timeout — and told to this caller's view of that server's tool. A tool its servers
 //! mark `readOnlyHint` or `idempotentHint` is tried once more on another server that has it.
 
 use std::sync::Arc;
@@ -12,13 +12,13 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 use super::{McpRoute, Outbound};
-use crate::error::ReachError;
+use crate::error::{ReachError, Reason};
 use crate::http::step::{answer, Step};
 use crate::http::upload::Upload;
 use crate::http::{body, headers, ReachBody};
 use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc::{self, ToolOutcome};
-use crate::outbound::call::Call;
+use crate::outbound::call::{Call, LastTried};
 
 /// Routes the call for `tool`; on a failed tool that is safe to repeat, once more elsewhere.
 pub(super) async fn routed<S>(
@@ -89,12 +89,7 @@ async fn observed(
     tool: &str,
     response: Response<ReachBody>,
 ) -> (Response<ReachBody>, Option<String>) {
-    let Some(peer) = response
-        .headers()
-        .get(headers::AGENT)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-    else {
+    let Some(peer) = answered_by(&response) else {
         return (response, None);
     };
     if response.status().is_server_error() {
@@ -142,6 +137,18 @@ async fn observed(
     (response, (ok == Some(false)).then_some(peer))
 }
 
+/// The server whose tool the answer tells of: the agent that answered, or the one whose
+/// attempt timed out.
+fn answered_by(response: &Response<ReachBody>) -> Option<String> {
+    if let Some(agent) = response.headers().get(headers::AGENT) {
+        return agent.to_str().ok().map(str::to_owned);
+    }
+    let reason = response.headers().get(headers::REASON)?;
+    let timed_out = reason.as_bytes() == Reason::Timeout.as_str().as_bytes();
+    let tried = response.extensions().get::<LastTried>()?;
+    timed_out.then(|| tried.0.clone())
+}
+
 /// The body, up to [`MAX_ANSWER_BYTES`], read frame by frame (see `src/outbound/agent_card.rs`).
 async fn read_limited(mut body: ReachBody) -> Result<Bytes, String> {
     let mut out = bytes::BytesMut::new();
@@ -155,4 +162,34 @@ async fn read_limited(mut body: ReachBody) -> Result<Bytes, String> {
         }
     }
     Ok(out.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(reason: Reason, tried: Option<&str>) -> Response<ReachBody> {
+        let mut response = Response::new(body::empty());
+        response
+            .headers_mut()
+            .insert(headers::REASON, headers::value(reason.as_str()));
+        if let Some(peer) = tried {
+            response.extensions_mut().insert(LastTried(peer.to_owned()));
+        }
+        response
+    }
+
+    #[test]
+    fn a_timeout_is_the_tool_of_the_server_last_tried() {
+        let timed_out = refused(Reason::Timeout, Some("a"));
+        assert_eq!(answered_by(&timed_out).as_deref(), Some("a"));
+        // Any other refusal says nothing of a server's tool.
+        assert_eq!(answered_by(&refused(Reason::Saturated, Some("a"))), None);
+        assert_eq!(answered_by(&refused(Reason::Timeout, None)), None);
+        let mut answered = Response::new(body::empty());
+        answered
+            .headers_mut()
+            .insert(headers::AGENT, headers::value("b"));
+        assert_eq!(answered_by(&answered).as_deref(), Some("b"));
+    }
 }
