@@ -20,7 +20,7 @@ pub const MAX_ANSWER_BYTES: usize = 1024 * 1024;
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// Pages of `tools/list` followed; more than this is a server that never stops paging.
 const MAX_PAGES: usize = 8;
-const SESSION_HEADER: &str = "mcp-session-id";
+pub(super) const SESSION_HEADER: &str = "mcp-session-id";
 
 /// Why the tools could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -55,12 +55,20 @@ struct Session<'a> {
     session: Option<HeaderValue>,
 }
 
-/// The `tools` of every page of the server's `tools/list`.
+/// What one read gave: the `tools` of every page of the server's `tools/list`, and the session
+/// the server assigned (its change notifications are listened for in it, `super::changes`).
+#[derive(Debug, Default)]
+pub struct Listed {
+    pub tools: Vec<Value>,
+    pub session: Option<HeaderValue>,
+}
+
+/// The server's tools, read in a session of their own.
 pub async fn tools(
     client: &UpstreamClient,
     address: &HostPort,
     path: &str,
-) -> Result<Vec<Value>, FetchError> {
+) -> Result<Listed, FetchError> {
     let mut s = Session {
         client,
         address,
@@ -84,7 +92,10 @@ pub async fn tools(
             None => break,
         }
     }
-    Ok(tools)
+    Ok(Listed {
+        tools,
+        session: s.session,
+    })
 }
 
 impl Session<'_> {

@@ -5,6 +5,7 @@
 //! the fleet's tools. A change goes live like a bootstrap reload
 //! (`ConfigStore::set_mcp_capability`), as an A2A card's does (`src/a2a/mod.rs`).
 
+pub mod changes;
 pub mod fetch;
 pub mod jsonrpc;
 pub mod tools;
@@ -12,6 +13,7 @@ pub mod tools;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +34,9 @@ pub fn spawn(
         let client = crate::http::client::following(&store);
         let mut imported = false;
         let mut failing = false;
+        // The server's `notifications/tools/list_changed` wake the loop before `refresh`.
+        let changed_now = Arc::new(Notify::new());
+        let mut listener: Option<JoinHandle<()>> = None;
         loop {
             let snapshot = store.snapshot();
             let wait = match &snapshot.bootstrap.agent.mcp {
@@ -45,7 +50,16 @@ pub fn spawn(
                     let agent = &snapshot.bootstrap.agent.address;
                     match fetch::tools(&client, agent, &config.path).await {
                         Ok(listed) => {
-                            let found = tools::import(&listed);
+                            if listener.as_ref().is_none_or(JoinHandle::is_finished) {
+                                listener = Some(tokio::spawn(changes::listen(
+                                    client.clone(),
+                                    agent.clone(),
+                                    config.path.clone(),
+                                    listed.session.clone(),
+                                    changed_now.clone(),
+                                )));
+                            }
+                            let found = tools::import(&listed.tools);
                             for (name, why) in &found.skipped {
                                 tracing::warn!(tool = %name, %why, "mcp: tool not imported");
                             }
@@ -75,8 +89,12 @@ pub fn spawn(
                 }
             };
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => {
+                    listener.iter().for_each(JoinHandle::abort);
+                    return;
+                }
                 _ = tokio::time::sleep(wait) => {}
+                _ = changed_now.notified() => {}
             }
         }
     })

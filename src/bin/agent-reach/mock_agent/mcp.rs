@@ -1,15 +1,19 @@
 //! A small MCP server for tests and the demo (`docs/mcp.md`): streamable HTTP, JSON-RPC on
-//! any path, answering `initialize`, `tools/list` and `tools/call` in JSON or as event streams.
+//! any path, answering `initialize`, `tools/list` and `tools/call` in JSON or as event streams,
+//! and `notifications/tools/list_changed` on a GET's open event stream when a tool is added.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Channel, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
+use tokio::sync::broadcast;
 
 /// A small MCP server (streamable HTTP, JSON-RPC on `POST /mcp`): its tools can change at run
 /// time, a tool can be made to fail (`isError: true`), and it remembers each tool call.
@@ -27,7 +31,11 @@ struct State {
     served: Vec<String>,
     /// Answer with an event stream instead of JSON.
     sse: bool,
+    /// Tells every open GET stream that the tool list changed.
+    changes: Option<broadcast::Sender<()>>,
 }
+
+type Body = BoxBody<Bytes, std::convert::Infallible>;
 
 /// A tool with a one-string input schema.
 pub fn tool(name: &str, read_only: bool) -> Value {
@@ -44,6 +52,7 @@ impl McpServer {
         let state = Arc::new(Mutex::new(State {
             tools,
             sse,
+            changes: Some(broadcast::channel(4).0),
             ..State::default()
         }));
         let server = Self { name, addr, state };
@@ -67,7 +76,10 @@ impl McpServer {
         Ok(server)
     }
 
-    async fn answer(&self, req: Request<hyper::body::Incoming>) -> Response<Full<bytes::Bytes>> {
+    async fn answer(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        if req.method() == Method::GET {
+            return self.notifications();
+        }
         let bytes = req
             .into_body()
             .collect()
@@ -78,7 +90,7 @@ impl McpServer {
         let method = message["method"].as_str().unwrap_or_default().to_owned();
         let Some(id) = message.get("id").cloned() else {
             // A notification: accepted, no answer.
-            let mut accepted = Response::new(Full::default());
+            let mut accepted = Response::new(Full::default().boxed());
             *accepted.status_mut() = http::StatusCode::ACCEPTED;
             return accepted;
         };
@@ -108,10 +120,38 @@ impl McpServer {
         } else {
             ("application/json", answer)
         };
-        let mut response = Response::new(Full::new(body.into()));
+        let mut response = Response::new(Full::new(Bytes::from(body)).boxed());
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static(content_type),
+        );
+        response
+    }
+
+    /// A GET: an event stream that stays open and carries `notifications/tools/list_changed`.
+    fn notifications(&self) -> Response<Body> {
+        let changes = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .changes
+            .as_ref()
+            .map(broadcast::Sender::subscribe);
+        let (mut tx, channel) = Channel::<Bytes, std::convert::Infallible>::new(4);
+        if let Some(mut changes) = changes {
+            tokio::spawn(async move {
+                while changes.recv().await.is_ok() {
+                    let note = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n\n";
+                    if tx.send_data(Bytes::from(note)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let mut response = Response::new(channel.boxed());
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/event-stream"),
         );
         response
     }
@@ -139,10 +179,10 @@ impl McpServer {
     /// `tools/list` lists `t` too from now on (the demo does not; `tests/it/mcp_tools.rs` does).
     #[allow(dead_code)]
     pub fn add_tool(&self, t: Value) {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .tools
-            .push(t);
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.tools.push(t);
+        if let Some(changes) = &state.changes {
+            let _ = changes.send(());
+        }
     }
 }
