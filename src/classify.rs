@@ -106,6 +106,9 @@ impl Class {
             // task or session, so retrying elsewhere cannot help.
             // (503, or in the protocol's terms a 404 for MCP and a JSON-RPC error for A2A.)
             (_, Some(Reason::AffinityLost)) => Class::Rejected,
+            // A sidecar down the chain refused a loop: the policy's answer, not the agent's
+            // failure, and any peer would pass on the same.
+            (_, Some(Reason::LoopDetected)) => Class::Rejected,
             (StatusCode::GATEWAY_TIMEOUT, Some(Reason::Timeout | Reason::DeadlineExceeded)) => {
                 Class::TimedOut
             }
@@ -121,7 +124,9 @@ impl Class {
     /// What an error the sidecar met (or made) meant.
     pub fn of_error(err: &ReachError) -> Self {
         match err {
-            ReachError::Timeout { .. } | ReachError::DeadlineExceeded => Class::TimedOut,
+            ReachError::Timeout { .. }
+            | ReachError::FirstEventTimeout { .. }
+            | ReachError::DeadlineExceeded => Class::TimedOut,
             ReachError::UpstreamConnect { refused, .. } => Class::Unreachable { refused: *refused },
             ReachError::Upstream { .. }
             | ReachError::Internal

@@ -83,6 +83,10 @@ pub enum ReachError {
     Upstream { target: String, message: String },
     #[error("{target} did not answer within {}", format_duration(*after))]
     Timeout { target: String, after: Duration },
+    /// The capability's `first_event_timeout` passed before the answer's head (or a stream's
+    /// first event) came: abandoned before anything reached the caller, so it may move.
+    #[error("{target} sent no answer (or first event) within {}", format_duration(*after))]
+    FirstEventTimeout { target: String, after: Duration },
     #[error("the request's deadline passed before an answer came")]
     DeadlineExceeded,
     #[error("a request with this idempotency-key already ran and its response cannot be replayed")]
@@ -155,6 +159,18 @@ pub enum ReachError {
         /// The JSON-RPC request's `id`, for an answer in the protocol's own terms.
         rpc_id: Option<Box<serde_json::Value>>,
     },
+    /// The call would enter an agent and capability already on its delegation chain, or take
+    /// more hops than `chains.max_hops` (`docs/chains.md`).
+    #[error("calling `{capability}` would {}: the call's delegation chain is {chain} ({hops} hops)", if *looped { "enter an agent already on it (a loop)".to_owned() } else { format!("take it past {max_hops} hops (`chains.max_hops`)") })]
+    LoopDetected {
+        capability: String,
+        /// The chain, for people: `a > b/review > c/plan`.
+        chain: String,
+        hops: u32,
+        max_hops: u32,
+        /// A loop, rather than too many hops.
+        looped: bool,
+    },
 }
 
 /// The `reach-reason` a sidecar puts on the answers it makes itself: the JSON `error` field too.
@@ -192,10 +208,11 @@ pub enum Reason {
     IntentAmbiguous,
     InvalidOutput,
     AffinityLost,
+    LoopDetected,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 32] = [
+    pub const ALL: [Reason; 33] = [
         Reason::MissingCapability,
         Reason::ForbiddenHost,
         Reason::UnknownCapability,
@@ -228,6 +245,7 @@ impl Reason {
         Reason::IntentAmbiguous,
         Reason::InvalidOutput,
         Reason::AffinityLost,
+        Reason::LoopDetected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -264,6 +282,7 @@ impl Reason {
             Reason::IntentAmbiguous => "intent_ambiguous",
             Reason::InvalidOutput => "invalid_output",
             Reason::AffinityLost => "affinity_lost",
+            Reason::LoopDetected => "loop_detected",
         }
     }
 
@@ -307,9 +326,10 @@ impl ReachError {
             ReachError::UpstreamConnect { .. }
             | ReachError::Upstream { .. }
             | ReachError::InvalidOutput { .. } => StatusCode::BAD_GATEWAY,
-            ReachError::Timeout { .. } | ReachError::DeadlineExceeded => {
-                StatusCode::GATEWAY_TIMEOUT
-            }
+            ReachError::Timeout { .. }
+            | ReachError::FirstEventTimeout { .. }
+            | ReachError::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            ReachError::LoopDetected { .. } => StatusCode::LOOP_DETECTED,
             ReachError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             ReachError::TasksDisabled => StatusCode::NOT_IMPLEMENTED,
             ReachError::TaskStore(_) | ReachError::TaskStoreFull(_) => {
@@ -334,7 +354,7 @@ impl ReachError {
             ReachError::Draining => Reason::Draining,
             ReachError::UpstreamConnect { .. } => Reason::UpstreamConnectFailed,
             ReachError::Upstream { .. } => Reason::UpstreamFailed,
-            ReachError::Timeout { .. } => Reason::Timeout,
+            ReachError::Timeout { .. } | ReachError::FirstEventTimeout { .. } => Reason::Timeout,
             ReachError::DeadlineExceeded => Reason::DeadlineExceeded,
             ReachError::IdempotencyConflict => Reason::IdempotencyConflict,
             ReachError::RateLimited { .. } => Reason::RateLimited,
@@ -357,6 +377,7 @@ impl ReachError {
             ReachError::IntentAmbiguous { .. } => Reason::IntentAmbiguous,
             ReachError::InvalidOutput { .. } => Reason::InvalidOutput,
             ReachError::AffinityLost { .. } => Reason::AffinityLost,
+            ReachError::LoopDetected { .. } => Reason::LoopDetected,
         }
     }
 

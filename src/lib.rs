@@ -14,6 +14,7 @@ pub mod a2a;
 pub mod admin;
 pub mod agent_request;
 pub mod app;
+pub mod chain;
 pub mod classify;
 pub mod config;
 pub mod error;

@@ -26,6 +26,8 @@ pub struct Shared {
     pub admission: Arc<Admission>,
     /// One table for peers' keys and the local agent's own: one byte budget for both.
     pub idempotency: Arc<IdempotencyTable>,
+    /// The key of the delegation chains this sidecar hands its agent (`src/chain.rs`).
+    pub seal: Arc<crate::chain::Seal>,
 }
 
 impl Shared {
@@ -48,6 +50,7 @@ impl Shared {
             peers,
             local,
             admission,
+            seal: Arc::default(),
         }
     }
 }

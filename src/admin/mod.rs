@@ -83,6 +83,8 @@ pub struct Status {
     /// ever observed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observe: Option<std::collections::BTreeMap<String, crate::outbound::ObserveCounts>>,
+    /// Calls refused for their delegation chain, and hedges (`docs/chains.md`).
+    pub chains: crate::metrics::ChainCounts,
     pub ready: bool,
     pub version: &'static str,
 }
@@ -190,6 +192,7 @@ impl Admin {
             transitions,
             observe: Some(self.outbound.observed().into_iter().collect())
                 .filter(|o: &std::collections::BTreeMap<_, _>| !o.is_empty()),
+            chains: self.metrics.chain_counts(),
             ready: self.ready.load(Ordering::Acquire),
             version: env!("CARGO_PKG_VERSION"),
         }

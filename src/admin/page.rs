@@ -44,6 +44,7 @@ pub(super) fn render(status: &Status, history: &BTreeMap<String, Vec<Sample>>) -
     transitions(&mut out, status);
     outcomes(&mut out, &peers);
     observe(&mut out, status);
+    chains(&mut out, status);
     gossip(&mut out, status);
     config(&mut out, status);
     out.push_str(
@@ -393,6 +394,20 @@ fn observe(out: &mut String, status: &Status) {
     out.push_str("<section id=\"observe\"><h2>Observe-only: what the model would have done</h2>");
     json_table(out, &doc);
     out.push_str("</section>");
+}
+
+/// Delegation chains and hedging (`docs/chains.md`): shown once anything happened.
+fn chains(out: &mut String, status: &Status) {
+    let c = &status.chains;
+    if *c == crate::metrics::ChainCounts::default() {
+        return;
+    }
+    let _ = write!(
+        out,
+        "<section id=\"chains\"><h2>Delegation chains and hedges</h2><p>refused as a loop: {} · \
+         past chains.max_hops: {} · hedges won: {} · lost: {} · not sent (retry budget spent): {}</p></section>",
+        c.loops_refused, c.max_hops_refused, c.hedges_won, c.hedges_lost, c.hedges_no_budget
+    );
 }
 
 /// An object of objects as a table (a row per key), anything else as escaped JSON.

@@ -2,6 +2,7 @@
 
 mod bootstrap;
 mod bounds;
+mod chains;
 pub mod check;
 mod duration;
 mod intents;
@@ -28,6 +29,7 @@ pub use bootstrap::{
     Listen, McpConfig, McpTools, ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer,
     ToolFacts, TracingConfig,
 };
+pub use chains::{ChainsPolicy, HedgeAfter, HedgePolicy};
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub use intents::{fold_padded, IntentRule, IntentThreshold, Intents, Keyword, ANY};
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};

@@ -57,6 +57,8 @@ pub struct Policy {
     pub validation: ValidationPolicy,
     /// The session-affinity table's bounds (`docs/affinity.md`).
     pub affinity: AffinityPolicy,
+    /// Delegation chains: how many hops a chain may take (`docs/chains.md`).
+    pub chains: super::chains::ChainsPolicy,
 }
 
 /// Policy `capabilities.<name>`.
@@ -70,6 +72,17 @@ pub struct CapabilityPolicy {
     /// Which protocol's affinity keys the capability's calls carry; `None` looks at each call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Protocol>,
+    /// A call may enter an agent serving this capability that is already on its delegation
+    /// chain (a recursion the capability expects); `chains.max_hops` still bounds it.
+    pub reentrant: bool,
+    /// An attempt whose answer's head (for `text/event-stream`, its first event) has not come
+    /// in this long is abandoned before a byte reaches the caller and, when the call is safe to
+    /// repeat, moved to another candidate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_event_timeout: Option<HumanDuration>,
+    /// A second attempt to another candidate when the first is slow to answer (`docs/chains.md`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<super::chains::HedgePolicy>,
 }
 
 /// `capabilities.<name>.affinity`.
@@ -181,6 +194,11 @@ pub(super) const RULES: &[Row] = &[
     ("affinity.max_entries", Rule::Whole(1, 100_000_000)),
     ("affinity.max_bytes", Rule::Whole(1024, 4 << 30)),
     ("affinity.idle_timeout", Rule::Span(secs(1), DAY)),
+    // A chain keeps 33 entries (`chain::MAX_ENTRIES`): past 32 hops a loop could hide.
+    ("chains.max_hops", Rule::Whole(1, 32)),
+    ("capabilities.*.first_event_timeout", Rule::Span(ms(10), HOUR)),
+    ("capabilities.*.hedge.after", Rule::Span(MS, HOUR)),
+    ("capabilities.*.hedge.max", Rule::Whole(1, 1)),
 ];
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -267,3 +267,50 @@ fn numeric_keys_all_have_a_rule() {
     missing.extend(from_policy);
     assert!(missing.is_empty(), "keys without a rule: {missing:?}");
 }
+
+fn parse_chains(text: &str) -> Result<crate::config::Policy, ConfigError> {
+    crate::config::parse_policy(Path::new("policy.yaml"), text)
+}
+
+/// `chains` and the per-capability keys of issue 37 (`docs/chains.md`).
+#[test]
+fn the_chain_keys_parse_and_default() {
+    let policy = parse_chains(
+        "chains: { max_hops: 4 }\ncapabilities:\n  review: { reentrant: true, first_event_timeout: 500ms, hedge: { after: p95 } }\n  plan: { hedge: { after: 200ms, max: 1 } }\n",
+    )
+    .unwrap_or_default();
+    assert_eq!(policy.chains.max_hops, 4);
+    let review = &policy.capabilities["review"];
+    assert!(review.reentrant);
+    assert_eq!(
+        review.first_event_timeout.map(|d| d.get()),
+        Some(std::time::Duration::from_millis(500))
+    );
+    assert_eq!(
+        review.hedge.as_ref().map(|h| h.after),
+        Some(crate::config::HedgeAfter::P95)
+    );
+    let plan = &policy.capabilities["plan"];
+    assert_eq!(plan.hedge.as_ref().map(|h| h.max), Some(1));
+    assert_eq!(crate::config::Policy::default().chains.max_hops, 8);
+}
+
+/// A bad chain key names its line (what `agent-reach check` prints).
+#[test]
+fn bad_chain_keys_name_their_line() {
+    for (text, line) in [
+        ("chains:\n  max_hops: 0\n", 2),
+        ("capabilities:\n  review:\n    hedge: { after: soon }\n", 3),
+        ("capabilities:\n  review:\n    hedge: { after: 0s }\n", 3),
+        (
+            "capabilities:\n  review:\n    hedge: { after: p95, max: 2 }\n",
+            3,
+        ),
+        ("capabilities:\n  review:\n    first_event_timeout: 2h\n", 3),
+    ] {
+        match parse_chains(text) {
+            Err(ConfigError::Invalid { line: at, .. }) => assert_eq!(at, line, "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}

@@ -51,6 +51,11 @@ impl ReachError {
                 body = rpc;
             }
         }
+        if let ReachError::LoopDetected { chain, hops, .. } = &self {
+            // The chain that would have looped or grown too long, for the caller's logs.
+            body["chain"] = chain.as_str().into();
+            body["hops"] = (*hops).into();
+        }
         if let ReachError::InvalidOutput { errors, .. } = &self {
             // Where the answer went wrong, one entry per error, for the caller's logs.
             body["errors"] = errors.clone().into();

@@ -73,6 +73,8 @@ pub struct Inbound {
     stats: Arc<InboundStats>,
     idempotency: Arc<IdempotencyTable>,
     rate_limit: RateLimiters,
+    /// Seals the delegation chain handed to the agent (`src/chain.rs`).
+    seal: Arc<crate::chain::Seal>,
 }
 
 impl Inbound {
@@ -88,6 +90,7 @@ impl Inbound {
             stats: Arc::new(InboundStats::default()),
             idempotency: shared.idempotency.clone(),
             rate_limit: RateLimiters::default(),
+            seal: shared.seal.clone(),
         }
     }
 

@@ -13,15 +13,15 @@ use std::collections::HashSet;
 use metrics::counter;
 
 use super::{
-    Direction, Metrics, DEADLINES_EXCEEDED_TOTAL, NO_CANDIDATE_TOTAL,
-    OBSERVE_AVOIDABLE_FAILURES_TOTAL, OBSERVE_CALLS_TOTAL, OUTCOMES, RETRIES_TOTAL,
-    RETRY_BUDGET_EXHAUSTED_TOTAL, STATE_TRANSITIONS_TOTAL, UNKNOWN_CAPABILITY,
+    Direction, Metrics, DEADLINES_EXCEEDED_TOTAL, HEDGES_TOTAL, LOOPS_REFUSED_TOTAL,
+    NO_CANDIDATE_TOTAL, OBSERVE_AVOIDABLE_FAILURES_TOTAL, OBSERVE_CALLS_TOTAL, OUTCOMES,
+    RETRIES_TOTAL, RETRY_BUDGET_EXHAUSTED_TOTAL, STATE_TRANSITIONS_TOTAL, UNKNOWN_CAPABILITY,
 };
 use crate::reach::TRANSITIONS;
 
 /// The `reason` labels of `reach_retries_total`: the refusals (`classify::Refusal::as_str`),
 /// the failures `outbound::attempts::retry` names, and the policy's own two.
-pub(super) const RETRY_REASONS: [&str; 12] = [
+pub(super) const RETRY_REASONS: [&str; 13] = [
     "rate_limited",
     "saturated",
     "refused",
@@ -34,6 +34,7 @@ pub(super) const RETRY_REASONS: [&str; 12] = [
     "server_error",
     "chain_next",
     "target_limited",
+    "first_event_timeout",
 ];
 
 /// Capabilities registered at most: gossip names are validated, but a fleet's are not bounded.
@@ -57,6 +58,12 @@ impl Metrics {
                 counter!(DEADLINES_EXCEEDED_TOTAL, "direction" => direction.as_str()).increment(0);
             }
             counter!(NO_CANDIDATE_TOTAL, "capability" => UNKNOWN_CAPABILITY).increment(0);
+            for why in ["loop", "max_hops"] {
+                counter!(LOOPS_REFUSED_TOTAL, "why" => why).increment(0);
+            }
+            for result in ["won", "lost", "no_budget"] {
+                counter!(HEDGES_TOTAL, "result" => result).increment(0);
+            }
         });
         for outcome in OUTCOMES {
             let (counter, _) =

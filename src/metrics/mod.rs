@@ -12,6 +12,7 @@ mod demand;
 mod known;
 mod peers;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -55,6 +56,8 @@ pub const PROBES_TOTAL: &str = "reach_probes_total";
 pub const PROBE_DURATION: &str = "reach_probe_duration_seconds";
 pub const RETRIES_TOTAL: &str = "reach_retries_total";
 pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_total";
+pub const LOOPS_REFUSED_TOTAL: &str = "reach_loops_refused_total";
+pub const HEDGES_TOTAL: &str = "reach_hedges_total";
 pub const TIER_PICKS_TOTAL: &str = "reach_tier_picks_total";
 pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "reach_idempotent_replays_total";
 pub const DEADLINES_EXCEEDED_TOTAL: &str = "reach_deadlines_exceeded_total";
@@ -172,6 +175,14 @@ const COUNTERS: &[(&str, &str)] = &[
     (
         RETRY_BUDGET_EXHAUSTED_TOTAL,
         "Calls that failed fast because the retry budget was spent.",
+    ),
+    (
+        LOOPS_REFUSED_TOTAL,
+        "Calls refused with 508 loop_detected at this caller, by why (loop, max_hops).",
+    ),
+    (
+        HEDGES_TOTAL,
+        "Hedged attempts by result: won (the hedge's head came first), lost (the first attempt's did), no_budget (the retry budget was spent).",
     ),
     (
         GOSSIP_MESSAGES_TOTAL,
@@ -292,6 +303,28 @@ pub struct Metrics {
     fleet_demand: Mutex<demand::FleetDemand>,
     /// The capabilities whose series were registered at 0 (`known.rs`).
     known: known::Known,
+    /// Loops refused and hedges, as `/status` shows them.
+    chains: ChainCounters,
+}
+
+/// What `/status` shows of delegation chains and hedges: the totals of
+/// `reach_loops_refused_total` and `reach_hedges_total` (`docs/chains.md`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChainCounts {
+    pub loops_refused: u64,
+    pub max_hops_refused: u64,
+    pub hedges_won: u64,
+    pub hedges_lost: u64,
+    pub hedges_no_budget: u64,
+}
+
+#[derive(Debug, Default)]
+struct ChainCounters {
+    loops_refused: AtomicU64,
+    max_hops_refused: AtomicU64,
+    hedges_won: AtomicU64,
+    hedges_lost: AtomicU64,
+    hedges_no_budget: AtomicU64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -319,6 +352,7 @@ impl Metrics {
             peers: Mutex::default(),
             fleet_demand: Mutex::default(),
             known: Mutex::default(),
+            chains: ChainCounters::default(),
         };
         metrics.describe();
         metrics.register_fixed();
@@ -659,6 +693,41 @@ impl Metrics {
 
     pub fn affinity_entries(&self, n: usize) {
         self.with(|| gauge!(AFFINITY_ENTRIES).set(n as f64));
+    }
+
+    /// A call refused for its delegation chain: a loop, or one hop past `chains.max_hops`.
+    pub fn loop_refused(&self, looped: bool) {
+        let (why, count) = if looped {
+            ("loop", &self.chains.loops_refused)
+        } else {
+            ("max_hops", &self.chains.max_hops_refused)
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+        self.with(|| counter!(LOOPS_REFUSED_TOTAL, "why" => why).increment(1));
+    }
+
+    /// A hedge's result: `won`, `lost` or `no_budget`.
+    pub fn hedge(&self, result: &'static str) {
+        let count = match result {
+            "won" => &self.chains.hedges_won,
+            "lost" => &self.chains.hedges_lost,
+            _ => &self.chains.hedges_no_budget,
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+        self.with(|| counter!(HEDGES_TOTAL, "result" => result).increment(1));
+    }
+
+    /// Loops refused and hedges so far, for `/status`.
+    pub fn chain_counts(&self) -> ChainCounts {
+        let c = &self.chains;
+        let read = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ChainCounts {
+            loops_refused: read(&c.loops_refused),
+            max_hops_refused: read(&c.max_hops_refused),
+            hedges_won: read(&c.hedges_won),
+            hedges_lost: read(&c.hedges_lost),
+            hedges_no_budget: read(&c.hedges_no_budget),
+        }
     }
 
     pub fn retry_budget_exhausted(&self, capability: &str) {

@@ -35,6 +35,8 @@ pub(super) struct Try {
     pub(super) keyed_deadline: Option<Deadline>,
     pub(super) upload: UploadWatch,
     pub(super) snapshot: Arc<Snapshot>,
+    /// The capability's `first_event_timeout`, when it has one.
+    pub(super) first_event: Option<std::time::Duration>,
 }
 
 /// What routing came to, for the record step to answer with.

@@ -29,6 +29,7 @@ async fn attempt((client, peers): (Pool, Arc<PeerViews>), attempt: Try) -> Attem
         keyed_deadline,
         upload,
         snapshot,
+        first_event,
     } = attempt;
     let peer = &candidate.peer;
     let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
@@ -50,13 +51,17 @@ async fn attempt((client, peers): (Pool, Arc<PeerViews>), attempt: Try) -> Attem
         identity.as_ref(),
         &target,
         timeout,
-    )
-    .await;
+    );
+    let forwarded = match first_event.filter(|limit| *limit < timeout) {
+        None => forwarded.await,
+        // Boxed: a capability with a first-event deadline is the rare case.
+        Some(limit) => Box::pin(super::first_event::within(forwarded, limit, &target)).await,
+    };
     let elapsed = sent.elapsed();
     let response = match forwarded {
         Ok(response) => response,
         Err(err) => {
-            if let Some(fault) = upload.caller_fault(matches!(err, ReachError::Timeout { .. })) {
+            if let Some(fault) = upload.caller_fault(Class::of_error(&err) == Class::TimedOut) {
                 // The agent's own upload broke or stalled: nothing against the peer.
                 pending.discard();
                 return Attempt::Failed(fault);

@@ -15,6 +15,7 @@ mod call;
 mod candidates;
 mod dedupe;
 mod endpoint;
+mod first_event;
 mod local_api;
 mod mcp;
 mod record;
@@ -110,6 +111,10 @@ pub struct Outbound {
     affinity: Arc<affinity::Table>,
     /// This caller's view of each MCP server's tools (`docs/mcp.md`).
     tools: mcp::view::ToolViews,
+    /// Opens the delegation chain the agent passes on (`src/chain.rs`).
+    seal: Arc<crate::chain::Seal>,
+    /// Recent times to an answer's head, per hedged capability (`hedge: {after: p95}`).
+    head_times: attempts::hedge::HeadTimes,
 }
 
 impl Outbound {
@@ -129,6 +134,8 @@ impl Outbound {
             tasks: None,
             affinity: Arc::default(),
             tools: mcp::view::ToolViews::default(),
+            seal: shared.seal.clone(),
+            head_times: Default::default(),
         }
     }
 
@@ -218,6 +225,7 @@ pub(super) fn for_tests(policy: crate::config::Policy) -> Arc<Outbound> {
         store,
         metrics,
         idempotency,
+        seal: Arc::default(),
     };
     Arc::new(Outbound::new(&shared, client))
 }

@@ -10,6 +10,7 @@ use tower::ServiceExt;
 use tracing::Span;
 
 use super::call::{Call, LastTried, Routed};
+use super::first_event::HeldEvent;
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::layers::field;
@@ -84,7 +85,9 @@ where
 {
     let outcome = Class::of_response(&response).outcome();
     Span::current().record(field::OUTCOME, outcome.as_str());
-    let (parts, incoming) = response.into_parts();
+    let (mut parts, incoming) = response.into_parts();
+    // A stream's first event, read early for its first-event deadline, goes first.
+    let held = parts.extensions.remove::<HeldEvent>();
     let measured = Observed::new(incoming, move |end: BodyEnd| {
         let outcome = if end == BodyEnd::Error {
             Outcome::Failure
@@ -100,7 +103,10 @@ where
             elapsed,
         );
     });
-    Response::from_parts(parts, body::boxed(measured))
+    match held {
+        None => Response::from_parts(parts, body::boxed(measured)),
+        Some(held) => Response::from_parts(parts, body::boxed(held.before(measured))),
+    }
 }
 
 /// The sidecar's own answer, recorded now.

@@ -78,6 +78,18 @@ pub fn api(task: &Task, extra: &[String]) -> Value {
     if let Some(response) = &task.response {
         obj.insert("response".into(), json!(response));
     }
+    // The delegation chain the task was submitted in, which its runner routes it with.
+    let chain = task
+        .request
+        .headers
+        .iter()
+        .find(|(n, _)| n == "reach-chain");
+    if let Some(chain) = chain.and_then(|(_, v)| crate::chain::Chain::parse(v).ok()) {
+        obj.insert(
+            "chain".into(),
+            json!({ "hops": chain.hops(), "agents": chain.display() }),
+        );
+    }
     if let Some(error) = &task.error {
         obj.insert("error".into(), json!(error));
     }

@@ -24,6 +24,8 @@ pub mod key {
     pub const OUTCOME: &str = "reach.outcome";
     pub const RETRY_REASON: &str = "reach.retry_reason";
     pub const SCORE: &str = "reach.score";
+    /// The call's delegation chain, when it has one (`docs/chains.md`).
+    pub const CHAIN: &str = "reach.chain";
     pub const METHOD: &str = "http.request.method";
     pub const STATUS: &str = "http.response.status_code";
 }
@@ -179,6 +181,9 @@ impl AttemptSpan {
         ];
         if let Some(reason) = retry.filter(|_| n > 1) {
             attributes.push(text(key::RETRY_REASON, reason));
+        }
+        if let Some(chain) = headers.get(crate::chain::HEADER) {
+            attributes.push(text(key::CHAIN, chain.to_str().unwrap_or("")));
         }
         Some(AttemptSpan(Box::new(Attempting {
             server: server.clone(),

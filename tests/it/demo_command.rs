@@ -201,6 +201,16 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     assert!(moved >= 37, "the others took search: {m}");
     assert_eq!(m["fetch_after"]["mcp-3"], 0, "mcp-3 has no fetch: {m}");
     assert_eq!(m["failed_after"], 0, "{m}");
+    // A delegation loop among three agents: stopped at its first turn, the chain named.
+    let l = &summary["loops"];
+    assert_eq!(l["status"], 508, "{l}");
+    assert_eq!(l["reason"], "loop_detected", "{l}");
+    assert_eq!(
+        l["chain"], "user > planner/plan > coder/review > tester/test",
+        "{l}"
+    );
+    assert_eq!(l["refused_by"], "tester", "{l}");
+    assert_eq!(l["agent_calls"], 3, "{l}");
     // Predicted saturation: demand ramping onto the weak agent is seen coming before it is full.
     let p = &summary["predict"];
     assert!(p["callers"].as_u64().unwrap() > 1, "{p}");

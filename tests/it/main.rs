@@ -28,6 +28,7 @@ mod status;
 mod a2a_cards;
 mod admin;
 mod affinity;
+mod chains;
 mod chaos;
 mod cli;
 mod demo_command;

@@ -30,10 +30,12 @@ pub mod field {
     pub const ATTEMPT: &str = "attempt";
     /// How the request ended (the metrics' `outcome` label).
     pub const OUTCOME: &str = "outcome";
+    /// The call's delegation chain, when it has one (`src/chain.rs`).
+    pub const CHAIN: &str = "chain";
 
     /// Every field, in the span's order.
-    pub const ALL: [&str; 8] = [
-        LISTENER, METHOD, PATH, REQUEST_ID, CAPABILITY, PEER, ATTEMPT, OUTCOME,
+    pub const ALL: [&str; 9] = [
+        LISTENER, METHOD, PATH, REQUEST_ID, CAPABILITY, PEER, ATTEMPT, OUTCOME, CHAIN,
     ];
 }
 
@@ -70,6 +72,7 @@ impl RequestSpan {
             peer = Empty,
             attempt = Empty,
             outcome = Empty,
+            chain = Empty,
         )
     }
 }

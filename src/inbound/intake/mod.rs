@@ -110,6 +110,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         parts.uri = vouched::with_path(&parts.uri, &path).map_err(refuse)?;
     }
     let vouched = vouched::Vouched {
+        chain: Some(inbound.chain(&snapshot, &parts.headers, caller.as_deref(), capability)),
         capability: Some(capability),
         deadline,
         caller: caller.clone(),
@@ -134,6 +135,31 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         parts: Box::new(parts),
         body: CallBody::Arriving(incoming),
     })
+}
+
+impl Inbound {
+    /// The delegation chain the agent passes on to its own calls, sealed: the caller's, when
+    /// its sidecar is vouched for, with this agent serving `capability` added (`src/chain.rs`).
+    fn chain(
+        &self,
+        snapshot: &Snapshot,
+        head: &http::HeaderMap,
+        caller: Option<&str>,
+        capability: &str,
+    ) -> http::HeaderValue {
+        let me = snapshot.bootstrap.agent.name.as_str();
+        let sent = head.get(crate::chain::HEADER).filter(|_| caller.is_some());
+        let Some(sent) = sent else {
+            // A chain's first hop (most calls): sealed once per caller and capability.
+            return self.seal.first_hop(caller, me, capability);
+        };
+        let chain = crate::chain::Chain::at_edge(Some(sent), caller, me, capability);
+        let span = Span::current();
+        if !span.is_disabled() {
+            span.record(field::CHAIN, chain.display());
+        }
+        self.seal.seal(&chain)
+    }
 }
 
 /// The `reach-capability` header, when the request has one.

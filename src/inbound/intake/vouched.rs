@@ -28,6 +28,8 @@ pub(in crate::inbound) struct Vouched<'a> {
     pub(in crate::inbound) remote: Option<&'a str>,
     /// `x-forwarded-client-cert` for the verified certificate (`transport::PeerTls`).
     pub(in crate::inbound) client_cert: Option<&'a HeaderValue>,
+    /// The delegation chain, sealed for the agent (`src/chain.rs`): always written anew.
+    pub(in crate::inbound) chain: Option<HeaderValue>,
 }
 
 /// Forwarding headers are the sidecar's too (Envoy's `SANITIZE_SET`): a caller's
@@ -107,6 +109,9 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
     }
     if let Some(attempt) = vouched.attempt.filter(|_| !held[4]) {
         headers.insert(headers::ATTEMPT, attempt.into());
+    }
+    if let Some(chain) = vouched.chain {
+        headers.insert(crate::chain::HEADER, chain);
     }
 }
 
@@ -232,6 +237,7 @@ mod tests {
             attempt: Some(2),
             remote: Some("10.0.0.7"),
             client_cert: None,
+            chain: None,
         };
         rewrite(&mut h, vouched);
         assert!(h.get("reach-caller").is_none());
@@ -262,6 +268,7 @@ mod tests {
             attempt: Some(2),
             remote: None,
             client_cert: None,
+            chain: None,
         };
         rewrite(&mut h, vouched);
         assert_eq!(h.get_all("reach-capability").iter().count(), 1);

@@ -17,6 +17,7 @@ pub(in crate::outbound) fn log<B>(
     chosen: usize,
     attempt: usize,
     outcome: &Attempt<B>,
+    head: &http::HeaderMap,
 ) {
     if !snapshot.policy.decision_log {
         return;
@@ -45,6 +46,7 @@ pub(in crate::outbound) fn log<B>(
         refused,
         error,
         candidates = %candidates,
+        chain = head.get(crate::chain::HEADER).and_then(|c| c.to_str().ok()),
         "routed"
     );
 }

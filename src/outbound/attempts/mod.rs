@@ -5,6 +5,7 @@
 
 pub(super) mod budget;
 pub(super) mod decision;
+pub(super) mod hedge;
 pub(super) mod observe;
 mod request;
 pub(super) mod retry;
@@ -23,7 +24,7 @@ use super::call::{Routed, Try};
 use super::candidates::tiers::{self, Tier};
 use super::candidates::Plan;
 use super::{pick, Outbound};
-use crate::config::{RouteMode, Snapshot};
+use crate::config::{HedgeAfter, HedgePolicy, RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
 use crate::http::layers::field;
@@ -91,24 +92,30 @@ where
                 .map_or("-", |(_, i)| scored[*i].peer.name.as_str());
             return attempts.routed(Err(ReachError::DeadlineExceeded), peer);
         }
-        let Some(chosen) = attempts.pick(&scored, &tiers) else {
+        let Some(mut chosen) = attempts.pick(&scored, &tiers) else {
             break;
         };
         let Some(body) = bodies.next() else { break };
         let n = attempts.made();
-        let span = Span::current();
-        span.record(field::ATTEMPT, n);
-        span.record(field::PEER, scored[chosen].peer.name.as_str());
         let request = upstream_request(&parts, body, &snapshot, &route.capability, n);
         let mut try_ = attempts.attempt(request, &scored[chosen], &bodies.watch, &snapshot);
         let retry = attempts.retry_reason;
         let span = retry::span(&mut try_, &parts, &route.capability, n, retry);
         let started = std::time::SystemTime::now();
-        let attempt = answer(inner.clone().oneshot(try_).await);
+        let attempt = match attempts.hedging() {
+            None => answer(inner.clone().oneshot(try_).await),
+            Some(wait) => {
+                let call = (&scored[..], &tiers[..], &mut bodies, &*parts, &snapshot);
+                let raced = attempts.race(inner.clone(), try_, wait, call).await;
+                chosen = attempts.winner(raced.hedge, chosen, &scored);
+                raced.attempt
+            }
+        };
         retry::end(span, &attempt);
         if !matches!(attempt, Attempt::Limited(_)) {
             out.metrics.tier_pick(tiers[chosen].as_str());
-            decision::log(&snapshot, &route, &scored, chosen, n, &attempt);
+            let head = &parts.headers;
+            decision::log(&snapshot, &route, &scored, chosen, n, &attempt, head);
             if let Some(journal) = parts.extensions.get::<crate::tasks::Journal>() {
                 journal.note(attempt.note(&scored[chosen].peer.name, started));
             }
@@ -163,6 +170,10 @@ struct Attempts<'a> {
     sticky: Option<usize>,
     /// Why the last attempt was retried (for the next attempt's span).
     retry_reason: Option<&'static str>,
+    /// The capability's `first_event_timeout`.
+    first_event: Option<Duration>,
+    /// The capability's `hedge`, when the call is safe to send twice.
+    hedge: Option<&'a HedgePolicy>,
 }
 
 impl<'a> Attempts<'a> {
@@ -191,7 +202,13 @@ impl<'a> Attempts<'a> {
                 Deadline::after(longest.saturating_mul(max as u32))
             })
         });
+        let own = snapshot.policy.capabilities.get(call.capability);
+        let idempotent_method = call.parts.method.is_idempotent();
+        // Only a call that may run twice is hedged: the loser may have started before it is cut.
+        let safe = call.replayable && (keyed || idempotent_method || is_async);
         Attempts {
+            first_event: own.and_then(|c| c.first_event_timeout).map(|d| d.get()),
+            hedge: own.and_then(|c| c.hedge.as_ref()).filter(|_| safe),
             out,
             snapshot,
             capability: call.capability,
@@ -201,7 +218,7 @@ impl<'a> Attempts<'a> {
             max,
             is_async,
             keyed,
-            idempotent_method: call.parts.method.is_idempotent(),
+            idempotent_method,
             tried: Vec::new(),
             sticky: None,
             retry_reason: None,
@@ -230,7 +247,77 @@ impl<'a> Attempts<'a> {
             None => pick(scored, &skip, rand::random::<f64>)?,
         };
         self.tried.push(chosen);
+        let span = Span::current();
+        span.record(field::ATTEMPT, self.tried.len());
+        span.record(field::PEER, scored[chosen].peer.name.as_str());
         Some(chosen)
+    }
+
+    /// Whether this attempt races a hedge (boxed there: a hedged capability is the rare case),
+    /// and after how long (`None`: never, `after: p95` with too few samples yet): only a call's
+    /// first attempt, when its capability hedges.
+    fn hedging(&self) -> Option<Option<Duration>> {
+        let hedge = self.hedge.filter(|_| self.made() == 1)?;
+        let p95 = match hedge.after {
+            HedgeAfter::P95 => self.out.head_times.p95(self.capability),
+            HedgeAfter::Fixed(_) => None,
+        };
+        Some(hedge.after.wait(p95))
+    }
+
+    /// `first` raced against a hedge (`hedge::race`), boxed: while it runs, the call's future
+    /// holds one pointer for it.
+    fn race<'f, B, S>(
+        &'f mut self,
+        inner: S,
+        first: Try,
+        wait: Option<Duration>,
+        call: HedgeCall<'f>,
+    ) -> std::pin::Pin<Box<impl std::future::Future<Output = hedge::Raced<B>> + use<'f, 'a, B, S>>>
+    where
+        S: Step<Try, Response = Attempt<B>> + 'f,
+        B: 'f,
+    {
+        let out = self.out;
+        let capability = self.capability;
+        let (scored, tiers, bodies, parts, snapshot) = call;
+        let hedge = move || self.hedge(scored, tiers, bodies, parts, snapshot);
+        let on = (&*out.metrics, &out.head_times, capability);
+        Box::pin(hedge::race(inner, first, wait, hedge, on))
+    }
+
+    /// Whose answer a race took: the hedge's candidate when it won, else the first's, named on
+    /// the request's span (the hedge's pick named its own).
+    fn winner(&self, hedge: Option<usize>, first: usize, scored: &[Scored]) -> usize {
+        let chosen = hedge.unwrap_or(first);
+        Span::current().record(field::PEER, scored[chosen].peer.name.as_str());
+        chosen
+    }
+
+    /// The hedge: another candidate's attempt, if one is left and the retry budget allows.
+    fn hedge(
+        &mut self,
+        scored: &[Scored],
+        tiers: &[Tier],
+        bodies: &mut Bodies,
+        parts: &Parts,
+        snapshot: &Arc<Snapshot>,
+    ) -> Option<(Try, usize)> {
+        let chosen = self.pick(scored, tiers)?;
+        if !budget::withdraw(&self.budget) {
+            self.tried.pop();
+            self.out.metrics.hedge("no_budget");
+            return None;
+        }
+        let Some(body) = bodies.next() else {
+            self.tried.pop();
+            return None;
+        };
+        let request = upstream_request(parts, body, snapshot, self.capability, self.made());
+        Some((
+            self.attempt(request, &scored[chosen], &bodies.watch, snapshot),
+            chosen,
+        ))
     }
 
     /// The attempt on `candidate`.
@@ -248,6 +335,7 @@ impl<'a> Attempts<'a> {
             keyed_deadline: self.keyed_deadline,
             upload: upload.clone(),
             snapshot: snapshot.clone(),
+            first_event: self.first_event,
         }
     }
 
@@ -354,6 +442,15 @@ impl<'a> Attempts<'a> {
         }
     }
 }
+
+/// What a hedge is made from: the candidates, their tiers, the call's body, head and snapshot.
+type HedgeCall<'f> = (
+    &'f [Scored],
+    &'f [Tier],
+    &'f mut Bodies,
+    &'f Parts,
+    &'f Arc<Snapshot>,
+);
 
 /// What the policy needs to know of a call to set its limits.
 struct CallShape<'a> {

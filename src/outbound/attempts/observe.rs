@@ -101,6 +101,8 @@ where
             keyed_deadline: None,
             upload: bodies.watch.clone(),
             snapshot: snapshot.clone(),
+            // A plain proxy's routing: no first-event deadline.
+            first_event: None,
         };
         let sent = Instant::now();
         // The only retry here follows a connect failure.

@@ -118,6 +118,7 @@ impl<B> Attempt<B> {
     /// | attempt | retried |
     /// |---|---|
     /// | refused (429, a sidecar's 503), connection failed | always, on another peer: nothing ran |
+    /// | no head (or first event) within `first_event_timeout`, keyed, idempotent or async | on another peer |
     /// | timed out, keyed (`idempotency-key`) | on the *same* agent, whose sidecar joins or replays the original |
     /// | timed out, 502/503/504 from the agent, idempotent method | on another peer |
     /// | `502 invalid_output`, idempotent, keyed or async (a chain) | on another peer: the same agent would answer the same |
@@ -136,6 +137,11 @@ impl<B> Attempt<B> {
         match self {
             Attempt::Refused(_, why) => Some((why.as_str(), false)),
             Attempt::Failed(ReachError::UpstreamConnect { .. }) => Some(("connect_failed", false)),
+            // Abandoned before a byte reached the caller: elsewhere when safe to repeat, never
+            // back to the peer that was too slow to start.
+            Attempt::Failed(ReachError::FirstEventTimeout { .. }) => {
+                (keyed || idempotent || chain).then_some(("first_event_timeout", false))
+            }
             Attempt::Done(response) if classify::invalid_output(response) => {
                 (keyed || idempotent || chain).then_some(("invalid_output", false))
             }
@@ -242,6 +248,23 @@ mod tests {
                 invalid.retry(keyed, idempotent, chain),
                 Some(("invalid_output", false)),
                 "keyed {keyed}, idempotent {idempotent}, chain {chain}"
+            );
+        }
+        // No head in time (`first_event_timeout`): nothing reached the caller; elsewhere, never
+        // back to the slow peer, when the call is safe to repeat.
+        let late = Attempt::<()>::Failed(ReachError::FirstEventTimeout {
+            target: "p".into(),
+            after: Duration::from_millis(500),
+        });
+        assert_eq!(late.retry(false, false, false), None);
+        for (keyed, idempotent, chain) in [
+            (true, false, false),
+            (false, true, false),
+            (false, false, true),
+        ] {
+            assert_eq!(
+                late.retry(keyed, idempotent, chain),
+                Some(("first_event_timeout", false))
             );
         }
         // Never: other 4xx, success, a broken response to a POST.

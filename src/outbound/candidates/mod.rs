@@ -4,6 +4,7 @@
 pub(super) mod balance;
 #[cfg(test)]
 mod latency_share;
+mod loops;
 pub(super) mod sample;
 pub(super) mod tiers;
 
@@ -77,10 +78,22 @@ fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
         None => scored,
     };
     // A call whose affinity key is bound goes to the key's holder.
-    let (scored, prefer) = match call.parts.extensions.get::<affinity::Pinned>() {
+    let (mut scored, prefer) = match call.parts.extensions.get::<affinity::Pinned>() {
         Some(pin) => affinity::narrow(out, pin, &call, &route, scored)?,
         None => (scored, None),
     };
+    // A delegated call: no loop, no hop past the policy's limit.
+    if let Some(chain) = call.parts.headers.get(crate::chain::HEADER) {
+        let snapshot = &call.snapshot;
+        loops::guard(
+            snapshot,
+            &out.metrics,
+            &route.capability,
+            chain,
+            &mut scored,
+        )
+        .map_err(|err| Routed::refused(&route.capability, err))?;
+    }
     let me = &call.snapshot.bootstrap.agent;
     let tiers = scored
         .iter()

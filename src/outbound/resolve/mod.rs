@@ -80,6 +80,8 @@ async fn resolve(
     }
     target.map_err(refuse)?;
     let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
+    // The delegation chain the agent passed on, opened: a plain call pays one lookup.
+    out.seal.carry(req.headers_mut()).map_err(refuse)?;
     // Before the sidecar adds its own headers: a `Connection` header naming them must not
     // remove them on the way out.
     headers::strip_hop_by_hop(req.headers_mut());

@@ -16,6 +16,7 @@ mod conversations;
 mod drive;
 mod hostile;
 mod injected;
+mod loops;
 mod mcp_tools;
 mod membership;
 mod observed;
@@ -40,6 +41,7 @@ pub use authorized::AuthorizationSummary;
 pub use conversations::ConversationsSummary;
 pub use hostile::HostileSummary;
 pub use injected::Injection;
+pub use loops::LoopSummary;
 pub use mcp_tools::McpSummary;
 pub use membership::MembershipSummary;
 pub use observed::ObserveSummary;
@@ -115,6 +117,8 @@ pub struct DemoSummary {
     /// MCP servers whose tools come from `tools/list`: the fleet's tool list, and one broken
     /// tool's calls moving while the server's other tool keeps serving.
     pub mcp: McpSummary,
+    /// A delegation loop among three agents, stopped at its first turn by its chain.
+    pub loops: LoopSummary,
     /// Demand ramping onto an agent of lower capacity: its predicted saturation ahead of the
     /// actual one.
     pub predict: PredictSummary,
@@ -438,6 +442,12 @@ async fn start_sidecar(bootstrap: Bootstrap, policy: Policy) -> Result<Sidecar, 
     Ok(Sidecar::start(store).await?)
 }
 
+/// The delegation-loop act alone (its test runs it without the rest of the demo).
+#[allow(dead_code, reason = "run alone only by tests/it/chains.rs")]
+pub async fn loop_act() -> Result<LoopSummary, DemoError> {
+    loops::run().await
+}
+
 /// Runs the demo and returns its summary.
 pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
     let mut fleet = Fleet::start(demo_policy()).await?;
@@ -515,6 +525,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
     let tasks = tasks::run(&mut fleet).await?;
     let conversations = conversations::run(&mut fleet).await?;
     let mcp = mcp_tools::run(&mut fleet).await?;
+    let loops = loops::run().await?;
     let predict = predict::run(&mut fleet).await?;
     let scale = scale::run(&fleet).await;
     fleet.shutdown().await;
@@ -536,6 +547,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         tasks,
         conversations,
         mcp,
+        loops,
         predict,
         scale,
     })

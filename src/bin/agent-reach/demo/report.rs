@@ -378,6 +378,18 @@ pub fn render_table(s: &DemoSummary) -> String {
         c.card_url, c.conversations, c.agents_used, c.reached_holder, c.follow_ups
     ));
     out.push_str(&mcp_lines(&s.mcp));
+    let l = &s.loops;
+    out.push_str(&format!(
+        "\ndelegation loop: {} delegate in a circle; the first turn came back {} {} after {:.1} ms, refused by {}'s sidecar\n  chain: {} ({} hops); the agents ran {} calls in all, one each\n",
+        l.agents.join(" → "),
+        l.status,
+        l.reason,
+        l.answered_after_ms,
+        l.refused_by,
+        l.chain,
+        l.hops,
+        l.agent_calls
+    ));
     let p = &s.predict;
     let secs = |x: Option<f64>| x.map_or("not within the act".to_owned(), |x| format!("{x:.1} s"));
     out.push_str(&format!(
