@@ -304,6 +304,7 @@ fn profile(i: usize, addr: SocketAddr) -> Profile {
             idempotent: false,
             output_schema: None,
             a2a: None,
+            tools: Vec::new(),
         }],
         version: env!("CARGO_PKG_VERSION").into(),
         identity: None,

@@ -401,6 +401,7 @@ fn spawn_rest(
             reloads(metrics),
             stop_rest.clone(),
         ),
+        crate::mcp::spawn(store.clone(), reloads(metrics), stop_rest.clone()),
         peers::spawn_poller(
             store.clone(),
             shared.registry.clone(),

@@ -49,6 +49,8 @@ pub enum ReachError {
     ForeignHost { host: String },
     #[error("no agent known to this sidecar serves capability `{capability}`")]
     UnknownCapability { capability: String },
+    #[error("no agent known to this sidecar has tool `{tool}` of MCP capability `{capability}`")]
+    UnknownTool { capability: String, tool: String },
     #[error("no capability of this agent serves `{path}`")]
     NoCapabilityAt { path: String },
     #[error("no peer can take capability `{capability}` right now")]
@@ -305,6 +307,7 @@ impl ReachError {
             ReachError::IdempotencyConflict => StatusCode::CONFLICT,
             ReachError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ReachError::UnknownCapability { .. }
+            | ReachError::UnknownTool { .. }
             | ReachError::NoCapabilityAt { .. }
             | ReachError::NotFound(_) => StatusCode::NOT_FOUND,
             ReachError::NoAvailableInstance { .. }
@@ -342,9 +345,9 @@ impl ReachError {
         match self {
             ReachError::MissingCapability => Reason::MissingCapability,
             ReachError::ForeignHost { .. } => Reason::ForbiddenHost,
-            ReachError::UnknownCapability { .. } | ReachError::NoCapabilityAt { .. } => {
-                Reason::UnknownCapability
-            }
+            ReachError::UnknownCapability { .. }
+            | ReachError::UnknownTool { .. }
+            | ReachError::NoCapabilityAt { .. } => Reason::UnknownCapability,
             ReachError::NoAvailableInstance { .. } => Reason::NoAvailableInstance,
             ReachError::Saturated { .. } | ReachError::Backlogged { .. } => Reason::Saturated,
             ReachError::Ejected { .. } => Reason::Ejected,

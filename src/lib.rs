@@ -27,6 +27,7 @@ pub mod identity;
 pub mod inbound;
 pub mod intercept;
 pub mod local;
+pub mod mcp;
 pub mod metrics;
 pub mod outbound;
 pub mod peers;

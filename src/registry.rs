@@ -1,7 +1,7 @@
 //! Who is out there: the peers that can serve each capability. Members found by gossip come
 //! first; the bootstrap's static peers and the policy's external targets are there too.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use crate::fast_hash::FastMap;
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use crate::config::{ExternalTarget, MtlsMode, Snapshot, StaticPeer};
+use crate::config::{ExternalTarget, MtlsMode, Snapshot, StaticPeer, ToolFacts};
 use crate::gossip::Member;
 use crate::identity::{Expected, SpiffeId};
 
@@ -37,9 +37,18 @@ pub struct Peer {
     /// configured for a static peer).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity: Option<SpiffeId>,
+    /// Capability → its MCP server's tools, for the capabilities that are an MCP server's
+    /// (announced in gossip; `docs/mcp.md`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tools: BTreeMap<String, Vec<ToolFacts>>,
 }
 
 impl Peer {
+    /// The peer's entry for `tool` of `capability`, when its server has that tool.
+    pub fn tool(&self, capability: &str, tool: &str) -> Option<&ToolFacts> {
+        self.tools.get(capability)?.iter().find(|t| t.name == tool)
+    }
+
     pub fn from_static(peer: &StaticPeer) -> Self {
         Self {
             name: peer.name.to_string(),
@@ -52,6 +61,7 @@ impl Peer {
             timeout: None,
             max_concurrency: None,
             identity: peer.identity.clone(),
+            tools: BTreeMap::new(),
         }
     }
 
@@ -68,6 +78,12 @@ impl Peer {
             timeout: None,
             max_concurrency: None,
             identity: p.identity.clone(),
+            tools: p
+                .capabilities
+                .iter()
+                .filter(|c| !c.tools.is_empty())
+                .map(|c| (c.name.clone(), c.tools.clone()))
+                .collect(),
         }
     }
 
@@ -88,6 +104,7 @@ impl Peer {
                 timeout: target.timeout.map(|t| t.get()),
                 max_concurrency: target.max_concurrency,
                 identity: None,
+                tools: BTreeMap::new(),
             })
             .collect()
     }
@@ -162,6 +179,9 @@ struct Directory {
     peers: Vec<Arc<Peer>>,
     by_name: FastMap<String, Arc<Peer>>,
     index: FastMap<String, Vec<Arc<Peer>>>,
+    /// The capabilities some member announces MCP tools for: a call for any other capability
+    /// is never read as MCP.
+    mcp: HashSet<String>,
 }
 
 /// The peer directory consulted once per outbound request. One registry serves one
@@ -169,6 +189,8 @@ struct Directory {
 #[derive(Debug, Default)]
 pub struct Registry {
     gossip: ArcSwap<Directory>,
+    /// Some member announces MCP tools: until one does, `is_mcp` is one relaxed load.
+    any_mcp: std::sync::atomic::AtomicBool,
     /// The configured peers of the newest config generation seen.
     configured: ArcSwap<Configured>,
 }
@@ -188,10 +210,14 @@ impl Registry {
             }
         }
         let by_name = peers.iter().map(|p| (p.name.clone(), p.clone())).collect();
+        let mcp: HashSet<String> = peers.iter().flat_map(|p| p.tools.keys().cloned()).collect();
+        self.any_mcp
+            .store(!mcp.is_empty(), std::sync::atomic::Ordering::Relaxed);
         self.gossip.store(Arc::new(Directory {
             peers,
             by_name,
             index,
+            mcp,
         }));
     }
 
@@ -214,6 +240,13 @@ impl Registry {
             });
         }
         built
+    }
+
+    /// Whether some member announces MCP tools for `capability`: with no MCP server in the
+    /// fleet, one relaxed load answers (a plain call pays nothing more).
+    pub fn is_mcp(&self, capability: &str) -> bool {
+        self.any_mcp.load(std::sync::atomic::Ordering::Relaxed)
+            && self.gossip.load().mcp.contains(capability)
     }
 
     /// How many members gossip has handed over (with their profiles).

@@ -97,6 +97,8 @@ pub(super) const RULES: &[Row] = &[
     ("agent.a2a.tags.*", Rule::Real(0.0, 1.0)),
     // Each refresh is one small GET to the local agent; faster would be noise.
     ("agent.a2a.refresh", Rule::Span(ms(100), DAY)),
+    // Each refresh is one `initialize` and one `tools/list` to the local MCP server.
+    ("agent.mcp.refresh", Rule::Span(ms(100), DAY)),
     ("agent.capabilities[].timeout", Rule::Span(MS, DAY)),
     ("agent.capabilities[].expected_duration", Rule::Span(MS, DAY)),
     ("agent.capabilities[].cost", Rule::Real(0.0, 1e6)),
@@ -303,6 +305,76 @@ pub struct AgentProfile {
     /// Import the agent's A2A card: each skill becomes a capability (`docs/a2a.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub a2a: Option<A2aConfig>,
+    /// Import the local MCP server's tools into one capability (`docs/mcp.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpConfig>,
+}
+
+/// `agent.mcp:` — where the local MCP server listens and how often its tools are read.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// The MCP endpoint's path on the agent (streamable HTTP).
+    #[serde(default = "default_mcp_path", deserialize_with = "scalar::http_path")]
+    pub path: String,
+    /// How often `tools/list` is read again.
+    #[serde(default = "default_mcp_refresh")]
+    pub refresh: HumanDuration,
+    /// The capability the tools are entries of; a written capability of that name keeps its
+    /// own settings and gets the tools.
+    #[serde(default = "default_mcp_capability")]
+    pub capability: Name,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        Self {
+            path: default_mcp_path(),
+            refresh: default_mcp_refresh(),
+            capability: default_mcp_capability(),
+        }
+    }
+}
+
+fn default_mcp_path() -> String {
+    "/mcp".to_owned()
+}
+fn default_mcp_refresh() -> HumanDuration {
+    HumanDuration::from_secs(60)
+}
+fn default_mcp_capability() -> Name {
+    Name::sanitized("mcp", "mcp")
+}
+
+/// One MCP tool as a capability entry: what routing and the federated `tools/list` need, kept
+/// small enough that a server's tools fit a gossip profile item (`src/mcp/tools.rs` bounds them).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ToolFacts {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub title: String,
+    /// The first 8 bytes of the SHA-256 of the canonical input schema, in hex.
+    pub schema: String,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub idempotent: bool,
+}
+
+impl ToolFacts {
+    /// A call for this tool may be sent again to another server.
+    pub fn retry_safe(&self) -> bool {
+        self.read_only || self.idempotent
+    }
+}
+
+/// The tools an MCP capability's server has: set only by the import, never from a file.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct McpTools {
+    /// The capability itself came from the import (no written capability of its name).
+    #[serde(skip)]
+    pub imported: bool,
+    pub tools: Vec<ToolFacts>,
 }
 
 /// `agent.a2a:` — where the local agent's A2A card is and how its skills become capabilities.
@@ -441,6 +513,9 @@ pub struct Capability {
     /// Set when the capability was imported from the agent's A2A card, never from a file.
     #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub card: Option<SkillFacts>,
+    /// The MCP server's tools, when the capability is its server's (`agent.mcp`).
+    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpTools>,
 }
 
 impl Capability {
@@ -459,6 +534,7 @@ impl Capability {
             output_schema: None,
             quality: None,
             card: None,
+            mcp: None,
         }
     }
 }
@@ -629,6 +705,7 @@ impl Bootstrap {
                 },
                 capabilities,
                 a2a: None,
+                mcp: None,
             },
             peers: Vec::new(),
             gossip: None,

@@ -26,7 +26,8 @@ use arc_swap::ArcSwap;
 
 pub use bootstrap::{
     A2aConfig, AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Intercept, Limits,
-    Listen, ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer, TracingConfig,
+    Listen, McpConfig, McpTools, ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer,
+    ToolFacts, TracingConfig,
 };
 pub use chains::{ChainsPolicy, HedgeAfter, HedgePolicy};
 pub use duration::{format_duration, parse_duration, HumanDuration};
@@ -224,6 +225,9 @@ pub struct ConfigStore {
     /// Capabilities imported from the agent's A2A card, merged into every bootstrap that goes
     /// live (`merge_card`), so a file reload keeps them and a card change is a reload too.
     card: std::sync::Mutex<Vec<Capability>>,
+    /// The capability imported from the local MCP server's tools (`src/mcp/mod.rs`), merged
+    /// the same way (`merge_mcp`).
+    mcp: std::sync::Mutex<Option<Capability>>,
 }
 
 /// A config file change that was rejected: the running config stayed.
@@ -244,6 +248,7 @@ impl ConfigStore {
             reload_error: std::sync::Mutex::new(None),
             pending_restart: std::sync::Mutex::new(Vec::new()),
             card: std::sync::Mutex::new(Vec::new()),
+            mcp: std::sync::Mutex::new(None),
         }
     }
 
@@ -351,9 +356,15 @@ impl ConfigStore {
         let old = self.current.load();
         let mut next = Snapshot::new(bootstrap, policy, old.generation + 1);
         let held = restart_only::hold(&old, &mut next);
+        let capabilities = &mut next.bootstrap.agent.capabilities;
+        strip_mcp(capabilities);
         merge_card(
-            &mut next.bootstrap.agent.capabilities,
+            capabilities,
             &self.card.lock().unwrap_or_else(|p| p.into_inner()),
+        );
+        merge_mcp(
+            capabilities,
+            self.mcp.lock().unwrap_or_else(|p| p.into_inner()).as_ref(),
         );
         if next.bootstrap == old.bootstrap && next.policy == old.policy {
             return (false, held);
@@ -385,6 +396,44 @@ impl ConfigStore {
         *self.card.lock().unwrap_or_else(|p| p.into_inner()) = capabilities;
         let current = self.snapshot();
         self.replace(current.bootstrap.clone(), current.policy.clone())
+    }
+}
+
+impl ConfigStore {
+    /// Takes a new read of the local MCP server's tools as the capability `imported` (`None`:
+    /// no import): merged like the card's. Returns whether anything changed.
+    pub fn set_mcp_capability(&self, imported: Option<Capability>) -> bool {
+        *self.mcp.lock().unwrap_or_else(|p| p.into_inner()) = imported;
+        let current = self.snapshot();
+        self.replace(current.bootstrap.clone(), current.policy.clone())
+    }
+}
+
+/// Drops the last merge's MCP capability and the tools it gave a written one.
+fn strip_mcp(capabilities: &mut Vec<Capability>) {
+    capabilities.retain(|c| !c.mcp.as_ref().is_some_and(|m| m.imported));
+    capabilities.iter_mut().for_each(|c| c.mcp = None);
+}
+
+/// Adds the MCP server's capability; a written (or card) capability of its name keeps its own
+/// definition and gets the tools.
+fn merge_mcp(capabilities: &mut Vec<Capability>, imported: Option<&Capability>) {
+    let Some(imported) = imported else { return };
+    let tools = imported.mcp.clone().unwrap_or_default();
+    match capabilities.iter_mut().find(|c| c.name == imported.name) {
+        Some(written) => {
+            written.mcp = Some(McpTools {
+                imported: false,
+                ..tools
+            })
+        }
+        None => capabilities.push(Capability {
+            mcp: Some(McpTools {
+                imported: true,
+                ..tools
+            }),
+            ..imported.clone()
+        }),
     }
 }
 
@@ -499,6 +548,72 @@ mod tests {
         assert!(store.set_card_capabilities(from_card(&["chart"])));
         let want = vec![("explain".to_owned(), false), ("chart".to_owned(), true)];
         assert_eq!(names(&store), want);
+    }
+
+    /// The MCP server's tools: a capability of their own, or on the written one of its name;
+    /// a file reload keeps them, a new read replaces them.
+    #[test]
+    fn mcp_tools_merge_into_every_snapshot() {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let file = Bootstrap::local("a", addr, &["explain"]).unwrap_or_else(|e| panic!("{e}"));
+        let store = ConfigStore::new(file.clone(), Policy::default(), ConfigPaths::default());
+        let imported = |name: &str, tools: &[&str]| {
+            let mut cap = Capability::named(Name::sanitized(name, "mcp"));
+            cap.mcp = Some(McpTools {
+                imported: true,
+                tools: tools
+                    .iter()
+                    .map(|t| ToolFacts {
+                        name: (*t).to_owned(),
+                        ..ToolFacts::default()
+                    })
+                    .collect(),
+            });
+            cap
+        };
+        let seen = |store: &ConfigStore| -> Vec<(String, usize)> {
+            let snapshot = store.snapshot();
+            let caps = &snapshot.bootstrap.agent.capabilities;
+            caps.iter()
+                .map(|c| {
+                    let n = c.mcp.as_ref().map_or(0, |m| m.tools.len());
+                    (c.name.to_string(), n)
+                })
+                .collect()
+        };
+        assert!(store.set_mcp_capability(Some(imported("mcp", &["search", "fetch"]))));
+        assert_eq!(seen(&store), [("explain".into(), 0), ("mcp".into(), 2)]);
+        assert!(!store.replace(file.clone(), Policy::default()));
+        assert_eq!(seen(&store), [("explain".into(), 0), ("mcp".into(), 2)]);
+        assert!(store.set_mcp_capability(Some(imported("explain", &["search"]))));
+        assert_eq!(
+            seen(&store),
+            [("explain".into(), 1)],
+            "the written one wins"
+        );
+        let written = store.snapshot().bootstrap.agent.capabilities[0].clone();
+        assert!(written.mcp.is_some_and(|m| !m.imported));
+        assert!(store.set_mcp_capability(None));
+        assert_eq!(seen(&store), [("explain".into(), 0)]);
+    }
+
+    #[test]
+    fn the_mcp_section_parses_and_is_checked_where_it_is_written() {
+        let text = "agent:\n  name: a\n  address: 127.0.0.1:1\n  max_concurrency: 1\n  mcp: { path: /mcp, refresh: 60s }\n";
+        let mcp = parse_bootstrap(Path::new("b.yaml"), text)
+            .ok()
+            .and_then(|b| b.agent.mcp);
+        assert_eq!(mcp.as_ref().map(|m| m.path.as_str()), Some("/mcp"));
+        assert_eq!(mcp.as_ref().map(|m| m.capability.as_str()), Some("mcp"));
+        let bad = text.replace("60s", "1ms");
+        let err = parse_bootstrap(Path::new("b.yaml"), &bad)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.starts_with("b.yaml:5:") && e.contains("agent.mcp.refresh")),
+            "{err:?}"
+        );
     }
 
     /// A restart-only change stays pending (since its first reload) through other reloads and

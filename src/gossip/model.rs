@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::wire;
-use crate::config::{RouteMode, SchemaDigest, SkillFacts};
+use crate::config::{RouteMode, SchemaDigest, SkillFacts, ToolFacts};
 use crate::identity::SpiffeId;
 use crate::reach::State;
 
@@ -42,6 +42,8 @@ pub struct Capability {
     pub output_schema: Option<SchemaDigest>,
     /// Streaming and media types, when it came from the agent's A2A card.
     pub a2a: Option<SkillFacts>,
+    /// The MCP server's tools, when the capability is an MCP server's.
+    pub tools: Vec<ToolFacts>,
 }
 
 /// How the agent is doing now, as its own sidecar sees it: small, sent often.
@@ -135,6 +137,7 @@ impl From<&Capability> for wire::Capability {
                 input_modes: f.input_modes.clone(),
                 output_modes: f.output_modes.clone(),
             }),
+            tools: c.tools.iter().map(wire_tool).collect(),
         }
     }
 }
@@ -154,7 +157,31 @@ impl From<&wire::Capability> for Capability {
                 input_modes: s.input_modes.clone(),
                 output_modes: s.output_modes.clone(),
             }),
+            tools: c.tools.iter().map(model_tool).collect(),
         }
+    }
+}
+
+/// A tool entry on the wire: its schema hash as 8 bytes (an unreadable hash is zero: it then
+/// matches no server's, which only costs a federated list a duplicate).
+fn wire_tool(t: &ToolFacts) -> wire::Tool {
+    wire::Tool {
+        name: t.name.clone(),
+        title: t.title.clone(),
+        schema: u64::from_str_radix(&t.schema, 16)
+            .unwrap_or(0)
+            .to_be_bytes(),
+        hints: u8::from(t.read_only) | (u8::from(t.idempotent) << 1),
+    }
+}
+
+fn model_tool(t: &wire::Tool) -> ToolFacts {
+    ToolFacts {
+        name: t.name.clone(),
+        title: t.title.clone(),
+        schema: t.schema.iter().map(|b| format!("{b:02x}")).collect(),
+        read_only: t.hints & 1 != 0,
+        idempotent: t.hints & 2 != 0,
     }
 }
 
@@ -275,6 +302,13 @@ mod tests {
                     input_modes: vec!["text/plain".into()],
                     output_modes: vec!["application/json".into()],
                 }),
+                tools: vec![ToolFacts {
+                    name: "search".into(),
+                    title: "Search".into(),
+                    schema: "00112233445566ff".into(),
+                    read_only: true,
+                    idempotent: false,
+                }],
             }],
             version: "v".into(),
             identity: SpiffeId::parse("spiffe://td/ns/a/sa/b").ok(),

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 pub use admission::{Admission, AdmissionLimits, Load, Refusal, Slot};
 
 use crate::budget::{ModelBudgets, PublishedBudget};
-use crate::config::{ConfigStore, RouteMode, SchemaDigest, SkillFacts, Snapshot};
+use crate::config::{ConfigStore, RouteMode, SchemaDigest, SkillFacts, Snapshot, ToolFacts};
 use crate::metrics::Metrics;
 use crate::quality::{QualityStatus, RunReport};
 use crate::reach::{
@@ -71,6 +71,9 @@ pub struct PublishedCapability {
     /// Streaming and media types, for a capability imported from the agent's A2A card.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub a2a: Option<SkillFacts>,
+    /// The MCP server's tools, for the capability its tools are entries of (`agent.mcp`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolFacts>,
 }
 
 /// The document at `GET /reach/v1/self`: this agent's profile and its own live view.
@@ -397,6 +400,7 @@ impl LocalAgent {
                         .and_then(|s| s.compiled())
                         .map(|s| s.digest()),
                     a2a: c.card.clone(),
+                    tools: c.mcp.as_ref().map(|m| m.tools.clone()).unwrap_or_default(),
                 })
                 .collect(),
             view,
@@ -517,6 +521,7 @@ mod tests {
                 idempotent: false,
                 output_schema: None,
                 a2a: None,
+                tools: Vec::new(),
             }],
             view,
             in_flight: 1,

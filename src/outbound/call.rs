@@ -50,6 +50,12 @@ pub(super) struct Routed<B = UpstreamBody> {
     pub(super) attempts: Option<usize>,
 }
 
+/// On a refusal's response, inside the sidecar only: the peer the last attempt went to (an MCP
+/// tool call's timeout is that server's tool's, `src/outbound/mcp/tool_call.rs`). Set on the
+/// refusal path alone: an answer from a peer names its agent in `reach-agent`.
+#[derive(Clone, Debug)]
+pub(super) struct LastTried(pub(super) String);
+
 impl<B> Routed<B> {
     pub(super) fn refused(label: &str, err: ReachError) -> Self {
         Routed {

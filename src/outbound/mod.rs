@@ -17,6 +17,7 @@ mod dedupe;
 mod endpoint;
 mod first_event;
 mod local_api;
+mod mcp;
 mod record;
 mod resolve;
 mod submit;
@@ -67,6 +68,8 @@ impl Outbound {
             .layer(submit::layer(self.clone()))
             // The agent's own resent call (its client timed out and resent) runs once.
             .layer(dedupe::layer(self.clone()))
+            // An MCP capability: tool calls to servers with a working tool; the fleet's tool list.
+            .layer(mcp::layer(self.clone()))
             .service(self.routing())
     }
 
@@ -111,6 +114,8 @@ pub struct Outbound {
     tasks: Option<Arc<Queue>>,
     /// Which agent holds which task or session (`docs/affinity.md`).
     affinity: Arc<affinity::Table>,
+    /// This caller's view of each MCP server's tools (`docs/mcp.md`).
+    tools: mcp::view::ToolViews,
     /// Opens the delegation chain the agent passes on (`src/chain.rs`).
     seal: Arc<crate::chain::Seal>,
     /// Recent times to an answer's head, per hedged capability (`hedge: {after: p95}`).
@@ -133,6 +138,7 @@ impl Outbound {
             observe: ObserveLog::default(),
             tasks: None,
             affinity: Arc::default(),
+            tools: mcp::view::ToolViews::default(),
             seal: shared.seal.clone(),
             head_times: Default::default(),
         }

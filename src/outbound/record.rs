@@ -9,7 +9,7 @@ use tower::layer::Layer;
 use tower::ServiceExt;
 use tracing::Span;
 
-use super::call::{Call, Routed};
+use super::call::{Call, LastTried, Routed};
 use super::first_event::HeldEvent;
 use crate::budget::usage;
 use crate::classify::{Class, Outcome};
@@ -56,7 +56,13 @@ where
     } = routed;
     let mut response = match answer {
         Ok(response) => measured(metrics.clone(), response, label, peer, started),
-        Err(err) => refuse(metrics, &label, &peer, err, started),
+        Err(err) => {
+            let mut refused = refuse(metrics, &label, &peer, err, started);
+            if peer != "-" {
+                refused.extensions_mut().insert(LastTried(peer));
+            }
+            refused
+        }
     };
     if let Some(attempts) = attempts {
         response

@@ -105,6 +105,7 @@ mod tests {
                     idempotent: false,
                     output_schema: None,
                     a2a: None,
+                    tools: Vec::new(),
                 })
                 .collect(),
             view: ViewSnapshot {

@@ -78,6 +78,7 @@ pub fn self_view(member: &Member, live: &Live) -> SelfView {
                 idempotent: c.idempotent,
                 output_schema: c.output_schema,
                 a2a: c.a2a.clone(),
+                tools: c.tools.clone(),
             })
             .collect(),
         view: ViewSnapshot {
@@ -128,6 +129,7 @@ pub fn profile(view: &SelfView, inbound: String, identity: Option<SpiffeId>) -> 
                 idempotent: c.idempotent,
                 output_schema: c.output_schema,
                 a2a: c.a2a.clone(),
+                tools: c.tools.clone(),
             })
             .collect(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -241,6 +243,7 @@ mod tests {
                     idempotent: false,
                     output_schema: None,
                     a2a: None,
+                    tools: Vec::new(),
                 }],
                 version: "test".into(),
                 identity: None,

@@ -185,6 +185,22 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     assert_eq!(c["card_url"], "http://translate.reach/", "{c}");
     assert!(c["follow_ups"].as_u64().unwrap() > 0, "{c}");
     assert_eq!(c["reached_holder"], c["follow_ups"], "{c}");
+    // MCP: tools from the servers, listed once each; the broken search moves, nothing fails.
+    let m = &summary["mcp"];
+    assert!(m["tools_routable_after_ms"].as_f64().is_some(), "{m}");
+    for tool in ["search", "fetch", "summarize"] {
+        assert_eq!(m["listed"][tool], 1, "{m}");
+    }
+    let broken = m["broken"].as_str().unwrap();
+    assert!(m["search_after"][broken].as_u64().unwrap() <= 3, "{m}");
+    let moved: u64 = ["mcp-1", "mcp-2", "mcp-3"]
+        .iter()
+        .filter(|s| **s != broken)
+        .map(|s| m["search_after"][*s].as_u64().unwrap())
+        .sum();
+    assert!(moved >= 37, "the others took search: {m}");
+    assert_eq!(m["fetch_after"]["mcp-3"], 0, "mcp-3 has no fetch: {m}");
+    assert_eq!(m["failed_after"], 0, "{m}");
     // A delegation loop among three agents: stopped at its first turn, the chain named.
     let l = &summary["loops"];
     assert_eq!(l["status"], 508, "{l}");
@@ -245,6 +261,7 @@ fn demo_prints_a_table() {
         "quality drift",
         "membership by gossip",
         "predicted saturation",
+        "MCP:",
         "scale signal",
     ] {
         assert!(text.contains(needle), "missing {needle}:\n{text}");

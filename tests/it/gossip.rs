@@ -430,6 +430,7 @@ fn forged_item(name: &str, node: wire::NodeId, seq: u64, inbound: SocketAddr) ->
                 idempotent: false,
                 output_schema: None,
                 skill: None,
+                tools: Vec::new(),
             }],
             version: "forged".into(),
             identity: String::new(),

@@ -198,6 +198,7 @@ async fn a_profile_too_large_to_gossip_is_refused_loudly() {
             idempotent: false,
             output_schema: None,
             a2a: None,
+            tools: Vec::new(),
         });
     }
     a.handle.publish_profile(big);

@@ -46,6 +46,7 @@ mod layers;
 mod layout;
 mod limits;
 mod local_backlog;
+mod mcp_tools;
 mod mtls;
 mod observe;
 mod output_validation;

@@ -668,6 +668,7 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
             idempotent: false,
             output_schema: None,
             a2a: None,
+            tools: Vec::new(),
         }],
         version: "forged".into(),
         identity: Some(SpiffeId::parse(&b_identity).unwrap()),

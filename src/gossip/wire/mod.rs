@@ -108,8 +108,8 @@ impl ItemKind {
     pub fn version(self) -> u8 {
         match self {
             // 2: `identity` appended. 3: each capability's `output_schema` digest appended.
-            // 4: each capability's A2A `skill` facts appended.
-            Self::Profile => 4,
+            // 4: each capability's A2A `skill` facts appended. 5: each capability's MCP `tools`.
+            Self::Profile => 5,
             // 2: `saturation_predicted` appended. 3: `quality_milli` and `degraded` appended.
             // 4: `budget` appended.
             Self::Live => 4,
@@ -147,6 +147,21 @@ pub struct Capability {
     pub output_schema: Option<[u8; 32]>,
     /// What the agent's A2A card says of the skill, when the capability came from one (v4).
     pub skill: Option<Skill>,
+    /// The MCP server's tools, when the capability is an MCP server's (v5).
+    pub tools: Vec<Tool>,
+}
+
+/// An MCP tool's entry: its name routes, the rest serves the federated `tools/list` and the
+/// retry decision. The importer bounds the list to keep a profile within `MAX_ITEM`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    pub title: String,
+    /// The first 8 bytes of the SHA-256 of its canonical input schema.
+    pub schema: [u8; 8],
+    /// Bit 0: `readOnlyHint`; bit 1: `idempotentHint`. Further hints take further bits: an
+    /// older reader ignores them.
+    pub hints: u8,
 }
 
 /// An A2A skill's facts: one byte when absent; media types as written on the card, which the
@@ -324,7 +339,8 @@ impl Capability {
         w.put(&self.cost_milli)?;
         w.put(&self.idempotent)?;
         w.put(&self.output_schema)?;
-        w.put(&self.skill)
+        w.put(&self.skill)?;
+        w.put(&self.tools)
     }
 
     pub(crate) fn read(f: &mut Fields<'_>) -> Result<Self, WireError> {
@@ -336,6 +352,7 @@ impl Capability {
         let idempotent = f.take()?;
         let output_schema = f.since(3)?.flatten();
         let skill = f.since(4)?.flatten();
+        let tools = f.since(5)?.unwrap_or_default();
         Ok(Self {
             name,
             tags,
@@ -345,6 +362,7 @@ impl Capability {
             idempotent,
             output_schema,
             skill,
+            tools,
         })
     }
 }

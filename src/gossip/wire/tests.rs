@@ -77,6 +77,12 @@ fn profile_item() -> Item {
                     input_modes: vec!["text/plain".into()],
                     output_modes: vec!["text/plain".into(), "application/json".into()],
                 }),
+                tools: vec![Tool {
+                    name: "search".into(),
+                    title: "Search the web".into(),
+                    schema: [0x5c; 8],
+                    hints: 1,
+                }],
             }],
             version: "0.1.0".into(),
             identity: "spiffe://prod.example/ns/a/sa/coder".into(),
@@ -318,7 +324,8 @@ fn a_live_view_with_too_many_budgets_is_refused() {
     );
 }
 
-/// A capability as versions 1 and 2 wrote it (no `output_schema`), or 3 (no `skill`).
+/// A capability as versions 1 and 2 wrote it (no `output_schema`), 3 (no `skill`) or 4 (no
+/// `tools`).
 fn write_old_capability(w: &mut Writer, c: &Capability, version: u8) -> Result<(), WireError> {
     w.put(&c.name)?;
     w.put(&c.tags)?;
@@ -328,6 +335,9 @@ fn write_old_capability(w: &mut Writer, c: &Capability, version: u8) -> Result<(
     w.put(&c.idempotent)?;
     if version >= 3 {
         w.put(&c.output_schema)?;
+    }
+    if version >= 4 {
+        w.put(&c.skill)?;
     }
     Ok(())
 }
@@ -369,11 +379,12 @@ fn a_version_1_profile_reads_with_no_identity() {
         p.capabilities.iter_mut().for_each(|c| {
             c.output_schema = None;
             c.skill = None;
+            c.tools.clear();
         });
     }
     assert_eq!(known(decode_item(&bytes)), Some(item));
     let bytes = encode_item(&profile_item()).unwrap_or_default();
-    assert_eq!(bytes[1], 4, "written as version 4");
+    assert_eq!(bytes[1], 5, "written as version 5");
     assert_eq!(known(decode_item(&bytes)), Some(profile_item()));
 }
 
@@ -387,6 +398,7 @@ fn a_version_2_profile_reads_with_no_output_schema() {
         p.capabilities.iter_mut().for_each(|c| {
             c.output_schema = None;
             c.skill = None;
+            c.tools.clear();
         });
     }
     assert_eq!(known(decode_item(&bytes)), Some(item));
@@ -406,9 +418,55 @@ fn a_version_3_profile_reads_with_no_skill() {
     let mut item = profile_item();
     let bytes = old_profile(&item, 3);
     if let Body::Profile(p) = &mut item.body {
-        p.capabilities.iter_mut().for_each(|c| c.skill = None);
+        p.capabilities.iter_mut().for_each(|c| {
+            c.skill = None;
+            c.tools.clear();
+        });
     }
     assert_eq!(known(decode_item(&bytes)), Some(item));
+}
+
+/// A profile from a sidecar before MCP tool import (version 4) reads with no tools.
+#[test]
+fn a_version_4_profile_reads_with_no_tools() {
+    let mut item = profile_item();
+    let bytes = old_profile(&item, 4);
+    if let Body::Profile(p) = &mut item.body {
+        p.capabilities.iter_mut().for_each(|c| c.tools.clear());
+    }
+    assert_eq!(known(decode_item(&bytes)), Some(item));
+}
+
+/// A sidecar of version 4 reads this one's capability: every field it knows, the tools skipped
+/// as a newer version's appended field.
+#[test]
+fn a_version_4_reader_skips_the_tools() {
+    let Body::Profile(p) = profile_item().body else {
+        return;
+    };
+    let Some(c) = p.capabilities.first() else {
+        return;
+    };
+    let mut w = Writer::default();
+    assert!(c.write(&mut w).is_ok());
+    let bytes = w.into_bytes();
+    let mut f = Fields::new(5, 4, &bytes);
+    let name: Result<String, _> = f.take();
+    assert_eq!(name.ok().as_deref(), Some("code"));
+    // What a version-4 reader takes after the name, in its order; then `finish` skips the rest.
+    assert!(f.take::<BTreeMap<String, u16>>().is_ok());
+    assert!(f.take::<u64>().is_ok());
+    assert!(f.take::<u8>().is_ok());
+    assert!(f.take::<u32>().is_ok());
+    assert!(f.take::<bool>().is_ok());
+    assert!(f.since::<Option<[u8; 32]>>(3).is_ok());
+    let skill = f.since::<Option<Skill>>(4).ok().flatten().flatten();
+    assert_eq!(skill.map(|s| s.streaming), Some(true));
+    assert!(f.finish().is_ok(), "the appended tools are skipped");
+    // And a version-5 reader gets them back.
+    let mut f = Fields::new(5, 5, &bytes);
+    let read = Capability::read(&mut f).ok();
+    assert_eq!(read.map(|c| c.tools), Some(c.tools.clone()));
 }
 
 #[test]
@@ -503,6 +561,7 @@ mod properties {
                         idempotent,
                         output_schema,
                         skill: None,
+                        tools: Vec::new(),
                     }
                 },
             )

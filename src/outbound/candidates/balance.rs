@@ -103,6 +103,7 @@ pub(crate) mod tests {
                 target: None,
                 timeout: None,
                 max_concurrency: None,
+                tools: Default::default(),
             }),
             state: State::Healthy,
             self_state: None,

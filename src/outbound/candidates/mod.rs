@@ -15,7 +15,7 @@ use tower::layer::Layer;
 use tower::ServiceExt;
 
 use super::call::{Call, Routed};
-use super::{affinity, Outbound};
+use super::{affinity, mcp, Outbound};
 use crate::config::RouteMode;
 use crate::error::ReachError;
 use crate::http::headers;
@@ -71,6 +71,12 @@ fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
         };
         return Err(Routed::refused(UNKNOWN_CAPABILITY, err));
     }
+    // An MCP call goes to the servers that have its tool (`docs/mcp.md`).
+    let scored = match call.parts.extensions.get::<mcp::McpRoute>() {
+        Some(route) => mcp::narrow(out, route, call.capability.as_str(), scored)
+            .map_err(|err| Routed::refused(call.capability.as_str(), err))?,
+        None => scored,
+    };
     // A call whose affinity key is bound goes to the key's holder.
     let (mut scored, prefer) = match call.parts.extensions.get::<affinity::Pinned>() {
         Some(pin) => affinity::narrow(out, pin, &call, &route, scored)?,

@@ -87,6 +87,7 @@ pub(crate) fn profile(i: usize) -> Profile {
             idempotent: i % 2 == 1,
             output_schema: None,
             a2a: None,
+            tools: Vec::new(),
         }],
         version: env!("CARGO_PKG_VERSION").into(),
         identity: None,

@@ -7,7 +7,9 @@
 //! (degraded, not ejected), then a crash and a newcomer whose sidecar is set up by the
 //! injector from its pod's annotations, as in Kubernetes. Every sidecar hop is mutual TLS; last,
 //! the policy turns strict with per-capability authorization and an intruder is refused. Last,
-//! callers come and go in steps while every sidecar reports the fleet's demand ratio.
+//! callers come and go in steps while every sidecar reports the fleet's demand ratio. Between
+//! them, three MCP servers join and one's `search` tool breaks: its calls move, its other tool
+//! keeps serving.
 
 mod authorized;
 mod conversations;
@@ -15,6 +17,7 @@ mod drive;
 mod hostile;
 mod injected;
 mod loops;
+mod mcp_tools;
 mod membership;
 mod observed;
 mod predict;
@@ -39,6 +42,7 @@ pub use conversations::ConversationsSummary;
 pub use hostile::HostileSummary;
 pub use injected::Injection;
 pub use loops::LoopSummary;
+pub use mcp_tools::McpSummary;
 pub use membership::MembershipSummary;
 pub use observed::ObserveSummary;
 pub use predict::PredictSummary;
@@ -110,6 +114,9 @@ pub struct DemoSummary {
     /// A2A agents whose skills come from their cards, and conversations whose follow-ups
     /// reach the agent holding the task.
     pub conversations: ConversationsSummary,
+    /// MCP servers whose tools come from `tools/list`: the fleet's tool list, and one broken
+    /// tool's calls moving while the server's other tool keeps serving.
+    pub mcp: McpSummary,
     /// A delegation loop among three agents, stopped at its first turn by its chain.
     pub loops: LoopSummary,
     /// Demand ramping onto an agent of lower capacity: its predicted saturation ahead of the
@@ -517,6 +524,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         authorized::run(&mut fleet, Duration::from_secs(2), options.concurrency).await?;
     let tasks = tasks::run(&mut fleet).await?;
     let conversations = conversations::run(&mut fleet).await?;
+    let mcp = mcp_tools::run(&mut fleet).await?;
     let loops = loops::run().await?;
     let predict = predict::run(&mut fleet).await?;
     let scale = scale::run(&fleet).await;
@@ -538,6 +546,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         authorization,
         tasks,
         conversations,
+        mcp,
         loops,
         predict,
         scale,

@@ -377,6 +377,7 @@ pub fn render_table(s: &DemoSummary) -> String {
             .map_or("never (within 20 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
         c.card_url, c.conversations, c.agents_used, c.reached_holder, c.follow_ups
     ));
+    out.push_str(&mcp_lines(&s.mcp));
     let l = &s.loops;
     out.push_str(&format!(
         "\ndelegation loop: {} delegate in a circle; the first turn came back {} {} after {:.1} ms, refused by {}'s sidecar\n  chain: {} ({} hops); the agents ran {} calls in all, one each\n",
@@ -444,4 +445,34 @@ fn pct(part: u64, whole: u64) -> f64 {
     } else {
         100.0 * part as f64 / whole as f64
     }
+}
+
+/// The MCP act: the fleet's tool list, and a broken tool's calls moving.
+fn mcp_lines(m: &super::McpSummary) -> String {
+    let shares = |counts: &std::collections::BTreeMap<String, usize>| {
+        counts
+            .iter()
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let listed = m
+        .listed
+        .iter()
+        .map(|(name, n)| format!("{name}×{n}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!(
+        "\nMCP: three servers joined with no capability written down; their sidecars read the tools and the caller could route every tool after {}\n  the caller's tools/list through its sidecar: {listed}\n  {} calls of search and of fetch each: search {} ; fetch {}\n  then {}'s search broke (isError): search {} ; fetch {} ; {} of {} calls failed at the caller\n",
+        m.tools_routable_after_ms
+            .map_or("never (within 20 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
+        m.calls,
+        shares(&m.search_before),
+        shares(&m.fetch_before),
+        m.broken,
+        shares(&m.search_after),
+        shares(&m.fetch_after),
+        m.failed_after,
+        2 * m.calls,
+    )
 }

@@ -29,10 +29,13 @@ pub const INTERCEPT: &str = "agent-reach.io/intercept";
 /// `enabled`: the sidecar reads the agent's A2A card (`/.well-known/agent-card.json`) and serves
 /// each skill as a capability (`docs/a2a.md`).
 pub const A2A: &str = "agent-reach.io/a2a";
+/// `enabled` (the server at `/mcp`) or the MCP endpoint's path: the sidecar reads the local MCP
+/// server's tools and routes each tool call (`docs/mcp.md`).
+pub const MCP: &str = "agent-reach.io/mcp";
 /// The label injected pods carry: the gossip Service, NetworkPolicy and PodMonitor select it.
 pub const INJECTED_LABEL: &str = "agent-reach.io/injected";
 
-const KNOWN: [&str; 17] = [
+const KNOWN: [&str; 18] = [
     INJECT,
     STATUS,
     AGENT_PORT,
@@ -45,6 +48,7 @@ const KNOWN: [&str; 17] = [
     TASKS,
     INTERCEPT,
     A2A,
+    MCP,
     PROXY_CPU_REQUEST,
     PROXY_CPU_LIMIT,
     PROXY_MEMORY_REQUEST,
@@ -103,6 +107,8 @@ pub struct Settings {
     pub intercept: bool,
     /// The bootstrap's `agent.a2a`: capabilities from the agent's card.
     pub a2a: bool,
+    /// The bootstrap's `agent.mcp.path`: tools from the local MCP server.
+    pub mcp: Option<String>,
     /// Resources and log level of this pod's sidecar, over the chart's.
     pub sidecar: SidecarOverrides,
 }
@@ -122,6 +128,7 @@ impl Settings {
             tasks: config.tasks.enabled,
             intercept: config.intercept.default,
             a2a: false,
+            mcp: None,
             sidecar: SidecarOverrides::default(),
         }
     }
@@ -193,6 +200,20 @@ impl Settings {
             Some("enabled") => settings.a2a = true,
             Some(other) => return Err(invalid(A2A, other, "is not `enabled` or `disabled`")),
         }
+        match get(MCP) {
+            None | Some("disabled") => {}
+            Some("enabled") => settings.mcp = Some("/mcp".to_owned()),
+            Some(path) if path.starts_with('/') && !path.contains(char::is_whitespace) => {
+                settings.mcp = Some(path.to_owned())
+            }
+            Some(other) => {
+                return Err(invalid(
+                    MCP,
+                    other,
+                    "is not `enabled`, `disabled` or a path starting with `/`",
+                ))
+            }
+        }
         match get(INTERCEPT) {
             None => {}
             Some("inbound") => settings.intercept = true,
@@ -209,6 +230,7 @@ impl Settings {
                 ZONE,
                 PROBE_PATH,
                 A2A,
+                MCP,
             ] {
                 if annotations.contains_key(other) {
                     return Err(AnnotationError::Conflict { other });

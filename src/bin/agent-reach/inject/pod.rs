@@ -255,6 +255,10 @@ pub fn bootstrap_text(
         // The card's skills become capabilities; its defaults (the card's well-known path).
         agent.insert("a2a".into(), json!({}));
     }
+    if let Some(path) = &settings.mcp {
+        // The server's tools become entries of the `mcp` capability.
+        agent.insert("mcp".into(), json!({ "path": path }));
+    }
     bootstrap.insert("agent".into(), Value::Object(agent));
     if settings.intercept {
         // Beside `init-net`: the sidecar believes an original destination only for these ports.

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::annotations::{AnnotationError, A2A, MTLS, TASKS};
+use super::annotations::{AnnotationError, A2A, MCP, MTLS, TASKS};
 use super::config::InjectorConfig;
 use super::mtls::{TLS_DIR, TLS_VOLUME};
 use super::overrides::{
@@ -595,4 +595,26 @@ fn bad_quantities_and_a_request_above_its_limit_are_denied_naming_the_annotation
     equal[PROXY_CPU_REQUEST] = json!("0.5");
     equal[PROXY_CPU_LIMIT] = json!("500m");
     assert!(injected(&config, &new_pod(equal, None)).is_ok());
+}
+
+#[test]
+fn the_mcp_annotation_asks_for_tool_import_and_is_checked() {
+    let config = config("");
+    let mut annotations = enabled();
+    annotations[MCP] = json!("enabled");
+    let pod = match injected(&config, &new_pod(annotations.clone(), None)) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(bootstrap(&pod)["agent"]["mcp"], json!({ "path": "/mcp" }));
+    annotations[MCP] = json!("/v1/mcp");
+    let pod = injected(&config, &new_pod(annotations.clone(), None)).unwrap_or_default();
+    assert_eq!(bootstrap(&pod)["agent"]["mcp"]["path"], "/v1/mcp");
+    let plain = injected(&config, &new_pod(enabled(), None)).unwrap_or_default();
+    assert_eq!(bootstrap(&plain)["agent"].get("mcp"), None);
+    annotations[MCP] = json!("yes");
+    assert!(matches!(
+        injected(&config, &new_pod(annotations, None)),
+        Err(AnnotationError::Invalid { key: MCP, .. })
+    ));
 }

@@ -15,6 +15,7 @@
 #[allow(dead_code)]
 pub mod a2a;
 mod config;
+pub mod mcp;
 mod provider;
 
 pub use config::{Latency, MockConfig, MockStats, Mode, Workload};

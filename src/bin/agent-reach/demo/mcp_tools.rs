@@ -1,0 +1,174 @@
+//! The demo's MCP act (`docs/mcp.md`): three MCP servers join the fleet, each behind its sidecar
+//! with no capability written down — the sidecars read the servers' tools and the caller learns
+//! by gossip which server has which. The caller lists the fleet's tools through its sidecar
+//! (each once), calls `search` and `fetch`; then the busiest server's `search` breaks
+//! (`isError: true`): its `search` calls move (read-only, so a failed call is tried once more
+//! elsewhere and the caller sees no failure) while its `fetch` keeps serving.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use http::Request;
+use http_body_util::BodyExt;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::{DemoError, Fleet};
+use crate::mock_agent::mcp::{tool, McpServer};
+use agent_reach::config::{Bootstrap, McpConfig};
+use agent_reach::http::{body, client};
+use agent_reach::Sidecar;
+
+const CAPABILITY: &str = "mcp";
+const SERVERS: [&str; 3] = ["mcp-1", "mcp-2", "mcp-3"];
+/// Calls per tool in each half of the act.
+const CALLS: usize = 40;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct McpSummary {
+    /// From the servers' start to the caller routing every tool.
+    pub tools_routable_after_ms: Option<f64>,
+    /// The caller's federated `tools/list`: each tool and how many times it was listed.
+    pub listed: BTreeMap<String, usize>,
+    /// The server whose `search` broke.
+    pub broken: String,
+    /// Per server, the `search` and `fetch` calls it took before and after the break.
+    pub search_before: BTreeMap<String, usize>,
+    pub search_after: BTreeMap<String, usize>,
+    pub fetch_before: BTreeMap<String, usize>,
+    pub fetch_after: BTreeMap<String, usize>,
+    /// Calls made per tool in each half, and the failed answers the caller saw after the break.
+    pub calls: usize,
+    pub failed_after: usize,
+}
+
+pub(super) async fn run(fleet: &mut Fleet) -> Result<McpSummary, DemoError> {
+    let started = Instant::now();
+    let mut servers: Vec<(McpServer, Sidecar)> = Vec::new();
+    for (n, name) in SERVERS.iter().enumerate() {
+        let third = if n == 2 { "summarize" } else { "fetch" };
+        let server =
+            McpServer::start(name, vec![tool("search", true), tool(third, false)], false).await?;
+        let mut bootstrap = Bootstrap::local(name, server.addr, &[])
+            .map_err(DemoError::Config)?
+            .with_gossip(&fleet.seed, fleet.key_dir.join("gossip.key"));
+        bootstrap.agent.mcp = Some(McpConfig::default());
+        let bootstrap = fleet.with_tls(bootstrap, &super::agent_identity(name))?;
+        let sidecar = super::start_sidecar(bootstrap, fleet.policy.clone()).await?;
+        servers.push((server, sidecar));
+    }
+    let outbound = fleet.caller.addrs.outbound;
+    let http = client::build(&fleet.policy);
+    let mut routable = None;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let listed = tools_list(&http, outbound).await;
+        if ["search", "fetch", "summarize"]
+            .iter()
+            .all(|t| listed.contains_key(*t))
+        {
+            routable = Some(started.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let listed = tools_list(&http, outbound).await;
+    let count = |tool: &str| -> BTreeMap<String, usize> {
+        servers
+            .iter()
+            .map(|(s, _)| (s.name.to_owned(), s.served(tool)))
+            .collect()
+    };
+    for _ in 0..CALLS {
+        call(&http, outbound, "search").await;
+        call(&http, outbound, "fetch").await;
+    }
+    let (search_before, fetch_before) = (count("search"), count("fetch"));
+    // The server that took the most `search` calls breaks.
+    let busiest = search_before
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map_or(SERVERS[0].to_owned(), |(name, _)| name.clone());
+    if let Some((server, _)) = servers.iter().find(|(s, _)| s.name == busiest) {
+        server.set_failing("search");
+    }
+    let mut failed_after = 0;
+    for _ in 0..CALLS {
+        failed_after += usize::from(!call(&http, outbound, "search").await);
+        failed_after += usize::from(!call(&http, outbound, "fetch").await);
+    }
+    let minus = |after: BTreeMap<String, usize>, before: &BTreeMap<String, usize>| {
+        after
+            .into_iter()
+            .map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0)))
+            .collect()
+    };
+    let search_after = minus(count("search"), &search_before);
+    let fetch_after = minus(count("fetch"), &fetch_before);
+    for (server, sidecar) in servers {
+        sidecar.shutdown().await;
+        drop(server);
+    }
+    Ok(McpSummary {
+        tools_routable_after_ms: routable.map(|d| super::round(d.as_secs_f64() * 1000.0)),
+        listed,
+        broken: busiest,
+        search_before,
+        search_after,
+        fetch_before,
+        fetch_after,
+        calls: CALLS,
+        failed_after,
+    })
+}
+
+/// The caller's federated `tools/list`: tool name → times listed.
+async fn tools_list(
+    http: &client::UpstreamClient,
+    outbound: SocketAddr,
+) -> BTreeMap<String, usize> {
+    let answer = rpc(
+        http,
+        outbound,
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/list" }),
+    )
+    .await;
+    let mut listed = BTreeMap::new();
+    for t in answer["result"]["tools"].as_array().into_iter().flatten() {
+        if let Some(name) = t["name"].as_str() {
+            *listed.entry(name.to_owned()).or_default() += 1;
+        }
+    }
+    listed
+}
+
+/// One `tools/call` through the caller's sidecar; whether it succeeded.
+async fn call(http: &client::UpstreamClient, outbound: SocketAddr, tool: &str) -> bool {
+    let answer = rpc(
+        http,
+        outbound,
+        json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": { "name": tool, "arguments": { "q": "agents" } } }),
+    )
+    .await;
+    answer["result"]["isError"] == false
+}
+
+async fn rpc(http: &client::UpstreamClient, outbound: SocketAddr, message: Value) -> Value {
+    let Ok(request) = Request::post(format!("http://{outbound}/mcp"))
+        .header("reach-capability", CAPABILITY)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::ACCEPT, "application/json, text/event-stream")
+        .body(body::full(message.to_string()))
+    else {
+        return Value::Null;
+    };
+    let Ok(response) = http.request(request).await else {
+        return Value::Null;
+    };
+    match response.into_body().collect().await {
+        Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or_default(),
+        Err(_) => Value::Null,
+    }
+}

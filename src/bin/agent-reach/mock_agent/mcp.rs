@@ -1,0 +1,188 @@
+//! A small MCP server for tests and the demo (`docs/mcp.md`): streamable HTTP, JSON-RPC on
+//! any path, answering `initialize`, `tools/list` and `tools/call` in JSON or as event streams,
+//! and `notifications/tools/list_changed` on a GET's open event stream when a tool is added.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Channel, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::broadcast;
+
+/// A small MCP server (streamable HTTP, JSON-RPC on `POST /mcp`): its tools can change at run
+/// time, a tool can be made to fail (`isError: true`), and it remembers each tool call.
+#[derive(Clone)]
+pub struct McpServer {
+    pub name: &'static str,
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    tools: Vec<Value>,
+    failing: BTreeSet<String>,
+    served: Vec<String>,
+    /// Answer with an event stream instead of JSON.
+    sse: bool,
+    /// Tells every open GET stream that the tool list changed.
+    changes: Option<broadcast::Sender<()>>,
+}
+
+type Body = BoxBody<Bytes, std::convert::Infallible>;
+
+/// A tool with a one-string input schema.
+pub fn tool(name: &str, read_only: bool) -> Value {
+    json!({ "name": name, "title": format!("The {name} tool"),
+        "inputSchema": { "type": "object", "properties": { "q": { "type": "string" } } },
+        "annotations": { "readOnlyHint": read_only } })
+}
+
+impl McpServer {
+    /// Starts on an OS-assigned loopback port; `sse`: answers as event streams.
+    pub async fn start(name: &'static str, tools: Vec<Value>, sse: bool) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(Mutex::new(State {
+            tools,
+            sse,
+            changes: Some(broadcast::channel(4).0),
+            ..State::default()
+        }));
+        let server = Self { name, addr, state };
+        let serving = server.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let serving = serving.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(
+                        move |req: Request<hyper::body::Incoming>| {
+                            let serving = serving.clone();
+                            async move { Ok::<_, std::convert::Infallible>(serving.answer(req).await) }
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(server)
+    }
+
+    async fn answer(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        if req.method() == Method::GET {
+            return self.notifications();
+        }
+        let bytes = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let message: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let method = message["method"].as_str().unwrap_or_default().to_owned();
+        let Some(id) = message.get("id").cloned() else {
+            // A notification: accepted, no answer.
+            let mut accepted = Response::new(Full::default().boxed());
+            *accepted.status_mut() = http::StatusCode::ACCEPTED;
+            return accepted;
+        };
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let result = match method.as_str() {
+            "initialize" => json!({ "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": { "tools": { "listChanged": true } },
+                "serverInfo": { "name": self.name, "version": "1" } }),
+            "tools/list" => json!({ "tools": state.tools }),
+            "tools/call" => {
+                let tool = message["params"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                state.served.push(tool.clone());
+                let failing = state.failing.contains(&tool);
+                json!({ "content": [{ "type": "text", "text": self.name }], "isError": failing })
+            }
+            _ => json!({}),
+        };
+        let answer = json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string();
+        let (content_type, body) = if state.sse {
+            (
+                "text/event-stream",
+                format!("event: message\ndata: {answer}\n\n"),
+            )
+        } else {
+            ("application/json", answer)
+        };
+        let mut response = Response::new(Full::new(Bytes::from(body)).boxed());
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(content_type),
+        );
+        response
+    }
+
+    /// A GET: an event stream that stays open and carries `notifications/tools/list_changed`.
+    fn notifications(&self) -> Response<Body> {
+        let changes = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .changes
+            .as_ref()
+            .map(broadcast::Sender::subscribe);
+        let (mut tx, channel) = Channel::<Bytes, std::convert::Infallible>::new(4);
+        if let Some(mut changes) = changes {
+            tokio::spawn(async move {
+                while changes.recv().await.is_ok() {
+                    let note = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n\n";
+                    if tx.send_data(Bytes::from(note)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let mut response = Response::new(channel.boxed());
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/event-stream"),
+        );
+        response
+    }
+
+    /// Tool calls this server took for `tool`.
+    pub fn served(&self, tool: &str) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .served
+            .iter()
+            .filter(|t| *t == tool)
+            .count()
+    }
+
+    /// `tool` answers `isError: true` from now on.
+    pub fn set_failing(&self, tool: &str) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .failing
+            .insert(tool.to_owned());
+    }
+
+    /// `tools/list` lists `t` too from now on (the demo does not; `tests/it/mcp_tools.rs` does).
+    #[allow(dead_code)]
+    pub fn add_tool(&self, t: Value) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.tools.push(t);
+        if let Some(changes) = &state.changes {
+            let _ = changes.send(());
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! What the sidecar answers for the fleet behind an MCP capability: `tools/list` as the union
+//! of its servers' tools, each once, with the schema of the first server that lists it (asked
+//! of as few servers as cover every announced tool); and, in the stateless revision, the
+//! `initialize` handshake, which names no server.
+
+use std::sync::Arc;
+
+use http::{header, HeaderValue, Response};
+use http_body_util::BodyExt;
+use serde_json::{json, Map, Value};
+use tower::ServiceExt;
+
+use super::{McpRoute, Outbound};
+use crate::http::step::{answer, Step};
+use crate::http::upload::Upload;
+use crate::http::{body, headers, ReachBody};
+use crate::mcp::fetch::MAX_ANSWER_BYTES;
+use crate::mcp::jsonrpc::{self, STATELESS_REVISION};
+use crate::outbound::call::Call;
+use crate::registry::Peer;
+
+/// Servers asked for one federated list at most.
+const MAX_ASKED: usize = 8;
+
+/// The fleet's tools. A call within a session (`Mcp-Session-Id`) is its server's: it passes on.
+pub(super) async fn tools_list<S>(
+    out: &Outbound,
+    inner: S,
+    call: Call,
+    id: Option<Value>,
+) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    let bytes = match &call.upload {
+        Upload::Buffered(bytes) if !call.parts.headers.contains_key(headers::MCP_SESSION_ID) => {
+            bytes.clone()
+        }
+        _ => return answer(inner.oneshot(call).await),
+    };
+    let capability = call.capability.as_str();
+    let mut servers: Vec<Arc<Peer>> = out
+        .registry
+        .candidates(&call.snapshot, capability)
+        .into_iter()
+        .filter(|p| p.tools.contains_key(capability))
+        .collect();
+    let mut listed: Map<String, Value> = Map::new();
+    let mut last = None;
+    for _ in 0..MAX_ASKED {
+        let Some(next) = most_missing(&servers, capability, &listed) else {
+            break;
+        };
+        let server = servers.swap_remove(next);
+        let mut one = super::tool_call::copy(&call, bytes.clone());
+        one.parts
+            .extensions
+            .insert(McpRoute::Server(server.name.clone()));
+        let response = answer(inner.clone().oneshot(one).await);
+        match tools_of(response).await {
+            Ok(tools) => {
+                for tool in tools {
+                    if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                        listed.entry(name.to_owned()).or_insert(tool.clone());
+                    }
+                }
+            }
+            Err(response) => last = Some(response),
+        }
+    }
+    match (listed.is_empty(), last) {
+        (true, Some(failed)) => failed,
+        _ => {
+            let tools: Vec<Value> = listed.into_iter().map(|(_, t)| t).collect();
+            json_answer(&json!({ "jsonrpc": "2.0", "id": id, "result": { "tools": tools } }))
+        }
+    }
+}
+
+/// The server announcing the most tools not listed yet (none when every tool is listed).
+fn most_missing(
+    servers: &[Arc<Peer>],
+    capability: &str,
+    listed: &Map<String, Value>,
+) -> Option<usize> {
+    let missing = |p: &Arc<Peer>| {
+        p.tools.get(capability).map_or(0, |ts| {
+            ts.iter().filter(|t| !listed.contains_key(&t.name)).count()
+        })
+    };
+    let (index, count) = servers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i, missing(p)))
+        .max_by_key(|(_, n)| *n)?;
+    (count > 0).then_some(index)
+}
+
+/// The `tools` of a server's `tools/list` answer; the answer itself when it is not one.
+async fn tools_of(response: Response<ReachBody>) -> Result<Vec<Value>, Response<ReachBody>> {
+    if !response.status().is_success() {
+        return Err(response);
+    }
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let (parts, mut incoming) = response.into_parts();
+    let mut bytes = bytes::BytesMut::new();
+    while let Some(Ok(frame)) = incoming.frame().await {
+        if let Ok(data) = frame.into_data() {
+            if bytes.len() + data.len() > MAX_ANSWER_BYTES {
+                break;
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    let answer = jsonrpc::answer(&content_type, &bytes);
+    match answer
+        .as_ref()
+        .and_then(|a| a.pointer("/result/tools"))
+        .and_then(Value::as_array)
+    {
+        Some(tools) => Ok(tools.clone()),
+        None => Err(Response::from_parts(parts, body::full(bytes.freeze()))),
+    }
+}
+
+/// The stateless revision's `initialize`, answered for the fleet: it has tools, and says when
+/// their list changes.
+pub(super) fn initialize(id: Option<Value>) -> Response<ReachBody> {
+    json_answer(&json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "result": {
+            "protocolVersion": STATELESS_REVISION,
+            "capabilities": { "tools": { "listChanged": true } },
+            "serverInfo": { "name": "agent-reach", "version": env!("CARGO_PKG_VERSION") }
+        }
+    }))
+}
+
+fn json_answer(value: &Value) -> Response<ReachBody> {
+    let mut response = Response::new(body::full(value.to_string()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}

@@ -1,0 +1,141 @@
+//! MCP calls to a capability whose servers announce tools (`docs/mcp.md`): a `tools/call` goes
+//! only to servers that have the tool and whose tool works in this caller's view
+//! (`tool_call.rs`, `view.rs`); `tools/list` is answered with the fleet's tools, and a
+//! stateless `initialize` by the sidecar itself (`fleet.rs`). Any other call, and every call
+//! for a capability no MCP server announces, passes straight on: the check is one look at the
+//! registry's set of MCP capabilities, empty in a fleet without MCP.
+
+mod fleet;
+mod tool_call;
+pub(super) mod view;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::Response;
+use tower::layer::Layer;
+use tower::ServiceExt;
+
+use super::call::Call;
+use super::Outbound;
+use crate::error::ReachError;
+use crate::http::step::{self, answer, Step};
+use crate::http::upload::Upload;
+use crate::http::ReachBody;
+use crate::mcp::jsonrpc::{
+    self, Asked, METHOD_HEADER, NAME_HEADER, STATELESS_REVISION, VERSION_HEADER,
+};
+use crate::peers::Scored;
+
+/// On an MCP call's request, for the candidates step: who may take it.
+#[derive(Clone, Debug)]
+pub(super) enum McpRoute {
+    /// A `tools/call`: a server with the tool, not one this call already failed on.
+    Tool { tool: String, excluded: Vec<String> },
+    /// One server's part of a federated `tools/list`.
+    Server(String),
+}
+
+pub(super) fn layer<S>(
+    out: Arc<Outbound>,
+) -> impl Layer<S, Service = impl Step<Call, Response = Response<ReachBody>>> + Clone
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    step::layer!(out, mcp::<step::Next<S>>)
+}
+
+/// An MCP capability's tool calls, tool list and stateless `initialize`; anything else on.
+async fn mcp<S>(out: Arc<Outbound>, inner: S, call: Call) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    if !out.registry.is_mcp(call.capability.as_str()) {
+        return answer(inner.oneshot(call).await);
+    }
+    let Some(asked) = asked_of(&call) else {
+        return answer(inner.oneshot(call).await);
+    };
+    match asked.method.as_str() {
+        "tools/call" => match asked.tool {
+            Some(tool) => tool_call::routed(out, inner, call, tool).await,
+            None => answer(inner.oneshot(call).await),
+        },
+        "tools/list" => fleet::tools_list(&out, inner, call, asked.id).await,
+        "initialize" if stateless(&call, &asked) => fleet::initialize(asked.id),
+        _ => answer(inner.oneshot(call).await),
+    }
+}
+
+/// What the call asks: the stateless revision's `Mcp-Method` / `Mcp-Name` headers when present,
+/// the buffered JSON-RPC body for the rest (its id, and what the headers do not say).
+fn asked_of(call: &Call) -> Option<Asked> {
+    let headers = &call.parts.headers;
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let from_body = match &call.upload {
+        Upload::Buffered(body) => jsonrpc::asked(body),
+        Upload::Stream(..) => None,
+    };
+    match (header(METHOD_HEADER), from_body) {
+        (Some(method), body) => {
+            let body = body.unwrap_or_default();
+            Some(Asked {
+                tool: header(NAME_HEADER)
+                    .or(body.tool)
+                    .filter(|_| method == "tools/call"),
+                method,
+                ..body
+            })
+        }
+        (None, body) => body,
+    }
+}
+
+/// An `initialize` of the stateless revision, which an intermediary may answer for the fleet.
+fn stateless(call: &Call, asked: &Asked) -> bool {
+    let header = call.parts.headers.get(VERSION_HEADER).map(|v| v.as_bytes());
+    asked.revision.as_deref() == Some(STATELESS_REVISION)
+        || header == Some(STATELESS_REVISION.as_bytes())
+}
+
+/// The candidates an MCP call may go to. For a tool call: those whose server has the tool,
+/// minus the ones this call already tried; among them, those whose tool serves in this caller's
+/// view (all of them when none does: a broken tool may have mended, and trying beats refusing).
+pub(super) fn narrow(
+    out: &Outbound,
+    route: &McpRoute,
+    capability: &str,
+    scored: Vec<Scored>,
+) -> Result<Vec<Scored>, ReachError> {
+    let (tool, excluded) = match route {
+        McpRoute::Server(name) => {
+            return Ok(scored
+                .into_iter()
+                .filter(|s| &s.peer.name == name)
+                .collect())
+        }
+        McpRoute::Tool { tool, excluded } => (tool, excluded),
+    };
+    let having: Vec<Scored> = scored
+        .into_iter()
+        .filter(|s| s.peer.tool(capability, tool).is_some())
+        .filter(|s| !excluded.contains(&s.peer.name))
+        .collect();
+    if having.is_empty() {
+        return Err(ReachError::UnknownTool {
+            capability: capability.to_owned(),
+            tool: tool.clone(),
+        });
+    }
+    let now = Instant::now();
+    let serving = |s: &Scored| out.tools.serving(&s.peer.name, tool, now);
+    if having.iter().any(serving) {
+        return Ok(having.into_iter().filter(|s| serving(s)).collect());
+    }
+    Ok(having)
+}

@@ -1,0 +1,195 @@
+//! One `tools/call`: routed to a server that has the tool (the candidates step narrows with
+//! [`super::narrow`]), its answer read for how the tool did — a JSON-RPC error, a result with
+//! `isError: true`, a `5xx` or a timeout — and told to this caller's view of that server's tool. A tool its servers
+//! mark `readOnlyHint` or `idempotentHint` is tried once more on another server that has it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{header, Response};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+use super::{McpRoute, Outbound};
+use crate::error::{ReachError, Reason};
+use crate::http::step::{answer, Step};
+use crate::http::upload::Upload;
+use crate::http::{body, headers, ReachBody};
+use crate::mcp::fetch::MAX_ANSWER_BYTES;
+use crate::mcp::jsonrpc::{self, ToolOutcome};
+use crate::outbound::call::{Call, LastTried};
+
+/// Routes the call for `tool`; on a failed tool that is safe to repeat, once more elsewhere.
+pub(super) async fn routed<S>(
+    out: Arc<Outbound>,
+    inner: S,
+    call: Call,
+    tool: String,
+) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    let replay = match &call.upload {
+        Upload::Buffered(bytes) => Some(bytes.clone()),
+        Upload::Stream(..) => None,
+    };
+    let mut excluded = Vec::new();
+    let mut call = call;
+    loop {
+        call.parts.extensions.insert(McpRoute::Tool {
+            tool: tool.clone(),
+            excluded: excluded.clone(),
+        });
+        let again = replay.as_ref().map(|bytes| copy(&call, bytes.clone()));
+        let response = answer(inner.clone().oneshot(call).await);
+        let (response, failed_on) = observed(&out, &tool, response).await;
+        match (failed_on, again) {
+            (Some(peer), Some(next))
+                if excluded.is_empty() && elsewhere(&out, &next, &tool, &peer) =>
+            {
+                excluded.push(peer);
+                call = next;
+            }
+            _ => return response,
+        }
+    }
+}
+
+/// The call again, with its buffered body, for another server.
+pub(super) fn copy(call: &Call, bytes: Bytes) -> Call {
+    Call {
+        capability: call.capability.clone(),
+        parts: call.parts.clone(),
+        upload: Upload::Buffered(bytes),
+        deadline: call.deadline,
+        snapshot: call.snapshot.clone(),
+        started: call.started,
+    }
+}
+
+/// Whether the tool is safe to repeat and a server other than `failed` has it.
+fn elsewhere(out: &Outbound, call: &Call, tool: &str, failed: &str) -> bool {
+    let capability = call.capability.as_str();
+    let peers = out.registry.candidates(&call.snapshot, capability);
+    let safe = peers
+        .iter()
+        .filter_map(|p| p.tool(capability, tool))
+        .any(crate::config::ToolFacts::retry_safe);
+    safe && peers
+        .iter()
+        .any(|p| p.name != failed && p.tool(capability, tool).is_some())
+}
+
+/// The answer, read (when it is one JSON document) for how the tool did, which the view of the
+/// server's tool is told; with the server's name when the tool failed there. An event stream
+/// passes on unread, as it streams; so does an answer the sidecar made itself.
+async fn observed(
+    out: &Outbound,
+    tool: &str,
+    response: Response<ReachBody>,
+) -> (Response<ReachBody>, Option<String>) {
+    let Some(peer) = answered_by(&response) else {
+        return (response, None);
+    };
+    if response.status().is_server_error() {
+        out.tools.record(&peer, tool, false, Instant::now());
+        return (response, Some(peer));
+    }
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    // Only a JSON answer of known, bounded length is read: a longer one passes on as before.
+    let length = response
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let readable = length.is_some_and(|n| n <= MAX_ANSWER_BYTES);
+    if !content_type.starts_with("application/json") || !response.status().is_success() || !readable
+    {
+        return (response, None);
+    }
+    let (parts, incoming) = response.into_parts();
+    let bytes = match read_limited(incoming).await {
+        Ok(bytes) => bytes,
+        Err(message) => {
+            let err = ReachError::Upstream {
+                target: format!("the MCP server {peer}"),
+                message,
+            };
+            return (err.into_response(), None);
+        }
+    };
+    let outcome = jsonrpc::answer(&content_type, &bytes).map(|a| jsonrpc::tool_outcome(&a));
+    let ok = match outcome {
+        Some(ToolOutcome::Ok) => Some(true),
+        Some(ToolOutcome::ToolError | ToolOutcome::ServerError) => Some(false),
+        Some(ToolOutcome::CallerError) | None => None,
+    };
+    if let Some(ok) = ok {
+        out.tools.record(&peer, tool, ok, Instant::now());
+    }
+    let response = Response::from_parts(parts, body::full(bytes));
+    (response, (ok == Some(false)).then_some(peer))
+}
+
+/// The server whose tool the answer tells of: the agent that answered, or the one whose
+/// attempt timed out.
+fn answered_by(response: &Response<ReachBody>) -> Option<String> {
+    if let Some(agent) = response.headers().get(headers::AGENT) {
+        return agent.to_str().ok().map(str::to_owned);
+    }
+    let reason = response.headers().get(headers::REASON)?;
+    let timed_out = reason.as_bytes() == Reason::Timeout.as_str().as_bytes();
+    let tried = response.extensions().get::<LastTried>()?;
+    timed_out.then(|| tried.0.clone())
+}
+
+/// The body, up to [`MAX_ANSWER_BYTES`], read frame by frame (see `src/outbound/agent_card.rs`).
+async fn read_limited(mut body: ReachBody) -> Result<Bytes, String> {
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| e.to_string())?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > MAX_ANSWER_BYTES {
+                return Err(format!("an answer over {MAX_ANSWER_BYTES} bytes"));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(reason: Reason, tried: Option<&str>) -> Response<ReachBody> {
+        let mut response = Response::new(body::empty());
+        response
+            .headers_mut()
+            .insert(headers::REASON, headers::value(reason.as_str()));
+        if let Some(peer) = tried {
+            response.extensions_mut().insert(LastTried(peer.to_owned()));
+        }
+        response
+    }
+
+    #[test]
+    fn a_timeout_is_the_tool_of_the_server_last_tried() {
+        let timed_out = refused(Reason::Timeout, Some("a"));
+        assert_eq!(answered_by(&timed_out).as_deref(), Some("a"));
+        // Any other refusal says nothing of a server's tool.
+        assert_eq!(answered_by(&refused(Reason::Saturated, Some("a"))), None);
+        assert_eq!(answered_by(&refused(Reason::Timeout, None)), None);
+        let mut answered = Response::new(body::empty());
+        answered
+            .headers_mut()
+            .insert(headers::AGENT, headers::value("b"));
+        assert_eq!(answered_by(&answered).as_deref(), Some("b"));
+    }
+}

@@ -1,0 +1,465 @@
+//! MCP servers as capabilities (`docs/mcp.md`): three servers with overlapping tools join a
+//! gossip fleet with no capability written; their sidecars import the tools, a caller routes
+//! each `tools/call` only to servers that have the tool, moves a broken tool's calls while the
+//! server's other tools keep serving, answers `tools/list` with the fleet's tools once each,
+//! and routes a tool added at run time.
+
+use crate::support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::mock_agent::mcp::{tool, McpServer};
+use agent_reach::config::{HumanDuration, McpConfig};
+use agent_reach::{Bootstrap, Sidecar};
+use serde_json::{json, Value};
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(15);
+
+fn key_file() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "agent-reach-mcp-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gossip.key");
+    let secret: [u8; 32] = rand::random();
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&path, hex).unwrap();
+    path
+}
+
+fn fast_gossip(mut b: Bootstrap) -> Bootstrap {
+    if let Some(g) = b.gossip.as_mut() {
+        g.probe_interval = HumanDuration::from_millis(200);
+        g.probe_timeout = HumanDuration::from_millis(100);
+        g.suspect_timeout = HumanDuration::from_secs(1);
+        g.refresh_interval = HumanDuration::from_millis(300);
+    }
+    b
+}
+
+/// Three MCP servers behind their sidecars (no capability written) and a caller, one gossip
+/// fleet: a and b have `search` and `fetch`; c has `search` and `summarize`, and answers with
+/// event streams.
+struct Fleet {
+    servers: Vec<McpServer>,
+    _callees: Vec<Sidecar>,
+    caller: Sidecar,
+}
+
+async fn fleet() -> Fleet {
+    fleet_refreshing(HumanDuration::from_millis(200)).await
+}
+
+/// The fleet, its servers' tools read again every `refresh` (and on their change notices).
+async fn fleet_refreshing(refresh: HumanDuration) -> Fleet {
+    let key = key_file();
+    let servers = vec![
+        McpServer::start("a", vec![tool("search", true), tool("fetch", false)], false)
+            .await
+            .unwrap(),
+        McpServer::start("b", vec![tool("search", true), tool("fetch", false)], false)
+            .await
+            .unwrap(),
+        McpServer::start(
+            "c",
+            vec![tool("search", true), tool("summarize", false)],
+            true,
+        )
+        .await
+        .unwrap(),
+    ];
+    let mut callees: Vec<Sidecar> = Vec::new();
+    for server in &servers {
+        let seeds: Vec<SocketAddr> = callees.iter().filter_map(|s| s.addrs.gossip).collect();
+        let mut b = Bootstrap::local(server.name, server.addr, &[])
+            .unwrap()
+            .with_gossip(&seeds, key.clone());
+        b.agent.mcp = Some(McpConfig {
+            refresh,
+            ..McpConfig::default()
+        });
+        callees.push(sidecar(fast_gossip(b)).await);
+    }
+    let seeds: Vec<SocketAddr> = callees.iter().filter_map(|s| s.addrs.gossip).collect();
+    let caller = sidecar(fast_gossip(
+        Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+            .unwrap()
+            .with_gossip(&seeds, key),
+    ))
+    .await;
+    let fleet = Fleet {
+        servers,
+        _callees: callees,
+        caller,
+    };
+    for t in ["fetch", "summarize"] {
+        eventually(WAIT, &format!("{t} to be routable"), || fleet.routes(t)).await;
+    }
+    eventually(WAIT, "all three servers to have search", || async {
+        let tools = fleet.tools_list().await;
+        tools.len() == 3
+    })
+    .await;
+    fleet
+}
+
+impl Fleet {
+    fn server(&self, name: &str) -> &McpServer {
+        self.servers.iter().find(|s| s.name == name).unwrap()
+    }
+
+    /// A `tools/call` through the caller's outbound port, the tool named in the body only.
+    async fn call(&self, tool: &str) -> Reply {
+        self.call_with(tool, &[]).await
+    }
+
+    async fn call_with(&self, tool: &str, extra: &[(&str, &str)]) -> Reply {
+        let request = json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": { "name": tool, "arguments": { "q": "x" } } });
+        let mut headers = vec![
+            ("reach-capability", "mcp"),
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+        ];
+        headers.extend_from_slice(extra);
+        send(
+            &client(),
+            "POST",
+            &format!("http://{}/mcp", self.caller.addrs.outbound),
+            &headers,
+            &request.to_string(),
+        )
+        .await
+    }
+
+    async fn routes(&self, tool: &str) -> bool {
+        self.call(tool).await.status == 200
+    }
+
+    /// The caller's federated `tools/list`: tool name → how many times it is listed.
+    async fn tools_list(&self) -> BTreeMap<String, usize> {
+        let request = json!({ "jsonrpc": "2.0", "id": 9, "method": "tools/list" });
+        let reply = send(
+            &client(),
+            "POST",
+            &format!("http://{}/mcp", self.caller.addrs.outbound),
+            &[
+                ("reach-capability", "mcp"),
+                ("content-type", "application/json"),
+            ],
+            &request.to_string(),
+        )
+        .await;
+        let mut listed = BTreeMap::new();
+        if reply.status != 200 {
+            return listed;
+        }
+        let json: Value = serde_json::from_str(&reply.body).unwrap_or(Value::Null);
+        for t in json["result"]["tools"].as_array().into_iter().flatten() {
+            *listed
+                .entry(t["name"].as_str().unwrap_or("").to_owned())
+                .or_default() += 1;
+        }
+        listed
+    }
+}
+
+/// Who answered a tool call, from the text the test server puts in its result.
+fn answered_by(reply: &Reply) -> String {
+    let body = reply.body.trim();
+    // A streamed answer: the data line of its one event.
+    let json = body
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .unwrap_or(body);
+    let value: Value = serde_json::from_str(json).unwrap_or(Value::Null);
+    value["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or("-")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tool_call_goes_to_a_server_with_the_tool_and_the_fleet_lists_each_tool_once() {
+    let fleet = fleet().await;
+    // `fetch` only a and b have: c never sees it.
+    let mut who = BTreeSet::new();
+    for _ in 0..30 {
+        let reply = fleet.call("fetch").await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        who.insert(answered_by(&reply));
+    }
+    assert_eq!(fleet.server("c").served("fetch"), 0);
+    assert!(who.iter().all(|w| w == "a" || w == "b"), "{who:?}");
+    // `summarize` only c has; its answer streams as an event stream, as the server sent it.
+    let reply = fleet
+        .call_with(
+            "summarize",
+            &[("mcp-method", "tools/call"), ("mcp-name", "summarize")],
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(reply
+        .header("content-type")
+        .starts_with("text/event-stream"));
+    assert_eq!(answered_by(&reply), "c");
+    assert_eq!(fleet.server("a").served("summarize"), 0);
+    assert_eq!(fleet.server("b").served("summarize"), 0);
+    // A tool no server has is refused by the caller's sidecar.
+    let reply = fleet.call("nope").await;
+    assert_eq!(reply.status, 404, "{}", reply.body);
+    assert_eq!(reply.header("reach-reason"), "unknown_capability");
+
+    // The federated list: every tool of the fleet, once each, with its schema.
+    let listed = fleet.tools_list().await;
+    let want: BTreeMap<String, usize> = [("fetch", 1), ("search", 1), ("summarize", 1)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    assert_eq!(listed, want);
+
+    // The stateless revision's `initialize` is the sidecar's to answer.
+    let request = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2026-07-28", "capabilities": {},
+            "clientInfo": { "name": "t", "version": "1" } } });
+    let reply = send(
+        &client(),
+        "POST",
+        &format!("http://{}/mcp", fleet.caller.addrs.outbound),
+        &[
+            ("reach-capability", "mcp"),
+            ("content-type", "application/json"),
+        ],
+        &request.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let init = reply.json();
+    assert_eq!(
+        init["result"]["serverInfo"]["name"], "agent-reach",
+        "{init}"
+    );
+    assert_eq!(init["result"]["protocolVersion"], "2026-07-28");
+    // The session revision's `initialize` goes to a server, which the session then stays on.
+    let request = request.to_string().replace("2026-07-28", "2025-06-18");
+    let reply = send(
+        &client(),
+        "POST",
+        &format!("http://{}/mcp", fleet.caller.addrs.outbound),
+        &[
+            ("reach-capability", "mcp"),
+            ("content-type", "application/json"),
+        ],
+        &request,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let server = result_of(&reply)["serverInfo"]["name"].clone();
+    assert!(["a", "b", "c"].iter().any(|n| server == *n), "{server}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_tool_moves_its_calls_while_the_servers_other_tools_keep_serving() {
+    let fleet = fleet().await;
+    let (a, b) = (fleet.server("a"), fleet.server("b"));
+    // a's `search` fails from now on; `search` is read-only, so a failed call is tried again
+    // on another server and the caller never sees the failure.
+    a.set_failing("search");
+    let before = a.served("search");
+    for _ in 0..40 {
+        let reply = fleet.call("search").await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(result_of(&reply)["isError"], false, "{}", reply.body);
+        assert_ne!(answered_by(&reply), "a");
+    }
+    let failed_on_a = a.served("search") - before;
+    assert!(
+        failed_on_a <= 3,
+        "a's broken search got {failed_on_a} calls after it broke"
+    );
+    // Now b's `fetch` breaks too (not retry-safe: its failures reach the caller until the view
+    // moves the calls): a's `fetch` takes them, though a's `search` is broken. One broken tool
+    // takes nothing from the server's other tools.
+    b.set_failing("fetch");
+    let (a_before, b_before) = (a.served("fetch"), b.served("fetch"));
+    let mut failed = 0;
+    for _ in 0..30 {
+        let reply = fleet.call("fetch").await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        if result_of(&reply)["isError"] == true {
+            failed += 1;
+        }
+    }
+    assert!(failed <= 3, "{failed} fetch calls failed");
+    assert!(b.served("fetch") - b_before <= 3);
+    assert!(
+        a.served("fetch") - a_before >= 27,
+        "a's fetch took b's calls"
+    );
+    assert_eq!(
+        a.served("search") - before,
+        failed_on_a,
+        "a's search stays passed over"
+    );
+}
+
+/// The `result` of a tool call's answer, JSON or event stream.
+fn result_of(reply: &Reply) -> Value {
+    let json = reply
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .unwrap_or(&reply.body);
+    serde_json::from_str::<Value>(json).unwrap_or(Value::Null)["result"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_added_at_run_time_is_routable_within_seconds() {
+    // Read again only every minute: the server's `notifications/tools/list_changed` is what
+    // brings the new tool in.
+    let fleet = fleet_refreshing(HumanDuration::from_secs(60)).await;
+    let reply = fleet.call("translate").await;
+    assert_eq!(reply.status, 404, "{}", reply.body);
+    fleet.server("b").add_tool(tool("translate", false));
+    let started = tokio::time::Instant::now();
+    eventually(Duration::from_secs(5), "translate to be routable", || {
+        fleet.routes("translate")
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(answered_by(&fleet.call("translate").await), "b");
+    let listed = fleet.tools_list().await;
+    assert_eq!(listed.get("translate"), Some(&1), "{listed:?}");
+}
+
+/// The venv's python (`tests/sdk/venv.sh` builds it on first use); `None` when the package
+/// index is unreachable (its exit code 3), as in `tests/it/sdk.rs`.
+fn venv_python() -> Option<PathBuf> {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("bash")
+        .arg(repo.join("tests/sdk/venv.sh"))
+        .current_dir(repo)
+        .output()
+        .expect("bash runs tests/sdk/venv.sh");
+    match out.status.code() {
+        Some(0) => {
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            stdout.lines().last().map(|l| PathBuf::from(l.trim()))
+        }
+        Some(3) => None,
+        _ => panic!(
+            "tests/sdk/venv.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// The official SDK's server (`tests/sdk/mcp_agent.py`), killed when dropped.
+struct SdkServer(std::process::Child);
+
+impl Drop for SdkServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sdk_server(python: &std::path::Path, name: &str) -> (SdkServer, SocketAddr) {
+    use std::io::BufRead;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/mcp_agent.py");
+    let mut child = std::process::Command::new(python)
+        .arg(script)
+        .arg(name)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    let port = serde_json::from_str::<Value>(&line).unwrap()["port"]
+        .as_u64()
+        .unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], u16::try_from(port).unwrap()));
+    (SdkServer(child), addr)
+}
+
+/// The official `mcp` SDK's server behind a sidecar with `agent.mcp`: its tools are imported
+/// (over its sessions, in whichever form it answers), and a caller on the stateless revision
+/// lists and calls them through its own sidecar.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdk_servers_tools_are_imported_and_routed() {
+    let Some(python) = tokio::task::spawn_blocking(venv_python).await.unwrap() else {
+        println!("skipping: the SDK venv cannot be built");
+        return;
+    };
+    let (_server, addr) = tokio::task::spawn_blocking(move || sdk_server(&python, "sdk-1"))
+        .await
+        .unwrap();
+    let key = key_file();
+    let mut b = Bootstrap::local("sdk-1", addr, &[])
+        .unwrap()
+        .with_gossip(&[], key.clone());
+    b.agent.mcp = Some(McpConfig {
+        refresh: HumanDuration::from_millis(500),
+        ..McpConfig::default()
+    });
+    let callee = sidecar(fast_gossip(b)).await;
+    let seed = [callee.addrs.gossip.unwrap()];
+    let caller = sidecar(fast_gossip(
+        Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+            .unwrap()
+            .with_gossip(&seed, key),
+    ))
+    .await;
+    let url = format!("http://{}/mcp", caller.addrs.outbound);
+    let headers = |method: &'static str| {
+        vec![
+            ("reach-capability", "mcp"),
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", method),
+        ]
+    };
+    // The stateless revision's envelope, as its SDK client sends it on every request.
+    let meta = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {} });
+    let list = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/list",
+        "params": { "_meta": meta } })
+    .to_string();
+    eventually(WAIT, "the SDK server's tools to be listed", || async {
+        let reply = send(&client(), "POST", &url, &headers("tools/list"), &list).await;
+        let tools: BTreeSet<String> = result_of(&reply)["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str().map(str::to_owned))
+            .collect();
+        tools == BTreeSet::from(["count".to_owned(), "whoami".to_owned()])
+    })
+    .await;
+    let call = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": { "name": "whoami", "arguments": {}, "_meta": meta } })
+    .to_string();
+    let mut with_name = headers("tools/call");
+    with_name.push(("mcp-name", "whoami"));
+    let reply = send(&client(), "POST", &url, &with_name, &call).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let text = result_of(&reply)["content"][0]["text"].clone();
+    assert!(
+        text.as_str()
+            .is_some_and(|t| t.starts_with("sdk-1 session")),
+        "{}",
+        reply.body
+    );
+}
