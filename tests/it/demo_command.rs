@@ -238,6 +238,43 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
         sc["failed"].as_u64().unwrap() * 100 <= sc["calls"].as_u64().unwrap(),
         "{sc}"
     );
+
+    // coder-2's model account drains. Budget-aware: its headroom falls, its share drops under
+    // 5 % with budget left, and no call hits a 429, the caller's or an agent's model call.
+    let b = &summary["budget"];
+    assert_eq!(b["agent"], "coder-2", "{b}");
+    let aware = &b["aware"];
+    let samples = aware["samples"].as_array().unwrap();
+    assert!(samples.len() >= 2, "{b}");
+    assert!(samples[0]["share"].as_f64().unwrap() > 0.1, "{b}");
+    assert!(
+        samples
+            .iter()
+            .any(|s| s["headroom"].as_f64().is_some_and(|h| h < 1.0)),
+        "its headroom fell: {b}"
+    );
+    assert!(aware["out_after_s"].as_f64().is_some(), "{b}");
+    assert!(aware["left_when_out"].as_u64().unwrap() > 0, "{b}");
+    assert_eq!(aware["caller_429"], 0, "{b}");
+    assert_eq!(aware["agent_429"], 0, "{b}");
+    assert!(
+        aware["caller_failed"].as_u64().unwrap() * 100 <= aware["calls"].as_u64().unwrap(),
+        "{b}"
+    );
+    // Budget awareness off (the agents call their providers directly): it keeps its share
+    // until the budget is gone, and its model calls hit 429s.
+    let unaware = &b["unaware"];
+    assert!(
+        unaware["samples"][0]["share"].as_f64().unwrap() > 0.1,
+        "{b}"
+    );
+    assert!(unaware["samples"][0]["headroom"].is_null(), "{b}");
+    assert!(unaware["agent_429"].as_u64().unwrap() > 0, "{b}");
+    assert_eq!(
+        unaware["left_when_out"].as_u64().unwrap_or(0),
+        0,
+        "not out while budget was left: {b}"
+    );
 }
 
 #[test]
@@ -263,6 +300,7 @@ fn demo_prints_a_table() {
         "predicted saturation",
         "MCP:",
         "scale signal",
+        "model budget",
     ] {
         assert!(text.contains(needle), "missing {needle}:\n{text}");
     }

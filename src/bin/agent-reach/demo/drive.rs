@@ -20,6 +20,8 @@ pub(super) struct Call {
     /// When it finished, from the start of the demo.
     pub(super) at: Duration,
     pub(super) ok: bool,
+    /// The answer's status; 0 when none came.
+    pub(super) status: u16,
     pub(super) ms: f64,
 }
 
@@ -73,20 +75,21 @@ pub(super) async fn traffic(
                     let request = Request::post(format!("http://{outbound}/review"))
                         .header(headers::CAPABILITY, capability)
                         .body(body::full("def f(): pass"));
-                    let ok = match request {
+                    let (ok, status) = match request {
                         Ok(request) => match client.request(request).await {
                             Ok(response) => {
                                 let status = response.status();
-                                response.into_body().collect().await.is_ok()
-                                    && status == StatusCode::OK
+                                let read = response.into_body().collect().await.is_ok();
+                                (read && status == StatusCode::OK, status.as_u16())
                             }
-                            Err(_) => false,
+                            Err(_) => (false, 0),
                         },
-                        Err(_) => false,
+                        Err(_) => (false, 0),
                     };
                     calls.push(Call {
                         at: started.elapsed(),
                         ok,
+                        status,
                         ms: sent.elapsed().as_secs_f64() * 1000.0,
                     });
                 }

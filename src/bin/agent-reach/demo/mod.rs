@@ -9,9 +9,11 @@
 //! the policy turns strict with per-capability authorization and an intruder is refused. Last,
 //! callers come and go in steps while every sidecar reports the fleet's demand ratio. Between
 //! them, three MCP servers join and one's `search` tool breaks: its calls move, its other tool
-//! keeps serving.
+//! keeps serving. After them all, coder-2's model account drains: its share falls before its
+//! provider's first 429, and the same again with budget awareness off for comparison.
 
 mod authorized;
+mod budget;
 mod conversations;
 mod drive;
 mod hostile;
@@ -38,6 +40,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 pub use authorized::AuthorizationSummary;
+pub use budget::BudgetSummary;
 pub use conversations::ConversationsSummary;
 pub use hostile::HostileSummary;
 pub use injected::Injection;
@@ -124,6 +127,9 @@ pub struct DemoSummary {
     pub predict: PredictSummary,
     /// Callers added in steps and removed: the fleet's demand ratio, the signal to scale on.
     pub scale: ScaleSummary,
+    /// coder-2's model account drains: its share falls before any 429, then the same with
+    /// budget awareness off.
+    pub budget: BudgetSummary,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -529,6 +535,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
     let predict = predict::run(&mut fleet).await?;
     let scale = scale::run(&fleet).await;
     fleet.shutdown().await;
+    let budget = budget::run(options.concurrency).await?;
     let fault = report::fault_summary(AGENTS[BROKEN], &samples, &calls.take(), fault_at, heal_at);
     Ok(DemoSummary {
         duration_s: round(elapsed.as_secs_f64()),
@@ -550,6 +557,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         loops,
         predict,
         scale,
+        budget,
     })
 }
 

@@ -405,6 +405,7 @@ pub fn render_table(s: &DemoSummary) -> String {
         p.calls
     ));
     out.push_str(&scale_lines(&s.scale));
+    out.push_str(&budget_lines(&s.budget));
     let t = &s.total;
     out.push_str(&format!(
         "\ncaller saw {} calls: {} ok ({:.2}%), {} failed; p50 {:.1} ms, p95 {:.1} ms; {:.0} calls/s\n",
@@ -436,6 +437,47 @@ fn scale_lines(s: &super::ScaleSummary) -> String {
         spread,
         s.failed,
         s.calls
+    )
+}
+
+/// The model-budget act: the drained agent's headroom and share over time, aware and not.
+fn budget_lines(b: &super::BudgetSummary) -> String {
+    let run = |r: &super::budget::BudgetRun| {
+        let samples: Vec<String> = r
+            .samples
+            .iter()
+            .map(|x| {
+                let headroom = x.headroom.map_or("-".to_owned(), |h| format!("{h:.2}"));
+                format!(
+                    "{:.1}s {headroom}/{:.0}%/{}",
+                    x.at_s,
+                    100.0 * x.share,
+                    x.left
+                )
+            })
+            .collect();
+        let out = match (r.out_after_s, r.left_when_out) {
+            (Some(at), Some(left)) => format!("under 5 % at {at:.1} s with {left} left"),
+            _ => "never under 5 %".to_owned(),
+        };
+        format!(
+            "headroom/share/left: {}\n    {out}; {} calls hit a 429 for callers, {} for agents; {} of {} calls failed\n",
+            samples.join(" "),
+            r.caller_429,
+            r.agent_429,
+            r.caller_failed,
+            r.calls
+        )
+    };
+    format!(
+        "\nmodel budget: {}'s model account drains ({} requests per {:.0} s; the others {})\n  aware   {}  unaware ({}): {}",
+        b.agent,
+        b.budget,
+        b.window_s,
+        b.others_budget,
+        run(&b.aware),
+        b.unaware_by,
+        run(&b.unaware)
     )
 }
 
