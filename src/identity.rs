@@ -23,6 +23,9 @@ pub struct SpiffeId(Arc<str>);
 pub enum Expected {
     Exactly(SpiffeId),
     TrustDomain,
+    /// An external target's `https://` endpoint: a server certificate for its host, by a chain
+    /// to the Mozilla roots or the target's `ca_file` (no SPIFFE ID).
+    Server(std::sync::Arc<crate::transport::TargetTls>),
 }
 
 impl fmt::Display for Expected {
@@ -30,6 +33,7 @@ impl fmt::Display for Expected {
         match self {
             Expected::Exactly(id) => f.write_str(id.as_str()),
             Expected::TrustDomain => f.write_str("any identity of the trust domain"),
+            Expected::Server(tls) => fmt::Display::fmt(tls, f),
         }
     }
 }

@@ -8,11 +8,13 @@ pub mod accept;
 pub mod certs;
 pub mod connect;
 pub mod mtls;
+pub mod target_tls;
 
 use std::net::SocketAddr;
 
 pub use accept::{Accept, Mesh, MeshIo, PlainTcp, Tls};
 pub use connect::{negotiated_h2, Connect, ConnectMesh, ConnectTcp, MeshConnectError, TcpSettings};
+pub use target_tls::{TargetTls, TargetTlsError};
 
 /// The verified identity of the client a request came from (the SPIFFE ID of the certificate it
 /// presented in the TLS handshake). The accept loop puts it in the request's extensions; a

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::mock_agent::MockConfig;
-use agent_reach::config::{ExternalTarget, HostPort, Name, Policy, RateLimit};
+use agent_reach::config::{ExternalTarget, Name, Policy, RateLimit, TargetEndpoint};
 use agent_reach::Bootstrap;
 use support::*;
 
@@ -16,7 +16,8 @@ fn target(addr: SocketAddr, rate_limit: Option<RateLimit>) -> ExternalTarget {
     ExternalTarget {
         name: Name::parse("inventory").unwrap(),
         capability: Name::parse("inventory").unwrap(),
-        endpoints: vec![HostPort::parse(&addr.to_string()).unwrap()],
+        endpoints: vec![TargetEndpoint::parse(&addr.to_string()).unwrap()],
+        ca_file: None,
         timeout: None,
         max_concurrency: Some(8),
         rate_limit,
