@@ -16,28 +16,6 @@ const MAX_LEN: usize = 2048;
 #[serde(transparent)]
 pub struct SpiffeId(Arc<str>);
 
-/// Who a peer must prove to be in its TLS handshake: the identity it announced, or, for a peer
-/// that announced none (a static peer without `identity`, under `strict`), any workload of this
-/// sidecar's trust domain.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Expected {
-    Exactly(SpiffeId),
-    TrustDomain,
-    /// An external target's `https://` endpoint: a server certificate for its host, by a chain
-    /// to the Mozilla roots or the target's `ca_file` (no SPIFFE ID).
-    Server(std::sync::Arc<crate::transport::TargetTls>),
-}
-
-impl fmt::Display for Expected {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Expected::Exactly(id) => f.write_str(id.as_str()),
-            Expected::TrustDomain => f.write_str("any identity of the trust domain"),
-            Expected::Server(tls) => fmt::Display::fmt(tls, f),
-        }
-    }
-}
-
 /// An identity pattern: a SPIFFE ID whose path segments (and trust domain) may be `*`, which
 /// matches exactly one segment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -11,7 +11,8 @@ use serde::Serialize;
 
 use crate::config::{ExternalTarget, MtlsMode, Snapshot, StaticPeer, ToolFacts};
 use crate::gossip::Member;
-use crate::identity::{Expected, SpiffeId};
+use crate::identity::SpiffeId;
+use crate::transport::Expected;
 
 /// A peer sidecar that can take calls for some capabilities.
 #[derive(Clone, Debug, Serialize, PartialEq)]

@@ -42,6 +42,8 @@ pub use policy::{
 };
 pub use quality::{Compare, GoldenTask, QualitySpec};
 pub use restart_only::{PendingRestart, RestartOnly, RESTART_ONLY};
+mod ca_bundle;
+pub use ca_bundle::{read_ca_bundle, CaBundleError};
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency, TargetEndpoint};
 pub use tasks::{EscalationPolicy, Host, QueueRounds, StoreLocation, TasksConfig};
 pub use watch::{spawn_watcher, OnReload, ReloadResult};

@@ -735,7 +735,7 @@ pub(super) fn resolve_ca_files(
         if let Some(base) = base.filter(|_| ca_file.is_relative()) {
             *ca_file = base.join(&*ca_file);
         }
-        if let Err(err) = crate::transport::target_tls::read_bundle(ca_file) {
+        if let Err(err) = super::ca_bundle::read_ca_bundle(ca_file) {
             return Err((
                 written,
                 format!("targets[`{}`].ca_file: {err}", target.name),

@@ -9,20 +9,14 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, RootCertStore};
 
 /// Why a target's TLS could not be set up or its handshake failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetTlsError {
-    #[error("cannot read the CA bundle `{path}`: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("the CA bundle `{path}` {message}")]
-    Bundle { path: String, message: String },
+    #[error(transparent)]
+    Bundle(#[from] crate::config::CaBundleError),
     #[error("`{0}` is not a TLS server name")]
     BadName(String),
     #[error("TLS setup failed: {0}")]
@@ -34,35 +28,6 @@ pub enum TargetTlsError {
         host: String,
         source: std::io::Error,
     },
-}
-
-/// The CA certificates of a PEM bundle: at least one, each a trust anchor.
-pub fn read_bundle(path: &Path) -> Result<RootCertStore, TargetTlsError> {
-    let shown = || path.display().to_string();
-    let pem = std::fs::read(path).map_err(|source| TargetTlsError::Read {
-        path: shown(),
-        source,
-    })?;
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| TargetTlsError::Bundle {
-            path: shown(),
-            message: format!("is not PEM certificates: {e:?}"),
-        })?;
-    if certs.is_empty() {
-        return Err(TargetTlsError::Bundle {
-            path: shown(),
-            message: "holds no certificate".to_owned(),
-        });
-    }
-    let mut roots = RootCertStore::empty();
-    for cert in certs {
-        roots.add(cert).map_err(|e| TargetTlsError::Bundle {
-            path: shown(),
-            message: format!("holds a certificate that is not a CA: {e}"),
-        })?;
-    }
-    Ok(roots)
 }
 
 /// How one target's `https://` endpoints are dialled: the server name to check (and send as
@@ -150,7 +115,7 @@ fn client(
     ca_file: Option<&Path>,
 ) -> Result<(ServerName<'static>, Arc<ClientConfig>), TargetTlsError> {
     let roots = match ca_file {
-        Some(path) => read_bundle(path)?,
+        Some(path) => crate::config::read_ca_bundle(path)?,
         None => RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         },

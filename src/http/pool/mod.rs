@@ -44,8 +44,8 @@ use super::client::{self, Failure};
 use super::{headers, ReachBody};
 use crate::config::{PeerProtocol, Policy};
 use crate::error::ReachError;
-use crate::identity::Expected;
 use crate::transport::ConnectMesh;
+use crate::transport::Expected;
 
 mod h2;
 
