@@ -16,24 +16,6 @@ const MAX_LEN: usize = 2048;
 #[serde(transparent)]
 pub struct SpiffeId(Arc<str>);
 
-/// Who a peer must prove to be in its TLS handshake: the identity it announced, or, for a peer
-/// that announced none (a static peer without `identity`, under `strict`), any workload of this
-/// sidecar's trust domain.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Expected {
-    Exactly(SpiffeId),
-    TrustDomain,
-}
-
-impl fmt::Display for Expected {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Expected::Exactly(id) => f.write_str(id.as_str()),
-            Expected::TrustDomain => f.write_str("any identity of the trust domain"),
-        }
-    }
-}
-
 /// An identity pattern: a SPIFFE ID whose path segments (and trust domain) may be `*`, which
 /// matches exactly one segment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

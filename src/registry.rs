@@ -11,7 +11,8 @@ use serde::Serialize;
 
 use crate::config::{ExternalTarget, MtlsMode, Snapshot, StaticPeer, ToolFacts};
 use crate::gossip::Member;
-use crate::identity::{Expected, SpiffeId};
+use crate::identity::SpiffeId;
+use crate::transport::Expected;
 
 /// A peer sidecar that can take calls for some capabilities.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -41,6 +42,9 @@ pub struct Peer {
     /// (announced in gossip; `docs/mcp.md`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tools: BTreeMap<String, Vec<ToolFacts>>,
+    /// An external target's `https://` endpoint: how it is dialled over TLS.
+    #[serde(skip)]
+    pub tls: Option<Arc<crate::transport::TargetTls>>,
 }
 
 impl Peer {
@@ -62,6 +66,7 @@ impl Peer {
             max_concurrency: None,
             identity: peer.identity.clone(),
             tools: BTreeMap::new(),
+            tls: None,
         }
     }
 
@@ -84,10 +89,12 @@ impl Peer {
                 .filter(|c| !c.tools.is_empty())
                 .map(|c| (c.name.clone(), c.tools.clone()))
                 .collect(),
+            tls: None,
         }
     }
 
-    /// One peer per endpoint of an external target, named `<target>-<n>`.
+    /// One peer per endpoint of an external target, named `<target>-<n>`; an `https://` one
+    /// with its TLS.
     pub fn from_target(target: &ExternalTarget) -> Vec<Self> {
         target
             .endpoints
@@ -95,7 +102,7 @@ impl Peer {
             .enumerate()
             .map(|(i, endpoint)| Self {
                 name: format!("{}-{}", target.name, i + 1),
-                address: endpoint.to_string(),
+                address: endpoint.address().to_string(),
                 zone: String::new(),
                 region: String::new(),
                 capabilities: vec![target.capability.to_string()],
@@ -105,6 +112,7 @@ impl Peer {
                 max_concurrency: target.max_concurrency,
                 identity: None,
                 tools: BTreeMap::new(),
+                tls: endpoint.is_tls().then(|| target_tls(target, endpoint)),
             })
             .collect()
     }
@@ -118,6 +126,9 @@ impl Peer {
     /// announces no identity is called in plaintext only outside `strict` — in `strict` over TLS
     /// all the same, to any SVID of the trust domain.
     pub fn dial_identity(&self, mode: MtlsMode) -> Option<Expected> {
+        if let Some(tls) = &self.tls {
+            return Some(Expected::Server(tls.clone()));
+        }
         match (mode, &self.identity) {
             (MtlsMode::Disabled, _) => None,
             _ if self.is_external() => None,
@@ -126,6 +137,25 @@ impl Peer {
             (MtlsMode::Strict, None) => Some(Expected::TrustDomain),
         }
     }
+}
+
+/// The TLS of an external target's `https://` endpoint: set up when the config was checked, so
+/// a failure here is a bundle removed since; its handshakes fail then, saying why.
+fn target_tls(
+    target: &ExternalTarget,
+    endpoint: &crate::config::TargetEndpoint,
+) -> Arc<crate::transport::TargetTls> {
+    let port = endpoint
+        .address()
+        .as_str()
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or(443);
+    Arc::new(crate::transport::TargetTls::or_failing(
+        endpoint.host(),
+        port,
+        target.ca_file.as_deref(),
+    ))
 }
 
 /// The peers config declares (the bootstrap's static list and the policy's external targets),

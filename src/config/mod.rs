@@ -42,7 +42,9 @@ pub use policy::{
 };
 pub use quality::{Compare, GoldenTask, QualitySpec};
 pub use restart_only::{PendingRestart, RestartOnly, RESTART_ONLY};
-pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency};
+mod ca_bundle;
+pub use ca_bundle::{read_ca_bundle, CaBundleError};
+pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency, TargetEndpoint};
 pub use tasks::{EscalationPolicy, Host, QueueRounds, StoreLocation, TasksConfig};
 pub use watch::{spawn_watcher, OnReload, ReloadResult};
 
@@ -124,7 +126,20 @@ pub fn parse_bootstrap(path: &Path, text: &str) -> Result<Bootstrap, ConfigError
 }
 
 pub fn parse_policy(path: &Path, text: &str) -> Result<Policy, ConfigError> {
-    yaml::parse_checked(path, text, policy::RULES)
+    let mut policy: Policy = yaml::parse_checked(path, text, policy::RULES)?;
+    // CA bundles are read now, beside the policy, so `check` and a reload refuse an unreadable
+    // one like any other bad value.
+    let base = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Err((written, message)) = policy::resolve_ca_files(&mut policy.targets, base) {
+        let (line, column) = yaml::locate(text, &written);
+        return Err(ConfigError::Invalid {
+            path: path.display().to_string(),
+            line,
+            column,
+            message,
+        });
+    }
+    Ok(policy)
 }
 
 pub fn read_file(path: &Path) -> Result<String, ConfigError> {
@@ -452,6 +467,36 @@ fn merge_card(capabilities: &mut Vec<Capability>, card: &[Capability]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_endpoint_scheme_or_an_unreadable_ca_bundle_is_refused_with_its_line() {
+        let target = |endpoint: &str, ca: &str| {
+            format!("targets:\n  - name: llm\n    capability: llm\n    endpoints: [{endpoint}]\n    ca_file: {ca}\n")
+        };
+        let err = |text: &str| {
+            parse_policy(Path::new("/nowhere/p.yaml"), text)
+                .err()
+                .map(|e| e.to_string())
+        };
+        let scheme = err(&target("ftp://x:21", "ca.pem")).unwrap_or_default();
+        assert!(scheme.starts_with("/nowhere/p.yaml:4:"), "{scheme}");
+        assert!(scheme.contains("scheme `ftp` is not supported"), "{scheme}");
+        let missing = err(&target("https://x", "ca.pem")).unwrap_or_default();
+        assert!(missing.starts_with("/nowhere/p.yaml:5:14: targets[`llm`].ca_file: cannot read the CA bundle `/nowhere/ca.pem`"), "{missing}");
+        let dir = std::env::temp_dir().join(format!("reach-ca-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let junk = dir.join("junk.pem");
+        let _ = std::fs::write(&junk, "not a certificate\n");
+        let empty = err(&target("https://x", &junk.display().to_string())).unwrap_or_default();
+        assert!(
+            empty.contains(":5:14: targets[`llm`].ca_file: the CA bundle")
+                && empty.contains("holds no certificate"),
+            "{empty}"
+        );
+        let plain = err(&target("x:80", "ca.pem")).unwrap_or_default();
+        assert!(plain.contains("no `https://` endpoint"), "{plain}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_probe_that_could_never_be_sent_is_rejected_where_it_is_written() {

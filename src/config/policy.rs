@@ -5,7 +5,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use super::bounds::{ms, secs, Row, Rule, DAY, HOUR, MINUTE, MS, ZERO};
 use super::duration::HumanDuration;
 use super::mesh::{Authorization, MtlsPolicy};
-use super::scalar::{HostPort, Name, NumVisitor};
+use super::scalar::{Name, NumVisitor, TargetEndpoint};
 use super::tasks::{CallbacksPolicy, EscalationPolicy, QueueRounds};
 use crate::reach::{EstimateParams, StateParams, Weights};
 
@@ -691,7 +691,12 @@ impl Default for RetryPolicy {
 pub struct ExternalTarget {
     pub name: Name,
     pub capability: Name,
-    pub endpoints: Vec<HostPort>,
+    /// `host:port` (plain HTTP) or `https://host[:port]` (TLS: SNI and `Host` from the endpoint).
+    pub endpoints: Vec<TargetEndpoint>,
+    /// A PEM bundle of the CAs trusted for this target's `https://` endpoints instead of the
+    /// Mozilla roots built in; relative to the policy file's folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
     #[serde(default)]
     pub timeout: Option<HumanDuration>,
     /// Calls in flight from this sidecar to one endpoint; beyond it the endpoint is passed over.
@@ -704,6 +709,40 @@ pub struct ExternalTarget {
     /// group share what any of them learns of it (docs/model-budgets.md).
     #[serde(default)]
     pub budget_group: Option<Name>,
+}
+
+/// Makes the targets' relative `ca_file` paths relative to `base` (the policy's folder) and
+/// reads each bundle: an unreadable or empty one, or one on a target with no `https://`
+/// endpoint, is refused with the path as written (to locate it) and why.
+pub(super) fn resolve_ca_files(
+    targets: &mut [ExternalTarget],
+    base: Option<&std::path::Path>,
+) -> Result<(), (String, String)> {
+    for target in targets {
+        let Some(ca_file) = &mut target.ca_file else {
+            continue;
+        };
+        let written = ca_file.display().to_string();
+        if !target.endpoints.iter().any(TargetEndpoint::is_tls) {
+            return Err((
+                written,
+                format!(
+                    "targets[`{}`].ca_file: the target has no `https://` endpoint to trust it for",
+                    target.name
+                ),
+            ));
+        }
+        if let Some(base) = base.filter(|_| ca_file.is_relative()) {
+            *ca_file = base.join(&*ca_file);
+        }
+        if let Err(err) = super::ca_bundle::read_ca_bundle(ca_file) {
+            return Err((
+                written,
+                format!("targets[`{}`].ca_file: {err}", target.name),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]

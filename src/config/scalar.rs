@@ -101,6 +101,96 @@ impl<'de> Deserialize<'de> for HostPort {
     }
 }
 
+/// An external target's endpoint: `host:port` (plain HTTP), `http://host[:port]`, or
+/// `https://host[:port]` (TLS to `host`, port 443 by default). Shown as written.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, Hash)]
+#[serde(into = "String")]
+pub struct TargetEndpoint {
+    written: String,
+    /// Where it is dialled: `host:port`.
+    address: HostPort,
+    tls: bool,
+}
+
+impl TargetEndpoint {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (rest, tls, port) = match text.split_once("://") {
+            None => return HostPort::parse(text).map(Self::plain),
+            Some(("https", rest)) => (rest, true, 443),
+            Some(("http", rest)) => (rest, false, 80),
+            Some((scheme, _)) => {
+                return Err(format!(
+                    "`{text}`: scheme `{scheme}` is not supported: an endpoint is `host:port`, `http://host[:port]` or `https://host[:port]`"
+                ))
+            }
+        };
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        let bad = || {
+            format!("`{text}` is not an endpoint: `http://host[:port]` or `https://host[:port]`, no path or user")
+        };
+        let authority: http::uri::Authority = rest.parse().map_err(|_| bad())?;
+        if authority.host().is_empty() || rest.contains(['@', '/', '?', '#']) {
+            return Err(bad());
+        }
+        let address = match authority.port_u16() {
+            Some(_) => HostPort::parse(rest)?,
+            None => HostPort::parse(&format!("{rest}:{port}"))?,
+        };
+        Ok(Self {
+            written: text.to_owned(),
+            address,
+            tls,
+        })
+    }
+
+    /// A plain `host:port` endpoint.
+    pub fn plain(address: HostPort) -> Self {
+        Self {
+            written: address.to_string(),
+            address,
+            tls: false,
+        }
+    }
+
+    /// `host:port`, always with the port.
+    pub fn address(&self) -> &HostPort {
+        &self.address
+    }
+
+    /// The host alone (a DNS name or an IP address, without brackets).
+    pub fn host(&self) -> &str {
+        let address = self.address.as_str();
+        let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
+        host.trim_start_matches('[').trim_end_matches(']')
+    }
+
+    /// Whether it is called over TLS (`https://`).
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+}
+
+impl From<TargetEndpoint> for String {
+    fn from(endpoint: TargetEndpoint) -> Self {
+        endpoint.written
+    }
+}
+
+impl fmt::Display for TargetEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.written)
+    }
+}
+
+impl<'de> Deserialize<'de> for TargetEndpoint {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(StrVisitor(
+            "an endpoint: host:port or https://host[:port]",
+            TargetEndpoint::parse,
+        ))
+    }
+}
+
 /// How good an agent is at a tag, from 0 (not at all) to 1 (expert).
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, PartialOrd)]
 #[serde(transparent)]
@@ -294,6 +384,7 @@ mod tests {
         fn arbitrary_text_never_panics(text in any::<String>()) {
             let _ = Name::parse(&text);
             let _ = HostPort::parse(&text);
+            let _ = TargetEndpoint::parse(&text);
             let _ = yaml::from_str::<Name>(&text);
             let _ = yaml::from_str::<HostPort>(&text);
             let _ = yaml::from_str::<PositiveCount>(&text);
@@ -345,5 +436,50 @@ mod tests {
             let bytes = yaml::from_str::<HeaderBytes>(&text).ok().map(HeaderBytes::get);
             prop_assert_eq!(bytes, (8192..=1 << 20).contains(&n).then_some(n as usize));
         }
+    }
+
+    #[test]
+    fn target_endpoints_are_host_port_or_an_http_url_and_default_the_port() {
+        let parsed = |t: &str| {
+            TargetEndpoint::parse(t)
+                .map(|e| (e.address().to_string(), e.host().to_owned(), e.is_tls()))
+        };
+        let ok = |a: &str, h: &str, tls| Ok((a.to_owned(), h.to_owned(), tls));
+        assert_eq!(parsed("svc:8080"), ok("svc:8080", "svc", false));
+        assert_eq!(
+            parsed("https://api.example.com"),
+            ok("api.example.com:443", "api.example.com", true)
+        );
+        assert_eq!(
+            parsed("https://api.example.com/"),
+            ok("api.example.com:443", "api.example.com", true)
+        );
+        assert_eq!(
+            parsed("https://127.0.0.1:8443"),
+            ok("127.0.0.1:8443", "127.0.0.1", true)
+        );
+        assert_eq!(parsed("https://[::1]:8443"), ok("[::1]:8443", "::1", true));
+        assert_eq!(
+            parsed("http://litellm.ai.svc"),
+            ok("litellm.ai.svc:80", "litellm.ai.svc", false)
+        );
+        let refused = |t: &str| TargetEndpoint::parse(t).err().unwrap_or_default();
+        assert!(
+            refused("ftp://x:21").contains("scheme `ftp` is not supported"),
+            "{}",
+            refused("ftp://x:21")
+        );
+        assert!(refused("https://api.example.com/v1").contains("no path"));
+        assert!(refused("https://user@api.example.com").contains("no path or user"));
+        assert!(refused("https://").contains("is not an endpoint"));
+        assert!(
+            !refused("svc").is_empty(),
+            "a plain endpoint still needs its port"
+        );
+        let shown = yaml::to_string(&TargetEndpoint::parse("https://api.example.com").ok());
+        assert_eq!(
+            shown.ok().as_deref().map(str::trim),
+            Some("https://api.example.com")
+        );
     }
 }

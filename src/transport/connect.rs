@@ -17,7 +17,7 @@ use hyper_util::client::legacy::connect::{self as legacy, HttpConnector};
 use tower::Service;
 
 use crate::config::{ConfigStore, Policy};
-use crate::identity::Expected;
+use crate::transport::Expected;
 
 /// A transport the upstream clients dial through: a service from an upstream's URI to an open
 /// connection (the data path's pool calls it; hyper-util's pooled client takes it as its

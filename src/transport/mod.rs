@@ -8,11 +8,35 @@ pub mod accept;
 pub mod certs;
 pub mod connect;
 pub mod mtls;
+pub mod target_tls;
 
 use std::net::SocketAddr;
 
 pub use accept::{Accept, Mesh, MeshIo, PlainTcp, Tls};
 pub use connect::{negotiated_h2, Connect, ConnectMesh, ConnectTcp, MeshConnectError, TcpSettings};
+pub use target_tls::{TargetTls, TargetTlsError};
+
+/// Who a peer must prove to be in its TLS handshake: the identity it announced, or, for a peer
+/// that announced none (a static peer without `identity`, under `strict`), any workload of this
+/// sidecar's trust domain.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Expected {
+    Exactly(crate::identity::SpiffeId),
+    TrustDomain,
+    /// An external target's `https://` endpoint: a server certificate for its host, by a chain
+    /// to the Mozilla roots or the target's `ca_file` (no SPIFFE ID).
+    Server(std::sync::Arc<TargetTls>),
+}
+
+impl std::fmt::Display for Expected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Expected::Exactly(id) => f.write_str(id.as_str()),
+            Expected::TrustDomain => f.write_str("any identity of the trust domain"),
+            Expected::Server(tls) => std::fmt::Display::fmt(tls, f),
+        }
+    }
+}
 
 /// The verified identity of the client a request came from (the SPIFFE ID of the certificate it
 /// presented in the TLS handshake). The accept loop puts it in the request's extensions; a

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::mock_agent::{
     Latency, MockAgent, MockConfig, ModelCall, ProviderBudget, ProviderHeaders,
 };
-use agent_reach::config::{ExternalTarget, HostPort, HumanDuration, Name, Policy};
+use agent_reach::config::{ExternalTarget, HumanDuration, Name, Policy, TargetEndpoint};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
 
@@ -34,7 +34,8 @@ fn llm_target(provider: SocketAddr, group: Option<&str>) -> ExternalTarget {
     ExternalTarget {
         name: Name::parse(LLM).unwrap(),
         capability: Name::parse(LLM).unwrap(),
-        endpoints: vec![HostPort::parse(&provider.to_string()).unwrap()],
+        endpoints: vec![TargetEndpoint::parse(&provider.to_string()).unwrap()],
+        ca_file: None,
         timeout: None,
         max_concurrency: None,
         rate_limit: None,

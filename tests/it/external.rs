@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::mock_agent::MockConfig;
-use agent_reach::config::{ExternalTarget, HostPort, Name, Policy, RateLimit};
+use agent_reach::config::{ExternalTarget, Name, Policy, RateLimit, TargetEndpoint};
 use agent_reach::Bootstrap;
 use support::*;
 
@@ -16,7 +16,8 @@ fn target(addr: SocketAddr, rate_limit: Option<RateLimit>) -> ExternalTarget {
     ExternalTarget {
         name: Name::parse("inventory").unwrap(),
         capability: Name::parse("inventory").unwrap(),
-        endpoints: vec![HostPort::parse(&addr.to_string()).unwrap()],
+        endpoints: vec![TargetEndpoint::parse(&addr.to_string()).unwrap()],
+        ca_file: None,
         timeout: None,
         max_concurrency: Some(8),
         rate_limit,
@@ -103,4 +104,238 @@ async fn an_external_target_over_its_rate_limit_is_refused_at_once() {
         2,
         "the third call never reached the service"
     );
+}
+
+/// A model provider over TLS, as a real one is: a certificate for `localhost` from a test CA,
+/// `/v1/chat/completions` answered in JSON or, for `"stream":true`, as an SSE stream whose second
+/// event waits for `release`; OpenAI's rate-limit headers on every answer.
+struct TlsProvider {
+    addr: SocketAddr,
+    /// Each request's `authorization` and `host`.
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    release: std::sync::Arc<tokio::sync::Notify>,
+}
+
+async fn tls_provider(ca: &agent_reach::pki::DevCa) -> TlsProvider {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let issued = ca
+        .issue_with("localhost", &[], &["localhost"], Duration::from_secs(3600))
+        .unwrap();
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(issued.cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let served = TlsProvider {
+        addr: listener.local_addr().unwrap(),
+        seen: Default::default(),
+        release: Default::default(),
+    };
+    let (seen, release) = (served.seen.clone(), served.release.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, seen, release) = (acceptor.clone(), seen.clone(), release.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(move |req| {
+                    answer(req, seen.clone(), release.clone())
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    served
+}
+
+async fn answer(
+    req: http::Request<hyper::body::Incoming>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    release: std::sync::Arc<tokio::sync::Notify>,
+) -> Result<http::Response<agent_reach::http::ReachBody>, std::convert::Infallible> {
+    use http_body_util::BodyExt;
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    seen.lock()
+        .unwrap()
+        .push((header("authorization"), header("host")));
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    let response = http::Response::builder()
+        .header("x-ratelimit-limit-requests", "100")
+        .header("x-ratelimit-remaining-requests", "2")
+        .header("x-ratelimit-reset-requests", "6m0s");
+    if !String::from_utf8_lossy(&body).contains("\"stream\":true") {
+        let json = r#"{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+        return Ok(response
+            .header("content-type", "application/json")
+            .body(agent_reach::http::body::full(json))
+            .unwrap());
+    }
+    let (mut tx, rx) =
+        http_body_util::channel::Channel::<bytes::Bytes, std::convert::Infallible>::new(4);
+    tokio::spawn(async move {
+        let _ = tx
+            .send_data("data: {\"choices\":[{\"delta\":{\"content\":\"h\"}}]}\n\n".into())
+            .await;
+        release.notified().await;
+        let _ = tx
+            .send_data(
+                "data: {\"choices\":[{\"delta\":{\"content\":\"i\"}}]}\n\ndata: [DONE]\n\n".into(),
+            )
+            .await;
+    });
+    Ok(response
+        .header("content-type", "text/event-stream")
+        .body(agent_reach::http::body::boxed(rx))
+        .unwrap())
+}
+
+/// An `https://` target trusting `ca`'s bundle, written to a file as `ca_file` is.
+fn tls_target(
+    provider: SocketAddr,
+    ca: &agent_reach::pki::DevCa,
+    dir: &std::path::Path,
+) -> ExternalTarget {
+    let bundle = dir.join("ca.pem");
+    std::fs::write(&bundle, ca.pem()).unwrap();
+    ExternalTarget {
+        name: Name::parse("llm").unwrap(),
+        capability: Name::parse("llm").unwrap(),
+        endpoints: vec![
+            TargetEndpoint::parse(&format!("https://localhost:{}", provider.port())).unwrap(),
+        ],
+        ca_file: Some(bundle),
+        timeout: None,
+        max_concurrency: None,
+        rate_limit: None,
+        budget_group: None,
+    }
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("reach-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn an_https_target_is_called_over_tls_with_the_agents_authorization_and_streams() {
+    let ca = agent_reach::pki::DevCa::new("test-ca").unwrap();
+    let provider = tls_provider(&ca).await;
+    let dir = temp_dir("tls-ok");
+    let mut policy = Policy::default();
+    policy.targets.push(tls_target(provider.addr, &ca, &dir));
+    let caller = caller_with(policy).await;
+    let url = format!("http://{}/v1/chat/completions", caller.addrs.outbound);
+    let secret = "Bearer sk-test-s3cret";
+
+    // As an OpenAI client with `base_url = http://llm.reach/v1` sends it.
+    let reply = send(
+        &client(),
+        "POST",
+        &url,
+        &[("host", "llm.reach"), ("authorization", secret)],
+        r#"{"model":"m","messages":[]}"#,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.json()["choices"][0]["message"]["content"], "hi");
+    let port = provider.addr.port();
+    assert_eq!(
+        provider.seen.lock().unwrap().first().cloned(),
+        Some((secret.to_owned(), format!("localhost:{port}"))),
+        "the agent's own authorization reached the provider, with the endpoint's host"
+    );
+
+    // The budget is learned from the TLS target's headers.
+    let budget = caller.status().model_budget.expect("a budget learned");
+    assert!(budget.headroom < 1.0, "{budget:?}");
+
+    // An SSE stream arrives chunk by chunk: the first event before the provider sends the rest.
+    let request = http::Request::post(&url)
+        .header("host", "llm.reach")
+        .header("authorization", secret)
+        .body(agent_reach::http::body::full(
+            r#"{"model":"m","stream":true}"#,
+        ))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    use http_body_util::BodyExt;
+    let first = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("the first event arrives while the stream is still open")
+        .expect("a frame")
+        .expect("no error");
+    let text = String::from_utf8_lossy(first.data_ref().expect("data")).into_owned();
+    assert!(text.contains("\"h\"") && !text.contains("[DONE]"), "{text}");
+    provider.release.notify_one();
+    let rest = tokio::time::timeout(Duration::from_secs(10), body.collect())
+        .await
+        .expect("the rest arrives once sent")
+        .expect("no error")
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+
+    // The secret is shown nowhere the sidecar shows things.
+    for page in ["status", "metrics"] {
+        let shown = get(&client(), &format!("http://{}/{page}", caller.addrs.admin)).await;
+        assert!(!shown.body.contains("s3cret"), "/{page} shows the key");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn an_https_target_whose_certificate_the_bundle_does_not_trust_is_refused_clearly() {
+    let ca = agent_reach::pki::DevCa::new("test-ca").unwrap();
+    let other = agent_reach::pki::DevCa::new("other-ca").unwrap();
+    let provider = tls_provider(&ca).await;
+    let dir = temp_dir("tls-wrong-ca");
+    let mut policy = Policy::default();
+    policy.targets.push(tls_target(provider.addr, &other, &dir));
+    let caller = caller_with(policy).await;
+    let reply = send(
+        &client(),
+        "POST",
+        &format!("http://{}/v1/chat/completions", caller.addrs.outbound),
+        &[
+            ("host", "llm.reach"),
+            ("authorization", "Bearer sk-test-s3cret"),
+        ],
+        "{}",
+    )
+    .await;
+    assert_eq!(reply.status, 502, "{}", reply.body);
+    assert_eq!(reply.header("reach-reason"), "upstream_connect_failed");
+    assert!(
+        reply.body.contains("TLS handshake with `localhost` failed")
+            && reply.body.contains("certificate"),
+        "{}",
+        reply.body
+    );
+    assert!(
+        provider.seen.lock().unwrap().is_empty(),
+        "no request left unencrypted or untrusted"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

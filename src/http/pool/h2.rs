@@ -24,7 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::{client, Failure, Live, Map, Pool, UpstreamBody};
 use crate::http::{headers, ReachBody};
-use crate::identity::Expected;
+use crate::transport::Expected;
 
 /// Requests in flight on one connection before the pool opens another to the same peer: below
 /// the streams a sidecar's inbound allows (hyper's default, 200), so a request never waits in

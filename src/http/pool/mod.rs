@@ -37,14 +37,15 @@ use http::{header, Request, Response, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper_util::rt::TokioIo;
 use tower::ServiceExt;
 
 use super::client::{self, Failure};
 use super::{headers, ReachBody};
 use crate::config::{PeerProtocol, Policy};
 use crate::error::ReachError;
-use crate::identity::Expected;
 use crate::transport::ConnectMesh;
+use crate::transport::Expected;
 
 mod h2;
 
@@ -84,6 +85,17 @@ fn dialer<C: crate::transport::Connect>(connect: C, mesh: Option<ConnectMesh>, h
                     Ok(io) => Ok((Box::new(io) as Io, h2)),
                     Err(err) => Err(connect_failure(&*err.into())),
                 },
+                // An external target's `https://` endpoint: HTTP/1.1 over TLS.
+                (Some(Expected::Server(tls)), _) => {
+                    let io = connect
+                        .oneshot(uri)
+                        .await
+                        .map_err(|err| connect_failure(&*err.into()))?;
+                    match tls.connect(TokioIo::new(io)).await {
+                        Ok(stream) => Ok((Box::new(TokioIo::new(stream)) as Io, false)),
+                        Err(err) => Err(connect_failure(&err)),
+                    }
+                }
                 (Some(identity), Some(mesh)) => match mesh.connect(uri, &identity).await {
                     Ok(io) => {
                         let speaks_h2 = h2 && crate::transport::negotiated_h2(&io);
@@ -843,8 +855,12 @@ pub async fn forward_with(
         )));
     }
     *req.version_mut() = Version::HTTP_11;
-    req.headers_mut()
-        .insert(header::HOST, headers::value(authority));
+    let host = match identity {
+        // An `https://` target's `Host` is its endpoint's, without the default port.
+        Some(Expected::Server(tls)) => tls.host_header().clone(),
+        _ => headers::value(authority),
+    };
+    req.headers_mut().insert(header::HOST, host);
     let mut waiting = false;
     // `send_any` written out: one `async fn` level less in every request's future.
     let sent = match &pool.inner.h2 {

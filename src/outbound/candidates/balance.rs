@@ -104,6 +104,7 @@ pub(crate) mod tests {
                 timeout: None,
                 max_concurrency: None,
                 tools: Default::default(),
+                tls: None,
             }),
             state: State::Healthy,
             self_state: None,
