@@ -17,7 +17,8 @@ use super::drive::{self, Calls};
 use super::{round, DemoError, AGENTS, CAPABILITY};
 use crate::mock_agent::{Latency, MockAgent, MockConfig, ModelCall, ProviderBudget};
 use agent_reach::config::{
-    Bootstrap, ConfigPaths, ConfigStore, ExternalTarget, HostPort, HumanDuration, Name, Policy,
+    Bootstrap, ConfigPaths, ConfigStore, ExternalTarget, HumanDuration, Name, Policy,
+    TargetEndpoint,
 };
 use agent_reach::Sidecar;
 
@@ -262,11 +263,12 @@ fn model_target(provider: SocketAddr) -> Result<ExternalTarget, DemoError> {
     Ok(ExternalTarget {
         name: Name::parse(MODEL).map_err(DemoError::Config)?,
         capability: Name::parse(MODEL).map_err(DemoError::Config)?,
-        endpoints: vec![HostPort::parse(&provider.to_string()).map_err(DemoError::Config)?],
+        endpoints: vec![TargetEndpoint::parse(&provider.to_string()).map_err(DemoError::Config)?],
         timeout: None,
         max_concurrency: None,
         rate_limit: None,
         budget_group: None,
+        ca_file: None,
     })
 }
 
