@@ -81,9 +81,11 @@ mod burst;
 mod crash_same_address;
 mod equal_pair;
 mod half_open;
+mod provider_budget;
 mod ramp;
 mod scenario;
 mod slow_agent;
+mod slow_tail;
 mod support;
 // The binary's mock agent (src/bin/agent-reach/mock_agent), included by path: it is not part of
 // the library.
@@ -259,7 +261,6 @@ fn main() {
             let _ = std::io::stdout().flush();
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
     println!(
         "\np95/hl: p95 ÷ the same router's healthy p95. bad out: from the fault until the broken agent \
          gets under 5 % of a fair share.\nnew full: from the newcomer's start to its first second at \
@@ -267,6 +268,16 @@ fn main() {
          learn a new address."
     );
     print_extras(&extras, seconds);
+    // slow-tail and provider-budget run their own fleets of three, in the smoke run too.
+    let selected = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|n| n == name));
+    if selected("slow-tail") {
+        let run_for = if smoke { 2 } else { seconds };
+        runtime.block_on(slow_tail::run_all(&tools, &dir, run_for, &routers));
+    }
+    if selected("provider-budget") {
+        runtime.block_on(provider_budget::run_all(&tools, &dir, seconds, &routers));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     println!(
         "\ntook {:.0} s; reproduce: cargo bench --bench scenarios{}{}",
         started.elapsed().as_secs_f64(),
