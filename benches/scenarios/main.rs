@@ -26,6 +26,13 @@
 //! And issue 19's predicted saturation: **ramp**, **ramp-shared** and **ramp-under**
 //! (`ramp.rs`), agent-reach with and without prediction.
 //!
+//! Then two that run fleets of three of their own, each with its own table: **slow-tail**
+//! (issue 37, `slow_tail.rs`: one agent 10× slower on 5 % of its calls; agent-reach with and
+//! without hedging, Envoy's hedge on per-try timeout, HAProxy's retry on response timeout) and
+//! **provider-budget** (issue 36, `provider_budget.rs`: agents calling their own model provider
+//! for each task, one account small; agent-reach with budget awareness and with the agents
+//! calling their providers directly, HAProxy and Envoy retrying 429s where they can).
+//!
 //! Per scenario and router it prints the task failure rate, mean and p95 latency, p95 against the
 //! same router's healthy run (the goal is ≤ 1.3×), *bad out after* (from the fault to the end of
 //! the first half second in which the broken agent got under 5 % of a fair share of the calls
@@ -67,7 +74,8 @@
 //! `-- --routers agent-reach,envoy`, `-- --smoke`: healthy, fake-online, thread-pool-full and
 //! burst, 3 s each, burst's burst 1.5 s; the newer scenarios alone: `-- --only
 //! burst,burst-3x,slow-agent,equal-pair,crash-same-address,lock-held`; predicted saturation:
-//! `-- --only ramp,ramp-shared,ramp-under`, in the smoke run too). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
+//! `-- --only ramp,ramp-shared,ramp-under`, in the smoke run too; `-- --only
+//! slow-tail,provider-budget`, in the smoke run too, slow-tail's runs 2 s each there). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
 //! each half second and its final `/status`; `-- --decision-log` turns on the policy's decision
 //! log (printed with `RUST_LOG`, e.g. `RUST_LOG=agent_reach::decision=info`).
 //!

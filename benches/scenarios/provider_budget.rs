@@ -9,8 +9,10 @@
 //! views every 100 ms); **agent-reach/direct** (there is no switch to turn budget awareness off:
 //! here the agents call their providers directly, not through their sidecars, so nothing learns
 //! the budgets; the caller's sidecar still retries a 429 on another agent); **haproxy** and
-//! **envoy** (agents call their providers directly; `retry-on 429` with `redispatch`, two
-//! retries / `retriable_status_codes: [429]` on other hosts, two retries).
+//! **envoy** (agents call their providers directly; Envoy retries `retriable_status_codes:
+//! [429]` on other hosts, two retries; HAProxy's `retry-on` takes no 429 (2.6: 401, 403, 404,
+//! 408, 425 and 5xx only), so it has `retry-on` 5xx with `redispatch`, two retries, and its
+//! callers get the agents' 429s).
 //!
 //! Measures: the 429s the agents got from their providers, the 429s the callers got, failed
 //! calls (any answer but 200; goal 0), p95; the drained agent's share of the tasks: from the
@@ -102,7 +104,8 @@ pub(crate) async fn run_all(tools: &Tools, dir: &Path, seconds: u64, routers: &[
          without a 200 (goal 0).\nlow at: from the load's start to the end of the first half second in \
          which agent-1 got under 5 % of the tasks; gone at: when its budget was spent (goal: low before \
          gone); used: its requests served.\nagent-reach/direct: no switch turns budget awareness off; \
-         there the agents call their providers directly, not through their sidecars."
+         there the agents call their providers directly, not through their sidecars.\nhaproxy: its \
+         `retry-on` takes no 429, so an agent's 429 reaches the caller."
     );
 }
 
@@ -295,7 +298,7 @@ fn haproxy_config(port: u16, agents: &[SocketAddr]) -> String {
     format!(
         "global\n  nbthread 1\n  maxconn 4096\n\
          defaults\n  mode http\n  timeout connect 1s\n  timeout client 30s\n  timeout server 10s\n  option http-keep-alive\n  option http-buffer-request\n\
-         \x20 retries 2\n  option redispatch 1\n  retry-on conn-failure empty-response 429 500 502 503 504\n\
+         \x20 retries 2\n  option redispatch 1\n  retry-on conn-failure empty-response 500 502 503 504\n\
          frontend f\n  bind 127.0.0.1:{port}\n  default_backend b\n\
          backend b\n  balance roundrobin\n{servers}"
     )
