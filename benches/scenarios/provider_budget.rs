@@ -189,7 +189,7 @@ async fn drive(
 ) -> Result<Row, String> {
     let addrs: Vec<SocketAddr> = agents.iter().map(|a| a.addr).collect();
     enum Front {
-        Reach(ReachFleet),
+        Reach(Box<ReachFleet>),
         Proxy(Proxy),
     }
     let front = match router {
@@ -209,7 +209,9 @@ async fn drive(
                 p.targets.extend(targets.get(i).cloned().flatten());
                 p
             };
-            Front::Reach(ReachFleet::start(&named, caller, agent_policy).await?)
+            Front::Reach(Box::new(
+                ReachFleet::start(&named, caller, agent_policy).await?,
+            ))
         }
         Router::Envoy(binary) => {
             Front::Proxy(Proxy::envoy(binary, dir, |port| envoy_config(port, &addrs)).await?)

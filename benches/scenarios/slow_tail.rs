@@ -164,7 +164,7 @@ async fn drive(
 ) -> Result<(Vec<Done>, f64), String> {
     let addrs: Vec<SocketAddr> = agents.iter().map(|a| a.addr).collect();
     enum Front {
-        Reach(ReachFleet),
+        Reach(Box<ReachFleet>),
         Proxy(Proxy),
     }
     let front = match router {
@@ -174,7 +174,9 @@ async fn drive(
                 .iter()
                 .map(|a| (a.name().to_owned(), a.addr))
                 .collect();
-            Front::Reach(ReachFleet::start(&named, policy.clone(), |_| policy.clone()).await?)
+            Front::Reach(Box::new(
+                ReachFleet::start(&named, policy.clone(), |_| policy.clone()).await?,
+            ))
         }
         Router::Envoy(binary) => {
             Front::Proxy(Proxy::envoy(binary, dir, |port| envoy_config(port, &addrs)).await?)
