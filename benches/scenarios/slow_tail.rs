@@ -101,7 +101,7 @@ pub(crate) async fn run_all(tools: &Tools, dir: &Path, seconds: u64, routers: &[
         }
     }
     println!(
-        "p99/hl: p99 ÷ the healthy run's p99 (goal ≤ 1.3×); att/call: calls that reached an agent ÷ calls \
+        "p99/hl: p99 ÷ the healthy run's p99 (agent-reach, no slow calls; goal ≤ 1.3×); att/call: calls that reached an agent ÷ calls \
          made (goal ≤ 1.1); failed: calls without a 200.\nhaproxy cannot hedge: it abandons an attempt \
          at its {} ms server timeout and retries on another agent.",
         AFTER.as_millis()
