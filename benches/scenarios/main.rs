@@ -26,6 +26,13 @@
 //! And issue 19's predicted saturation: **ramp**, **ramp-shared** and **ramp-under**
 //! (`ramp.rs`), agent-reach with and without prediction.
 //!
+//! Then two that run fleets of three of their own, each with its own table: **slow-tail**
+//! (issue 37, `slow_tail.rs`: one agent 10× slower on 5 % of its calls; agent-reach with and
+//! without hedging, Envoy's hedge on per-try timeout, HAProxy's retry on response timeout) and
+//! **provider-budget** (issue 36, `provider_budget.rs`: agents calling their own model provider
+//! for each task, one account small; agent-reach with budget awareness and with the agents
+//! calling their providers directly, HAProxy and Envoy retrying 429s where they can).
+//!
 //! Per scenario and router it prints the task failure rate, mean and p95 latency, p95 against the
 //! same router's healthy run (the goal is ≤ 1.3×), *bad out after* (from the fault to the end of
 //! the first half second in which the broken agent got under 5 % of a fair share of the calls
@@ -67,7 +74,8 @@
 //! `-- --routers agent-reach,envoy`, `-- --smoke`: healthy, fake-online, thread-pool-full and
 //! burst, 3 s each, burst's burst 1.5 s; the newer scenarios alone: `-- --only
 //! burst,burst-3x,slow-agent,equal-pair,crash-same-address,lock-held`; predicted saturation:
-//! `-- --only ramp,ramp-shared,ramp-under`, in the smoke run too). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
+//! `-- --only ramp,ramp-shared,ramp-under`, in the smoke run too; `-- --only
+//! slow-tail,provider-budget`, in the smoke run too, slow-tail's runs 2 s each there). `-- --diag DIR` writes, for each agent-reach run, the caller's view of every peer
 //! each half second and its final `/status`; `-- --decision-log` turns on the policy's decision
 //! log (printed with `RUST_LOG`, e.g. `RUST_LOG=agent_reach::decision=info`).
 //!
@@ -81,9 +89,11 @@ mod burst;
 mod crash_same_address;
 mod equal_pair;
 mod half_open;
+mod provider_budget;
 mod ramp;
 mod scenario;
 mod slow_agent;
+mod slow_tail;
 mod support;
 // The binary's mock agent (src/bin/agent-reach/mock_agent), included by path: it is not part of
 // the library.
@@ -259,7 +269,6 @@ fn main() {
             let _ = std::io::stdout().flush();
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
     println!(
         "\np95/hl: p95 ÷ the same router's healthy p95. bad out: from the fault until the broken agent \
          gets under 5 % of a fair share.\nnew full: from the newcomer's start to its first second at \
@@ -267,6 +276,16 @@ fn main() {
          learn a new address."
     );
     print_extras(&extras, seconds);
+    // slow-tail and provider-budget run their own fleets of three, in the smoke run too.
+    let selected = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|n| n == name));
+    if selected("slow-tail") {
+        let run_for = if smoke { 2 } else { seconds };
+        runtime.block_on(slow_tail::run_all(&tools, &dir, run_for, &routers));
+    }
+    if selected("provider-budget") {
+        runtime.block_on(provider_budget::run_all(&tools, &dir, seconds, &routers));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     println!(
         "\ntook {:.0} s; reproduce: cargo bench --bench scenarios{}{}",
         started.elapsed().as_secs_f64(),

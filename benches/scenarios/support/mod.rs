@@ -2,6 +2,7 @@
 //! and the measures read from a run (`measures`).
 
 mod baseline;
+pub(crate) mod fleet;
 pub(crate) mod front;
 pub(crate) mod measures;
 mod proxies;
