@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agent_reach::config::{ExternalTarget, HostPort, HumanDuration, Name, Policy};
+use agent_reach::config::{ExternalTarget, HumanDuration, Name, Policy, TargetEndpoint};
 
 use crate::common::Tools;
 use crate::mock_agent::{ModelCall, ProviderBudget, ProviderHeaders};
@@ -283,11 +283,12 @@ fn llm_target(provider: SocketAddr) -> Result<ExternalTarget, String> {
     Ok(ExternalTarget {
         name: Name::parse(LLM).map_err(|e| e.to_string())?,
         capability: Name::parse(LLM).map_err(|e| e.to_string())?,
-        endpoints: vec![HostPort::parse(&provider.to_string()).map_err(|e| e.to_string())?],
+        endpoints: vec![TargetEndpoint::parse(&provider.to_string()).map_err(|e| e.to_string())?],
         timeout: None,
         max_concurrency: None,
         rate_limit: None,
         budget_group: None,
+        ca_file: None,
     })
 }
 
