@@ -16,6 +16,7 @@ mod authorized;
 mod budget;
 mod conversations;
 mod drive;
+mod hedge;
 mod hostile;
 mod injected;
 mod loops;
@@ -42,6 +43,7 @@ use serde::Serialize;
 pub use authorized::AuthorizationSummary;
 pub use budget::BudgetSummary;
 pub use conversations::ConversationsSummary;
+pub use hedge::{HedgeRun, HedgeSummary};
 pub use hostile::HostileSummary;
 pub use injected::Injection;
 pub use loops::LoopSummary;
@@ -122,6 +124,8 @@ pub struct DemoSummary {
     pub mcp: McpSummary,
     /// A delegation loop among three agents, stopped at its first turn by its chain.
     pub loops: LoopSummary,
+    /// Its own fleet with one agent slow on 5 % of calls: the tail without and with hedging.
+    pub hedge: HedgeSummary,
     /// Demand ramping onto an agent of lower capacity: its predicted saturation ahead of the
     /// actual one.
     pub predict: PredictSummary,
@@ -532,6 +536,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
     let conversations = conversations::run(&mut fleet).await?;
     let mcp = mcp_tools::run(&mut fleet).await?;
     let loops = loops::run().await?;
+    let hedge = hedge::run().await?;
     let predict = predict::run(&mut fleet).await?;
     let scale = scale::run(&fleet).await;
     fleet.shutdown().await;
@@ -555,6 +560,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
         conversations,
         mcp,
         loops,
+        hedge,
         predict,
         scale,
         budget,

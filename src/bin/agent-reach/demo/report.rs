@@ -390,6 +390,7 @@ pub fn render_table(s: &DemoSummary) -> String {
         l.hops,
         l.agent_calls
     ));
+    out.push_str(&hedge_lines(&s.hedge));
     let p = &s.predict;
     let secs = |x: Option<f64>| x.map_or("not within the act".to_owned(), |x| format!("{x:.1} s"));
     out.push_str(&format!(
@@ -478,6 +479,32 @@ fn budget_lines(b: &super::BudgetSummary) -> String {
         run(&b.aware),
         b.unaware_by,
         run(&b.unaware)
+    )
+}
+
+fn hedge_lines(h: &super::HedgeSummary) -> String {
+    let row = |name: &str, r: &super::HedgeRun| {
+        format!(
+            "  {name:<10} {:>6} {:>7.1} {:>7.1} {:>7.1} {:>9.2} {:>7}\n",
+            r.calls, r.p50_ms, r.p99_ms, r.max_ms, r.attempts_per_call, r.failed
+        )
+    };
+    format!(
+        "\nhedging: {} ; {} takes {:.0} ms on {:.0} % of its calls; keyed calls, 2 s each way, then hedge after {:.0} ms\n  {:<10} {:>6} {:>7} {:>7} {:>7} {:>9} {:>7}\n{}{}",
+        h.agents.join(", "),
+        h.slow_agent,
+        h.slow_ms,
+        h.slow_share * 100.0,
+        h.after_ms,
+        "run",
+        "calls",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "att/call",
+        "failed",
+        row("no hedge", &h.unhedged),
+        row("hedged", &h.hedged),
     )
 }
 
