@@ -211,6 +211,19 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     );
     assert_eq!(l["refused_by"], "tester", "{l}");
     assert_eq!(l["agent_calls"], 3, "{l}");
+    // Hedging: only what holds on a busy 2-core machine. A hedged slow call ends near
+    // after + one normal call (~200 ms), far under the slow agent's 400 ms.
+    let h = &summary["hedge"];
+    for run in ["unhedged", "hedged"] {
+        assert!(h[run]["calls"].as_u64().unwrap() > 0, "{run}: {h}");
+        assert_eq!(h[run]["failed"], 0, "{run}: {h}");
+    }
+    let hedged = &h["hedged"];
+    assert!(hedged["attempts_per_call"].as_f64().unwrap() <= 1.3, "{h}");
+    assert!(
+        hedged["p99_ms"].as_f64().unwrap() < h["slow_ms"].as_f64().unwrap(),
+        "hedging cut the tail: {h}"
+    );
     // Predicted saturation: demand ramping onto the weak agent is seen coming before it is full.
     let p = &summary["predict"];
     assert!(p["callers"].as_u64().unwrap() > 1, "{p}");

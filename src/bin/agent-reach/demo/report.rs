@@ -485,27 +485,32 @@ fn budget_lines(b: &super::BudgetSummary) -> String {
 fn hedge_lines(h: &super::HedgeSummary) -> String {
     let row = |name: &str, r: &super::HedgeRun| {
         format!(
-            "  {name:<10} {:>6} {:>7.1} {:>7.1} {:>7.1} {:>9.2} {:>7}\n",
-            r.calls, r.p50_ms, r.p99_ms, r.max_ms, r.attempts_per_call, r.failed
+            "  {name:<9} {:>6} {:>7.1} {:>7.1} {:>7.1} {:>5} {:>9.2} {:>7}\n",
+            r.calls, r.p50_ms, r.p99_ms, r.max_ms, r.slow_calls, r.attempts_per_call, r.failed
         )
     };
-    format!(
-        "\nhedging: {} ; {} takes {:.0} ms on {:.0} % of its calls; keyed calls, 2 s each way, then hedge after {:.0} ms\n  {:<10} {:>6} {:>7} {:>7} {:>7} {:>9} {:>7}\n{}{}",
+    let mut out = format!(
+        "\nhedging: {} ; {} takes {:.0} ms on {:.0} % of its calls; {} callers send keyed calls for {:.0} s without hedging, then {:.0} s with hedge: {{after: {:.0}ms, max: 1}}\n",
         h.agents.join(", "),
         h.slow_agent,
         h.slow_ms,
         h.slow_share * 100.0,
+        h.callers,
+        h.run_s,
+        h.run_s,
         h.after_ms,
-        "run",
-        "calls",
-        "p50 ms",
-        "p99 ms",
-        "max ms",
-        "att/call",
-        "failed",
-        row("no hedge", &h.unhedged),
-        row("hedged", &h.hedged),
-    )
+    );
+    out.push_str(&format!(
+        "  {:<9} {:>6} {:>7} {:>7} {:>7} {:>5} {:>9} {:>7}\n",
+        "run", "calls", "p50 ms", "p99 ms", "max ms", "slow", "att/call", "failed"
+    ));
+    out.push_str(&row("no hedge", &h.unhedged));
+    out.push_str(&row("hedged", &h.hedged));
+    out.push_str(&format!(
+        "  slow: calls of {:.0} ms or more; att/call: calls that reached an agent ÷ calls made\n",
+        h.slow_ms
+    ));
+    out
 }
 
 fn pct(part: u64, whole: u64) -> f64 {
