@@ -9,8 +9,9 @@
 //! the policy turns strict with per-capability authorization and an intruder is refused. Last,
 //! callers come and go in steps while every sidecar reports the fleet's demand ratio. Between
 //! them, three MCP servers join and one's `search` tool breaks: its calls move, its other tool
-//! keeps serving. After them all, coder-2's model account drains: its share falls before its
-//! provider's first 429, and the same again with budget awareness off for comparison.
+//! keeps serving. Then a slow tail, without and with hedging, in a fleet of its own. After them
+//! all, coder-2's model account drains: its share falls before its provider's first 429, and
+//! the same again with budget awareness off for comparison.
 
 mod authorized;
 mod budget;
