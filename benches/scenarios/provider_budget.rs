@@ -29,6 +29,7 @@ use agent_reach::config::{ExternalTarget, HumanDuration, Name, Policy, TargetEnd
 use crate::common::Tools;
 use crate::mock_agent::{ModelCall, ProviderBudget, ProviderHeaders};
 use crate::support::fleet::{quantile, Done, Load, Proxy, ReachFleet};
+use crate::support::proxies::envoy_endpoints;
 use crate::{Latency, MockAgent, MockConfig};
 
 const AGENTS: usize = 3;
@@ -308,16 +309,7 @@ fn haproxy_config(port: u16, agents: &[SocketAddr]) -> String {
 }
 
 fn envoy_config(port: u16, agents: &[SocketAddr]) -> String {
-    let endpoints: String = agents
-        .iter()
-        .map(|a| {
-            format!(
-                "        - endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}\n",
-                a.ip(),
-                a.port()
-            )
-        })
-        .collect();
+    let endpoints = envoy_endpoints(agents, "        ");
     format!(
         r#"
 node: {{ id: provider-budget, cluster: provider-budget }}

@@ -23,6 +23,7 @@ use agent_reach::config::{parse_policy, Policy};
 
 use crate::common::Tools;
 use crate::support::fleet::{quantile, Done, Load, Proxy, ReachFleet};
+use crate::support::proxies::envoy_endpoints;
 use crate::{MockAgent, MockConfig, Mode, Workload, LATENCY, SEED};
 
 const AGENTS: usize = 3;
@@ -237,16 +238,7 @@ fn haproxy_config(port: u16, agents: &[SocketAddr]) -> String {
 }
 
 fn envoy_config(port: u16, agents: &[SocketAddr]) -> String {
-    let endpoints: String = agents
-        .iter()
-        .map(|a| {
-            format!(
-                "        - endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}\n",
-                a.ip(),
-                a.port()
-            )
-        })
-        .collect();
+    let endpoints = envoy_endpoints(agents, "        ");
     format!(
         r#"
 node: {{ id: slow-tail, cluster: slow-tail }}

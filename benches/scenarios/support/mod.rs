@@ -5,7 +5,7 @@ mod baseline;
 pub(crate) mod fleet;
 pub(crate) mod front;
 pub(crate) mod measures;
-mod proxies;
+pub(crate) mod proxies;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

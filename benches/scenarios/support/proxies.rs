@@ -24,7 +24,7 @@ pub(crate) fn haproxy_command(socket: &Path, command: &str) -> Result<(), String
     Ok(())
 }
 
-fn envoy_endpoints(endpoints: &[SocketAddr], indent: &str) -> String {
+pub(crate) fn envoy_endpoints(endpoints: &[SocketAddr], indent: &str) -> String {
     endpoints
         .iter()
         .map(|a| {
