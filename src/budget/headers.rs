@@ -52,43 +52,95 @@ impl Reading {
     }
 }
 
-/// OpenAI and Azure OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`.
-const OPENAI: [(&str, Kind); 2] = [("requests", Kind::Requests), ("tokens", Kind::Tokens)];
-/// Anthropic: `anthropic-ratelimit-{kind}-{limit,remaining,reset}`.
-const ANTHROPIC: [(&str, Kind); 4] = [
-    ("requests", Kind::Requests),
-    ("tokens", Kind::Tokens),
-    ("input-tokens", Kind::InputTokens),
-    ("output-tokens", Kind::OutputTokens),
+/// One provider window's headers: its kind, the `limit`, `remaining` and `reset` names, and how
+/// its reset is written.
+struct WindowHeaders {
+    kind: Kind,
+    names: [&'static str; 3],
+    reset: ResetFn,
+}
+
+const fn openai(kind: Kind, names: [&'static str; 3]) -> WindowHeaders {
+    WindowHeaders {
+        kind,
+        names,
+        reset: duration_text,
+    }
+}
+
+const fn anthropic(kind: Kind, names: [&'static str; 3]) -> WindowHeaders {
+    WindowHeaders {
+        kind,
+        names,
+        reset: rfc3339_from,
+    }
+}
+
+/// OpenAI and Azure OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (resets as
+/// durations); Anthropic: `anthropic-ratelimit-{kind}-{limit,remaining,reset}` (RFC 3339). Whole
+/// names, so an answer's reading builds none.
+const WINDOWS: [WindowHeaders; 6] = [
+    openai(
+        Kind::Requests,
+        [
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ],
+    ),
+    openai(
+        Kind::Tokens,
+        [
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+        ],
+    ),
+    anthropic(
+        Kind::Requests,
+        [
+            "anthropic-ratelimit-requests-limit",
+            "anthropic-ratelimit-requests-remaining",
+            "anthropic-ratelimit-requests-reset",
+        ],
+    ),
+    anthropic(
+        Kind::Tokens,
+        [
+            "anthropic-ratelimit-tokens-limit",
+            "anthropic-ratelimit-tokens-remaining",
+            "anthropic-ratelimit-tokens-reset",
+        ],
+    ),
+    anthropic(
+        Kind::InputTokens,
+        [
+            "anthropic-ratelimit-input-tokens-limit",
+            "anthropic-ratelimit-input-tokens-remaining",
+            "anthropic-ratelimit-input-tokens-reset",
+        ],
+    ),
+    anthropic(
+        Kind::OutputTokens,
+        [
+            "anthropic-ratelimit-output-tokens-limit",
+            "anthropic-ratelimit-output-tokens-remaining",
+            "anthropic-ratelimit-output-tokens-reset",
+        ],
+    ),
 ];
 
 /// Reads every rate-limit header of an answer; `now` is the wall clock for absolute times.
 pub fn read(headers: &HeaderMap, now: SystemTime) -> Reading {
     let mut reading = Reading::default();
-    for (suffix, kind) in OPENAI {
-        let name = |what: &str| format!("x-ratelimit-{what}-{suffix}");
+    for w in &WINDOWS {
+        let [limit, remaining, reset] = w.names;
         let window = window(
             &mut reading.malformed,
-            kind,
-            headers.get(name("limit")),
-            headers.get(name("remaining")),
-            headers
-                .get(name("reset"))
-                .map(|v| (v, duration_text as ResetFn)),
-            now,
-        );
-        reading.windows.extend(window);
-    }
-    for (prefix, kind) in ANTHROPIC {
-        let name = |what: &str| format!("anthropic-ratelimit-{prefix}-{what}");
-        let window = window(
-            &mut reading.malformed,
-            kind,
-            headers.get(name("limit")),
-            headers.get(name("remaining")),
-            headers
-                .get(name("reset"))
-                .map(|v| (v, rfc3339_from as ResetFn)),
+            w.kind,
+            headers.get(limit),
+            headers.get(remaining),
+            headers.get(reset).map(|v| (v, w.reset)),
             now,
         );
         reading.windows.extend(window);
