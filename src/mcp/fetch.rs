@@ -173,12 +173,7 @@ impl Session<'_> {
         if let Some(session) = response.headers().get(SESSION_HEADER) {
             self.session = Some(session.clone());
         }
-        let content_type = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
+        let content_type = jsonrpc::content_type(response.headers());
         let collected = tokio::time::timeout(
             TIMEOUT,
             Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect(),

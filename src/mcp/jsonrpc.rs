@@ -44,6 +44,16 @@ pub fn asked(body: &[u8]) -> Option<Asked> {
     })
 }
 
+/// An answer's `content-type`, owned (the answer's body is taken after it is read); empty when
+/// absent or not text.
+pub fn content_type(headers: &http::HeaderMap) -> String {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// The JSON-RPC answer in a response body: the JSON itself, or the first event's `data` that
 /// is an answer (has `result` or `error`) on an event stream.
 pub fn answer(content_type: &str, body: &[u8]) -> Option<Value> {

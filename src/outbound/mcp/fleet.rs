@@ -101,12 +101,7 @@ async fn tools_of(response: Response<ReachBody>) -> Result<Vec<Value>, Response<
     if !response.status().is_success() {
         return Err(response);
     }
-    let content_type = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let content_type = jsonrpc::content_type(response.headers());
     let (parts, mut incoming) = response.into_parts();
     let mut bytes = bytes::BytesMut::new();
     while let Some(Ok(frame)) = incoming.frame().await {

@@ -96,12 +96,7 @@ async fn observed(
         out.tools.record(&peer, tool, false, Instant::now());
         return (response, Some(peer));
     }
-    let content_type = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let content_type = jsonrpc::content_type(response.headers());
     // Only a JSON answer of known, bounded length is read: a longer one passes on as before.
     let length = response
         .headers()
