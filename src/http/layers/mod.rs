@@ -31,14 +31,12 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::predicate::{DefaultPredicate, Predicate};
 use tower_http::compression::CompressionLayer;
 use tower_http::limit::RequestBodyLimitLayer;
-use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
 
 use super::body::{BoxError, ReachBody};
 use crate::metrics::Metrics;
 pub(crate) use panic::panic_message;
 pub use panic::Panicked;
-pub use request_id::RandomId;
 pub use span::{field, RequestSpan, Spanned};
 
 /// The request id header: kept when the client sent one, generated when not.
@@ -91,8 +89,9 @@ where
             req
         })
         // Before the span, so the span carries the id; the handlers copy request headers
-        // upstream, so the same id reaches the peer's sidecar and the agent.
-        .layer(SetRequestIdLayer::new(X_REQUEST_ID, RandomId))
+        // upstream, so the same id reaches the peer's sidecar and the agent. Every response
+        // names its request, a panic's 500 included.
+        .layer(request_id::RequestIdLayer)
         // One span per request: everything below runs in it, and routing fills its fields.
         .layer_fn(move |inner| Spanned::new(spans, inner))
         // Inside the span, so `set-cookie` is marked before a response event could log it.
@@ -100,8 +99,6 @@ where
             mark_sensitive(res.headers_mut());
             res
         })
-        // Every response names its request, a panic's 500 included.
-        .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
         // Innermost: the panic is logged in the request's span, and its 500 passes every layer
         // above like any response. The connection task's own panics are the accept loop's.
         .layer(CatchPanicLayer::custom(Panicked::new(listener, metrics)))
