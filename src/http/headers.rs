@@ -110,6 +110,58 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Which of the headers the outbound steps read a call carries, found in one pass over its
+/// names. A plain call carries none of them, and looking up a name that is not there hashes it
+/// and probes the map (~160 instructions each, a dozen per call); comparing a name with these
+/// is one string match. A clear bit means the header is absent; a set one, look it up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Present(u16);
+
+impl Present {
+    pub const CAPABILITY: Self = Self(1);
+    pub const INTENT: Self = Self(1 << 1);
+    /// `reach-timeout` or `reach-deadline`.
+    pub const DEADLINE: Self = Self(1 << 2);
+    /// `reach-chain`.
+    pub const CHAIN: Self = Self(1 << 3);
+    pub const TAGS: Self = Self(1 << 4);
+    pub const MODE: Self = Self(1 << 5);
+    pub const AFFINITY: Self = Self(1 << 6);
+    pub const MCP_SESSION: Self = Self(1 << 7);
+    /// `idempotency-key`.
+    pub const IDEMPOTENCY_KEY: Self = Self(1 << 8);
+    /// `prefer`.
+    pub const PREFER: Self = Self(1 << 9);
+    /// Every bit set: look everything up (for callers that did not scan).
+    pub const ALL: Self = Self(u16::MAX);
+
+    /// The headers of these that `headers` carries.
+    pub fn of(headers: &HeaderMap) -> Self {
+        let mut bits = 0;
+        for name in headers.keys() {
+            bits |= match name.as_str() {
+                "reach-capability" => Self::CAPABILITY.0,
+                "reach-intent" => Self::INTENT.0,
+                "reach-timeout" | "reach-deadline" => Self::DEADLINE.0,
+                "reach-chain" => Self::CHAIN.0,
+                "reach-tags" => Self::TAGS.0,
+                "reach-mode" => Self::MODE.0,
+                "reach-affinity" => Self::AFFINITY.0,
+                "mcp-session-id" => Self::MCP_SESSION.0,
+                "idempotency-key" => Self::IDEMPOTENCY_KEY.0,
+                "prefer" => Self::PREFER.0,
+                _ => 0,
+            };
+        }
+        Self(bits)
+    }
+
+    /// Whether the header may be there (so is worth looking up).
+    pub fn has(self, which: Self) -> bool {
+        self.0 & which.0 != 0
+    }
+}
+
 /// Which of [`HOP_BY_HOP`] `name` is: one string match (by length, then bytes) rather than a
 /// comparison with each of the eight.
 fn hop_by_hop(name: &HeaderName) -> Option<usize> {
@@ -183,6 +235,33 @@ pub fn value(text: &str) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_header_a_step_reads_sets_its_bit_and_others_none() {
+        let table = [
+            (CAPABILITY, Present::CAPABILITY),
+            (INTENT, Present::INTENT),
+            (crate::http::deadline::TIMEOUT, Present::DEADLINE),
+            (crate::http::deadline::DEADLINE, Present::DEADLINE),
+            (crate::chain::HEADER, Present::CHAIN),
+            (TAGS, Present::TAGS),
+            (MODE, Present::MODE),
+            (AFFINITY, Present::AFFINITY),
+            (MCP_SESSION_ID, Present::MCP_SESSION),
+            (crate::idempotency::HEADER, Present::IDEMPOTENCY_KEY),
+            (crate::tasks::PREFER, Present::PREFER),
+        ];
+        for (name, bit) in table {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::HOST, HeaderValue::from_static("a.reach"));
+            let without = Present::of(&headers);
+            headers.insert(name.clone(), HeaderValue::from_static("x"));
+            let with = Present::of(&headers);
+            assert!(!without.has(bit) && with.has(bit), "{name}");
+            assert_eq!(with, Present(without.0 | bit.0), "{name} sets only its bit");
+        }
+        assert!(Present::ALL.has(Present::PREFER));
+    }
 
     #[test]
     fn ip_text_is_what_display_writes() {

@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use crate::config::{Name, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
+use crate::http::headers::Present;
 use crate::http::pool::UpstreamBody;
 use crate::http::upload::{Upload, UploadWatch};
 use crate::http::ReachBody;
@@ -24,6 +25,8 @@ pub(super) struct Call {
     pub(super) deadline: Option<Deadline>,
     pub(super) snapshot: Arc<Snapshot>,
     pub(super) started: Instant,
+    /// Which of the headers the steps read the agent sent (one pass over the names).
+    pub(super) present: Present,
 }
 
 /// One attempt on one peer.

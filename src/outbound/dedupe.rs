@@ -12,6 +12,7 @@ use super::Outbound;
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
 use crate::http::step::{self, answer, Step};
+use crate::http::headers::Present;
 use crate::http::{headers, ReachBody};
 use crate::idempotency::{self, Claim};
 
@@ -35,7 +36,9 @@ async fn once<S>(out: Arc<Outbound>, inner: S, call: Call) -> Response<ReachBody
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    let claim = idempotency::key_of(&call.parts.headers).map(|key| {
+    let key = call.present.has(Present::IDEMPOTENCY_KEY);
+    let key = key.then(|| idempotency::key_of(&call.parts.headers)).flatten();
+    let claim = key.map(|key| {
         let fingerprint = idempotency::fingerprint(&call.parts, &call.upload);
         out.idempotency
             .claim(LOCAL_SCOPE, call.capability.as_str(), &key, fingerprint)
@@ -98,6 +101,7 @@ mod tests {
             deadline: None,
             snapshot: out.store.snapshot(),
             started: Instant::now(),
+            present: Present::ALL,
         }
     }
 

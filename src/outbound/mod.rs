@@ -172,6 +172,7 @@ impl Outbound {
             Err(err) => return crate::error::ReachError::BadRequest(err).into_response(),
         };
         let (parts, bytes) = request.into_parts();
+        let present = crate::http::headers::Present::of(&parts.headers);
         let deadline = crate::http::deadline::Deadline::from_headers(&parts.headers)
             .ok()
             .flatten();
@@ -182,6 +183,7 @@ impl Outbound {
             deadline,
             snapshot: self.store.snapshot(),
             started: std::time::Instant::now(),
+            present,
         };
         match self.routing().oneshot(call).await {
             Ok(response) => response,

@@ -11,6 +11,7 @@ use tower::ServiceExt;
 use super::call::Call;
 use super::{record, Outbound};
 use crate::error::ReachError;
+use crate::http::headers::Present;
 use crate::http::step::{self, answer, Step};
 use crate::http::upload::Upload;
 use crate::http::{body, ReachBody};
@@ -30,7 +31,7 @@ async fn maybe_submit<S>(out: Arc<Outbound>, inner: S, call: Call) -> Response<R
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    if !tasks::wants_async(&call.parts.headers) {
+    if !(call.present.has(Present::PREFER) && tasks::wants_async(&call.parts.headers)) {
         return answer(inner.oneshot(call).await);
     }
     let started = call.started;

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::table::Kind;
 use crate::config::Protocol;
-use crate::http::headers;
+use crate::http::headers::{self, Present};
 
 /// What a call carries, in the order its keys are looked up.
 #[derive(Debug, Default, PartialEq)]
@@ -24,14 +24,16 @@ pub(crate) struct Found {
 /// The keys of a request: `body` is its buffered body, when it was buffered.
 pub(crate) fn of_request(
     head: &HeaderMap,
+    present: Present,
     body: Option<&[u8]>,
     protocol: Option<Protocol>,
 ) -> Found {
     let mut found = Found::default();
-    if let Some(value) = text(head, headers::AFFINITY) {
+    let affinity = present.has(Present::AFFINITY);
+    if let Some(value) = affinity.then(|| text(head, headers::AFFINITY)).flatten() {
         found.keys.push((Kind::Header, value));
     }
-    if matches!(protocol, None | Some(Protocol::Mcp)) {
+    if matches!(protocol, None | Some(Protocol::Mcp)) && present.has(Present::MCP_SESSION) {
         if let Some(value) = text(head, headers::MCP_SESSION_ID) {
             found.keys.push((Kind::McpSession, value));
         }
@@ -307,15 +309,15 @@ mod tests {
     #[test]
     fn headers_are_keys_for_any_capability() {
         let h = head(&[("reach-affinity", " k1 "), ("mcp-session-id", "s-1")]);
-        let found = of_request(&h, None, None);
+        let found = of_request(&h, Present::ALL, None, None);
         assert_eq!(
             keys(&found),
             [(Kind::Header, "k1"), (Kind::McpSession, "s-1")]
         );
         // `protocol: http` reads only `reach-affinity`.
-        let found = of_request(&h, None, Some(Protocol::Http));
+        let found = of_request(&h, Present::ALL, None, Some(Protocol::Http));
         assert_eq!(keys(&found), [(Kind::Header, "k1")]);
-        assert!(of_request(&head(&[("reach-affinity", "")]), None, None)
+        assert!(of_request(&head(&[("reach-affinity", "")]), Present::ALL, None, None)
             .keys
             .is_empty());
     }
@@ -324,21 +326,21 @@ mod tests {
     fn a2a_requests_name_their_task_and_context() {
         let h = head(&[JSON]);
         let send = br#"{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"role":"user","parts":[],"messageId":"m1","contextId":"c1","taskId":"t1"}}}"#;
-        let found = of_request(&h, Some(send), None);
+        let found = of_request(&h, Present::ALL, Some(send), None);
         assert!(found.a2a);
         assert_eq!(keys(&found), [(Kind::Task, "t1"), (Kind::Context, "c1")]);
         let get = br#"{"jsonrpc":"2.0","id":"x","method":"tasks/get","params":{"id":"t9"}}"#;
-        assert_eq!(keys(&of_request(&h, Some(get), None)), [(Kind::Task, "t9")]);
+        assert_eq!(keys(&of_request(&h, Present::ALL, Some(get), None)), [(Kind::Task, "t9")]);
         let v1 = br#"{"jsonrpc":"2.0","id":2,"method":"GetTask","params":{"name":"tasks/t7"}}"#;
-        assert_eq!(keys(&of_request(&h, Some(v1), None)), [(Kind::Task, "t7")]);
+        assert_eq!(keys(&of_request(&h, Present::ALL, Some(v1), None)), [(Kind::Task, "t7")]);
         let push = br#"{"jsonrpc":"2.0","id":2,"method":"tasks/pushNotificationConfig/get","params":{"taskId":"t3"}}"#;
         assert_eq!(
-            keys(&of_request(&h, Some(push), None)),
+            keys(&of_request(&h, Present::ALL, Some(push), None)),
             [(Kind::Task, "t3")]
         );
         // A first message: A2A, nothing to look up yet.
         let first = br#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m"}}}"#;
-        let found = of_request(&h, Some(first), None);
+        let found = of_request(&h, Present::ALL, Some(first), None);
         assert!(found.a2a && found.keys.is_empty());
     }
 
@@ -405,7 +407,7 @@ mod tests {
         for (method, params) in cases {
             let body =
                 format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{params}}}"#);
-            let found = of_request(&h, Some(body.as_bytes()), None);
+            let found = of_request(&h, Present::ALL, Some(body.as_bytes()), None);
             assert!(found.a2a, "{method} is A2A");
             assert_eq!(keys(&found), [(Kind::Task, "t1")], "{method} {params}");
         }
@@ -418,7 +420,7 @@ mod tests {
             let body = format!(
                 r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{{"contextId":"c1"}}}}"#
             );
-            let found = of_request(&h, Some(body.as_bytes()), None);
+            let found = of_request(&h, Present::ALL, Some(body.as_bytes()), None);
             assert!(found.a2a, "{method} is A2A");
             assert_eq!(keys(&found), [(Kind::Context, "c1")], "{method}");
         }
@@ -430,10 +432,10 @@ mod tests {
         let plain = head(&[("content-type", "text/plain")]);
         let get = br#"{"jsonrpc":"2.0","id":"x","method":"tasks/get","params":{"id":"t9"}}"#;
         // Not JSON by its content-type: not read, unless the policy says A2A.
-        assert_eq!(of_request(&plain, Some(get), None), Found::default());
-        assert!(of_request(&plain, Some(get), Some(Protocol::A2a)).a2a);
+        assert_eq!(of_request(&plain, Present::ALL, Some(get), None), Found::default());
+        assert!(of_request(&plain, Present::ALL, Some(get), Some(Protocol::A2a)).a2a);
         assert_eq!(
-            of_request(&json, Some(get), Some(Protocol::Mcp)),
+            of_request(&json, Present::ALL, Some(get), Some(Protocol::Mcp)),
             Found::default()
         );
         // Another JSON-RPC method, another version, not JSON-RPC, not JSON at all.
@@ -443,7 +445,7 @@ mod tests {
             br#"{"method":"tasks/get","params":{"id":"t"}}"#,
             b"{\"jsonrpc\": oops",
         ] {
-            assert_eq!(of_request(&json, Some(body), None), Found::default());
+            assert_eq!(of_request(&json, Present::ALL, Some(body), None), Found::default());
         }
     }
 

@@ -64,7 +64,8 @@ where
         Upload::Buffered(bytes) => Some(&bytes[..]),
         Upload::Stream(..) => None,
     };
-    let mut found = keys::of_request(&call.parts.headers, body, settings.and_then(|c| c.protocol));
+    let protocol = settings.and_then(|c| c.protocol);
+    let mut found = keys::of_request(&call.parts.headers, call.present, body, protocol);
     let capability: Option<Arc<str>> =
         (!found.keys.is_empty() || found.a2a).then(|| call.capability.as_str().into());
     let pinned = capability

@@ -18,6 +18,8 @@ use http::{Request, Response};
 use tower::layer::Layer;
 use tower::retry::budget::TpsBudget;
 use tower::ServiceExt;
+
+use crate::http::headers::Present;
 use tracing::Span;
 
 use super::call::{Routed, Try};
@@ -70,7 +72,9 @@ where
     let snapshot = call.snapshot;
     let mut parts = call.parts;
     // The relative form is for the calling agent; peers get the absolute deadline per attempt.
-    parts.headers.remove(deadline::TIMEOUT);
+    if call.present.has(Present::DEADLINE) {
+        parts.headers.remove(deadline::TIMEOUT);
+    }
     let mut bodies = Bodies::of(call.upload, &snapshot);
     let shape = CallShape {
         capability: &route.capability,
@@ -79,6 +83,7 @@ where
         scored: &scored,
         deadline: call.deadline,
         replayable: bodies.replay.is_some(),
+        present: call.present,
     };
     let mut attempts = Attempts::new(out, &snapshot, shape);
     // A bound call's first attempt goes to the holder of its key.
@@ -190,7 +195,8 @@ impl<'a> Attempts<'a> {
             (true, true) => retry.fallback.chain_length.clamp(2, 5) as usize,
             (true, false) => retry.max_retries as usize + 1,
         };
-        let keyed = call.parts.headers.contains_key(idempotency::HEADER);
+        let keyed = call.present.has(Present::IDEMPOTENCY_KEY)
+            && call.parts.headers.contains_key(idempotency::HEADER);
         let keyed_deadline = keyed.then(|| {
             call.deadline.unwrap_or_else(|| {
                 let longest = call
@@ -460,6 +466,7 @@ struct CallShape<'a> {
     scored: &'a [Scored],
     deadline: Option<Deadline>,
     replayable: bool,
+    present: Present,
 }
 
 /// The policy driven against a scripted peer (a stub inner step) on paused time: no sockets.
@@ -522,6 +529,7 @@ mod tests {
                 parts: Box::new(parts),
                 upload: Upload::Buffered(Bytes::from_static(b"{}")),
                 deadline: None,
+                present: Present::ALL,
                 snapshot: out.store.snapshot(),
                 started: std::time::Instant::now(),
             },

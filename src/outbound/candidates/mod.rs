@@ -18,7 +18,7 @@ use super::call::{Call, Routed};
 use super::{affinity, mcp, Outbound};
 use crate::config::RouteMode;
 use crate::error::ReachError;
-use crate::http::headers;
+use crate::http::headers::{self, Present};
 use crate::http::step::{self, answer, Step};
 use crate::metrics::UNKNOWN_CAPABILITY;
 use crate::peers::{RouteRequest, Scored};
@@ -83,7 +83,8 @@ fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
         None => (scored, None),
     };
     // A delegated call: no loop, no hop past the policy's limit.
-    if let Some(chain) = call.parts.headers.get(crate::chain::HEADER) {
+    let chain = call.present.has(Present::CHAIN);
+    if let Some(chain) = chain.then(|| call.parts.headers.get(crate::chain::HEADER)).flatten() {
         let snapshot = &call.snapshot;
         loops::guard(
             snapshot,
@@ -113,9 +114,15 @@ fn route_request(call: &Call) -> RouteRequest {
     let headers = &call.parts.headers;
     RouteRequest {
         capability: call.capability.to_string(),
-        tags: header_list(headers, headers::TAGS),
-        mode: headers
-            .get(headers::MODE)
+        tags: match call.present.has(Present::TAGS) {
+            true => header_list(headers, headers::TAGS),
+            false => Vec::new(),
+        },
+        mode: call
+            .present
+            .has(Present::MODE)
+            .then(|| headers.get(headers::MODE))
+            .flatten()
             .and_then(|v| v.to_str().ok())
             .and_then(RouteMode::parse),
     }

@@ -65,6 +65,7 @@ pub(super) fn copy(call: &Call, bytes: Bytes) -> Call {
         deadline: call.deadline,
         snapshot: call.snapshot.clone(),
         started: call.started,
+        present: call.present,
     }
 }
 

@@ -68,20 +68,26 @@ async fn resolve(
     resolved: &mut Option<HeaderValue>,
 ) -> Result<Call, Response<ReachBody>> {
     let started = Instant::now();
+    let present = headers::Present::of(req.headers());
     let refuse = |err| record::refuse(&out.metrics, "-", "-", err, started);
     let target = request_target::of(&req);
     if let Ok(Target::ServerOptions) = target {
         return Err(request_target::server_options());
     }
     // First: a proxy request for a foreign host (CONNECT included) is `forbidden_host`.
-    let wanted = wanted(&req).map_err(refuse)?;
+    let wanted = wanted(&req, present).map_err(refuse)?;
     if let Wanted::Named(capability) = &wanted {
         Span::current().record(field::CAPABILITY, capability.as_str());
     }
     target.map_err(refuse)?;
-    let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
-    // The delegation chain the agent passed on, opened: a plain call pays one lookup.
-    out.seal.carry(req.headers_mut()).map_err(refuse)?;
+    let deadline = match present.has(headers::Present::DEADLINE) {
+        true => Deadline::from_headers(req.headers()).map_err(refuse)?,
+        false => None,
+    };
+    // The delegation chain the agent passed on, opened: a plain call pays nothing.
+    if present.has(headers::Present::CHAIN) {
+        out.seal.carry(req.headers_mut()).map_err(refuse)?;
+    }
     // Before the sidecar adds its own headers: a `Connection` header naming them must not
     // remove them on the way out.
     headers::strip_hop_by_hop(req.headers_mut());
@@ -118,6 +124,7 @@ async fn resolve(
         deadline,
         snapshot,
         started,
+        present,
     })
 }
 

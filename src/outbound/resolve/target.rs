@@ -27,7 +27,7 @@ pub(in crate::outbound) enum Wanted {
 
 /// Resolves the capability from the `reach-capability` header or a `<capability>.reach` authority.
 pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
-    match wanted(req)? {
+    match wanted(req, headers::Present::ALL)? {
         Wanted::Named(name) | Wanted::Override(name) => Ok(name),
         Wanted::Intent => Err(ReachError::MissingCapability),
     }
@@ -35,7 +35,11 @@ pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
 
 /// What a call asks for: a capability by name (the cheap, common path: no allocation beyond the
 /// name), by intent, or by name over an intent.
-pub(in crate::outbound) fn wanted<B>(req: &Request<B>) -> Result<Wanted, ReachError> {
+/// `present` says which headers to look up at all.
+pub(in crate::outbound) fn wanted<B>(
+    req: &Request<B>,
+    present: headers::Present,
+) -> Result<Wanted, ReachError> {
     if req.method() == Method::CONNECT {
         let host = req
             .uri()
@@ -44,7 +48,11 @@ pub(in crate::outbound) fn wanted<B>(req: &Request<B>) -> Result<Wanted, ReachEr
             .unwrap_or_default();
         return Err(ReachError::ForeignHost { host });
     }
-    let from_header = match req.headers().get(headers::CAPABILITY) {
+    let capability = present
+        .has(headers::Present::CAPABILITY)
+        .then(|| req.headers().get(headers::CAPABILITY))
+        .flatten();
+    let from_header = match capability {
         Some(value) => Some(
             value
                 .to_str()
@@ -63,7 +71,8 @@ pub(in crate::outbound) fn wanted<B>(req: &Request<B>) -> Result<Wanted, ReachEr
         .as_ref()
         .is_some_and(|name| name.as_str() == ANY);
     let from_header = from_header.filter(|_| !asked_any);
-    let intent = req.headers().contains_key(headers::INTENT);
+    let intent =
+        present.has(headers::Present::INTENT) && req.headers().contains_key(headers::INTENT);
     let named = |name| {
         if intent {
             Wanted::Override(name)
@@ -222,7 +231,10 @@ mod tests {
 
     #[test]
     fn any_reach_or_an_intent_asks_for_intent_routing_and_a_name_overrides_it() {
-        let w = |r: Request<()>| wanted(&r).map_err(|e| e.code().to_owned());
+        let w = |r: Request<()>| {
+            let present = headers::Present::of(r.headers());
+            wanted(&r, present).map_err(|e| e.code().to_owned())
+        };
         let name = |n: &str| Name::parse(n).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             w(req("/", Some("ANY.reach:4140"), None)),
