@@ -388,3 +388,83 @@ fn attribute(key: &str, value: any_value::Value) -> KeyValue {
         ..KeyValue::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use tokio::sync::mpsc;
+
+    fn tracer() -> (Tracer, mpsc::Receiver<Finished>) {
+        let (queue, spans) = mpsc::channel(8);
+        let shared = super::super::Shared {
+            queue,
+            ratio: 1.0,
+            dropped: Default::default(),
+            exported: Default::default(),
+            failed: Default::default(),
+        };
+        (Tracer(Some(Arc::new(shared))), spans)
+    }
+
+    fn attempt(tracer: &Tracer) -> AttemptSpan {
+        let mut req = Request::new(());
+        let active = Active::start(tracer, 1.0, "outbound", &mut req);
+        AttemptSpan::start(
+            Some(&active),
+            req.headers_mut(),
+            "llm",
+            "llm-1",
+            1,
+            0.5,
+            None,
+        )
+        .expect("sampled")
+    }
+
+    fn value(span: &Span, key: &str) -> Option<any_value::Value> {
+        let kv = span.attributes.iter().find(|kv| kv.key == key)?;
+        kv.value.clone()?.value
+    }
+
+    #[test]
+    fn a_deferred_span_ends_once_with_the_tokens_or_on_drop_without_them() {
+        let (tracer, mut spans) = tracer();
+        let ok = Some(http::StatusCode::OK);
+        let deferred = DeferredSpan::new(attempt(&tracer), ok, Outcome::Success, "llm".into());
+        assert!(spans.try_recv().is_err(), "held until the body has passed");
+        let answer = ModelAnswer {
+            model: Some("gpt-test"),
+            tokens: Some((3, 4)),
+            first_token: Some(std::time::Duration::from_millis(250)),
+        };
+        deferred.finish(&answer, false);
+        drop(deferred);
+        let Finished(span) = spans.try_recv().expect("ended");
+        assert!(spans.try_recv().is_err(), "ended once");
+        let int = |n| Some(any_value::Value::IntValue(n));
+        assert_eq!(value(&span, key::GEN_AI_INPUT_TOKENS), int(3));
+        assert_eq!(value(&span, key::GEN_AI_OUTPUT_TOKENS), int(4));
+        let model = Some(any_value::Value::StringValue("gpt-test".into()));
+        assert_eq!(value(&span, key::GEN_AI_REQUEST_MODEL), model);
+        assert_eq!(
+            value(&span, key::TIME_TO_FIRST_TOKEN),
+            Some(any_value::Value::DoubleValue(0.25))
+        );
+
+        // Dropped unread (a 429 retried elsewhere): ended then, with the provider only.
+        let refused = Some(http::StatusCode::TOO_MANY_REQUESTS);
+        drop(DeferredSpan::new(
+            attempt(&tracer),
+            refused,
+            Outcome::Rejected,
+            "llm".into(),
+        ));
+        let Finished(span) = spans.try_recv().expect("ended on drop");
+        let llm = Some(any_value::Value::StringValue("llm".into()));
+        assert_eq!(value(&span, key::GEN_AI_PROVIDER), llm);
+        assert_eq!(value(&span, key::STATUS), int(429));
+        assert!(value(&span, key::GEN_AI_INPUT_TOKENS).is_none());
+    }
+}
