@@ -122,16 +122,19 @@ impl Peer {
     }
 
     /// Who a call to this peer must reach, over mutual TLS, under `mode`; `None`: plaintext. A
-    /// plain service (an external target) is always called in plaintext; a peer sidecar that
+    /// plain service (an external target's `http://` endpoint) is [`Expected::Plain`]: plaintext
+    /// and HTTP/1.1 whatever the peer protocol; a peer sidecar that
     /// announces no identity is called in plaintext only outside `strict` — in `strict` over TLS
     /// all the same, to any SVID of the trust domain.
     pub fn dial_identity(&self, mode: MtlsMode) -> Option<Expected> {
         if let Some(tls) = &self.tls {
             return Some(Expected::Server(tls.clone()));
         }
+        if self.is_external() {
+            return Some(Expected::Plain);
+        }
         match (mode, &self.identity) {
             (MtlsMode::Disabled, _) => None,
-            _ if self.is_external() => None,
             (_, Some(identity)) => Some(Expected::Exactly(identity.clone())),
             (MtlsMode::Permissive, None) => None,
             (MtlsMode::Strict, None) => Some(Expected::TrustDomain),

@@ -27,6 +27,8 @@ pub struct Watch {
     pub metrics: Arc<Metrics>,
     /// When the request was sent: a stream's first event is timed from it.
     pub sent: std::time::Instant,
+    /// The attempt's span, when the call is traced: ended with the tokens once they are read.
+    pub span: Option<Arc<crate::trace::DeferredSpan>>,
 }
 
 /// Tokens an answer reported, and for which model.
@@ -74,8 +76,8 @@ pub struct Then<F> {
 #[derive(Debug, Default)]
 struct Reader {
     stream: bool,
-    /// A stream's first data frame has been timed.
-    first_seen: bool,
+    /// A stream's first data frame, from when the request was sent.
+    first: Option<std::time::Duration>,
     held: Vec<u8>,
     usage: Usage,
     overflow: bool,
@@ -109,11 +111,23 @@ impl<F> std::fmt::Debug for Then<F> {
 
 impl<F: OnEnd> OnEnd for Then<F> {
     fn end(self, end: BodyEnd) {
-        if let (Some((watch, reader)), BodyEnd::Complete) = (self.watch, end) {
-            if let Some(usage) = reader.finish() {
+        if let Some((watch, reader)) = self.watch {
+            let first_token = reader.first;
+            let usage = (end == BodyEnd::Complete)
+                .then(|| reader.finish())
+                .flatten();
+            if let Some(usage) = &usage {
                 let model = usage.model.as_deref();
                 let m = &watch.metrics;
                 m.token_usage(&watch.provider, model, usage.input, usage.output);
+            }
+            if let Some(span) = &watch.span {
+                let answer = crate::trace::ModelAnswer {
+                    model: usage.as_ref().and_then(|u| u.model.as_deref()),
+                    tokens: usage.as_ref().map(|u| (u.input, u.output)),
+                    first_token,
+                };
+                span.finish(&answer, end == BodyEnd::Error);
             }
         }
         self.then.end(end);
@@ -123,9 +137,9 @@ impl<F: OnEnd> OnEnd for Then<F> {
 impl<F: OnEnd> Observer<Bytes> for Then<F> {
     fn frame(&mut self, frame: &Frame<Bytes>) -> ControlFlow<()> {
         if let (Some((watch, reader)), Some(data)) = (self.watch.as_mut(), frame.data_ref()) {
-            if reader.stream && !reader.first_seen && !data.is_empty() {
-                reader.first_seen = true;
+            if reader.stream && reader.first.is_none() && !data.is_empty() {
                 let ttft = watch.sent.elapsed();
+                reader.first = Some(ttft);
                 watch.metrics.time_to_first_token(&watch.provider, ttft);
             }
             reader.read(data);

@@ -130,6 +130,8 @@ fn learn_budget<B>(
         provider: Arc::from(target),
         metrics: budgets.1.clone(),
         sent,
+        // Set by the attempt's span when the call is traced (`retry::end`).
+        span: None,
     });
     let group = snapshot
         .policy

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tower::Service;
 
 pub use context::{parse as parse_traceparent, SpanContext, TRACEPARENT, TRACESTATE};
-pub use span::{key, Active, AttemptSpan};
+pub use span::{key, Active, AttemptSpan, DeferredSpan, ModelAnswer};
 
 use crate::classify::Class;
 use crate::config::{Policy, TracingConfig};

@@ -28,6 +28,14 @@ pub mod key {
     pub const CHAIN: &str = "reach.chain";
     pub const METHOD: &str = "http.request.method";
     pub const STATUS: &str = "http.response.status_code";
+    /// An attempt on an external target: OpenTelemetry's GenAI names (`docs/traces.md`).
+    pub const GEN_AI_PROVIDER: &str = "gen_ai.provider.name";
+    pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
+    pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
+    pub const GEN_AI_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+    pub const GEN_AI_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+    /// A streamed answer's first event, in seconds from when the request was sent.
+    pub const TIME_TO_FIRST_TOKEN: &str = "reach.time_to_first_token";
 }
 
 /// A finished span, as the exporter encodes it.
@@ -195,12 +203,18 @@ impl AttemptSpan {
 
     /// Ends the attempt: `status` when a response came back.
     pub fn finish(self, status: Option<http::StatusCode>, outcome: Outcome) {
+        self.finish_with(status, outcome, Vec::new());
+    }
+
+    /// [`AttemptSpan::finish`] with `extra` attributes.
+    fn finish_with(self, status: Option<http::StatusCode>, outcome: Outcome, extra: Vec<KeyValue>) {
         let Attempting {
             server,
             context,
             start,
             mut attributes,
         } = *self.0;
+        attributes.extend(extra);
         if let Some(status) = status {
             attributes.push(int(key::STATUS, i64::from(status.as_u16())));
         }
@@ -215,6 +229,80 @@ impl AttemptSpan {
             start,
         };
         server.tracer.send(record.finish(attributes, outcome));
+    }
+}
+
+/// What an external target's answer told, for the span of the attempt that got it.
+#[derive(Debug, Default)]
+pub struct ModelAnswer<'a> {
+    /// The model the answer names.
+    pub model: Option<&'a str>,
+    /// Input and output tokens, when the answer reported them.
+    pub tokens: Option<(u64, u64)>,
+    /// A stream's first event, from when the request was sent.
+    pub first_token: Option<std::time::Duration>,
+}
+
+/// An attempt's span on an external target, held open until its answer's body has passed, so
+/// it can carry the tokens the body reports. Shared by the answer's token reader
+/// (`src/budget/usage.rs`); when the answer is dropped unread (a 429 retried elsewhere) the span
+/// ends then, without them.
+#[derive(Debug)]
+pub struct DeferredSpan(Mutex<Option<Held>>);
+
+#[derive(Debug)]
+struct Held {
+    span: AttemptSpan,
+    status: Option<http::StatusCode>,
+    outcome: Outcome,
+    provider: Arc<str>,
+}
+
+impl DeferredSpan {
+    /// Holds `span`, ended as `status` and `outcome` said, for a call to target `provider`.
+    pub fn new(
+        span: AttemptSpan,
+        status: Option<http::StatusCode>,
+        outcome: Outcome,
+        provider: Arc<str>,
+    ) -> Arc<Self> {
+        Arc::new(Self(Mutex::new(Some(Held {
+            span,
+            status,
+            outcome,
+            provider,
+        }))))
+    }
+
+    /// Ends the span with what the answer told; `failed` when its body broke mid-way.
+    pub fn finish(&self, answer: &ModelAnswer<'_>, failed: bool) {
+        let held = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(held) = held else { return };
+        let mut extra = vec![text(key::GEN_AI_PROVIDER, &held.provider)];
+        if let Some(model) = answer.model {
+            extra.push(text(key::GEN_AI_REQUEST_MODEL, model));
+            extra.push(text(key::GEN_AI_RESPONSE_MODEL, model));
+        }
+        if let Some((input, output)) = answer.tokens {
+            let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            extra.push(int(key::GEN_AI_INPUT_TOKENS, count(input)));
+            extra.push(int(key::GEN_AI_OUTPUT_TOKENS, count(output)));
+        }
+        if let Some(first) = answer.first_token {
+            extra.push(double(key::TIME_TO_FIRST_TOKEN, first.as_secs_f64()));
+        }
+        let outcome = if failed {
+            Outcome::Failure
+        } else {
+            held.outcome
+        };
+        held.span.finish_with(held.status, outcome, extra);
+    }
+}
+
+impl Drop for DeferredSpan {
+    fn drop(&mut self) {
+        self.finish(&ModelAnswer::default(), false);
     }
 }
 
@@ -298,5 +386,85 @@ fn attribute(key: &str, value: any_value::Value) -> KeyValue {
         key: key.to_owned(),
         value: Some(AnyValue { value: Some(value) }),
         ..KeyValue::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use tokio::sync::mpsc;
+
+    fn tracer() -> (Tracer, mpsc::Receiver<Finished>) {
+        let (queue, spans) = mpsc::channel(8);
+        let shared = super::super::Shared {
+            queue,
+            ratio: 1.0,
+            dropped: Default::default(),
+            exported: Default::default(),
+            failed: Default::default(),
+        };
+        (Tracer(Some(Arc::new(shared))), spans)
+    }
+
+    fn attempt(tracer: &Tracer) -> AttemptSpan {
+        let mut req = Request::new(());
+        let active = Active::start(tracer, 1.0, "outbound", &mut req);
+        AttemptSpan::start(
+            Some(&active),
+            req.headers_mut(),
+            "llm",
+            "llm-1",
+            1,
+            0.5,
+            None,
+        )
+        .expect("sampled")
+    }
+
+    fn value(span: &Span, key: &str) -> Option<any_value::Value> {
+        let kv = span.attributes.iter().find(|kv| kv.key == key)?;
+        kv.value.clone()?.value
+    }
+
+    #[test]
+    fn a_deferred_span_ends_once_with_the_tokens_or_on_drop_without_them() {
+        let (tracer, mut spans) = tracer();
+        let ok = Some(http::StatusCode::OK);
+        let deferred = DeferredSpan::new(attempt(&tracer), ok, Outcome::Success, "llm".into());
+        assert!(spans.try_recv().is_err(), "held until the body has passed");
+        let answer = ModelAnswer {
+            model: Some("gpt-test"),
+            tokens: Some((3, 4)),
+            first_token: Some(std::time::Duration::from_millis(250)),
+        };
+        deferred.finish(&answer, false);
+        drop(deferred);
+        let Finished(span) = spans.try_recv().expect("ended");
+        assert!(spans.try_recv().is_err(), "ended once");
+        let int = |n| Some(any_value::Value::IntValue(n));
+        assert_eq!(value(&span, key::GEN_AI_INPUT_TOKENS), int(3));
+        assert_eq!(value(&span, key::GEN_AI_OUTPUT_TOKENS), int(4));
+        let model = Some(any_value::Value::StringValue("gpt-test".into()));
+        assert_eq!(value(&span, key::GEN_AI_REQUEST_MODEL), model);
+        assert_eq!(
+            value(&span, key::TIME_TO_FIRST_TOKEN),
+            Some(any_value::Value::DoubleValue(0.25))
+        );
+
+        // Dropped unread (a 429 retried elsewhere): ended then, with the provider only.
+        let refused = Some(http::StatusCode::TOO_MANY_REQUESTS);
+        drop(DeferredSpan::new(
+            attempt(&tracer),
+            refused,
+            Outcome::Rejected,
+            "llm".into(),
+        ));
+        let Finished(span) = spans.try_recv().expect("ended on drop");
+        let llm = Some(any_value::Value::StringValue("llm".into()));
+        assert_eq!(value(&span, key::GEN_AI_PROVIDER), llm);
+        assert_eq!(value(&span, key::STATUS), int(429));
+        assert!(value(&span, key::GEN_AI_INPUT_TOKENS).is_none());
     }
 }

@@ -26,6 +26,10 @@ pub enum Expected {
     /// An external target's `https://` endpoint: a server certificate for its host, by a chain
     /// to the Mozilla roots or the target's `ca_file` (no SPIFFE ID).
     Server(std::sync::Arc<TargetTls>),
+    /// An external target's `http://` endpoint: plaintext, nothing to prove, and HTTP/1.1 even
+    /// under `peer_protocol: http2` (a plain service is no sidecar: prior knowledge is not
+    /// assumed of it).
+    Plain,
 }
 
 impl std::fmt::Display for Expected {
@@ -34,6 +38,7 @@ impl std::fmt::Display for Expected {
             Expected::Exactly(id) => f.write_str(id.as_str()),
             Expected::TrustDomain => f.write_str("any identity of the trust domain"),
             Expected::Server(tls) => std::fmt::Display::fmt(tls, f),
+            Expected::Plain => f.write_str("a plain HTTP service"),
         }
     }
 }

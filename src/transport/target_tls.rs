@@ -1,6 +1,7 @@
 //! TLS to an external target's `https://` endpoint: the server's chain checked against the
 //! Mozilla roots built in (`webpki-roots`), or the target's `ca_file` bundle instead, for the
-//! host the endpoint names (sent as SNI). HTTP/1.1 only: ALPN offers `http/1.1`. Built once per
+//! host the endpoint names (sent as SNI). ALPN offers `h2` then `http/1.1`: the pool speaks
+//! HTTP/2 when the server picks it ([`negotiated_h2`]), HTTP/1.1 otherwise. Built once per
 //! config generation per target (`Peer::from_target`) and shared by its endpoints, so a target
 //! has one session cache (resumption). A peer sidecar never comes here: nothing per call for it.
 
@@ -109,7 +110,12 @@ impl TargetTls {
     }
 }
 
-/// The server name and client config for `host`: HTTP/1.1 by ALPN, TLS 1.2 and 1.3.
+/// Whether the server of a target's TLS connection picked ALPN `h2`.
+pub fn negotiated_h2<IO>(stream: &tokio_rustls::client::TlsStream<IO>) -> bool {
+    stream.get_ref().1.alpn_protocol() == Some(b"h2")
+}
+
+/// The server name and client config for `host`: `h2` or `http/1.1` by ALPN, TLS 1.2 and 1.3.
 fn client(
     host: &str,
     ca_file: Option<&Path>,
@@ -128,7 +134,7 @@ fn client(
         .map_err(TargetTlsError::Setup)?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok((name, Arc::new(config)))
 }
 

@@ -108,15 +108,26 @@ async fn an_external_target_over_its_rate_limit_is_refused_at_once() {
 
 /// A model provider over TLS, as a real one is: a certificate for `localhost` from a test CA,
 /// `/v1/chat/completions` answered in JSON or, for `"stream":true`, as an SSE stream whose second
-/// event waits for `release`; OpenAI's rate-limit headers on every answer.
+/// event waits for `release`; OpenAI's rate-limit headers on every answer. It speaks what its
+/// ALPN list offers (`h2` and `http/1.1`, as the big providers, or `http/1.1` only).
 struct TlsProvider {
     addr: SocketAddr,
-    /// Each request's `authorization` and `host`.
-    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    /// Each request's `authorization`, `host` (`:authority` over HTTP/2) and HTTP version.
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>,
     release: std::sync::Arc<tokio::sync::Notify>,
+    /// TLS connections accepted.
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
+/// Offers ALPN `h2` and `http/1.1`, in that order.
+const H2_AND_H1: &[&[u8]] = &[b"h2", b"http/1.1"];
+const H1_ONLY: &[&[u8]] = &[b"http/1.1"];
+
 async fn tls_provider(ca: &agent_reach::pki::DevCa) -> TlsProvider {
+    tls_provider_with(ca, H1_ONLY).await
+}
+
+async fn tls_provider_with(ca: &agent_reach::pki::DevCa, alpn: &[&[u8]]) -> TlsProvider {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let issued = ca
@@ -134,26 +145,32 @@ async fn tls_provider(ca: &agent_reach::pki::DevCa) -> TlsProvider {
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .unwrap();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let served = TlsProvider {
         addr: listener.local_addr().unwrap(),
         seen: Default::default(),
         release: Default::default(),
+        connections: Default::default(),
     };
     let (seen, release) = (served.seen.clone(), served.release.clone());
+    let connections = served.connections.clone();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let (acceptor, seen, release) = (acceptor.clone(), seen.clone(), release.clone());
+            let connections = connections.clone();
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
                 };
+                connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let service = hyper::service::service_fn(move |req| {
                     answer(req, seen.clone(), release.clone())
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
+                // HTTP/2 when the client sent its preface (it does after ALPN `h2`), else 1.1.
+                let executor = hyper_util::rt::TokioExecutor::new();
+                let _ = hyper_util::server::conn::auto::Builder::new(executor)
                     .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
                     .await;
             });
@@ -164,7 +181,7 @@ async fn tls_provider(ca: &agent_reach::pki::DevCa) -> TlsProvider {
 
 async fn answer(
     req: http::Request<hyper::body::Incoming>,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>,
     release: std::sync::Arc<tokio::sync::Notify>,
 ) -> Result<http::Response<agent_reach::http::ReachBody>, std::convert::Infallible> {
     use http_body_util::BodyExt;
@@ -175,9 +192,14 @@ async fn answer(
             .unwrap_or_default()
             .to_owned()
     };
+    let host = match req.uri().authority() {
+        Some(authority) => authority.to_string(),
+        None => header("host"),
+    };
+    let version = format!("{:?}", req.version());
     seen.lock()
         .unwrap()
-        .push((header("authorization"), header("host")));
+        .push((header("authorization"), host, version));
     let body = req.into_body().collect().await.unwrap().to_bytes();
     let response = http::Response::builder()
         .header("x-ratelimit-limit-requests", "100")
@@ -239,9 +261,29 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
 
 #[tokio::test]
 async fn an_https_target_is_called_over_tls_with_the_agents_authorization_and_streams() {
+    called_over_tls(H1_ONLY, "HTTP/1.1", "tls-h1").await;
+}
+
+/// A provider whose server picks `h2`: the same calls over one multiplexed HTTP/2 connection,
+/// the stream still chunk by chunk (whatever `peer_protocol` says: it is for sidecars).
+#[tokio::test]
+async fn an_https_target_that_picks_h2_is_called_over_http2_on_one_connection() {
+    let provider = called_over_tls(H2_AND_H1, "HTTP/2.0", "tls-h2").await;
+    assert_eq!(
+        provider
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the JSON call, the stream and the eight concurrent calls shared one connection"
+    );
+}
+
+/// Calls a TLS provider offering `alpn` through a sidecar: JSON, a stream read chunk by chunk,
+/// eight concurrent calls; each request reached it as `version`.
+async fn called_over_tls(alpn: &[&[u8]], version: &str, tag: &str) -> TlsProvider {
     let ca = agent_reach::pki::DevCa::new("test-ca").unwrap();
-    let provider = tls_provider(&ca).await;
-    let dir = temp_dir("tls-ok");
+    let provider = tls_provider_with(&ca, alpn).await;
+    let dir = temp_dir(tag);
     let mut policy = Policy::default();
     policy.targets.push(tls_target(provider.addr, &ca, &dir));
     let caller = caller_with(policy).await;
@@ -262,7 +304,11 @@ async fn an_https_target_is_called_over_tls_with_the_agents_authorization_and_st
     let port = provider.addr.port();
     assert_eq!(
         provider.seen.lock().unwrap().first().cloned(),
-        Some((secret.to_owned(), format!("localhost:{port}"))),
+        Some((
+            secret.to_owned(),
+            format!("localhost:{port}"),
+            version.to_owned()
+        )),
         "the agent's own authorization reached the provider, with the endpoint's host"
     );
 
@@ -297,12 +343,79 @@ async fn an_https_target_is_called_over_tls_with_the_agents_authorization_and_st
         .to_bytes();
     assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
 
+    // Concurrent calls, all answered.
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                send(
+                    &client(),
+                    "POST",
+                    &url,
+                    &[("host", "llm.reach"), ("authorization", secret)],
+                    r#"{"model":"m"}"#,
+                )
+                .await
+                .status
+            })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap(), 200);
+    }
+    let seen = provider.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 10);
+    assert!(seen.iter().all(|(_, _, v)| v == version), "{seen:?}");
+
     // The secret is shown nowhere the sidecar shows things.
     for page in ["status", "metrics"] {
         let shown = get(&client(), &format!("http://{}/{page}", caller.addrs.admin)).await;
         assert!(!shown.body.contains("s3cret"), "/{page} shows the key");
     }
     let _ = std::fs::remove_dir_all(&dir);
+    provider
+}
+
+/// A plain `http://` target is no sidecar: under `peer_protocol: http2` it is still called over
+/// HTTP/1.1 (prior knowledge would break an HTTP/1.1-only service).
+#[tokio::test]
+async fn a_plain_target_gets_http1_under_peer_protocol_http2() {
+    // Answers with the version each request came in: it serves both, as hyper's auto server.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|req: http::Request<_>| async move {
+                    let version = format!("{:?}", req.version());
+                    Ok::<_, std::convert::Infallible>(http::Response::new(
+                        agent_reach::http::body::full(version),
+                    ))
+                });
+                let executor = hyper_util::rt::TokioExecutor::new();
+                let _ = hyper_util::server::conn::auto::Builder::new(executor)
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    let mut policy = Policy::default();
+    policy.pool.peer_protocol = agent_reach::config::PeerProtocol::Http2;
+    policy.targets.push(target(addr, None));
+    let caller = caller_with(policy).await;
+    let url = format!("http://{}/stock", caller.addrs.outbound);
+    for _ in 0..2 {
+        let reply = send(
+            &client(),
+            "GET",
+            &url,
+            &[("reach-capability", "inventory")],
+            "",
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.body, "HTTP/1.1");
+    }
 }
 
 #[tokio::test]

@@ -16,8 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::demo::demo_policy;
-use crate::mock_agent::{MockAgent, MockConfig, Mode};
-use agent_reach::config::{CapabilityPolicy, HumanDuration, Policy};
+use crate::mock_agent::{MockAgent, MockConfig, Mode, ProviderBudget, ProviderHeaders};
+use agent_reach::config::{
+    CapabilityPolicy, ExternalTarget, HumanDuration, Name, Policy, TargetEndpoint,
+};
 use agent_reach::reach::State;
 use agent_reach::{Bootstrap, Sidecar};
 use serde_json::Value;
@@ -261,11 +263,35 @@ fn dashboard_queries(window: &str) -> Vec<Panel> {
 struct Fleet {
     agents: Vec<(MockAgent, Sidecar)>,
     caller: Sidecar,
+    /// The model provider the agents' sidecars know as the external target [`LLM`].
+    _provider: MockAgent,
 }
 
+/// The capability the agents' own model calls name (the dashboard's model-budget panels).
+const LLM: &str = "llm";
+
 impl Fleet {
-    /// Three agents serving both capabilities behind their sidecars, a caller that knows them.
-    async fn start(policy: Policy) -> Self {
+    /// Three agents serving both capabilities behind their sidecars, a caller that knows them,
+    /// and a model provider every sidecar has as a target.
+    async fn start(mut policy: Policy) -> Self {
+        let mut config = MockConfig::new("provider");
+        config.provider = ProviderBudget {
+            requests: Some(1_000_000),
+            window: Duration::from_secs(60),
+            headers: ProviderHeaders::Honest,
+            ..ProviderBudget::default()
+        };
+        let provider = mock(config).await;
+        policy.targets.push(ExternalTarget {
+            name: Name::parse(LLM).unwrap(),
+            capability: Name::parse(LLM).unwrap(),
+            endpoints: vec![TargetEndpoint::parse(&provider.addr.to_string()).unwrap()],
+            ca_file: None,
+            timeout: None,
+            max_concurrency: None,
+            rate_limit: None,
+            budget_group: None,
+        });
         let mut caller =
             Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
         let mut agents = Vec::new();
@@ -283,7 +309,11 @@ impl Fleet {
             agents.push((agent, callee));
         }
         let caller = sidecar_with(caller, policy, Default::default()).await;
-        Self { agents, caller }
+        Self {
+            agents,
+            caller,
+            _provider: provider,
+        }
     }
 
     fn sidecars(&self) -> impl Iterator<Item = &Sidecar> {
@@ -316,13 +346,25 @@ impl Fleet {
     }
 }
 
-/// Calls to both capabilities, one after another, until `stop`.
-fn background_traffic(outbound: SocketAddr, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+/// Calls to both capabilities, one after another, and each agent's own model calls (a JSON
+/// answer and a stream) through its sidecar, until `stop`.
+fn background_traffic(
+    outbound: SocketAddr,
+    agents: Vec<SocketAddr>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let (c, url) = (client(), format!("http://{outbound}/review"));
+        let models = [r#"{"model":"m"}"#, r#"{"model":"m","stream":true}"#];
         while !stop.load(Ordering::Relaxed) {
             for capability in [CAP, OBSERVED] {
                 send(&c, "POST", &url, &[("reach-capability", capability)], "x").await;
+            }
+            for agent in &agents {
+                let url = format!("http://{agent}/v1/chat/completions");
+                for body in models {
+                    send(&c, "POST", &url, &[("reach-capability", LLM)], body).await;
+                }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -358,7 +400,8 @@ async fn every_dashboard_query_has_data_and_the_ejection_panels_count_the_ejecti
     prometheus.wait_for_targets(admins.len()).await;
 
     let stop = Arc::new(AtomicBool::new(false));
-    let traffic = background_traffic(fleet.caller.addrs.outbound, stop.clone());
+    let agents = fleet.agents.iter().map(|(_, s)| s.addrs.outbound).collect();
+    let traffic = background_traffic(fleet.caller.addrs.outbound, agents, stop.clone());
     eventually(
         Duration::from_secs(15),
         "the caller sees every agent healthy",

@@ -305,3 +305,107 @@ async fn a_failed_attempt_is_an_error_span_and_the_retry_says_why() {
     caller.shutdown().await;
     callee.shutdown().await;
 }
+
+fn double(attributes: &[KeyValue], name: &str) -> Option<f64> {
+    attributes.iter().find(|kv| kv.key == name).and_then(|kv| {
+        match kv.value.as_ref()?.value.as_ref()? {
+            Value::DoubleValue(d) => Some(*d),
+            _ => None,
+        }
+    })
+}
+
+/// A call to a model provider (an external target) is an `attempt` span with OpenTelemetry's
+/// GenAI attributes, read from the answer's `usage` once its body has passed: a JSON answer and
+/// a stream (which also says when its first event came).
+#[tokio::test]
+async fn an_attempt_on_a_model_provider_carries_its_tokens() {
+    use crate::mock_agent::{MockConfig, ProviderBudget, ProviderHeaders};
+    use agent_reach::config::{ExternalTarget, Name, Policy, TargetEndpoint};
+    let (collector, received) = receiver().await;
+    let mut config = MockConfig::new("provider");
+    config.provider = ProviderBudget {
+        requests: Some(100),
+        window: Duration::from_secs(60),
+        headers: ProviderHeaders::Honest,
+        ..ProviderBudget::default()
+    };
+    let provider = support::mock(config).await;
+    let mut policy = Policy::default();
+    policy.targets.push(ExternalTarget {
+        name: Name::parse("llm").unwrap(),
+        capability: Name::parse("llm").unwrap(),
+        endpoints: vec![TargetEndpoint::parse(&provider.addr.to_string()).unwrap()],
+        ca_file: None,
+        timeout: None,
+        max_concurrency: None,
+        rate_limit: None,
+        budget_group: None,
+    });
+    let caller = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
+    let caller = support::sidecar_with(
+        traced(caller, collector, "caller"),
+        policy,
+        Default::default(),
+    )
+    .await;
+    let url = format!("http://{}/v1/chat/completions", caller.addrs.outbound);
+    for body in [
+        r#"{"model":"gpt-test"}"#,
+        r#"{"model":"gpt-test","stream":true}"#,
+    ] {
+        let reply = send(
+            &client(),
+            "POST",
+            &url,
+            &[("reach-capability", "llm")],
+            body,
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let model_spans = || -> Vec<Span> {
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, s)| {
+                s.kind == SpanKind::Client as i32
+                    && text(&s.attributes, key::GEN_AI_PROVIDER).as_deref() == Some("llm")
+            })
+            .map(|(_, s)| s.clone())
+            .collect()
+    };
+    eventually(Duration::from_secs(10), "both attempts' spans", || {
+        let n = model_spans().len();
+        async move { n == 2 }
+    })
+    .await;
+    let spans = model_spans();
+    for span in &spans {
+        let a = &span.attributes;
+        assert_eq!(
+            text(a, key::GEN_AI_REQUEST_MODEL).as_deref(),
+            Some("gpt-test")
+        );
+        assert!(
+            int(a, key::GEN_AI_INPUT_TOKENS).is_some_and(|n| n > 0),
+            "{a:?}"
+        );
+        assert!(
+            int(a, key::GEN_AI_OUTPUT_TOKENS).is_some_and(|n| n > 0),
+            "{a:?}"
+        );
+        assert_eq!(text(a, key::OUTCOME).as_deref(), Some("success"));
+    }
+    let first_tokens: Vec<f64> = spans
+        .iter()
+        .filter_map(|s| double(&s.attributes, key::TIME_TO_FIRST_TOKEN))
+        .collect();
+    assert_eq!(first_tokens.len(), 1, "only the stream has a first token");
+    assert!(
+        first_tokens[0] > 0.0 && first_tokens[0] < 10.0,
+        "{first_tokens:?}"
+    );
+    caller.shutdown().await;
+}

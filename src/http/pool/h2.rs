@@ -1,12 +1,14 @@
-//! HTTP/2 to peer sidecars (`pool.peer_protocol: http2`): one multiplexed connection per peer
-//! address and identity, another only while one has [`MAX_STREAMS`] requests in flight.
+//! HTTP/2 to peer sidecars (`pool.peer_protocol: http2`) and to `https://` targets whose server
+//! picks `h2` by ALPN: one multiplexed connection per address and identity, another only while
+//! one has [`MAX_STREAMS`] requests in flight.
 //!
 //! Unlike the HTTP/1.1 connections of the parent module, an HTTP/2 connection is shared by
 //! requests on many tasks at once, so it runs in a task of its own (hyper's `http2` client
 //! connection) and requests reach it through `SendRequest`, a cheap clone. Plaintext peers get
-//! prior knowledge (the connection preface at once); over mutual TLS the client offers ALPN `h2`
-//! then `http/1.1`, and a server that picked `http/1.1` gets the HTTP/1.1 pool for that address
-//! (re-asked after [`H1_RECHECK`]: the callee may be upgraded meanwhile).
+//! prior knowledge (the connection preface at once); over TLS (mutual to a peer, to a target's
+//! server) the client offers ALPN `h2` then `http/1.1`, and a server that picked `http/1.1` gets
+//! the HTTP/1.1 pool for that address (re-asked after [`H1_RECHECK`]: the callee may be upgraded
+//! meanwhile). A plain `http://` target never comes here (`Pool::via_h2`).
 //!
 //! Failures keep the parent's meaning: a connection that could not be made, a request the peer
 //! refused before running it (`REFUSED_STREAM`, or a stream above a graceful `GOAWAY`'s last),
@@ -179,14 +181,21 @@ impl Pool {
         if h2.speaks_h1(authority) {
             return self.send_h1(req, authority, identity).await;
         }
-        h2_form(&mut req, self.scheme(), authority)?;
+        match identity {
+            // `:scheme` and `:authority` as the target's server knows itself (as its `Host`).
+            Some(Expected::Server(tls)) => {
+                let shown = tls.host_header().to_str().unwrap_or(authority);
+                h2_form(&mut req, &Scheme::HTTPS, shown)?;
+            }
+            _ => h2_form(&mut req, self.scheme(), authority)?,
+        }
         loop {
             let (slot, reused) = match h2.checkout(authority, identity) {
                 Some(slot) => (slot, true),
                 None => match self.open_h2(authority, identity, h2).await? {
                     (Opened::H2(slot), reused) => (slot, reused),
                     (Opened::H1, _) => {
-                        h1_form(&mut req, authority);
+                        h1_form(&mut req, authority, identity);
                         return self.send_h1(req, authority, identity).await;
                     }
                 },
@@ -234,6 +243,10 @@ impl Pool {
         if let Some(slot) = h2.checkout(authority, identity) {
             return Ok((Opened::H2(slot), true));
         }
+        // The call that held the gate found a server that picked `http/1.1`.
+        if h2.speaks_h1(authority) {
+            return Ok((Opened::H1, false));
+        }
         let (io, speaks_h2) = self.dial(authority, identity).await?;
         if !speaks_h2 {
             let pooled = self.handshake_h1(io, authority, identity).await?;
@@ -249,7 +262,7 @@ impl Pool {
         let target: Box<str> = authority.into();
         tokio::spawn(async move {
             if let Err(err) = conn.await {
-                tracing::debug!(peer = %target, %err, "HTTP/2 connection to a peer ended");
+                tracing::debug!(upstream = %target, %err, "HTTP/2 connection ended");
             }
         });
         let conn = Arc::new(Conn {
@@ -301,11 +314,11 @@ fn strip_connection_specific(headers: &mut HeaderMap) {
 }
 
 /// Back from [`h2_form`] to what the HTTP/1.1 pool sends.
-fn h1_form(req: &mut Request<ReachBody>, authority: &str) {
+fn h1_form(req: &mut Request<ReachBody>, authority: &str, identity: Option<&Expected>) {
     *req.uri_mut() = Uri::from(super::path_of(req.uri()));
     *req.version_mut() = Version::HTTP_11;
     req.headers_mut()
-        .insert(header::HOST, headers::value(authority));
+        .insert(header::HOST, super::host_header(authority, identity));
 }
 
 /// What a stream error after the request left means: a peer that refused the stream before
@@ -339,13 +352,11 @@ fn find_h2<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a ::h2::E
 /// Requests in flight on the pool's HTTP/2 connections (tests).
 #[cfg(test)]
 pub(super) fn streams_of(pool: &Pool) -> usize {
-    pool.inner.h2.as_ref().map_or(0, |h2| {
-        lock(&h2.conns)
-            .values()
-            .flatten()
-            .map(|c| c.streams.load(Ordering::Acquire))
-            .sum()
-    })
+    lock(&pool.inner.h2.conns)
+        .values()
+        .flatten()
+        .map(|c| c.streams.load(Ordering::Acquire))
+        .sum()
 }
 
 #[cfg(test)]

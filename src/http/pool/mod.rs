@@ -63,9 +63,9 @@ trait Transported: hyper::rt::Read + hyper::rt::Write + Unpin + Send {}
 impl<T: hyper::rt::Read + hyper::rt::Write + Unpin + Send> Transported for T {}
 
 /// Dials an authority through a transport, erasing its type: in plaintext, or with mutual TLS
-/// to a peer that must present the identity given. True with the connection when it speaks
-/// HTTP/2: always in plaintext for an HTTP/2 pool (prior knowledge), when the server picked
-/// ALPN `h2` over TLS.
+/// to a peer that must present the identity given, or TLS to an external target's server. True
+/// with the connection when it speaks HTTP/2: to a plaintext peer of an HTTP/2 pool (prior
+/// knowledge), when the server picked ALPN `h2` over TLS; never to a plain external target.
 type Dial = Arc<
     dyn Fn(
             Uri,
@@ -80,23 +80,29 @@ fn dialer<C: crate::transport::Connect>(connect: C, mesh: Option<ConnectMesh>, h
     Arc::new(move |uri: Uri, identity: Option<Expected>| {
         let (connect, mesh) = (connect.clone(), mesh.clone());
         Box::pin(async move {
-            match (identity, mesh) {
-                (None, _) => match connect.oneshot(uri).await {
-                    Ok(io) => Ok((Box::new(io) as Io, h2)),
-                    Err(err) => Err(connect_failure(&*err.into())),
-                },
-                // An external target's `https://` endpoint: HTTP/1.1 over TLS.
+            match (&identity, mesh) {
+                (None | Some(Expected::Plain), _) => {
+                    let prior_knowledge = h2 && identity.is_none();
+                    match connect.oneshot(uri).await {
+                        Ok(io) => Ok((Box::new(io) as Io, prior_knowledge)),
+                        Err(err) => Err(connect_failure(&*err.into())),
+                    }
+                }
+                // An external target's `https://` endpoint: HTTP/2 if its server picks it.
                 (Some(Expected::Server(tls)), _) => {
                     let io = connect
                         .oneshot(uri)
                         .await
                         .map_err(|err| connect_failure(&*err.into()))?;
                     match tls.connect(TokioIo::new(io)).await {
-                        Ok(stream) => Ok((Box::new(TokioIo::new(stream)) as Io, false)),
+                        Ok(stream) => {
+                            let speaks_h2 = crate::transport::target_tls::negotiated_h2(&stream);
+                            Ok((Box::new(TokioIo::new(stream)) as Io, speaks_h2))
+                        }
                         Err(err) => Err(connect_failure(&err)),
                     }
                 }
-                (Some(identity), Some(mesh)) => match mesh.connect(uri, &identity).await {
+                (Some(identity), Some(mesh)) => match mesh.connect(uri, identity).await {
                     Ok(io) => {
                         let speaks_h2 = h2 && crate::transport::negotiated_h2(&io);
                         Ok((Box::new(io) as Io, speaks_h2))
@@ -122,7 +128,7 @@ pub struct PoolConfig {
 }
 
 impl PoolConfig {
-    /// An HTTP/1.1 pool (the local agent, external targets).
+    /// An HTTP/1.1 pool (the local agent).
     pub fn from_policy(policy: &Policy) -> Self {
         Self {
             idle_timeout: policy.pool.idle_timeout.get(),
@@ -131,7 +137,8 @@ impl PoolConfig {
         }
     }
 
-    /// The peer pool: `pool.peer_protocol`.
+    /// The peer pool: `pool.peer_protocol` to peer sidecars (external targets: HTTP/1.1 in
+    /// plaintext, by ALPN over TLS).
     pub fn for_peers(policy: &Policy) -> Self {
         Self {
             protocol: policy.pool.peer_protocol,
@@ -140,8 +147,9 @@ impl PoolConfig {
     }
 }
 
-/// A pool of HTTP/1.1 connections per authority (`host:port`), or of HTTP/2 ones
-/// ([`PeerProtocol::Http2`], `h2.rs`). Cheap to clone.
+/// A pool of HTTP/1.1 connections per authority (`host:port`), and of HTTP/2 ones (`h2.rs`) to
+/// peers under [`PeerProtocol::Http2`] and to `https://` targets whose server picks `h2`. Cheap
+/// to clone.
 #[derive(Clone)]
 pub struct Pool {
     inner: Arc<Inner>,
@@ -163,8 +171,10 @@ struct Inner {
     /// What shows each authority is accepting connections (locked per new connection only).
     live: Mutex<Map<Arc<Live>>>,
     sweeping: AtomicBool,
-    /// The HTTP/2 connections, in an HTTP/2 pool.
-    h2: Option<h2::H2>,
+    /// Plaintext and mutual-TLS peers are called over HTTP/2 (`peer_protocol: http2`).
+    peers_h2: bool,
+    /// The HTTP/2 connections (empty until one is opened).
+    h2: h2::H2,
 }
 
 /// An authority's open connections and its last accepted one: each open connection holds a
@@ -326,7 +336,7 @@ impl Pool {
         mesh: Option<ConnectMesh>,
     ) -> Self {
         let scheme = connect.scheme().clone();
-        let h2 = (config.protocol == PeerProtocol::Http2).then(h2::H2::new);
+        let peers_h2 = config.protocol == PeerProtocol::Http2;
         let mut builder = http1::Builder::new();
         // Each pooled connection keeps its read buffer; bodies stream in 64 KiB reads.
         builder.max_buf_size(READ_BUFFER_MAX);
@@ -334,12 +344,13 @@ impl Pool {
             inner: Arc::new(Inner {
                 config,
                 builder,
-                dial: dialer(connect, mesh, h2.is_some()),
+                dial: dialer(connect, mesh, peers_h2),
                 scheme,
                 idle: Mutex::new(Map::default()),
                 live: Mutex::new(Map::default()),
                 sweeping: AtomicBool::new(false),
-                h2,
+                peers_h2,
+                h2: h2::H2::new(),
             }),
         }
     }
@@ -363,9 +374,20 @@ impl Pool {
         self.lock().values().map(Vec::len).sum()
     }
 
-    /// Open HTTP/2 connections (all authorities; 0 in an HTTP/1.1 pool).
+    /// Open HTTP/2 connections (all authorities).
     pub fn h2_count(&self) -> usize {
-        self.inner.h2.as_ref().map_or(0, h2::H2::open_count)
+        self.inner.h2.open_count()
+    }
+
+    /// Whether a request to an upstream that must prove `identity` goes the HTTP/2 way: to an
+    /// `https://` target, where its server's ALPN answer decides; to a peer sidecar, by
+    /// `peer_protocol`; never to a plain external target.
+    fn via_h2(&self, identity: Option<&Expected>) -> bool {
+        match identity {
+            Some(Expected::Server(_)) => true,
+            Some(Expected::Plain) => false,
+            _ => self.inner.peers_h2,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Map<Vec<Idle>>> {
@@ -462,9 +484,7 @@ impl Pool {
                     }
                     map.retain(|_, list| !list.is_empty());
                 }
-                if let Some(h2) = &inner.h2 {
-                    h2.sweep(inner.config.idle_timeout);
-                }
+                inner.h2.sweep(inner.config.idle_timeout);
                 inner.forget_quiet();
             }
         });
@@ -572,7 +592,7 @@ impl Pool {
             .await
     }
 
-    /// Over HTTP/2 in an HTTP/2 pool (which has no backlog to wait on: peers only), else
+    /// Over HTTP/2 where [`Pool::via_h2`] says (peers and targets: no backlog to wait on), else
     /// [`Pool::send_with`].
     async fn send_any(
         &self,
@@ -582,13 +602,12 @@ impl Pool {
         backlog: Backlog,
         waiting: &mut bool,
     ) -> Result<Response<UpstreamBody>, Failure> {
-        match &self.inner.h2 {
+        if self.via_h2(identity) {
             // Boxed: an HTTP/1 pool's requests should not carry the HTTP/2 path's future.
-            Some(h2) => Box::pin(self.send_h2(req, authority, identity, h2)).await,
-            None => {
-                self.send_with(req, authority, identity, backlog, waiting)
-                    .await
-            }
+            Box::pin(self.send_h2(req, authority, identity, &self.inner.h2)).await
+        } else {
+            self.send_with(req, authority, identity, backlog, waiting)
+                .await
         }
     }
 
@@ -855,23 +874,16 @@ pub async fn forward_with(
         )));
     }
     *req.version_mut() = Version::HTTP_11;
-    let host = match identity {
-        // An `https://` target's `Host` is its endpoint's, without the default port.
-        Some(Expected::Server(tls)) => tls.host_header().clone(),
-        _ => headers::value(authority),
-    };
-    req.headers_mut().insert(header::HOST, host);
+    req.headers_mut()
+        .insert(header::HOST, host_header(authority, identity));
     let mut waiting = false;
     // `send_any` written out: one `async fn` level less in every request's future.
-    let sent = match &pool.inner.h2 {
-        Some(h2) => {
-            let send = Box::pin(pool.send_h2(req, authority, identity, h2));
-            tokio::time::timeout(timeout, send).await
-        }
-        None => {
-            let send = pool.send_with(req, authority, identity, backlog, &mut waiting);
-            tokio::time::timeout(timeout, send).await
-        }
+    let sent = if pool.via_h2(identity) {
+        let send = Box::pin(pool.send_h2(req, authority, identity, &pool.inner.h2));
+        tokio::time::timeout(timeout, send).await
+    } else {
+        let send = pool.send_with(req, authority, identity, backlog, &mut waiting);
+        tokio::time::timeout(timeout, send).await
     };
     match sent {
         Ok(Ok(mut response)) => {
@@ -898,6 +910,15 @@ pub async fn forward_with(
             target: target.to_string(),
             after: timeout,
         }),
+    }
+}
+
+/// The `Host` of a request to `authority`: an `https://` target's is its endpoint's, without
+/// the default port.
+fn host_header(authority: &str, identity: Option<&Expected>) -> http::HeaderValue {
+    match identity {
+        Some(Expected::Server(tls)) => tls.host_header().clone(),
+        _ => headers::value(authority),
     }
 }
 

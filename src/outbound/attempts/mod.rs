@@ -107,7 +107,7 @@ where
         let retry = attempts.retry_reason;
         let span = retry::span(&mut try_, &parts, &route.capability, n, retry);
         let started = std::time::SystemTime::now();
-        let attempt = match attempts.hedging() {
+        let mut attempt = match attempts.hedging() {
             None => answer(inner.clone().oneshot(try_).await),
             Some(wait) => {
                 let call = (&scored[..], &tiers[..], &mut bodies, &*parts, &snapshot);
@@ -116,7 +116,7 @@ where
                 raced.attempt
             }
         };
-        retry::end(span, &attempt);
+        retry::end(span, &mut attempt);
         if !matches!(attempt, Attempt::Limited(_)) {
             out.metrics.tier_pick(tiers[chosen].as_str());
             let head = &parts.headers;

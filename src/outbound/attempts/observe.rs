@@ -107,8 +107,8 @@ where
         let sent = Instant::now();
         // The only retry here follows a connect failure.
         let span = retry::span(&mut attempt, &parts, capability, n, Some("connect_failed"));
-        let attempt = answer(inner.clone().oneshot(attempt).await);
-        retry::end(span, &attempt);
+        let mut attempt = answer(inner.clone().oneshot(attempt).await);
+        retry::end(span, &mut attempt);
         let elapsed_ms = sent.elapsed().as_secs_f64() * 1000.0;
         let retry = matches!(
             &attempt,

@@ -4,11 +4,12 @@ use http::request::Parts;
 use http::Response;
 
 use super::super::call::Try;
+use crate::budget::usage;
 pub(in crate::outbound) use crate::classify::Refusal;
 use crate::classify::{self, Class, Outcome};
 use crate::error::ReachError;
 use crate::http::pool::UpstreamBody;
-use crate::trace::AttemptSpan;
+use crate::trace::{AttemptSpan, DeferredSpan};
 
 /// How one attempt ended, as far as retrying cares.
 pub(in crate::outbound) enum Attempt<B = UpstreamBody> {
@@ -47,11 +48,24 @@ pub(in crate::outbound) fn span(
     )
 }
 
-/// Ends the attempt's span, if it has one, with how the attempt ended.
-pub(in crate::outbound) fn end<B>(span: Option<AttemptSpan>, attempt: &Attempt<B>) {
-    if let Some(span) = span {
-        let (status, outcome) = attempt.outcome();
-        span.finish(status, outcome);
+/// Ends the attempt's span, if it has one, with how the attempt ended; an external target's
+/// answer whose tokens are read (`usage::Watch`) takes it instead, to end it with them when
+/// its body has passed.
+pub(in crate::outbound) fn end<B>(span: Option<AttemptSpan>, attempt: &mut Attempt<B>) {
+    let Some(span) = span else { return };
+    let (status, outcome) = attempt.outcome();
+    let watch = match attempt {
+        Attempt::Done(response) | Attempt::Refused(response, _) => {
+            response.extensions_mut().get_mut::<usage::Watch>()
+        }
+        Attempt::Failed(_) | Attempt::Limited(_) => None,
+    };
+    match watch {
+        Some(watch) => {
+            let provider = watch.provider.clone();
+            watch.span = Some(DeferredSpan::new(span, status, outcome, provider));
+        }
+        None => span.finish(status, outcome),
     }
 }
 
