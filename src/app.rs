@@ -318,7 +318,11 @@ fn spawn_traffic(
                 "outbound",
                 layers::edge("outbound", metrics, outbound.stack()),
             ),
-            traffic_settings.clone(),
+            // The outbound steps never read the client's address.
+            ServerSettings {
+                client_address: false,
+                ..traffic_settings.clone()
+            },
             metrics.clone(),
             stop_traffic.clone(),
         )),

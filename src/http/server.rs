@@ -47,6 +47,10 @@ pub struct ServerSettings {
     pub h2_keep_alive_interval: Duration,
     /// An h2 PING unanswered this long closes the connection.
     pub h2_keep_alive_timeout: Duration,
+    /// Each request carries the client's address ([`ClientAddr`]) for the service to read.
+    /// Off where nothing reads it (the outbound listener): a request whose extensions stay
+    /// empty allocates no map for them.
+    pub client_address: bool,
 }
 
 /// One connection's view of the listener's service: each request carries the client's address
@@ -54,7 +58,7 @@ pub struct ServerSettings {
 #[derive(Clone, Debug)]
 struct PerConnection<S> {
     inner: S,
-    client: ClientAddr,
+    client: Option<ClientAddr>,
     /// The client's verified identity, once the acceptor has read it from its certificate.
     identity: Option<PeerIdentity>,
     /// Set for a TLS connection (see [`PeerTls`]).
@@ -107,11 +111,11 @@ pub async fn serve<A, S, B>(
             reap(name, &metrics, ended);
         }
         connections.spawn(serve_connection(
-            stream,
+            (stream, remote),
             acceptor.clone(),
             PerConnection {
                 inner: service.clone(),
-                client: ClientAddr(remote),
+                client: settings.client_address.then_some(ClientAddr(remote)),
                 identity: None,
                 tls: None,
                 intercepted: None,
@@ -141,7 +145,7 @@ pub async fn serve<A, S, B>(
 /// One connection, from the acceptor to its last response: closed gracefully (open requests
 /// complete, h2 gets GOAWAY) when the listener stops or the connection idles.
 async fn serve_connection<A, S, B>(
-    stream: TcpStream,
+    (stream, remote): (TcpStream, std::net::SocketAddr),
     acceptor: A,
     service: PerConnection<S>,
     builder: Arc<auto::Builder<TokioExecutor>>,
@@ -158,7 +162,7 @@ async fn serve_connection<A, S, B>(
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let (name, remote) = (open.name, service.client.0);
+    let name = open.name;
     let mut service = service;
     let io = match acceptor.accept(stream).await {
         Ok(io) => io,
@@ -293,6 +297,7 @@ impl ServerSettings {
             h2_max_streams: None,
             h2_keep_alive_interval: Duration::from_secs(20),
             h2_keep_alive_timeout: Duration::from_secs(20),
+            client_address: true,
         }
     }
 }
@@ -312,7 +317,9 @@ where
     }
 
     fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
-        req.extensions_mut().insert(self.client);
+        if let Some(client) = self.client {
+            req.extensions_mut().insert(client);
+        }
         if let Some(identity) = &self.identity {
             req.extensions_mut().insert(identity.clone());
         }
