@@ -34,6 +34,8 @@ pub(super) struct Call {
     pub(super) scope: String,
     pub(super) parts: Box<Parts>,
     pub(super) body: CallBody,
+    /// The call carries an `idempotency-key` (`headers::Present`, read at intake).
+    pub(super) keyed: bool,
 }
 
 /// The call's body: as it arrives, or already read (a keyed call's, fingerprinted).

@@ -32,7 +32,8 @@ async fn once<S>(inbound: Arc<Inbound>, inner: S, call: Call) -> Response<ReachB
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
-    match idempotency::key_of(&call.parts.headers) {
+    let key = call.keyed.then(|| idempotency::key_of(&call.parts.headers));
+    match key.flatten() {
         Some(key) => keyed(&inbound, inner, call, &key).await,
         None => answer(inner.oneshot(call).await),
     }

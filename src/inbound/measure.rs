@@ -128,6 +128,10 @@ impl Failed<'_> {
 
 /// `reach-busy` / `reach-load` on any response: the agent telling us how loaded it is.
 fn agent_reports(inbound: &Inbound, h: &HeaderMap, snapshot: &Snapshot) {
+    // Most answers carry neither: one pass over the names instead of two hashed lookups.
+    if !h.keys().any(|n| n == headers::BUSY || n == headers::LOAD) {
+        return;
+    }
     if let Some(busy) = h.get(headers::BUSY).and_then(|v| v.to_str().ok()) {
         let busy = busy.trim().eq_ignore_ascii_case("true");
         inbound.local.report_busy(busy, None, snapshot);

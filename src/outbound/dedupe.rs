@@ -11,8 +11,8 @@ use super::call::Call;
 use super::Outbound;
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
-use crate::http::step::{self, answer, Step};
 use crate::http::headers::Present;
+use crate::http::step::{self, answer, Step};
 use crate::http::{headers, ReachBody};
 use crate::idempotency::{self, Claim};
 
@@ -37,7 +37,9 @@ where
     S: Step<Call, Response = Response<ReachBody>>,
 {
     let key = call.present.has(Present::IDEMPOTENCY_KEY);
-    let key = key.then(|| idempotency::key_of(&call.parts.headers)).flatten();
+    let key = key
+        .then(|| idempotency::key_of(&call.parts.headers))
+        .flatten();
     let claim = key.map(|key| {
         let fingerprint = idempotency::fingerprint(&call.parts, &call.upload);
         out.idempotency

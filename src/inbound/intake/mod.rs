@@ -20,6 +20,7 @@ use crate::a2a::CARD_PATH;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
+use crate::http::headers::Present;
 use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
 use crate::http::step::{self, answer, Step};
@@ -58,6 +59,7 @@ where
 )]
 fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<ReachBody>> {
     let arrived = Instant::now();
+    let present = Present::of(req.headers());
     let target = match request_target::of(&req) {
         Ok(Target::Path(path)) => path,
         Ok(Target::ServerOptions) => return Err(request_target::server_options()),
@@ -95,7 +97,10 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         std::borrow::Cow::Owned(path) => Some(path),
         std::borrow::Cow::Borrowed(_) => None,
     };
-    let deadline = Deadline::from_headers(req.headers()).map_err(refuse)?;
+    let deadline = match present.has(Present::DEADLINE) {
+        true => Deadline::from_headers(req.headers()).map_err(refuse)?,
+        false => None,
+    };
     let caller = caller_of(
         inbound,
         &req,
@@ -110,7 +115,12 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         parts.uri = vouched::with_path(&parts.uri, &path).map_err(refuse)?;
     }
     let vouched = vouched::Vouched {
-        chain: Some(inbound.chain(&snapshot, &parts.headers, caller.as_deref(), capability)),
+        chain: Some(inbound.chain(
+            &snapshot,
+            (&parts.headers, present),
+            caller.as_deref(),
+            capability,
+        )),
         capability: Some(capability),
         deadline,
         caller: caller.clone(),
@@ -134,6 +144,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         scope,
         parts: Box::new(parts),
         body: CallBody::Arriving(incoming),
+        keyed: present.has(Present::IDEMPOTENCY_KEY),
     })
 }
 
@@ -143,12 +154,13 @@ impl Inbound {
     fn chain(
         &self,
         snapshot: &Snapshot,
-        head: &http::HeaderMap,
+        (head, present): (&http::HeaderMap, Present),
         caller: Option<&str>,
         capability: &str,
     ) -> http::HeaderValue {
         let me = snapshot.bootstrap.agent.name.as_str();
-        let sent = head.get(crate::chain::HEADER).filter(|_| caller.is_some());
+        let sent = present.has(Present::CHAIN) && caller.is_some();
+        let sent = sent.then(|| head.get(crate::chain::HEADER)).flatten();
         let Some(sent) = sent else {
             // A chain's first hop (most calls): sealed once per caller and capability.
             return self.seal.first_hop(caller, me, capability);

@@ -317,9 +317,11 @@ mod tests {
         // `protocol: http` reads only `reach-affinity`.
         let found = of_request(&h, Present::ALL, None, Some(Protocol::Http));
         assert_eq!(keys(&found), [(Kind::Header, "k1")]);
-        assert!(of_request(&head(&[("reach-affinity", "")]), Present::ALL, None, None)
-            .keys
-            .is_empty());
+        assert!(
+            of_request(&head(&[("reach-affinity", "")]), Present::ALL, None, None)
+                .keys
+                .is_empty()
+        );
     }
 
     #[test]
@@ -330,9 +332,15 @@ mod tests {
         assert!(found.a2a);
         assert_eq!(keys(&found), [(Kind::Task, "t1"), (Kind::Context, "c1")]);
         let get = br#"{"jsonrpc":"2.0","id":"x","method":"tasks/get","params":{"id":"t9"}}"#;
-        assert_eq!(keys(&of_request(&h, Present::ALL, Some(get), None)), [(Kind::Task, "t9")]);
+        assert_eq!(
+            keys(&of_request(&h, Present::ALL, Some(get), None)),
+            [(Kind::Task, "t9")]
+        );
         let v1 = br#"{"jsonrpc":"2.0","id":2,"method":"GetTask","params":{"name":"tasks/t7"}}"#;
-        assert_eq!(keys(&of_request(&h, Present::ALL, Some(v1), None)), [(Kind::Task, "t7")]);
+        assert_eq!(
+            keys(&of_request(&h, Present::ALL, Some(v1), None)),
+            [(Kind::Task, "t7")]
+        );
         let push = br#"{"jsonrpc":"2.0","id":2,"method":"tasks/pushNotificationConfig/get","params":{"taskId":"t3"}}"#;
         assert_eq!(
             keys(&of_request(&h, Present::ALL, Some(push), None)),
@@ -432,7 +440,10 @@ mod tests {
         let plain = head(&[("content-type", "text/plain")]);
         let get = br#"{"jsonrpc":"2.0","id":"x","method":"tasks/get","params":{"id":"t9"}}"#;
         // Not JSON by its content-type: not read, unless the policy says A2A.
-        assert_eq!(of_request(&plain, Present::ALL, Some(get), None), Found::default());
+        assert_eq!(
+            of_request(&plain, Present::ALL, Some(get), None),
+            Found::default()
+        );
         assert!(of_request(&plain, Present::ALL, Some(get), Some(Protocol::A2a)).a2a);
         assert_eq!(
             of_request(&json, Present::ALL, Some(get), Some(Protocol::Mcp)),
@@ -445,7 +456,10 @@ mod tests {
             br#"{"method":"tasks/get","params":{"id":"t"}}"#,
             b"{\"jsonrpc\": oops",
         ] {
-            assert_eq!(of_request(&json, Present::ALL, Some(body), None), Found::default());
+            assert_eq!(
+                of_request(&json, Present::ALL, Some(body), None),
+                Found::default()
+            );
         }
     }
 

@@ -84,7 +84,10 @@ fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
     };
     // A delegated call: no loop, no hop past the policy's limit.
     let chain = call.present.has(Present::CHAIN);
-    if let Some(chain) = chain.then(|| call.parts.headers.get(crate::chain::HEADER)).flatten() {
+    if let Some(chain) = chain
+        .then(|| call.parts.headers.get(crate::chain::HEADER))
+        .flatten()
+    {
         let snapshot = &call.snapshot;
         loops::guard(
             snapshot,
