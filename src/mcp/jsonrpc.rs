@@ -23,6 +23,9 @@ pub struct Asked {
     pub id: Option<Value>,
     /// `params.protocolVersion` of an `initialize`.
     pub revision: Option<String>,
+    /// `params.requestState` is there: the retry of a multi round-trip request, which only the
+    /// server that issued the state can take.
+    pub resumes: bool,
 }
 
 /// Reads a single JSON-RPC request (a batch or anything else: `None`).
@@ -39,6 +42,7 @@ pub fn asked(body: &[u8]) -> Option<Asked> {
     Some(Asked {
         tool: text("name").filter(|_| method == "tools/call"),
         revision: text("protocolVersion"),
+        resumes: params.is_some_and(|p| p.get("requestState").is_some()),
         id: value.get("id").cloned(),
         method,
     })

@@ -2,7 +2,8 @@
 //! gossip fleet with no capability written; their sidecars import the tools, a caller routes
 //! each `tools/call` only to servers that have the tool, moves a broken tool's calls while the
 //! server's other tools keep serving, answers `tools/list` with the fleet's tools once each,
-//! and routes a tool added at run time.
+//! routes a tool added at run time, and takes a multi round-trip request's retry back to the
+//! server that issued its `requestState`.
 
 use crate::support;
 
@@ -48,7 +49,8 @@ fn fast_gossip(mut b: Bootstrap) -> Bootstrap {
 /// event streams.
 struct Fleet {
     servers: Vec<McpServer>,
-    _callees: Vec<Sidecar>,
+    /// In the servers' order.
+    callees: Vec<Sidecar>,
     caller: Sidecar,
 }
 
@@ -95,7 +97,7 @@ async fn fleet_refreshing(refresh: HumanDuration) -> Fleet {
     .await;
     let fleet = Fleet {
         servers,
-        _callees: callees,
+        callees,
         caller,
     };
     for t in ["fetch", "summarize"] {
@@ -122,6 +124,17 @@ impl Fleet {
     async fn call_with(&self, tool: &str, extra: &[(&str, &str)]) -> Reply {
         let request = json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call",
             "params": { "name": tool, "arguments": { "q": "x" } } });
+        self.send_call(&request, extra).await
+    }
+
+    /// Stops the sidecar in front of server `name`.
+    async fn stop(&mut self, name: &str) {
+        let i = self.servers.iter().position(|s| s.name == name).unwrap();
+        self.servers.remove(i);
+        self.callees.remove(i).shutdown().await;
+    }
+
+    async fn send_call(&self, request: &Value, extra: &[(&str, &str)]) -> Reply {
         let mut headers = vec![
             ("reach-capability", "mcp"),
             ("content-type", "application/json"),
@@ -462,4 +475,77 @@ async fn the_official_sdk_servers_tools_are_imported_and_routed() {
         "{}",
         reply.body
     );
+}
+
+/// Revision 2026-07-28's multi round-trip request: the server answers `input_required` with a
+/// `requestState`, and the client's retry carries it back. Each server takes back only its own
+/// state; the caller's sidecar sends every retry to the server that issued its state (whichever
+/// way it answered, JSON or event stream), and when that server is gone, answers a JSON-RPC
+/// error itself instead of handing the state to another server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_request_state_goes_back_to_the_server_that_issued_it() {
+    let mut fleet = fleet().await;
+    let mut issuers = BTreeSet::new();
+    let mut last = (String::new(), String::new());
+    // `search` all three have; `summarize` only c, whose answers are event streams.
+    let tools = std::iter::repeat_n("search", 16).chain(["summarize"; 2]);
+    for (i, tool) in tools.enumerate() {
+        let first = json!({ "jsonrpc": "2.0", "id": i, "method": "tools/call",
+            "params": { "name": tool, "arguments": { "q": "x", "ask": true } } });
+        let reply = fleet.send_call(&first, &[]).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let result = result_of(&reply);
+        assert_eq!(result["resultType"], "input_required", "{}", reply.body);
+        let state = result["requestState"].as_str().unwrap().to_owned();
+        let issuer = state.split('-').next().unwrap().to_owned();
+        let retry = json!({ "jsonrpc": "2.0", "id": 100 + i, "method": "tools/call",
+            "params": { "name": tool, "arguments": { "q": "x", "ask": true },
+                "inputResponses": { "confirm": { "action": "accept", "content": {} } },
+                "requestState": state } });
+        let headers = [("mcp-method", "tools/call"), ("mcp-name", tool)];
+        let reply = fleet.send_call(&retry, &headers).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(answered_by(&reply), issuer, "{}", reply.body);
+        issuers.insert(issuer.clone());
+        if tool == "search" {
+            last = (issuer, state);
+        }
+    }
+    // States from more than one server (c's on event streams), each taken back by its own.
+    assert!(issuers.len() >= 2 && issuers.contains("c"), "{issuers:?}");
+    for s in &fleet.servers {
+        assert_eq!(s.foreign_states(), 0, "{} was sent another's state", s.name);
+    }
+    // The last state's issuer goes away: its retry is refused by the caller's sidecar.
+    let (issuer, state) = last;
+    fleet.stop(&issuer).await;
+    let retry = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": { "name": "search", "arguments": {}, "requestState": state } });
+    let headers = [("mcp-method", "tools/call"), ("mcp-name", "search")];
+    let reply = fleet.send_call(&retry, &headers).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(
+        reply.header("reach-reason"),
+        "affinity_lost",
+        "{}",
+        reply.body
+    );
+    let answer = reply.json();
+    assert_eq!(answer["id"], 7, "{answer}");
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    assert_eq!(
+        answer["error"]["data"]["holder"],
+        issuer.as_str(),
+        "{answer}"
+    );
+    for s in &fleet.servers {
+        assert_eq!(
+            s.foreign_states(),
+            0,
+            "{} was sent {issuer}'s state",
+            s.name
+        );
+    }
+    // A call without state still routes as before.
+    assert_eq!(fleet.call("search").await.status, 200);
 }

@@ -58,7 +58,7 @@ where
     };
     match asked.method.as_str() {
         "tools/call" => match asked.tool {
-            Some(tool) => tool_call::routed(out, inner, call, tool).await,
+            Some(tool) => tool_call::routed(out, inner, call, tool, asked.resumes).await,
             None => answer(inner.oneshot(call).await),
         },
         "tools/list" => fleet::tools_list(&out, inner, call, asked.id).await,

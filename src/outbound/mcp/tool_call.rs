@@ -20,19 +20,22 @@ use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc::{self, ToolOutcome};
 use crate::outbound::call::{Call, LastTried};
 
-/// Routes the call for `tool`; on a failed tool that is safe to repeat, once more elsewhere.
+/// Routes the call for `tool`; on a failed tool that is safe to repeat, once more elsewhere —
+/// unless it `resumes` a multi round-trip request, whose state is its issuer's alone (the
+/// affinity step pins it there, `src/outbound/affinity/mod.rs`).
 pub(super) async fn routed<S>(
     out: Arc<Outbound>,
     inner: S,
     call: Call,
     tool: String,
+    resumes: bool,
 ) -> Response<ReachBody>
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
     let replay = match &call.upload {
-        Upload::Buffered(bytes) => Some(bytes.clone()),
-        Upload::Stream(..) => None,
+        Upload::Buffered(bytes) if !resumes => Some(bytes.clone()),
+        _ => None,
     };
     let mut excluded = Vec::new();
     let mut call = call;
