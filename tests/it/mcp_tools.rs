@@ -320,6 +320,68 @@ async fn a_broken_tool_moves_its_calls_while_the_servers_other_tools_keep_servin
         failed_on_a,
         "a's search stays passed over"
     );
+
+    // The caller's `/status` shows each tool with its servers: a's `search` and b's `fetch`
+    // failing (paused, or past the pause and waiting for a trial call), the rest healthy.
+    let status = get(
+        &client(),
+        &format!("http://{}/status", fleet.caller.addrs.admin),
+    )
+    .await
+    .json();
+    let server_of = |tool: &str, server: &str| {
+        status["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["capability"] == "mcp" && t["tool"] == tool)
+            .flat_map(|t| t["servers"].as_array().into_iter().flatten())
+            .find(|s| s["server"] == server)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    for (tool, server) in [("search", "a"), ("fetch", "b")] {
+        let s = server_of(tool, server);
+        assert!(
+            s["state"] == "paused" || s["state"] == "trial",
+            "{server}'s {tool}: {s}"
+        );
+        assert!(s["failures"].as_u64() >= Some(3), "{server}'s {tool}: {s}");
+    }
+    for (tool, server) in [("search", "b"), ("search", "c"), ("fetch", "a")] {
+        let s = server_of(tool, server);
+        assert_eq!(s["state"], "healthy", "{server}'s {tool}: {s}");
+    }
+    assert_eq!(
+        server_of("summarize", "a"),
+        Value::Null,
+        "a has no summarize"
+    );
+    // And `/metrics` counts the failures by tool (a's search failed, b's fetch failed).
+    let metrics = get(
+        &client(),
+        &format!("http://{}/metrics", fleet.caller.addrs.admin),
+    )
+    .await
+    .body;
+    let count = |tool: &str, outcome: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("reach_mcp_tool_calls_total{"))
+            .filter(|l| l.contains(&format!("tool=\"{tool}\"")))
+            .filter(|l| l.contains(&format!("outcome=\"{outcome}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(count("search", "error") >= 3.0, "{metrics}");
+    assert!(count("fetch", "error") >= 3.0, "{metrics}");
+    assert!(count("fetch", "ok") >= 27.0, "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("reach_mcp_tools_paused ")),
+        "{metrics}"
+    );
 }
 
 /// The `result` of a tool call's answer, JSON or event stream.

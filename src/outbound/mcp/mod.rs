@@ -6,6 +6,7 @@
 //! registry's set of MCP capabilities, empty in a fleet without MCP.
 
 mod fleet;
+pub(super) mod status;
 mod tool_call;
 pub(super) mod view;
 
