@@ -82,8 +82,8 @@ impl ReachError {
 
 /// A lost MCP session or A2A task as the protocol's client understands it: a JSON-RPC error
 /// (MCP's "session not found", A2A's `TaskNotFoundError`, -32001 both; an MCP `requestState`
-/// whose issuer is out, -32602) naming the holder in
-/// `data`, with the sidecar's own answer there too.
+/// whose issuer is out, -32602) naming the holder in `data`, with the sidecar's own answer
+/// there too.
 fn lost_in_protocol_terms(
     key: AffinityKey,
     holder: &str,

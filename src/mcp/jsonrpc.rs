@@ -122,6 +122,9 @@ mod tests {
         assert_eq!(call.method, "tools/call");
         assert_eq!(call.tool.as_deref(), Some("search"));
         assert_eq!(call.id, Some(json!(7)));
+        assert!(!call.resumes);
+        let retry = br#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"search","requestState":"s"}}"#;
+        assert!(asked(retry).is_some_and(|a| a.resumes), "a retry resumes");
         assert_eq!(asked(b"[1,2]"), None, "a batch is not read");
         assert_eq!(asked(b"not json"), None);
         let list =

@@ -3,10 +3,9 @@
 //!
 //! Why: A2A tasks and contexts and MCP sessions live in one agent's memory; a follow-up that
 //! lands elsewhere fails. The caller binds each key to the peer that answered it (keys of the
-//! request and those the answer assigns: an A2A task's id, an MCP session or
-//! server's `requestState`) and, when the holder
-//! is out, refuses with `affinity_lost` (`strict`) or routes afresh and rebinds (`fallback`).
-//! `docs/affinity.md` has the whole story.
+//! request and those the answer assigns: an A2A task's id, an MCP session, an MCP server's
+//! `requestState`) and, when the holder is out, refuses with `affinity_lost` (`strict`) or
+//! routes afresh and rebinds (`fallback`). `docs/affinity.md` has the whole story.
 
 mod body;
 mod keys;
