@@ -19,6 +19,8 @@ pub enum AffinityKey {
     Task,
     /// An A2A context id.
     Context,
+    /// An MCP server's `requestState` (multi round-trip requests, revision 2026-07-28).
+    RequestState,
 }
 
 impl AffinityKey {
@@ -28,6 +30,7 @@ impl AffinityKey {
             AffinityKey::McpSession => "Mcp-Session-Id",
             AffinityKey::Task => "taskId",
             AffinityKey::Context => "contextId",
+            AffinityKey::RequestState => "requestState",
         }
     }
 }
@@ -320,7 +323,9 @@ impl ReachError {
             // (its client starts a new one); A2A's task-not-found is a JSON-RPC error.
             ReachError::AffinityLost { key, .. } => match key {
                 AffinityKey::McpSession => StatusCode::NOT_FOUND,
-                AffinityKey::Task | AffinityKey::Context => StatusCode::OK,
+                AffinityKey::Task | AffinityKey::Context | AffinityKey::RequestState => {
+                    StatusCode::OK
+                }
                 AffinityKey::Header => StatusCode::SERVICE_UNAVAILABLE,
             },
             ReachError::UpstreamConnect { .. }

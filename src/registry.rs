@@ -282,6 +282,13 @@ impl Registry {
             && self.gossip.load().mcp.contains(capability)
     }
 
+    /// The capabilities some member announces MCP tools for, sorted.
+    pub fn mcp_capabilities(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.gossip.load().mcp.iter().cloned().collect();
+        names.sort();
+        names
+    }
+
     /// How many members gossip has handed over (with their profiles).
     pub fn gossip_members(&self) -> usize {
         self.gossip.load().peers.len()

@@ -76,6 +76,10 @@ pub struct Status {
     pub peers: Vec<Arc<Peer>>,
     /// This caller's view of each peer it has scored, with the peer's own view.
     pub peer_views: Vec<PeerStatus>,
+    /// Each MCP capability's tools, with each server's tool as this caller sees it
+    /// (`docs/mcp.md`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<crate::outbound::ToolStatus>,
     /// Gossip membership: every member with its liveness, last-seen age and version.
     pub gossip: Option<Arc<GossipStatus>>,
     /// The fleet's demand against its capacity per capability, as `/metrics` shows it
@@ -115,6 +119,9 @@ impl Admin {
                 if let Some(g) = &self.gossip {
                     self.metrics.gossip(g.stats(), &g.status());
                 }
+                // Pauses end with time, not with an event: counted when read.
+                self.metrics
+                    .mcp_tools_paused(self.outbound.mcp_tools_paused());
                 compressible(text(
                     StatusCode::OK,
                     "text/plain; version=0.0.4",
@@ -235,6 +242,7 @@ impl Admin {
             inbound: self.inbound.stats(),
             idempotency: self.inbound.idempotency(),
             peers: self.registry.peers(&snapshot),
+            tools: self.outbound.mcp_tools(&snapshot),
             gossip: self.gossip.as_ref().map(|g| g.status()),
             capabilities: self.peers.fleet_demand(),
             policy: snapshot.policy.clone(),

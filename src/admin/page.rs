@@ -44,6 +44,7 @@ pub(super) fn render(status: &Status, history: &BTreeMap<String, Vec<Sample>>) -
     transitions(&mut out, status);
     outcomes(&mut out, &peers);
     observe(&mut out, status);
+    tools(&mut out, &status.tools);
     chains(&mut out, status);
     gossip(&mut out, status);
     config(&mut out, status);
@@ -394,6 +395,46 @@ fn observe(out: &mut String, status: &Status) {
     out.push_str("<section id=\"observe\"><h2>Observe-only: what the model would have done</h2>");
     json_table(out, &doc);
     out.push_str("</section>");
+}
+
+/// MCP tools (`docs/mcp.md`): each tool's servers and how each one's tool stands in this
+/// caller's view; shown once some member announces tools.
+fn tools(out: &mut String, tools: &[crate::outbound::ToolStatus]) {
+    if tools.is_empty() {
+        return;
+    }
+    out.push_str(
+        "<section id=\"tools\"><h2>MCP tools</h2><table><thead><tr><th>capability</th>\
+         <th>tool</th><th>servers</th></tr></thead><tbody>",
+    );
+    for t in tools {
+        let servers: Vec<String> = t
+            .servers
+            .iter()
+            .map(|s| {
+                let name = esc(&s.server);
+                match (s.state, s.failures) {
+                    ("paused", n) => format!(
+                        "<span class=\"bad\">{name} paused {}</span> ({n} failures)",
+                        duration(s.paused_for_s.unwrap_or(0.0))
+                    ),
+                    ("trial", n) => {
+                        format!("<span class=\"warn\">{name} on trial</span> ({n} failures)")
+                    }
+                    (_, 0) => format!("<span class=\"good\">{name}</span>"),
+                    (_, n) => format!("<span class=\"warn\">{name}</span> ({n} failures)"),
+                }
+            })
+            .collect();
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&t.capability),
+            esc(&t.tool),
+            servers.join(" · ")
+        );
+    }
+    out.push_str("</tbody></table></section>");
 }
 
 /// Delegation chains and hedging (`docs/chains.md`): shown once anything happened.
@@ -832,6 +873,32 @@ mod tests {
         assert_eq!(states[0], State::Ejected);
         assert_eq!(states[1], State::Probation);
         assert_eq!(states[5], State::Healthy);
+    }
+
+    #[test]
+    fn each_mcp_tool_is_a_row_with_its_servers() {
+        use crate::outbound::{ToolServer, ToolStatus};
+        let mut out = String::new();
+        tools(&mut out, &[]);
+        assert!(out.is_empty(), "no MCP, no section");
+        let server = |name: &str, state, failures, paused_for_s| ToolServer {
+            server: name.to_owned(),
+            state,
+            failures,
+            paused_for_s,
+        };
+        let search = ToolStatus {
+            capability: "mcp".to_owned(),
+            tool: "search".to_owned(),
+            servers: vec![
+                server("a", "paused", 3, Some(4.2)),
+                server("<b>", "healthy", 0, None),
+            ],
+        };
+        tools(&mut out, &[search]);
+        assert!(out.contains("<td>search</td>"), "{out}");
+        assert!(out.contains("a paused 4 s</span> (3 failures)"), "{out}");
+        assert!(out.contains("&lt;b&gt;</span>"), "{out}");
     }
 
     #[test]

@@ -81,24 +81,28 @@ impl ReachError {
 }
 
 /// A lost MCP session or A2A task as the protocol's client understands it: a JSON-RPC error
-/// (MCP's "session not found", A2A's `TaskNotFoundError`, -32001 both) naming the holder in
-/// `data`, with the sidecar's own answer there too.
+/// (MCP's "session not found", A2A's `TaskNotFoundError`, -32001 both; an MCP `requestState`
+/// whose issuer is out, -32602) naming the holder in `data`, with the sidecar's own answer
+/// there too.
 fn lost_in_protocol_terms(
     key: AffinityKey,
     holder: &str,
     rpc_id: Option<&serde_json::Value>,
     ours: &serde_json::Value,
 ) -> Option<serde_json::Value> {
-    let message = match key {
-        AffinityKey::McpSession => "Session not found",
-        AffinityKey::Task | AffinityKey::Context => "Task not found",
+    // A state its issuer cannot take back is refused as a server refuses a state it cannot
+    // verify (invalid params): the client starts the request over without it.
+    let (code, message) = match key {
+        AffinityKey::McpSession => (-32001, "Session not found"),
+        AffinityKey::Task | AffinityKey::Context => (-32001, "Task not found"),
+        AffinityKey::RequestState => (-32602, "requestState not accepted"),
         AffinityKey::Header => return None,
     };
     Some(serde_json::json!({
         "jsonrpc": "2.0",
         "id": rpc_id.cloned().unwrap_or(serde_json::Value::Null),
         "error": {
-            "code": -32001,
+            "code": code,
             "message": format!("{message}: agent `{holder}`, which held it, is out"),
             "data": { "reason": "affinity_lost", "holder": holder, "sidecar": ours },
         },

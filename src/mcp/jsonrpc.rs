@@ -23,6 +23,9 @@ pub struct Asked {
     pub id: Option<Value>,
     /// `params.protocolVersion` of an `initialize`.
     pub revision: Option<String>,
+    /// `params.requestState` is there: the retry of a multi round-trip request, which only the
+    /// server that issued the state can take.
+    pub resumes: bool,
 }
 
 /// Reads a single JSON-RPC request (a batch or anything else: `None`).
@@ -39,6 +42,7 @@ pub fn asked(body: &[u8]) -> Option<Asked> {
     Some(Asked {
         tool: text("name").filter(|_| method == "tools/call"),
         revision: text("protocolVersion"),
+        resumes: params.is_some_and(|p| p.get("requestState").is_some()),
         id: value.get("id").cloned(),
         method,
     })
@@ -118,6 +122,9 @@ mod tests {
         assert_eq!(call.method, "tools/call");
         assert_eq!(call.tool.as_deref(), Some("search"));
         assert_eq!(call.id, Some(json!(7)));
+        assert!(!call.resumes);
+        let retry = br#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"search","requestState":"s"}}"#;
+        assert!(asked(retry).is_some_and(|a| a.resumes), "a retry resumes");
         assert_eq!(asked(b"[1,2]"), None, "a batch is not read");
         assert_eq!(asked(b"not json"), None);
         let list =

@@ -75,6 +75,9 @@ pub const GEN_AI_TOKEN_USAGE: &str = "gen_ai_client_token_usage";
 pub const GEN_AI_TTFT: &str = "gen_ai_server_time_to_first_token_seconds";
 /// Model names with a label of their own; past them, `other`.
 const MAX_MODEL_LABELS: usize = 16;
+/// (capability, tool) pairs `reach_mcp_tool_calls_total` names at most; the rest are `other`.
+/// Only announced tools are routed, up to 32 per server (`docs/mcp.md`), but a fleet's are many.
+const MAX_TOOL_LABELS: usize = 128;
 pub const PANICS_TOTAL: &str = "reach_panics_total";
 pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "reach_tls_handshake_failures_total";
 pub const AUTHZ_DENIED_TOTAL: &str = "reach_authz_denied_total";
@@ -85,6 +88,8 @@ pub const OUTPUT_UNVALIDATED_TOTAL: &str = "reach_output_unvalidated_total";
 pub const AFFINITY_HITS_TOTAL: &str = "reach_affinity_hits_total";
 pub const AFFINITY_LOST_TOTAL: &str = "reach_affinity_lost_total";
 pub const AFFINITY_ENTRIES: &str = "reach_affinity_entries";
+pub const MCP_TOOL_CALLS_TOTAL: &str = "reach_mcp_tool_calls_total";
+pub const MCP_TOOLS_PAUSED: &str = "reach_mcp_tools_paused";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -94,6 +99,10 @@ const SECONDS_BUCKETS: &[f64] = &[
 
 /// Help texts: promtool wants one for every metric.
 const COUNTERS: &[(&str, &str)] = &[
+    (
+        MCP_TOOL_CALLS_TOTAL,
+        "MCP tools/call answers read by this caller, by capability, tool and outcome (ok, error, timeout).",
+    ),
     (
         AFFINITY_HITS_TOTAL,
         "Calls routed to the agent their affinity key is bound to, by capability.",
@@ -215,6 +224,10 @@ const COUNTERS: &[(&str, &str)] = &[
 
 const GAUGES: &[(&str, &str)] = &[
     (
+        MCP_TOOLS_PAUSED,
+        "Servers' MCP tools this caller passes over now for failing (one per server and tool).",
+    ),
+    (
         MODEL_HEADROOM,
         "The local agent's model headroom, 0..1: the tightest of its providers' budgets (1 when none is known).",
     ),
@@ -330,6 +343,8 @@ pub struct Metrics {
     chains: ChainCounters,
     /// The model names `gen_ai_client_token_usage` has a label for (the rest are `other`).
     models: Mutex<Vec<String>>,
+    /// The (capability, tool) pairs `reach_mcp_tool_calls_total` has a label for.
+    mcp_tools: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 /// What `/status` shows of delegation chains and hedges: the totals of
@@ -379,6 +394,7 @@ impl Metrics {
             known: Mutex::default(),
             chains: ChainCounters::default(),
             models: Mutex::default(),
+            mcp_tools: Mutex::default(),
         };
         metrics.describe();
         metrics.register_fixed();
@@ -761,6 +777,29 @@ impl Metrics {
     pub fn affinity_lost(&self, capability: &str) {
         let capability = capability.to_owned();
         self.with(|| counter!(AFFINITY_LOST_TOTAL, "capability" => capability).increment(1));
+    }
+
+    /// A `tools/call` answer read for how the tool did: `outcome` is `ok`, `error` or `timeout`.
+    pub fn mcp_tool_call(&self, capability: &str, tool: &str, outcome: &'static str) {
+        let key = (capability.to_owned(), tool.to_owned());
+        let tool = {
+            let mut known = self.mcp_tools.lock().unwrap_or_else(|p| p.into_inner());
+            if known.contains(&key) || known.len() < MAX_TOOL_LABELS {
+                known.insert(key.clone());
+                key.1
+            } else {
+                "other".to_owned()
+            }
+        };
+        let capability = key.0;
+        self.with(|| {
+            counter!(MCP_TOOL_CALLS_TOTAL, "capability" => capability, "tool" => tool, "outcome" => outcome)
+                .increment(1)
+        });
+    }
+
+    pub fn mcp_tools_paused(&self, n: usize) {
+        self.with(|| gauge!(MCP_TOOLS_PAUSED).set(n as f64));
     }
 
     pub fn affinity_entries(&self, n: usize) {

@@ -32,9 +32,10 @@ use tower::ServiceBuilder;
 pub use attempts::observe::{ObserveCounts, ObserveLog};
 pub use candidates::balance::pick;
 pub use candidates::sample::{score_candidates, SAMPLE};
+pub use mcp::status::{ToolServer, ToolStatus};
 pub use resolve::capability_of;
 
-use crate::config::ConfigStore;
+use crate::config::{ConfigStore, Snapshot};
 use crate::http::pool::Pool;
 use crate::http::step::Step;
 use crate::http::ReachBody;
@@ -153,6 +154,16 @@ impl Outbound {
     pub fn with_tasks(mut self, queue: Arc<Queue>) -> Self {
         self.tasks = Some(queue);
         self
+    }
+
+    /// Each MCP capability's tools and how each server's tool stands (`docs/mcp.md`).
+    pub fn mcp_tools(&self, snapshot: &Snapshot) -> Vec<ToolStatus> {
+        mcp::status::tools(self, snapshot)
+    }
+
+    /// How many servers' tools this caller passes over now.
+    pub fn mcp_tools_paused(&self) -> usize {
+        self.tools.paused(std::time::Instant::now())
     }
 
     /// What observe-only mode found so far, per capability.

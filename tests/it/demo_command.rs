@@ -201,6 +201,22 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
     assert!(moved >= 37, "the others took search: {m}");
     assert_eq!(m["fetch_after"]["mcp-3"], 0, "mcp-3 has no fetch: {m}");
     assert_eq!(m["failed_after"], 0, "{m}");
+    // The caller's per-tool view: every failure of the broken search counted, and passed over
+    // (or waiting for its trial call) once there were three.
+    assert_eq!(
+        m["broken_search_failures"], m["search_after"][broken],
+        "{m}"
+    );
+    if m["search_after"][broken].as_u64() >= Some(3) {
+        let state = m["broken_search_state"].as_str().unwrap();
+        assert!(state == "paused" || state == "trial", "{m}");
+    }
+    if broken != "mcp-3" {
+        assert!(
+            m["broken_fetch_share_after_pct"].as_f64() > Some(0.0),
+            "{m}"
+        );
+    }
     // A delegation loop among three agents: stopped at its first turn, the chain named.
     let l = &summary["loops"];
     assert_eq!(l["status"], 508, "{l}");

@@ -2,7 +2,8 @@
 //! gossip fleet with no capability written; their sidecars import the tools, a caller routes
 //! each `tools/call` only to servers that have the tool, moves a broken tool's calls while the
 //! server's other tools keep serving, answers `tools/list` with the fleet's tools once each,
-//! and routes a tool added at run time.
+//! routes a tool added at run time, and takes a multi round-trip request's retry back to the
+//! server that issued its `requestState`.
 
 use crate::support;
 
@@ -48,7 +49,8 @@ fn fast_gossip(mut b: Bootstrap) -> Bootstrap {
 /// event streams.
 struct Fleet {
     servers: Vec<McpServer>,
-    _callees: Vec<Sidecar>,
+    /// In the servers' order.
+    callees: Vec<Sidecar>,
     caller: Sidecar,
 }
 
@@ -95,7 +97,7 @@ async fn fleet_refreshing(refresh: HumanDuration) -> Fleet {
     .await;
     let fleet = Fleet {
         servers,
-        _callees: callees,
+        callees,
         caller,
     };
     for t in ["fetch", "summarize"] {
@@ -122,6 +124,17 @@ impl Fleet {
     async fn call_with(&self, tool: &str, extra: &[(&str, &str)]) -> Reply {
         let request = json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call",
             "params": { "name": tool, "arguments": { "q": "x" } } });
+        self.send_call(&request, extra).await
+    }
+
+    /// Stops the sidecar in front of server `name`.
+    async fn stop(&mut self, name: &str) {
+        let i = self.servers.iter().position(|s| s.name == name).unwrap();
+        self.servers.remove(i);
+        self.callees.remove(i).shutdown().await;
+    }
+
+    async fn send_call(&self, request: &Value, extra: &[(&str, &str)]) -> Reply {
         let mut headers = vec![
             ("reach-capability", "mcp"),
             ("content-type", "application/json"),
@@ -307,6 +320,81 @@ async fn a_broken_tool_moves_its_calls_while_the_servers_other_tools_keep_servin
         failed_on_a,
         "a's search stays passed over"
     );
+
+    // Now a's `fetch` breaks too: calls go on until both servers' `fetch` are paused, as the
+    // caller's `/status` shows them, with their failures; the tools that never failed are
+    // healthy, and `/metrics` counts every failure by tool.
+    a.set_failing("fetch");
+    let a_broke = a.served("fetch");
+    let admin = fleet.caller.addrs.admin;
+    let status = || async move {
+        get(&client(), &format!("http://{admin}/status"))
+            .await
+            .json()
+    };
+    eventually(WAIT, "a's and b's fetch to be paused", || async {
+        fleet.call("fetch").await;
+        let status = status().await;
+        ["a", "b"]
+            .iter()
+            .all(|s| tool_server(&status, "fetch", s)["state"] == "paused")
+    })
+    .await;
+    let status = status().await;
+    for server in ["a", "b"] {
+        let s = tool_server(&status, "fetch", server);
+        assert!(s["failures"].as_u64() >= Some(3), "{server}'s fetch: {s}");
+        assert!(
+            s["paused_for_s"].as_f64() > Some(0.0),
+            "{server}'s fetch: {s}"
+        );
+    }
+    let a_search = tool_server(&status, "search", "a");
+    assert_eq!(a_search["failures"], failed_on_a, "{a_search}");
+    for server in ["b", "c"] {
+        let s = tool_server(&status, "search", server);
+        assert_eq!(s["state"], "healthy", "{server}'s search: {s}");
+    }
+    assert_eq!(
+        tool_server(&status, "fetch", "c"),
+        Value::Null,
+        "c has no fetch"
+    );
+    let fetch_failures = (a.served("fetch") - a_broke) + (b.served("fetch") - b_before);
+    let metrics = get(&client(), &format!("http://{admin}/metrics"))
+        .await
+        .body;
+    let count = |tool: &str, outcome: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("reach_mcp_tool_calls_total{"))
+            .filter(|l| l.contains(&format!("tool=\"{tool}\"")))
+            .filter(|l| l.contains(&format!("outcome=\"{outcome}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(count("fetch", "error"), fetch_failures as f64, "{metrics}");
+    assert_eq!(count("search", "error"), failed_on_a as f64, "{metrics}");
+    assert!(count("fetch", "ok") >= 27.0, "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("reach_mcp_tools_paused ") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
+/// How `server`'s `tool` stands on a `/status` document (null when it does not have it).
+fn tool_server(status: &Value, tool: &str, server: &str) -> Value {
+    status["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["capability"] == "mcp" && t["tool"] == tool)
+        .flat_map(|t| t["servers"].as_array().into_iter().flatten())
+        .find(|s| s["server"] == server)
+        .cloned()
+        .unwrap_or(Value::Null)
 }
 
 /// The `result` of a tool call's answer, JSON or event stream.
@@ -370,12 +458,14 @@ impl Drop for SdkServer {
     }
 }
 
-fn sdk_server(python: &std::path::Path, name: &str) -> (SdkServer, SocketAddr) {
+/// The SDK's server `name` with `tools` (its default two when empty).
+fn sdk_server(python: &std::path::Path, name: &str, tools: &[&str]) -> (SdkServer, SocketAddr) {
     use std::io::BufRead;
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/mcp_agent.py");
     let mut child = std::process::Command::new(python)
         .arg(script)
         .arg(name)
+        .args(tools)
         .env("PYTHONUNBUFFERED", "1")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -402,7 +492,7 @@ async fn the_official_sdk_servers_tools_are_imported_and_routed() {
         println!("skipping: the SDK venv cannot be built");
         return;
     };
-    let (_server, addr) = tokio::task::spawn_blocking(move || sdk_server(&python, "sdk-1"))
+    let (_server, addr) = tokio::task::spawn_blocking(move || sdk_server(&python, "sdk-1", &[]))
         .await
         .unwrap();
     let key = key_file();
@@ -462,4 +552,200 @@ async fn the_official_sdk_servers_tools_are_imported_and_routed() {
         "{}",
         reply.body
     );
+}
+
+/// Revision 2026-07-28's multi round-trip request: the server answers `input_required` with a
+/// `requestState`, and the client's retry carries it back. Each server takes back only its own
+/// state; the caller's sidecar sends every retry to the server that issued its state (whichever
+/// way it answered, JSON or event stream), and when that server is gone, answers a JSON-RPC
+/// error itself instead of handing the state to another server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_request_state_goes_back_to_the_server_that_issued_it() {
+    let mut fleet = fleet().await;
+    let mut issuers = BTreeSet::new();
+    let mut last = (String::new(), String::new());
+    // `search` all three have; `summarize` only c, whose answers are event streams.
+    let tools = std::iter::repeat_n("search", 16).chain(["summarize"; 2]);
+    for (i, tool) in tools.enumerate() {
+        let first = json!({ "jsonrpc": "2.0", "id": i, "method": "tools/call",
+            "params": { "name": tool, "arguments": { "q": "x", "ask": true } } });
+        let reply = fleet.send_call(&first, &[]).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let result = result_of(&reply);
+        assert_eq!(result["resultType"], "input_required", "{}", reply.body);
+        let state = result["requestState"].as_str().unwrap().to_owned();
+        let issuer = state.split('-').next().unwrap().to_owned();
+        let retry = json!({ "jsonrpc": "2.0", "id": 100 + i, "method": "tools/call",
+            "params": { "name": tool, "arguments": { "q": "x", "ask": true },
+                "inputResponses": { "confirm": { "action": "accept", "content": {} } },
+                "requestState": state } });
+        let headers = [("mcp-method", "tools/call"), ("mcp-name", tool)];
+        let reply = fleet.send_call(&retry, &headers).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(answered_by(&reply), issuer, "{}", reply.body);
+        issuers.insert(issuer.clone());
+        if tool == "search" {
+            last = (issuer, state);
+        }
+    }
+    // States from more than one server (c's on event streams), each taken back by its own.
+    assert!(issuers.len() >= 2 && issuers.contains("c"), "{issuers:?}");
+    for s in &fleet.servers {
+        assert_eq!(s.foreign_states(), 0, "{} was sent another's state", s.name);
+    }
+    // The last state's issuer goes away: its retry is refused by the caller's sidecar.
+    let (issuer, state) = last;
+    fleet.stop(&issuer).await;
+    let retry = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": { "name": "search", "arguments": {}, "requestState": state } });
+    let headers = [("mcp-method", "tools/call"), ("mcp-name", "search")];
+    let reply = fleet.send_call(&retry, &headers).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(
+        reply.header("reach-reason"),
+        "affinity_lost",
+        "{}",
+        reply.body
+    );
+    let answer = reply.json();
+    assert_eq!(answer["id"], 7, "{answer}");
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    assert_eq!(
+        answer["error"]["data"]["holder"],
+        issuer.as_str(),
+        "{answer}"
+    );
+    for s in &fleet.servers {
+        assert_eq!(
+            s.foreign_states(),
+            0,
+            "{} was sent {issuer}'s state",
+            s.name
+        );
+    }
+    // A call without state still routes as before.
+    assert_eq!(fleet.call("search").await.status, 200);
+}
+
+/// The full fleet on the official SDK: three `tests/sdk/mcp_agent.py` servers with
+/// overlapping tools (a and b: `search`, `fetch`; c: `search`, `summarize`) behind sidecars, and
+/// a caller on the stateless revision: the fleet's list has each tool once, `/status` shows
+/// each tool's servers, `fetch` (only a and b have it) never reaches c, and `summarize` goes
+/// to c.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdk_as_a_three_server_fleet_routes_each_tool_to_its_servers() {
+    let Some(python) = tokio::task::spawn_blocking(venv_python).await.unwrap() else {
+        println!("skipping: the SDK venv cannot be built");
+        return;
+    };
+    let specs: [(&str, &[&str]); 3] = [
+        ("sdk-a", &["search", "fetch"]),
+        ("sdk-b", &["search", "fetch"]),
+        ("sdk-c", &["search", "summarize"]),
+    ];
+    let key = key_file();
+    let mut servers = Vec::new();
+    let mut callees: Vec<Sidecar> = Vec::new();
+    for (name, tools) in specs {
+        let python = python.clone();
+        let (server, addr) = tokio::task::spawn_blocking(move || sdk_server(&python, name, tools))
+            .await
+            .unwrap();
+        servers.push(server);
+        let seeds: Vec<SocketAddr> = callees.iter().filter_map(|s| s.addrs.gossip).collect();
+        let mut b = Bootstrap::local(name, addr, &[])
+            .unwrap()
+            .with_gossip(&seeds, key.clone());
+        b.agent.mcp = Some(McpConfig {
+            refresh: HumanDuration::from_millis(500),
+            ..McpConfig::default()
+        });
+        callees.push(sidecar(fast_gossip(b)).await);
+    }
+    let seeds: Vec<SocketAddr> = callees.iter().filter_map(|s| s.addrs.gossip).collect();
+    let caller = sidecar(fast_gossip(
+        Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+            .unwrap()
+            .with_gossip(&seeds, key),
+    ))
+    .await;
+    let url = format!("http://{}/mcp", caller.addrs.outbound);
+    let meta = json!({ "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {} });
+    let send_rpc = |method: &'static str, tool: Option<&'static str>, body: String| {
+        let url = url.clone();
+        async move {
+            let mut headers = vec![
+                ("reach-capability", "mcp"),
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+                ("mcp-protocol-version", "2026-07-28"),
+                ("mcp-method", method),
+            ];
+            headers.extend(tool.map(|t| ("mcp-name", t)));
+            send(&client(), "POST", &url, &headers, &body).await
+        }
+    };
+    let list = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/list",
+        "params": { "_meta": meta } })
+    .to_string();
+    let want: BTreeMap<String, usize> = ["fetch", "search", "summarize"]
+        .into_iter()
+        .map(|t| (t.to_owned(), 1))
+        .collect();
+    eventually(WAIT, "the fleet's tools to be listed once each", || async {
+        let reply = send_rpc("tools/list", None, list.clone()).await;
+        let mut listed = BTreeMap::new();
+        for t in result_of(&reply)["tools"].as_array().into_iter().flatten() {
+            *listed
+                .entry(t["name"].as_str().unwrap_or("").to_owned())
+                .or_insert(0) += 1;
+        }
+        listed == want
+    })
+    .await;
+    // Every server's tools imported, as the caller's `/status` shows them.
+    let status_url = format!("http://{}/status", caller.addrs.admin);
+    eventually(WAIT, "each tool's servers on /status", || async {
+        let status = get(&client(), &status_url).await.json();
+        let servers = |tool: &str| -> BTreeSet<String> {
+            status["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|t| t["tool"] == tool)
+                .flat_map(|t| t["servers"].as_array().into_iter().flatten())
+                .filter_map(|s| s["server"].as_str().map(str::to_owned))
+                .collect()
+        };
+        servers("fetch") == BTreeSet::from(["sdk-a".to_owned(), "sdk-b".to_owned()])
+            && servers("search").len() == 3
+    })
+    .await;
+    let call = |tool: &'static str| {
+        let body = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": { "name": tool, "arguments": { "q": "x" }, "_meta": meta } })
+        .to_string();
+        send_rpc("tools/call", Some(tool), body)
+    };
+    let mut who: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..30 {
+        let reply = call("fetch").await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let result = result_of(&reply);
+        assert_ne!(result["isError"], true, "{}", reply.body);
+        let text = result["content"][0]["text"]
+            .as_str()
+            .unwrap_or("-")
+            .to_owned();
+        *who.entry(text).or_default() += 1;
+    }
+    // The pick among a and b is the router's (it favours the faster); c is never a candidate.
+    assert!(
+        who.keys().all(|t| t == "sdk-a fetch" || t == "sdk-b fetch"),
+        "fetch is a's and b's, never c's: {who:?}"
+    );
+    let reply = call("summarize").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(result_of(&reply)["content"][0]["text"], "sdk-c summarize");
 }

@@ -1,5 +1,5 @@
 //! An answer's body on its way to the caller, watched (for an A2A call) for the task and context
-//! it names: the keys are bound before the frame that completes the answer (or the stream's first
+//! it names, (for an MCP call) for the `requestState` its server issued: the keys are bound before the frame that completes the answer (or the stream's first
 //! event) is passed on, so the caller's follow-up cannot overtake its binding.
 
 use std::ops::ControlFlow;
@@ -17,6 +17,9 @@ use crate::metrics::Metrics;
 /// The most of an answer held to find its ids: a Task with a long history is let through
 /// unread, and only the request's keys are bound.
 const MAX_WATCHED: usize = 256 * 1024;
+
+/// Reads a complete JSON-RPC answer for the keys it assigns (`None`: not a result).
+pub(super) type Reader = fn(&[u8]) -> Option<Vec<(Kind, String)>>;
 
 /// What the watched answer is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,11 +82,17 @@ pub(super) fn plain(inner: UpstreamBody) -> Watched {
 }
 
 /// An answer read for the keys it assigns, bound to the peer with the request's.
-pub(super) fn watching(inner: UpstreamBody, binding: Binding, shape: Shape) -> Watched {
+pub(super) fn watching(
+    inner: UpstreamBody,
+    binding: Binding,
+    shape: Shape,
+    reader: Reader,
+) -> Watched {
     let expected = inner.size_hint().exact();
     let watch = Watch {
         binding: Some(binding),
         shape,
+        reader,
         seen: Vec::new(),
         expected,
     };
@@ -97,6 +106,8 @@ struct Watch {
     /// Taken when the keys are bound.
     binding: Option<Binding>,
     shape: Shape,
+    /// A2A's or MCP's reading of the answer.
+    reader: Reader,
     seen: Vec<u8>,
     /// The declared length, so the last frame is known as it arrives.
     expected: Option<u64>,
@@ -125,10 +136,10 @@ impl Observer<Bytes> for Watcher {
         }
         watch.seen.extend_from_slice(data);
         let assigned = match watch.shape {
-            Shape::Stream => keys::first_event(&watch.seen).map(|e| keys::of_a2a_response(&e)),
+            Shape::Stream => keys::first_event(&watch.seen).map(|e| (watch.reader)(&e)),
             // Complete by its declared length here; by its end otherwise (`end`).
             Shape::Json => (watch.expected == Some(watch.seen.len() as u64))
-                .then(|| keys::of_a2a_response(&watch.seen)),
+                .then(|| (watch.reader)(&watch.seen)),
         };
         match assigned {
             Some(assigned) => self.bind(assigned),
@@ -145,7 +156,7 @@ impl OnEnd for Watcher {
         }
         // The end without a length: what was seen is the whole answer.
         let assigned = match self.0.shape {
-            Shape::Json => keys::of_a2a_response(&self.0.seen),
+            Shape::Json => (self.0.reader)(&self.0.seen),
             Shape::Stream => Some(Vec::new()),
         };
         let _ = self.bind(assigned);

@@ -19,6 +19,21 @@ pub(crate) struct Found {
     pub(crate) keys: Vec<(Kind, String)>,
     /// The call is A2A JSON-RPC: its answer may name the task and context to bind.
     pub(crate) a2a: bool,
+    /// The call is an MCP request a server may answer with a `requestState` to bind.
+    pub(crate) mcp: bool,
+}
+
+impl Found {
+    /// How the answer is read for the keys it assigns: as A2A's, as MCP's, or not at all.
+    pub(crate) fn reader(&self) -> Option<super::body::Reader> {
+        if self.a2a {
+            Some(of_a2a_response)
+        } else if self.mcp {
+            Some(of_mcp_response)
+        } else {
+            None
+        }
+    }
 }
 
 /// The keys of a request: `body` is its buffered body, when it was buffered.
@@ -38,20 +53,59 @@ pub(crate) fn of_request(
             found.keys.push((Kind::McpSession, value));
         }
     }
-    let a2a_body = match protocol {
-        None => is_json(head),
-        Some(Protocol::A2a) => true,
-        Some(Protocol::Mcp | Protocol::Http) => false,
+    let (a2a_body, mcp_body) = match protocol {
+        None => (is_json(head), is_json(head)),
+        Some(Protocol::A2a) => (true, false),
+        Some(Protocol::Mcp) => (false, true),
+        Some(Protocol::Http) => (false, false),
     };
-    if let (true, Some(body)) = (a2a_body, body) {
-        if mentions_jsonrpc(body) {
-            if let Some(ids) = a2a_request(body) {
-                found.a2a = true;
-                found.keys.extend(ids);
-            }
-        }
+    let rpc = match body {
+        Some(body) if (a2a_body || mcp_body) && mentions_jsonrpc(body) => rpc_request(body),
+        _ => None,
+    };
+    let Some((method, params)) = rpc else {
+        return found;
+    };
+    if a2a_body && is_a2a_method(&method) {
+        found.a2a = true;
+        found.keys.extend(params.map(a2a_keys).unwrap_or_default());
+    } else if mcp_body && is_mrtr_method(&method) {
+        found.mcp = true;
+        let state = params.and_then(|p| p.request_state);
+        found.keys.extend(state.map(|s| (Kind::RequestState, s)));
     }
     found
+}
+
+/// The MCP methods a server may answer with `resultType: input_required` and a
+/// `requestState` that the retry echoes (revision 2026-07-28's multi round-trip requests).
+fn is_mrtr_method(method: &str) -> bool {
+    matches!(method, "tools/call" | "prompts/get" | "resources/read")
+}
+
+/// The `requestState` an MCP answer's result carries: the state its retry must bring back to
+/// the same server. `None` when it is no result (an error, or not JSON-RPC).
+pub(crate) fn of_mcp_response(body: &[u8]) -> Option<Vec<(Kind, String)>> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct State {
+        #[serde(default)]
+        request_state: Option<String>,
+    }
+    #[derive(Deserialize)]
+    struct Answer<'a> {
+        #[serde(borrow)]
+        #[allow(
+            dead_code,
+            reason = "required, so a body that is not JSON-RPC does not parse"
+        )]
+        jsonrpc: Cow<'a, str>,
+        #[serde(default)]
+        result: Option<State>,
+    }
+    let answer = serde_json::from_slice::<Answer<'_>>(body).ok()?;
+    let state = answer.result?.request_state.filter(|s| !s.is_empty());
+    Some(state.map(|s| (Kind::RequestState, s)).into_iter().collect())
 }
 
 /// The keys an answer assigns: an MCP session from its head.
@@ -141,15 +195,17 @@ fn task_of_resource(name: &str) -> Option<String> {
     Some(id.to_owned())
 }
 
-fn a2a_request(body: &[u8]) -> Option<Vec<(Kind, String)>> {
+/// A JSON-RPC 2.0 request's method and the params routing reads.
+fn rpc_request(body: &[u8]) -> Option<(String, Option<Params>)> {
     let rpc: RpcRequest<'_> = serde_json::from_slice(body).ok()?;
-    if rpc.jsonrpc.as_deref() != Some("2.0") || !rpc.method.as_deref().is_some_and(is_a2a_method) {
+    if rpc.jsonrpc.as_deref() != Some("2.0") {
         return None;
     }
+    Some((rpc.method?.into_owned(), rpc.params))
+}
+
+fn a2a_keys(params: Params) -> Vec<(Kind, String)> {
     let mut keys = Vec::new();
-    let Some(params) = rpc.params else {
-        return Some(keys);
-    };
     // A push config names its task by `taskId` (its own `id` is the config's); the others by
     // `id`, or by a resource name (`name`, `parent`: `tasks/{id}[/…]`).
     let task = params
@@ -163,7 +219,7 @@ fn a2a_request(body: &[u8]) -> Option<Vec<(Kind, String)>> {
         keys.extend(message.task_id.map(|t| (Kind::Task, t)));
         keys.extend(message.context_id.map(|c| (Kind::Context, c)));
     }
-    Some(keys)
+    keys
 }
 
 /// A JSON-RPC request's `id`, when `body` is one.
@@ -228,6 +284,9 @@ struct Params {
     context_id: Option<String>,
     #[serde(default)]
     message: Option<MessageIds>,
+    /// An MCP retry's echo of the state its server issued.
+    #[serde(default)]
+    request_state: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -449,10 +508,13 @@ mod tests {
             of_request(&json, Present::ALL, Some(get), Some(Protocol::Mcp)),
             Found::default()
         );
-        // Another JSON-RPC method, another version, not JSON-RPC, not JSON at all.
+        // An MCP method: no A2A key (its answer is read for MCP's state only).
+        let call = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"id":"t"}}"#;
+        let found = of_request(&json, Present::ALL, Some(call), None);
+        assert!(!found.a2a && found.keys.is_empty());
+        // Another version, not JSON-RPC, not JSON at all.
         for body in [
-            &br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"id":"t"}}"#[..],
-            br#"{"jsonrpc":"1.0","method":"tasks/get","params":{"id":"t"}}"#,
+            &br#"{"jsonrpc":"1.0","method":"tasks/get","params":{"id":"t"}}"#[..],
             br#"{"method":"tasks/get","params":{"id":"t"}}"#,
             b"{\"jsonrpc\": oops",
         ] {
@@ -461,6 +523,39 @@ mod tests {
                 Found::default()
             );
         }
+    }
+
+    #[test]
+    fn an_mcp_retry_carries_the_state_its_server_issued() {
+        let h = head(&[JSON]);
+        let first = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{}}}"#;
+        let found = of_request(&h, Present::ALL, Some(first), Some(Protocol::Mcp));
+        assert!(found.mcp && found.keys.is_empty());
+        let retry = br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t","requestState":"s-1","inputResponses":{}}}"#;
+        let found = of_request(&h, Present::ALL, Some(retry), None);
+        assert!(found.mcp && !found.a2a);
+        assert_eq!(keys(&found), [(Kind::RequestState, "s-1")]);
+        // `tools/list` takes no state; `protocol: a2a` does not read MCP.
+        let list =
+            br#"{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"requestState":"s"}}"#;
+        assert_eq!(
+            of_request(&h, Present::ALL, Some(list), None),
+            Found::default()
+        );
+        assert_eq!(
+            of_request(&h, Present::ALL, Some(retry), Some(Protocol::A2a)),
+            Found::default()
+        );
+        let asks = br#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{},"requestState":"s-2"}}"#;
+        assert_eq!(
+            of_mcp_response(asks),
+            Some(vec![(Kind::RequestState, "s-2".into())])
+        );
+        let done = br#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#;
+        assert_eq!(of_mcp_response(done), Some(vec![]));
+        let error = br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"x"}}"#;
+        assert_eq!(of_mcp_response(error), None);
+        assert_eq!(of_mcp_response(b"{\"result\": oops"), None);
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //!
 //! Why: A2A tasks and contexts and MCP sessions live in one agent's memory; a follow-up that
 //! lands elsewhere fails. The caller binds each key to the peer that answered it (keys of the
-//! request and those the answer assigns: an A2A task's id, an MCP session) and, when the holder
-//! is out, refuses with `affinity_lost` (`strict`) or routes afresh and rebinds (`fallback`).
-//! `docs/affinity.md` has the whole story.
+//! request and those the answer assigns: an A2A task's id, an MCP session, an MCP server's
+//! `requestState`) and, when the holder is out, refuses with `affinity_lost` (`strict`) or
+//! routes afresh and rebinds (`fallback`). `docs/affinity.md` has the whole story.
 
 mod body;
 mod keys;
@@ -66,15 +66,15 @@ where
     };
     let protocol = settings.and_then(|c| c.protocol);
     let mut found = keys::of_request(&call.parts.headers, call.present, body, protocol);
-    let capability: Option<Arc<str>> =
-        (!found.keys.is_empty() || found.a2a).then(|| call.capability.as_str().into());
+    let capability: Option<Arc<str>> = (!found.keys.is_empty() || found.reader().is_some())
+        .then(|| call.capability.as_str().into());
     let pinned = capability
         .as_ref()
         .and_then(|cap| lookup(out, &snapshot, cap, &found.keys))
         .map(|(holder, kind)| Pinned {
             holder,
             kind,
-            mode: settings.map(|c| c.affinity).unwrap_or_default(),
+            mode: mode(kind, settings.map(|c| c.affinity)),
         });
     if let Some(pin) = &pinned {
         call.parts.extensions.insert(pin.clone());
@@ -106,8 +106,9 @@ where
     } = routed;
     let result = result.map(|response| {
         // Nothing to bind, the common case: no allocation, no watch.
+        let reader = found.reader();
         let anything = !found.keys.is_empty()
-            || found.a2a
+            || reader.is_some()
             || response
                 .headers()
                 .contains_key(crate::http::headers::MCP_SESSION_ID);
@@ -123,13 +124,22 @@ where
             request: found.keys,
             bounds: bounds(&snapshot),
         };
-        bind(response, binding, found.a2a)
+        bind(response, binding, reader)
     });
     Routed {
         answer: result,
         label,
         peer,
         attempts,
+    }
+}
+
+/// The capability's affinity mode; always strict for a server's `requestState`, which means
+/// nothing to another server (`docs/mcp.md`).
+fn mode(kind: Kind, configured: Option<AffinityMode>) -> AffinityMode {
+    match kind {
+        Kind::RequestState => AffinityMode::Strict,
+        _ => configured.unwrap_or_default(),
     }
 }
 
@@ -200,19 +210,20 @@ fn lost_holder(out: &Outbound, routed: Routed, pin: &Pinned) -> Routed {
 }
 
 /// A successful answer binds the call's keys (and those it assigns) to the peer that gave it.
-/// An A2A answer's body is watched as it passes, for the task and context it names.
+/// An A2A or MCP answer's body is watched as it passes (by `reader`), for the task and context
+/// or the request state it names.
 fn bind(
     response: Response<UpstreamBody>,
     mut binding: body::Binding,
-    a2a: bool,
+    reader: Option<body::Reader>,
 ) -> Response<Watched> {
     binding
         .request
         .extend(keys::of_response_head(response.headers()));
-    if !a2a {
+    let Some(reader) = reader else {
         binding.finish(Some(Vec::new()));
         return response.map(body::plain);
-    }
+    };
     let head = response.headers();
     let shape = if keys::is_json(head) {
         body::Shape::Json
@@ -228,7 +239,7 @@ fn bind(
         binding.finish(Some(Vec::new()));
         return response.map(body::plain);
     };
-    response.map(|incoming| body::watching(incoming, binding, shape))
+    response.map(|incoming| body::watching(incoming, binding, shape, reader))
 }
 
 fn bounds(snapshot: &Snapshot) -> Bounds {

@@ -6,6 +6,7 @@
 //! registry's set of MCP capabilities, empty in a fleet without MCP.
 
 mod fleet;
+pub(super) mod status;
 mod tool_call;
 pub(super) mod view;
 
@@ -58,7 +59,7 @@ where
     };
     match asked.method.as_str() {
         "tools/call" => match asked.tool {
-            Some(tool) => tool_call::routed(out, inner, call, tool).await,
+            Some(tool) => tool_call::routed(out, inner, call, tool, asked.resumes).await,
             None => answer(inner.oneshot(call).await),
         },
         "tools/list" => fleet::tools_list(&out, inner, call, asked.id).await,

@@ -20,21 +20,25 @@ use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc::{self, ToolOutcome};
 use crate::outbound::call::{Call, LastTried};
 
-/// Routes the call for `tool`; on a failed tool that is safe to repeat, once more elsewhere.
+/// Routes the call for `tool`; on a failed tool that is safe to repeat, once more elsewhere —
+/// unless it `resumes` a multi round-trip request, whose state is its issuer's alone (the
+/// affinity step pins it there, `src/outbound/affinity/mod.rs`).
 pub(super) async fn routed<S>(
     out: Arc<Outbound>,
     inner: S,
     call: Call,
     tool: String,
+    resumes: bool,
 ) -> Response<ReachBody>
 where
     S: Step<Call, Response = Response<ReachBody>>,
 {
     let replay = match &call.upload {
-        Upload::Buffered(bytes) => Some(bytes.clone()),
-        Upload::Stream(..) => None,
+        Upload::Buffered(bytes) if !resumes => Some(bytes.clone()),
+        _ => None,
     };
     let mut excluded = Vec::new();
+    let capability = call.capability.as_str().to_owned();
     let mut call = call;
     loop {
         call.parts.extensions.insert(McpRoute::Tool {
@@ -43,7 +47,7 @@ where
         });
         let again = replay.as_ref().map(|bytes| copy(&call, bytes.clone()));
         let response = answer(inner.clone().oneshot(call).await);
-        let (response, failed_on) = observed(&out, &tool, response).await;
+        let (response, failed_on) = observed(&out, &capability, &tool, response).await;
         match (failed_on, again) {
             (Some(peer), Some(next))
                 if excluded.is_empty() && elsewhere(&out, &next, &tool, &peer) =>
@@ -82,11 +86,20 @@ fn elsewhere(out: &Outbound, call: &Call, tool: &str, failed: &str) -> bool {
         .any(|p| p.name != failed && p.tool(capability, tool).is_some())
 }
 
+/// Tells the view of `peer`'s `tool`, and `reach_mcp_tool_calls_total`, how a call went:
+/// `ok`, `error` or `timeout`.
+fn record(out: &Outbound, capability: &str, peer: &str, tool: &str, outcome: &'static str) {
+    out.tools
+        .record(peer, tool, outcome == "ok", Instant::now());
+    out.metrics.mcp_tool_call(capability, tool, outcome);
+}
+
 /// The answer, read (when it is one JSON document) for how the tool did, which the view of the
 /// server's tool is told; with the server's name when the tool failed there. An event stream
 /// passes on unread, as it streams; so does an answer the sidecar made itself.
 async fn observed(
     out: &Outbound,
+    capability: &str,
     tool: &str,
     response: Response<ReachBody>,
 ) -> (Response<ReachBody>, Option<String>) {
@@ -94,7 +107,12 @@ async fn observed(
         return (response, None);
     };
     if response.status().is_server_error() {
-        out.tools.record(&peer, tool, false, Instant::now());
+        let timeout = response
+            .headers()
+            .get(headers::REASON)
+            .is_some_and(|r| r.as_bytes() == Reason::Timeout.as_str().as_bytes());
+        let outcome = if timeout { "timeout" } else { "error" };
+        record(out, capability, &peer, tool, outcome);
         return (response, Some(peer));
     }
     let content_type = jsonrpc::content_type(response.headers());
@@ -127,7 +145,13 @@ async fn observed(
         Some(ToolOutcome::CallerError) | None => None,
     };
     if let Some(ok) = ok {
-        out.tools.record(&peer, tool, ok, Instant::now());
+        record(
+            out,
+            capability,
+            &peer,
+            tool,
+            if ok { "ok" } else { "error" },
+        );
     }
     let response = Response::from_parts(parts, body::full(bytes));
     (response, (ok == Some(false)).then_some(peer))

@@ -20,8 +20,13 @@ const MAX_ENTRIES: usize = 4096;
 pub(crate) enum ToolView {
     /// Serving, with this many failures in a row (below the threshold).
     Serving { failures: u32 },
-    /// Passed over until `until`; then one trial call decides.
-    Broken { until: Instant, cooldown: Duration },
+    /// Passed over until `until`; then one trial call decides. `failures`: in a row, trial
+    /// calls included.
+    Broken {
+        until: Instant,
+        cooldown: Duration,
+        failures: u32,
+    },
 }
 
 impl Default for ToolView {
@@ -48,15 +53,22 @@ impl ToolView {
             (Self::Serving { failures }, false) if failures + 1 >= THRESHOLD => Self::Broken {
                 until: now + COOLDOWN,
                 cooldown: COOLDOWN,
+                failures: failures + 1,
             },
             (Self::Serving { failures }, false) => Self::Serving {
                 failures: failures + 1,
             },
-            (Self::Broken { cooldown, .. }, false) => {
+            (
+                Self::Broken {
+                    cooldown, failures, ..
+                },
+                false,
+            ) => {
                 let cooldown = (cooldown * 2).min(MAX_COOLDOWN);
                 Self::Broken {
                     until: now + cooldown,
                     cooldown,
+                    failures: failures.saturating_add(1),
                 }
             }
         }
@@ -88,6 +100,21 @@ impl ToolViews {
         } else if views.len() < MAX_ENTRIES || views.contains_key(&key) {
             views.insert(key, next);
         }
+    }
+
+    /// How `peer`'s `tool` stands (serving with no failure when it never failed lately).
+    pub(crate) fn view(&self, peer: &str, tool: &str) -> ToolView {
+        let views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        views
+            .get(&(peer.to_owned(), tool.to_owned()))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// How many (peer, tool) pairs are passed over now.
+    pub(crate) fn paused(&self, now: Instant) -> usize {
+        let views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        views.values().filter(|v| !v.serving(now)).count()
     }
 
     /// The (peer, tool) pairs passed over now.
@@ -150,6 +177,15 @@ mod tests {
         assert!(views.serving("a", "fetch", now));
         assert!(views.serving("b", "search", now));
         assert_eq!(views.broken(now), [("a".to_owned(), "search".to_owned())]);
+        assert_eq!(views.paused(now), 1);
+        assert!(matches!(
+            views.view("a", "search"),
+            ToolView::Broken {
+                failures: THRESHOLD,
+                ..
+            }
+        ));
+        assert_eq!(views.view("a", "fetch"), ToolView::default());
         views.record("a", "search", true, now + COOLDOWN);
         assert!(views.serving("a", "search", now));
         assert!(views.broken(now).is_empty(), "a success forgets the tool");
@@ -166,7 +202,8 @@ mod tests {
             v,
             ToolView::Broken {
                 until: t0 + MAX_COOLDOWN,
-                cooldown: MAX_COOLDOWN
+                cooldown: MAX_COOLDOWN,
+                failures: 40,
             }
         );
     }

@@ -215,7 +215,38 @@ fn render(doc: &Value) -> String {
     if peers.is_empty() {
         let _ = writeln!(out, "(no peer scored yet)");
     }
+    tools(doc, &mut out);
     out
+}
+
+/// One line per MCP tool: each server that has it, and how its tool stands in this caller's
+/// view (`docs/mcp.md`).
+fn tools(doc: &Value, out: &mut String) {
+    for t in doc["tools"].as_array().into_iter().flatten() {
+        let servers: Vec<String> = t["servers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                let failures = s["failures"].as_u64().unwrap_or(0);
+                let state = match s["state"].as_str() {
+                    Some("paused") => format!("PAUSED {}", secs(s["paused_for_s"].as_f64())),
+                    other => other.unwrap_or("-").to_owned(),
+                };
+                match failures {
+                    0 => format!("{} {state}", text(&s["server"])),
+                    n => format!("{} {state} ({n} failures)", text(&s["server"])),
+                }
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "tool {}/{} · {}",
+            text(&t["capability"]),
+            text(&t["tool"]),
+            servers.join(" · ")
+        );
+    }
 }
 
 fn peer_row(p: &Value) -> [String; 8] {
@@ -324,6 +355,21 @@ fn secs(x: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_mcp_tool_names_its_servers_and_their_state() {
+        let doc = serde_json::json!({
+            "tools": [{ "capability": "mcp", "tool": "search", "servers": [
+                { "server": "a", "state": "paused", "failures": 3, "paused_for_s": 4.2 },
+                { "server": "b", "state": "healthy", "failures": 0 },
+            ] }]
+        });
+        let out = render(&doc);
+        assert!(
+            out.contains("tool mcp/search · a PAUSED 4s (3 failures) · b healthy"),
+            "{out}"
+        );
+    }
 
     #[test]
     fn changes_waiting_for_a_restart_are_named() {

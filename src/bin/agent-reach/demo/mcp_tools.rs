@@ -3,7 +3,8 @@
 //! by gossip which server has which. The caller lists the fleet's tools through its sidecar
 //! (each once), calls `search` and `fetch`; then the busiest server's `search` breaks
 //! (`isError: true`): its `search` calls move (read-only, so a failed call is tried once more
-//! elsewhere and the caller sees no failure) while its `fetch` keeps serving.
+//! elsewhere and the caller sees no failure) while its `fetch` keeps serving; the caller's
+//! per-tool view (its `/status`) shows that server's `search` paused.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -41,6 +42,14 @@ pub struct McpSummary {
     /// Calls made per tool in each half, and the failed answers the caller saw after the break.
     pub calls: usize,
     pub failed_after: usize,
+    /// The broken server's `search` in the caller's per-tool view at the end: `paused`, `trial`
+    /// (the pause over, the next call decides) or `healthy`; and its failures in a row.
+    pub broken_search_state: String,
+    pub broken_search_failures: u32,
+    /// The broken server's share of the `fetch` calls before and after the break, in percent
+    /// (none when it has no `fetch`).
+    pub broken_fetch_share_before_pct: Option<f64>,
+    pub broken_fetch_share_after_pct: Option<f64>,
 }
 
 pub(super) async fn run(fleet: &mut Fleet) -> Result<McpSummary, DemoError> {
@@ -106,6 +115,23 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<McpSummary, DemoError> {
     };
     let search_after = minus(count("search"), &search_before);
     let fetch_after = minus(count("fetch"), &fetch_before);
+    let view = fleet
+        .caller
+        .status()
+        .tools
+        .into_iter()
+        .find(|t| t.capability == CAPABILITY && t.tool == "search")
+        .and_then(|t| t.servers.into_iter().find(|s| s.server == busiest));
+    let share = |counts: &BTreeMap<String, usize>| {
+        let all: usize = counts.values().sum();
+        let own = *counts.get(&busiest)?;
+        (all > 0).then(|| super::round(100.0 * own as f64 / all as f64))
+    };
+    let has_fetch = busiest != SERVERS[2];
+    let (fetch_share_before, fetch_share_after) = match has_fetch {
+        true => (share(&fetch_before), share(&fetch_after)),
+        false => (None, None),
+    };
     for (server, sidecar) in servers {
         sidecar.shutdown().await;
         drop(server);
@@ -120,6 +146,10 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<McpSummary, DemoError> {
         fetch_after,
         calls: CALLS,
         failed_after,
+        broken_search_state: view.as_ref().map_or("-", |v| v.state).to_owned(),
+        broken_search_failures: view.map_or(0, |v| v.failures),
+        broken_fetch_share_before_pct: fetch_share_before,
+        broken_fetch_share_after_pct: fetch_share_after,
     })
 }
 

@@ -536,8 +536,17 @@ fn mcp_lines(m: &super::McpSummary) -> String {
         .map(|(name, n)| format!("{name}×{n}"))
         .collect::<Vec<_>>()
         .join(" ");
+    let kept = match (
+        m.broken_fetch_share_before_pct,
+        m.broken_fetch_share_after_pct,
+    ) {
+        (Some(before), Some(after)) => {
+            format!("while its fetch kept {after:.0}% of the fetch calls ({before:.0}% before)")
+        }
+        _ => "while its summarize kept serving".to_owned(),
+    };
     format!(
-        "\nMCP: three servers joined with no capability written down; their sidecars read the tools and the caller could route every tool after {}\n  the caller's tools/list through its sidecar: {listed}\n  {} calls of search and of fetch each: search {} ; fetch {}\n  then {}'s search broke (isError): search {} ; fetch {} ; {} of {} calls failed at the caller\n",
+        "\nMCP: three servers joined with no capability written down; their sidecars read the tools and the caller could route every tool after {}\n  the caller's tools/list through its sidecar: {listed}\n  {} calls of search and of fetch each: search {} ; fetch {}\n  then {}'s search broke (isError): search {} ; fetch {} ; {} of {} calls failed at the caller\n  the caller's per-tool view: {}'s search {} after {} failures in a row, {kept}\n",
         m.tools_routable_after_ms
             .map_or("never (within 20 s)".to_owned(), |ms| format!("{:.1} s", ms / 1000.0)),
         m.calls,
@@ -548,5 +557,8 @@ fn mcp_lines(m: &super::McpSummary) -> String {
         shares(&m.fetch_after),
         m.failed_after,
         2 * m.calls,
+        m.broken,
+        m.broken_search_state,
+        m.broken_search_failures,
     )
 }

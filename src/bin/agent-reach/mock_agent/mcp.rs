@@ -1,6 +1,8 @@
 //! A small MCP server for tests and the demo (`docs/mcp.md`): streamable HTTP, JSON-RPC on
 //! any path, answering `initialize`, `tools/list` and `tools/call` in JSON or as event streams,
-//! and `notifications/tools/list_changed` on a GET's open event stream when a tool is added.
+//! and `notifications/tools/list_changed` on a GET's open event stream when a tool is added. A
+//! call with `arguments.ask: true` is answered `input_required` with a `requestState` only this
+//! server takes back (revision 2026-07-28's multi round-trip requests).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -29,6 +31,10 @@ struct State {
     tools: Vec<Value>,
     failing: BTreeSet<String>,
     served: Vec<String>,
+    /// Request states issued so far.
+    issued: u64,
+    /// Retries refused for a `requestState` another server issued.
+    foreign: usize,
     /// Answer with an event stream instead of JSON.
     sse: bool,
     /// Tells every open GET stream that the tool list changed.
@@ -96,22 +102,20 @@ impl McpServer {
         };
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let result = match method.as_str() {
-            "initialize" => json!({ "protocolVersion": message["params"]["protocolVersion"],
+            "initialize" => Ok(
+                json!({ "protocolVersion": message["params"]["protocolVersion"],
                 "capabilities": { "tools": { "listChanged": true } },
                 "serverInfo": { "name": self.name, "version": "1" } }),
-            "tools/list" => json!({ "tools": state.tools }),
-            "tools/call" => {
-                let tool = message["params"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                state.served.push(tool.clone());
-                let failing = state.failing.contains(&tool);
-                json!({ "content": [{ "type": "text", "text": self.name }], "isError": failing })
-            }
-            _ => json!({}),
+            ),
+            "tools/list" => Ok(json!({ "tools": state.tools })),
+            "tools/call" => self.call(&mut state, &message["params"]),
+            _ => Ok(json!({})),
         };
-        let answer = json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string();
+        let answer = match result {
+            Ok(result) => json!({ "jsonrpc": "2.0", "id": id, "result": result }),
+            Err(error) => json!({ "jsonrpc": "2.0", "id": id, "error": error }),
+        }
+        .to_string();
         let (content_type, body) = if state.sse {
             (
                 "text/event-stream",
@@ -126,6 +130,30 @@ impl McpServer {
             http::HeaderValue::from_static(content_type),
         );
         response
+    }
+
+    /// A tool call: its text names this server; asked for input first when `arguments.ask`,
+    /// and then the retry's `requestState` must be one this server issued.
+    fn call(&self, state: &mut State, params: &Value) -> Result<Value, Value> {
+        let tool = params["name"].as_str().unwrap_or_default().to_owned();
+        match params.get("requestState").and_then(Value::as_str) {
+            Some(echoed) if !echoed.starts_with(&format!("{}-", self.name)) => {
+                state.foreign += 1;
+                return Err(json!({ "code": -32602,
+                    "message": format!("requestState {echoed} was not issued by {}", self.name) }));
+            }
+            None if params["arguments"]["ask"] == true => {
+                state.issued += 1;
+                return Ok(json!({ "resultType": "input_required",
+                    "inputRequests": { "confirm": { "method": "elicitation/create",
+                        "params": { "message": "Go on?", "requestedSchema": { "type": "object" } } } },
+                    "requestState": format!("{}-{}", self.name, state.issued) }));
+            }
+            _ => {}
+        }
+        state.served.push(tool.clone());
+        let failing = state.failing.contains(&tool);
+        Ok(json!({ "content": [{ "type": "text", "text": self.name }], "isError": failing }))
     }
 
     /// A GET: an event stream that stays open and carries `notifications/tools/list_changed`.
@@ -165,6 +193,13 @@ impl McpServer {
             .iter()
             .filter(|t| *t == tool)
             .count()
+    }
+
+    /// Retries this server refused for a `requestState` it did not issue (the demo does not
+    /// look; `tests/it/mcp_tools.rs` does).
+    #[allow(dead_code)]
+    pub fn foreign_states(&self) -> usize {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).foreign
     }
 
     /// `tool` answers `isError: true` from now on.

@@ -1,0 +1,76 @@
+//! The per-tool view as `/status` shows it (`docs/mcp.md`): per MCP capability, each tool with
+//! the servers that announce it and how each server's tool stands in this caller's view.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::view::ToolView;
+use super::Outbound;
+use crate::config::Snapshot;
+
+/// One tool of an MCP capability, and every server that announces it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ToolStatus {
+    pub capability: String,
+    pub tool: String,
+    pub servers: Vec<ToolServer>,
+}
+
+/// One server's tool, as this caller has seen it answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct ToolServer {
+    pub server: String,
+    /// `healthy`; `paused` (passed over); `trial` (the pause is over: the next call decides).
+    pub state: &'static str,
+    /// Failures in a row.
+    pub failures: u32,
+    /// Seconds left of the pause.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_for_s: Option<f64>,
+}
+
+/// Every MCP capability's tools, by capability then tool, servers by name.
+pub(crate) fn tools(out: &Outbound, snapshot: &Snapshot) -> Vec<ToolStatus> {
+    let now = Instant::now();
+    let mut listed = Vec::new();
+    for capability in out.registry.mcp_capabilities() {
+        let mut by_tool: BTreeMap<&str, Vec<ToolServer>> = BTreeMap::new();
+        let peers = out.registry.candidates(snapshot, &capability);
+        for peer in &peers {
+            for tool in peer.tools.get(&capability).into_iter().flatten() {
+                let view = out.tools.view(&peer.name, &tool.name);
+                by_tool
+                    .entry(tool.name.as_str())
+                    .or_default()
+                    .push(server(&peer.name, view, now));
+            }
+        }
+        for (tool, mut servers) in by_tool {
+            servers.sort_by(|a, b| a.server.cmp(&b.server));
+            listed.push(ToolStatus {
+                capability: capability.clone(),
+                tool: tool.to_owned(),
+                servers,
+            });
+        }
+    }
+    listed
+}
+
+fn server(name: &str, view: ToolView, now: Instant) -> ToolServer {
+    let (state, failures, paused_for_s) = match view {
+        ToolView::Serving { failures } => ("healthy", failures, None),
+        ToolView::Broken {
+            until, failures, ..
+        } if now < until => ("paused", failures, Some((until - now).as_secs_f64())),
+        ToolView::Broken { failures, .. } => ("trial", failures, None),
+    };
+    ToolServer {
+        server: name.to_owned(),
+        state,
+        failures,
+        paused_for_s,
+    }
+}
