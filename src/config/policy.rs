@@ -59,6 +59,8 @@ pub struct Policy {
     pub affinity: AffinityPolicy,
     /// Delegation chains: how many hops a chain may take (`docs/chains.md`).
     pub chains: super::chains::ChainsPolicy,
+    /// Whether callers act on the model budgets they hear (`docs/model-budgets.md`).
+    pub model_budgets: ModelBudgetsPolicy,
 }
 
 /// Policy `capabilities.<name>`.
@@ -561,6 +563,21 @@ impl Default for PeerViewsPolicy {
         Self {
             poll_interval: HumanDuration::from_secs(1),
         }
+    }
+}
+
+/// `model_budgets`: with `steer: false` a sidecar still learns, shows and gossips its agent's
+/// model headroom, but scores no candidate by it: the comparison run of `docs/model-budgets.md`,
+/// or a fleet that wants the figures before it lets them move traffic. Reloaded live.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelBudgetsPolicy {
+    pub steer: bool,
+}
+
+impl Default for ModelBudgetsPolicy {
+    fn default() -> Self {
+        Self { steer: true }
     }
 }
 

@@ -89,6 +89,11 @@ fn quick_parole() -> Policy {
 
 /// A caller that knows the agents as static peers and reads their self-views every 20 ms.
 async fn caller(agents: &[(&str, &Sidecar)]) -> Sidecar {
+    caller_steering(agents, true).await
+}
+
+/// [`caller`], with the policy's `model_budgets.steer` as given.
+async fn caller_steering(agents: &[(&str, &Sidecar)], steer: bool) -> Sidecar {
     let mut bootstrap =
         Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
     for (name, side) in agents {
@@ -98,6 +103,7 @@ async fn caller(agents: &[(&str, &Sidecar)]) -> Sidecar {
     }
     let mut policy = quick_parole();
     policy.peer_views.poll_interval = HumanDuration::from_millis(20);
+    policy.model_budgets.steer = steer;
     sidecar_with(bootstrap, policy, Default::default()).await
 }
 
@@ -233,6 +239,66 @@ async fn an_agent_whose_budget_drains_is_avoided_before_any_429_and_returns_at_t
         provider.provider_stats().refused,
         0,
         "the provider never answered 429"
+    );
+}
+
+/// `model_budgets: { steer: false }`: the agent's sidecar still learns and publishes its spent
+/// budget and the caller hears it, but keeps sending the agent its share, so its provider answers
+/// 429s; turned back on by a live reload, the caller passes it over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_steering_off_the_drained_agent_keeps_its_share_until_its_provider_answers_429() {
+    let provider = mock(provider_config(
+        10,
+        Duration::from_secs(30),
+        ProviderHeaders::Honest,
+    ))
+    .await;
+    let (a, a_side) = agent("coder-a", Some((provider.addr, None)), true).await;
+    let (b, b_side) = agent("coder-b", None, false).await;
+    let (c, c_side) = agent("coder-c", None, false).await;
+    let agents = [
+        ("coder-a", &a_side),
+        ("coder-b", &b_side),
+        ("coder-c", &c_side),
+    ];
+    let caller = caller_steering(&agents, false).await;
+    spend(&a_side, 9).await;
+    assert_eq!(own_budget(&a_side).map(|(h, _)| h), Some(0.0));
+    assert_eq!(a_side.status().self_state, "budget-limited");
+    eventually(
+        Duration::from_secs(2),
+        "the caller hears the spent budget",
+        || async { caller_sees_spent(&caller, "coder-a") },
+    )
+    .await;
+    // Heard and ignored: coder-a gets its share, spends the request left, then is refused.
+    let mut pace = pace();
+    let mut sent = 0;
+    while provider.provider_stats().refused == 0 {
+        task(&caller, &mut pace).await;
+        sent += 1;
+        assert!(
+            sent < 60,
+            "coder-a was never sent a task: {} of {sent}",
+            a.stats().business
+        );
+    }
+    assert!(a.stats().business >= 2, "{}", a.stats().business);
+    assert!(b.stats().business + c.stats().business > 0);
+
+    // Steering back on, live: the spent budget (still heard) keeps coder-a out.
+    let snapshot = caller.store().snapshot();
+    let mut policy = snapshot.policy.clone();
+    policy.model_budgets.steer = true;
+    assert!(caller.store().replace(snapshot.bootstrap.clone(), policy));
+    let before = (a.stats().business, provider.provider_stats().refused);
+    for _ in 0..20 {
+        let reply = task(&caller, &mut pace).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    assert_eq!(
+        (a.stats().business, provider.provider_stats().refused),
+        before
     );
 }
 
