@@ -62,16 +62,19 @@ struct Learned {
 }
 
 impl ModelBudgets {
-    /// Learns from one answer of `target`; the number of unreadable values it carried.
+    /// Learns from one answer of `target` (`body_delay`: a wait its body asked for, read as a
+    /// `retry-after` the headers lack); the number of unreadable values it carried.
     pub fn observe(
         &self,
         target: &str,
         group: Option<&str>,
         status: StatusCode,
         answer: &HeaderMap,
+        body_delay: Option<Duration>,
         now: Instant,
     ) -> u32 {
-        let reading = headers::read(answer, SystemTime::now());
+        let mut reading = headers::read(answer, SystemTime::now());
+        reading.retry_after = reading.retry_after.or(body_delay.map(|d| d.min(MAX_BLOCK)));
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let known = inner.contains_key(target);
         if !known && (reading.is_empty() || inner.len() >= MAX_TARGETS) {
@@ -312,13 +315,13 @@ mod tests {
         let b = ModelBudgets::default();
         let ok = StatusCode::OK;
         assert_eq!(b.headroom(Instant::now()), None, "nothing learned yet");
-        b.observe("openai", None, ok, &answer(90, "60s"), Instant::now());
+        b.observe("openai", None, ok, &answer(90, "60s"), None, Instant::now());
         let h = b.headroom(Instant::now()).map(|h| h.headroom);
         assert_eq!(h, Some(1.0), "plenty left at no pace");
-        b.observe("openai", None, ok, &answer(10, "60s"), Instant::now());
+        b.observe("openai", None, ok, &answer(10, "60s"), None, Instant::now());
         let h = b.headroom(Instant::now()).map_or(1.0, |h| h.headroom);
         assert!(h > 0.0 && h < 1.0, "{h}");
-        b.observe("openai", None, ok, &answer(5, "60s"), Instant::now());
+        b.observe("openai", None, ok, &answer(5, "60s"), None, Instant::now());
         let h = b.headroom(Instant::now());
         assert_eq!(h.as_ref().map(|h| h.headroom), Some(0.0), "{h:?}");
         tokio::time::advance(Duration::from_secs(61)).await;
@@ -335,6 +338,7 @@ mod tests {
                 None,
                 StatusCode::OK,
                 &answer(120 - 2 * i, "60s"),
+                None,
                 Instant::now(),
             );
             tokio::time::advance(Duration::from_millis(100)).await;
@@ -356,6 +360,7 @@ mod tests {
             None,
             StatusCode::TOO_MANY_REQUESTS,
             &h,
+            None,
             Instant::now(),
         );
         assert_eq!(b.headroom(Instant::now()).map(|h| h.headroom), Some(0.0));
@@ -364,15 +369,37 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_429_bodys_retry_delay_blocks_like_retry_after_bounded_alike() {
+        let b = ModelBudgets::default();
+        let none = HeaderMap::new();
+        let delay = Some(Duration::from_secs(30));
+        b.observe("gemini", None, StatusCode::OK, &none, delay, Instant::now());
+        let h = b.headroom(Instant::now()).map_or(1.0, |h| h.headroom);
+        assert_eq!(h, 1.0, "only a 429 blocks");
+        let refused = StatusCode::TOO_MANY_REQUESTS;
+        b.observe("gemini", None, refused, &none, delay, Instant::now());
+        let h = b.headroom(Instant::now());
+        assert_eq!(h.as_ref().map(|h| h.headroom), Some(0.0), "{h:?}");
+        assert_eq!(h.map(|h| h.reset_in), Some(Duration::from_secs(30)));
+        tokio::time::advance(Duration::from_secs(31)).await;
+        assert_eq!(b.headroom(Instant::now()).map(|h| h.headroom), Some(1.0));
+        let decade = Some(Duration::from_secs(315_360_000));
+        b.observe("gemini", None, refused, &none, decade, Instant::now());
+        let h = b.headroom(Instant::now()).map(|h| h.reset_in);
+        assert_eq!(h, Some(MAX_BLOCK));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn publishes_ungrouped_targets_as_one_figure_and_each_group() {
         let b = ModelBudgets::default();
         let now = Instant::now();
-        b.observe("openai", None, StatusCode::OK, &answer(3, "30s"), now);
+        b.observe("openai", None, StatusCode::OK, &answer(3, "30s"), None, now);
         b.observe(
             "claude",
             Some("acme"),
             StatusCode::OK,
             &answer(90, "30s"),
+            None,
             now,
         );
         let p = b.published(["acme", "other"].into_iter(), now);

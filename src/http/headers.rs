@@ -147,7 +147,12 @@ fn retry_after_at(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             date.duration_since(now).unwrap_or(Duration::ZERO)
         }
     };
-    Some(wait.clamp(RETRY_AFTER_MIN, RETRY_AFTER_MAX))
+    Some(bounded_retry_after(wait))
+}
+
+/// A wait an answer asked for, however it said it, clamped as [`retry_after`] clamps it.
+pub fn bounded_retry_after(wait: Duration) -> Duration {
+    wait.clamp(RETRY_AFTER_MIN, RETRY_AFTER_MAX)
 }
 
 /// An IP address as text, written by hand: `Display` for an address goes through the

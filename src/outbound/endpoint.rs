@@ -3,7 +3,7 @@
 //! said of the agent's model budget).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::attempts::retry::{Attempt, Refusal};
 use super::call::Try;
@@ -12,7 +12,8 @@ use crate::classify::Class;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::{self, attempt_timeout, Deadline};
-use crate::http::pool::{forward, Named, Pool};
+use crate::http::headers::{bounded_retry_after, retry_after};
+use crate::http::pool::{forward, Named, Pool, UpstreamBody};
 use crate::http::step::{self, Step};
 use crate::metrics::Metrics;
 use crate::peers::PeerViews;
@@ -97,8 +98,8 @@ async fn attempt(
             return Attempt::Failed(err);
         }
     };
-    learn_budget(&budgets, peer, &snapshot, &mut response, sent);
-    let class = Class::of_response(&response);
+    let body_delay = learn_budget(&budgets, peer, &snapshot, &mut response, sent).await;
+    let class = with_body_delay(Class::of_response(&response), &response, body_delay);
     match class.signal(elapsed) {
         Some(signal) => pending.finish(signal, &snapshot),
         // Our registry is stale: nothing ran, and that peer earns no credit for it.
@@ -113,19 +114,19 @@ async fn attempt(
     }
 }
 
-/// An external target's answer (a model provider's, typically): its rate-limit headers teach the
-/// agent's model budget, and it is marked for its tokens to be counted when its body has passed
-/// (`src/outbound/record.rs`). A peer sidecar's answers are not read: nothing per call for them.
-fn learn_budget<B>(
+/// An external target's answer (a model provider's, typically): its rate-limit headers (and a
+/// 429's `retryDelay`, returned) teach the agent's model budget, and it is marked for its tokens
+/// to be counted when its body has passed (`src/outbound/record.rs`). A peer sidecar's answers
+/// are not read: nothing per call for them.
+async fn learn_budget(
     budgets: &Budgets,
     peer: &Peer,
     snapshot: &Snapshot,
-    response: &mut http::Response<B>,
+    response: &mut http::Response<UpstreamBody>,
     sent: Instant,
-) {
-    let Some(target) = peer.target.as_deref() else {
-        return;
-    };
+) -> Option<Duration> {
+    let target = peer.target.as_deref()?;
+    let body_delay = retry_delay_in_body(response).await;
     response.extensions_mut().insert(usage::Watch {
         provider: Arc::from(target),
         metrics: budgets.1.clone(),
@@ -142,9 +143,61 @@ fn learn_budget<B>(
         group.map(|g| g.as_str()),
         response.status(),
         response.headers(),
+        body_delay,
         tokio::time::Instant::now(),
     );
     if malformed > 0 {
         budgets.1.model_budget_malformed(target, malformed);
+    }
+    body_delay
+}
+
+/// A 429 body read for its wait, at most: Gemini's answers carry it there, not in a header.
+const HELD_BODY_MAX: usize = 64 << 10;
+/// How long a 429 body may take to come in before it is passed on unread.
+const HELD_BODY_WITHIN: Duration = Duration::from_millis(500);
+
+/// A small JSON 429's `error.details[].retryDelay` (docs/model-budgets.md); the body read to find
+/// it is held and passed on to the agent unchanged.
+async fn retry_delay_in_body(response: &mut http::Response<UpstreamBody>) -> Option<Duration> {
+    if response.status() != http::StatusCode::TOO_MANY_REQUESTS {
+        return None;
+    }
+    let headers = response.headers();
+    let json = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| {
+            let t = t.trim().to_ascii_lowercase();
+            t == "application/json" || t.ends_with("+json")
+        });
+    let length = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if !json || length.is_some_and(|n| n > HELD_BODY_MAX as u64) {
+        return None;
+    }
+    let body = response
+        .body_mut()
+        .hold(HELD_BODY_MAX, HELD_BODY_WITHIN)
+        .await?;
+    crate::budget::headers::retry_delay_in_body(&body)
+}
+
+/// A refusal's cool-down from the body's wait when no `retry-after` header gave one, bounded
+/// like the header.
+fn with_body_delay<B>(
+    class: Class,
+    response: &http::Response<B>,
+    delay: Option<Duration>,
+) -> Class {
+    match (class, delay) {
+        (Class::Refused { .. }, Some(wait)) if retry_after(response.headers()).is_none() => {
+            Class::Refused {
+                retry_after: bounded_retry_after(wait),
+            }
+        }
+        (class, _) => class,
     }
 }

@@ -537,3 +537,40 @@ async fn tokens_reported_by_json_and_streamed_answers_are_counted() {
     )
     .await;
 }
+
+/// Gemini states its wait only in a 429's JSON body (`RetryInfo.retryDelay`, chunked here): the
+/// sidecar reads it as a `retry-after` — no headroom until then — and the agent gets the body
+/// unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_429s_retry_delay_in_its_body_spends_the_budget_and_the_body_passes_unchanged() {
+    let provider = mock(provider_config(
+        2,
+        Duration::from_secs(30),
+        ProviderHeaders::Gemini,
+    ))
+    .await;
+    let (_a, a_side) = agent("coder-a", Some((provider.addr, None)), false).await;
+    spend(&a_side, 2).await;
+    assert_eq!(
+        own_budget(&a_side),
+        None,
+        "no rate-limit headers: nothing learned"
+    );
+    let url = format!("http://{}/v1/chat/completions", a_side.addrs.outbound);
+    let refused = send(&client(), "POST", &url, &[("reach-capability", LLM)], "{}").await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert_eq!(provider.provider_stats().refused, 1);
+    assert!(refused.header("retry-after").is_empty(), "no header added");
+    let body: serde_json::Value = serde_json::from_str(&refused.body).unwrap();
+    assert_eq!(body.to_string(), refused.body, "passed on byte for byte");
+    let delay = body["error"]["details"][1]["retryDelay"].as_str().unwrap();
+    let delay: f64 = delay.trim_end_matches('s').parse().unwrap();
+    assert!(delay >= 25.0, "{delay}");
+    let (headroom, reset_in) = own_budget(&a_side).expect("learned from the body");
+    assert_eq!(headroom, 0.0);
+    assert!(
+        (reset_in - delay).abs() <= 2.0,
+        "{reset_in}s, the body said {delay}s"
+    );
+    assert_eq!(a_side.status().self_state, "budget-limited");
+}
