@@ -29,7 +29,8 @@ pub struct Policy {
     /// Log one event per routed attempt, as structured fields (target `agent_reach::decision`).
     pub decision_log: bool,
     /// Header names whose values are secrets, besides the built-in list (`authorization`,
-    /// `proxy-authorization`, `cookie`, `set-cookie`, `x-api-key`): masked wherever shown.
+    /// `proxy-authorization`, `cookie`, `set-cookie`, `x-api-key`, `api-key`, `x-goog-api-key`):
+    /// masked wherever shown.
     #[serde(deserialize_with = "super::scalar::header_names")]
     pub redact_headers: Vec<String>,
     /// Mutual TLS between sidecars (`docs/mtls.md`).

@@ -59,6 +59,19 @@ static HOP_BY_HOP: [HeaderName; HOPS] = [
     header::UPGRADE,
 ];
 
+/// Removes every sidecar-internal `reach-*` header: for a service outside the mesh, which has no
+/// use for them and should not learn the fleet's names. `traceparent` and `tracestate` stay.
+pub fn strip_internal(headers: &mut HeaderMap) {
+    let internal: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().starts_with("reach-"))
+        .cloned()
+        .collect();
+    for name in internal {
+        headers.remove(name);
+    }
+}
+
 /// Removes hop-by-hop headers, including every header the `Connection` header names.
 /// `te: trailers` survives: it is end-to-end in practice (gRPC needs it).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -188,6 +201,31 @@ pub fn value(text: &str) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strip_internal_drops_every_reach_header_and_keeps_the_trace_context() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "reach-capability",
+            "reach-deadline",
+            "reach-chain",
+            "reach-caller",
+        ] {
+            h.insert(name, HeaderValue::from_static("x"));
+        }
+        h.append("reach-tags", HeaderValue::from_static("a"));
+        h.append("reach-tags", HeaderValue::from_static("b"));
+        for name in ["traceparent", "tracestate", "authorization", "x-reach-note"] {
+            h.insert(name, HeaderValue::from_static("y"));
+        }
+        strip_internal(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(
+            left,
+            ["authorization", "traceparent", "tracestate", "x-reach-note"]
+        );
+    }
 
     #[test]
     fn ip_text_is_what_display_writes() {

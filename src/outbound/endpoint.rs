@@ -12,7 +12,7 @@ use crate::classify::Class;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::{self, attempt_timeout, Deadline};
-use crate::http::headers::{bounded_retry_after, retry_after};
+use crate::http::headers::{self, bounded_retry_after, retry_after};
 use crate::http::pool::{forward, Named, Pool, UpstreamBody};
 use crate::http::step::{self, Step};
 use crate::metrics::Metrics;
@@ -49,11 +49,16 @@ async fn attempt(
     } = attempt;
     let peer = &candidate.peer;
     let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
-    // The callee enforces the same budget: it stops work the caller no longer waits for.
-    let attempt_deadline = keyed_deadline.unwrap_or_else(|| Deadline::after(timeout));
-    request
-        .headers_mut()
-        .insert(deadline::DEADLINE, attempt_deadline.header_value());
+    if peer.target.is_some() {
+        // A service outside the mesh (a model provider) gets none of the sidecars' own headers.
+        headers::strip_internal(request.headers_mut());
+    } else {
+        // The callee enforces the same budget: it stops work the caller no longer waits for.
+        let attempt_deadline = keyed_deadline.unwrap_or_else(|| Deadline::after(timeout));
+        request
+            .headers_mut()
+            .insert(deadline::DEADLINE, attempt_deadline.header_value());
+    }
     // Named only if it fails: no string per attempt.
     let target =
         Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {} ({})", peer.name, peer.address));

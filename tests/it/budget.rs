@@ -574,3 +574,29 @@ async fn a_gemini_429s_retry_delay_in_its_body_spends_the_budget_and_the_body_pa
     );
     assert_eq!(a_side.status().self_state, "budget-limited");
 }
+
+/// A provider outside the mesh gets none of the sidecars' `reach-*` headers (the deadline the
+/// sidecar adds, nor those the agent sent), but the W3C trace context and the agent's own key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_target_gets_no_reach_header_but_the_trace_context() {
+    let provider = mock(provider_config(
+        100,
+        Duration::from_secs(60),
+        ProviderHeaders::Honest,
+    ))
+    .await;
+    let (_a, a_side) = agent("coder-a", Some((provider.addr, None)), false).await;
+    let url = format!("http://{}/v1/chat/completions", a_side.addrs.outbound);
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let headers = [
+        ("reach-capability", LLM),
+        ("reach-tags", "fast"),
+        ("reach-timeout", "5s"),
+        ("traceparent", traceparent),
+        ("x-goog-api-key", "sk-secret"),
+    ];
+    let reply = send(&client(), "POST", &url, &headers, "{}").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let seen = provider.provider_stats();
+    assert_eq!((seen.served, seen.reach_headers, seen.traced), (1, 0, 1));
+}

@@ -94,6 +94,7 @@ struct Window {
     served: u64,
     refused: u64,
     reach_headers: u64,
+    traced: u64,
 }
 
 /// What the provider has answered.
@@ -104,6 +105,8 @@ pub struct ProviderStats {
     pub refused: u64,
     /// Requests that came with a sidecar-internal `reach-*` header (none should).
     pub reach_headers: u64,
+    /// Requests that came with a W3C `traceparent`.
+    pub traced: u64,
 }
 
 /// One chat completion's spend, and what is left after it.
@@ -125,6 +128,7 @@ impl Provider {
                 served: 0,
                 refused: 0,
                 reach_headers: 0,
+                traced: 0,
             }),
         }
     }
@@ -135,6 +139,7 @@ impl Provider {
             served: w.served,
             refused: w.refused,
             reach_headers: w.reach_headers,
+            traced: w.traced,
         }
     }
 
@@ -174,13 +179,12 @@ impl Provider {
         name: &str,
         req: Request<hyper::body::Incoming>,
     ) -> Response<ReachBody> {
-        if req
-            .headers()
-            .keys()
-            .any(|k| k.as_str().starts_with("reach-"))
         {
+            let headers = req.headers();
+            let internal = headers.keys().any(|k| k.as_str().starts_with("reach-"));
             let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
-            w.reach_headers += 1;
+            w.reach_headers += u64::from(internal);
+            w.traced += u64::from(headers.contains_key("traceparent"));
         }
         let body = req
             .into_body()
