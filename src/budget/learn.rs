@@ -10,6 +10,7 @@ use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use super::headers::{self, Kind, Reading, MAX_BLOCK};
+use super::usage::Usage;
 use super::{Figure, PublishedBudget};
 use crate::fast_hash::FastMap;
 
@@ -59,6 +60,8 @@ struct Learned {
     reset_at: Option<Instant>,
     /// What one call spends of the window (a moving average; 1 for requests until seen).
     per_call: f64,
+    /// `per_call` comes from the answers' own `usage`, not from the drops in `remaining`.
+    measured: bool,
 }
 
 impl ModelBudgets {
@@ -92,6 +95,33 @@ impl ModelBudgets {
         budget.group = group.map(str::to_owned);
         budget.learn(&reading, status, now);
         reading.malformed
+    }
+
+    /// What one answer of `target` reported it spent (`usage`): its token windows' spend per call
+    /// from it, more precise than the drops in `remaining`, which mix calls in flight together
+    /// and skip answers.
+    pub fn spent(&self, target: &str, usage: &Usage) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(budget) = inner.get_mut(target) else {
+            return;
+        };
+        for l in &mut budget.windows {
+            let tokens = match l.kind {
+                Kind::Tokens => usage.input.saturating_add(usage.output),
+                Kind::InputTokens => usage.input,
+                Kind::OutputTokens => usage.output,
+                Kind::Requests | Kind::Quota => continue,
+            };
+            if tokens == 0 {
+                continue;
+            }
+            l.per_call = if l.measured {
+                0.7 * l.per_call + 0.3 * tokens as f64
+            } else {
+                tokens as f64
+            };
+            l.measured = true;
+        }
     }
 
     /// The tightest budget of all targets now, when any is learned.
@@ -180,7 +210,7 @@ impl TargetBudget {
             match self.windows.iter_mut().find(|l| l.kind == w.kind) {
                 Some(l) => {
                     let same_period = l.reset_at.is_none_or(|at| at > now);
-                    if same_period && l.remaining > remaining {
+                    if same_period && !l.measured && l.remaining > remaining {
                         let spent = (l.remaining - remaining) as f64;
                         l.per_call = 0.7 * l.per_call + 0.3 * spent;
                     }
@@ -194,6 +224,7 @@ impl TargetBudget {
                     remaining,
                     reset_at,
                     per_call: 1.0,
+                    measured: false,
                 }),
             }
         }
@@ -366,6 +397,69 @@ mod tests {
         assert_eq!(b.headroom(Instant::now()).map(|h| h.headroom), Some(0.0));
         tokio::time::advance(MAX_BLOCK + Duration::from_secs(1)).await;
         assert_eq!(b.headroom(Instant::now()).map(|h| h.headroom), Some(1.0));
+    }
+
+    fn tokens_answer(remaining: u64) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        let mut set = |name: &'static str, value: String| {
+            h.insert(name, http::HeaderValue::from_str(&value).unwrap());
+        };
+        set("x-ratelimit-limit-tokens", "100000".into());
+        set("x-ratelimit-remaining-tokens", remaining.to_string());
+        set("x-ratelimit-reset-tokens", "60s".into());
+        h
+    }
+
+    fn per_call(b: &ModelBudgets) -> f64 {
+        b.inner.lock().unwrap()["openai"].windows[0].per_call
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_answers_usage_sets_a_token_windows_spend_per_call_over_the_drops() {
+        let b = ModelBudgets::default();
+        let ok = StatusCode::OK;
+        // Two calls in flight answered together: the drop (9 000) is two calls' and others'.
+        b.observe(
+            "openai",
+            None,
+            ok,
+            &tokens_answer(90_000),
+            None,
+            Instant::now(),
+        );
+        b.observe(
+            "openai",
+            None,
+            ok,
+            &tokens_answer(81_000),
+            None,
+            Instant::now(),
+        );
+        assert!(per_call(&b) > 2000.0, "{}", per_call(&b));
+        let usage = |input, output| Usage {
+            input,
+            output,
+            model: None,
+        };
+        b.spent("openai", &usage(300, 100));
+        assert_eq!(per_call(&b), 400.0, "the first usage replaces the guess");
+        // From then on the drops say nothing of a call's spend; each usage moves the average.
+        b.observe(
+            "openai",
+            None,
+            ok,
+            &tokens_answer(60_000),
+            None,
+            Instant::now(),
+        );
+        assert_eq!(per_call(&b), 400.0);
+        b.spent("openai", &usage(500, 300));
+        assert!((per_call(&b) - 520.0).abs() < 1e-9, "{}", per_call(&b));
+        // No usage (zero tokens), or a target never learned: nothing changes, nothing is added.
+        b.spent("openai", &usage(0, 0));
+        b.spent("claude", &usage(10, 10));
+        assert!((per_call(&b) - 520.0).abs() < 1e-9);
+        assert_eq!(b.inner.lock().unwrap().len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -27,6 +27,8 @@ pub struct Watch {
     pub metrics: Arc<Metrics>,
     /// When the request was sent: a stream's first event is timed from it.
     pub sent: std::time::Instant,
+    /// The budgets the tokens spent are learned into.
+    pub budgets: Arc<super::ModelBudgets>,
 }
 
 /// Tokens an answer reported, and for which model.
@@ -114,6 +116,7 @@ impl<F: OnEnd> OnEnd for Then<F> {
                 let model = usage.model.as_deref();
                 let m = &watch.metrics;
                 m.token_usage(&watch.provider, model, usage.input, usage.output);
+                watch.budgets.spent(&watch.provider, &usage);
             }
         }
         self.then.end(end);

@@ -136,6 +136,7 @@ async fn learn_budget(
         provider: Arc::from(target),
         metrics: budgets.1.clone(),
         sent,
+        budgets: budgets.0.clone(),
     });
     let group = snapshot
         .policy
