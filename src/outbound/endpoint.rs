@@ -49,16 +49,7 @@ async fn attempt(
     } = attempt;
     let peer = &candidate.peer;
     let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
-    if peer.target.is_some() {
-        // A service outside the mesh (a model provider) gets none of the sidecars' own headers.
-        headers::strip_internal(request.headers_mut());
-    } else {
-        // The callee enforces the same budget: it stops work the caller no longer waits for.
-        let attempt_deadline = keyed_deadline.unwrap_or_else(|| Deadline::after(timeout));
-        request
-            .headers_mut()
-            .insert(deadline::DEADLINE, attempt_deadline.header_value());
-    }
+    internal_headers(peer, request.headers_mut(), keyed_deadline, timeout);
     // Named only if it fails: no string per attempt.
     let target =
         Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {} ({})", peer.name, peer.address));
@@ -116,6 +107,23 @@ async fn attempt(
         Class::Shed { why, .. } => Attempt::Refused(response, why),
         Class::Stale => Attempt::Refused(response, Refusal::UnknownCapability),
         _ => Attempt::Done(response),
+    }
+}
+
+/// A peer sidecar gets the attempt's deadline; a service outside the mesh (a model provider)
+/// none of the sidecars' own headers.
+fn internal_headers(
+    peer: &Peer,
+    headers: &mut http::HeaderMap,
+    keyed_deadline: Option<Deadline>,
+    timeout: Duration,
+) {
+    if peer.target.is_some() {
+        headers::strip_internal(headers);
+    } else {
+        // The callee enforces the same budget: it stops work the caller no longer waits for.
+        let attempt_deadline = keyed_deadline.unwrap_or_else(|| Deadline::after(timeout));
+        headers.insert(deadline::DEADLINE, attempt_deadline.header_value());
     }
 }
 

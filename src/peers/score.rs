@@ -59,17 +59,13 @@ impl PeerViews {
                     entry.remote.is_some() && now.saturating_duration_since(*since) >= lifetime
                 });
                 // An agent whose model budget runs dry before its reset gets a shrinking share,
-                // none at 0, whole again at the reset, unless the policy turns steering off
-                // (docs/model-budgets.md).
-                let headroom = if snapshot.policy.model_budgets.steer {
-                    model_headroom(
-                        entry.remote.as_ref().filter(|_| remote.is_some()),
-                        &self.budget_groups,
-                        now,
-                    )
-                } else {
-                    1.0
-                };
+                // none at 0, whole again at the reset; not with `steer: false` (docs/model-budgets.md).
+                let steer = snapshot.policy.model_budgets.steer;
+                let headroom = model_headroom(
+                    entry.remote.as_ref().filter(|_| steer && remote.is_some()),
+                    &self.budget_groups,
+                    now,
+                );
                 let cap = if silent.is_some() {
                     0.0
                 } else {
