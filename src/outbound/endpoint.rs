@@ -215,3 +215,43 @@ fn with_body_delay<B>(
         (class, _) => class,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_delay_sets_a_refusals_cool_down_only_without_a_header_and_bounded() {
+        let refused = || Class::Refused {
+            retry_after: Duration::from_secs(1),
+        };
+        let answer = |header: Option<&'static str>| {
+            let mut r = http::Response::new(());
+            if let Some(v) = header {
+                let v = http::HeaderValue::from_static(v);
+                r.headers_mut().insert(http::header::RETRY_AFTER, v);
+            }
+            r
+        };
+        let cool = |class: Class| match class {
+            Class::Refused { retry_after } => Some(retry_after.as_secs()),
+            _ => None,
+        };
+        let secs = |s| Some(Duration::from_secs(s));
+        assert_eq!(
+            cool(with_body_delay(refused(), &answer(None), secs(30))),
+            Some(30)
+        );
+        let decade = secs(315_360_000);
+        assert_eq!(
+            cool(with_body_delay(refused(), &answer(None), decade)),
+            Some(300)
+        );
+        let header = answer(Some("1"));
+        assert_eq!(cool(with_body_delay(refused(), &header, secs(30))), Some(1));
+        assert_eq!(
+            cool(with_body_delay(refused(), &answer(None), None)),
+            Some(1)
+        );
+    }
+}
