@@ -6,13 +6,16 @@ use std::collections::BTreeMap;
 
 use crate::config::AgentProfile;
 
-/// Headers whose values are secrets in every deployment.
-pub const SENSITIVE: [&str; 5] = [
+/// Headers whose values are secrets in every deployment: the model providers' keys among them
+/// (`x-api-key` Anthropic's, `api-key` Azure OpenAI's, `x-goog-api-key` Gemini's).
+pub const SENSITIVE: [&str; 7] = [
     "authorization",
     "proxy-authorization",
     "cookie",
     "set-cookie",
     "x-api-key",
+    "api-key",
+    "x-goog-api-key",
 ];
 
 /// What a redacted value shows.
@@ -64,5 +67,23 @@ mod tests {
         assert_eq!(map["Authorization"], MASK);
         assert_eq!(map["x-tenant-token"], MASK);
         assert_eq!(map["accept"], "application/json");
+    }
+
+    #[test]
+    fn the_model_providers_keys_are_masked() {
+        let mut map: BTreeMap<String, String> = [
+            "Authorization",
+            "x-api-key",
+            "api-key",
+            "X-Goog-Api-Key",
+            "anthropic-version",
+        ]
+        .iter()
+        .map(|n| ((*n).to_owned(), "sk-secret".to_owned()))
+        .collect();
+        headers(&mut map, &[]);
+        let shown: Vec<&str> = map.values().map(String::as_str).collect();
+        assert_eq!(shown.iter().filter(|v| **v == MASK).count(), 4, "{map:?}");
+        assert_eq!(map["anthropic-version"], "sk-secret");
     }
 }

@@ -6,9 +6,9 @@
 //! Runs: **agent-reach** (each agent calls its provider through its own sidecar, where the
 //! provider is an external target: the sidecar reads the rate-limit headers and publishes the
 //! agent's model headroom, which the callers' sidecar scores by; the caller reads the peers'
-//! views every 100 ms); **agent-reach/direct** (there is no switch to turn budget awareness off:
-//! here the agents call their providers directly, not through their sidecars, so nothing learns
-//! the budgets; the caller's sidecar still retries a 429 on another agent); **haproxy** and
+//! views every 100 ms); **agent-reach/no-steer** (the same, with `model_budgets: { steer: false }`
+//! in every sidecar's policy: the headroom is learned and published but not scored by; the
+//! caller's sidecar still retries a 429 on another agent); **haproxy** and
 //! **envoy** (agents call their providers directly; Envoy retries `retriable_status_codes:
 //! [429]` on other hosts, two retries; HAProxy's `retry-on` takes no 429 (2.6: 401, 403, 404,
 //! 408, 425 and 5xx only), so it has `retry-on` 5xx with `redispatch`, two retries, and its
@@ -81,8 +81,8 @@ pub(crate) async fn run_all(tools: &Tools, dir: &Path, seconds: u64, routers: &[
     let wanted = |r: &str| routers.contains(&r);
     let mut runs: Vec<(&'static str, Router)> = Vec::new();
     if wanted("agent-reach") {
-        runs.push(("agent-reach", Router::Reach { aware: true }));
-        runs.push(("agent-reach/direct", Router::Reach { aware: false }));
+        runs.push(("agent-reach", Router::Reach { steer: true }));
+        runs.push(("agent-reach/no-steer", Router::Reach { steer: false }));
     }
     if wanted("haproxy") {
         if let Some(b) = &tools.haproxy {
@@ -104,8 +104,8 @@ pub(crate) async fn run_all(tools: &Tools, dir: &Path, seconds: u64, routers: &[
         "429 agent: the providers' 429s to the agents; 429 caller: the callers' (goal 0); failed: calls \
          without a 200 (goal 0).\nlow at: from the load's start to the end of the first half second in \
          which agent-1 got under 5 % of the tasks; gone at: when its budget was spent (goal: low before \
-         gone); used: its requests served.\nagent-reach/direct: no switch turns budget awareness off; \
-         there the agents call their providers directly, not through their sidecars.\nhaproxy: its \
+         gone); used: its requests served.\nagent-reach/no-steer: model_budgets.steer: false, the \
+         headroom learned and published but not scored by.\nhaproxy: its \
          `retry-on` takes no 429, so an agent's 429 reaches the caller."
     );
 }
@@ -128,7 +128,10 @@ fn print_row(r: &Row, small: u64) {
 }
 
 enum Router {
-    Reach { aware: bool },
+    /// `model_budgets.steer` in every sidecar's policy.
+    Reach {
+        steer: bool,
+    },
     Envoy(std::path::PathBuf),
     Haproxy(std::path::PathBuf),
 }
@@ -194,20 +197,22 @@ async fn drive(
         Proxy(Proxy),
     }
     let front = match router {
-        Router::Reach { aware } => {
+        Router::Reach { steer } => {
             let named: Vec<(String, SocketAddr)> = agents
                 .iter()
                 .map(|a| (a.name().to_owned(), a.addr))
                 .collect();
             let mut caller = Policy::default();
             caller.peer_views.poll_interval = HumanDuration::from_millis(100);
-            let targets: Vec<Option<ExternalTarget>> = providers
+            caller.model_budgets.steer = *steer;
+            let targets: Vec<ExternalTarget> = providers
                 .iter()
-                .map(|p| aware.then(|| llm_target(p.addr)).transpose())
+                .map(|p| llm_target(p.addr))
                 .collect::<Result<_, String>>()?;
             let agent_policy = |i: usize| {
                 let mut p = Policy::default();
-                p.targets.extend(targets.get(i).cloned().flatten());
+                p.model_budgets.steer = *steer;
+                p.targets.extend(targets.get(i).cloned());
                 p
             };
             Front::Reach(Box::new(
@@ -221,13 +226,12 @@ async fn drive(
             Front::Proxy(Proxy::haproxy(binary, dir, |port| haproxy_config(port, &addrs)).await?)
         }
     };
-    let aware = matches!(router, Router::Reach { aware: true });
-    // Each task calls the agent's model: through its sidecar when it knows the provider, else
-    // straight at the provider. From now on (the readiness calls spent nothing).
+    // Each task calls the agent's model: through its sidecar under agent-reach, else straight
+    // at the provider. From now on (the readiness calls spent nothing).
     for (i, agent) in agents.iter().enumerate() {
-        let outbound = match (&front, aware) {
-            (Front::Reach(f), true) => f.sidecars[i].addrs.outbound,
-            _ => providers[i].addr,
+        let outbound = match &front {
+            Front::Reach(f) => f.sidecars[i].addrs.outbound,
+            Front::Proxy(_) => providers[i].addr,
         };
         agent.set_model(ModelCall {
             outbound,

@@ -10,6 +10,7 @@ use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use super::headers::{self, Kind, Reading, MAX_BLOCK};
+use super::usage::Usage;
 use super::{Figure, PublishedBudget};
 use crate::fast_hash::FastMap;
 
@@ -59,19 +60,24 @@ struct Learned {
     reset_at: Option<Instant>,
     /// What one call spends of the window (a moving average; 1 for requests until seen).
     per_call: f64,
+    /// `per_call` comes from the answers' own `usage`, not from the drops in `remaining`.
+    measured: bool,
 }
 
 impl ModelBudgets {
-    /// Learns from one answer of `target`; the number of unreadable values it carried.
+    /// Learns from one answer of `target` (`body_delay`: a wait its body asked for, read as a
+    /// `retry-after` the headers lack); the number of unreadable values it carried.
     pub fn observe(
         &self,
         target: &str,
         group: Option<&str>,
         status: StatusCode,
         answer: &HeaderMap,
+        body_delay: Option<Duration>,
         now: Instant,
     ) -> u32 {
-        let reading = headers::read(answer, SystemTime::now());
+        let mut reading = headers::read(answer, SystemTime::now());
+        reading.retry_after = reading.retry_after.or(body_delay.map(|d| d.min(MAX_BLOCK)));
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let known = inner.contains_key(target);
         if !known && (reading.is_empty() || inner.len() >= MAX_TARGETS) {
@@ -89,6 +95,33 @@ impl ModelBudgets {
         budget.group = group.map(str::to_owned);
         budget.learn(&reading, status, now);
         reading.malformed
+    }
+
+    /// What one answer of `target` reported it spent (`usage`): its token windows' spend per call
+    /// from it, more precise than the drops in `remaining`, which mix calls in flight together
+    /// and skip answers.
+    pub fn spent(&self, target: &str, usage: &Usage) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(budget) = inner.get_mut(target) else {
+            return;
+        };
+        for l in &mut budget.windows {
+            let tokens = match l.kind {
+                Kind::Tokens => usage.input.saturating_add(usage.output),
+                Kind::InputTokens => usage.input,
+                Kind::OutputTokens => usage.output,
+                Kind::Requests | Kind::Quota => continue,
+            };
+            if tokens == 0 {
+                continue;
+            }
+            l.per_call = if l.measured {
+                0.7 * l.per_call + 0.3 * tokens as f64
+            } else {
+                tokens as f64
+            };
+            l.measured = true;
+        }
     }
 
     /// The tightest budget of all targets now, when any is learned.
@@ -177,7 +210,7 @@ impl TargetBudget {
             match self.windows.iter_mut().find(|l| l.kind == w.kind) {
                 Some(l) => {
                     let same_period = l.reset_at.is_none_or(|at| at > now);
-                    if same_period && l.remaining > remaining {
+                    if same_period && !l.measured && l.remaining > remaining {
                         let spent = (l.remaining - remaining) as f64;
                         l.per_call = 0.7 * l.per_call + 0.3 * spent;
                     }
@@ -191,6 +224,7 @@ impl TargetBudget {
                     remaining,
                     reset_at,
                     per_call: 1.0,
+                    measured: false,
                 }),
             }
         }
@@ -312,13 +346,13 @@ mod tests {
         let b = ModelBudgets::default();
         let ok = StatusCode::OK;
         assert_eq!(b.headroom(Instant::now()), None, "nothing learned yet");
-        b.observe("openai", None, ok, &answer(90, "60s"), Instant::now());
+        b.observe("openai", None, ok, &answer(90, "60s"), None, Instant::now());
         let h = b.headroom(Instant::now()).map(|h| h.headroom);
         assert_eq!(h, Some(1.0), "plenty left at no pace");
-        b.observe("openai", None, ok, &answer(10, "60s"), Instant::now());
+        b.observe("openai", None, ok, &answer(10, "60s"), None, Instant::now());
         let h = b.headroom(Instant::now()).map_or(1.0, |h| h.headroom);
         assert!(h > 0.0 && h < 1.0, "{h}");
-        b.observe("openai", None, ok, &answer(5, "60s"), Instant::now());
+        b.observe("openai", None, ok, &answer(5, "60s"), None, Instant::now());
         let h = b.headroom(Instant::now());
         assert_eq!(h.as_ref().map(|h| h.headroom), Some(0.0), "{h:?}");
         tokio::time::advance(Duration::from_secs(61)).await;
@@ -335,6 +369,7 @@ mod tests {
                 None,
                 StatusCode::OK,
                 &answer(120 - 2 * i, "60s"),
+                None,
                 Instant::now(),
             );
             tokio::time::advance(Duration::from_millis(100)).await;
@@ -356,6 +391,7 @@ mod tests {
             None,
             StatusCode::TOO_MANY_REQUESTS,
             &h,
+            None,
             Instant::now(),
         );
         assert_eq!(b.headroom(Instant::now()).map(|h| h.headroom), Some(0.0));
@@ -363,16 +399,101 @@ mod tests {
         assert_eq!(b.headroom(Instant::now()).map(|h| h.headroom), Some(1.0));
     }
 
+    fn tokens_answer(remaining: u64) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        let mut set = |name: &'static str, value: String| {
+            h.insert(name, http::HeaderValue::from_str(&value).unwrap());
+        };
+        set("x-ratelimit-limit-tokens", "100000".into());
+        set("x-ratelimit-remaining-tokens", remaining.to_string());
+        set("x-ratelimit-reset-tokens", "60s".into());
+        h
+    }
+
+    fn per_call(b: &ModelBudgets) -> f64 {
+        b.inner.lock().unwrap()["openai"].windows[0].per_call
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_answers_usage_sets_a_token_windows_spend_per_call_over_the_drops() {
+        let b = ModelBudgets::default();
+        let ok = StatusCode::OK;
+        // Two calls in flight answered together: the drop (9 000) is two calls' and others'.
+        b.observe(
+            "openai",
+            None,
+            ok,
+            &tokens_answer(90_000),
+            None,
+            Instant::now(),
+        );
+        b.observe(
+            "openai",
+            None,
+            ok,
+            &tokens_answer(81_000),
+            None,
+            Instant::now(),
+        );
+        assert!(per_call(&b) > 2000.0, "{}", per_call(&b));
+        let usage = |input, output| Usage {
+            input,
+            output,
+            model: None,
+        };
+        b.spent("openai", &usage(300, 100));
+        assert_eq!(per_call(&b), 400.0, "the first usage replaces the guess");
+        // From then on the drops say nothing of a call's spend; each usage moves the average.
+        b.observe(
+            "openai",
+            None,
+            ok,
+            &tokens_answer(60_000),
+            None,
+            Instant::now(),
+        );
+        assert_eq!(per_call(&b), 400.0);
+        b.spent("openai", &usage(500, 300));
+        assert!((per_call(&b) - 520.0).abs() < 1e-9, "{}", per_call(&b));
+        // No usage (zero tokens), or a target never learned: nothing changes, nothing is added.
+        b.spent("openai", &usage(0, 0));
+        b.spent("claude", &usage(10, 10));
+        assert!((per_call(&b) - 520.0).abs() < 1e-9);
+        assert_eq!(b.inner.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_429_bodys_retry_delay_blocks_like_retry_after_bounded_alike() {
+        let b = ModelBudgets::default();
+        let none = HeaderMap::new();
+        let delay = Some(Duration::from_secs(30));
+        b.observe("gemini", None, StatusCode::OK, &none, delay, Instant::now());
+        let h = b.headroom(Instant::now()).map_or(1.0, |h| h.headroom);
+        assert_eq!(h, 1.0, "only a 429 blocks");
+        let refused = StatusCode::TOO_MANY_REQUESTS;
+        b.observe("gemini", None, refused, &none, delay, Instant::now());
+        let h = b.headroom(Instant::now());
+        assert_eq!(h.as_ref().map(|h| h.headroom), Some(0.0), "{h:?}");
+        assert_eq!(h.map(|h| h.reset_in), Some(Duration::from_secs(30)));
+        tokio::time::advance(Duration::from_secs(31)).await;
+        assert_eq!(b.headroom(Instant::now()).map(|h| h.headroom), Some(1.0));
+        let decade = Some(Duration::from_secs(315_360_000));
+        b.observe("gemini", None, refused, &none, decade, Instant::now());
+        let h = b.headroom(Instant::now()).map(|h| h.reset_in);
+        assert_eq!(h, Some(MAX_BLOCK));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn publishes_ungrouped_targets_as_one_figure_and_each_group() {
         let b = ModelBudgets::default();
         let now = Instant::now();
-        b.observe("openai", None, StatusCode::OK, &answer(3, "30s"), now);
+        b.observe("openai", None, StatusCode::OK, &answer(3, "30s"), None, now);
         b.observe(
             "claude",
             Some("acme"),
             StatusCode::OK,
             &answer(90, "30s"),
+            None,
             now,
         );
         let p = b.published(["acme", "other"].into_iter(), now);

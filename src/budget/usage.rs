@@ -29,6 +29,8 @@ pub struct Watch {
     pub sent: std::time::Instant,
     /// The attempt's span, when the call is traced: ended with the tokens once they are read.
     pub span: Option<Arc<crate::trace::DeferredSpan>>,
+    /// The budgets the tokens spent are learned into.
+    pub budgets: Arc<super::ModelBudgets>,
 }
 
 /// Tokens an answer reported, and for which model.
@@ -120,6 +122,7 @@ impl<F: OnEnd> OnEnd for Then<F> {
                 let model = usage.model.as_deref();
                 let m = &watch.metrics;
                 m.token_usage(&watch.provider, model, usage.input, usage.output);
+                watch.budgets.spent(&watch.provider, usage);
             }
             if let Some(span) = &watch.span {
                 let answer = crate::trace::ModelAnswer {

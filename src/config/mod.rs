@@ -36,9 +36,9 @@ pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, Tls
 pub use output_schema::{CompiledSchema, OutputSchema, SchemaDigest, SchemaSource};
 pub use policy::{
     AffinityMode, AffinityPolicy, CapabilityPolicy, EstimatesPolicy, ExternalTarget,
-    FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, PeerProtocol, Policy, Pool,
-    ProbesPolicy, Protocol, RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy, Timeouts,
-    ValidationPolicy, WeightSets, Zones,
+    FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, ModelBudgetsPolicy, PeerProtocol,
+    Policy, Pool, ProbesPolicy, Protocol, RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy,
+    Timeouts, ValidationPolicy, WeightSets, Zones,
 };
 pub use quality::{Compare, GoldenTask, QualitySpec};
 pub use restart_only::{PendingRestart, RestartOnly, RESTART_ONLY};
@@ -496,6 +496,21 @@ mod tests {
         let plain = err(&target("x:80", "ca.pem")).unwrap_or_default();
         assert!(plain.contains("no `https://` endpoint"), "{plain}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn model_budgets_steer_defaults_on_and_refuses_what_is_not_a_bool() {
+        let parse = |text: &str| parse_policy(Path::new("p.yaml"), text);
+        assert!(parse("{}").is_ok_and(|p| p.model_budgets.steer));
+        assert!(parse("model_budgets: { steer: false }").is_ok_and(|p| !p.model_budgets.steer));
+        let err = |text: &str| parse(text).err().map(|e| e.to_string()).unwrap_or_default();
+        let not_bool = err("model_budgets:\n  steer: maybe\n");
+        assert!(
+            not_bool.starts_with("p.yaml:2:") && not_bool.contains("steer"),
+            "{not_bool}"
+        );
+        let unknown = err("model_budgets: { steering: true }");
+        assert!(unknown.contains("unknown field `steering`"), "{unknown}");
     }
 
     #[test]

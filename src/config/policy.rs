@@ -29,7 +29,8 @@ pub struct Policy {
     /// Log one event per routed attempt, as structured fields (target `agent_reach::decision`).
     pub decision_log: bool,
     /// Header names whose values are secrets, besides the built-in list (`authorization`,
-    /// `proxy-authorization`, `cookie`, `set-cookie`, `x-api-key`): masked wherever shown.
+    /// `proxy-authorization`, `cookie`, `set-cookie`, `x-api-key`, `api-key`, `x-goog-api-key`):
+    /// masked wherever shown.
     #[serde(deserialize_with = "super::scalar::header_names")]
     pub redact_headers: Vec<String>,
     /// Mutual TLS between sidecars (`docs/mtls.md`).
@@ -59,6 +60,8 @@ pub struct Policy {
     pub affinity: AffinityPolicy,
     /// Delegation chains: how many hops a chain may take (`docs/chains.md`).
     pub chains: super::chains::ChainsPolicy,
+    /// Whether callers act on the model budgets they hear (`docs/model-budgets.md`).
+    pub model_budgets: ModelBudgetsPolicy,
 }
 
 /// Policy `capabilities.<name>`.
@@ -561,6 +564,21 @@ impl Default for PeerViewsPolicy {
         Self {
             poll_interval: HumanDuration::from_secs(1),
         }
+    }
+}
+
+/// `model_budgets`: with `steer: false` a sidecar still learns, shows and gossips its agent's
+/// model headroom, but scores no candidate by it: the comparison run of `docs/model-budgets.md`,
+/// or a fleet that wants the figures before it lets them move traffic. Reloaded live.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelBudgetsPolicy {
+    pub steer: bool,
+}
+
+impl Default for ModelBudgetsPolicy {
+    fn default() -> Self {
+        Self { steer: true }
     }
 }
 

@@ -59,6 +59,19 @@ static HOP_BY_HOP: [HeaderName; HOPS] = [
     header::UPGRADE,
 ];
 
+/// Removes every sidecar-internal `reach-*` header: for a service outside the mesh, which has no
+/// use for them and should not learn the fleet's names. `traceparent` and `tracestate` stay.
+pub fn strip_internal(headers: &mut HeaderMap) {
+    let internal: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().starts_with("reach-"))
+        .cloned()
+        .collect();
+    for name in internal {
+        headers.remove(name);
+    }
+}
+
 /// Removes hop-by-hop headers, including every header the `Connection` header names.
 /// `te: trailers` survives: it is end-to-end in practice (gRPC needs it).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -199,7 +212,12 @@ fn retry_after_at(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             date.duration_since(now).unwrap_or(Duration::ZERO)
         }
     };
-    Some(wait.clamp(RETRY_AFTER_MIN, RETRY_AFTER_MAX))
+    Some(bounded_retry_after(wait))
+}
+
+/// A wait an answer asked for, however it said it, clamped as [`retry_after`] clamps it.
+pub fn bounded_retry_after(wait: Duration) -> Duration {
+    wait.clamp(RETRY_AFTER_MIN, RETRY_AFTER_MAX)
 }
 
 /// An IP address as text, written by hand: `Display` for an address goes through the
@@ -261,6 +279,31 @@ mod tests {
             assert_eq!(with, Present(without.0 | bit.0), "{name} sets only its bit");
         }
         assert!(Present::ALL.has(Present::PREFER));
+    }
+
+    #[test]
+    fn strip_internal_drops_every_reach_header_and_keeps_the_trace_context() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "reach-capability",
+            "reach-deadline",
+            "reach-chain",
+            "reach-caller",
+        ] {
+            h.insert(name, HeaderValue::from_static("x"));
+        }
+        h.append("reach-tags", HeaderValue::from_static("a"));
+        h.append("reach-tags", HeaderValue::from_static("b"));
+        for name in ["traceparent", "tracestate", "authorization", "x-reach-note"] {
+            h.insert(name, HeaderValue::from_static("y"));
+        }
+        strip_internal(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(
+            left,
+            ["authorization", "traceparent", "tracestate", "x-reach-note"]
+        );
     }
 
     #[test]

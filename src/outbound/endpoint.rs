@@ -3,7 +3,7 @@
 //! said of the agent's model budget).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::attempts::retry::{Attempt, Refusal};
 use super::call::Try;
@@ -12,7 +12,8 @@ use crate::classify::Class;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::{self, attempt_timeout, Deadline};
-use crate::http::pool::{forward, Named, Pool};
+use crate::http::headers::{self, bounded_retry_after, retry_after};
+use crate::http::pool::{forward, Named, Pool, UpstreamBody};
 use crate::http::step::{self, Step};
 use crate::metrics::Metrics;
 use crate::peers::PeerViews;
@@ -48,11 +49,7 @@ async fn attempt(
     } = attempt;
     let peer = &candidate.peer;
     let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
-    // The callee enforces the same budget: it stops work the caller no longer waits for.
-    let attempt_deadline = keyed_deadline.unwrap_or_else(|| Deadline::after(timeout));
-    request
-        .headers_mut()
-        .insert(deadline::DEADLINE, attempt_deadline.header_value());
+    internal_headers(peer, request.headers_mut(), keyed_deadline, timeout);
     // Named only if it fails: no string per attempt.
     let target =
         Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {} ({})", peer.name, peer.address));
@@ -97,8 +94,8 @@ async fn attempt(
             return Attempt::Failed(err);
         }
     };
-    learn_budget(&budgets, peer, &snapshot, &mut response, sent);
-    let class = Class::of_response(&response);
+    let body_delay = learn_budget(&budgets, peer, &snapshot, &mut response, sent).await;
+    let class = with_body_delay(Class::of_response(&response), &response, body_delay);
     match class.signal(elapsed) {
         Some(signal) => pending.finish(signal, &snapshot),
         // Our registry is stale: nothing ran, and that peer earns no credit for it.
@@ -113,25 +110,43 @@ async fn attempt(
     }
 }
 
-/// An external target's answer (a model provider's, typically): its rate-limit headers teach the
-/// agent's model budget, and it is marked for its tokens to be counted when its body has passed
-/// (`src/outbound/record.rs`). A peer sidecar's answers are not read: nothing per call for them.
-fn learn_budget<B>(
+/// A peer sidecar gets the attempt's deadline; a service outside the mesh (a model provider)
+/// none of the sidecars' own headers.
+fn internal_headers(
+    peer: &Peer,
+    headers: &mut http::HeaderMap,
+    keyed_deadline: Option<Deadline>,
+    timeout: Duration,
+) {
+    if peer.target.is_some() {
+        headers::strip_internal(headers);
+    } else {
+        // The callee enforces the same budget: it stops work the caller no longer waits for.
+        let attempt_deadline = keyed_deadline.unwrap_or_else(|| Deadline::after(timeout));
+        headers.insert(deadline::DEADLINE, attempt_deadline.header_value());
+    }
+}
+
+/// An external target's answer (a model provider's, typically): its rate-limit headers (and a
+/// 429's `retryDelay`, returned) teach the agent's model budget, and it is marked for its tokens
+/// to be counted when its body has passed (`src/outbound/record.rs`). A peer sidecar's answers
+/// are not read: nothing per call for them.
+async fn learn_budget(
     budgets: &Budgets,
     peer: &Peer,
     snapshot: &Snapshot,
-    response: &mut http::Response<B>,
+    response: &mut http::Response<UpstreamBody>,
     sent: Instant,
-) {
-    let Some(target) = peer.target.as_deref() else {
-        return;
-    };
+) -> Option<Duration> {
+    let target = peer.target.as_deref()?;
+    let body_delay = retry_delay_in_body(response).await;
     response.extensions_mut().insert(usage::Watch {
         provider: Arc::from(target),
         metrics: budgets.1.clone(),
         sent,
         // Set by the attempt's span when the call is traced (`retry::end`).
         span: None,
+        budgets: budgets.0.clone(),
     });
     let group = snapshot
         .policy
@@ -144,9 +159,101 @@ fn learn_budget<B>(
         group.map(|g| g.as_str()),
         response.status(),
         response.headers(),
+        body_delay,
         tokio::time::Instant::now(),
     );
     if malformed > 0 {
         budgets.1.model_budget_malformed(target, malformed);
+    }
+    body_delay
+}
+
+/// A 429 body read for its wait, at most: Gemini's answers carry it there, not in a header.
+const HELD_BODY_MAX: usize = 64 << 10;
+/// How long a 429 body may take to come in before it is passed on unread.
+const HELD_BODY_WITHIN: Duration = Duration::from_millis(500);
+
+/// A small JSON 429's `error.details[].retryDelay` (docs/model-budgets.md); the body read to find
+/// it is held and passed on to the agent unchanged.
+async fn retry_delay_in_body(response: &mut http::Response<UpstreamBody>) -> Option<Duration> {
+    if response.status() != http::StatusCode::TOO_MANY_REQUESTS {
+        return None;
+    }
+    let headers = response.headers();
+    let json = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| {
+            let t = t.trim().to_ascii_lowercase();
+            t == "application/json" || t.ends_with("+json")
+        });
+    let length = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if !json || length.is_some_and(|n| n > HELD_BODY_MAX as u64) {
+        return None;
+    }
+    let body = response
+        .body_mut()
+        .hold(HELD_BODY_MAX, HELD_BODY_WITHIN)
+        .await?;
+    crate::budget::headers::retry_delay_in_body(&body)
+}
+
+/// A refusal's cool-down from the body's wait when no `retry-after` header gave one, bounded
+/// like the header.
+fn with_body_delay<B>(
+    class: Class,
+    response: &http::Response<B>,
+    delay: Option<Duration>,
+) -> Class {
+    match (class, delay) {
+        (Class::Refused { .. }, Some(wait)) if retry_after(response.headers()).is_none() => {
+            Class::Refused {
+                retry_after: bounded_retry_after(wait),
+            }
+        }
+        (class, _) => class,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_delay_sets_a_refusals_cool_down_only_without_a_header_and_bounded() {
+        let refused = || Class::Refused {
+            retry_after: Duration::from_secs(1),
+        };
+        let answer = |header: Option<&'static str>| {
+            let mut r = http::Response::new(());
+            if let Some(v) = header {
+                let v = http::HeaderValue::from_static(v);
+                r.headers_mut().insert(http::header::RETRY_AFTER, v);
+            }
+            r
+        };
+        let cool = |class: Class| match class {
+            Class::Refused { retry_after } => Some(retry_after.as_secs()),
+            _ => None,
+        };
+        let secs = |s| Some(Duration::from_secs(s));
+        assert_eq!(
+            cool(with_body_delay(refused(), &answer(None), secs(30))),
+            Some(30)
+        );
+        let decade = secs(315_360_000);
+        assert_eq!(
+            cool(with_body_delay(refused(), &answer(None), decade)),
+            Some(300)
+        );
+        let header = answer(Some("1"));
+        assert_eq!(cool(with_body_delay(refused(), &header, secs(30))), Some(1));
+        assert_eq!(
+            cool(with_body_delay(refused(), &answer(None), None)),
+            Some(1)
+        );
     }
 }

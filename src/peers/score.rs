@@ -58,10 +58,11 @@ impl PeerViews {
                 let silent = entry.unreachable_since.filter(|since| {
                     entry.remote.is_some() && now.saturating_duration_since(*since) >= lifetime
                 });
-                // An agent whose model budget runs dry before its reset gets a shrinking share,
-                // none at 0, whole again at the reset (docs/model-budgets.md).
+                // A draining model budget shrinks the share (none at 0, whole at the reset); not
+                // with `steer: false` (docs/model-budgets.md).
+                let steer = snapshot.policy.model_budgets.steer;
                 let headroom = model_headroom(
-                    entry.remote.as_ref().filter(|_| remote.is_some()),
+                    entry.remote.as_ref().filter(|_| steer && remote.is_some()),
                     &self.budget_groups,
                     now,
                 );

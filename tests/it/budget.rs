@@ -80,15 +80,22 @@ async fn agent_with(
     (agent, side)
 }
 
-/// Parole served at once: the share this test watches is the budget's, not a new agent's.
+/// Parole served at once, and its prior (availability 0.7) forgiven as fast: the share this
+/// test watches is the budget's, not a new agent's, nor that of one the first picks passed over.
 fn quick_parole() -> Policy {
     let mut policy = Policy::default();
     policy.states.parole.duration = HumanDuration::from_millis(0);
+    policy.estimates.availability_recovery = HumanDuration::from_millis(300);
     policy
 }
 
 /// A caller that knows the agents as static peers and reads their self-views every 20 ms.
 async fn caller(agents: &[(&str, &Sidecar)]) -> Sidecar {
+    caller_steering(agents, true).await
+}
+
+/// [`caller`], with the policy's `model_budgets.steer` as given.
+async fn caller_steering(agents: &[(&str, &Sidecar)], steer: bool) -> Sidecar {
     let mut bootstrap =
         Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
     for (name, side) in agents {
@@ -98,6 +105,7 @@ async fn caller(agents: &[(&str, &Sidecar)]) -> Sidecar {
     }
     let mut policy = quick_parole();
     policy.peer_views.poll_interval = HumanDuration::from_millis(20);
+    policy.model_budgets.steer = steer;
     sidecar_with(bootstrap, policy, Default::default()).await
 }
 
@@ -233,6 +241,84 @@ async fn an_agent_whose_budget_drains_is_avoided_before_any_429_and_returns_at_t
         provider.provider_stats().refused,
         0,
         "the provider never answered 429"
+    );
+}
+
+/// `model_budgets: { steer: false }`: the agent's sidecar still learns and publishes its spent
+/// budget and the caller hears it, but keeps sending the agent its share, so its provider answers
+/// 429s; turned back on by a live reload, the caller passes it over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_steering_off_the_drained_agent_keeps_its_share_until_its_provider_answers_429() {
+    let provider = mock(provider_config(
+        10,
+        Duration::from_secs(30),
+        ProviderHeaders::Honest,
+    ))
+    .await;
+    let (a, a_side) = agent("coder-a", Some((provider.addr, None)), true).await;
+    let (b, b_side) = agent("coder-b", None, false).await;
+    let (c, c_side) = agent("coder-c", None, false).await;
+    let agents = [
+        ("coder-a", &a_side),
+        ("coder-b", &b_side),
+        ("coder-c", &c_side),
+    ];
+    let caller = caller_steering(&agents, false).await;
+    // All three take tasks from the start, so the caller knows each equally well; then coder-a's
+    // own work spends its budget down to the reserve.
+    let mut pace = pace();
+    for _ in 0..9 {
+        let reply = task(&caller, &mut pace).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let mut spent = 0;
+    while own_budget(&a_side).is_none_or(|(h, _)| h > 0.0) {
+        spend(&a_side, 1).await;
+        spent += 1;
+        assert!(spent < 10, "coder-a never ran dry");
+    }
+    assert_eq!(provider.provider_stats().refused, 0);
+    assert_eq!(a_side.status().self_state, "budget-limited");
+    eventually(
+        Duration::from_secs(2),
+        "the caller hears the spent budget",
+        || async { caller_sees_spent(&caller, "coder-a") },
+    )
+    .await;
+    // Heard and ignored: coder-a gets its share, spends the request left, then is refused.
+    let before = a.stats().business;
+    let mut sent = 0;
+    while provider.provider_stats().refused == 0 {
+        task(&caller, &mut pace).await;
+        sent += 1;
+        assert!(
+            sent < 60,
+            "coder-a was sent {} tasks of {sent}; the caller's view {:?}",
+            a.stats().business - before,
+            caller
+                .status()
+                .peer_views
+                .iter()
+                .find(|p| p.name == "coder-a")
+                .map(|p| (p.effective_cap, p.last_factors))
+        );
+    }
+    assert!(a.stats().business >= before + 2, "{}", a.stats().business);
+    assert!(b.stats().business + c.stats().business > 0);
+
+    // Steering back on, live: the spent budget (still heard) keeps coder-a out.
+    let snapshot = caller.store().snapshot();
+    let mut policy = snapshot.policy.clone();
+    policy.model_budgets.steer = true;
+    assert!(caller.store().replace(snapshot.bootstrap.clone(), policy));
+    let before = (a.stats().business, provider.provider_stats().refused);
+    for _ in 0..20 {
+        let reply = task(&caller, &mut pace).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    assert_eq!(
+        (a.stats().business, provider.provider_stats().refused),
+        before
     );
 }
 
@@ -470,4 +556,67 @@ async fn tokens_reported_by_json_and_streamed_answers_are_counted() {
         },
     )
     .await;
+}
+
+/// Gemini states its wait only in a 429's JSON body (`RetryInfo.retryDelay`, chunked here): the
+/// sidecar reads it as a `retry-after` — no headroom until then — and the agent gets the body
+/// unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_429s_retry_delay_in_its_body_spends_the_budget_and_the_body_passes_unchanged() {
+    let provider = mock(provider_config(
+        2,
+        Duration::from_secs(30),
+        ProviderHeaders::Gemini,
+    ))
+    .await;
+    let (_a, a_side) = agent("coder-a", Some((provider.addr, None)), false).await;
+    spend(&a_side, 2).await;
+    assert_eq!(
+        own_budget(&a_side),
+        None,
+        "no rate-limit headers: nothing learned"
+    );
+    let url = format!("http://{}/v1/chat/completions", a_side.addrs.outbound);
+    let refused = send(&client(), "POST", &url, &[("reach-capability", LLM)], "{}").await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert_eq!(provider.provider_stats().refused, 1);
+    assert!(refused.header("retry-after").is_empty(), "no header added");
+    let body: serde_json::Value = serde_json::from_str(&refused.body).unwrap();
+    assert_eq!(body.to_string(), refused.body, "passed on byte for byte");
+    let delay = body["error"]["details"][1]["retryDelay"].as_str().unwrap();
+    let delay: f64 = delay.trim_end_matches('s').parse().unwrap();
+    assert!(delay >= 25.0, "{delay}");
+    let (headroom, reset_in) = own_budget(&a_side).expect("learned from the body");
+    assert_eq!(headroom, 0.0);
+    assert!(
+        (reset_in - delay).abs() <= 2.0,
+        "{reset_in}s, the body said {delay}s"
+    );
+    assert_eq!(a_side.status().self_state, "budget-limited");
+}
+
+/// A provider outside the mesh gets none of the sidecars' `reach-*` headers (the deadline the
+/// sidecar adds, nor those the agent sent), but the W3C trace context and the agent's own key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_target_gets_no_reach_header_but_the_trace_context() {
+    let provider = mock(provider_config(
+        100,
+        Duration::from_secs(60),
+        ProviderHeaders::Honest,
+    ))
+    .await;
+    let (_a, a_side) = agent("coder-a", Some((provider.addr, None)), false).await;
+    let url = format!("http://{}/v1/chat/completions", a_side.addrs.outbound);
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let headers = [
+        ("reach-capability", LLM),
+        ("reach-tags", "fast"),
+        ("reach-timeout", "5s"),
+        ("traceparent", traceparent),
+        ("x-goog-api-key", "sk-secret"),
+    ];
+    let reply = send(&client(), "POST", &url, &headers, "{}").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let seen = provider.provider_stats();
+    assert_eq!((seen.served, seen.reach_headers, seen.traced), (1, 0, 1));
 }

@@ -290,14 +290,23 @@ fn demo_json_reports_every_agent_the_total_and_the_fault() {
         aware["caller_failed"].as_u64().unwrap() * 100 <= aware["calls"].as_u64().unwrap(),
         "{b}"
     );
-    // Budget awareness off (the agents call their providers directly): it keeps its share
-    // until the budget is gone, and its model calls hit 429s.
+    // The same fleet with `model_budgets.steer: false`: its headroom is learned and falls as
+    // before, but it keeps its share with its budget nearly gone, and its model calls hit 429s.
     let unaware = &b["unaware"];
+    assert!(
+        b["unaware_by"].as_str().unwrap().contains("steer: false"),
+        "{b}"
+    );
     assert!(
         unaware["samples"][0]["share"].as_f64().unwrap() > 0.1,
         "{b}"
     );
-    assert!(unaware["samples"][0]["headroom"].is_null(), "{b}");
+    assert!(
+        unaware["samples"].as_array().unwrap().iter().any(|s| {
+            s["headroom"].as_f64().is_some_and(|h| h < 0.5) && s["share"].as_f64().unwrap() > 0.1
+        }),
+        "ignored, not unknown: {b}"
+    );
     assert!(unaware["agent_429"].as_u64().unwrap() > 0, "{b}");
     assert_eq!(
         unaware["left_when_out"].as_u64().unwrap_or(0),

@@ -42,13 +42,21 @@ pub use span::{field, RequestSpan, Spanned};
 /// The request id header: kept when the client sent one, generated when not.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Headers whose values are marked sensitive: never logged, never indexed by HPACK.
-pub static SENSITIVE_HEADERS: [HeaderName; 4] =
-    [AUTHORIZATION, PROXY_AUTHORIZATION, COOKIE, SET_COOKIE];
+/// Headers whose values are marked sensitive: never logged, never indexed by HPACK. The model
+/// providers' keys too (`src/redact.rs` lists them).
+pub static SENSITIVE_HEADERS: [HeaderName; 7] = [
+    AUTHORIZATION,
+    PROXY_AUTHORIZATION,
+    COOKIE,
+    SET_COOKIE,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+    HeaderName::from_static("x-goog-api-key"),
+];
 
 /// Marks the values of [`SENSITIVE_HEADERS`] sensitive, in one pass over the names: most
-/// messages carry none, and comparing standard names costs nothing, where looking each of the
-/// four up hashes (tower-http's `SetSensitiveHeaders` layers did: 0.7k instructions a request).
+/// messages carry none, and comparing names costs little, where looking each of them up
+/// hashes (tower-http's `SetSensitiveHeaders` layers did: 0.7k instructions a request).
 fn mark_sensitive(headers: &mut http::HeaderMap) {
     for (name, value) in headers.iter_mut() {
         if SENSITIVE_HEADERS.contains(name) {
@@ -226,8 +234,14 @@ mod tests {
         headers.append(COOKIE, "a=1".parse().unwrap());
         headers.append(COOKIE, "b=2".parse().unwrap());
         headers.insert(X_REQUEST_ID, "r".parse().unwrap());
+        for key in ["x-api-key", "api-key", "x-goog-api-key"] {
+            headers.insert(key, "sk".parse().unwrap());
+        }
         mark_sensitive(&mut headers);
         assert!(headers.get(AUTHORIZATION).unwrap().is_sensitive());
+        for key in ["x-api-key", "api-key", "x-goog-api-key"] {
+            assert!(headers.get(key).unwrap().is_sensitive(), "{key}");
+        }
         assert!(headers.get_all(COOKIE).iter().all(|v| v.is_sensitive()));
         assert!(!headers.get(X_REQUEST_ID).unwrap().is_sensitive());
     }

@@ -203,12 +203,9 @@ impl Pool {
             let mut tx = slot.0.tx.clone();
             match tx.try_send_request(req).await {
                 Ok(response) => {
-                    return Ok(response.map(|incoming| UpstreamBody {
-                        incoming,
-                        lease: None,
-                        ended: false,
-                        slot: Some(slot),
-                    }))
+                    return Ok(
+                        response.map(|incoming| UpstreamBody::new(incoming, None, Some(slot)))
+                    )
                 }
                 Err(mut err) => match err.take_message() {
                     // The connection had closed: the request never left. Try the next.

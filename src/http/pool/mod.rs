@@ -633,12 +633,7 @@ impl Pool {
                         authority: authority.into(),
                         pooled,
                     });
-                    return Ok(response.map(|incoming| UpstreamBody {
-                        incoming,
-                        lease,
-                        ended: false,
-                        slot: None,
-                    }));
+                    return Ok(response.map(|incoming| UpstreamBody::new(incoming, lease, None)));
                 }
                 Err(Unsent(back)) if reused => {
                     // A stale pooled connection: the request never left. Try the next.
@@ -730,6 +725,8 @@ pub struct UpstreamBody {
     ended: bool,
     /// An HTTP/2 stream's claim on its connection (whose own task drives it).
     slot: Option<h2::Slot>,
+    /// Frames read ahead by [`UpstreamBody::hold`], passed on first.
+    held: std::collections::VecDeque<Result<Frame<Bytes>, hyper::Error>>,
 }
 
 impl fmt::Debug for UpstreamBody {
@@ -741,6 +738,43 @@ impl fmt::Debug for UpstreamBody {
 }
 
 impl UpstreamBody {
+    fn new(incoming: Incoming, lease: Option<Lease>, slot: Option<h2::Slot>) -> Self {
+        Self {
+            incoming,
+            lease,
+            ended: false,
+            slot,
+            held: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Reads the body ahead, up to `max` bytes and for `within` at most, and returns it when it
+    /// ended in that: a small answer the sidecar reads (a 429's JSON, docs/model-budgets.md).
+    /// Whatever was read is still passed on, first and unchanged.
+    pub async fn hold(&mut self, max: usize, within: Duration) -> Option<Bytes> {
+        let until = tokio::time::Instant::now() + within;
+        let mut read = bytes::BytesMut::new();
+        while !self.ended && !self.incoming.is_end_stream() && read.len() <= max {
+            let next = std::future::poll_fn(|cx| self.poll_upstream(cx));
+            let Ok(frame) = tokio::time::timeout_at(until, next).await else {
+                return None;
+            };
+            let Some(frame) = frame else {
+                break;
+            };
+            let failed = frame.is_err();
+            if let Some(data) = frame.as_ref().ok().and_then(Frame::data_ref) {
+                read.extend_from_slice(data);
+            }
+            self.held.push_back(frame);
+            if failed {
+                return None;
+            }
+        }
+        let whole = self.ended || self.incoming.is_end_stream();
+        (whole && read.len() <= max).then(|| read.freeze())
+    }
+
     /// What a poll of `incoming` means for the connection.
     fn frame(
         &mut self,
@@ -786,6 +820,40 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
+        match this.held.pop_front() {
+            Some(frame) => Poll::Ready(Some(frame)),
+            None => this.poll_upstream(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.held.is_empty() && self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let held: u64 = self
+            .held
+            .iter()
+            .filter_map(|f| f.as_ref().ok()?.data_ref())
+            .map(|d| d.len() as u64)
+            .sum();
+        let rest = self.incoming.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(held));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(held));
+        }
+        hint
+    }
+}
+
+impl UpstreamBody {
+    /// The next frame from the connection, past any held ones.
+    fn poll_upstream(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self;
         let Some(lease) = this.lease.as_mut() else {
             // No connection to drive (it closed): `incoming` holds what is left.
             let polled = Pin::new(&mut this.incoming).poll_frame(cx);
@@ -816,14 +884,6 @@ impl Body for UpstreamBody {
         }
         cx.waker().wake_by_ref();
         Poll::Pending
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.incoming.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.incoming.size_hint()
     }
 }
 

@@ -2,10 +2,11 @@
 //! provider for every task through its own sidecar; coder-2's account is much the smallest. As
 //! it drains, the rate-limit headers of its provider's answers lower its model headroom, the
 //! caller cuts its share, and it is out of rotation before its provider answers a single 429
-//! (docs/model-budgets.md). Then the same again with the agents calling their providers directly:
-//! their sidecars see no rate-limit headers, so nothing is budget-aware, and coder-2 keeps its
-//! share until its model calls come back 429. Each run has its own small fleet (static peers, no
-//! gossip), so the spent budget does not follow the main fleet into later acts.
+//! (docs/model-budgets.md). Then the same fleet again with `model_budgets: { steer: false }` in
+//! every sidecar's policy: the headroom is still learned and published, but the caller does not
+//! score by it, so coder-2 keeps its share until its model calls come back 429. Each run has its
+//! own small fleet (static peers, no gossip), so the spent budget does not follow the main fleet
+//! into later acts.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,7 +41,7 @@ const OUT: f64 = 0.05;
 const MODEL: &str = "openai";
 /// How the comparison run turns budget awareness off.
 const UNAWARE_BY: &str =
-    "the agents call their providers directly: their sidecars never see a rate-limit header";
+    "model_budgets.steer: false: headroom learned and published, not scored by";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct BudgetSummary {
@@ -49,7 +50,7 @@ pub struct BudgetSummary {
     pub budget: u64,
     pub others_budget: u64,
     pub window_s: f64,
-    /// Model calls through the sidecars: budget-aware.
+    /// The caller steers by the model headroom (`model_budgets.steer: true`, the default).
     pub aware: BudgetRun,
     pub unaware_by: &'static str,
     pub unaware: BudgetRun,
@@ -88,6 +89,7 @@ pub struct BudgetSample {
 
 pub(super) async fn run(concurrency: usize) -> Result<BudgetSummary, DemoError> {
     let aware = Act::start(true).await?.drive(concurrency).await;
+    // The same fleet, the same traffic; only the policy's switch differs.
     let unaware = Act::start(false).await?.drive(concurrency).await;
     Ok(BudgetSummary {
         agent: AGENTS[DRAINING].to_owned(),
@@ -108,9 +110,9 @@ struct Act {
 }
 
 impl Act {
-    /// `aware`: each agent calls its model through its own sidecar; otherwise straight to its
-    /// provider.
-    async fn start(aware: bool) -> Result<Self, DemoError> {
+    /// Each agent calls its model through its own sidecar; `steer` is every sidecar's
+    /// `model_budgets.steer`.
+    async fn start(steer: bool) -> Result<Self, DemoError> {
         let listen = SocketAddr::from(([127, 0, 0, 1], 0));
         let (mut providers, mut agents) = (Vec::new(), Vec::new());
         let mut caller = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
@@ -128,18 +130,13 @@ impl Act {
             let mut config = MockConfig::new(name);
             config.latency = Latency::fixed(Duration::from_millis(20));
             let agent = MockAgent::start(listen, config).await?;
-            let mut policy = act_policy();
+            let mut policy = act_policy(steer);
             policy.targets.push(model_target(provider.addr)?);
             let bootstrap =
                 Bootstrap::local(name, agent.addr, &[CAPABILITY]).map_err(DemoError::Config)?;
             let sidecar = start(bootstrap, policy).await?;
-            let outbound = if aware {
-                sidecar.addrs.outbound
-            } else {
-                provider.addr
-            };
             agent.set_model(ModelCall {
-                outbound,
+                outbound: sidecar.addrs.outbound,
                 capability: MODEL.to_owned(),
             });
             caller = caller
@@ -148,7 +145,7 @@ impl Act {
             providers.push(provider);
             agents.push((agent, sidecar));
         }
-        let mut policy = act_policy();
+        let mut policy = act_policy(steer);
         // The caller reads the agents' self-views, headroom included, every 20 ms.
         policy.peer_views.poll_interval = HumanDuration::from_millis(20);
         let caller = start(caller, policy).await?;
@@ -252,9 +249,10 @@ fn round3(x: f64) -> f64 {
 }
 
 /// Parole served at once: the share watched is the budget's, not a newcomer's ramp.
-fn act_policy() -> Policy {
+fn act_policy(steer: bool) -> Policy {
     let mut policy = Policy::default();
     policy.states.parole.duration = HumanDuration::from_millis(0);
+    policy.model_budgets.steer = steer;
     policy
 }
 

@@ -441,7 +441,7 @@ fn scale_lines(s: &super::ScaleSummary) -> String {
     )
 }
 
-/// The model-budget act: the drained agent's headroom and share over time, aware and not.
+/// The model-budget act: the drained agent's headroom and share over time, steering on and off.
 fn budget_lines(b: &super::BudgetSummary) -> String {
     let run = |r: &super::budget::BudgetRun| {
         let samples: Vec<String> = r
@@ -471,14 +471,16 @@ fn budget_lines(b: &super::BudgetSummary) -> String {
         )
     };
     format!(
-        "\nmodel budget: {}'s model account drains ({} requests per {:.0} s; the others {})\n  aware   {}  unaware ({}): {}",
+        "\nmodel budget: {}'s model account drains ({} requests per {:.0} s; the others {})\n  steering on   {}  steering off ({}): {}  429s from the providers: {} with steering, {} without\n",
         b.agent,
         b.budget,
         b.window_s,
         b.others_budget,
         run(&b.aware),
         b.unaware_by,
-        run(&b.unaware)
+        run(&b.unaware),
+        b.aware.agent_429,
+        b.unaware.agent_429
     )
 }
 

@@ -31,6 +31,9 @@ pub enum ProviderHeaders {
     Hostile,
     /// Values that do not parse.
     Garbage,
+    /// Gemini's way: no rate-limit headers; past the budget, a 429 whose JSON body (chunked, no
+    /// `content-length`) carries `RetryInfo.retryDelay` and no `retry-after` header.
+    Gemini,
 }
 
 impl std::str::FromStr for ProviderHeaders {
@@ -40,7 +43,10 @@ impl std::str::FromStr for ProviderHeaders {
             "honest" => Ok(Self::Honest),
             "hostile" => Ok(Self::Hostile),
             "garbage" => Ok(Self::Garbage),
-            other => Err(format!("unknown `{other}` (honest, hostile, garbage)")),
+            "gemini" => Ok(Self::Gemini),
+            other => Err(format!(
+                "unknown `{other}` (honest, hostile, garbage, gemini)"
+            )),
         }
     }
 }
@@ -87,6 +93,8 @@ struct Window {
     tokens: u64,
     served: u64,
     refused: u64,
+    reach_headers: u64,
+    traced: u64,
 }
 
 /// What the provider has answered.
@@ -95,6 +103,10 @@ pub struct ProviderStats {
     pub served: u64,
     /// Answered 429: its budget was spent.
     pub refused: u64,
+    /// Requests that came with a sidecar-internal `reach-*` header (none should).
+    pub reach_headers: u64,
+    /// Requests that came with a W3C `traceparent`.
+    pub traced: u64,
 }
 
 /// One chat completion's spend, and what is left after it.
@@ -115,6 +127,8 @@ impl Provider {
                 tokens: 0,
                 served: 0,
                 refused: 0,
+                reach_headers: 0,
+                traced: 0,
             }),
         }
     }
@@ -124,6 +138,8 @@ impl Provider {
         ProviderStats {
             served: w.served,
             refused: w.refused,
+            reach_headers: w.reach_headers,
+            traced: w.traced,
         }
     }
 
@@ -163,6 +179,13 @@ impl Provider {
         name: &str,
         req: Request<hyper::body::Incoming>,
     ) -> Response<ReachBody> {
+        {
+            let headers = req.headers();
+            let internal = headers.keys().any(|k| k.as_str().starts_with("reach-"));
+            let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
+            w.reach_headers += u64::from(internal);
+            w.traced += u64::from(headers.contains_key("traceparent"));
+        }
         let body = req
             .into_body()
             .collect()
@@ -176,7 +199,9 @@ impl Provider {
         let words = ["The", " answer", " is", " forty", "-two", "."];
         let completion_tokens = words.len() as u64;
         let spend = self.spend(prompt_tokens + completion_tokens);
-        let mut response = if !spend.allowed {
+        let mut response = if !spend.allowed && self.budget.headers == ProviderHeaders::Gemini {
+            gemini_refusal(spend.reset)
+        } else if !spend.allowed {
             let mut r = json(
                 StatusCode::TOO_MANY_REQUESTS,
                 serde_json::json!({ "error": { "message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded" } }),
@@ -237,6 +262,7 @@ impl Provider {
                 ),
                 ("retry-after", "315360000".into()),
             ],
+            ProviderHeaders::Gemini => return,
             ProviderHeaders::Garbage => [
                 ("x-ratelimit-limit-requests", "many".into()),
                 ("x-ratelimit-remaining-requests", "-1".into()),
@@ -252,6 +278,42 @@ impl Provider {
             }
         }
     }
+}
+
+/// Gemini's 429: `RESOURCE_EXHAUSTED` with the wait in `RetryInfo`, sent in two chunks.
+fn gemini_refusal(reset: Duration) -> Response<ReachBody> {
+    let text = gemini_refusal_body(reset);
+    let (head, tail) = text.split_at(text.len() / 2);
+    let (mut tx, rx) = Channel::<Bytes, Infallible>::new(2);
+    let chunks = [
+        Bytes::copy_from_slice(head.as_bytes()),
+        Bytes::copy_from_slice(tail.as_bytes()),
+    ];
+    tokio::spawn(async move {
+        for chunk in chunks {
+            if tx.send_data(chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut r = Response::new(body::boxed(rx));
+    *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json; charset=UTF-8"),
+    );
+    r
+}
+
+/// The body of [`gemini_refusal`]: what the agent must get back unchanged.
+fn gemini_refusal_body(reset: Duration) -> String {
+    serde_json::json!({ "error": { "code": 429, "status": "RESOURCE_EXHAUSTED",
+        "message": "You exceeded your current quota.",
+        "details": [
+            { "@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [] },
+            { "@type": "type.googleapis.com/google.rpc.RetryInfo",
+              "retryDelay": format!("{}s", reset.as_secs().max(1)) } ] } })
+    .to_string()
 }
 
 /// A streamed completion: one event per word, then one with `usage`, then `[DONE]`.
