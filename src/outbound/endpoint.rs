@@ -94,7 +94,13 @@ async fn attempt(
             return Attempt::Failed(err);
         }
     };
-    let body_delay = learn_budget(&budgets, peer, &snapshot, &mut response, sent).await;
+    // Boxed: a 429 from a provider is rare, and its read would otherwise add its size to every
+    // call's future (and the edge then copied that future whole: docs/performance.md).
+    let body_delay = match peer.target.is_some() && holds_retry_delay(&response) {
+        true => Box::pin(retry_delay_in_body(&mut response)).await,
+        false => None,
+    };
+    learn_budget(&budgets, peer, &snapshot, &mut response, (sent, body_delay));
     let class = with_body_delay(Class::of_response(&response), &response, body_delay);
     match class.signal(elapsed) {
         Some(signal) => pending.finish(signal, &snapshot),
@@ -128,18 +134,19 @@ fn internal_headers(
 }
 
 /// An external target's answer (a model provider's, typically): its rate-limit headers (and a
-/// 429's `retryDelay`, returned) teach the agent's model budget, and it is marked for its tokens
-/// to be counted when its body has passed (`src/outbound/record.rs`). A peer sidecar's answers
-/// are not read: nothing per call for them.
-async fn learn_budget(
+/// 429's `retryDelay`, read by [`retry_delay_in_body`]) teach the agent's model budget, and it is
+/// marked for its tokens to be counted when its body has passed (`src/outbound/record.rs`). A
+/// peer sidecar's answers are not read: nothing per call for them.
+fn learn_budget(
     budgets: &Budgets,
     peer: &Peer,
     snapshot: &Snapshot,
     response: &mut http::Response<UpstreamBody>,
-    sent: Instant,
-) -> Option<Duration> {
-    let target = peer.target.as_deref()?;
-    let body_delay = retry_delay_in_body(response).await;
+    (sent, body_delay): (Instant, Option<Duration>),
+) {
+    let Some(target) = peer.target.as_deref() else {
+        return;
+    };
     response.extensions_mut().insert(usage::Watch {
         provider: Arc::from(target),
         metrics: budgets.1.clone(),
@@ -165,7 +172,6 @@ async fn learn_budget(
     if malformed > 0 {
         budgets.1.model_budget_malformed(target, malformed);
     }
-    body_delay
 }
 
 /// A 429 body read for its wait, at most: Gemini's answers carry it there, not in a header.
@@ -173,11 +179,10 @@ const HELD_BODY_MAX: usize = 64 << 10;
 /// How long a 429 body may take to come in before it is passed on unread.
 const HELD_BODY_WITHIN: Duration = Duration::from_millis(500);
 
-/// A small JSON 429's `error.details[].retryDelay` (docs/model-budgets.md); the body read to find
-/// it is held and passed on to the agent unchanged.
-async fn retry_delay_in_body(response: &mut http::Response<UpstreamBody>) -> Option<Duration> {
+/// A small JSON 429: one whose body may say its wait (Gemini's `error.details[].retryDelay`).
+fn holds_retry_delay(response: &http::Response<UpstreamBody>) -> bool {
     if response.status() != http::StatusCode::TOO_MANY_REQUESTS {
-        return None;
+        return false;
     }
     let headers = response.headers();
     let json = headers
@@ -191,9 +196,12 @@ async fn retry_delay_in_body(response: &mut http::Response<UpstreamBody>) -> Opt
     let length = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if !json || length.is_some_and(|n| n > HELD_BODY_MAX as u64) {
-        return None;
-    }
+    json && length.is_none_or(|n| n <= HELD_BODY_MAX as u64)
+}
+
+/// The wait a [`holds_retry_delay`] answer's body gives (docs/model-budgets.md); the body read
+/// to find it is held and passed on to the agent unchanged.
+async fn retry_delay_in_body(response: &mut http::Response<UpstreamBody>) -> Option<Duration> {
     let body = response
         .body_mut()
         .hold(HELD_BODY_MAX, HELD_BODY_WITHIN)
