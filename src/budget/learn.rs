@@ -10,8 +10,7 @@ use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use super::headers::{self, Kind, Reading, MAX_BLOCK};
-use super::usage::Usage;
-use super::{Figure, PublishedBudget};
+use super::{Figure, PublishedBudget, Usage};
 use crate::fast_hash::FastMap;
 
 /// Below this headroom the agent's own view shows `budget-limited`: callers are cutting its share.

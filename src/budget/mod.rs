@@ -18,6 +18,14 @@ pub use learn::{Headroom, ModelBudgets, LIMITED_BELOW};
 
 use serde::{Deserialize, Serialize};
 
+/// Tokens an answer reported, and for which model: read by `usage`, spent by `learn`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input: u64,
+    pub output: u64,
+    pub model: Option<String>,
+}
+
 /// What an agent publishes about one budget: its own targets' (folded into one, `group: None`)
 /// or one group's. Without `figure` it only says it belongs to the group.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -33,13 +33,7 @@ pub struct Watch {
     pub budgets: Arc<super::ModelBudgets>,
 }
 
-/// Tokens an answer reported, and for which model.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub input: u64,
-    pub output: u64,
-    pub model: Option<String>,
-}
+pub use super::Usage;
 
 impl Usage {
     /// Folds one JSON document's usage in (the largest figure of each type wins: streams report

@@ -39,6 +39,18 @@ impl Deadline {
             == Some(self.0)
     }
 
+    /// [`Deadline::from_headers`] for a request whose names were read into `present`: nothing to
+    /// look up when it carries neither header.
+    pub fn from_present(
+        headers: &HeaderMap,
+        present: crate::http::headers::Present,
+    ) -> Result<Option<Self>, ReachError> {
+        match present.has(crate::http::headers::Present::DEADLINE) {
+            true => Self::from_headers(headers),
+            false => Ok(None),
+        }
+    }
+
     /// The tighter of `reach-timeout` and `reach-deadline`, if the request carries either.
     pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ReachError> {
         let text = |name: &HeaderName| headers.get(name).map(|v| v.to_str().unwrap_or("").trim());

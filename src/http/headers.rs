@@ -259,15 +259,18 @@ mod tests {
         let table = [
             (CAPABILITY, Present::CAPABILITY),
             (INTENT, Present::INTENT),
-            (crate::http::deadline::TIMEOUT, Present::DEADLINE),
-            (crate::http::deadline::DEADLINE, Present::DEADLINE),
-            (crate::chain::HEADER, Present::CHAIN),
+            (HeaderName::from_static("reach-timeout"), Present::DEADLINE),
+            (HeaderName::from_static("reach-deadline"), Present::DEADLINE),
+            (HeaderName::from_static("reach-chain"), Present::CHAIN),
             (TAGS, Present::TAGS),
             (MODE, Present::MODE),
             (AFFINITY, Present::AFFINITY),
             (MCP_SESSION_ID, Present::MCP_SESSION),
-            (crate::idempotency::HEADER, Present::IDEMPOTENCY_KEY),
-            (crate::tasks::PREFER, Present::PREFER),
+            (
+                header::HeaderName::from_static("idempotency-key"),
+                Present::IDEMPOTENCY_KEY,
+            ),
+            (header::HeaderName::from_static("prefer"), Present::PREFER),
         ];
         for (name, bit) in table {
             let mut headers = HeaderMap::new();

@@ -94,8 +94,6 @@ async fn attempt(
             return Attempt::Failed(err);
         }
     };
-    // Boxed: a 429 from a provider is rare, and its read would otherwise add its size to every
-    // call's future (and the edge then copied that future whole: docs/performance.md).
     let body_delay = match peer.target.is_some() && holds_retry_delay(&response) {
         true => Box::pin(retry_delay_in_body(&mut response)).await,
         false => None,
@@ -200,7 +198,9 @@ fn holds_retry_delay(response: &http::Response<UpstreamBody>) -> bool {
 }
 
 /// The wait a [`holds_retry_delay`] answer's body gives (docs/model-budgets.md); the body read
-/// to find it is held and passed on to the agent unchanged.
+/// to find it is held and passed on to the agent unchanged. Awaited boxed: a provider's 429 is
+/// rare, and this future would otherwise add its size to every call's (the edge then copied
+/// that future whole: docs/perf-levers.md).
 async fn retry_delay_in_body(response: &mut http::Response<UpstreamBody>) -> Option<Duration> {
     let body = response
         .body_mut()

@@ -93,34 +93,19 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     let capability = authorized.capability.name.as_str();
     Span::current().record(field::CAPABILITY, capability);
     // The agent is sent the path the decision was made on.
-    let normalized = match authorized.path {
-        std::borrow::Cow::Owned(path) => Some(path),
-        std::borrow::Cow::Borrowed(_) => None,
-    };
-    let deadline = match present.has(Present::DEADLINE) {
-        true => Deadline::from_headers(req.headers()).map_err(refuse)?,
-        false => None,
-    };
-    let caller = caller_of(
-        inbound,
-        &req,
-        &snapshot,
-        identity.as_ref(),
-        tls.is_some(),
-        remote,
-    );
+    let normalized = Some(authorized.path).filter(|p| matches!(p, std::borrow::Cow::Owned(_)));
+    let deadline = Deadline::from_present(req.headers(), present).map_err(refuse)?;
+    let verified = identity.as_ref();
+    let caller = caller_of(inbound, &req, &snapshot, verified, tls.is_some(), remote);
     let remote_text = remote.map(|r| headers::ip_text(r.ip()));
     let (mut parts, incoming) = req.into_parts();
     if let Some(path) = normalized {
-        parts.uri = vouched::with_path(&parts.uri, &path).map_err(refuse)?;
+        parts.uri = vouched::with_path(&parts.uri, path.as_ref()).map_err(refuse)?;
     }
+    let head = (&parts.headers, present);
+    let chain = inbound.chain(&snapshot, head, caller.as_deref(), capability);
     let vouched = vouched::Vouched {
-        chain: Some(inbound.chain(
-            &snapshot,
-            (&parts.headers, present),
-            caller.as_deref(),
-            capability,
-        )),
+        chain: Some(chain),
         capability: Some(capability),
         deadline,
         caller: caller.clone(),

@@ -18,8 +18,7 @@ use crate::metrics::Metrics;
 /// unread, and only the request's keys are bound.
 const MAX_WATCHED: usize = 256 * 1024;
 
-/// Reads a complete JSON-RPC answer for the keys it assigns (`None`: not a result).
-pub(super) type Reader = fn(&[u8]) -> Option<Vec<(Kind, String)>>;
+use super::keys::Reader;
 
 /// What the watched answer is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,6 +10,9 @@ use http::HeaderMap;
 use serde::Deserialize;
 
 use super::table::Kind;
+
+/// Reads a complete JSON-RPC answer for the keys it assigns (`None`: not a result).
+pub(crate) type Reader = fn(&[u8]) -> Option<Vec<(Kind, String)>>;
 use crate::config::Protocol;
 use crate::http::headers::{self, Present};
 
@@ -25,7 +28,7 @@ pub(crate) struct Found {
 
 impl Found {
     /// How the answer is read for the keys it assigns: as A2A's, as MCP's, or not at all.
-    pub(crate) fn reader(&self) -> Option<super::body::Reader> {
+    pub(crate) fn reader(&self) -> Option<Reader> {
         if self.a2a {
             Some(of_a2a_response)
         } else if self.mcp {

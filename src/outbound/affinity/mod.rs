@@ -215,7 +215,7 @@ fn lost_holder(out: &Outbound, routed: Routed, pin: &Pinned) -> Routed {
 fn bind(
     response: Response<UpstreamBody>,
     mut binding: body::Binding,
-    reader: Option<body::Reader>,
+    reader: Option<keys::Reader>,
 ) -> Response<Watched> {
     binding
         .request

@@ -72,9 +72,7 @@ where
     let snapshot = call.snapshot;
     let mut parts = call.parts;
     // The relative form is for the calling agent; peers get the absolute deadline per attempt.
-    if call.present.has(Present::DEADLINE) {
-        parts.headers.remove(deadline::TIMEOUT);
-    }
+    parts.headers.remove(deadline::TIMEOUT);
     let mut bodies = Bodies::of(call.upload, &snapshot);
     let shape = CallShape {
         capability: &route.capability,

@@ -80,10 +80,7 @@ async fn resolve(
         Span::current().record(field::CAPABILITY, capability.as_str());
     }
     target.map_err(refuse)?;
-    let deadline = match present.has(headers::Present::DEADLINE) {
-        true => Deadline::from_headers(req.headers()).map_err(refuse)?,
-        false => None,
-    };
+    let deadline = Deadline::from_present(req.headers(), present).map_err(refuse)?;
     // The delegation chain the agent passed on, opened: a plain call pays nothing.
     if present.has(headers::Present::CHAIN) {
         out.seal.carry(req.headers_mut()).map_err(refuse)?;
