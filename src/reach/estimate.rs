@@ -145,10 +145,13 @@ pub struct EstimateSnapshot {
 }
 
 impl Estimates {
-    pub fn new(initial_availability: f64) -> Self {
+    /// A peer first seen `now`, at `initial_availability`. The prior counts as an outcome taken
+    /// then: doubt about a new peer is forgiven with time like a failure, so a peer the pick
+    /// never chose does not stay below the others (and unchosen) for good.
+    pub fn new(initial_availability: f64, now: Instant) -> Self {
         Self {
             availability: initial_availability,
-            last_outcome: None,
+            last_outcome: Some(now),
             latency: None,
             latency_at: None,
             recent: None,
@@ -270,9 +273,6 @@ impl Estimates {
 
     /// Availability, decayed toward unknown once signals are older than `stale_after`.
     pub fn availability_at(&self, now: Instant, p: &EstimateParams) -> f64 {
-        let Some(last) = self.last_signal else {
-            return self.availability;
-        };
         let forgiven = match self.last_outcome {
             Some(at) => {
                 let quiet = now.saturating_duration_since(at).as_secs_f64();
@@ -280,6 +280,9 @@ impl Estimates {
                 1.0 - (1.0 - self.availability) * (-quiet / tau).exp()
             }
             None => self.availability,
+        };
+        let Some(last) = self.last_signal else {
+            return forgiven;
         };
         let age = now.saturating_duration_since(last);
         if age <= p.stale_after {
@@ -431,9 +434,20 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_new_peers_prior_is_forgiven_without_any_outcome() {
+        // Never chosen, so never measured: its doubt must not keep it below the others for good.
+        let p = EstimateParams::default();
+        let e = Estimates::new(0.7, Instant::now());
+        assert!((e.availability_at(Instant::now(), &p) - 0.7).abs() < 1e-9);
+        tokio::time::advance(p.availability_recovery * 3).await;
+        let a = e.availability_at(Instant::now(), &p);
+        assert!(a > 0.98, "{a}");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn availability_is_an_ewma_of_outcomes() {
         let p = EstimateParams::default();
-        let mut e = Estimates::new(1.0);
+        let mut e = Estimates::new(1.0, Instant::now());
         e.observe(Signal::Failure(ms(10)), Instant::now(), &p);
         assert!((e.availability_at(Instant::now(), &p) - 0.75).abs() < 1e-9);
         e.observe(Signal::Success(ms(10)), Instant::now(), &p);
@@ -443,7 +457,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_refusal_cools_down_and_saturates_without_touching_availability() {
         let p = EstimateParams::default();
-        let mut e = Estimates::new(1.0);
+        let mut e = Estimates::new(1.0, Instant::now());
         e.observe(
             Signal::Refused {
                 retry_after: Duration::from_secs(2),
@@ -463,7 +477,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn peak_latency_jumps_up_and_decays_down() {
         let p = EstimateParams::default();
-        let mut e = Estimates::new(1.0);
+        let mut e = Estimates::new(1.0, Instant::now());
         e.observe(Signal::Success(ms(100)), Instant::now(), &p);
         e.observe(Signal::Success(ms(2000)), Instant::now(), &p);
         assert_eq!(e.latency(), Some(2.0), "a peak is taken at once");
@@ -479,7 +493,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failure_is_forgiven_with_time() {
         let p = EstimateParams::default();
-        let mut e = Estimates::new(1.0);
+        let mut e = Estimates::new(1.0, Instant::now());
         e.observe(Signal::Failure(ms(10)), Instant::now(), &p);
         assert!((e.availability_at(Instant::now(), &p) - 0.75).abs() < 1e-9);
         tokio::time::advance(Duration::from_secs(30)).await;
@@ -493,7 +507,7 @@ mod tests {
             stale_after: Duration::from_secs(60),
             ..EstimateParams::default()
         };
-        let mut e = Estimates::new(1.0);
+        let mut e = Estimates::new(1.0, Instant::now());
         e.observe(Signal::Success(ms(10)), Instant::now(), &p);
         tokio::time::advance(Duration::from_secs(59)).await;
         assert_eq!(e.availability_at(Instant::now(), &p), 1.0);
@@ -509,7 +523,7 @@ mod tests {
             busy_ttl: Duration::from_secs(5),
             ..EstimateParams::default()
         };
-        let mut e = Estimates::new(1.0);
+        let mut e = Estimates::new(1.0, Instant::now());
         e.report_busy(true, Instant::now(), &p);
         assert_eq!(e.saturation(Instant::now(), &p), 1.0);
         tokio::time::advance(Duration::from_secs(6)).await;
@@ -520,7 +534,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn saturation_is_the_largest_load_ratio() {
         let p = EstimateParams::default();
-        let mut e = Estimates::new(1.0);
+        let mut e = Estimates::new(1.0, Instant::now());
         e.set_load(
             Load {
                 in_flight: 2,
@@ -552,7 +566,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_climbing_load_predicts_saturation_ahead_of_now() {
         let p = EstimateParams::default();
-        let mut e = Estimates::new(1.0);
+        let mut e = Estimates::new(1.0, Instant::now());
         // One more request in flight every second, for ten seconds: 10 of 20 slots.
         climb(&mut e, &p, (0..40).map(|i| i / 4)).await;
         let now = Instant::now();
@@ -570,7 +584,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_steady_or_falling_load_predicts_the_saturation_now() {
         let p = EstimateParams::default();
-        let mut e = Estimates::new(1.0);
+        let mut e = Estimates::new(1.0, Instant::now());
         climb(&mut e, &p, std::iter::repeat_n(6, 80)).await;
         let now = Instant::now();
         assert_eq!(e.saturation_predicted(now, &p), e.saturation(now, &p));

@@ -39,7 +39,7 @@ impl ViewSnapshot {
 impl ReachView {
     pub fn new(now: Instant, probe_gated: bool) -> Self {
         Self {
-            estimates: Estimates::new(PAROLE_AVAILABILITY),
+            estimates: Estimates::new(PAROLE_AVAILABILITY, now),
             machine: StateMachine::new(now, probe_gated),
         }
     }

@@ -221,8 +221,12 @@ async fn an_agent_whose_budget_drains_is_avoided_before_any_429_and_returns_at_t
     while a.stats().business == before {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "coder-a never came back: its own {:?}, the caller's view {:?}",
+            "coder-a never came back: its own {:?}; the caller's peer views {}; its view {:?}",
             a_side.status().model_budget,
+            // Scores, latencies and availabilities: what kept the pick off it.
+            get(&client(), &format!("http://{}/status", caller.addrs.admin))
+                .await
+                .json()["peer_views"],
             caller
                 .status()
                 .peer_views

@@ -49,7 +49,7 @@ fn a_ten_times_slower_peer_among_three_gets_under_five_percent() {
 fn one_slow_sample_does_not_herd_two_equal_peers() {
     let p = EstimateParams::default();
     let start = Instant::now();
-    let mut peers = [Estimates::new(1.0), Estimates::new(1.0)];
+    let mut peers = [Estimates::new(1.0, start), Estimates::new(1.0, start)];
     let mut rng = lcg(11);
     let mut now = start;
     let mut windows = [[0usize; 2]; 6];
