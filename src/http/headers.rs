@@ -59,6 +59,17 @@ static HOP_BY_HOP: [HeaderName; HOPS] = [
     header::UPGRADE,
 ];
 
+/// Whether a message's body is JSON by its `content-type` (`application/json` or `…+json`).
+pub fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            let essence = v.split(';').next().unwrap_or("").trim();
+            essence.eq_ignore_ascii_case("application/json") || essence.ends_with("+json")
+        })
+}
+
 /// Removes every sidecar-internal `reach-*` header: for a service outside the mesh, which has no
 /// use for them and should not learn the fleet's names. `traceparent` and `tracestate` stay.
 pub fn strip_internal(headers: &mut HeaderMap) {

@@ -182,19 +182,11 @@ fn holds_retry_delay(response: &http::Response<UpstreamBody>) -> bool {
     if response.status() != http::StatusCode::TOO_MANY_REQUESTS {
         return false;
     }
-    let headers = response.headers();
-    let json = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|t| {
-            let t = t.trim().to_ascii_lowercase();
-            t == "application/json" || t.ends_with("+json")
-        });
-    let length = headers
+    let length = response
+        .headers()
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    json && length.is_none_or(|n| n <= HELD_BODY_MAX as u64)
+    headers::is_json(response.headers()) && length.is_none_or(|n| n <= HELD_BODY_MAX as u64)
 }
 
 /// The wait a [`holds_retry_delay`] answer's body gives (docs/model-budgets.md); the body read

@@ -57,7 +57,10 @@ pub(crate) fn of_request(
         }
     }
     let (a2a_body, mcp_body) = match protocol {
-        None => (is_json(head), is_json(head)),
+        None => {
+            let json = headers::is_json(head);
+            (json, json)
+        }
         Some(Protocol::A2a) => (true, false),
         Some(Protocol::Mcp) => (false, true),
         Some(Protocol::Http) => (false, false),
@@ -95,18 +98,7 @@ pub(crate) fn of_mcp_response(body: &[u8]) -> Option<Vec<(Kind, String)>> {
         #[serde(default)]
         request_state: Option<String>,
     }
-    #[derive(Deserialize)]
-    struct Answer<'a> {
-        #[serde(borrow)]
-        #[allow(
-            dead_code,
-            reason = "required, so a body that is not JSON-RPC does not parse"
-        )]
-        jsonrpc: Cow<'a, str>,
-        #[serde(default)]
-        result: Option<State>,
-    }
-    let answer = serde_json::from_slice::<Answer<'_>>(body).ok()?;
+    let answer = serde_json::from_slice::<RpcResponse<'_, State>>(body).ok()?;
     let state = answer.result?.request_state.filter(|s| !s.is_empty());
     Some(state.map(|s| (Kind::RequestState, s)).into_iter().collect())
 }
@@ -120,7 +112,7 @@ pub(crate) fn of_response_head(head: &HeaderMap) -> Option<(Kind, String)> {
 /// Message or a stream event (its `taskId`), each with its `contextId`. `None` when it is no
 /// result (an error, or not JSON-RPC): then nothing is bound.
 pub(crate) fn of_a2a_response(body: &[u8]) -> Option<Vec<(Kind, String)>> {
-    let rpc = serde_json::from_slice::<RpcResponse<'_>>(body).ok()?;
+    let rpc = serde_json::from_slice::<RpcResponse<'_, ResultIds>>(body).ok()?;
     let result = rpc.result?;
     // v1 wraps the object: `{"task": {..}}` or `{"message": {..}}`.
     let object = result.task.or(result.message).map_or(
@@ -243,15 +235,6 @@ fn text(head: &HeaderMap, name: http::HeaderName) -> Option<String> {
     (!value.is_empty()).then(|| value.to_owned())
 }
 
-pub(crate) fn is_json(head: &HeaderMap) -> bool {
-    head.get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            let essence = v.split(';').next().unwrap_or("").trim();
-            essence.eq_ignore_ascii_case("application/json") || essence.ends_with("+json")
-        })
-}
-
 /// A cheap look before a parse: most JSON bodies are not JSON-RPC.
 fn mentions_jsonrpc(body: &[u8]) -> bool {
     find(body, b"\"jsonrpc\"").is_some()
@@ -301,16 +284,17 @@ struct MessageIds {
     context_id: Option<String>,
 }
 
+/// A JSON-RPC answer whose `result` is read as `R`.
 #[derive(Deserialize)]
-struct RpcResponse<'a> {
+struct RpcResponse<'a, R> {
     #[serde(borrow)]
     #[allow(
         dead_code,
         reason = "required, so a body that is not JSON-RPC does not parse"
     )]
     jsonrpc: Cow<'a, str>,
-    #[serde(default)]
-    result: Option<ResultIds>,
+    /// Absent (an error answer): `None`, as serde reads a missing `Option`.
+    result: Option<R>,
 }
 
 #[derive(Deserialize)]

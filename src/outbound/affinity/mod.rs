@@ -23,6 +23,7 @@ use super::Outbound;
 use crate::classify::{Class, Refusal};
 use crate::config::{AffinityMode, Snapshot};
 use crate::error::ReachError;
+use crate::http::headers;
 use crate::http::pool::UpstreamBody;
 use crate::http::step::{self, answer, Step};
 use crate::http::upload::Upload;
@@ -225,7 +226,7 @@ fn bind(
         return response.map(body::plain);
     };
     let head = response.headers();
-    let shape = if keys::is_json(head) {
+    let shape = if headers::is_json(head) {
         body::Shape::Json
     } else if head
         .get(http::header::CONTENT_TYPE)

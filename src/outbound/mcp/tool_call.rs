@@ -107,10 +107,7 @@ async fn observed(
         return (response, None);
     };
     if response.status().is_server_error() {
-        let timeout = response
-            .headers()
-            .get(headers::REASON)
-            .is_some_and(|r| r.as_bytes() == Reason::Timeout.as_str().as_bytes());
+        let timeout = Reason::of(&response) == Some(Reason::Timeout);
         let outcome = if timeout { "timeout" } else { "error" };
         record(out, capability, &peer, tool, outcome);
         return (response, Some(peer));
@@ -163,8 +160,7 @@ fn answered_by(response: &Response<ReachBody>) -> Option<String> {
     if let Some(agent) = response.headers().get(headers::AGENT) {
         return agent.to_str().ok().map(str::to_owned);
     }
-    let reason = response.headers().get(headers::REASON)?;
-    let timed_out = reason.as_bytes() == Reason::Timeout.as_str().as_bytes();
+    let timed_out = Reason::of(response) == Some(Reason::Timeout);
     let tried = response.extensions().get::<LastTried>()?;
     timed_out.then(|| tried.0.clone())
 }
