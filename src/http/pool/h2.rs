@@ -176,8 +176,8 @@ impl Pool {
         mut req: Request<ReachBody>,
         authority: &str,
         identity: Option<&Expected>,
-        h2: &H2,
     ) -> Result<Response<UpstreamBody>, Failure> {
+        let h2 = &self.inner.h2;
         if h2.speaks_h1(authority) {
             return self.send_h1(req, authority, identity).await;
         }
@@ -192,7 +192,7 @@ impl Pool {
         loop {
             let (slot, reused) = match h2.checkout(authority, identity) {
                 Some(slot) => (slot, true),
-                None => match self.open_h2(authority, identity, h2).await? {
+                None => match self.open_h2(authority, identity).await? {
                     (Opened::H2(slot), reused) => (slot, reused),
                     (Opened::H1, _) => {
                         h1_form(&mut req, authority, identity);
@@ -233,8 +233,8 @@ impl Pool {
         &self,
         authority: &str,
         identity: Option<&Expected>,
-        h2: &H2,
     ) -> Result<(Opened, bool), Failure> {
+        let h2 = &self.inner.h2;
         let gate = h2.gate(authority);
         let _connecting = gate.lock().await;
         if let Some(slot) = h2.checkout(authority, identity) {

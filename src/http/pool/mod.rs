@@ -171,8 +171,6 @@ struct Inner {
     /// What shows each authority is accepting connections (locked per new connection only).
     live: Mutex<Map<Arc<Live>>>,
     sweeping: AtomicBool,
-    /// Plaintext and mutual-TLS peers are called over HTTP/2 (`peer_protocol: http2`).
-    peers_h2: bool,
     /// The HTTP/2 connections (empty until one is opened).
     h2: h2::H2,
 }
@@ -349,7 +347,6 @@ impl Pool {
                 idle: Mutex::new(Map::default()),
                 live: Mutex::new(Map::default()),
                 sweeping: AtomicBool::new(false),
-                peers_h2,
                 h2: h2::H2::new(),
             }),
         }
@@ -386,7 +383,8 @@ impl Pool {
         match identity {
             Some(Expected::Server(_)) => true,
             Some(Expected::Plain) => false,
-            _ => self.inner.peers_h2,
+            // Plaintext and mutual-TLS peers, by `peer_protocol`.
+            _ => self.inner.config.protocol == PeerProtocol::Http2,
         }
     }
 
@@ -604,7 +602,7 @@ impl Pool {
     ) -> Result<Response<UpstreamBody>, Failure> {
         if self.via_h2(identity) {
             // Boxed: an HTTP/1 pool's requests should not carry the HTTP/2 path's future.
-            Box::pin(self.send_h2(req, authority, identity, &self.inner.h2)).await
+            Box::pin(self.send_h2(req, authority, identity)).await
         } else {
             self.send_with(req, authority, identity, backlog, waiting)
                 .await
@@ -939,7 +937,7 @@ pub async fn forward_with(
     let mut waiting = false;
     // `send_any` written out: one `async fn` level less in every request's future.
     let sent = if pool.via_h2(identity) {
-        let send = Box::pin(pool.send_h2(req, authority, identity, &pool.inner.h2));
+        let send = Box::pin(pool.send_h2(req, authority, identity));
         tokio::time::timeout(timeout, send).await
     } else {
         let send = pool.send_with(req, authority, identity, backlog, &mut waiting);
