@@ -29,7 +29,7 @@ use agent_reach::config::{ExternalTarget, HumanDuration, Name, Policy, TargetEnd
 use crate::common::Tools;
 use crate::mock_agent::{ModelCall, ProviderBudget, ProviderHeaders};
 use crate::support::fleet::{quantile, Done, Load, Proxy, ReachFleet};
-use crate::support::proxies::envoy_endpoints;
+use crate::support::proxies::{envoy_bootstrap, envoy_endpoints};
 use crate::{Latency, MockAgent, MockConfig};
 
 const AGENTS: usize = 3;
@@ -313,46 +313,19 @@ fn haproxy_config(port: u16, agents: &[SocketAddr]) -> String {
 }
 
 fn envoy_config(port: u16, agents: &[SocketAddr]) -> String {
-    let endpoints = envoy_endpoints(agents, "        ");
-    format!(
-        r#"
-node: {{ id: provider-budget, cluster: provider-budget }}
-static_resources:
-  listeners:
-  - address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: provider_budget
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{ prefix: "/" }}
-                route:
-                  cluster: agents
-                  timeout: 10s
-                  retry_policy:
-                    retry_on: "retriable-status-codes,5xx,reset,connect-failure"
+    let retry = r#"                    retry_on: "retriable-status-codes,5xx,reset,connect-failure"
                     retriable_status_codes: [429]
                     num_retries: 2
-                    retry_host_predicate: [ {{ name: envoy.retry_host_predicates.previous_hosts, typed_config: {{ "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate }} }} ]
-                    host_selection_retry_max_attempts: 3
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
-  clusters:
-  - name: agents
-    connect_timeout: 1s
-    lb_policy: ROUND_ROBIN
+"#;
+    let cluster = format!(
+        r#"    lb_policy: ROUND_ROBIN
     circuit_breakers: {{ thresholds: [ {{ max_retries: 1000 }} ] }}
     load_assignment:
       cluster_name: agents
       endpoints:
       - lb_endpoints:
-{endpoints}"#
-    )
+{}"#,
+        envoy_endpoints(agents, "        ")
+    );
+    envoy_bootstrap("provider-budget", port, "", retry, &cluster)
 }

@@ -23,7 +23,7 @@ use agent_reach::config::{parse_policy, Policy};
 
 use crate::common::Tools;
 use crate::support::fleet::{quantile, Done, Load, Proxy, ReachFleet};
-use crate::support::proxies::envoy_endpoints;
+use crate::support::proxies::{envoy_bootstrap, envoy_endpoints};
 use crate::{MockAgent, MockConfig, Mode, Workload, LATENCY, SEED};
 
 const AGENTS: usize = 3;
@@ -238,48 +238,23 @@ fn haproxy_config(port: u16, agents: &[SocketAddr]) -> String {
 }
 
 fn envoy_config(port: u16, agents: &[SocketAddr]) -> String {
-    let endpoints = envoy_endpoints(agents, "        ");
-    format!(
-        r#"
-node: {{ id: slow-tail, cluster: slow-tail }}
-static_resources:
-  listeners:
-  - address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: slow_tail
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              hedge_policy: {{ hedge_on_per_try_timeout: true }}
-              routes:
-              - match: {{ prefix: "/" }}
-                route:
-                  cluster: agents
-                  timeout: 10s
-                  retry_policy:
-                    retry_on: "5xx,reset,connect-failure"
+    let hedge = "              hedge_policy: { hedge_on_per_try_timeout: true }\n";
+    let retry = format!(
+        r#"                    retry_on: "5xx,reset,connect-failure"
                     num_retries: 1
                     per_try_timeout: {after}s
-                    retry_host_predicate: [ {{ name: envoy.retry_host_predicates.previous_hosts, typed_config: {{ "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate }} }} ]
-                    host_selection_retry_max_attempts: 3
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
-  clusters:
-  - name: agents
-    connect_timeout: 1s
-    lb_policy: LEAST_REQUEST
+"#,
+        after = AFTER.as_secs_f64()
+    );
+    let cluster = format!(
+        r#"    lb_policy: LEAST_REQUEST
     circuit_breakers: {{ thresholds: [ {{ max_retries: 1000 }} ] }}
     load_assignment:
       cluster_name: agents
       endpoints:
       - lb_endpoints:
-{endpoints}"#,
-        after = AFTER.as_secs_f64()
-    )
+{}"#,
+        envoy_endpoints(agents, "        ")
+    );
+    envoy_bootstrap("slow-tail", port, hedge, &retry, &cluster)
 }

@@ -60,40 +60,12 @@ pub(crate) fn envoy_config(port: u16, endpoints: &[SocketAddr], eds: Option<&Pat
             envoy_endpoints(endpoints, "        ")
         ),
     };
-    format!(
-        r#"
-node: {{ id: scenario, cluster: scenario }}
-static_resources:
-  listeners:
-  - address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: scenario
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{ prefix: "/" }}
-                route:
-                  cluster: agents
-                  timeout: 10s
-                  retry_policy:
-                    retry_on: "5xx,reset,connect-failure,retriable-status-codes"
+    let retry = r#"                    retry_on: "5xx,reset,connect-failure,retriable-status-codes"
                     retriable_status_codes: [429]
                     num_retries: 1
-                    retry_host_predicate: [ {{ name: envoy.retry_host_predicates.previous_hosts, typed_config: {{ "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate }} }} ]
-                    host_selection_retry_max_attempts: 3
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
-  clusters:
-  - name: agents
-    connect_timeout: 1s
-    lb_policy: ROUND_ROBIN
+"#;
+    let cluster = format!(
+        r#"    lb_policy: ROUND_ROBIN
     round_robin_lb_config: {{ slow_start_config: {{ slow_start_window: 30s }} }}
     circuit_breakers: {{ thresholds: [ {{ retry_budget: {{ budget_percent: {{ value: 20 }}, min_retry_concurrency: 3 }} }} ] }}
     health_checks:
@@ -110,5 +82,53 @@ static_resources:
       base_ejection_time: 30s
       max_ejection_percent: 50
 {discovery}"#
+    );
+    envoy_bootstrap("scenario", port, "", retry, &cluster)
+}
+
+/// An Envoy bootstrap for a scenario: one listener on `port` sending every request to the
+/// cluster `agents`. `hedge` is added to its virtual host; `retry` opens its route's retry
+/// policy, which always avoids the host just tried; `cluster` follows the cluster's name and
+/// connect timeout. Each is written as it stands in the file (`hedge` indented 14 spaces,
+/// `retry` 20, `cluster` 4), a line break after each line.
+pub(crate) fn envoy_bootstrap(
+    id: &str,
+    port: u16,
+    hedge: &str,
+    retry: &str,
+    cluster: &str,
+) -> String {
+    let stat_prefix = id.replace('-', "_");
+    format!(
+        r#"
+node: {{ id: {id}, cluster: {id} }}
+static_resources:
+  listeners:
+  - address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: {stat_prefix}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+{hedge}              routes:
+              - match: {{ prefix: "/" }}
+                route:
+                  cluster: agents
+                  timeout: 10s
+                  retry_policy:
+{retry}                    retry_host_predicate: [ {{ name: envoy.retry_host_predicates.previous_hosts, typed_config: {{ "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate }} }} ]
+                    host_selection_retry_max_attempts: 3
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
+  clusters:
+  - name: agents
+    connect_timeout: 1s
+{cluster}"#
     )
 }
