@@ -23,7 +23,6 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, SET_COOKIE};
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body::Body;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -35,6 +34,7 @@ use tower_http::timeout::TimeoutLayer;
 
 use super::body::{BoxError, ReachBody};
 use crate::metrics::Metrics;
+use crate::redact::SENSITIVE;
 pub(crate) use panic::panic_message;
 pub use panic::Panicked;
 pub use span::{field, RequestSpan, Spanned};
@@ -42,16 +42,17 @@ pub use span::{field, RequestSpan, Spanned};
 /// The request id header: kept when the client sent one, generated when not.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Headers whose values are marked sensitive: never logged, never indexed by HPACK. The model
-/// providers' keys too (`src/redact.rs` lists them).
-pub static SENSITIVE_HEADERS: [HeaderName; 7] = [
-    AUTHORIZATION,
-    PROXY_AUTHORIZATION,
-    COOKIE,
-    SET_COOKIE,
-    HeaderName::from_static("x-api-key"),
-    HeaderName::from_static("api-key"),
-    HeaderName::from_static("x-goog-api-key"),
+/// Headers whose values are marked sensitive: never logged, never indexed by HPACK. They are
+/// the secrets `src/redact.rs` masks wherever headers are shown, as names: the array's length is
+/// that list's, so one added there and not here does not compile.
+static SENSITIVE_HEADERS: [HeaderName; SENSITIVE.len()] = [
+    HeaderName::from_static(SENSITIVE[0]),
+    HeaderName::from_static(SENSITIVE[1]),
+    HeaderName::from_static(SENSITIVE[2]),
+    HeaderName::from_static(SENSITIVE[3]),
+    HeaderName::from_static(SENSITIVE[4]),
+    HeaderName::from_static(SENSITIVE[5]),
+    HeaderName::from_static(SENSITIVE[6]),
 ];
 
 /// Marks the values of [`SENSITIVE_HEADERS`] sensitive, in one pass over the names: most
@@ -224,6 +225,7 @@ mod tests {
 
     use super::*;
     use crate::http::{body, headers};
+    use http::header::{AUTHORIZATION, COOKIE};
 
     type Limited = tower_http::body::Limited<Full<Bytes>>;
 
