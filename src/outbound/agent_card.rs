@@ -5,39 +5,13 @@
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use tower::layer::Layer;
-use tower::ServiceExt;
 
 use crate::a2a::{rewrite_urls, CARD_PATH, MAX_CARD_BYTES};
 use crate::error::ReachError;
-use crate::http::step::{self, answer, Step};
 use crate::http::{body, ReachBody};
 
-/// Passes a card request on and rewrites the card in its answer; other requests pass untouched.
-pub(super) fn layer<S>(
-) -> impl Layer<S, Service = impl Step<Request<Incoming>, Response = Response<ReachBody>>> + Clone
-where
-    S: Step<Request<Incoming>, Response = Response<ReachBody>>,
-{
-    step::layer!((), card::<step::Next<S>>)
-}
-
-/// Passes the request on; a card's answer comes back rewritten.
-async fn card<S>((): (), inner: S, req: Request<Incoming>) -> Response<ReachBody>
-where
-    S: Step<Request<Incoming>, Response = Response<ReachBody>>,
-{
-    let capability = card_request(&req);
-    let response = answer(inner.oneshot(req).await);
-    match capability {
-        Some(capability) => rewritten(&capability, response).await,
-        None => response,
-    }
-}
-
 /// The capability whose card a request asks for, if it asks for one.
-fn card_request<B>(req: &Request<B>) -> Option<String> {
+pub(super) fn card_request<B>(req: &Request<B>) -> Option<String> {
     if req.method() != Method::GET || req.uri().path() != CARD_PATH {
         return None;
     }
@@ -45,7 +19,10 @@ fn card_request<B>(req: &Request<B>) -> Option<String> {
 }
 
 /// A successful card answer with its URLs rewritten; any other answer as it came.
-async fn rewritten(capability: &str, response: Response<ReachBody>) -> Response<ReachBody> {
+pub(super) async fn rewritten(
+    capability: &str,
+    response: Response<ReachBody>,
+) -> Response<ReachBody> {
     if response.status() != StatusCode::OK {
         return response;
     }

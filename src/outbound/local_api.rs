@@ -10,12 +10,10 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
-use tower::layer::{layer_fn, Layer};
-use tower::{service_fn, ServiceExt};
+use tower::{service_fn, Service};
 
 use crate::config::ConfigStore;
 use crate::error::ReachError;
-use crate::http::step::Step;
 use crate::http::{headers, layers, server::text, ReachBody};
 use crate::local::LocalAgent;
 use crate::tasks::Queue;
@@ -34,42 +32,29 @@ struct BusyReport {
 const TIMEOUT: Duration = Duration::from_secs(10);
 const BODY_LIMIT: usize = 4096;
 
-/// Answers the local API, bounded by `layers::guarded`; passes capability calls on.
-pub(super) fn layer<S>(
+/// The local API's service, bounded by `layers::guarded`; `lanes` sends it what
+/// [`is_local_api`] says is for it.
+pub(super) fn service(
     local: Arc<LocalAgent>,
     store: Arc<ConfigStore>,
     tasks: Option<Arc<Queue>>,
-) -> impl Layer<S, Service = impl Step<Request<Incoming>, Response = Response<ReachBody>>> + Clone
-where
-    S: Step<Request<Incoming>, Response = Response<ReachBody>>,
-{
-    let api = layers::guarded(
+) -> impl Service<Request<Incoming>, Response = Response<ReachBody>, Error = Infallible, Future: Send>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
+    layers::guarded(
         TIMEOUT,
         BODY_LIMIT,
         service_fn(move |req| {
             let (local, store, tasks) = (local.clone(), store.clone(), tasks.clone());
             async move { Ok::<_, Infallible>(handle(&local, &store, tasks.as_deref(), req).await) }
         }),
-    );
-    // Not `step::layer`: this step routes between two services, and the API's (guarded) service
-    // is cloned only for a request to it, not for every capability call.
-    layer_fn(move |inner: S| {
-        let api = api.clone();
-        service_fn(move |req: Request<Incoming>| {
-            let api = is_local_api(&req).then(|| api.clone());
-            let inner = inner.clone();
-            async move {
-                match api {
-                    Some(api) => api.oneshot(req).await,
-                    None => inner.oneshot(req).await,
-                }
-            }
-        })
-    })
+    )
 }
 
 /// A request for the local API rather than a capability call.
-fn is_local_api<B>(req: &Request<B>) -> bool {
+pub(super) fn is_local_api<B>(req: &Request<B>) -> bool {
     req.uri().path().starts_with("/reach/v1/") && !req.headers().contains_key(headers::CAPABILITY)
 }
 

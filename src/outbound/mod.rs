@@ -2,11 +2,12 @@
 //! serve it, picks one, forwards the call, and moves to another peer when the first refused it.
 //!
 //! The request path is one stack, built in [`Outbound::stack`] (just below) in request order;
-//! each step is a tower service in a file or folder named for it: `local_api`, `agent_card`,
-//! `resolve` (the capability, by name or intent), `submit`, `dedupe`, then the routing a task's
-//! runner shares, [`Outbound::routing`]: `record`, `affinity`, `candidates` (sampled, scored, in
-//! tiers; the pick), `attempts` (the attempt policy: retry table, budget, backoff), `target_limit`
-//! and `endpoint`. What passes between them is in `call`.
+//! each step is a tower service in a file or folder named for it. The first, `lanes`, answers
+//! the `local_api`, rewrites an `agent_card`, `resolve`s the capability (by name or intent) and
+//! picks a lane: the full one runs `submit`, `dedupe` and `mcp` first; both end in the routing a
+//! task's runner shares, [`Outbound::routing`]: `record`, `affinity`, `candidates` (sampled,
+//! scored, in tiers; the pick), `attempts` (the attempt policy: retry table, budget, backoff),
+//! `target_limit` and `endpoint`. What passes between them is in `call`.
 
 mod affinity;
 mod agent_card;
@@ -16,6 +17,7 @@ mod candidates;
 mod dedupe;
 mod endpoint;
 mod first_event;
+mod lanes;
 mod local_api;
 mod mcp;
 mod record;
@@ -52,26 +54,25 @@ use call::Call;
 use tower::ServiceExt;
 
 impl Outbound {
-    /// The outbound request path, in request order.
+    /// The outbound request path, in request order: the first step (`lanes`) answers the
+    /// agent's own API, resolves a capability call and sends it down the plain lane (routing
+    /// alone) or, when one of its steps may act, the full lane.
     pub fn stack(self: &Arc<Self>) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
-        ServiceBuilder::new()
-            // The agent's own API (`/reach/v1/busy`, `/reach/v1/tasks`) is not a capability call.
-            .layer(local_api::layer(
-                self.local.clone(),
-                self.store.clone(),
-                self.tasks.clone(),
-            ))
-            // An A2A card through the proxy names the proxy, not the one peer that answered.
-            .layer(agent_card::layer())
-            // Which capability; the call's one config snapshot, deadline and body, read once.
-            .layer(resolve::layer(self.clone()))
+        let full = ServiceBuilder::new()
             // `prefer: respond-async`: stored as a task and answered 202; a runner routes it.
             .layer(submit::layer(self.clone()))
             // The agent's own resent call (its client timed out and resent) runs once.
             .layer(dedupe::layer(self.clone()))
             // An MCP capability: tool calls to servers with a working tool; the fleet's tool list.
             .layer(mcp::layer(self.clone()))
-            .service(self.routing())
+            .service(self.routing());
+        lanes::service(lanes::Lanes {
+            out: self.clone(),
+            // The agent's own API (`/reach/v1/busy`, `/reach/v1/tasks`) is not a capability call.
+            api: local_api::service(self.local.clone(), self.store.clone(), self.tasks.clone()),
+            plain: self.routing(),
+            full,
+        })
     }
 
     /// A call routed: what a task's runner sends its stored call through.

@@ -25,7 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body::Body;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceBuilder};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::predicate::{DefaultPredicate, Predicate};
 use tower_http::compression::CompressionLayer;
@@ -134,16 +134,8 @@ where
     R: Send + 'static,
 {
     tower::service_fn(move |req: R| {
-        let slot = Box::new_uninit();
-        Box::into_pin(Box::write(slot, start(service.clone(), req))) as Boxed<S::Response>
+        crate::http::step::boxed(service.clone(), req) as Boxed<S::Response>
     })
-}
-
-/// The future of `service` answering `req`. Not inlined, so that it returns through a pointer
-/// the optimizer can aim at the box: the future is written where it will live.
-#[inline(never)]
-fn start<S: Service<R>, R>(service: S, req: R) -> tower::util::Oneshot<S, R> {
-    service.oneshot(req)
 }
 
 /// Bounds a request's time and body, for listeners that never stream: the admin, the local API
@@ -159,6 +151,7 @@ pub fn guarded<S, ReqB, B>(
     Future = impl Send + 'static,
 > + Clone
        + Send
+       + Sync
        + 'static
 where
     S: Service<
@@ -167,6 +160,7 @@ where
             Error = Infallible,
         > + Clone
         + Send
+        + Sync
         + 'static,
     S::Future: Send + 'static,
     ReqB: Body + Send + 'static,

@@ -5,13 +5,10 @@
 mod intent;
 mod target;
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
-use tower::layer::Layer;
-use tower::ServiceExt;
 use tracing::Span;
 
 use super::attempts::decision::{self, Resolution};
@@ -24,32 +21,17 @@ use crate::error::ReachError;
 use crate::http::deadline::Deadline;
 use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
-use crate::http::step::{self, answer, Step};
 use crate::http::upload::Upload;
 use crate::http::{headers, upload, ReachBody};
 pub use target::capability_of;
 
-pub(super) fn layer<S>(
-    out: Arc<Outbound>,
-) -> impl Layer<S, Service = impl Step<Request<Incoming>, Response = Response<ReachBody>>> + Clone
-where
-    S: Step<Call, Response = Response<ReachBody>>,
-{
-    step::layer!(out, resolved::<step::Next<S>>)
-}
-
-/// The call resolved and passed on, its answer marked with how the capability was chosen.
-async fn resolved<S>(out: Arc<Outbound>, inner: S, req: Request<Incoming>) -> Response<ReachBody>
-where
-    S: Step<Call, Response = Response<ReachBody>>,
-{
-    // How the capability was chosen, for a call that asked for intent routing: on every answer
-    // of the call. `None` (no allocation) for a call that named it.
-    let mut resolved = None;
-    let mut response = match resolve(&out, req, &mut resolved).await {
-        Ok(call) => answer(inner.oneshot(call).await),
-        Err(refused) => refused,
-    };
+/// The answer, marked with how the capability was chosen when the call asked for intent
+/// routing (`resolved`, set by [`resolve`]): on every answer of the call. `None` for a call
+/// that named its capability.
+pub(super) fn marked(
+    mut response: Response<ReachBody>,
+    resolved: Option<HeaderValue>,
+) -> Response<ReachBody> {
     if let Some(value) = resolved {
         response
             .headers_mut()
@@ -62,7 +44,7 @@ where
     clippy::result_large_err,
     reason = "the refusal is the answer, moved once"
 )]
-async fn resolve(
+pub(super) async fn resolve(
     out: &Outbound,
     mut req: Request<Incoming>,
     resolved: &mut Option<HeaderValue>,
