@@ -2,9 +2,9 @@
 //! the agent, and measures what really happened.
 //!
 //! The request path is one stack, built in [`Inbound::stack`] (just below) in request order;
-//! each step is a tower service in a file or folder named for it: `intake` (asking `authorize`),
-//! `admit::gate`, `keyed`, `admit`, `measure`, `validate` and `agent`. What passes between them
-//! is in `call`.
+//! each step is a tower service in a file or folder named for it: `intake` (asking `authorize`
+//! and `admit::gate`), `keyed` (for a call with an `idempotency-key` only), `admit`, `measure`,
+//! `validate` and `agent`. What passes between them is in `call`.
 
 mod admit;
 mod agent;
@@ -39,16 +39,23 @@ use crate::registry::Registry;
 use crate::runtime::Shared;
 
 impl Inbound {
-    /// The inbound request path, in request order.
+    /// The inbound request path, in request order. The first step, `intake`, takes the
+    /// request in and refuses early (`admit::gate`); a call with an `idempotency-key` then goes
+    /// through `keyed`, any other straight to admission.
     pub fn stack(self: &Arc<Self>) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
-        ServiceBuilder::new()
-            // What a request from outside may carry in: its target, capability, path, deadline
-            // and caller checked, `reach-*` headers rewritten; one config snapshot for the call.
-            .layer(intake::layer(self.clone()))
-            // Refused before any work: a passed deadline, an agent out of rotation, the rate limit.
-            .layer(admit::gate::layer(self.clone()))
+        intake::service(intake::Lanes {
+            inbound: self.clone(),
+            plain: self.admitted(),
             // A keyed call runs once, to completion; its retries join it or replay its answer.
-            .layer(keyed::layer(self.clone()))
+            keyed: ServiceBuilder::new()
+                .layer(keyed::layer(self.clone()))
+                .service(self.admitted()),
+        })
+    }
+
+    /// A call taken in, from admission to the agent's answer.
+    fn admitted(self: &Arc<Self>) -> impl Step<call::Call, Response = Response<ReachBody>> {
+        ServiceBuilder::new()
             // A slot under the agent's concurrency limit, or a place in its queue, or `saturated`.
             .layer(admit::layer(self.clone()))
             // What really happened, told to the agent's own view; the slot held until delivered.

@@ -7,37 +7,35 @@ use std::time::{Duration, Instant};
 
 use super::attempts::retry::{Attempt, Refusal};
 use super::call::Try;
+use super::{target_limit, Outbound};
 use crate::budget::{usage, ModelBudgets};
 use crate::classify::Class;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::{self, attempt_timeout, Deadline};
 use crate::http::headers::{self, bounded_retry_after, retry_after};
-use crate::http::pool::{forward, Named, Pool, UpstreamBody};
+use crate::http::pool::{forward, Named, UpstreamBody};
 use crate::http::step::{self, Step};
 use crate::metrics::Metrics;
-use crate::peers::PeerViews;
 use crate::reach::Signal;
 use crate::registry::Peer;
 
 /// Where an external target's answers teach the agent's model budget.
-pub(super) type Budgets = (Arc<ModelBudgets>, Arc<Metrics>);
+type Budgets<'a> = (&'a Arc<ModelBudgets>, &'a Arc<Metrics>);
 
 /// The innermost outbound step.
-pub(super) fn endpoint(
-    client: Pool,
-    peers: Arc<PeerViews>,
-    budgets: Budgets,
-) -> impl Step<Try, Response = Attempt> {
-    step::service!((client, peers, budgets), attempt)
+pub(super) fn endpoint(out: Arc<Outbound>) -> impl Step<Try, Response = Attempt> {
+    step::service!(out, attempt)
 }
 
-/// Sends one attempt and tells the caller's view of the peer what happened.
-async fn attempt(
-    (client, peers, budgets): (Pool, Arc<PeerViews>, Budgets),
-    attempt: Try,
-) -> Attempt {
-    let (client, peers) = (&client, &*peers);
+/// Sends one attempt and tells the caller's view of the peer what happened. An external
+/// target's rate limit refuses it here, at once, before anything is sent (`target_limit`).
+async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
+    if let Err(err) = target_limit::admit(&out, &attempt) {
+        return Attempt::Limited(err);
+    }
+    let (client, peers) = (&out.client, &*out.peers);
+    let budgets = (out.local.budgets(), &out.metrics);
     let Try {
         mut request,
         candidate,
@@ -98,13 +96,18 @@ async fn attempt(
         true => Box::pin(retry_delay_in_body(&mut response)).await,
         false => None,
     };
-    learn_budget(&budgets, peer, &snapshot, &mut response, (sent, body_delay));
+    learn_budget(budgets, peer, &snapshot, &mut response, (sent, body_delay));
     let class = with_body_delay(Class::of_response(&response), &response, body_delay);
     match class.signal(elapsed) {
         Some(signal) => pending.finish(signal, &snapshot),
         // Our registry is stale: nothing ran, and that peer earns no credit for it.
         None => pending.discard(),
     }
+    answered(class, response)
+}
+
+/// An answer as the attempt policy sees it: done, or refused (and why).
+fn answered(class: Class, response: http::Response<UpstreamBody>) -> Attempt {
     match class {
         Class::Refused { .. } => Attempt::Refused(response, Refusal::RateLimited),
         // Never reached the agent: load, or news its own view carries.
@@ -136,7 +139,7 @@ fn internal_headers(
 /// marked for its tokens to be counted when its body has passed (`src/outbound/record.rs`). A
 /// peer sidecar's answers are not read: nothing per call for them.
 fn learn_budget(
-    budgets: &Budgets,
+    budgets: Budgets<'_>,
     peer: &Peer,
     snapshot: &Snapshot,
     response: &mut http::Response<UpstreamBody>,

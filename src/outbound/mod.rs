@@ -6,8 +6,8 @@
 //! the `local_api`, rewrites an `agent_card`, `resolve`s the capability (by name or intent) and
 //! picks a lane: the full one runs `submit`, `dedupe` and `mcp` first; both end in the routing a
 //! task's runner shares, [`Outbound::routing`]: `record`, `affinity`, `candidates` (sampled,
-//! scored, in tiers; the pick), `attempts` (the attempt policy: retry table, budget, backoff),
-//! `target_limit` and `endpoint`. What passes between them is in `call`.
+//! scored, in tiers; the pick), `attempts` (the attempt policy: retry table, budget, backoff) and
+//! `endpoint` (with `target_limit`). What passes between them is in `call`.
 
 mod affinity;
 mod agent_card;
@@ -86,15 +86,10 @@ impl Outbound {
             .layer(candidates::layer(self.clone()))
             // Which candidate next and when: retry table, budget, backoff, deadline, fallback.
             .layer(attempts::layer(self.clone()))
-            // An external target's rate limit: refused here, at once; another endpoint may take it.
-            .layer(target_limit::layer(self.clone()))
-            // One attempt on one peer, over the peer client; the caller's view hears the answer.
-            // …and an external target's answer teaches the agent's model budget.
-            .service(endpoint::endpoint(
-                self.client.clone(),
-                self.peers.clone(),
-                (self.local.budgets().clone(), self.metrics.clone()),
-            ))
+            // One attempt on one peer, over the peer client; the caller's view hears the answer,
+            // and an external target's answer teaches the agent's model budget. An external
+            // target's rate limit refuses it at once (`target_limit`); another endpoint may take it.
+            .service(endpoint::endpoint(self.clone()))
     }
 }
 

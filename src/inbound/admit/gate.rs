@@ -1,42 +1,21 @@
 //! Refusals before any work: a deadline that has already passed, an agent out of rotation by its
 //! own view, and the agent's rate limit.
 
-use std::sync::Arc;
-
 use http::Response;
-use tower::layer::Layer;
-use tower::ServiceExt;
 
 use super::super::call::Call;
 use super::super::Inbound;
 use crate::classify::Outcome;
 use crate::error::ReachError;
-use crate::http::step::{self, answer, Step};
 use crate::http::ReachBody;
 use crate::metrics::Direction;
 use crate::reach::State;
 
-pub(in crate::inbound) fn layer<S>(
-    inbound: Arc<Inbound>,
-) -> impl Layer<S, Service = impl Step<Call, Response = Response<ReachBody>>> + Clone
-where
-    S: Step<Call, Response = Response<ReachBody>>,
-{
-    step::layer!(inbound, gate::<step::Next<S>>)
-}
-
-/// Refuses early, or passes the call on.
-async fn gate<S>(inbound: Arc<Inbound>, inner: S, call: Call) -> Response<ReachBody>
-where
-    S: Step<Call, Response = Response<ReachBody>>,
-{
-    if let Some(refused) = refuse_early(&inbound, &call) {
-        return refused;
-    }
-    answer(inner.oneshot(call).await)
-}
-
-fn refuse_early(inbound: &Inbound, call: &Call) -> Option<Response<ReachBody>> {
+/// A refusal before any work, if the call gets one (asked by `intake`, the first step).
+pub(in crate::inbound) fn refuse_early(
+    inbound: &Inbound,
+    call: &Call,
+) -> Option<Response<ReachBody>> {
     let agent = &call.snapshot.bootstrap.agent;
     let refused = |outcome| {
         let m = &call.meta;

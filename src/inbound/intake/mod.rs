@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tower::layer::Layer;
 use tower::ServiceExt;
 use tracing::Span;
 
+use super::admit::gate;
 use super::call::{Call, CallBody, Meta};
 use super::{authorize, Inbound};
 use crate::a2a::CARD_PATH;
@@ -33,23 +33,46 @@ use crate::transport::{PeerIdentity, PeerTls};
 /// The label of refusals that belong to no capability.
 const OTHER: &str = "other";
 
-pub(super) fn layer<S>(
-    inbound: Arc<Inbound>,
-) -> impl Layer<S, Service = impl Step<Request<Incoming>, Response = Response<ReachBody>>> + Clone
-where
-    S: Step<Call, Response = Response<ReachBody>>,
-{
-    step::layer!(inbound, take::<step::Next<S>>)
+/// What the first step holds: shared, one `Arc` cloned per request.
+pub(super) struct Lanes<P, K> {
+    pub(super) inbound: Arc<Inbound>,
+    /// Admission, the agent and its answer.
+    pub(super) plain: P,
+    /// The same after `keyed`: a call with an `idempotency-key` runs once.
+    pub(super) keyed: K,
 }
 
-/// Takes a request in as a call, or answers it here.
-async fn take<S>(inbound: Arc<Inbound>, inner: S, req: Request<Incoming>) -> Response<ReachBody>
+/// The first step, over its lanes. Two lanes rather than one stack: each step a call passes
+/// through costs it about 1.3k instructions whether it acts or not (`docs/perf-levers.md`), and
+/// only a keyed call needs `keyed`.
+pub(super) fn service<P, K>(
+    lanes: Lanes<P, K>,
+) -> impl Step<Request<Incoming>, Response = Response<ReachBody>>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    P: Step<Call, Response = Response<ReachBody>>,
+    K: Step<Call, Response = Response<ReachBody>>,
 {
-    match intake(&inbound, req) {
-        Ok(call) => answer(inner.oneshot(call).await),
-        Err(answered) => answered,
+    step::service!(Arc::new(lanes), take::<P, K>)
+}
+
+/// Takes a request in as a call and passes it down its lane, or answers it here: refused before
+/// any work (`admit::gate`) included.
+async fn take<P, K>(lanes: Arc<Lanes<P, K>>, req: Request<Incoming>) -> Response<ReachBody>
+where
+    P: Step<Call, Response = Response<ReachBody>>,
+    K: Step<Call, Response = Response<ReachBody>>,
+{
+    let call = match intake(&lanes.inbound, req) {
+        Ok(call) => call,
+        Err(answered) => return answered,
+    };
+    if let Some(refused) = gate::refuse_early(&lanes.inbound, &call) {
+        return refused;
+    }
+    match call.keyed {
+        // Boxed: the plain lane's future is the step's.
+        true => answer(step::boxed(lanes.keyed.clone(), call).await),
+        false => answer(lanes.plain.clone().oneshot(call).await),
     }
 }
 
