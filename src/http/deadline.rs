@@ -39,22 +39,35 @@ impl Deadline {
             == Some(self.0)
     }
 
-    /// [`Deadline::from_headers`] for a request whose names were read into `present`: nothing to
-    /// look up when it carries neither header.
+    /// [`Deadline::from_headers`] for a request whose names were read into `present`: only the
+    /// headers it carries are looked up (a peer's sidecar sends `reach-deadline` alone).
     pub fn from_present(
         headers: &HeaderMap,
         present: crate::http::headers::Present,
     ) -> Result<Option<Self>, ReachError> {
-        match present.has(crate::http::headers::Present::DEADLINE) {
-            true => Self::from_headers(headers),
-            false => Ok(None),
-        }
+        use crate::http::headers::Present;
+        let text = |name: &HeaderName, bit: Present| match present.has(bit) {
+            true => headers.get(name).map(|v| v.to_str().unwrap_or("").trim()),
+            false => None,
+        };
+        Self::from_text(
+            text(&TIMEOUT, Present::TIMEOUT),
+            text(&DEADLINE, Present::DEADLINE),
+        )
     }
 
     /// The tighter of `reach-timeout` and `reach-deadline`, if the request carries either.
     pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ReachError> {
         let text = |name: &HeaderName| headers.get(name).map(|v| v.to_str().unwrap_or("").trim());
-        let relative = match text(&TIMEOUT) {
+        Self::from_text(text(&TIMEOUT), text(&DEADLINE))
+    }
+
+    /// The tighter of a `reach-timeout` and a `reach-deadline` value.
+    fn from_text(
+        timeout: Option<&str>,
+        deadline: Option<&str>,
+    ) -> Result<Option<Self>, ReachError> {
+        let relative = match timeout {
             Some(t) => {
                 Some(Self::after(parse_duration(t).map_err(|e| {
                     ReachError::BadRequest(format!("reach-timeout: {e}"))
@@ -62,7 +75,7 @@ impl Deadline {
             }
             None => None,
         };
-        let absolute = match text(&DEADLINE) {
+        let absolute = match deadline {
             Some(t) => Some(Self(t.parse().map_err(|_| {
                 ReachError::BadRequest(format!(
                     "reach-deadline `{t}` is not milliseconds since the Unix epoch"

@@ -144,7 +144,7 @@ pub struct Present(u16);
 impl Present {
     pub const CAPABILITY: Self = Self(1);
     pub const INTENT: Self = Self(1 << 1);
-    /// `reach-timeout` or `reach-deadline`.
+    /// `reach-deadline`.
     pub const DEADLINE: Self = Self(1 << 2);
     /// `reach-chain`.
     pub const CHAIN: Self = Self(1 << 3);
@@ -156,6 +156,8 @@ impl Present {
     pub const IDEMPOTENCY_KEY: Self = Self(1 << 8);
     /// `prefer`.
     pub const PREFER: Self = Self(1 << 9);
+    /// `reach-timeout`.
+    pub const TIMEOUT: Self = Self(1 << 10);
     /// Every bit set: look everything up (for callers that did not scan).
     pub const ALL: Self = Self(u16::MAX);
 
@@ -166,7 +168,8 @@ impl Present {
             bits |= match name.as_str() {
                 "reach-capability" => Self::CAPABILITY.0,
                 "reach-intent" => Self::INTENT.0,
-                "reach-timeout" | "reach-deadline" => Self::DEADLINE.0,
+                "reach-timeout" => Self::TIMEOUT.0,
+                "reach-deadline" => Self::DEADLINE.0,
                 "reach-chain" => Self::CHAIN.0,
                 "reach-tags" => Self::TAGS.0,
                 "reach-mode" => Self::MODE.0,
@@ -270,7 +273,7 @@ mod tests {
         let table = [
             (CAPABILITY, Present::CAPABILITY),
             (INTENT, Present::INTENT),
-            (HeaderName::from_static("reach-timeout"), Present::DEADLINE),
+            (HeaderName::from_static("reach-timeout"), Present::TIMEOUT),
             (HeaderName::from_static("reach-deadline"), Present::DEADLINE),
             (HeaderName::from_static("reach-chain"), Present::CHAIN),
             (TAGS, Present::TAGS),
