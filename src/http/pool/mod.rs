@@ -717,7 +717,13 @@ struct Lease {
 
 /// A response body from the pool: it drives its connection while it is read, so the bytes come
 /// in on the task that reads them.
-pub struct UpstreamBody {
+///
+/// Boxed: the answer passes up through every outbound step by value, and a `Response` with the
+/// body inline is 312 bytes against 120 (`docs/perf-levers.md`).
+pub struct UpstreamBody(Box<Upstream>);
+
+/// What an [`UpstreamBody`] holds.
+struct Upstream {
     incoming: Incoming,
     lease: Option<Lease>,
     ended: bool,
@@ -730,20 +736,20 @@ pub struct UpstreamBody {
 impl fmt::Debug for UpstreamBody {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UpstreamBody")
-            .field("ended", &self.ended)
+            .field("ended", &self.0.ended)
             .finish_non_exhaustive()
     }
 }
 
 impl UpstreamBody {
     fn new(incoming: Incoming, lease: Option<Lease>, slot: Option<h2::Slot>) -> Self {
-        Self {
+        Self(Box::new(Upstream {
             incoming,
             lease,
             ended: false,
             slot,
             held: std::collections::VecDeque::new(),
-        }
+        }))
     }
 
     /// Reads the body ahead, up to `max` bytes and for `within` at most, and returns it when it
@@ -752,7 +758,7 @@ impl UpstreamBody {
     pub async fn hold(&mut self, max: usize, within: Duration) -> Option<Bytes> {
         let until = tokio::time::Instant::now() + within;
         let mut read = bytes::BytesMut::new();
-        while !self.ended && !self.incoming.is_end_stream() && read.len() <= max {
+        while !self.0.ended && !self.0.incoming.is_end_stream() && read.len() <= max {
             let next = std::future::poll_fn(|cx| self.poll_upstream(cx));
             let Ok(frame) = tokio::time::timeout_at(until, next).await else {
                 return None;
@@ -764,12 +770,12 @@ impl UpstreamBody {
             if let Some(data) = frame.as_ref().ok().and_then(Frame::data_ref) {
                 read.extend_from_slice(data);
             }
-            self.held.push_back(frame);
+            self.0.held.push_back(frame);
             if failed {
                 return None;
             }
         }
-        let whole = self.ended || self.incoming.is_end_stream();
+        let whole = self.0.ended || self.0.incoming.is_end_stream();
         (whole && read.len() <= max).then(|| read.freeze())
     }
 
@@ -780,11 +786,11 @@ impl UpstreamBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match &polled {
             Poll::Ready(None) => {
-                self.ended = true;
+                self.0.ended = true;
                 self.release();
             }
-            Poll::Ready(Some(Err(_))) => self.lease = None,
-            Poll::Ready(Some(Ok(_))) if self.incoming.is_end_stream() => self.ended = true,
+            Poll::Ready(Some(Err(_))) => self.0.lease = None,
+            Poll::Ready(Some(Ok(_))) if self.0.incoming.is_end_stream() => self.0.ended = true,
             _ => {}
         }
         polled
@@ -792,8 +798,8 @@ impl UpstreamBody {
 
     fn release(&mut self) {
         // An HTTP/2 stream frees its room on the connection as soon as it ends.
-        drop(self.slot.take());
-        if let Some(lease) = self.lease.take() {
+        drop(self.0.slot.take());
+        if let Some(lease) = self.0.lease.take() {
             lease.pool.release(&lease.authority, lease.pooled);
         }
     }
@@ -801,7 +807,7 @@ impl UpstreamBody {
 
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
-        if self.ended || self.incoming.is_end_stream() {
+        if self.0.ended || self.0.incoming.is_end_stream() {
             self.release();
         }
         // Otherwise the body was abandoned mid-way: dropping the connection closes it, as hyper
@@ -818,24 +824,25 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
-        match this.held.pop_front() {
+        match this.0.held.pop_front() {
             Some(frame) => Poll::Ready(Some(frame)),
             None => this.poll_upstream(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.held.is_empty() && self.incoming.is_end_stream()
+        self.0.held.is_empty() && self.0.incoming.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
         let held: u64 = self
+            .0
             .held
             .iter()
             .filter_map(|f| f.as_ref().ok()?.data_ref())
             .map(|d| d.len() as u64)
             .sum();
-        let rest = self.incoming.size_hint();
+        let rest = self.0.incoming.size_hint();
         let mut hint = SizeHint::new();
         hint.set_lower(rest.lower().saturating_add(held));
         if let Some(upper) = rest.upper() {
@@ -852,25 +859,25 @@ impl UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self;
-        let Some(lease) = this.lease.as_mut() else {
+        let Some(lease) = this.0.lease.as_mut() else {
             // No connection to drive (it closed): `incoming` holds what is left.
-            let polled = Pin::new(&mut this.incoming).poll_frame(cx);
+            let polled = Pin::new(&mut this.0.incoming).poll_frame(cx);
             return this.frame(polled);
         };
         let (guard, waker) = (lease.pooled.guard.clone(), lease.pooled.waker.clone());
         let mut inner = Context::from_waker(&waker);
         for _ in 0..ROUNDS {
             guard.enter(cx.waker());
-            let mut polled = Pin::new(&mut this.incoming).poll_frame(&mut inner);
+            let mut polled = Pin::new(&mut this.0.incoming).poll_frame(&mut inner);
             if polled.is_pending() {
                 // Nothing buffered: drive the connection, which feeds `incoming`, then look again.
-                if let Some(lease) = this.lease.as_mut() {
+                if let Some(lease) = this.0.lease.as_mut() {
                     if lease.pooled.conn.as_mut().poll(&mut inner).is_ready() {
                         // Done; `incoming` now has its last frame or its error.
-                        this.lease = None;
+                        this.0.lease = None;
                     }
                 }
-                polled = Pin::new(&mut this.incoming).poll_frame(&mut inner);
+                polled = Pin::new(&mut this.0.incoming).poll_frame(&mut inner);
             }
             let again = guard.leave();
             if polled.is_ready() {
