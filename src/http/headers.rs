@@ -100,26 +100,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     if found[0] {
-        // Every header `Connection` names goes too. Its usual tokens (`keep-alive`, `close`)
-        // name hop-by-hop headers or none: nothing is allocated for them.
-        let named: Vec<String> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|text| text.split(','))
-            .map(str::trim)
-            .filter(|token| {
-                !token.is_empty()
-                    && !HOP_BY_HOP
-                        .iter()
-                        .any(|h| h.as_str().eq_ignore_ascii_case(token))
-            })
-            .map(str::to_owned)
-            .collect();
-        for token in named {
+        // Every header `Connection` names goes too; `Connection` itself with them.
+        for token in named_by_connection(headers) {
             // Looked up by `&str`: no header name is made for it.
             headers.remove(token.as_str());
         }
+        found[0] = false;
     }
     for (name, _) in HOP_BY_HOP.iter().zip(found).filter(|(_, f)| *f) {
         headers.remove(name);
@@ -132,6 +118,35 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(header::TE);
         }
     }
+}
+
+/// Removes `Connection` (every value, one lookup) and returns the headers it names. Its usual
+/// values, `keep-alive` and `close`, name hop-by-hop headers or none: nothing is split, trimmed
+/// or allocated for them.
+fn named_by_connection(headers: &mut HeaderMap) -> Vec<String> {
+    let header::Entry::Occupied(entry) = headers.entry(header::CONNECTION) else {
+        return Vec::new();
+    };
+    let mut named = Vec::new();
+    for value in entry.remove_entry_mult().1 {
+        let bytes = value.as_bytes();
+        if bytes.eq_ignore_ascii_case(b"keep-alive") || bytes.eq_ignore_ascii_case(b"close") {
+            continue;
+        }
+        let Ok(text) = value.to_str() else { continue };
+        named.extend(
+            text.split(',')
+                .map(str::trim)
+                .filter(|token| {
+                    !token.is_empty()
+                        && !HOP_BY_HOP
+                            .iter()
+                            .any(|h| h.as_str().eq_ignore_ascii_case(token))
+                })
+                .map(str::to_owned),
+        );
+    }
+    named
 }
 
 /// Which of the headers the outbound steps read a call carries, found in one pass over its
@@ -444,6 +459,17 @@ mod tests {
         h.append(header::CONNECTION, HeaderValue::from_static("X-One , te"));
         h.insert("x-one", HeaderValue::from_static("1"));
         h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn a_lone_keep_alive_goes_with_its_header_and_nothing_else() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("x-kept", HeaderValue::from_static("1"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
