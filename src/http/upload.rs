@@ -205,11 +205,15 @@ where
     B::Error: Into<BoxError>,
 {
     use http_body_util::{BodyExt, Limited};
+    if incoming.is_end_stream() {
+        // No body (a GET, most often): nothing to read, watch or buffer.
+        return Ok(Upload::Buffered(Bytes::new()));
+    }
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    let small = incoming.is_end_stream() || declared.is_some_and(|n| n <= max as u64);
+    let small = declared.is_some_and(|n| n <= max as u64);
     if !small {
         return Ok(Upload::Stream(incoming, declared));
     }

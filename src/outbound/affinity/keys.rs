@@ -58,7 +58,8 @@ pub(crate) fn of_request(
     }
     let (a2a_body, mcp_body) = match protocol {
         None => {
-            let json = headers::is_json(head);
+            // Only a buffered body is read for keys: an empty one needs no content type.
+            let json = body.is_some_and(|b| !b.is_empty()) && headers::is_json(head);
             (json, json)
         }
         Some(Protocol::A2a) => (true, false),
