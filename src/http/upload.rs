@@ -35,20 +35,29 @@ pub enum UploadState {
     Stalled,
 }
 
-/// Shared view of an upload's state, kept by whoever forwards it.
-#[derive(Clone, Debug, Default)]
-pub struct UploadWatch(Arc<AtomicU8>);
+/// Shared view of an upload's state, kept by whoever forwards it. `None` for a body already
+/// read whole: it is complete and stays so, and a call with one allocates nothing for it.
+#[derive(Clone, Debug)]
+pub struct UploadWatch(Option<Arc<AtomicU8>>);
+
+impl Default for UploadWatch {
+    /// The watch of a body still to be read: open.
+    fn default() -> Self {
+        Self(Some(Arc::default()))
+    }
+}
 
 impl UploadWatch {
     /// The watch of a body already read whole.
     pub fn complete() -> Self {
-        let watch = Self::default();
-        watch.set(UploadState::Complete);
-        watch
+        Self(None)
     }
 
     pub fn state(&self) -> UploadState {
-        match self.0.load(Ordering::Acquire) {
+        let Some(code) = &self.0 else {
+            return UploadState::Complete;
+        };
+        match code.load(Ordering::Acquire) {
             1 => UploadState::Complete,
             2 => UploadState::Broken,
             3 => UploadState::Stalled,
@@ -65,7 +74,9 @@ impl UploadWatch {
             UploadState::Stalled => 3,
             UploadState::Waiting => 4,
         };
-        self.0.store(code, Ordering::Release);
+        if let Some(watched) = &self.0 {
+            watched.store(code, Ordering::Release);
+        }
     }
 
     /// The caller's fault, when its upload is why a request failed: a broken body, a stalled one,

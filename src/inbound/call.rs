@@ -48,6 +48,10 @@ impl Call {
     /// The request to forward, and the watch on its upload.
     pub(super) fn into_request(self) -> (Meta, Arc<Snapshot>, Request<ReachBody>, UploadWatch) {
         let (body, upload) = match self.body {
+            // No body (a GET, most often): nothing to watch.
+            CallBody::Arriving(incoming) if http_body::Body::is_end_stream(&incoming) => {
+                (body::empty(), UploadWatch::complete())
+            }
             CallBody::Arriving(incoming) => {
                 let gap = self.snapshot.bootstrap.limits.body_read_timeout.get();
                 let (body, upload) = WatchedUpload::new(incoming, gap);
