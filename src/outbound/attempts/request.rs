@@ -40,6 +40,8 @@ impl Bodies {
 
     pub(in crate::outbound) fn next(&mut self) -> Option<ReachBody> {
         match (&self.replay, self.stream.take()) {
+            // An empty body boxes nothing (a GET's, most often).
+            (Some(bytes), _) if bytes.is_empty() => Some(body::empty()),
             (Some(bytes), _) => Some(body::full(bytes.clone())),
             (None, Some(streamed)) => Some(body::boxed(streamed)),
             (None, None) => None,
