@@ -50,6 +50,11 @@ pub struct McpSummary {
     /// (none when it has no `fetch`).
     pub broken_fetch_share_before_pct: Option<f64>,
     pub broken_fetch_share_after_pct: Option<f64>,
+    /// The broken server's `fetch` in the caller's per-tool view at the end (`-` when it has no
+    /// `fetch`): its search's failures are not held against it. Its share after the break is
+    /// the latency tie-break's (`candidates/balance.rs`): with one call at a time, a server that
+    /// looks twice as fast takes them all, which a loaded machine can make either server.
+    pub broken_fetch_state: String,
 }
 
 pub(super) async fn run(fleet: &mut Fleet) -> Result<McpSummary, DemoError> {
@@ -115,13 +120,15 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<McpSummary, DemoError> {
     };
     let search_after = minus(count("search"), &search_before);
     let fetch_after = minus(count("fetch"), &fetch_before);
-    let view = fleet
-        .caller
-        .status()
-        .tools
-        .into_iter()
-        .find(|t| t.capability == CAPABILITY && t.tool == "search")
-        .and_then(|t| t.servers.into_iter().find(|s| s.server == busiest));
+    let tools = fleet.caller.status().tools;
+    let view_of = |tool: &str| {
+        tools
+            .iter()
+            .find(|t| t.capability == CAPABILITY && t.tool == tool)
+            .and_then(|t| t.servers.iter().find(|s| s.server == busiest))
+    };
+    let view = view_of("search");
+    let fetch_state = view_of("fetch").map_or("-", |v| v.state).to_owned();
     let share = |counts: &BTreeMap<String, usize>| {
         let all: usize = counts.values().sum();
         let own = *counts.get(&busiest)?;
@@ -150,6 +157,7 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<McpSummary, DemoError> {
         broken_search_failures: view.map_or(0, |v| v.failures),
         broken_fetch_share_before_pct: fetch_share_before,
         broken_fetch_share_after_pct: fetch_share_after,
+        broken_fetch_state: fetch_state,
     })
 }
 

@@ -543,7 +543,10 @@ fn mcp_lines(m: &super::McpSummary) -> String {
         m.broken_fetch_share_after_pct,
     ) {
         (Some(before), Some(after)) => {
-            format!("while its fetch kept {after:.0}% of the fetch calls ({before:.0}% before)")
+            format!(
+                "while its fetch stayed {} and kept {after:.0}% of the fetch calls ({before:.0}% before)",
+                m.broken_fetch_state
+            )
         }
         _ => "while its summarize kept serving".to_owned(),
     };
