@@ -50,24 +50,7 @@ impl Deadline {
             true => headers.get(name).map(|v| v.to_str().unwrap_or("").trim()),
             false => None,
         };
-        Self::from_text(
-            text(&TIMEOUT, Present::TIMEOUT),
-            text(&DEADLINE, Present::DEADLINE),
-        )
-    }
-
-    /// The tighter of `reach-timeout` and `reach-deadline`, if the request carries either.
-    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ReachError> {
-        let text = |name: &HeaderName| headers.get(name).map(|v| v.to_str().unwrap_or("").trim());
-        Self::from_text(text(&TIMEOUT), text(&DEADLINE))
-    }
-
-    /// The tighter of a `reach-timeout` and a `reach-deadline` value.
-    fn from_text(
-        timeout: Option<&str>,
-        deadline: Option<&str>,
-    ) -> Result<Option<Self>, ReachError> {
-        let relative = match timeout {
+        let relative = match text(&TIMEOUT, Present::TIMEOUT) {
             Some(t) => {
                 Some(Self::after(parse_duration(t).map_err(|e| {
                     ReachError::BadRequest(format!("reach-timeout: {e}"))
@@ -75,7 +58,7 @@ impl Deadline {
             }
             None => None,
         };
-        let absolute = match deadline {
+        let absolute = match text(&DEADLINE, Present::DEADLINE) {
             Some(t) => Some(Self(t.parse().map_err(|_| {
                 ReachError::BadRequest(format!(
                     "reach-deadline `{t}` is not milliseconds since the Unix epoch"
@@ -87,6 +70,11 @@ impl Deadline {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         })
+    }
+
+    /// The tighter of `reach-timeout` and `reach-deadline`, if the request carries either.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ReachError> {
+        Self::from_present(headers, crate::http::headers::Present::ALL)
     }
 }
 

@@ -10,12 +10,11 @@
 //! lane's steps keep their own checks, so a call that takes it needlessly is answered the same,
 //! only slower.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tower::{Service, ServiceExt};
+use tower::ServiceExt;
 
 use super::call::Call;
 use super::{agent_card, local_api, resolve, Outbound};
@@ -39,12 +38,7 @@ pub(super) fn service<A, P, F>(
     lanes: Lanes<A, P, F>,
 ) -> impl Step<Request<Incoming>, Response = Response<ReachBody>>
 where
-    A: Service<Request<Incoming>, Response = Response<ReachBody>, Error = Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    A::Future: Send,
+    A: Step<Request<Incoming>, Response = Response<ReachBody>>,
     P: Step<Call, Response = Response<ReachBody>>,
     F: Step<Call, Response = Response<ReachBody>>,
 {
@@ -55,12 +49,7 @@ where
 /// card's answer with its URLs rewritten (`agent_card`).
 async fn first<A, P, F>(lanes: Arc<Lanes<A, P, F>>, req: Request<Incoming>) -> Response<ReachBody>
 where
-    A: Service<Request<Incoming>, Response = Response<ReachBody>, Error = Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    A::Future: Send,
+    A: Step<Request<Incoming>, Response = Response<ReachBody>>,
     P: Step<Call, Response = Response<ReachBody>>,
     F: Step<Call, Response = Response<ReachBody>>,
 {

@@ -10,10 +10,11 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
-use tower::{service_fn, Service};
+use tower::service_fn;
 
 use crate::config::ConfigStore;
 use crate::error::ReachError;
+use crate::http::step::Step;
 use crate::http::{headers, layers, server::text, ReachBody};
 use crate::local::LocalAgent;
 use crate::tasks::Queue;
@@ -38,11 +39,7 @@ pub(super) fn service(
     local: Arc<LocalAgent>,
     store: Arc<ConfigStore>,
     tasks: Option<Arc<Queue>>,
-) -> impl Service<Request<Incoming>, Response = Response<ReachBody>, Error = Infallible, Future: Send>
-       + Clone
-       + Send
-       + Sync
-       + 'static {
+) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
     layers::guarded(
         TIMEOUT,
         BODY_LIMIT,
