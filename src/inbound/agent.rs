@@ -1,5 +1,5 @@
-//! The innermost inbound step: the call forwarded to the local agent over the agent client,
-//! within its timeout.
+//! The call forwarded to the local agent over the agent client, within its timeout: asked by
+//! `measure`, which the agent's answer goes back to.
 //!
 //! Connections to the agent stay within admission: the pool opens one only for a call holding a
 //! slot and finding none idle, so at most `max_concurrency` in use plus the idle set. An agent
@@ -8,31 +8,32 @@
 //! runs out it is answered `503 saturated`, load and not failure: never `upstream_connect_failed`,
 //! which would count against (and eject) an agent that is up.
 
-use http::Response;
+use std::time::Duration;
 
-use super::call::Forward;
+use http::{Request, Response};
+
+use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::pool::{forward_with, Backlog, Named, Pool, UpstreamBody};
-use crate::http::step::{self, Step};
-
-pub(super) fn endpoint(
-    client: Pool,
-) -> impl Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>> {
-    step::service!(client, forward)
-}
+use crate::http::ReachBody;
 
 /// The call, forwarded to the agent.
-async fn forward(client: Pool, call: Forward) -> Result<Response<UpstreamBody>, ReachError> {
-    let agent = &call.snapshot.bootstrap.agent;
+pub(super) async fn forward(
+    client: &Pool,
+    snapshot: &Snapshot,
+    request: Request<ReachBody>,
+    timeout: Duration,
+) -> Result<Response<UpstreamBody>, ReachError> {
+    let agent = &snapshot.bootstrap.agent;
     let target = Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "agent {}", agent.name));
     let address = agent.address.as_str();
     forward_with(
-        &client,
-        call.request,
+        client,
+        request,
         address,
         None,
         &target,
-        call.timeout,
+        timeout,
         Backlog::Wait,
     )
     .await

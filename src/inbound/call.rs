@@ -73,15 +73,6 @@ pub(super) struct Admitted {
     pub(super) slot: Slot,
 }
 
-/// The request to the agent, with how long it may take.
-pub(super) struct Forward {
-    pub(super) request: Request<ReachBody>,
-    pub(super) timeout: Duration,
-    pub(super) snapshot: Arc<Snapshot>,
-    /// The capability's output schema, when it has one: its answer is checked.
-    pub(super) check: Option<Check>,
-}
-
 /// What the answer of a call to a capability with an output schema is checked against.
 #[derive(Clone, Debug)]
 pub(super) struct Check {

@@ -1,41 +1,35 @@
-//! What really happened to a call the agent took, as the classifier reads it: told to the agent's
-//! own view, the counters and the metrics. The call's slot is held until its answer has been
-//! delivered: the agent is busy until then.
+//! The innermost inbound step: the admitted call forwarded to the agent (`agent`), its answer
+//! checked when the capability has an output schema (`validate`), and what really happened, as
+//! the classifier reads it, told to the agent's own view, the counters and the metrics. The
+//! call's slot is held until its answer has been delivered: the agent is busy until then.
+//!
+//! The agent and the check are asked, not steps of their own: each step a call passes costs it
+//! 0.5–1k instructions (`docs/perf-levers.md`), and neither decides whether the call goes on.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use http::{HeaderMap, Response};
-use tower::layer::Layer;
-use tower::ServiceExt;
 
-use super::call::{Admitted, Forward, Meta};
-use super::validate::{self, AgentBody};
+use super::call::{Admitted, Meta};
+use super::{agent, validate};
 use super::Inbound;
 use crate::classify::{Class, Outcome};
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::attempt_timeout;
 use crate::http::observed::{BodyEnd, Observed};
-use crate::http::step::{self, answer, Step};
+use crate::http::step::{self, Step};
 use crate::http::upload::UploadWatch;
 use crate::http::{body, headers, ReachBody};
 use crate::metrics::Direction;
 use crate::reach::Signal;
 
-pub(super) fn layer<S>(
-    inbound: Arc<Inbound>,
-) -> impl Layer<S, Service = impl Step<Admitted, Response = Response<ReachBody>>> + Clone
-where
-    S: Step<Forward, Response = Result<Response<AgentBody>, ReachError>>,
-{
-    step::layer!(inbound, measure::<step::Next<S>>)
+pub(super) fn service(inbound: Arc<Inbound>) -> impl Step<Admitted, Response = Response<ReachBody>> {
+    step::service!(inbound, measure)
 }
 
-async fn measure<S>(inbound: Arc<Inbound>, inner: S, call: Admitted) -> Response<ReachBody>
-where
-    S: Step<Forward, Response = Result<Response<AgentBody>, ReachError>>,
-{
+async fn measure(inbound: Arc<Inbound>, call: Admitted) -> Response<ReachBody> {
     let Admitted {
         meta,
         snapshot,
@@ -45,13 +39,13 @@ where
     } = call;
     let admitted = Instant::now();
     let (timeout, by_deadline) = attempt_timeout(meta.own_timeout, meta.deadline);
-    let forward = Forward {
-        request,
-        timeout,
-        check: validate::check_for(&snapshot, &meta.label),
-        snapshot: snapshot.clone(),
+    let check = validate::check_for(&snapshot, &meta.label, request.method());
+    let forwarded = agent::forward(&inbound.client, &snapshot, request, timeout).await;
+    let checked = match forwarded {
+        Ok(response) => validate::checked(&inbound, &snapshot, check, response, timeout).await,
+        Err(err) => Err(err),
     };
-    let response = match answer(inner.oneshot(forward).await) {
+    let response = match checked {
         Ok(response) => response,
         Err(err) => {
             let failed = Failed {

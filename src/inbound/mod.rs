@@ -3,8 +3,8 @@
 //!
 //! The request path is one stack, built in [`Inbound::stack`] (just below) in request order;
 //! each step is a tower service in a file or folder named for it: `intake` (asking `authorize`
-//! and `admit::gate`), `keyed` (for a call with an `idempotency-key` only), `admit`, `measure`,
-//! `validate` and `agent`. What passes between them is in `call`.
+//! and `admit::gate`), `keyed` (for a call with an `idempotency-key` only), `admit` and `measure`
+//! (asking `agent` and `validate`). What passes between them is in `call`.
 
 mod admit;
 mod agent;
@@ -58,13 +58,11 @@ impl Inbound {
         ServiceBuilder::new()
             // A slot under the agent's concurrency limit, or a place in its queue, or `saturated`.
             .layer(admit::layer(self.clone()))
-            // What really happened, told to the agent's own view; the slot held until delivered.
-            .layer(measure::layer(self.clone()))
-            // A capability with an output schema: its JSON answer read and checked, a wrong
-            // shape refused as the agent's failure (`502 invalid_output`).
-            .layer(validate::layer(self.clone()))
-            // The local agent, over the agent client, within the call's timeout.
-            .service(agent::endpoint(self.client.clone()))
+            // The local agent, over the agent client, within the call's timeout; a capability
+            // with an output schema has its JSON answer checked, a wrong shape refused as the
+            // agent's failure (`502 invalid_output`); what really happened told to the agent's
+            // own view, the slot held until the answer is delivered.
+            .service(measure::service(self.clone()))
     }
 }
 

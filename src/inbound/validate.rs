@@ -8,25 +8,25 @@
 //! unchecked and counted (`reach_output_unvalidated_total`).
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
-use tower::layer::Layer;
-use tower::ServiceExt;
 
-use super::call::{Check, Forward};
+use super::call::Check;
 use super::Inbound;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::pool::UpstreamBody;
-use crate::http::step::{self, answer, Step};
 
-/// The check for a call to `capability`, when the agent declares a schema for it.
-pub(super) fn check_for(snapshot: &Snapshot, capability: &str) -> Option<Check> {
+/// The check for a call to `capability`, when the agent declares a schema for it. A HEAD answer
+/// has a length but no body: nothing to check.
+pub(super) fn check_for(snapshot: &Snapshot, capability: &str, method: &Method) -> Option<Check> {
+    if method == Method::HEAD {
+        return None;
+    }
     let schema = snapshot
         .bootstrap
         .agent
@@ -40,37 +40,19 @@ pub(super) fn check_for(snapshot: &Snapshot, capability: &str) -> Option<Check> 
     })
 }
 
-pub(super) fn layer<S>(
-    inbound: Arc<Inbound>,
-) -> impl Layer<S, Service = impl Step<Forward, Response = Result<Response<AgentBody>, ReachError>>>
-       + Clone
-where
-    S: Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>>,
-{
-    step::layer!(inbound, checked::<step::Next<S>>)
-}
-
-/// The agent's answer, checked against the capability's output schema when it has one.
-async fn checked<S>(
-    inbound: Arc<Inbound>,
-    inner: S,
-    mut call: Forward,
-) -> Result<Response<AgentBody>, ReachError>
-where
-    S: Step<Forward, Response = Result<Response<UpstreamBody>, ReachError>>,
-{
-    // A HEAD answer has a length but no body: nothing to check.
-    let check = call
-        .check
-        .take()
-        .filter(|_| call.request.method() != Method::HEAD);
-    let (timeout, snapshot) = (call.timeout, call.snapshot.clone());
-    let response = answer(inner.oneshot(call).await);
-    match (response, check) {
-        (Ok(response), Some(check)) => {
-            validate(&inbound, &snapshot, check, response, timeout).await
-        }
-        (response, _) => response.map(|r| r.map(AgentBody::Streamed)),
+/// The agent's answer, checked against the capability's output schema when it has one (asked by
+/// `measure`). Only a checked answer pays: the reading is boxed, so a call with no schema
+/// carries none of it.
+pub(super) async fn checked(
+    inbound: &Inbound,
+    snapshot: &Snapshot,
+    check: Option<Check>,
+    response: Response<UpstreamBody>,
+    timeout: std::time::Duration,
+) -> Result<Response<AgentBody>, ReachError> {
+    match check {
+        None => Ok(response.map(AgentBody::Streamed)),
+        Some(check) => Box::pin(validate(inbound, snapshot, check, response, timeout)).await,
     }
 }
 

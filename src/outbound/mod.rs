@@ -5,9 +5,10 @@
 //! each step is a tower service in a file or folder named for it. The first, `lanes`, answers
 //! the `local_api`, rewrites an `agent_card`, `resolve`s the capability (by name or intent) and
 //! picks a lane: the full one runs `submit`, `dedupe` and `mcp` first; both end in the routing a
-//! task's runner shares, [`Outbound::routing`]: `record`, `affinity`, `candidates` (sampled,
-//! scored, in tiers; the pick), `attempts` (the attempt policy: retry table, budget, backoff) and
-//! `endpoint` (with `target_limit`). What passes between them is in `call`.
+//! task's runner shares, [`Outbound::routing`]: the `routing` step (asking `affinity`,
+//! `candidates` (sampled, scored, in tiers; the pick), `attempts` (the attempt policy: retry
+//! table, budget, backoff) and `record`) and `endpoint` (with `target_limit`). What passes
+//! between them is in `call`.
 
 mod affinity;
 mod agent_card;
@@ -22,6 +23,7 @@ mod local_api;
 mod mcp;
 mod record;
 mod resolve;
+mod routing;
 mod submit;
 mod target_limit;
 
@@ -78,14 +80,10 @@ impl Outbound {
     /// A call routed: what a task's runner sends its stored call through.
     fn routing(self: &Arc<Self>) -> impl Step<Call, Response = Response<ReachBody>> {
         ServiceBuilder::new()
-            // Metrics and `reach-attempts` on whatever answer comes back.
-            .layer(record::layer(self.metrics.clone()))
-            // A call carrying a task or session key goes to the agent that holds it; answers bind.
-            .layer(affinity::layer(self.clone()))
-            // The peers that serve the capability, scored, in zone tiers.
-            .layer(candidates::layer(self.clone()))
-            // Which candidate next and when: retry table, budget, backoff, deadline, fallback.
-            .layer(attempts::layer(self.clone()))
+            // Affinity (a bound key's holder), the candidates (scored, in zone tiers), the
+            // attempt policy (retry table, budget, backoff, deadline, fallback) and the record
+            // (metrics, `reach-attempts`): one step, `routing`, asking each in turn.
+            .layer(routing::layer(self.clone()))
             // One attempt on one peer, over the peer client; the caller's view hears the answer,
             // and an external target's answer teaches the agent's model budget. An external
             // target's rate limit refuses it at once (`target_limit`); another endpoint may take it.

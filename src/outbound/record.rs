@@ -5,45 +5,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::Response;
-use tower::layer::Layer;
-use tower::ServiceExt;
 use tracing::Span;
 
-use super::call::{Call, LastTried, Routed};
+use super::call::{LastTried, Routed};
 use super::first_event::HeldEvent;
 use crate::budget::usage;
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
 use crate::http::layers::field;
 use crate::http::observed::{BodyEnd, Observed};
-use crate::http::step::{self, answer, Step};
 use crate::http::{body, headers, ReachBody};
 use crate::metrics::{Direction, Metrics};
 
-pub(super) fn layer<S, B>(
-    metrics: Arc<Metrics>,
-) -> impl Layer<S, Service = impl Step<Call, Response = Response<ReachBody>>> + Clone
-where
-    S: Step<Call, Response = Routed<B>>,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<crate::http::body::BoxError>,
-{
-    step::layer!(metrics, record::<step::Next<S>, B>)
-}
-
-/// The routed answer, recorded and answered.
-async fn record<S, B>(metrics: Arc<Metrics>, inner: S, call: Call) -> Response<ReachBody>
-where
-    S: Step<Call, Response = Routed<B>>,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<crate::http::body::BoxError>,
-{
-    let started = call.started;
-    let routed = answer(inner.oneshot(call).await);
-    respond(&metrics, routed, started)
-}
-
-fn respond<B>(metrics: &Arc<Metrics>, routed: Routed<B>, started: Instant) -> Response<ReachBody>
+/// The routed answer, recorded and answered (asked by `routing`, on whatever comes back).
+pub(super) fn respond<B>(metrics: &Arc<Metrics>, routed: Routed<B>, started: Instant) -> Response<ReachBody>
 where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<crate::http::body::BoxError>,

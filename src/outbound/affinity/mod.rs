@@ -15,8 +15,6 @@ mod table;
 use std::sync::Arc;
 
 use http::Response;
-use tower::layer::Layer;
-use tower::ServiceExt;
 
 use super::call::{Call, Routed};
 use super::Outbound;
@@ -25,7 +23,6 @@ use crate::config::{AffinityMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::headers;
 use crate::http::pool::UpstreamBody;
-use crate::http::step::{self, answer, Step};
 use crate::http::upload::Upload;
 
 pub(crate) use body::Watched;
@@ -41,24 +38,14 @@ pub(super) struct Pinned {
     pub(super) mode: AffinityMode,
 }
 
-pub(super) fn layer<S>(
-    out: Arc<Outbound>,
-) -> impl Layer<S, Service = impl Step<Call, Response = Routed<Watched>>> + Clone
+/// Looks the call's keys up, routes it with `route` (to the holder when one is bound), and binds
+/// what the answer confirms: the call routed with its affinity key's holder, and its answer
+/// watched for keys to bind. Asked by `routing`, around the rest of it.
+pub(super) async fn affine<F, R>(out: &Outbound, mut call: Call, route: F) -> Routed<Watched>
 where
-    S: Step<Call, Response = Routed>,
+    F: FnOnce(Call) -> R,
+    R: std::future::Future<Output = Routed>,
 {
-    step::layer!(out, affine::<step::Next<S>>)
-}
-
-/// Looks the call's keys up, routes it (to the holder when one is bound), and binds what the
-/// answer confirms: the call routed with its affinity key's holder, and its answer watched for
-/// keys to bind. (The step itself, not a wrapper: each `async fn` level keeps its own copy of
-/// its arguments in every call's future.)
-async fn affine<S>(out: Arc<Outbound>, inner: S, mut call: Call) -> Routed<Watched>
-where
-    S: Step<Call, Response = Routed>,
-{
-    let out = &*out;
     let snapshot = call.snapshot.clone();
     let settings = snapshot.policy.capabilities.get(call.capability.as_str());
     let body = match &call.upload {
@@ -87,7 +74,7 @@ where
         _ => None,
     };
     let ends_session = call.parts.method == http::Method::DELETE;
-    let routed = answer(inner.oneshot(call).await);
+    let routed = route(call).await;
     let mut routed = match &pinned {
         Some(pin) if pin.mode == AffinityMode::Strict => lost_holder(out, routed, pin),
         _ => routed,

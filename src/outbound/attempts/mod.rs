@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use http::request::Parts;
 use http::{Request, Response};
-use tower::layer::Layer;
 use tower::retry::budget::TpsBudget;
 use tower::ServiceExt;
 
@@ -30,7 +29,7 @@ use crate::config::{HedgeAfter, HedgePolicy, RouteMode, Snapshot};
 use crate::error::ReachError;
 use crate::http::deadline::{self, Deadline};
 use crate::http::layers::field;
-use crate::http::step::{self, answer, Step};
+use crate::http::step::{answer, Step};
 use crate::http::upload::UploadWatch;
 use crate::http::{headers, ReachBody};
 use crate::idempotency;
@@ -38,21 +37,10 @@ use crate::peers::Scored;
 use request::{upstream_request, Bodies};
 use retry::{Attempt, Refusal};
 
-pub(super) fn layer<S>(
-    out: Arc<Outbound>,
-) -> impl Layer<S, Service = impl Step<Plan, Response = Routed>> + Clone
-where
-    S: Step<Try, Response = Attempt>,
-{
-    step::layer!(out, route::<crate::http::pool::UpstreamBody, step::Next<S>>)
-}
-
 /// Drives the call's attempts through the rest of the stack until one answers for good, the
 /// policy says stop, or the deadline passes.
-///
-/// The step itself, not a wrapper around it: each `async fn` level keeps its own copy of its
-/// arguments, and this future is part of every call's (`docs/perf-levers.md`).
-async fn route<B, S>(out: Arc<Outbound>, inner: S, plan: Plan) -> Routed<B>
+/// Asked by `routing` with the call's plan; `inner` is the `endpoint` step.
+pub(super) async fn route<B, S>(out: Arc<Outbound>, inner: S, plan: Plan) -> Routed<B>
 where
     S: Step<Try, Response = Attempt<B>>,
 {

@@ -8,18 +8,14 @@ mod loops;
 pub(super) mod sample;
 pub(super) mod tiers;
 
-use std::sync::Arc;
 
 use http::HeaderMap;
-use tower::layer::Layer;
-use tower::ServiceExt;
 
 use super::call::{Call, Routed};
 use super::{affinity, mcp, Outbound};
 use crate::config::RouteMode;
 use crate::error::ReachError;
 use crate::http::headers::{self, Present};
-use crate::http::step::{self, answer, Step};
 use crate::metrics::UNKNOWN_CAPABILITY;
 use crate::peers::{RouteRequest, Scored};
 use tiers::Tier;
@@ -34,31 +30,12 @@ pub(super) struct Plan {
     pub(super) prefer: Option<usize>,
 }
 
-pub(super) fn layer<S>(
-    out: Arc<Outbound>,
-) -> impl Layer<S, Service = impl Step<Call, Response = Routed>> + Clone
-where
-    S: Step<Plan, Response = Routed>,
-{
-    step::layer!(out, candidates::<step::Next<S>>)
-}
-
-/// Plans the call and hands the plan on, or refuses it when nobody serves it.
-async fn candidates<S>(out: Arc<Outbound>, inner: S, call: Call) -> Routed
-where
-    S: Step<Plan, Response = Routed>,
-{
-    match plan(&out, call) {
-        Ok(plan) => answer(inner.oneshot(plan).await),
-        Err(refused) => refused,
-    }
-}
-
+/// The call's plan, or its refusal when nobody serves it (asked by `routing`).
 #[allow(
     clippy::result_large_err,
     reason = "the refusal is the answer, moved once"
 )]
-fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
+pub(super) fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
     let route = route_request(&call);
     let scored = sample::score_candidates(&out.registry, &out.peers, &call.snapshot, &route, |n| {
         rand::random_range(0..n)
