@@ -165,14 +165,19 @@ pub struct Snapshot {
     /// Bumped on every accepted reload: within one store, one generation is one content (the
     /// registry indexes the configured peers once per generation).
     pub generation: u64,
+    /// The agent's name as a header value (`reach-caller`, `reach-agent`), made once here, not
+    /// copied into a new one for every request.
+    pub agent_name: http::HeaderValue,
 }
 
 impl Snapshot {
     pub fn new(bootstrap: Bootstrap, policy: Policy, generation: u64) -> Self {
+        let agent_name = crate::http::headers::value(bootstrap.agent.name.as_str());
         Self {
             bootstrap,
             policy,
             generation,
+            agent_name,
         }
     }
 

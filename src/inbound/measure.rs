@@ -67,8 +67,9 @@ async fn measure(inbound: Arc<Inbound>, call: Admitted) -> Response<ReachBody> {
         None => class.signal(ttfb),
     };
     let (mut parts, incoming) = response.into_parts();
-    let agent = snapshot.bootstrap.agent.name.as_str();
-    parts.headers.insert(headers::AGENT, headers::value(agent));
+    parts
+        .headers
+        .insert(headers::AGENT, snapshot.agent_name.clone());
     let measured = Observed::new(incoming, move |end: BodyEnd| {
         let arrived = meta.arrived;
         let (outcome, signal) = match end {
@@ -112,10 +113,9 @@ impl Failed<'_> {
         inbound.finish(snapshot, meta, outcome, signal, meta.arrived.elapsed());
         tracing::debug!(%err, capability = %meta.label, "inbound request failed");
         let mut response = err.into_response();
-        let agent = snapshot.bootstrap.agent.name.as_str();
         response
             .headers_mut()
-            .insert(headers::AGENT, headers::value(agent));
+            .insert(headers::AGENT, snapshot.agent_name.clone());
         response
     }
 }

@@ -338,6 +338,8 @@ impl Pool {
         let mut builder = http1::Builder::new();
         // Each pooled connection keeps its read buffer; bodies stream in 64 KiB reads.
         builder.max_buf_size(READ_BUFFER_MAX);
+        // One buffer for the head and body, written at once (see `http::server`'s builder).
+        builder.writev(false);
         Self {
             inner: Arc::new(Inner {
                 config,

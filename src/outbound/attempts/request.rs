@@ -66,10 +66,7 @@ pub(in crate::outbound) fn upstream_request(
     if h.get(headers::CAPABILITY).is_none_or(|v| v != capability) {
         h.insert(headers::CAPABILITY, headers::value(capability));
     }
-    h.insert(
-        headers::CALLER,
-        headers::value(snapshot.bootstrap.agent.name.as_str()),
-    );
+    h.insert(headers::CALLER, snapshot.agent_name.clone());
     h.insert(headers::ATTEMPT, headers::count(attempt));
     request
 }

@@ -145,7 +145,11 @@ impl<B> Attempt<B> {
     ) -> Option<(&'static str, bool)> {
         let timed_out = match self {
             Attempt::Failed(ReachError::Timeout { .. }) => true,
-            Attempt::Done(response) => Class::of_response(response) == Class::TimedOut,
+            // Only a 504 can mean a timeout: no header read for any other answer.
+            Attempt::Done(response) => {
+                response.status() == http::StatusCode::GATEWAY_TIMEOUT
+                    && Class::of_response(response) == Class::TimedOut
+            }
             _ => false,
         };
         match self {
