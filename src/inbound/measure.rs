@@ -1,7 +1,7 @@
-//! The innermost inbound step: the admitted call forwarded to the agent (`agent`), its answer
-//! checked when the capability has an output schema (`validate`), and what really happened, as
-//! the classifier reads it, told to the agent's own view, the counters and the metrics. The
-//! call's slot is held until its answer has been delivered: the agent is busy until then.
+//! An admitted call (asked by `admit`) forwarded to the agent (`agent`), its answer checked when
+//! the capability has an output schema (`validate`), and what really happened, as the classifier
+//! reads it, told to the agent's own view, the counters and the metrics. The call's slot is held
+//! until its answer has been delivered: the agent is busy until then.
 //!
 //! The agent and the check are asked, not steps of their own: each step a call passes costs it
 //! 0.5–1k instructions (`docs/perf-levers.md`), and neither decides whether the call goes on.
@@ -12,24 +12,20 @@ use std::time::Instant;
 use http::{HeaderMap, Response};
 
 use super::call::{Admitted, Meta};
-use super::{agent, validate};
 use super::Inbound;
+use super::{agent, validate};
 use crate::classify::{Class, Outcome};
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::attempt_timeout;
 use crate::http::observed::{BodyEnd, Observed};
-use crate::http::step::{self, Step};
 use crate::http::upload::UploadWatch;
 use crate::http::{body, headers, ReachBody};
 use crate::metrics::Direction;
 use crate::reach::Signal;
 
-pub(super) fn service(inbound: Arc<Inbound>) -> impl Step<Admitted, Response = Response<ReachBody>> {
-    step::service!(inbound, measure)
-}
-
-async fn measure(inbound: Arc<Inbound>, call: Admitted) -> Response<ReachBody> {
+/// The call forwarded and measured.
+pub(super) async fn measure(inbound: Arc<Inbound>, call: Admitted) -> Response<ReachBody> {
     let Admitted {
         meta,
         snapshot,

@@ -3,8 +3,8 @@
 //!
 //! The request path is one stack, built in [`Inbound::stack`] (just below) in request order;
 //! each step is a tower service in a file or folder named for it: `intake` (asking `authorize`
-//! and `admit::gate`), `keyed` (for a call with an `idempotency-key` only), `admit` and `measure`
-//! (asking `agent` and `validate`). What passes between them is in `call`.
+//! and `admit::gate`), `keyed` (for a call with an `idempotency-key` only) and `admit` (asking
+//! `measure`, which asks `agent` and `validate`). What passes between them is in `call`.
 
 mod admit;
 mod agent;
@@ -53,16 +53,14 @@ impl Inbound {
         })
     }
 
-    /// A call taken in, from admission to the agent's answer.
+    /// A call taken in, from admission to the agent's answer: a slot under the agent's
+    /// concurrency limit, or a place in its queue, or `saturated`; then the local agent, over the
+    /// agent client, within the call's timeout, a capability with an output schema having its
+    /// JSON answer checked (a wrong shape refused as the agent's failure, `502 invalid_output`),
+    /// and what really happened told to the agent's own view, the slot held until the answer
+    /// is delivered. One step, `admit`, asking `measure`, which asks `agent` and `validate`.
     fn admitted(self: &Arc<Self>) -> impl Step<call::Call, Response = Response<ReachBody>> {
-        ServiceBuilder::new()
-            // A slot under the agent's concurrency limit, or a place in its queue, or `saturated`.
-            .layer(admit::layer(self.clone()))
-            // The local agent, over the agent client, within the call's timeout; a capability
-            // with an output schema has its JSON answer checked, a wrong shape refused as the
-            // agent's failure (`502 invalid_output`); what really happened told to the agent's
-            // own view, the slot held until the answer is delivered.
-            .service(measure::service(self.clone()))
+        admit::service(self.clone())
     }
 }
 

@@ -18,7 +18,11 @@ use crate::http::{body, headers, ReachBody};
 use crate::metrics::{Direction, Metrics};
 
 /// The routed answer, recorded and answered (asked by `routing`, on whatever comes back).
-pub(super) fn respond<B>(metrics: &Arc<Metrics>, routed: Routed<B>, started: Instant) -> Response<ReachBody>
+pub(super) fn respond<B>(
+    metrics: &Arc<Metrics>,
+    routed: Routed<B>,
+    started: Instant,
+) -> Response<ReachBody>
 where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<crate::http::body::BoxError>,

@@ -1,5 +1,7 @@
 //! Admission: a slot under the agent's concurrency limit, else a place in its bounded queue
-//! (never waiting past the caller's deadline), else `503 saturated` with a `retry-after`.
+//! (never waiting past the caller's deadline), else `503 saturated` with a `retry-after`. An
+//! admitted call goes on to `measure` (asked, not a step of its own: each step a call passes
+//! costs it 0.5–1k instructions, `docs/perf-levers.md`).
 
 pub(super) mod gate;
 
@@ -7,34 +9,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Response;
-use tower::layer::Layer;
-use tower::ServiceExt;
 
 use super::call::{Admitted, Call};
-use super::Inbound;
+use super::{measure, Inbound};
 use crate::classify::Outcome;
 use crate::error::ReachError;
 use crate::http::deadline::attempt_timeout;
-use crate::http::step::{self, answer, Step};
+use crate::http::step::{self, Step};
 use crate::http::ReachBody;
 use crate::local::AdmissionLimits;
 
-pub(super) fn layer<S>(
-    inbound: Arc<Inbound>,
-) -> impl Layer<S, Service = impl Step<Call, Response = Response<ReachBody>>> + Clone
-where
-    S: Step<Admitted, Response = Response<ReachBody>>,
-{
-    step::layer!(inbound, slot::<step::Next<S>>)
+pub(super) fn service(inbound: Arc<Inbound>) -> impl Step<Call, Response = Response<ReachBody>> {
+    step::service!(inbound, slot)
 }
 
-/// Admits the call (a slot, or a place in the queue) or refuses it.
-async fn slot<S>(inbound: Arc<Inbound>, inner: S, call: Call) -> Response<ReachBody>
-where
-    S: Step<Admitted, Response = Response<ReachBody>>,
-{
+/// Admits the call (a slot, or a place in the queue) and has it measured, or refuses it.
+async fn slot(inbound: Arc<Inbound>, call: Call) -> Response<ReachBody> {
     match admit(&inbound, call).await {
-        Ok(admitted) => answer(inner.oneshot(admitted).await),
+        Ok(admitted) => measure::measure(inbound, admitted).await,
         Err(refused) => refused,
     }
 }

@@ -8,7 +8,6 @@ mod loops;
 pub(super) mod sample;
 pub(super) mod tiers;
 
-
 use http::HeaderMap;
 
 use super::call::{Call, Routed};
