@@ -172,7 +172,9 @@ pub struct Snapshot {
 
 impl Snapshot {
     pub fn new(bootstrap: Bootstrap, policy: Policy, generation: u64) -> Self {
-        let agent_name = crate::http::headers::value(bootstrap.agent.name.as_str());
+        // A name is checked at load to be a valid header value; empty if it were not.
+        let agent_name = http::HeaderValue::from_str(bootstrap.agent.name.as_str())
+            .unwrap_or_else(|_| http::HeaderValue::from_static(""));
         Self {
             bootstrap,
             policy,
