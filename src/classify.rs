@@ -179,6 +179,13 @@ impl Class {
     }
 }
 
+/// Whether an answer means the call timed out (`Class::TimedOut`): only a 504 can, so no other
+/// answer has its `reach-reason` read.
+pub fn timed_out<B>(response: &Response<B>) -> bool {
+    response.status() == StatusCode::GATEWAY_TIMEOUT
+        && Class::of_response(response) == Class::TimedOut
+}
+
 /// Whether a peer's sidecar refused its agent's answer as not matching the capability's output
 /// schema (`502 invalid_output`): a failure of that agent, which would give the same answer
 /// again, so a retry — when one is safe — goes to another.

@@ -39,7 +39,7 @@ where
     let started = call.started;
     let routed = affinity::affine(&out, call, |call| async {
         match candidates::plan(&out, call) {
-            Ok(plan) => attempts::route(out.clone(), endpoint, plan).await,
+            Ok(plan) => attempts::route(&out, endpoint, plan).await,
             Err(refused) => refused,
         }
     })

@@ -40,11 +40,10 @@ use retry::{Attempt, Refusal};
 /// Drives the call's attempts through the rest of the stack until one answers for good, the
 /// policy says stop, or the deadline passes.
 /// Asked by `routing` with the call's plan; `inner` is the `endpoint` step.
-pub(super) async fn route<B, S>(out: Arc<Outbound>, inner: S, plan: Plan) -> Routed<B>
+pub(super) async fn route<B, S>(out: &Outbound, inner: S, plan: Plan) -> Routed<B>
 where
     S: Step<Try, Response = Attempt<B>>,
 {
-    let out = &*out;
     if plan.call.snapshot.observe_only(&plan.route.capability) {
         // Boxed: observe-only mode is rare, and its future would otherwise add its size to
         // every call's.
@@ -552,7 +551,7 @@ mod tests {
                 }
             })
         };
-        let routed = route(out.clone(), stub, plan).await;
+        let routed = route(out, stub, plan).await;
         let asked = script
             .asked
             .lock()

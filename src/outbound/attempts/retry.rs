@@ -145,11 +145,7 @@ impl<B> Attempt<B> {
     ) -> Option<(&'static str, bool)> {
         let timed_out = match self {
             Attempt::Failed(ReachError::Timeout { .. }) => true,
-            // Only a 504 can mean a timeout: no header read for any other answer.
-            Attempt::Done(response) => {
-                response.status() == http::StatusCode::GATEWAY_TIMEOUT
-                    && Class::of_response(response) == Class::TimedOut
-            }
+            Attempt::Done(response) => classify::timed_out(response),
             _ => false,
         };
         match self {
