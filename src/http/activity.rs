@@ -1,10 +1,11 @@
 //! Whether a connection is carrying anything: requests in flight, counted until their response
 //! body is done, and when the last one finished. The accept loop closes connections idle past
-//! the listener's `idle_timeout`.
+//! the listener's `idle_timeout`, and an HTTP/1 connection whose next head has not arrived
+//! within `header_read_timeout` (the slowloris guard: see [`Activity::quiet_for`]).
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -22,8 +23,11 @@ pub struct Activity(Arc<Inner>);
 struct Inner {
     opened: Instant,
     in_flight: AtomicUsize,
-    /// Milliseconds after `opened` when the connection last finished a request.
+    /// Milliseconds after `opened` when the connection last finished a request, plus one: zero
+    /// until it has finished one.
     last_ms: AtomicU64,
+    /// The connection has carried an h2 request: no HTTP/1 head is being read between requests.
+    multiplexed: AtomicBool,
 }
 
 impl Activity {
@@ -32,6 +36,7 @@ impl Activity {
             opened: Instant::now(),
             in_flight: AtomicUsize::new(0),
             last_ms: AtomicU64::new(0),
+            multiplexed: AtomicBool::new(false),
         }))
     }
 
@@ -41,11 +46,32 @@ impl Activity {
         Busy(self.clone())
     }
 
-    /// Resolves once nothing has been in flight for `idle`.
-    pub async fn idle_for(&self, idle: Duration) {
+    /// No request has begun on the connection yet: closing it loses nothing.
+    pub fn never_asked(&self) -> bool {
+        self.0.in_flight.load(Ordering::Acquire) == 0 && self.0.last_ms.load(Ordering::Acquire) == 0
+    }
+
+    /// The connection speaks h2 (seen on its first request).
+    pub fn multiplexed(&self) {
+        if !self.0.multiplexed.load(Ordering::Relaxed) {
+            self.0.multiplexed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Resolves once nothing has been in flight for `idle`, or for `header_read` while the
+    /// connection may be an HTTP/1 one. An HTTP/1 connection with nothing in flight is waiting
+    /// for its next head, so this is its header-read deadline: from the connection's opening or
+    /// its last answer until the next head is in. It replaces hyper's own `header_read_timeout`,
+    /// which armed and dropped a timer on every request (≈0.9k instructions a request,
+    /// `docs/perf-levers.md`); this one sleeps once per quiet period.
+    pub async fn quiet_for(&self, header_read: Duration, idle: Duration) {
         loop {
-            let last =
-                self.0.opened + Duration::from_millis(self.0.last_ms.load(Ordering::Acquire));
+            let idle = match self.0.multiplexed.load(Ordering::Relaxed) {
+                true => idle,
+                false => header_read.min(idle),
+            };
+            let ms = self.0.last_ms.load(Ordering::Acquire).saturating_sub(1);
+            let last = self.0.opened + Duration::from_millis(ms);
             let busy = self.0.in_flight.load(Ordering::Acquire) > 0;
             if !busy && Instant::now() >= last + idle {
                 return;
@@ -74,7 +100,7 @@ impl Drop for Busy {
     fn drop(&mut self) {
         let inner = &self.0 .0;
         let ms = u64::try_from(inner.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
-        inner.last_ms.store(ms, Ordering::Release);
+        inner.last_ms.store(ms.saturating_add(1), Ordering::Release);
         inner.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }

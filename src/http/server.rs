@@ -122,7 +122,7 @@ pub async fn serve<A, S, B>(
                 activity: Activity::new(),
             },
             builder.clone(),
-            settings.idle_timeout,
+            (settings.header_read_timeout, settings.idle_timeout),
             stop.clone(),
             open,
         ));
@@ -149,7 +149,7 @@ async fn serve_connection<A, S, B>(
     acceptor: A,
     service: PerConnection<S>,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    idle_timeout: Duration,
+    quiet: (Duration, Duration),
     stop: CancellationToken,
     open: Open,
 ) where
@@ -177,13 +177,18 @@ async fn serve_connection<A, S, B>(
     let activity = service.activity.clone();
     let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
     let mut conn = std::pin::pin!(conn);
-    let close = until_closing(&stop, &activity, idle_timeout);
+    let close = until_closing(&stop, &activity, quiet);
     let mut close = std::pin::pin!(close);
     let mut closing = false;
     let ended = loop {
         tokio::select! {
             ended = conn.as_mut() => break ended,
             () = close.as_mut(), if !closing => {
+                // Nothing asked yet (a silent client, or a first head still coming in): closed
+                // now. hyper's graceful close would wait for a head it has begun to read.
+                if activity.never_asked() {
+                    break Ok(());
+                }
                 conn.as_mut().graceful_shutdown();
                 closing = true;
             }
@@ -226,11 +231,17 @@ async fn next_connection(
 }
 
 /// When a connection should finish gracefully: the listener stops, or it has carried no request
-/// for `idle_timeout` — an idle h2 connection answers PINGs forever otherwise, holding memory.
-async fn until_closing(stop: &CancellationToken, activity: &Activity, idle_timeout: Duration) {
+/// for `idle_timeout` — an idle h2 connection answers PINGs forever otherwise, holding memory —
+/// or, HTTP/1, no head has come within `header_read_timeout` (`(header_read, idle)`). An HTTP/1
+/// connection closed so is between requests, and hyper closes it at once.
+async fn until_closing(
+    stop: &CancellationToken,
+    activity: &Activity,
+    (header_read, idle): (Duration, Duration),
+) {
     tokio::select! {
         _ = stop.cancelled() => {}
-        _ = activity.idle_for(idle_timeout) => {}
+        _ = activity.quiet_for(header_read, idle) => {}
     }
 }
 
@@ -254,8 +265,9 @@ fn builder(settings: &ServerSettings) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
+        // The header-read deadline is the connection's own (`Activity::quiet_for`): hyper's
+        // armed a timer per request.
+        .header_read_timeout(None)
         .max_buf_size(settings.max_header_bytes)
         // A head and its body copied into one buffer and written at once: ~0.5k instructions
         // a request fewer than queueing them for `writev` (`docs/perf-levers.md`). The buffer
@@ -332,6 +344,9 @@ where
         }
         if let Some(intercepted) = self.intercepted {
             req.extensions_mut().insert(intercepted);
+        }
+        if req.version() == http::Version::HTTP_2 {
+            self.activity.multiplexed();
         }
         let busy = self.activity.begin();
         TrackedFuture::new(self.inner.call(req), busy)

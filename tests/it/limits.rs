@@ -63,6 +63,23 @@ async fn a_slowloris_head_is_dropped() {
     assert_eq!(call(&client(), pair.outbound()).await.status, 200);
 }
 
+/// The deadline holds between requests too: a keep-alive connection that answered one call and
+/// then trickles the next head is closed, and the first answer arrived whole.
+#[tokio::test]
+async fn a_slowloris_second_head_is_dropped() {
+    let pair = pair_with_short_header_timeout().await;
+    let mut stream = TcpStream::connect(pair.callee.addrs.inbound).await.unwrap();
+    let first = format!("GET /review HTTP/1.1\r\nHost: x\r\nreach-capability: {CAP}\r\n\r\n");
+    stream.write_all(first.as_bytes()).await.unwrap();
+    stream
+        .write_all(b"GET /review HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let said = read_until_closed(&mut stream).await;
+    assert!(said.starts_with("HTTP/1.1 200"), "{said}");
+    assert_eq!(said.matches("HTTP/1.1").count(), 1, "{said}");
+}
+
 #[tokio::test]
 async fn a_silent_connection_is_dropped() {
     let pair = pair_with_short_header_timeout().await;
