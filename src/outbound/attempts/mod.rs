@@ -34,7 +34,7 @@ use crate::http::upload::UploadWatch;
 use crate::http::{headers, ReachBody};
 use crate::idempotency;
 use crate::peers::Scored;
-use request::{upstream_request, Bodies};
+use request::{sent_headers, upstream_request, Bodies};
 use retry::{Attempt, Refusal};
 
 /// Drives the call's attempts through the rest of the stack until one answers for good, the
@@ -87,7 +87,8 @@ where
         };
         let Some(body) = bodies.next() else { break };
         let n = attempts.made();
-        let request = upstream_request(&parts, body, &snapshot, &route.capability, n);
+        let headers = sent_headers(&mut parts);
+        let request = upstream_request(&parts, headers, body, &snapshot, &route.capability, n);
         let mut try_ = attempts.attempt(request, &scored[chosen], &bodies.watch, &snapshot);
         let retry = attempts.retry_reason;
         let span = retry::span(&mut try_, &parts, &route.capability, n, retry);
@@ -167,7 +168,7 @@ struct Attempts<'a> {
 }
 
 impl<'a> Attempts<'a> {
-    fn new(out: &'a Outbound, snapshot: &'a Snapshot, call: CallShape<'a>) -> Self {
+    fn new(out: &'a Outbound, snapshot: &'a Snapshot, call: CallShape<'a, '_>) -> Self {
         let retry = &snapshot.policy.retry;
         let budget = out.budgets.get(call.capability, retry);
         // Every call earns its capability a fraction of a retry.
@@ -304,7 +305,9 @@ impl<'a> Attempts<'a> {
             self.tried.pop();
             return None;
         };
-        let request = upstream_request(parts, body, snapshot, self.capability, self.made());
+        let headers = parts.headers.clone();
+        let request =
+            upstream_request(parts, headers, body, snapshot, self.capability, self.made());
         Some((
             self.attempt(request, &scored[chosen], &bodies.watch, snapshot),
             chosen,
@@ -444,9 +447,9 @@ type HedgeCall<'f> = (
 );
 
 /// What the policy needs to know of a call to set its limits.
-struct CallShape<'a> {
+struct CallShape<'a, 'p> {
     capability: &'a str,
-    parts: &'a Parts,
+    parts: &'p Parts,
     mode: Option<RouteMode>,
     scored: &'a [Scored],
     deadline: Option<Deadline>,

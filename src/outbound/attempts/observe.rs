@@ -93,7 +93,8 @@ where
     for n in 1..=order.len().min(2) {
         let chosen = order[(start + n - 1) % order.len()];
         let Some(body) = bodies.next() else { break };
-        let request = upstream_request(&parts, body, &snapshot, capability, n);
+        let headers = parts.headers.clone();
+        let request = upstream_request(&parts, headers, body, &snapshot, capability, n);
         let mut attempt = Try {
             request,
             candidate: scored[chosen].clone(),
