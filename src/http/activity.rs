@@ -154,14 +154,39 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn idle_only_after_the_last_request_is_done() {
         let activity = Activity::new();
+        assert!(activity.never_asked());
         let busy = activity.begin();
-        let idle = activity.idle_for(Duration::from_secs(1));
+        assert!(!activity.never_asked());
+        let idle = activity.quiet_for(Duration::from_secs(1), Duration::from_secs(1));
         tokio::pin!(idle);
         let early = tokio::time::timeout(Duration::from_secs(5), idle.as_mut()).await;
         assert!(early.is_err(), "a request in flight is not idle");
         drop(busy);
+        assert!(!activity.never_asked(), "it has answered one");
         let started = Instant::now();
         idle.await;
         assert!(started.elapsed() >= Duration::from_secs(1));
+    }
+
+    /// HTTP/1 waits for its next head for the header-read time; h2 has no head to wait for, so
+    /// only the idle time counts.
+    #[tokio::test(start_paused = true)]
+    async fn the_header_read_time_bounds_http1_only() {
+        let (head, idle) = (Duration::from_secs(1), Duration::from_secs(10));
+        let http1 = Activity::new();
+        drop(http1.begin());
+        let started = Instant::now();
+        http1.quiet_for(head, idle).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        let h2 = Activity::new();
+        h2.multiplexed();
+        drop(h2.begin());
+        let started = Instant::now();
+        h2.quiet_for(head, idle).await;
+        assert!(started.elapsed() >= idle, "{:?}", started.elapsed());
     }
 }

@@ -30,15 +30,6 @@ impl Deadline {
         HeaderValue::from(self.0)
     }
 
-    /// Whether `value` is this deadline as `reach-deadline` writes it.
-    pub fn is(self, value: &HeaderValue) -> bool {
-        value
-            .to_str()
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            == Some(self.0)
-    }
-
     /// [`Deadline::from_headers`] for a request whose names were read into `present`: only the
     /// headers it carries are looked up (a peer's sidecar sends `reach-deadline` alone).
     pub fn from_present(
@@ -81,8 +72,8 @@ impl Deadline {
 /// The time one attempt may take: the target's own timeout, cut short by the deadline. The flag
 /// says whether the deadline is what limits it.
 pub fn attempt_timeout(own: Duration, deadline: Option<Deadline>) -> (Duration, bool) {
-    match deadline {
-        Some(d) if d.remaining() < own => (d.remaining(), true),
+    match deadline.map(Deadline::remaining) {
+        Some(left) if left < own => (left, true),
         _ => (own, false),
     }
 }

@@ -131,9 +131,9 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         chain: Some(chain),
         capability: Some(capability),
         deadline,
+        deadline_as_sent: deadline.is_some() && !present.has(Present::TIMEOUT),
         caller: caller.clone(),
         identity: identity.as_ref(),
-        attempt: vouched::attempt_of(&parts.headers),
         remote: remote_text.as_deref(),
         client_cert: tls.as_ref().and_then(|t| t.xfcc.as_ref()),
     };

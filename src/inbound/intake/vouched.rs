@@ -19,11 +19,13 @@ use crate::registry::Registry;
 pub(in crate::inbound) struct Vouched<'a> {
     pub(in crate::inbound) capability: Option<&'a str>,
     pub(in crate::inbound) deadline: Option<Deadline>,
+    /// The deadline is the first `reach-deadline` value as sent (no `reach-timeout` tightened
+    /// it): that value is kept without being parsed again.
+    pub(in crate::inbound) deadline_as_sent: bool,
     /// A caller name the sidecar could check (see [`verified_caller`], [`caller_named_by`]).
     pub(in crate::inbound) caller: Option<String>,
     /// The caller's SPIFFE ID, from the certificate it presented.
     pub(in crate::inbound) identity: Option<&'a SpiffeId>,
-    pub(in crate::inbound) attempt: Option<u16>,
     /// The connection's peer (`headers::ip_text`): the only `x-forwarded-for` the agent is given.
     pub(in crate::inbound) remote: Option<&'a str>,
     /// `x-forwarded-client-cert` for the verified certificate (`transport::PeerTls`).
@@ -44,20 +46,23 @@ static FORWARDING: [HeaderName; 3] = [
 
 /// Strips hop-by-hop and every `reach-*` header, then writes back what is vouched for. A header
 /// that already holds exactly the vouched value stays where it is (a peer sidecar's request
-/// carries the same four): no rehashing and no allocation on the common path.
+/// carries the same four): no rehashing and no allocation on the common path. `reach-attempt`,
+/// the caller's count of its tries, passes through when its first value is a small number.
 pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>) {
     headers::strip_hop_by_hop(headers);
     // One pass over the names finds what to drop; most requests carry no forwarding header, and
-    // a peer sidecar's `reach-*` headers are kept (each removal hashes).
-    let mut unvouched: Vec<HeaderName> = Vec::new();
+    // a peer sidecar's `reach-*` headers are kept (each removal hashes). Names the sidecar knows
+    // are marked by their index in `KNOWN` (no copy); others, rare, are copied.
+    let mut drop_known = 0u16;
+    let mut drop_other: Vec<HeaderName> = Vec::new();
     // Which of the vouched headers (in `VOUCHED` order) already hold their value: those are not
-    // looked up again below.
+    // written again below.
     let mut held = [false; 5];
+    let mut attempt: Option<u16> = None;
+    let mut seen_attempt = false;
     for (name, value) in headers.iter() {
-        if FORWARDING.contains(name) {
-            if !unvouched.contains(name) {
-                unvouched.push(name.clone());
-            }
+        if let Some(i) = FORWARDING.iter().position(|f| f == name) {
+            drop_known |= 1 << (VOUCHED.len() + i);
             continue;
         }
         if !name.as_str().starts_with("reach-") {
@@ -65,28 +70,37 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
         }
         let (slot, keep) = match name.as_str() {
             "reach-capability" => (0, vouched.capability.is_some_and(|c| value == c)),
-            "reach-deadline" => (1, vouched.deadline.is_some_and(|d| d.is(value))),
+            // The first value only: a second one was not what the deadline was read from.
+            "reach-deadline" => (1, vouched.deadline_as_sent && !held[1]),
             "reach-caller" => (2, vouched.caller.as_deref().is_some_and(|c| value == c)),
             "reach-caller-identity" => (3, vouched.identity.is_some_and(|i| value == i.as_str())),
-            "reach-attempt" => (
-                4,
-                vouched.attempt.is_some_and(|a| {
-                    value.to_str().ok().and_then(|v| v.trim().parse().ok()) == Some(a)
-                }),
-            ),
+            "reach-attempt" => {
+                let first = !std::mem::replace(&mut seen_attempt, true);
+                if first {
+                    attempt = value.to_str().ok().and_then(|v| v.trim().parse().ok());
+                }
+                (4, first && attempt.is_some())
+            }
             _ => (usize::MAX, false),
         };
         if keep {
             held[slot] = true;
-        } else if !unvouched.contains(name) {
-            unvouched.push(name.clone());
+        } else if slot < VOUCHED.len() {
+            drop_known |= 1 << slot;
+        } else if !drop_other.contains(name) {
+            drop_other.push(name.clone());
         }
     }
-    for name in unvouched {
-        // A name with one value kept and another not goes whole, and is written back below.
-        if let Some(slot) = VOUCHED.iter().position(|v| *v == name) {
-            held[slot] = false;
+    for (i, name) in VOUCHED.iter().chain(FORWARDING.iter()).enumerate() {
+        if drop_known & (1 << i) != 0 {
+            // A name with one value kept and another not goes whole, and is written back below.
+            if let Some(slot) = held.get_mut(i) {
+                *slot = false;
+            }
+            headers.remove(name);
         }
+    }
+    for name in drop_other {
         headers.remove(name);
     }
     if let Some(cert) = vouched.client_cert {
@@ -107,7 +121,7 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
     if let Some(identity) = vouched.identity.filter(|_| !held[3]) {
         headers.insert(headers::CALLER_IDENTITY, headers::value(identity.as_str()));
     }
-    if let Some(attempt) = vouched.attempt.filter(|_| !held[4]) {
+    if let Some(attempt) = attempt.filter(|_| !held[4]) {
         headers.insert(headers::ATTEMPT, attempt.into());
     }
     if let Some(chain) = vouched.chain {
@@ -180,17 +194,6 @@ pub(in crate::inbound) fn caller_named_by<B>(
         .map_or_else(|| identity.leaf().to_owned(), |p| p.name.clone())
 }
 
-/// `reach-attempt` as a small number, or nothing.
-pub(in crate::inbound) fn attempt_of(headers: &HeaderMap) -> Option<u16> {
-    headers
-        .get(headers::ATTEMPT)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// `uri` with its path replaced by `path` (the normalized one), its query kept.
 pub(in crate::inbound) fn with_path(uri: &http::Uri, path: &str) -> Result<http::Uri, ReachError> {
     let path_and_query = match uri.query() {
@@ -222,6 +225,7 @@ mod tests {
         h.insert("reach-caller", HeaderValue::from_static("admin"));
         h.insert("reach-agent", HeaderValue::from_static("forged"));
         h.insert("reach-deadline", HeaderValue::from_static("1"));
+        h.insert("reach-attempt", HeaderValue::from_static("2"));
         h.insert("x-kept", HeaderValue::from_static("1"));
         h.insert(
             "x-forwarded-client-cert",
@@ -232,9 +236,9 @@ mod tests {
         let vouched = Vouched {
             capability: Some("code-review"),
             deadline: Some(Deadline::after(std::time::Duration::from_secs(5))),
+            deadline_as_sent: false,
             caller: None,
             identity: None,
-            attempt: Some(2),
             remote: Some("10.0.0.7"),
             client_cert: None,
             chain: None,
@@ -263,9 +267,9 @@ mod tests {
         let vouched = Vouched {
             capability: Some("code-review"),
             deadline: None,
+            deadline_as_sent: false,
             caller: Some("front".to_owned()),
             identity: None,
-            attempt: Some(2),
             remote: None,
             client_cert: None,
             chain: None,
@@ -277,5 +281,28 @@ mod tests {
         assert_eq!(attempts, ["2"], "the forged second value is gone");
         assert_eq!(h["reach-caller"], "front");
         assert!(h.get("x-forwarded-for").is_none());
+    }
+
+    #[test]
+    fn a_deadline_as_sent_stays_once_and_an_attempt_that_is_no_number_goes() {
+        let mut h = HeaderMap::new();
+        h.append("reach-deadline", HeaderValue::from_static("1796401551929"));
+        h.append("reach-deadline", HeaderValue::from_static("9999999999999"));
+        h.insert("reach-attempt", HeaderValue::from_static("two"));
+        let deadline = Deadline::from_headers(&h).unwrap_or_else(|e| panic!("{e}"));
+        let vouched = Vouched {
+            capability: None,
+            deadline,
+            deadline_as_sent: true,
+            caller: None,
+            identity: None,
+            remote: None,
+            client_cert: None,
+            chain: None,
+        };
+        rewrite(&mut h, vouched);
+        let deadlines: Vec<_> = h.get_all("reach-deadline").iter().collect();
+        assert_eq!(deadlines, ["1796401551929"], "the second value is gone");
+        assert!(h.get("reach-attempt").is_none());
     }
 }
