@@ -52,7 +52,8 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
     headers::strip_hop_by_hop(headers);
     // One pass over the names finds what to drop; most requests carry no forwarding header, and
     // a peer sidecar's `reach-*` headers are kept (each removal hashes). Names the sidecar knows
-    // are marked by their index in `KNOWN` (no copy); others, rare, are copied.
+    // are marked by their index in `VOUCHED` then `FORWARDING` (no copy); others, rare, are
+    // copied.
     let mut drop_known = 0u16;
     let mut drop_other: Vec<HeaderName> = Vec::new();
     // Which of the vouched headers (in `VOUCHED` order) already hold their value: those are not
@@ -61,14 +62,11 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
     let mut attempt: Option<u16> = None;
     let mut seen_attempt = false;
     for (name, value) in headers.iter() {
-        if let Some(i) = FORWARDING.iter().position(|f| f == name) {
-            drop_known |= 1 << (VOUCHED.len() + i);
-            continue;
-        }
-        if !name.as_str().starts_with("reach-") {
-            continue;
-        }
+        // One string match per name, by length then bytes.
         let (slot, keep) = match name.as_str() {
+            "x-forwarded-client-cert" => (VOUCHED.len(), false),
+            "x-forwarded-for" => (VOUCHED.len() + 1, false),
+            "forwarded" => (VOUCHED.len() + 2, false),
             "reach-capability" => (0, vouched.capability.is_some_and(|c| value == c)),
             // The first value only: a second one was not what the deadline was read from.
             "reach-deadline" => (1, vouched.deadline_as_sent && !held[1]),
@@ -81,11 +79,12 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
                 }
                 (4, first && attempt.is_some())
             }
-            _ => (usize::MAX, false),
+            other if other.starts_with("reach-") => (usize::MAX, false),
+            _ => continue,
         };
         if keep {
             held[slot] = true;
-        } else if slot < VOUCHED.len() {
+        } else if slot < VOUCHED.len() + FORWARDING.len() {
             drop_known |= 1 << slot;
         } else if !drop_other.contains(name) {
             drop_other.push(name.clone());
