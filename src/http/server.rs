@@ -115,7 +115,7 @@ pub async fn serve<A, S, B>(
             acceptor.clone(),
             PerConnection {
                 inner: service.clone(),
-                client: settings.client_address.then_some(ClientAddr(remote)),
+                client: settings.client_address.then(|| ClientAddr::new(remote)),
                 identity: None,
                 tls: None,
                 intercepted: None,
@@ -333,8 +333,8 @@ where
     }
 
     fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
-        if let Some(client) = self.client {
-            req.extensions_mut().insert(client);
+        if let Some(client) = &self.client {
+            req.extensions_mut().insert(client.clone());
         }
         if let Some(identity) = &self.identity {
             req.extensions_mut().insert(identity.clone());

@@ -94,7 +94,9 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     let snapshot = inbound.store.snapshot();
     let refuse = |err: ReachError| err.into_response();
     let intercepted = Intercepted::of(&req).is_some();
-    let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);
+    let client = req.extensions().get::<ClientAddr>();
+    let remote = client.map(|a| a.0);
+    let remote_ip = client.map(|a| a.1.clone());
     let identity = PeerIdentity::of(&req).cloned();
     let tls = PeerTls::of(&req).cloned();
     let named = named_capability(&req).map_err(refuse)?;
@@ -120,7 +122,6 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     let deadline = Deadline::from_present(req.headers(), present).map_err(refuse)?;
     let verified = identity.as_ref();
     let caller = caller_of(inbound, &req, &snapshot, verified, tls.is_some(), remote);
-    let remote_text = remote.map(|r| headers::ip_text(r.ip()));
     let (mut parts, incoming) = req.into_parts();
     if let Some(path) = normalized {
         parts.uri = vouched::with_path(&parts.uri, path.as_ref()).map_err(refuse)?;
@@ -132,9 +133,9 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         capability: Some(capability),
         deadline,
         deadline_as_sent: deadline.is_some() && !present.has(Present::TIMEOUT),
-        caller: caller.clone(),
+        caller: caller.as_deref(),
         identity: identity.as_ref(),
-        remote: remote_text.as_deref(),
+        remote: remote_ip,
         client_cert: tls.as_ref().and_then(|t| t.xfcc.as_ref()),
     };
     vouched::rewrite(&mut parts.headers, vouched);
@@ -145,14 +146,21 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         arrived,
         intercepted,
     };
-    let scope = caller.or(remote_text).unwrap_or_default();
+    // Only a keyed call's idempotency claim is scoped by its caller.
+    let keyed = present.has(Present::IDEMPOTENCY_KEY);
+    let scope = match keyed {
+        true => caller
+            .or_else(|| remote.map(|r| headers::ip_text(r.ip())))
+            .unwrap_or_default(),
+        false => String::new(),
+    };
     Ok(Call {
         meta,
         snapshot,
         scope,
         parts: Box::new(parts),
         body: CallBody::Arriving(incoming),
-        keyed: present.has(Present::IDEMPOTENCY_KEY),
+        keyed,
     })
 }
 

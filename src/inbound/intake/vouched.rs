@@ -23,11 +23,11 @@ pub(in crate::inbound) struct Vouched<'a> {
     /// it): that value is kept without being parsed again.
     pub(in crate::inbound) deadline_as_sent: bool,
     /// A caller name the sidecar could check (see [`verified_caller`], [`caller_named_by`]).
-    pub(in crate::inbound) caller: Option<String>,
+    pub(in crate::inbound) caller: Option<&'a str>,
     /// The caller's SPIFFE ID, from the certificate it presented.
     pub(in crate::inbound) identity: Option<&'a SpiffeId>,
-    /// The connection's peer (`headers::ip_text`): the only `x-forwarded-for` the agent is given.
-    pub(in crate::inbound) remote: Option<&'a str>,
+    /// The connection's peer (`ClientAddr`): the only `x-forwarded-for` the agent is given.
+    pub(in crate::inbound) remote: Option<HeaderValue>,
     /// `x-forwarded-client-cert` for the verified certificate (`transport::PeerTls`).
     pub(in crate::inbound) client_cert: Option<&'a HeaderValue>,
     /// The delegation chain, sealed for the agent (`src/chain.rs`): always written anew.
@@ -70,7 +70,7 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
             "reach-capability" => (0, vouched.capability.is_some_and(|c| value == c)),
             // The first value only: a second one was not what the deadline was read from.
             "reach-deadline" => (1, vouched.deadline_as_sent && !held[1]),
-            "reach-caller" => (2, vouched.caller.as_deref().is_some_and(|c| value == c)),
+            "reach-caller" => (2, vouched.caller.is_some_and(|c| value == c)),
             "reach-caller-identity" => (3, vouched.identity.is_some_and(|i| value == i.as_str())),
             "reach-attempt" => {
                 let first = !std::mem::replace(&mut seen_attempt, true);
@@ -106,7 +106,7 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
         headers.insert(FORWARDING[0].clone(), cert.clone());
     }
     if let Some(remote) = vouched.remote {
-        headers.insert(FORWARDING[1].clone(), headers::value(remote));
+        headers.insert(FORWARDING[1].clone(), remote);
     }
     if let Some(capability) = vouched.capability.filter(|_| !held[0]) {
         headers.insert(headers::CAPABILITY, headers::value(capability));
@@ -115,7 +115,7 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
         headers.insert(deadline::DEADLINE, deadline.header_value());
     }
     if let Some(caller) = vouched.caller.filter(|_| !held[2]) {
-        headers.insert(headers::CALLER, headers::value(&caller));
+        headers.insert(headers::CALLER, headers::value(caller));
     }
     if let Some(identity) = vouched.identity.filter(|_| !held[3]) {
         headers.insert(headers::CALLER_IDENTITY, headers::value(identity.as_str()));
@@ -238,7 +238,7 @@ mod tests {
             deadline_as_sent: false,
             caller: None,
             identity: None,
-            remote: Some("10.0.0.7"),
+            remote: Some(HeaderValue::from_static("10.0.0.7")),
             client_cert: None,
             chain: None,
         };
@@ -267,7 +267,7 @@ mod tests {
             capability: Some("code-review"),
             deadline: None,
             deadline_as_sent: false,
-            caller: Some("front".to_owned()),
+            caller: Some("front"),
             identity: None,
             remote: None,
             client_cert: None,

@@ -92,7 +92,7 @@ pub(super) fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
 fn route_request(call: &Call) -> RouteRequest {
     let headers = &call.parts.headers;
     RouteRequest {
-        capability: call.capability.to_string(),
+        capability: call.capability.as_str().to_owned(),
         tags: match call.present.has(Present::TAGS) {
             true => header_list(headers, headers::TAGS),
             false => Vec::new(),
