@@ -146,14 +146,8 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         arrived,
         intercepted,
     };
-    // Only a keyed call's idempotency claim is scoped by its caller.
     let keyed = present.has(Present::IDEMPOTENCY_KEY);
-    let scope = match keyed {
-        true => caller
-            .or_else(|| remote.map(|r| headers::ip_text(r.ip())))
-            .unwrap_or_default(),
-        false => String::new(),
-    };
+    let scope = keyed.then(|| scope_of(caller, remote)).unwrap_or_default();
     Ok(Call {
         meta,
         snapshot,
@@ -162,6 +156,13 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         body: CallBody::Arriving(incoming),
         keyed,
     })
+}
+
+/// Whose idempotency keys a keyed call's key is among: its caller's, else its address's.
+fn scope_of(caller: Option<String>, remote: Option<std::net::SocketAddr>) -> String {
+    caller
+        .or_else(|| remote.map(|r| headers::ip_text(r.ip())))
+        .unwrap_or_default()
 }
 
 impl Inbound {
