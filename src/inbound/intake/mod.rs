@@ -147,7 +147,11 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         intercepted,
     };
     let keyed = present.has(Present::IDEMPOTENCY_KEY);
-    let scope = keyed.then(|| scope_of(caller, remote)).unwrap_or_default();
+    let scope = if keyed {
+        scope_of(caller, remote)
+    } else {
+        String::new()
+    };
     Ok(Call {
         meta,
         snapshot,
