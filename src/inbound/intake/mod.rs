@@ -147,11 +147,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         intercepted,
     };
     let keyed = present.has(Present::IDEMPOTENCY_KEY);
-    let scope = if keyed {
-        scope_of(caller, remote)
-    } else {
-        String::new()
-    };
+    let scope = scope_of(keyed, caller, remote);
     Ok(Call {
         meta,
         snapshot,
@@ -162,8 +158,12 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     })
 }
 
-/// Whose idempotency keys a keyed call's key is among: its caller's, else its address's.
-fn scope_of(caller: Option<String>, remote: Option<std::net::SocketAddr>) -> String {
+/// Whose idempotency keys a keyed call's key is among: its caller's, else its address's. Only
+/// a keyed call has one (nothing else reads it).
+fn scope_of(keyed: bool, caller: Option<String>, remote: Option<std::net::SocketAddr>) -> String {
+    if !keyed {
+        return String::new();
+    }
     caller
         .or_else(|| remote.map(|r| headers::ip_text(r.ip())))
         .unwrap_or_default()
