@@ -250,8 +250,8 @@ pub fn bounded_retry_after(wait: Duration) -> Duration {
 }
 
 /// An IP address as text, written by hand: `Display` for an address goes through the
-/// formatter's padding machinery, about 1.3k instructions a call on the callee's every request.
-/// IPv4-mapped IPv6 addresses are written as IPv4.
+/// formatter's padding machinery (about 1.3k instructions a call). IPv4-mapped IPv6 addresses
+/// are written as IPv4.
 pub fn ip_text(ip: std::net::IpAddr) -> String {
     match ip.to_canonical() {
         std::net::IpAddr::V4(v4) => {

@@ -115,7 +115,7 @@ pub async fn serve<A, S, B>(
             acceptor.clone(),
             PerConnection {
                 inner: service.clone(),
-                client: settings.client_address.then(|| ClientAddr::new(remote)),
+                client: settings.client_address.then(|| client_addr(remote)),
                 identity: None,
                 tls: None,
                 intercepted: None,
@@ -282,6 +282,15 @@ fn builder(settings: &ServerSettings) -> auto::Builder<TokioExecutor> {
         .keep_alive_interval(Some(settings.h2_keep_alive_interval))
         .keep_alive_timeout(settings.h2_keep_alive_timeout);
     builder
+}
+
+/// The client's address, with its IP as `x-forwarded-for` carries it: written once per
+/// connection.
+fn client_addr(remote: SocketAddr) -> ClientAddr {
+    ClientAddr(
+        remote,
+        super::headers::value(&super::headers::ip_text(remote.ip())),
+    )
 }
 
 /// A plain-text response, for the admin endpoints.

@@ -76,14 +76,6 @@ impl PeerTls {
 pub struct ClientAddr(pub SocketAddr, pub http::HeaderValue);
 
 impl ClientAddr {
-    pub fn new(addr: SocketAddr) -> Self {
-        // IPv4-mapped IPv6 addresses as IPv4, as `headers::ip_text` writes them; any IP's text
-        // is a valid header value.
-        let text = addr.ip().to_canonical().to_string();
-        let ip = http::HeaderValue::from_str(&text).unwrap_or(http::HeaderValue::from_static(""));
-        Self(addr, ip)
-    }
-
     /// The client address of `req`, or the unspecified address when it came from no accept loop
     /// (a service called directly, as in unit tests).
     pub fn of<B>(req: &http::Request<B>) -> SocketAddr {

@@ -94,9 +94,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     let snapshot = inbound.store.snapshot();
     let refuse = |err: ReachError| err.into_response();
     let intercepted = Intercepted::of(&req).is_some();
-    let client = req.extensions().get::<ClientAddr>();
-    let remote = client.map(|a| a.0);
-    let remote_ip = client.map(|a| a.1.clone());
+    let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);
     let identity = PeerIdentity::of(&req).cloned();
     let tls = PeerTls::of(&req).cloned();
     let named = named_capability(&req).map_err(refuse)?;
@@ -126,6 +124,8 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     if let Some(path) = normalized {
         parts.uri = vouched::with_path(&parts.uri, path.as_ref()).map_err(refuse)?;
     }
+    // The client's IP as the listener wrote it for its connection.
+    let remote_ip = parts.extensions.get::<ClientAddr>().map(|a| &a.1);
     let head = (&parts.headers, present);
     let chain = inbound.chain(&snapshot, head, caller.as_deref(), capability);
     let vouched = vouched::Vouched {
@@ -147,7 +147,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         intercepted,
     };
     let keyed = present.has(Present::IDEMPOTENCY_KEY);
-    let scope = scope_of(keyed, caller, remote);
+    let scope = scope_of(keyed, caller, remote_ip);
     Ok(Call {
         meta,
         snapshot,
@@ -160,13 +160,12 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
 
 /// Whose idempotency keys a keyed call's key is among: its caller's, else its address's. Only
 /// a keyed call has one (nothing else reads it).
-fn scope_of(keyed: bool, caller: Option<String>, remote: Option<std::net::SocketAddr>) -> String {
+fn scope_of(keyed: bool, caller: Option<String>, remote_ip: Option<&http::HeaderValue>) -> String {
     if !keyed {
         return String::new();
     }
-    caller
-        .or_else(|| remote.map(|r| headers::ip_text(r.ip())))
-        .unwrap_or_default()
+    let ip = || remote_ip.and_then(|v| v.to_str().ok()).map(str::to_owned);
+    caller.or_else(ip).unwrap_or_default()
 }
 
 impl Inbound {

@@ -15,7 +15,7 @@ use crate::identity::SpiffeId;
 use crate::registry::Registry;
 
 /// The headers the sidecar re-adds once the caller's `reach-*` headers are gone.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(in crate::inbound) struct Vouched<'a> {
     pub(in crate::inbound) capability: Option<&'a str>,
     pub(in crate::inbound) deadline: Option<Deadline>,
@@ -27,7 +27,7 @@ pub(in crate::inbound) struct Vouched<'a> {
     /// The caller's SPIFFE ID, from the certificate it presented.
     pub(in crate::inbound) identity: Option<&'a SpiffeId>,
     /// The connection's peer (`ClientAddr`): the only `x-forwarded-for` the agent is given.
-    pub(in crate::inbound) remote: Option<HeaderValue>,
+    pub(in crate::inbound) remote: Option<&'a HeaderValue>,
     /// `x-forwarded-client-cert` for the verified certificate (`transport::PeerTls`).
     pub(in crate::inbound) client_cert: Option<&'a HeaderValue>,
     /// The delegation chain, sealed for the agent (`src/chain.rs`): always written anew.
@@ -106,7 +106,7 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
         headers.insert(FORWARDING[0].clone(), cert.clone());
     }
     if let Some(remote) = vouched.remote {
-        headers.insert(FORWARDING[1].clone(), remote);
+        headers.insert(FORWARDING[1].clone(), remote.clone());
     }
     if let Some(capability) = vouched.capability.filter(|_| !held[0]) {
         headers.insert(headers::CAPABILITY, headers::value(capability));
@@ -232,15 +232,12 @@ mod tests {
         );
         h.insert("x-forwarded-for", HeaderValue::from_static("127.0.0.1"));
         h.insert("forwarded", HeaderValue::from_static("for=127.0.0.1"));
+        let remote = HeaderValue::from_static("10.0.0.7");
         let vouched = Vouched {
             capability: Some("code-review"),
             deadline: Some(Deadline::after(std::time::Duration::from_secs(5))),
-            deadline_as_sent: false,
-            caller: None,
-            identity: None,
-            remote: Some(HeaderValue::from_static("10.0.0.7")),
-            client_cert: None,
-            chain: None,
+            remote: Some(&remote),
+            ..Vouched::default()
         };
         rewrite(&mut h, vouched);
         assert!(h.get("reach-caller").is_none());
@@ -265,13 +262,8 @@ mod tests {
         h.append("reach-attempt", HeaderValue::from_static("9"));
         let vouched = Vouched {
             capability: Some("code-review"),
-            deadline: None,
-            deadline_as_sent: false,
             caller: Some("front"),
-            identity: None,
-            remote: None,
-            client_cert: None,
-            chain: None,
+            ..Vouched::default()
         };
         rewrite(&mut h, vouched);
         assert_eq!(h.get_all("reach-capability").iter().count(), 1);
@@ -290,14 +282,9 @@ mod tests {
         h.insert("reach-attempt", HeaderValue::from_static("two"));
         let deadline = Deadline::from_headers(&h).unwrap_or_else(|e| panic!("{e}"));
         let vouched = Vouched {
-            capability: None,
             deadline,
             deadline_as_sent: true,
-            caller: None,
-            identity: None,
-            remote: None,
-            client_cert: None,
-            chain: None,
+            ..Vouched::default()
         };
         rewrite(&mut h, vouched);
         let deadlines: Vec<_> = h.get_all("reach-deadline").iter().collect();
