@@ -83,18 +83,27 @@ struct Tracked {
     gauges: Option<PeerGauges>,
 }
 
+impl Tracked {
+    fn request(&mut self, outcome: &'static str, now: Instant) {
+        self.last_active = now;
+        match self.requests.iter_mut().find(|(o, _)| *o == outcome) {
+            Some((_, n)) => *n += 1,
+            None => self.requests.push((outcome, 1)),
+        }
+    }
+}
+
 // === impl PeerSeries ===
 
 impl PeerSeries {
     /// A call answered by `peer`: counted, and the peer tracked when there is room.
     pub(super) fn request(&mut self, peer: &str, outcome: &'static str, now: Instant) {
-        let Some(tracked) = self.admit(peer, now) else {
-            return;
-        };
-        tracked.last_active = now;
-        match tracked.requests.iter_mut().find(|(o, _)| *o == outcome) {
-            Some((_, n)) => *n += 1,
-            None => tracked.requests.push((outcome, 1)),
+        // A tracked peer (every call but its first) is looked up once.
+        if let Some(tracked) = self.peers.get_mut(peer) {
+            return tracked.request(outcome, now);
+        }
+        if let Some(tracked) = self.admit(peer, now) {
+            tracked.request(outcome, now);
         }
     }
 
@@ -147,25 +156,20 @@ impl PeerSeries {
         self.peers.len()
     }
 
-    /// The tracked peer's entry, admitting it when there is room.
+    /// An untracked peer's new entry, when there is room for it.
     fn admit(&mut self, peer: &str, now: Instant) -> Option<&mut Tracked> {
-        if !self.peers.contains_key(peer) {
-            if self.peers.len() >= self.limits.max_peers {
-                self.expire(now);
-            }
-            if self.peers.len() >= self.limits.max_peers {
-                return None;
-            }
-            self.peers.insert(
-                peer.to_owned(),
-                Tracked {
-                    last_active: now,
-                    requests: Vec::new(),
-                    gauges: None,
-                },
-            );
+        if self.peers.len() >= self.limits.max_peers {
+            self.expire(now);
         }
-        self.peers.get_mut(peer)
+        if self.peers.len() >= self.limits.max_peers {
+            return None;
+        }
+        let tracked = Tracked {
+            last_active: now,
+            requests: Vec::new(),
+            gauges: None,
+        };
+        Some(self.peers.entry(peer.to_owned()).or_insert(tracked))
     }
 
     /// The series in the Prometheus text format, peers in name order. Families with no sample
