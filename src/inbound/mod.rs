@@ -123,7 +123,7 @@ impl Inbound {
         if let Some(signal) = signal {
             self.local.observe(signal, snapshot);
         }
-        tracing::Span::current().record(crate::http::layers::field::OUTCOME, outcome.as_str());
+        crate::http::layers::record_in_span(crate::http::layers::field::OUTCOME, outcome.as_str());
         self.stats.record(outcome, duration);
         if meta.intercepted {
             self.metrics

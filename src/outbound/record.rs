@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::Response;
-use tracing::Span;
 
 use super::call::{LastTried, Routed};
 use super::first_event::HeldEvent;
@@ -64,7 +63,7 @@ where
     B::Error: Into<crate::http::body::BoxError>,
 {
     let outcome = Class::of_response(&response).outcome();
-    Span::current().record(field::OUTCOME, outcome.as_str());
+    crate::http::layers::record_in_span(field::OUTCOME, outcome.as_str());
     let (mut parts, incoming) = response.into_parts();
     // A stream's first event, read early for its first-event deadline, goes first.
     let held = parts.extensions.remove::<HeldEvent>();
@@ -104,7 +103,7 @@ pub(super) fn refuse(
         metrics.deadline_exceeded(Direction::Outbound);
     }
     let outcome = Class::of_error(&err).outcome();
-    Span::current().record(field::OUTCOME, outcome.as_str());
+    crate::http::layers::record_in_span(field::OUTCOME, outcome.as_str());
     metrics.request_finished(
         Direction::Outbound,
         label,

@@ -37,6 +37,7 @@ use crate::metrics::Metrics;
 use crate::redact::SENSITIVE;
 pub(crate) use panic::panic_message;
 pub use panic::Panicked;
+pub use span::{current as current_span, record as record_in_span};
 pub use span::{field, RequestSpan, Spanned};
 
 /// The request id header: kept when the client sent one, generated when not.

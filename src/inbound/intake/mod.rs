@@ -11,7 +11,6 @@ use std::time::Instant;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::ServiceExt;
-use tracing::Span;
 
 use super::admit::gate;
 use super::call::{Call, CallBody, Meta};
@@ -114,7 +113,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     )
     .map_err(refuse)?;
     let capability = authorized.capability.name.as_str();
-    Span::current().record(field::CAPABILITY, capability);
+    crate::http::layers::record_in_span(field::CAPABILITY, capability);
     // The agent is sent the path the decision was made on.
     let normalized = Some(authorized.path).filter(|p| matches!(p, std::borrow::Cow::Owned(_)));
     let deadline = Deadline::from_present(req.headers(), present).map_err(refuse)?;
@@ -186,8 +185,7 @@ impl Inbound {
             return self.seal.first_hop(caller, me, capability);
         };
         let chain = crate::chain::Chain::at_edge(Some(sent), caller, me, capability);
-        let span = Span::current();
-        if !span.is_disabled() {
+        if let Some(span) = crate::http::layers::current_span() {
             span.record(field::CHAIN, chain.display());
         }
         self.seal.seal(&chain)

@@ -19,7 +19,6 @@ use tower::retry::budget::TpsBudget;
 use tower::ServiceExt;
 
 use crate::http::headers::Present;
-use tracing::Span;
 
 use super::call::{Routed, Try};
 use super::candidates::tiers::{self, Tier};
@@ -239,9 +238,10 @@ impl<'a> Attempts<'a> {
             None => pick(scored, &skip, rand::random::<f64>)?,
         };
         self.tried.push(chosen);
-        let span = Span::current();
-        span.record(field::ATTEMPT, self.tried.len());
-        span.record(field::PEER, scored[chosen].peer.name.as_str());
+        if let Some(span) = crate::http::layers::current_span() {
+            span.record(field::ATTEMPT, self.tried.len());
+            span.record(field::PEER, scored[chosen].peer.name.as_str());
+        }
         Some(chosen)
     }
 
@@ -282,7 +282,7 @@ impl<'a> Attempts<'a> {
     /// the request's span (the hedge's pick named its own).
     fn winner(&self, hedge: Option<usize>, first: usize, scored: &[Scored]) -> usize {
         let chosen = hedge.unwrap_or(first);
-        Span::current().record(field::PEER, scored[chosen].peer.name.as_str());
+        crate::http::layers::record_in_span(field::PEER, scored[chosen].peer.name.as_str());
         chosen
     }
 

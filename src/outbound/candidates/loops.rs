@@ -28,8 +28,7 @@ pub(super) fn guard(
         .map_err(|_| "not text".to_owned())
         .and_then(Chain::parse)
         .map_err(|why| ReachError::BadRequest(format!("reach-chain: {why}")))?;
-    let span = tracing::Span::current();
-    if !span.is_disabled() {
+    if let Some(span) = crate::http::layers::current_span() {
         span.record(field::CHAIN, chain.display());
     }
     let max_hops = snapshot.policy.chains.max_hops;

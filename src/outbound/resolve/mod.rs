@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
-use tracing::Span;
 
 use super::attempts::decision::{self, Resolution};
 use super::call::Call;
@@ -59,7 +58,7 @@ pub(super) async fn resolve(
     // First: a proxy request for a foreign host (CONNECT included) is `forbidden_host`.
     let wanted = wanted(&req, present).map_err(refuse)?;
     if let Wanted::Named(capability) = &wanted {
-        Span::current().record(field::CAPABILITY, capability.as_str());
+        crate::http::layers::record_in_span(field::CAPABILITY, capability.as_str());
     }
     target.map_err(refuse)?;
     let deadline = Deadline::from_present(req.headers(), present).map_err(refuse)?;
@@ -94,7 +93,7 @@ pub(super) async fn resolve(
         }
     };
     if resolved.is_some() {
-        Span::current().record(field::CAPABILITY, capability.as_str());
+        crate::http::layers::record_in_span(field::CAPABILITY, capability.as_str());
     }
     Ok(Call {
         capability,
