@@ -48,6 +48,16 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// The IP its sidecar's address names (`None` for a host name). By byte: `rsplit_once(':')`
+    /// runs a reverse char searcher, and a plaintext call's caller is checked this way each time.
+    pub fn ip(&self) -> Option<std::net::IpAddr> {
+        let host = match self.address.bytes().rposition(|b| b == b':') {
+            Some(colon) => self.address.get(..colon)?,
+            None => self.address.as_str(),
+        };
+        host.trim_matches(['[', ']']).parse().ok()
+    }
+
     /// The peer's entry for `tool` of `capability`, when its server has that tool.
     pub fn tool(&self, capability: &str, tool: &str) -> Option<&ToolFacts> {
         self.tools.get(capability)?.iter().find(|t| t.name == tool)

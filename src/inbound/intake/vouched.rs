@@ -3,7 +3,7 @@
 //! routing hints to the agent — so every one is dropped and the sidecar writes back only what
 //! it vouches for, after hop-by-hop stripping (so `Connection: reach-…` cannot remove them).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 
@@ -149,11 +149,7 @@ pub(in crate::inbound) fn verified_caller<B>(
 ) -> Option<String> {
     let claimed = req.headers().get(headers::CALLER)?.to_str().ok()?.trim();
     let peer = registry.find(snapshot, claimed)?;
-    let host = peer
-        .address
-        .rsplit_once(':')
-        .map_or(peer.address.as_str(), |(h, _)| h);
-    let ip: IpAddr = host.trim_matches(['[', ']']).parse().ok()?;
+    let ip = peer.ip()?;
     // A dual-stack listener sees IPv4 peers as `::ffff:a.b.c.d`.
     (ip.to_canonical() == remote.ip().to_canonical()).then(|| peer.name.clone())
 }
@@ -178,12 +174,8 @@ pub(in crate::inbound) fn caller_named_by<B>(
         return peer.name.clone();
     }
     let at_address = |p: &crate::registry::Peer| {
-        let host = p
-            .address
-            .rsplit_once(':')
-            .map_or(p.address.as_str(), |(h, _)| h);
-        let ip: Option<IpAddr> = host.trim_matches(['[', ']']).parse().ok();
-        ip.zip(remote)
+        p.ip()
+            .zip(remote)
             .is_some_and(|(ip, r)| ip.to_canonical() == r.ip().to_canonical())
     };
     registry
