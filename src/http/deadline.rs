@@ -30,18 +30,18 @@ impl Deadline {
         HeaderValue::from(self.0)
     }
 
-    /// [`Deadline::from_headers`] for a request whose names were read into `present`: only the
-    /// headers it carries are looked up (a peer's sidecar sends `reach-deadline` alone).
-    pub fn from_present(
+    /// [`Deadline::from_headers`] for a request whose head was read into `head`: `reach-timeout`
+    /// is looked up only when it is there (a peer's sidecar sends `reach-deadline` alone).
+    pub fn from_head(
         headers: &HeaderMap,
-        present: crate::http::headers::Present,
+        head: &crate::http::headers::Head<'_>,
     ) -> Result<Option<Self>, ReachError> {
         use crate::http::headers::Present;
-        let text = |name: &HeaderName, bit: Present| match present.has(bit) {
-            true => headers.get(name).map(|v| v.to_str().unwrap_or("").trim()),
+        let timeout = match head.present.has(Present::TIMEOUT) {
+            true => headers.get(&TIMEOUT),
             false => None,
         };
-        let relative = match text(&TIMEOUT, Present::TIMEOUT) {
+        let relative = match timeout.map(|v| v.to_str().unwrap_or("").trim()) {
             Some(t) => {
                 Some(Self::after(parse_duration(t).map_err(|e| {
                     ReachError::BadRequest(format!("reach-timeout: {e}"))
@@ -49,7 +49,7 @@ impl Deadline {
             }
             None => None,
         };
-        let absolute = match text(&DEADLINE, Present::DEADLINE) {
+        let absolute = match head.deadline.map(|v| v.to_str().unwrap_or("").trim()) {
             Some(t) => Some(Self(t.parse().map_err(|_| {
                 ReachError::BadRequest(format!(
                     "reach-deadline `{t}` is not milliseconds since the Unix epoch"
@@ -65,7 +65,7 @@ impl Deadline {
 
     /// The tighter of `reach-timeout` and `reach-deadline`, if the request carries either.
     pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ReachError> {
-        Self::from_present(headers, crate::http::headers::Present::ALL)
+        Self::from_head(headers, &crate::http::headers::Head::of(headers))
     }
 }
 

@@ -19,11 +19,11 @@ use crate::a2a::CARD_PATH;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::Deadline;
-use crate::http::headers::Present;
+use crate::http::headers::{Head, Present};
 use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
 use crate::http::step::{self, answer, Step};
-use crate::http::{headers, ClientAddr, ReachBody};
+use crate::http::{ClientAddr, ReachBody};
 use crate::identity::SpiffeId;
 use crate::intercept::Intercepted;
 use crate::local::{LocalAgent, SELF_PATH};
@@ -81,7 +81,8 @@ where
 )]
 fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<ReachBody>> {
     let arrived = Instant::now();
-    let present = Present::of(req.headers());
+    let head = Head::of(req.headers());
+    let present = head.present;
     let target = match request_target::of(&req) {
         Ok(Target::Path(path)) => path,
         Ok(Target::ServerOptions) => return Err(request_target::server_options()),
@@ -96,7 +97,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);
     let identity = PeerIdentity::of(&req).cloned();
     let tls = PeerTls::of(&req).cloned();
-    let named = named_capability(&req).map_err(refuse)?;
+    let named = named_capability(head.capability).map_err(refuse)?;
     // An intercepted client called the agent itself, whose card the agent serves.
     if !intercepted && target.path() == CARD_PATH && req.method() == http::Method::GET {
         if let Some(answer) = agent_card(inbound, &snapshot, identity.as_ref()) {
@@ -116,7 +117,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     crate::http::layers::record_in_span(field::CAPABILITY, capability);
     // The agent is sent the path the decision was made on.
     let normalized = Some(authorized.path).filter(|p| matches!(p, std::borrow::Cow::Owned(_)));
-    let deadline = Deadline::from_present(req.headers(), present).map_err(refuse)?;
+    let deadline = Deadline::from_head(req.headers(), &head).map_err(refuse)?;
     let verified = identity.as_ref();
     let caller = caller_of(inbound, &req, &snapshot, verified, tls.is_some(), remote);
     let (mut parts, incoming) = req.into_parts();
@@ -192,9 +193,9 @@ impl Inbound {
     }
 }
 
-/// The `reach-capability` header, when the request has one.
-fn named_capability<B>(req: &Request<B>) -> Result<Option<&str>, ReachError> {
-    match req.headers().get(headers::CAPABILITY) {
+/// The `reach-capability` header's text, when the request has one.
+fn named_capability(value: Option<&http::HeaderValue>) -> Result<Option<&str>, ReachError> {
+    match value {
         Some(value) => value
             .to_str()
             .map(Some)

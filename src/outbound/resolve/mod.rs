@@ -49,19 +49,20 @@ pub(super) async fn resolve(
     resolved: &mut Option<HeaderValue>,
 ) -> Result<Call, Response<ReachBody>> {
     let started = Instant::now();
-    let present = headers::Present::of(req.headers());
+    let head = headers::Head::of(req.headers());
+    let present = head.present;
     let refuse = |err| record::refuse(&out.metrics, "-", "-", err, started);
     let target = request_target::of(&req);
     if let Ok(Target::ServerOptions) = target {
         return Err(request_target::server_options());
     }
     // First: a proxy request for a foreign host (CONNECT included) is `forbidden_host`.
-    let wanted = wanted(&req, present).map_err(refuse)?;
+    let wanted = wanted(&req, &head).map_err(refuse)?;
     if let Wanted::Named(capability) = &wanted {
         crate::http::layers::record_in_span(field::CAPABILITY, capability.as_str());
     }
     target.map_err(refuse)?;
-    let deadline = Deadline::from_present(req.headers(), present).map_err(refuse)?;
+    let deadline = Deadline::from_head(req.headers(), &head).map_err(refuse)?;
     // The delegation chain the agent passed on, opened: a plain call pays nothing.
     if present.has(headers::Present::CHAIN) {
         out.seal.carry(req.headers_mut()).map_err(refuse)?;

@@ -27,7 +27,7 @@ pub(in crate::outbound) enum Wanted {
 
 /// Resolves the capability from the `reach-capability` header or a `<capability>.reach` authority.
 pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
-    match wanted(req, headers::Present::ALL)? {
+    match wanted(req, &headers::Head::of(req.headers()))? {
         Wanted::Named(name) | Wanted::Override(name) => Ok(name),
         Wanted::Intent => Err(ReachError::MissingCapability),
     }
@@ -35,11 +35,12 @@ pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
 
 /// What a call asks for: a capability by name (the cheap, common path: no allocation beyond the
 /// name), by intent, or by name over an intent.
-/// `present` says which headers to look up at all.
+/// `head` is the request's head as read in one pass.
 pub(in crate::outbound) fn wanted<B>(
     req: &Request<B>,
-    present: headers::Present,
+    head: &headers::Head<'_>,
 ) -> Result<Wanted, ReachError> {
+    let present = head.present;
     if req.method() == Method::CONNECT {
         let host = req
             .uri()
@@ -48,11 +49,7 @@ pub(in crate::outbound) fn wanted<B>(
             .unwrap_or_default();
         return Err(ReachError::ForeignHost { host });
     }
-    let capability = present
-        .has(headers::Present::CAPABILITY)
-        .then(|| req.headers().get(headers::CAPABILITY))
-        .flatten();
-    let from_header = match capability {
+    let from_header = match head.capability {
         Some(value) => Some(
             value
                 .to_str()
@@ -245,8 +242,7 @@ mod tests {
     #[test]
     fn any_reach_or_an_intent_asks_for_intent_routing_and_a_name_overrides_it() {
         let w = |r: Request<()>| {
-            let present = headers::Present::of(r.headers());
-            wanted(&r, present).map_err(|e| e.code().to_owned())
+            wanted(&r, &headers::Head::of(r.headers())).map_err(|e| e.code().to_owned())
         };
         let name = |n: &str| Name::parse(n).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
