@@ -168,6 +168,10 @@ pub struct Snapshot {
     /// The agent's name as a header value (`reach-caller`, `reach-agent`), made once here, not
     /// copied into a new one for every request.
     pub agent_name: http::HeaderValue,
+    /// The policy's estimate and state tunables, converted once here: every call's observation
+    /// and every score read them, and building them cost ~75 instructions each time.
+    pub estimate_params: crate::reach::EstimateParams,
+    pub state_params: crate::reach::StateParams,
 }
 
 impl Snapshot {
@@ -176,6 +180,8 @@ impl Snapshot {
         let agent_name = http::HeaderValue::from_str(bootstrap.agent.name.as_str())
             .unwrap_or_else(|_| http::HeaderValue::from_static(""));
         Self {
+            estimate_params: policy.estimates.params(),
+            state_params: policy.states.params(),
             bootstrap,
             policy,
             generation,

@@ -177,8 +177,8 @@ impl LocalAgent {
         let t = inner.view.observe(
             signal,
             now,
-            &snapshot.policy.estimates.params(),
-            &snapshot.policy.states.params(),
+            &snapshot.estimate_params,
+            &snapshot.state_params,
         );
         drop(inner);
         self.transitioned(t);
@@ -193,8 +193,8 @@ impl LocalAgent {
             signal,
             record.ok,
             now,
-            &snapshot.policy.estimates.params(),
-            &snapshot.policy.states.params(),
+            &snapshot.estimate_params,
+            &snapshot.state_params,
         );
         inner.last_probe = Some(record);
         drop(inner);
@@ -259,7 +259,7 @@ impl LocalAgent {
         let t = self.lock().view.event(
             crate::reach::Event::Reachable,
             Instant::now(),
-            &snapshot.policy.states.params(),
+            &snapshot.state_params,
         );
         self.transitioned(t);
     }
@@ -271,7 +271,7 @@ impl LocalAgent {
         inner
             .view
             .estimates_mut()
-            .report_busy(busy, now, &snapshot.policy.estimates.params());
+            .report_busy(busy, now, &snapshot.estimate_params);
         inner.reported_in_flight = in_flight.map(|n| (n, now));
     }
 
@@ -303,10 +303,7 @@ impl LocalAgent {
     /// production traffic last said.
     pub fn refresh(&self) -> (ViewSnapshot, Traffic) {
         let snapshot = self.store.snapshot();
-        let (ep, sp) = (
-            snapshot.policy.estimates.params(),
-            snapshot.policy.states.params(),
-        );
+        let (ep, sp) = (snapshot.estimate_params, snapshot.state_params);
         let now = Instant::now();
         let load = self.admission.load();
         let mut inner = self.lock();
@@ -348,7 +345,7 @@ impl LocalAgent {
     /// every inbound request, so it only ticks the state machine.
     pub fn barred(&self, snapshot: &Snapshot) -> Option<crate::reach::State> {
         use crate::reach::State;
-        let sp = snapshot.policy.states.params();
+        let sp = snapshot.state_params;
         let mut inner = self.lock();
         let t = inner.view.tick(Instant::now(), &sp);
         let state = inner.view.state();

@@ -286,8 +286,8 @@ impl PeerViews {
         let t = e.view.observe(
             signal,
             now,
-            &snapshot.policy.estimates.params(),
-            &snapshot.policy.states.params(),
+            &snapshot.estimate_params,
+            &snapshot.state_params,
         );
         drop(inner);
         if let Some(t) = t {
@@ -426,10 +426,7 @@ impl PeerViews {
 
     pub fn status(&self, snapshot: &Snapshot) -> Vec<PeerStatus> {
         let now = Instant::now();
-        let (ep, sp) = (
-            snapshot.policy.estimates.params(),
-            snapshot.policy.states.params(),
-        );
+        let (ep, sp) = (snapshot.estimate_params, snapshot.state_params);
         let mut ticked = Vec::new();
         let mut inner = self.lock();
         let mut out: Vec<PeerStatus> = inner

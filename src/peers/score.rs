@@ -25,10 +25,7 @@ impl PeerViews {
         request: &RouteRequest,
     ) -> Vec<Scored> {
         let now = Instant::now();
-        let (ep, sp) = (
-            snapshot.policy.estimates.params(),
-            snapshot.policy.states.params(),
-        );
+        let (ep, sp) = (snapshot.estimate_params, snapshot.state_params);
         let lifetime = super::self_view_lifetime(snapshot);
         let me = &snapshot.bootstrap.agent;
         let mut inner = self.lock();
