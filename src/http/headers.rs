@@ -49,33 +49,32 @@ const HOPS: usize = 8;
 /// Headers that describe one connection and must not be forwarded. A `static`, not a `const`:
 /// a `const` array of names is built and dropped at each use, every request.
 static HOP_BY_HOP: [HeaderName; HOPS] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
+    HeaderName::from_static(HOP_NAMES[0]),
+    HeaderName::from_static(HOP_NAMES[1]),
+    HeaderName::from_static(HOP_NAMES[2]),
+    HeaderName::from_static(HOP_NAMES[3]),
+    HeaderName::from_static(HOP_NAMES[4]),
+    HeaderName::from_static(HOP_NAMES[5]),
+    HeaderName::from_static(HOP_NAMES[6]),
+    HeaderName::from_static(HOP_NAMES[7]),
+];
+const HOP_NAMES: [&str; HOPS] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
 ];
 
 /// The lengths of the [`HOP_BY_HOP`] names and `te`, as bits.
 const HOP_LENGTHS: u32 = {
-    let names = [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "te",
-    ];
-    let mut lengths = 0u32;
+    let mut lengths = 1 << "te".len();
     let mut i = 0;
-    while i < names.len() {
-        lengths |= 1 << names[i].len();
+    while i < HOPS {
+        lengths |= 1 << HOP_NAMES[i].len();
         i += 1;
     }
     lengths
@@ -205,11 +204,7 @@ impl Present {
 
     /// The headers of these that `headers` carries.
     pub fn of(headers: &HeaderMap) -> Self {
-        let mut bits = 0;
-        for name in headers.keys() {
-            bits |= Self::bit(name);
-        }
-        Self(bits)
+        Head::of(headers).present
     }
 
     /// Which of these `name` is (0: none).

@@ -303,7 +303,7 @@ impl LocalAgent {
     /// production traffic last said.
     pub fn refresh(&self) -> (ViewSnapshot, Traffic) {
         let snapshot = self.store.snapshot();
-        let (ep, sp) = (snapshot.estimate_params, snapshot.state_params);
+        let (ep, sp) = (&snapshot.estimate_params, &snapshot.state_params);
         let now = Instant::now();
         let load = self.admission.load();
         let mut inner = self.lock();
@@ -325,12 +325,12 @@ impl LocalAgent {
                 queue_capacity: agent.queue.capacity,
             },
             now,
-            &ep,
+            ep,
         );
-        let t = inner.view.tick(now, &sp);
+        let t = inner.view.tick(now, sp);
         // Golden tasks removed by a reload take their verdict with them.
         let quality = settle_quality(&mut inner, &snapshot);
-        let view = inner.view.snapshot(now, &ep, &sp);
+        let view = inner.view.snapshot(now, ep, sp);
         let traffic = Traffic {
             last_success: inner.last_success,
             last_trouble: inner.last_trouble,
@@ -345,9 +345,8 @@ impl LocalAgent {
     /// every inbound request, so it only ticks the state machine.
     pub fn barred(&self, snapshot: &Snapshot) -> Option<crate::reach::State> {
         use crate::reach::State;
-        let sp = snapshot.state_params;
         let mut inner = self.lock();
-        let t = inner.view.tick(Instant::now(), &sp);
+        let t = inner.view.tick(Instant::now(), &snapshot.state_params);
         let state = inner.view.state();
         drop(inner);
         self.transitioned(t);

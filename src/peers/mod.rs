@@ -426,16 +426,16 @@ impl PeerViews {
 
     pub fn status(&self, snapshot: &Snapshot) -> Vec<PeerStatus> {
         let now = Instant::now();
-        let (ep, sp) = (snapshot.estimate_params, snapshot.state_params);
+        let (ep, sp) = (&snapshot.estimate_params, &snapshot.state_params);
         let mut ticked = Vec::new();
         let mut inner = self.lock();
         let mut out: Vec<PeerStatus> = inner
             .iter_mut()
             .map(|(name, e)| {
-                if let Some(t) = e.view.tick(now, &sp) {
+                if let Some(t) = e.view.tick(now, sp) {
                     ticked.push((name.clone(), t));
                 }
-                let view = e.view.snapshot(now, &ep, &sp);
+                let view = e.view.snapshot(now, ep, sp);
                 let remote = e.remote.as_ref().map(|(r, _)| r.view);
                 let (effective_state, effective_cap) = match remote {
                     Some(r) if r.cap < view.cap => (r.state, r.cap),

@@ -25,7 +25,7 @@ impl PeerViews {
         request: &RouteRequest,
     ) -> Vec<Scored> {
         let now = Instant::now();
-        let (ep, sp) = (snapshot.estimate_params, snapshot.state_params);
+        let (ep, sp) = (&snapshot.estimate_params, &snapshot.state_params);
         let lifetime = super::self_view_lifetime(snapshot);
         let me = &snapshot.bootstrap.agent;
         let mut inner = self.lock();
@@ -34,10 +34,10 @@ impl PeerViews {
             .iter()
             .map(|peer| {
                 let entry = entry(&mut inner, peer, now);
-                if let Some(t) = entry.view.tick(now, &sp) {
+                if let Some(t) = entry.view.tick(now, sp) {
                     transitions.push((peer.name.clone(), t));
                 }
-                let mine = entry.view.scoring_snapshot(now, &ep, &sp);
+                let mine = entry.view.scoring_snapshot(now, ep, sp);
                 // A gossip member's view is pushed on every meaningful change and lives as long
                 // as the member does; a polled one goes stale.
                 let remote = entry
@@ -164,7 +164,7 @@ impl PeerViews {
                 entry.last_score = Some(factors.score);
                 entry.last_factors = Some(factors);
                 if factors.score < snapshot.policy.states.healthy.min_score {
-                    if let Some(t) = entry.view.event(reach::Event::LowScore, now, &sp) {
+                    if let Some(t) = entry.view.event(reach::Event::LowScore, now, sp) {
                         transitions.push((peer.name.clone(), t));
                     }
                 }
