@@ -26,14 +26,14 @@ use agent_reach::Sidecar;
 /// The agent whose model account drains.
 const DRAINING: usize = 1;
 /// Its provider's requests per window, and everyone else's (never reached in the act).
-const SMALL: u64 = 40;
+const SMALL: u64 = 240;
 const LARGE: u64 = 100_000;
 /// Longer than the act: no reset brings the budget back midway.
 const WINDOW: Duration = Duration::from_secs(30);
 /// One sample's stretch of traffic, at most this many per run, and how many more once the
 /// drained agent is out (or, unaware, once its model calls are refused).
 const SLICE: Duration = Duration::from_millis(300);
-const MAX_SLICES: usize = 24;
+const MAX_SLICES: usize = 40;
 const AFTER: usize = 3;
 /// Under this share of a slice's calls the agent counts as out of rotation.
 const OUT: f64 = 0.05;
