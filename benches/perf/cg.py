@@ -121,4 +121,5 @@ def main():
         print(f"{n / reqs:.2f} calls/request into /{sys.argv[4]}/")
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -6,12 +6,14 @@
 #              peak RSS per request (perf stat -p, /proc)
 #   strace     syscalls per request (strace -c -f -p)
 #   wall       plain wrk throughput (noisy while others compile)
+#   order      every function the pair runs, from start-up, into $OUT for
+#              benches/perf/hot_text.py (docs/development.md#hot-text)
 #
 # Topology as in benches/proxies.rs: wrk (1 thread) → front → back → upstream (nginx `return
 # 200`, 128 bytes, its own process so it is never counted).
 #
 # Usage: benches/perf/hop.sh MODE [conns] [seconds]
-#   MODE: callgrind | perf | strace | record | wall | nginx-perf | nginx-strace | nginx-record
+#   MODE: callgrind | order | perf | strace | record | wall | nginx-perf | nginx-strace | nginx-record
 #   BIN=/path/to/agent-reach  (default: $CARGO_TARGET_DIR/release/agent-reach)
 #   OUT=dir                    (where callgrind.out files and logs go; default /tmp/hop-perf)
 #   WORKERS=1                  (--worker-threads for each sidecar)
@@ -112,19 +114,25 @@ WRAP=()
 case $MODE in
     callgrind) WRAP=(valgrind --tool=callgrind --instr-atstart=no --dump-instr=no
                      --callgrind-out-file="$OUT/callgrind.%q{ROLE}.out") ;;
+    # Every function either sidecar runs, from its first instruction: start-up, the request
+    # path, the admin pages and a scrape. Symbol names stay mangled for the linker.
+    order) WRAP=(valgrind --tool=callgrind --demangle=no --dump-instr=no
+                 --callgrind-out-file="$OUT/order.%q{ROLE}.out") ;;
 esac
 
 if [[ $MODE == nginx-* ]]; then
     start_nginx "$(nginx_conf back "$BACK" "127.0.0.1:$UP")"; BACK_PID=$(worker_of "${PIDS[-1]}")
     start_nginx "$(nginx_conf front "$FRONT" "127.0.0.1:$BACK")"; FRONT_PID=$(worker_of "${PIDS[-1]}")
 else
+    BACK_ADMIN=$(port)
+    FRONT_ADMIN=$(port)
     cat >"$DIR/back.yaml" <<EOF
-listen: { outbound: 127.0.0.1:$(port), inbound: 127.0.0.1:$BACK, admin: 127.0.0.1:$(port) }
+listen: { outbound: 127.0.0.1:$(port), inbound: 127.0.0.1:$BACK, admin: 127.0.0.1:$BACK_ADMIN }
 agent: { name: back, address: 127.0.0.1:$UP, max_concurrency: 4096, queue: { capacity: 4096 },
   capabilities: [ { name: bench } ] }
 EOF
     cat >"$DIR/front.yaml" <<EOF
-listen: { outbound: 127.0.0.1:$FRONT, inbound: 127.0.0.1:$(port), admin: 127.0.0.1:$(port) }
+listen: { outbound: 127.0.0.1:$FRONT, inbound: 127.0.0.1:$(port), admin: 127.0.0.1:$FRONT_ADMIN }
 agent: { name: front, address: 127.0.0.1:9, max_concurrency: 1 }
 peers: [ { name: back, address: 127.0.0.1:$BACK, capabilities: [bench] } ]
 EOF
@@ -134,7 +142,7 @@ EOF
     echo "pool: { peer_protocol: ${PEER_PROTOCOL:-http1} }" >"$DIR/front-policy.yaml"
     # Under valgrind the back accepts slowly: a burst of connects must not time out (and eject
     # it) during the warm-up.
-    [ "$MODE" = callgrind ] && echo "timeouts: { connect: 30s, request: 60s }" >>"$DIR/front-policy.yaml"
+    [[ $MODE == callgrind || $MODE == order ]] && echo "timeouts: { connect: 30s, request: 60s }" >>"$DIR/front-policy.yaml"
     ROLE=front "${WRAP[@]}" "$BIN" run --worker-threads "$WORKERS" --log error --config "$DIR/front.yaml" \
         --policy "$DIR/front-policy.yaml" \
         >/dev/null 2>"$OUT/front.log" &
@@ -246,6 +254,18 @@ PY
         read -r N DUR ERR P50 P99 P999 < <(load "$SECS")
         kill -INT $RF $RB; wait $RF $RB 2>/dev/null
         echo "requests=$N errors=$ERR conns=$CONNS; perf report -i $OUT/{front,back}.perf.data"
+        ;;
+    order)
+        load "$SECS" >/dev/null
+        for admin in "$FRONT_ADMIN" "$BACK_ADMIN"; do
+            for page in /status /metrics /live /ready /; do
+                curl -s -o /dev/null "http://127.0.0.1:$admin$page"
+            done
+        done
+        callgrind_control -d "$BACK_PID" >/dev/null 2>&1; callgrind_control -d "$FRONT_PID" >/dev/null 2>&1
+        sleep 1
+        nm --defined-only "$BIN" >"$OUT/symbols.txt"
+        echo "profiled $BIN into $OUT; then: python3 benches/perf/hot_text.py src/hot_text.ld $OUT [another profile's OUT]"
         ;;
     wall)
         read -r N DUR ERR P50 P99 P999 < <(load "$SECS")
