@@ -18,6 +18,5 @@ fn main() {
     let script = Path::new(&root).join("src/hot_text.ld");
     if optimised && linux && !off && script.exists() {
         println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
-        println!("cargo:rustc-link-arg-bins=-Wl,-Map,/tmp/ar-map.txt");
     }
 }
