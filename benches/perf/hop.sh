@@ -19,6 +19,7 @@
 #   WORKERS=1                  (--worker-threads for each sidecar)
 #   UPSTREAM_BIN=path          (the upstream: `cargo build --release --example perf_upstream`)
 #   PEER_PROTOCOL=http1|http2  (the front's policy `pool.peer_protocol`; default http1)
+#   MTLS=1                     (strict mutual TLS between the two, `agent-reach dev-certs`)
 #   WRK_TIMEOUT=2s             (wrk's own; under callgrind at 64 conns a request can take longer,
 #                               and one wrk gives up on is served but not counted)
 set -uo pipefail
@@ -126,20 +127,31 @@ if [[ $MODE == nginx-* ]]; then
 else
     BACK_ADMIN=$(port)
     FRONT_ADMIN=$(port)
+    BACK_TLS=""; FRONT_TLS=""; BACK_ID=""; MODE_MTLS=""
+    if [ "${MTLS:-0}" = 1 ]; then
+        "$BIN" dev-certs --out "$DIR/certs" front back >/dev/null
+        tls() { echo "tls: { cert: $DIR/certs/$1/tls.crt, key: $DIR/certs/$1/tls.key, ca: $DIR/certs/$1/ca.crt }"; }
+        BACK_TLS=$(tls back); FRONT_TLS=$(tls front)
+        BACK_ID=', identity: "spiffe://dev.local/ns/default/sa/back"'
+        MODE_MTLS="mtls: { mode: strict }"
+    fi
     cat >"$DIR/back.yaml" <<EOF
 listen: { outbound: 127.0.0.1:$(port), inbound: 127.0.0.1:$BACK, admin: 127.0.0.1:$BACK_ADMIN }
 agent: { name: back, address: 127.0.0.1:$UP, max_concurrency: 4096, queue: { capacity: 4096 },
   capabilities: [ { name: bench } ] }
+$BACK_TLS
 EOF
+    echo "$MODE_MTLS" >"$DIR/back-policy.yaml"
     cat >"$DIR/front.yaml" <<EOF
 listen: { outbound: 127.0.0.1:$FRONT, inbound: 127.0.0.1:$(port), admin: 127.0.0.1:$FRONT_ADMIN }
 agent: { name: front, address: 127.0.0.1:9, max_concurrency: 1 }
-peers: [ { name: back, address: 127.0.0.1:$BACK, capabilities: [bench] } ]
+peers: [ { name: back, address: 127.0.0.1:$BACK, capabilities: [bench]$BACK_ID } ]
+$FRONT_TLS
 EOF
     ROLE=back "${WRAP[@]}" "$BIN" run --worker-threads "$WORKERS" --log error --config "$DIR/back.yaml" \
-        >/dev/null 2>"$OUT/back.log" &
+        --policy "$DIR/back-policy.yaml" >/dev/null 2>"$OUT/back.log" &
     BACK_PID=$!; PIDS+=($BACK_PID)
-    echo "pool: { peer_protocol: ${PEER_PROTOCOL:-http1} }" >"$DIR/front-policy.yaml"
+    printf 'pool: { peer_protocol: %s }\n%s\n' "${PEER_PROTOCOL:-http1}" "$MODE_MTLS" >"$DIR/front-policy.yaml"
     # Under valgrind the back accepts slowly: a burst of connects must not time out (and eject
     # it) during the warm-up.
     [[ $MODE == callgrind || $MODE == order ]] && echo "timeouts: { connect: 30s, request: 60s }" >>"$DIR/front-policy.yaml"

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Writes the linker script that gathers the functions a sidecar runs into one stretch of .text.
 
-usage: hot_text.py OUT.ld PROFILE_DIR [PROFILE_DIR...]
+usage: hot_text.py OUT.ld PROFILE_DIR... [-- LATER_PROFILE_DIR...]
        (each directory from `OUT=DIR benches/perf/hop.sh order`: callgrind files of one binary,
        run with --demangle=no, and that binary's `nm` in symbols.txt)
 
-Every function with a cost in any profile, hottest first. A Rust function with one or a few
+Every function with a cost in any profile, hottest first; those only the profiles after `--` ran
+(mutual TLS) after all the others, so a sidecar that never runs them maps less of them. A Rust function with one or a few
 instances is named without its hash (`17h<16 hex>E`), so the pattern matches it in a build of
 another profile (whose hashes differ) or of slightly different code. A generic one with many
 instances (a tokio task's poll, a table's rehash) is named exactly, or the pattern would gather
@@ -64,9 +65,12 @@ def pattern(symbol, defined, count):
 
 
 def main():
-    out, dirs = sys.argv[1], sys.argv[2:]
+    out, args = sys.argv[1], sys.argv[2:]
+    later = args[args.index("--") + 1 :] if "--" in args else []
+    first = args[: args.index("--")] if "--" in args else args
     cost = collections.Counter()
-    for d in dirs:
+    group = {}
+    for d in first + later:
         defined = read_symbols(os.path.join(d, "symbols.txt"))
         count = instances(defined)
         for path in sorted(glob.glob(os.path.join(d, "order.*.out*"))):
@@ -75,21 +79,23 @@ def main():
                 p = pattern(fn or "", defined, count)
                 if p:
                     cost[p] += c
+                    group.setdefault(p, 1 if d in later else 0)
     lines = [
         # LLVM puts a function it takes for cold (`#[cold]`, or every path ends in a cold call:
         # a growing table's rehash, `main`) under `.text.unlikely.`.
         f"    *(.text.{p} .text.unlikely.{p})"
-        for p, _ in cost.most_common()
+        for p, _ in sorted(cost.most_common(), key=lambda pc: group[pc[0]])
     ]
     with open(out, "w") as f:
         f.write(
-            "/* The functions a sidecar pair ran from start-up under load, hottest first. Written\n"
-            "   by benches/perf/hot_text.py from `benches/perf/hop.sh order` profiles; read by\n"
-            "   build.rs for optimised builds (docs/development.md#hot-text). A function not named\n"
-            "   here is only placed after them: a stale list costs locality, never correctness. */\n"
+            "/* The functions a sidecar pair ran from start-up under load, hottest first; those\n"
+            "   only mutual TLS ran come last. Written by benches/perf/hot_text.py from\n"
+            "   `benches/perf/hop.sh order` profiles; read by build.rs for optimised builds\n"
+            "   (docs/development.md#hot-text). A function not named here is only placed after\n"
+            "   them: a stale list costs locality, never correctness. */\n"
             "SECTIONS\n{\n  .text.hot : {\n" + "\n".join(lines) + "\n  }\n}\nINSERT BEFORE .text;\n"
         )
-    print(f"{out}: {len(lines)} patterns from {len(dirs)} profile(s)")
+    print(f"{out}: {len(lines)} patterns from {len(first) + len(later)} profile(s)")
 
 
 if __name__ == "__main__":
