@@ -48,16 +48,7 @@ pub fn count(n: usize) -> HeaderValue {
 const HOPS: usize = 8;
 /// Headers that describe one connection and must not be forwarded. A `static`, not a `const`:
 /// a `const` array of names is built and dropped at each use, every request.
-static HOP_BY_HOP: [HeaderName; HOPS] = [
-    HeaderName::from_static(HOP_NAMES[0]),
-    HeaderName::from_static(HOP_NAMES[1]),
-    HeaderName::from_static(HOP_NAMES[2]),
-    HeaderName::from_static(HOP_NAMES[3]),
-    HeaderName::from_static(HOP_NAMES[4]),
-    HeaderName::from_static(HOP_NAMES[5]),
-    HeaderName::from_static(HOP_NAMES[6]),
-    HeaderName::from_static(HOP_NAMES[7]),
-];
+static HOP_BY_HOP: [HeaderName; HOPS] = static_names(HOP_NAMES);
 const HOP_NAMES: [&str; HOPS] = [
     "connection",
     "keep-alive",
@@ -263,6 +254,22 @@ impl<'a> Head<'a> {
         }
         head
     }
+}
+
+/// Header names from lowercase literals, at compile time: a `static` list of names and the
+/// strings it is matched by stay one list.
+pub(crate) const fn static_names<const N: usize>(names: [&'static str; N]) -> [HeaderName; N] {
+    let mut out = [const { HeaderName::from_static("-") }; N];
+    let mut i = 0;
+    while i < N {
+        // A static name owns nothing: forgetting the placeholder leaks nothing.
+        std::mem::forget(std::mem::replace(
+            &mut out[i],
+            HeaderName::from_static(names[i]),
+        ));
+        i += 1;
+    }
+    out
 }
 
 /// Which of [`HOP_BY_HOP`] `name` is: one string match (by length, then bytes) rather than a

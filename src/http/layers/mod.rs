@@ -46,15 +46,8 @@ pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Headers whose values are marked sensitive: never logged, never indexed by HPACK. They are
 /// the secrets `src/redact.rs` masks wherever headers are shown, as names: the array's length is
 /// that list's, so one added there and not here does not compile.
-static SENSITIVE_HEADERS: [HeaderName; SENSITIVE.len()] = [
-    HeaderName::from_static(SENSITIVE[0]),
-    HeaderName::from_static(SENSITIVE[1]),
-    HeaderName::from_static(SENSITIVE[2]),
-    HeaderName::from_static(SENSITIVE[3]),
-    HeaderName::from_static(SENSITIVE[4]),
-    HeaderName::from_static(SENSITIVE[5]),
-    HeaderName::from_static(SENSITIVE[6]),
-];
+static SENSITIVE_HEADERS: [HeaderName; SENSITIVE.len()] =
+    crate::http::headers::static_names(SENSITIVE);
 
 /// Marks the values of [`SENSITIVE_HEADERS`] sensitive, in one pass over the names: most
 /// messages carry none, and comparing names costs little, where looking each of them up

@@ -40,7 +40,6 @@ pub(in crate::outbound) fn wanted<B>(
     req: &Request<B>,
     head: &headers::Head<'_>,
 ) -> Result<Wanted, ReachError> {
-    let present = head.present;
     if req.method() == Method::CONNECT {
         let host = req
             .uri()
@@ -69,7 +68,7 @@ pub(in crate::outbound) fn wanted<B>(
         .is_some_and(|name| name.as_str() == ANY);
     let from_header = from_header.filter(|_| !asked_any);
     let intent =
-        present.has(headers::Present::INTENT) && req.headers().contains_key(headers::INTENT);
+        head.present.has(headers::Present::INTENT) && req.headers().contains_key(headers::INTENT);
     let named = |name| {
         if intent {
             Wanted::Override(name)
