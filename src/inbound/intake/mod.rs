@@ -126,12 +126,8 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     }
     // The client's IP as the listener wrote it for its connection.
     let remote_ip = parts.extensions.get::<ClientAddr>().map(|a| &a.1);
-    let chain = inbound.chain(
-        &snapshot,
-        (&parts.headers, present),
-        caller.as_deref(),
-        capability,
-    );
+    let sent = (&parts.headers, present);
+    let chain = inbound.chain(&snapshot, sent, caller.as_deref(), capability);
     let vouched = vouched::Vouched {
         chain: Some(chain),
         capability: Some(capability),
