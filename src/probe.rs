@@ -72,14 +72,18 @@ async fn run(
         }
         let snapshot = store.snapshot();
         let now = Instant::now();
-        if now >= next_connect && local.barred(&snapshot) == Some(State::Ejected) {
+        if now >= next_connect && local.barred(&snapshot, now) == Some(State::Ejected) {
             // Out of rotation, the agent gets no traffic to tell us whether it runs: a TCP
             // connect, cheap on loopback, does — every half second. Refused: it is not running
             // (whatever ejected it), so it comes back as soon as it listens again. Accepted
             // after that: back, and a business probe confirms it at once if it has one.
             next_connect = now + RECONNECT_EVERY.min(snapshot.policy.probes.fast_interval.get());
             match connect(&snapshot).await {
-                Connect::Refused => local.observe(Signal::Unreachable(Duration::ZERO), &snapshot),
+                Connect::Refused => local.observe(
+                    Signal::Unreachable(Duration::ZERO),
+                    &snapshot,
+                    Instant::now(),
+                ),
                 Connect::Accepted if local.is_unreachable() => {
                     if snapshot.has_probes() {
                         due.values_mut().for_each(|at| *at = now);
@@ -159,7 +163,7 @@ async fn run_golden_tasks(
         }
         due.insert(name.to_owned(), now + spec.interval.get().max(TICK));
         // An agent out of rotation is the probes' business; its answers say nothing now.
-        if local.barred(snapshot).is_some() {
+        if local.barred(snapshot, Instant::now()).is_some() {
             continue;
         }
         let report = crate::quality::run(client, snapshot, capability, spec, || {

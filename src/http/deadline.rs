@@ -72,7 +72,12 @@ impl Deadline {
 /// The time one attempt may take: the target's own timeout, cut short by the deadline. The flag
 /// says whether the deadline is what limits it.
 pub fn attempt_timeout(own: Duration, deadline: Option<Deadline>) -> (Duration, bool) {
-    match deadline.map(Deadline::remaining) {
+    within(own, deadline.map(Deadline::remaining))
+}
+
+/// [`attempt_timeout`] with the time `left` before the deadline already known.
+pub fn within(own: Duration, left: Option<Duration>) -> (Duration, bool) {
+    match left {
         Some(left) if left < own => (left, true),
         _ => (own, false),
     }

@@ -1,29 +1,50 @@
 //! What passes between the inbound steps: one call from a peer, and the same call holding a slot.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::request::Parts;
 use http::Request;
 use hyper::body::Incoming;
 
 use crate::config::{CompiledSchema, Snapshot};
-use crate::http::deadline::Deadline;
+use crate::http::deadline::{within, Deadline};
 use crate::http::upload::{UploadWatch, WatchedUpload};
 use crate::http::{body, ReachBody};
 use crate::local::Slot;
+use crate::metrics::InboundSeries;
 
 /// What one inbound call is, as the steps after intake need it.
 #[derive(Clone, Debug)]
 pub(super) struct Meta {
-    /// The capability's metric label.
-    pub(super) label: String,
+    /// The capability's metric series, its label among them.
+    pub(super) series: Arc<InboundSeries>,
     /// How long the agent may take to answer (the capability's timeout).
     pub(super) own_timeout: Duration,
     pub(super) deadline: Option<Deadline>,
+    /// The time the deadline left when the call `arrived`: the steps after intake count down
+    /// from it on the clock they already read, not from the wall clock again.
+    pub(super) left: Option<Duration>,
+    /// When intake took the call (tokio's clock: the agent's view reads it).
     pub(super) arrived: Instant,
     /// Redirected here by `init-net` from the agent's port (`reach_requests_total{source="intercepted"}`).
     pub(super) intercepted: bool,
+}
+
+impl Meta {
+    /// The capability's metric label.
+    pub(super) fn label(&self) -> &str {
+        self.series.label()
+    }
+
+    /// The time a wait begun at `now` may take: `own`, cut short by the deadline (and whether the
+    /// deadline is what limits it).
+    pub(super) fn timeout_at(&self, own: Duration, now: Instant) -> (Duration, bool) {
+        let waited = now.saturating_duration_since(self.arrived);
+        within(own, self.left.map(|left| left.saturating_sub(waited)))
+    }
 }
 
 /// One call from a peer, checked at intake, under one config snapshot.

@@ -56,7 +56,7 @@ where
     let (wait, by_deadline) = attempt_timeout(meta.own_timeout, meta.deadline);
     let claim = inbound
         .idempotency
-        .claim(&call.scope, &meta.label, key, fingerprint);
+        .claim(&call.scope, meta.label(), key, fingerprint);
     let (claim, first) = match claim {
         Claim::First(ticket) => {
             let joined = ticket.subscribe();
@@ -114,7 +114,13 @@ async fn read(
         Ok(read) => read,
         Err(err) => {
             let m = &call.meta;
-            inbound.finish(snapshot, m, Outcome::Rejected, None, m.arrived.elapsed());
+            inbound.finish(
+                snapshot,
+                m,
+                Outcome::Rejected,
+                None,
+                tokio::time::Instant::now(),
+            );
             return Err(err.into_response());
         }
     };

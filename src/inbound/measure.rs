@@ -7,9 +7,9 @@
 //! 0.5–1k instructions (`docs/perf-levers.md`), and neither decides whether the call goes on.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::{HeaderMap, Response};
+use tokio::time::Instant;
 
 use super::call::{Admitted, Meta};
 use super::Inbound;
@@ -17,7 +17,6 @@ use super::{agent, validate};
 use crate::classify::{Class, Outcome};
 use crate::config::Snapshot;
 use crate::error::ReachError;
-use crate::http::deadline::attempt_timeout;
 use crate::http::observed::{BodyEnd, Observed};
 use crate::http::upload::UploadWatch;
 use crate::http::{body, headers, ReachBody};
@@ -34,8 +33,8 @@ pub(super) async fn measure(inbound: Arc<Inbound>, call: Admitted) -> Response<R
         slot,
     } = call;
     let admitted = Instant::now();
-    let (timeout, by_deadline) = attempt_timeout(meta.own_timeout, meta.deadline);
-    let check = validate::check_for(&snapshot, &meta.label, request.method());
+    let (timeout, by_deadline) = meta.timeout_at(meta.own_timeout, admitted);
+    let check = validate::check_for(&snapshot, meta.label(), request.method());
     let forwarded = agent::forward(&inbound.client, &snapshot, request, timeout).await;
     let checked = match forwarded {
         Ok(response) => validate::checked(&inbound, &snapshot, check, response, timeout).await,
@@ -54,7 +53,7 @@ pub(super) async fn measure(inbound: Arc<Inbound>, call: Admitted) -> Response<R
         }
     };
     let ttfb = admitted.elapsed();
-    inbound.metrics.inbound_first_byte(&meta.label, ttfb);
+    meta.series.first_byte(&inbound.metrics, ttfb);
     agent_reports(&inbound, response.headers(), &snapshot);
     let class = Class::of_response(&response);
     // A response to a broken or stalled upload says nothing about the agent.
@@ -67,12 +66,15 @@ pub(super) async fn measure(inbound: Arc<Inbound>, call: Admitted) -> Response<R
         .headers
         .insert(headers::AGENT, snapshot.agent_name.clone());
     let measured = Observed::new(incoming, move |end: BodyEnd| {
-        let arrived = meta.arrived;
+        let ended = Instant::now();
         let (outcome, signal) = match end {
-            BodyEnd::Error => (Outcome::Failure, Some(Signal::Failure(arrived.elapsed()))),
+            BodyEnd::Error => {
+                let took = ended.saturating_duration_since(meta.arrived);
+                (Outcome::Failure, Some(Signal::Failure(took)))
+            }
             _ => (class.outcome(), signal),
         };
-        inbound.finish(&snapshot, &meta, outcome, signal, arrived.elapsed());
+        inbound.finish(&snapshot, &meta, outcome, signal, ended);
         drop(slot);
     });
     Response::from_parts(parts, body::boxed(measured))
@@ -106,8 +108,8 @@ impl Failed<'_> {
                 (class.outcome(), class.signal(elapsed), self.err)
             }
         };
-        inbound.finish(snapshot, meta, outcome, signal, meta.arrived.elapsed());
-        tracing::debug!(%err, capability = %meta.label, "inbound request failed");
+        inbound.finish(snapshot, meta, outcome, signal, Instant::now());
+        tracing::debug!(%err, capability = meta.label(), "inbound request failed");
         let mut response = err.into_response();
         response
             .headers_mut()

@@ -17,7 +17,7 @@ mod stats;
 mod validate;
 
 use std::sync::Arc;
-use std::time::Duration;
+use tokio::time::Instant;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -32,7 +32,7 @@ use crate::http::step::Step;
 use crate::http::ReachBody;
 use crate::idempotency::IdempotencyTable;
 use crate::local::{Admission, Load, LocalAgent};
-use crate::metrics::{Direction, Metrics};
+use crate::metrics::Metrics;
 use crate::rate_limit::RateLimiters;
 use crate::reach::Signal;
 use crate::registry::Registry;
@@ -117,25 +117,16 @@ impl Inbound {
         meta: &call::Meta,
         outcome: Outcome,
         signal: Option<Signal>,
-        duration: Duration,
+        ended: Instant,
     ) {
-        let label = meta.label.as_str();
+        let duration = ended.saturating_duration_since(meta.arrived);
         if let Some(signal) = signal {
-            self.local.observe(signal, snapshot);
+            self.local.observe(signal, snapshot, ended);
         }
         crate::http::layers::record_in_span(crate::http::layers::field::OUTCOME, outcome.as_str());
         self.stats.record(outcome, duration);
-        if meta.intercepted {
-            self.metrics
-                .intercepted_finished(label, outcome.as_str(), duration);
-        } else {
-            self.metrics.request_finished(
-                Direction::Inbound,
-                label,
-                "local",
-                outcome.as_str(),
-                duration,
-            );
-        }
+        let (metrics, intercepted) = (&self.metrics, meta.intercepted);
+        meta.series
+            .finished(metrics, intercepted, outcome.as_str(), duration);
     }
 }

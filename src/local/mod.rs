@@ -164,9 +164,8 @@ impl LocalAgent {
     }
 
     /// A production request's outcome, as the inbound side measured it under the call's config
-    /// snapshot.
-    pub fn observe(&self, signal: Signal, snapshot: &Snapshot) {
-        let now = Instant::now();
+    /// snapshot, at `now` (when the call ended).
+    pub fn observe(&self, signal: Signal, snapshot: &Snapshot, now: Instant) {
         let mut inner = self.lock();
         if matches!(signal, Signal::Success(_)) {
             inner.last_success = Some(now);
@@ -341,12 +340,12 @@ impl LocalAgent {
         (view, traffic)
     }
 
-    /// The state that bars new work (ejected or draining), if the agent is in one. Checked on
-    /// every inbound request, so it only ticks the state machine.
-    pub fn barred(&self, snapshot: &Snapshot) -> Option<crate::reach::State> {
+    /// The state that bars new work (ejected or draining) at `now`, if the agent is in one.
+    /// Checked on every inbound request, so it only ticks the state machine.
+    pub fn barred(&self, snapshot: &Snapshot, now: Instant) -> Option<crate::reach::State> {
         use crate::reach::State;
         let mut inner = self.lock();
-        let t = inner.view.tick(Instant::now(), &snapshot.state_params);
+        let t = inner.view.tick(now, &snapshot.state_params);
         let state = inner.view.state();
         drop(inner);
         self.transitioned(t);

@@ -9,6 +9,7 @@
 //! `docs/metrics.md` lists every series.
 
 mod demand;
+mod inbound;
 mod known;
 mod peers;
 
@@ -23,6 +24,7 @@ use crate::fast_hash::FastMap;
 use crate::reach::{State, Transition, ViewSnapshot};
 
 pub use demand::CapabilityGauges;
+pub use inbound::InboundSeries;
 use peers::PeerSeries;
 pub use peers::{Limits as PeerSeriesLimits, PeerGauges};
 
@@ -331,8 +333,8 @@ pub struct Metrics {
     requests: Mutex<HandleCache>,
     /// `reach_tier_picks_total` by tier (zone, region, any), registered on first use.
     tier_picks: [std::sync::OnceLock<Counter>; 3],
-    /// `reach_inbound_time_to_first_byte_seconds` by capability.
-    first_byte: Mutex<FastMap<String, Histogram>>,
+    /// The inbound series by capability (`inbound::InboundSeries`).
+    inbound: Mutex<FastMap<String, std::sync::Arc<InboundSeries>>>,
     /// The bounded, expiring per-peer series.
     peers: Mutex<PeerSeries>,
     /// The fleet's demand per capability, replaced on every refresh.
@@ -388,7 +390,7 @@ impl Metrics {
             handle,
             requests: Mutex::default(),
             tier_picks: Default::default(),
-            first_byte: Mutex::default(),
+            inbound: Mutex::default(),
             peers: Mutex::default(),
             fleet_demand: Mutex::default(),
             known: Mutex::default(),
@@ -505,21 +507,6 @@ impl Metrics {
                 histogram!(REQUEST_DURATION, "direction" => direction.as_str(), "capability" => capability, "outcome" => outcome),
             )
         })
-    }
-
-    pub fn inbound_first_byte(&self, capability: &str, ttfb: Duration) {
-        let mut cache = self.first_byte.lock().unwrap_or_else(|p| p.into_inner());
-        let histogram = match cache.get(capability) {
-            Some(h) => h.clone(),
-            None => {
-                let label = capability.to_owned();
-                let h = self.with(|| histogram!(INBOUND_TTFB, "capability" => label));
-                cache.insert(capability.to_owned(), h.clone());
-                h
-            }
-        };
-        drop(cache);
-        histogram.record(ttfb.as_secs_f64());
     }
 
     pub fn inbound_load(&self, in_flight: usize, queued: usize) {
@@ -682,29 +669,6 @@ impl Metrics {
     pub fn task_delivery(&self, kind: &'static str, result: &'static str) {
         self.with(|| {
             counter!(TASK_DELIVERIES_TOTAL, "kind" => kind, "result" => result).increment(1)
-        });
-    }
-
-    /// An intercepted inbound call: its own series of `reach_requests_total` and the duration
-    /// histogram, with `source="intercepted"`, instead of the mesh's. The mesh's series keep
-    /// their labels as they were (dashboards and alerts match them unchanged), a sum over all
-    /// series still counts every call once, and `{source="intercepted"}` picks out the work that
-    /// came around the mesh. Not cached: one lookup per intercepted call.
-    pub fn intercepted_finished(
-        &self,
-        capability: &str,
-        outcome: &'static str,
-        duration: Duration,
-    ) {
-        let capability = capability.to_owned();
-        self.with(|| {
-            let inbound = Direction::Inbound.as_str();
-            counter!(REQUESTS_TOTAL, "direction" => inbound, "source" => "intercepted",
-                "capability" => capability.clone(), "outcome" => outcome)
-            .increment(1);
-            histogram!(REQUEST_DURATION, "direction" => inbound, "source" => "intercepted",
-                "capability" => capability, "outcome" => outcome)
-            .record(duration.as_secs_f64());
         });
     }
 

@@ -19,9 +19,15 @@ pub(in crate::inbound) fn refuse_early(
     let agent = &call.snapshot.bootstrap.agent;
     let refused = |outcome| {
         let m = &call.meta;
-        inbound.finish(&call.snapshot, m, outcome, None, m.arrived.elapsed());
+        inbound.finish(
+            &call.snapshot,
+            m,
+            outcome,
+            None,
+            tokio::time::Instant::now(),
+        );
     };
-    if call.meta.deadline.is_some_and(|d| d.remaining().is_zero()) {
+    if call.meta.left.is_some_and(|left| left.is_zero()) {
         // The caller has already given up: running the task would be wasted work.
         refused(Outcome::Timeout);
         inbound.metrics.deadline_exceeded(Direction::Inbound);
@@ -31,8 +37,10 @@ pub(in crate::inbound) fn refuse_early(
     // observe-only mode, where nothing is taken out of rotation (a draining agent still is).
     let barred = inbound
         .local
-        .barred(&call.snapshot)
-        .filter(|state| *state == State::Draining || !call.snapshot.observe_only(&call.meta.label));
+        .barred(&call.snapshot, call.meta.arrived)
+        .filter(|state| {
+            *state == State::Draining || !call.snapshot.observe_only(call.meta.label())
+        });
     if let Some(state) = barred {
         refused(Outcome::Rejected);
         let err = match state {

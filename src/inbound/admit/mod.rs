@@ -14,7 +14,6 @@ use super::call::{Admitted, Call};
 use super::{measure, Inbound};
 use crate::classify::Outcome;
 use crate::error::ReachError;
-use crate::http::deadline::attempt_timeout;
 use crate::http::step::{self, Step};
 use crate::http::ReachBody;
 use crate::local::AdmissionLimits;
@@ -41,7 +40,10 @@ async fn admit(inbound: &Inbound, call: Call) -> Result<Admitted, Response<Reach
         max_concurrency: agent.max_concurrency.get(),
         queue_capacity: agent.queue.capacity,
         // Nobody waits in the queue past the caller's deadline.
-        max_wait: attempt_timeout(agent.queue.max_wait.get(), call.meta.deadline).0,
+        max_wait: call
+            .meta
+            .timeout_at(agent.queue.max_wait.get(), call.meta.arrived)
+            .0,
     };
     let slot = match inbound.admission.acquire(limits).await {
         Ok(slot) => slot,
@@ -52,7 +54,7 @@ async fn admit(inbound: &Inbound, call: Call) -> Result<Admitted, Response<Reach
                 m,
                 Outcome::Rejected,
                 None,
-                m.arrived.elapsed(),
+                tokio::time::Instant::now(),
             );
             let err = ReachError::Saturated {
                 agent: agent.name.to_string(),

@@ -6,7 +6,6 @@
 mod vouched;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -80,7 +79,7 @@ where
     reason = "the refusal is the answer, moved once"
 )]
 fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<ReachBody>> {
-    let arrived = Instant::now();
+    let arrived = tokio::time::Instant::now();
     let head = Head::of(req.headers());
     let present = head.present;
     let target = match request_target::of(&req) {
@@ -140,9 +139,10 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     };
     vouched::rewrite(&mut parts.headers, vouched);
     let meta = Meta {
-        label: capability.to_owned(),
+        series: inbound.metrics.inbound_series(capability),
         own_timeout: snapshot.capability_timeout(Some(capability)),
         deadline,
+        left: deadline.map(Deadline::remaining),
         arrived,
         intercepted,
     };
