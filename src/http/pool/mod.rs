@@ -211,6 +211,9 @@ struct Pooled {
     /// The waker every poll of `conn` registers (see `Guard`).
     guard: Arc<Guard>,
     waker: Waker,
+    /// The deadline of the exchange on it (see [`exchange`]): one timer for every request the
+    /// connection carries, moved on by each.
+    timer: Pin<Box<tokio::time::Sleep>>,
     /// Counts this connection open to its authority until it is dropped.
     _live: Arc<Live>,
 }
@@ -537,6 +540,8 @@ impl Pool {
             conn: Box::pin(conn),
             waker: Waker::from(guard.clone()),
             guard,
+            // Not in the timer wheel until an exchange with a deadline sets it.
+            timer: Box::pin(tokio::time::sleep_until(tokio::time::Instant::now())),
             _live: self.inner.connected(authority),
         })
     }
@@ -615,61 +620,123 @@ impl Pool {
     /// [`Pool::connection`] for `waiting`).
     async fn send_with(
         &self,
-        mut req: Request<ReachBody>,
+        req: Request<ReachBody>,
         authority: &str,
         identity: Option<&Expected>,
         backlog: Backlog,
         waiting: &mut bool,
     ) -> Result<Response<UpstreamBody>, Failure> {
+        match self
+            .send_within(req, authority, identity, backlog, waiting, None)
+            .await
+        {
+            Ok(sent) => sent,
+            // Only with a deadline, which this has not.
+            Err(Expired) => Err(Failure {
+                connect: false,
+                refused: false,
+                timed_out: true,
+                message: "timed out".to_owned(),
+            }),
+        }
+    }
+
+    /// [`Pool::send_with`], given up at `deadline` (the response head not in): [`Expired`]. A
+    /// warm connection's exchange keeps the deadline on the connection's own timer, which each
+    /// request moves on — an atomic store while the deadlines only get later — rather than
+    /// putting a new timer in the runtime's wheel and taking it out again for every request
+    /// (≈ 0.5k instructions a side, `docs/perf-levers.md`).
+    async fn send_within(
+        &self,
+        mut req: Request<ReachBody>,
+        authority: &str,
+        identity: Option<&Expected>,
+        backlog: Backlog,
+        waiting: &mut bool,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Result<Response<UpstreamBody>, Failure>, Expired> {
         loop {
-            let (pooled, reused) = self
-                .connection(authority, identity, backlog, waiting)
-                .await?;
+            let found = match self.checkout(authority, identity) {
+                Some(pooled) => {
+                    *waiting = false;
+                    Ok((pooled, true))
+                }
+                // Boxed: a connect is rare on a warm pool, and its future would otherwise add
+                // its size to every request's.
+                None => {
+                    let connecting =
+                        Box::pin(self.connection(authority, identity, backlog, waiting));
+                    match deadline {
+                        Some(at) => tokio::time::timeout_at(at, connecting)
+                            .await
+                            .map_err(|_| Expired)?,
+                        None => connecting.await,
+                    }
+                }
+            };
+            let (pooled, reused) = match found {
+                Ok(found) => found,
+                Err(failure) => return Ok(Err(failure)),
+            };
             let mut pooled = Some(pooled);
-            match exchange(&mut pooled, req).await {
+            let failure = match exchange(&mut pooled, req, deadline).await {
                 Ok(response) => {
                     let lease = pooled.take().map(|pooled| Lease {
                         pool: self.clone(),
                         authority: authority.into(),
                         pooled,
                     });
-                    return Ok(response.map(|incoming| UpstreamBody::new(incoming, lease, None)));
+                    return Ok(Ok(
+                        response.map(|incoming| UpstreamBody::new(incoming, lease, None))
+                    ));
                 }
                 Err(Unsent(back)) if reused => {
                     // A stale pooled connection: the request never left. Try the next.
                     req = back;
+                    continue;
                 }
-                Err(Unsent(_)) => return Err(Failure::connect(CLOSED_UNSENT.to_owned())),
-                Err(Sent(err)) => {
-                    return Err(Failure {
-                        connect: false,
-                        refused: false,
-                        timed_out: false,
-                        message: client::chain(&err),
-                    })
-                }
-            }
+                Err(Unsent(_)) => Failure::connect(CLOSED_UNSENT.to_owned()),
+                Err(Sent(err)) => Failure {
+                    connect: false,
+                    refused: false,
+                    timed_out: false,
+                    message: client::chain(&err),
+                },
+                Err(TimedOut) => return Err(Expired),
+            };
+            return Ok(Err(failure));
         }
     }
 }
+
+/// The call's deadline passed before its response head was in.
+#[derive(Debug)]
+struct Expired;
 
 /// A request that failed: given back unsent, or lost after it was written.
 #[allow(clippy::large_enum_variant)] // moved once, on a failure; boxing would allocate to retry
 enum SendFailure {
     Unsent(Request<ReachBody>),
     Sent(hyper::Error),
+    /// The deadline passed first: the connection, mid-exchange, is dropped with the call.
+    TimedOut,
 }
-use SendFailure::{Sent, Unsent};
+use SendFailure::{Sent, TimedOut, Unsent};
 
-/// One request on one connection, up to the response head: polls the connection and the
-/// response promise in the caller's task. The connection is dropped (`None`) once it has closed.
+/// One request on one connection, up to the response head or `deadline`: polls the connection
+/// and the response promise in the caller's task. The connection is dropped (`None`) once it has
+/// closed.
 async fn exchange(
     pooled: &mut Option<Pooled>,
     req: Request<ReachBody>,
+    deadline: Option<tokio::time::Instant>,
 ) -> Result<Response<Incoming>, SendFailure> {
     let Some(conn) = pooled.as_mut() else {
         return Err(Unsent(req));
     };
+    if let Some(at) = deadline {
+        conn.timer.as_mut().reset(at);
+    }
     let (guard, waker) = (conn.guard.clone(), conn.waker.clone());
     let mut sending = std::pin::pin!(conn.tx.try_send_request(req));
     std::future::poll_fn(|cx| {
@@ -693,13 +760,30 @@ async fn exchange(
                 }));
             }
             if !again {
-                return Poll::Pending;
+                return match timed_out(pooled, deadline, cx) {
+                    true => Poll::Ready(Err(TimedOut)),
+                    false => Poll::Pending,
+                };
             }
         }
         cx.waker().wake_by_ref();
         Poll::Pending
     })
     .await
+}
+
+/// Whether the exchange's deadline has passed; if not, the task is woken when it does. A
+/// connection that closed mid-exchange has no timer left, and needs none: its promise is
+/// already fulfilled with the error.
+fn timed_out(
+    pooled: &mut Option<Pooled>,
+    deadline: Option<tokio::time::Instant>,
+    cx: &mut Context<'_>,
+) -> bool {
+    match (pooled, deadline) {
+        (Some(conn), Some(_)) => conn.timer.as_mut().poll(cx).is_ready(),
+        _ => false,
+    }
 }
 
 impl Pooled {
@@ -944,13 +1028,18 @@ pub async fn forward_with(
     req.headers_mut()
         .insert(header::HOST, host_header(authority, identity));
     let mut waiting = false;
+    // None: so far off that it never comes.
+    let deadline = tokio::time::Instant::now().checked_add(timeout);
     // `send_any` written out: one `async fn` level less in every request's future.
     let sent = if pool.via_h2(identity) {
         let send = Box::pin(pool.send_h2(req, authority, identity));
-        tokio::time::timeout(timeout, send).await
+        match deadline {
+            Some(at) => tokio::time::timeout_at(at, send).await.map_err(|_| Expired),
+            None => Ok(send.await),
+        }
     } else {
-        let send = pool.send_with(req, authority, identity, backlog, &mut waiting);
-        tokio::time::timeout(timeout, send).await
+        pool.send_within(req, authority, identity, backlog, &mut waiting, deadline)
+            .await
     };
     match sent {
         Ok(Ok(mut response)) => {

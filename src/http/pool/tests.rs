@@ -341,3 +341,79 @@ async fn a_refused_connect_is_not_waited_out() {
         "{err:?}"
     );
 }
+
+/// An upstream that answers at once, except `/hang`, which it never answers.
+async fn hanging_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    if req.uri().path() == "/hang" {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<_, std::convert::Infallible>(Response::new(body::full("ok")))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+async fn get_within(
+    pool: &Pool,
+    authority: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<(), ReachError> {
+    let req = Request::get(path)
+        .body(body::empty())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let response = forward(pool, req, authority, None, &"test", timeout).await?;
+    let _ = response.into_body().collect().await;
+    Ok(())
+}
+
+/// A connection keeps one timer for its exchanges: each request moves it, to an earlier deadline
+/// as well as a later one, and after it has fired while the connection sat idle.
+#[tokio::test(start_paused = true)]
+async fn each_request_on_a_pooled_connection_gets_its_own_deadline() {
+    let addr = hanging_upstream().await;
+    let pool = Pool::new(config(), tcp());
+    let authority = addr.to_string();
+    // The connection's timer set a minute out, then a hung request given 300 ms on it.
+    let long = Duration::from_secs(60);
+    assert!(get_within(&pool, &authority, "/now", long).await.is_ok());
+    assert_eq!(pool.idle_count(), 1);
+    let started = tokio::time::Instant::now();
+    let hung = get_within(&pool, &authority, "/hang", Duration::from_millis(300)).await;
+    assert!(matches!(hung, Err(ReachError::Timeout { .. })), "{hung:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(1),
+        "{took:?}"
+    );
+    // A new connection whose timer fires while it sits idle, then is set again.
+    assert!(
+        get_within(&pool, &authority, "/now", Duration::from_millis(100))
+            .await
+            .is_ok()
+    );
+    assert_eq!(pool.idle_count(), 1);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(get_within(&pool, &authority, "/now", long).await.is_ok());
+    let started = tokio::time::Instant::now();
+    let hung = get_within(&pool, &authority, "/hang", Duration::from_millis(300)).await;
+    assert!(matches!(hung, Err(ReachError::Timeout { .. })), "{hung:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(1),
+        "{took:?}"
+    );
+}
