@@ -104,10 +104,16 @@ UP=$(port)
 if [ "${UPSTREAM:-hyper}" = nginx ]; then
     start_nginx "$(nginx_conf up "$UP" return)"
 else
-    "${UPSTREAM_BIN:-$(dirname "$BIN")/examples/perf_upstream}" "$UP" &
+    UPSTREAM_BIN=${UPSTREAM_BIN:-$(dirname "$BIN")/examples/perf_upstream}
+    if [ ! -x "$UPSTREAM_BIN" ]; then
+        echo "no upstream at $UPSTREAM_BIN: cargo build --release --example perf_upstream, or UPSTREAM=nginx" >&2
+        exit 2
+    fi
+    "$UPSTREAM_BIN" "$UP" &
     PIDS+=($!)
 fi
-wait_port "$UP"
+# Without an upstream every request would fail, and the figures would be of errors.
+wait_port "$UP" || exit 1
 
 FRONT=$(port)
 BACK=$(port)
