@@ -10,7 +10,7 @@ use http::Request;
 use hyper::body::Incoming;
 
 use crate::config::{CompiledSchema, Snapshot};
-use crate::http::deadline::{within, Deadline};
+use crate::http::deadline::within;
 use crate::http::upload::{UploadWatch, WatchedUpload};
 use crate::http::{body, ReachBody};
 use crate::local::Slot;
@@ -23,9 +23,8 @@ pub(super) struct Meta {
     pub(super) series: Arc<InboundSeries>,
     /// How long the agent may take to answer (the capability's timeout).
     pub(super) own_timeout: Duration,
-    pub(super) deadline: Option<Deadline>,
-    /// The time the deadline left when the call `arrived`: the steps after intake count down
-    /// from it on the clock they already read, not from the wall clock again.
+    /// The time the caller's deadline left when the call `arrived`: the steps after intake
+    /// count down from it on the clock they already read, not from the wall clock again.
     pub(super) left: Option<Duration>,
     /// When intake took the call (tokio's clock: the agent's view reads it).
     pub(super) arrived: Instant,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use http::Response;
+use tokio::time::Instant;
 use tower::layer::Layer;
 use tower::ServiceExt;
 
@@ -11,7 +12,6 @@ use super::call::{Call, CallBody, Meta};
 use super::Inbound;
 use crate::classify::Outcome;
 use crate::error::ReachError;
-use crate::http::deadline::attempt_timeout;
 use crate::http::step::{self, answer, Step};
 use crate::http::upload::{self, Upload, UploadWatch, WatchedUpload};
 use crate::http::{body, ReachBody};
@@ -53,7 +53,7 @@ where
         Err(refused) => return refused,
     };
     let meta = call.meta.clone();
-    let (wait, by_deadline) = attempt_timeout(meta.own_timeout, meta.deadline);
+    let (wait, by_deadline) = meta.timeout_at(meta.own_timeout, Instant::now());
     let claim = inbound
         .idempotency
         .claim(&call.scope, meta.label(), key, fingerprint);
@@ -114,13 +114,7 @@ async fn read(
         Ok(read) => read,
         Err(err) => {
             let m = &call.meta;
-            inbound.finish(
-                snapshot,
-                m,
-                Outcome::Rejected,
-                None,
-                tokio::time::Instant::now(),
-            );
+            inbound.finish(snapshot, m, Outcome::Rejected, None, Instant::now());
             return Err(err.into_response());
         }
     };
@@ -142,9 +136,10 @@ fn runs_until(call: &Call) -> Meta {
     let retries = call.snapshot.policy.retry.max_retries.saturating_add(1);
     let longest = meta.own_timeout.saturating_mul(retries);
     Meta {
-        own_timeout: meta
-            .deadline
-            .map_or(meta.own_timeout, |d| d.remaining().min(longest)),
+        own_timeout: match meta.left {
+            Some(_) => meta.timeout_at(longest, Instant::now()).0,
+            None => meta.own_timeout,
+        },
         ..meta.clone()
     }
 }

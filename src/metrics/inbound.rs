@@ -6,20 +6,19 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use metrics::{counter, histogram, Counter, Histogram};
+use metrics::{counter, histogram, Histogram};
 
-use super::{Direction, Metrics, INBOUND_TTFB, OUTCOMES, REQUESTS_TOTAL, REQUEST_DURATION};
-
-/// `reach_requests_total` and `reach_request_duration_seconds` for one outcome.
-type Finished = (Counter, Histogram);
+use super::{
+    Direction, Metrics, RequestHandles, INBOUND_TTFB, OUTCOMES, REQUESTS_TOTAL, REQUEST_DURATION,
+};
 
 /// The inbound series of one capability (its metric label).
 pub struct InboundSeries {
     label: Box<str>,
     first_byte: OnceLock<Histogram>,
     /// By outcome, in `OUTCOMES` order; `{source="intercepted"}` apart.
-    finished: [OnceLock<Finished>; OUTCOMES.len()],
-    intercepted: [OnceLock<Finished>; OUTCOMES.len()],
+    finished: [OnceLock<RequestHandles>; OUTCOMES.len()],
+    intercepted: [OnceLock<RequestHandles>; OUTCOMES.len()],
 }
 
 impl std::fmt::Debug for InboundSeries {
@@ -81,22 +80,24 @@ impl InboundSeries {
         histogram.record(duration.as_secs_f64());
     }
 
-    fn register(&self, metrics: &Metrics, intercepted: bool, outcome: &'static str) -> Finished {
+    fn register(
+        &self,
+        metrics: &Metrics,
+        intercepted: bool,
+        outcome: &'static str,
+    ) -> RequestHandles {
+        if !intercepted {
+            return metrics.register_request(Direction::Inbound, &self.label, outcome);
+        }
         let capability = self.label.to_string();
         let inbound = Direction::Inbound.as_str();
-        metrics.with(|| match intercepted {
-            true => (
+        metrics.with(|| {
+            (
                 counter!(REQUESTS_TOTAL, "direction" => inbound, "source" => "intercepted",
                     "capability" => capability.clone(), "outcome" => outcome),
                 histogram!(REQUEST_DURATION, "direction" => inbound, "source" => "intercepted",
                     "capability" => capability, "outcome" => outcome),
-            ),
-            false => (
-                counter!(REQUESTS_TOTAL, "direction" => inbound,
-                    "capability" => capability.clone(), "outcome" => outcome),
-                histogram!(REQUEST_DURATION, "direction" => inbound,
-                    "capability" => capability, "outcome" => outcome),
-            ),
+            )
         })
     }
 }

@@ -169,7 +169,7 @@ impl H2 {
 }
 
 impl Pool {
-    /// [`Pool::send`] over HTTP/2: on a stream of a connection to `authority`, opened if none
+    /// [`Pool::send_within`] over HTTP/2: on a stream of a connection to `authority`, opened if none
     /// has room. `req` comes as [`super::forward_with`] made it (origin-form, `Host`, HTTP/1.1).
     pub(super) async fn send_h2(
         &self,
@@ -217,14 +217,33 @@ impl Pool {
         }
     }
 
-    /// The HTTP/1.1 pool's send, for an address whose server did not pick `h2`.
+    /// The HTTP/1.1 pool's send, for an address whose server did not pick `h2`. Its deadline is
+    /// the caller's, around the whole h2 send.
     async fn send_h1(
         &self,
         req: Request<ReachBody>,
         authority: &str,
         identity: Option<&Expected>,
     ) -> Result<Response<UpstreamBody>, Failure> {
-        Box::pin(self.send_with(req, authority, identity, super::Backlog::Fail, &mut false)).await
+        let mut waiting = false;
+        let send = self.send_within(
+            req,
+            authority,
+            identity,
+            super::Backlog::Fail,
+            &mut waiting,
+            None,
+        );
+        match Box::pin(send).await {
+            Ok(sent) => sent,
+            // Only with a deadline, which this has not.
+            Err(super::Expired) => Err(Failure {
+                connect: false,
+                refused: false,
+                timed_out: true,
+                message: "timed out".to_owned(),
+            }),
+        }
     }
 
     /// A stream on a connection to `authority` opened now, or on one another call opened

@@ -546,8 +546,8 @@ impl Pool {
         })
     }
 
-    /// A connection for a request to `authority`: an idle one, else a new one. With
-    /// [`Backlog::Wait`], a connect that timed out while the upstream is accepting others is
+    /// A new connection for a request to `authority`, for which a checkout found no idle one.
+    /// With [`Backlog::Wait`], a connect that timed out while the upstream is accepting others is
     /// tried again (an idle connection freed meanwhile taken first); `waiting` is true while it
     /// is, so `forward` can tell a backlogged upstream from a silent one when time runs out.
     async fn connection(
@@ -558,14 +558,8 @@ impl Pool {
         waiting: &mut bool,
     ) -> Result<(Pooled, bool), Failure> {
         loop {
-            if let Some(pooled) = self.checkout(authority, identity) {
-                *waiting = false;
-                return Ok((pooled, true));
-            }
             let started = tokio::time::Instant::now();
-            // Boxed: dialling (TCP, TLS, the handshake) is rare on a warm pool, and its future
-            // would otherwise add its size to every request's.
-            match Box::pin(self.connect(authority, identity)).await {
+            match self.connect(authority, identity).await {
                 Ok(pooled) => {
                     *waiting = false;
                     return Ok((pooled, false));
@@ -581,71 +575,22 @@ impl Pool {
                 }
                 Err(failure) => return Err(failure),
             }
+            if let Some(pooled) = self.checkout(authority, identity) {
+                *waiting = false;
+                return Ok((pooled, true));
+            }
         }
     }
 
     /// Sends `req` (origin-form URI, `Host` set) to `authority` — over mutual TLS to a peer that
-    /// must prove `identity`, when one is given — on an idle connection if one is pooled. A
-    /// pooled connection found closed before the request left is skipped.
-    pub async fn send(
-        &self,
-        req: Request<ReachBody>,
-        authority: &str,
-        identity: Option<&Expected>,
-    ) -> Result<Response<UpstreamBody>, Failure> {
-        self.send_any(req, authority, identity, Backlog::Fail, &mut false)
-            .await
-    }
-
-    /// Over HTTP/2 where [`Pool::via_h2`] says (peers and targets: no backlog to wait on), else
-    /// [`Pool::send_with`].
-    async fn send_any(
-        &self,
-        req: Request<ReachBody>,
-        authority: &str,
-        identity: Option<&Expected>,
-        backlog: Backlog,
-        waiting: &mut bool,
-    ) -> Result<Response<UpstreamBody>, Failure> {
-        if self.via_h2(identity) {
-            // Boxed: an HTTP/1 pool's requests should not carry the HTTP/2 path's future.
-            Box::pin(self.send_h2(req, authority, identity)).await
-        } else {
-            self.send_with(req, authority, identity, backlog, waiting)
-                .await
-        }
-    }
-
-    /// [`Pool::send`], treating a backlogged upstream as `backlog` says (see
-    /// [`Pool::connection`] for `waiting`).
-    async fn send_with(
-        &self,
-        req: Request<ReachBody>,
-        authority: &str,
-        identity: Option<&Expected>,
-        backlog: Backlog,
-        waiting: &mut bool,
-    ) -> Result<Response<UpstreamBody>, Failure> {
-        match self
-            .send_within(req, authority, identity, backlog, waiting, None)
-            .await
-        {
-            Ok(sent) => sent,
-            // Only with a deadline, which this has not.
-            Err(Expired) => Err(Failure {
-                connect: false,
-                refused: false,
-                timed_out: true,
-                message: "timed out".to_owned(),
-            }),
-        }
-    }
-
-    /// [`Pool::send_with`], given up at `deadline` (the response head not in): [`Expired`]. A
-    /// warm connection's exchange keeps the deadline on the connection's own timer, which each
-    /// request moves on — an atomic store while the deadlines only get later — rather than
-    /// putting a new timer in the runtime's wheel and taking it out again for every request
-    /// (≈ 0.5k instructions a side, `docs/perf-levers.md`).
+    /// must prove `identity`, when one is given — on an idle connection if one is pooled (one
+    /// found closed before the request left is skipped), treating a backlogged upstream as
+    /// `backlog` says (see [`Pool::connection`] for `waiting`). Given up at `deadline`, the
+    /// response head not in: [`Expired`]. A warm connection's exchange keeps the deadline on the
+    /// connection's own timer, which each request moves on — an atomic store while the
+    /// deadlines only get later — rather than putting a new timer in the runtime's wheel and
+    /// taking it out again for every request (≈ 0.5k instructions a side,
+    /// `docs/perf-levers.md`).
     async fn send_within(
         &self,
         mut req: Request<ReachBody>,
@@ -661,8 +606,8 @@ impl Pool {
                     *waiting = false;
                     Ok((pooled, true))
                 }
-                // Boxed: a connect is rare on a warm pool, and its future would otherwise add
-                // its size to every request's.
+                // Boxed: dialling (TCP, TLS, the handshake) is rare on a warm pool, and its
+                // future would otherwise add its size to every request's.
                 None => {
                     let connecting =
                         Box::pin(self.connection(authority, identity, backlog, waiting));
@@ -1030,8 +975,8 @@ pub async fn forward_with(
     let mut waiting = false;
     // None: so far off that it never comes.
     let deadline = tokio::time::Instant::now().checked_add(timeout);
-    // `send_any` written out: one `async fn` level less in every request's future.
     let sent = if pool.via_h2(identity) {
+        // Boxed: an HTTP/1 pool's requests should not carry the HTTP/2 path's future.
         let send = Box::pin(pool.send_h2(req, authority, identity));
         match deadline {
             Some(at) => tokio::time::timeout_at(at, send).await.map_err(|_| Expired),

@@ -380,6 +380,18 @@ async fn get_within(
     Ok(())
 }
 
+/// A hung request given 300 ms times out at 300 ms, whatever deadline its connection had before.
+async fn times_out_at_300ms(pool: &Pool, authority: &str) {
+    let started = tokio::time::Instant::now();
+    let hung = get_within(pool, authority, "/hang", Duration::from_millis(300)).await;
+    assert!(matches!(hung, Err(ReachError::Timeout { .. })), "{hung:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(1),
+        "{took:?}"
+    );
+}
+
 /// A connection keeps one timer for its exchanges: each request moves it, to an earlier deadline
 /// as well as a later one, and after it has fired while the connection sat idle.
 #[tokio::test(start_paused = true)]
@@ -391,14 +403,7 @@ async fn each_request_on_a_pooled_connection_gets_its_own_deadline() {
     let long = Duration::from_secs(60);
     assert!(get_within(&pool, &authority, "/now", long).await.is_ok());
     assert_eq!(pool.idle_count(), 1);
-    let started = tokio::time::Instant::now();
-    let hung = get_within(&pool, &authority, "/hang", Duration::from_millis(300)).await;
-    assert!(matches!(hung, Err(ReachError::Timeout { .. })), "{hung:?}");
-    let took = started.elapsed();
-    assert!(
-        took >= Duration::from_millis(300) && took < Duration::from_secs(1),
-        "{took:?}"
-    );
+    times_out_at_300ms(&pool, &authority).await;
     // A new connection whose timer fires while it sits idle, then is set again.
     assert!(
         get_within(&pool, &authority, "/now", Duration::from_millis(100))
@@ -408,12 +413,5 @@ async fn each_request_on_a_pooled_connection_gets_its_own_deadline() {
     assert_eq!(pool.idle_count(), 1);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(get_within(&pool, &authority, "/now", long).await.is_ok());
-    let started = tokio::time::Instant::now();
-    let hung = get_within(&pool, &authority, "/hang", Duration::from_millis(300)).await;
-    assert!(matches!(hung, Err(ReachError::Timeout { .. })), "{hung:?}");
-    let took = started.elapsed();
-    assert!(
-        took >= Duration::from_millis(300) && took < Duration::from_secs(1),
-        "{took:?}"
-    );
+    times_out_at_300ms(&pool, &authority).await;
 }

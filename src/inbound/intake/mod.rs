@@ -141,7 +141,6 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     let meta = Meta {
         series: inbound.metrics.inbound_series(capability),
         own_timeout: snapshot.capability_timeout(Some(capability)),
-        deadline,
         left: deadline.map(Deadline::remaining),
         arrived,
         intercepted,
