@@ -23,6 +23,8 @@ def parse(path):
     fn = None
     pending_call = None
     cfn = None
+    # The cost follows the positions: one (line), or two with `--dump-instr=yes` (instr line).
+    at = 1
 
     def name(kind, rest):
         m = re.match(r"\((\d+)\)(?: (.*))?", rest)
@@ -37,10 +39,13 @@ def parse(path):
             line = line.rstrip("\n")
             if not line:
                 continue
+            if line.startswith("positions:"):
+                at = len(line.split()) - 1
+                continue
             c = line[0]
             if c.isdigit() or c in "+-*":
                 parts = line.split()
-                cost = int(parts[1]) if len(parts) > 1 else 0
+                cost = int(parts[at]) if len(parts) > at else 0
                 if pending_call is not None:
                     edges[(fn, cfn)] += cost
                     edge_calls[(fn, cfn)] += pending_call

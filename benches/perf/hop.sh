@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Per-request cost of one agent-reach sidecar pair (or an nginx pair), measured in ways that do
 # not depend on how busy the machine is:
-#   callgrind  instructions per request in each sidecar (user space; valgrind serialises threads)
+#   callgrind  instructions per request in each sidecar (user space; valgrind serialises threads),
+#              and the locked instructions and clock reads among them (benches/perf/locked.py)
 #   perf       context switches (and how many were voluntary), task-clock, user/system CPU and
 #              peak RSS per request (perf stat -p, /proc)
 #   strace     syscalls per request (strace -c -f -p)
@@ -119,7 +120,8 @@ FRONT=$(port)
 BACK=$(port)
 WRAP=()
 case $MODE in
-    callgrind) WRAP=(valgrind --tool=callgrind --instr-atstart=no --dump-instr=no
+    # Instruction addresses too: benches/perf/locked.py finds the locked ones among them.
+    callgrind) WRAP=(valgrind --tool=callgrind --instr-atstart=no --dump-instr=yes
                      --callgrind-out-file="$OUT/callgrind.%q{ROLE}.out") ;;
     # Every function either sidecar runs, from its first instruction: start-up, the request
     # path, the admin pages and a scrape. Symbol names stay mangled for the linker.
@@ -209,6 +211,7 @@ case $MODE in
             f=$(ls -t "$OUT"/callgrind."$role".out* 2>/dev/null | head -1)
             ir=$(grep -h '^summary:\|^totals:' "$f" | tail -1 | awk '{print $2}')
             echo "$role Ir=$ir Ir/req=$(per "$ir" "$N") file=$f"
+            echo "$role $(python3 "$(dirname "$0")/locked.py" "$f" "$BIN" "$N" 0 | head -1)"
         done
         ;;
     perf|nginx-perf)
