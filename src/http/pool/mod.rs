@@ -48,6 +48,9 @@ use crate::transport::ConnectMesh;
 use crate::transport::Expected;
 
 mod h2;
+mod wakes;
+
+use wakes::Wakes;
 
 /// The largest read buffer of one upstream connection (as the legacy client).
 const READ_BUFFER_MAX: usize = 64 * 1024;
@@ -207,73 +210,16 @@ struct Pooled {
     /// The identity the peer proved in the TLS handshake; `None` in plaintext.
     identity: Option<Expected>,
     tx: SendRequest<ReachBody>,
-    conn: Pin<Box<Conn>>,
-    /// The waker every poll of `conn` registers (see `Guard`).
-    guard: Arc<Guard>,
-    waker: Waker,
+    /// Dropped (`None`) as soon as it has closed: that fails the request it was carrying.
+    conn: Option<Pin<Box<Conn>>>,
+    /// What every poll of `conn` is woken through.
+    wakes: Wakes,
     /// The deadline of the exchange on it (see [`exchange`]): one timer for every request the
     /// connection carries, moved on by each.
     timer: Pin<Box<tokio::time::Sleep>>,
     /// Counts this connection open to its authority until it is dropped.
     _live: Arc<Live>,
 }
-
-/// The waker a connection registers everywhere inside hyper (socket readiness, the request
-/// channel, the response promise, the body channel's want): it wakes the task now using the
-/// connection — except while that task is inside this module's own poll loop, where the wake is
-/// only noted and the loop goes round again. Sending a request, fulfilling the promise and
-/// asking for body data are all done by the connection, polled by that same loop: without the
-/// guard each would wake the task that is already running, for one more poll of everything.
-#[derive(Default)]
-struct Guard {
-    task: Mutex<Option<Waker>>,
-    polling: AtomicBool,
-    woken: AtomicBool,
-}
-
-impl std::task::Wake for Guard {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.woken.store(true, Ordering::SeqCst);
-        if !self.polling.load(Ordering::SeqCst) {
-            let task = self.task.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(waker) = task.as_ref() {
-                waker.wake_by_ref();
-            }
-        }
-    }
-}
-
-impl Guard {
-    /// Enters the poll loop of the task whose waker is `waker`.
-    fn enter(&self, waker: &Waker) {
-        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
-        if !task.as_ref().is_some_and(|w| w.will_wake(waker)) {
-            *task = Some(waker.clone());
-        }
-        drop(task);
-        self.woken.store(false, Ordering::SeqCst);
-        self.polling.store(true, Ordering::SeqCst);
-    }
-
-    /// The connection goes idle in the pool: its wakes (a close, the next request being queued
-    /// before the next task's first poll) wake nobody.
-    fn idle(&self) {
-        *self.task.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-
-    /// Leaves it; true when the connection was woken meanwhile (poll again).
-    fn leave(&self) -> bool {
-        self.polling.store(false, Ordering::SeqCst);
-        self.woken.swap(false, Ordering::SeqCst)
-    }
-}
-
-/// Rounds of the poll loop before falling back to an ordinary self-wake.
-const ROUNDS: usize = 8;
 
 struct Idle {
     pooled: Pooled,
@@ -453,7 +399,7 @@ impl Pool {
             if list.len() >= max {
                 return;
             }
-            pooled.guard.idle();
+            pooled.wakes.idle();
             list.push(Idle {
                 pooled,
                 since: Instant::now(),
@@ -533,13 +479,11 @@ impl Pool {
             .handshake(io)
             .await
             .map_err(|err| Failure::connect(client::chain(&err)))?;
-        let guard = Arc::new(Guard::default());
         Ok(Pooled {
             identity: identity.cloned(),
             tx,
-            conn: Box::pin(conn),
-            waker: Waker::from(guard.clone()),
-            guard,
+            conn: Some(Box::pin(conn)),
+            wakes: Wakes::new(),
             // Not in the timer wheel until an exchange with a deadline sets it.
             timer: Box::pin(tokio::time::sleep_until(tokio::time::Instant::now())),
             _live: self.inner.connected(authority),
@@ -682,52 +626,49 @@ async fn exchange(
     if let Some(at) = deadline {
         conn.timer.as_mut().reset(at);
     }
-    let (guard, waker) = (conn.guard.clone(), conn.waker.clone());
     let mut sending = std::pin::pin!(conn.tx.try_send_request(req));
+    let Pooled {
+        wakes,
+        conn: io,
+        timer,
+        ..
+    } = conn;
+    // Kept here, not passed out through the loop: a response or a request given back is ~250
+    // bytes, and each hop out would copy it.
+    let mut answer = None;
     std::future::poll_fn(|cx| {
-        let mut inner = Context::from_waker(&waker);
-        for _ in 0..ROUNDS {
-            guard.enter(cx.waker());
-            // The connection first: it writes the request, reads the response and fulfils the
-            // promise, all in this poll.
-            if let Some(conn) = pooled.as_mut() {
-                if conn.conn.as_mut().poll(&mut inner).is_ready() {
-                    // Closed (or failed): the promise now holds the error.
-                    *pooled = None;
-                }
+        // The connection first: it writes the request, reads the response and fulfils the
+        // promise, all in this poll.
+        let polled = wakes.drive(cx, |inner| {
+            if io
+                .as_mut()
+                .is_some_and(|c| c.as_mut().poll(inner).is_ready())
+            {
+                // Closed (or failed): dropped, which fulfils the promise with the error.
+                *io = None;
             }
-            let polled = sending.as_mut().poll(&mut inner);
-            let again = guard.leave();
-            if let Poll::Ready(result) = polled {
-                return Poll::Ready(result.map_err(|mut err| match err.take_message() {
-                    Some(req) => Unsent(req),
-                    None => Sent(err.into_error()),
-                }));
-            }
-            if !again {
-                return match timed_out(pooled, deadline, cx) {
-                    true => Poll::Ready(Err(TimedOut)),
-                    false => Poll::Pending,
-                };
-            }
+            sending
+                .as_mut()
+                .poll(inner)
+                .map(|result| answer = Some(result))
+        });
+        // Closed mid-exchange: the promise is fulfilled with the error already.
+        if polled.is_pending() && io.is_some() && deadline.is_some() {
+            return timer.as_mut().poll(cx);
         }
-        cx.waker().wake_by_ref();
-        Poll::Pending
+        polled
     })
-    .await
-}
-
-/// Whether the exchange's deadline has passed; if not, the task is woken when it does. A
-/// connection that closed mid-exchange has no timer left, and needs none: its promise is
-/// already fulfilled with the error.
-fn timed_out(
-    pooled: &mut Option<Pooled>,
-    deadline: Option<tokio::time::Instant>,
-    cx: &mut Context<'_>,
-) -> bool {
-    match (pooled, deadline) {
-        (Some(conn), Some(_)) => conn.timer.as_mut().poll(cx).is_ready(),
-        _ => false,
+    .await;
+    if pooled.as_ref().is_some_and(|p| p.conn.is_none()) {
+        *pooled = None;
+    }
+    match answer {
+        Some(Ok(response)) => Ok(response),
+        Some(Err(mut err)) => Err(match err.take_message() {
+            Some(req) => Unsent(req),
+            None => Sent(err.into_error()),
+        }),
+        None => Err(TimedOut),
     }
 }
 
@@ -735,7 +676,10 @@ impl Pooled {
     /// Polls the connection with a waker that wakes nobody; ready when it has closed.
     fn poll_noop(&mut self) -> Poll<()> {
         let mut cx = Context::from_waker(Waker::noop());
-        self.conn.as_mut().poll(&mut cx).map(|_| ())
+        match self.conn.as_mut() {
+            Some(conn) => conn.as_mut().poll(&mut cx).map(|_| ()),
+            None => Poll::Ready(()),
+        }
     }
 }
 
@@ -895,31 +839,27 @@ impl UpstreamBody {
             let polled = Pin::new(&mut this.0.incoming).poll_frame(cx);
             return this.frame(polled);
         };
-        let (guard, waker) = (lease.pooled.guard.clone(), lease.pooled.waker.clone());
-        let mut inner = Context::from_waker(&waker);
-        for _ in 0..ROUNDS {
-            guard.enter(cx.waker());
-            let mut polled = Pin::new(&mut this.0.incoming).poll_frame(&mut inner);
-            if polled.is_pending() {
-                // Nothing buffered: drive the connection, which feeds `incoming`, then look again.
-                if let Some(lease) = this.0.lease.as_mut() {
-                    if lease.pooled.conn.as_mut().poll(&mut inner).is_ready() {
-                        // Done; `incoming` now has its last frame or its error.
-                        this.0.lease = None;
-                    }
-                }
-                polled = Pin::new(&mut this.0.incoming).poll_frame(&mut inner);
+        let Pooled { wakes, conn, .. } = &mut lease.pooled;
+        let incoming = &mut this.0.incoming;
+        let polled = wakes.drive(cx, |inner| {
+            let polled = Pin::new(&mut *incoming).poll_frame(inner);
+            let Some(c) = conn.as_mut().filter(|_| polled.is_pending()) else {
+                return polled;
+            };
+            // Nothing buffered: drive the connection, which feeds `incoming`, then look again.
+            if c.as_mut().poll(inner).is_ready() {
+                // Done; `incoming` now has its last frame or its error.
+                *conn = None;
             }
-            let again = guard.leave();
-            if polled.is_ready() {
-                return this.frame(polled);
-            }
-            if !again {
-                return Poll::Pending;
-            }
+            Pin::new(&mut *incoming).poll_frame(inner)
+        });
+        if conn.is_none() {
+            this.0.lease = None;
         }
-        cx.waker().wake_by_ref();
-        Poll::Pending
+        match polled {
+            Poll::Ready(_) => this.frame(polled),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
