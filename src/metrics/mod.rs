@@ -466,11 +466,11 @@ impl Metrics {
         capability: &str,
         peer: &str,
         outcome: &'static str,
-        duration: Duration,
+        (duration, now): (Duration, Instant),
     ) {
         // Outbound answers only: an inbound call's peer is the local agent, and `-` is none.
         if direction == Direction::Outbound && peer != "-" {
-            self.peer_series().request(peer, outcome, Instant::now());
+            self.peer_series().request(peer, outcome, now);
         }
         let Some(o) = OUTCOMES.iter().position(|x| *x == outcome) else {
             let (counter, histogram) = self.register_request(direction, capability, outcome);

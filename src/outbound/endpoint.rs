@@ -16,7 +16,9 @@ use crate::http::deadline::{self, attempt_timeout, Deadline};
 use crate::http::headers::{self, bounded_retry_after, retry_after};
 use crate::http::pool::{forward, Named, UpstreamBody};
 use crate::http::step::{self, Step};
+use crate::http::upload::UploadWatch;
 use crate::metrics::Metrics;
+use crate::peers::Pending;
 use crate::reach::Signal;
 use crate::registry::Peer;
 
@@ -51,8 +53,11 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
     // Named only if it fails: no string per attempt.
     let target =
         Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {} ({})", peer.name, peer.address));
-    let sent = Instant::now();
-    let pending = peers.begin(peer, candidate.latency_ms);
+    // The peers' views count on the runtime's clock (virtual in paused tests).
+    let sent = tokio::time::Instant::now();
+    // A provider's answer times its first token from here, on the wall clock `usage` reads.
+    let sent_to_target = peer.target.is_some().then(Instant::now);
+    let pending = peers.begin(peer, candidate.latency_ms, sent);
     let identity = peer.dial_identity(snapshot.mtls_mode());
     let forwarded = forward(
         client,
@@ -67,43 +72,69 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
         // Boxed: a capability with a first-event deadline is the rare case.
         Some(limit) => Box::pin(super::first_event::within(forwarded, limit, &target)).await,
     };
-    let elapsed = sent.elapsed();
+    // One clock reading for the attempt's time and the peer's view of its end.
+    let ended = tokio::time::Instant::now();
+    let elapsed = ended.saturating_duration_since(sent);
     let mut response = match forwarded {
         Ok(response) => response,
         Err(err) => {
-            if let Some(fault) = upload.caller_fault(Class::of_error(&err) == Class::TimedOut) {
-                // The agent's own upload broke or stalled: nothing against the peer.
-                pending.discard();
-                return Attempt::Failed(fault);
-            }
-            if by_deadline && matches!(err, ReachError::Timeout { .. }) {
-                // The caller's budget ran out, not the peer's time: no evidence against the
-                // peer, unless the wait was far past what the peer usually takes (`Pending`).
-                drop(pending);
-                return Attempt::Failed(ReachError::DeadlineExceeded);
-            }
-            match Class::of_error(&err).signal(elapsed) {
-                // A peer's sidecar that refuses connections: this caller has no prober to
-                // see it come back, so it is a failure like any other here.
-                Some(Signal::Unreachable(t)) => pending.finish(Signal::Failure(t), &snapshot),
-                Some(signal) => pending.finish(signal, &snapshot),
-                None => pending.finish(Signal::Failure(elapsed), &snapshot),
-            }
-            return Attempt::Failed(err);
+            return failed(
+                err,
+                &upload,
+                by_deadline,
+                pending,
+                (&snapshot, ended, elapsed),
+            )
         }
     };
     let body_delay = match peer.target.is_some() && holds_retry_delay(&response) {
         true => Box::pin(retry_delay_in_body(&mut response)).await,
         false => None,
     };
-    learn_budget(budgets, peer, &snapshot, &mut response, (sent, body_delay));
+    learn_budget(
+        budgets,
+        peer,
+        &snapshot,
+        &mut response,
+        (sent_to_target, body_delay),
+    );
     let class = with_body_delay(Class::of_response(&response), &response, body_delay);
     match class.signal(elapsed) {
-        Some(signal) => pending.finish(signal, &snapshot),
+        Some(signal) => pending.finish(signal, &snapshot, ended),
         // Our registry is stale: nothing ran, and that peer earns no credit for it.
         None => pending.discard(),
     }
     answered(class, response)
+}
+
+/// An attempt that got no answer, ended at `ended` after `elapsed`: what the peer's view learns
+/// from it, and what the policy sees.
+fn failed(
+    err: ReachError,
+    upload: &UploadWatch,
+    by_deadline: bool,
+    pending: Pending<'_>,
+    (snapshot, ended, elapsed): (&Snapshot, tokio::time::Instant, Duration),
+) -> Attempt {
+    if let Some(fault) = upload.caller_fault(Class::of_error(&err) == Class::TimedOut) {
+        // The agent's own upload broke or stalled: nothing against the peer.
+        pending.discard();
+        return Attempt::Failed(fault);
+    }
+    if by_deadline && matches!(err, ReachError::Timeout { .. }) {
+        // The caller's budget ran out, not the peer's time: no evidence against the
+        // peer, unless the wait was far past what the peer usually takes (`Pending`).
+        drop(pending);
+        return Attempt::Failed(ReachError::DeadlineExceeded);
+    }
+    match Class::of_error(&err).signal(elapsed) {
+        // A peer's sidecar that refuses connections: this caller has no prober to
+        // see it come back, so it is a failure like any other here.
+        Some(Signal::Unreachable(t)) => pending.finish(Signal::Failure(t), snapshot, ended),
+        Some(signal) => pending.finish(signal, snapshot, ended),
+        None => pending.finish(Signal::Failure(elapsed), snapshot, ended),
+    }
+    Attempt::Failed(err)
 }
 
 /// An answer as the attempt policy sees it: done, or refused (and why).
@@ -143,9 +174,9 @@ fn learn_budget(
     peer: &Peer,
     snapshot: &Snapshot,
     response: &mut http::Response<UpstreamBody>,
-    (sent, body_delay): (Instant, Option<Duration>),
+    (sent, body_delay): (Option<Instant>, Option<Duration>),
 ) {
-    let Some(target) = peer.target.as_deref() else {
+    let (Some(target), Some(sent)) = (peer.target.as_deref(), sent) else {
         return;
     };
     response.extensions_mut().insert(usage::Watch {

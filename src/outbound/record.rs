@@ -75,13 +75,14 @@ where
         } else {
             outcome
         };
-        let elapsed = started.elapsed();
+        // One clock reading for the duration and the peer's series.
+        let now = Instant::now();
         metrics.request_finished(
             Direction::Outbound,
             &label,
             &peer,
             outcome.as_str(),
-            elapsed,
+            (now.saturating_duration_since(started), now),
         );
     });
     let measured = Observed::new(incoming, observer);
@@ -104,12 +105,13 @@ pub(super) fn refuse(
     }
     let outcome = Class::of_error(&err).outcome();
     crate::http::layers::record_in_span(field::OUTCOME, outcome.as_str());
+    let now = Instant::now();
     metrics.request_finished(
         Direction::Outbound,
         label,
         peer,
         outcome.as_str(),
-        started.elapsed(),
+        (now.saturating_duration_since(started), now),
     );
     err.into_response()
 }

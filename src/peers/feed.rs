@@ -387,10 +387,16 @@ mod tests {
         feed.members(&[member(1)]);
         let old = peer(&feed);
         let snapshot = feed.store.snapshot();
-        let in_flight: Vec<_> = (0..5).map(|_| feed.views.begin(&old, None)).collect();
+        let in_flight: Vec<_> = (0..5)
+            .map(|_| feed.views.begin(&old, None, tokio::time::Instant::now()))
+            .collect();
         feed.members(&[member(2)]);
         for attempt in in_flight {
-            attempt.finish(Signal::Failure(Duration::from_millis(1)), &snapshot);
+            attempt.finish(
+                Signal::Failure(Duration::from_millis(1)),
+                &snapshot,
+                tokio::time::Instant::now(),
+            );
         }
         assert_eq!(view_of(&feed), Some((State::Parole, 0)));
         let scored = feed.views.score(

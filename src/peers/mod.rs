@@ -228,8 +228,12 @@ impl PeerViews {
     /// caller leaving) counts against the peer. The bar is set when the attempt starts, so the
     /// attempt's own silence cannot raise it. A silent path — a half-open connection, a
     /// black-holed peer — shows up only this way; a short deadline on a healthy peer does not.
-    pub fn begin<'v>(&'v self, peer: &'v Peer, latency_ms: Option<f64>) -> Pending<'v> {
-        let now = Instant::now();
+    pub fn begin<'v>(
+        &'v self,
+        peer: &'v Peer,
+        latency_ms: Option<f64>,
+        now: Instant,
+    ) -> Pending<'v> {
         let generation = {
             let mut inner = self.lock();
             let e = entry(&mut inner, peer, now);
@@ -244,6 +248,7 @@ impl PeerViews {
             started: now,
             overdue_after: (usual * 5).max(OVERDUE_FLOOR),
             done: false,
+            in_flight: true,
         }
     }
 
@@ -266,21 +271,40 @@ impl PeerViews {
 
     /// Evidence about `peer` from outside an attempt (its sidecar did not answer a poll).
     pub fn observe(&self, peer: &Peer, signal: Signal) {
-        self.record(peer, signal, &self.store.snapshot(), None);
+        self.record(
+            peer,
+            signal,
+            &self.store.snapshot(),
+            Source::Outside,
+            Instant::now(),
+        );
     }
 
-    /// Evidence about `peer`, judged under the caller's config snapshot: from an attempt begun
-    /// on the entry of `generation` (dropped if that entry has since been started afresh: it is
-    /// about an incarnation that is gone), or from outside an attempt (`None`).
-    fn record(&self, peer: &Peer, signal: Signal, snapshot: &Snapshot, generation: Option<u64>) {
-        let now = Instant::now();
+    /// Evidence about `peer` seen at `now`, judged under the caller's config snapshot. Evidence
+    /// from an attempt is dropped if the entry it was begun on has since been started afresh: it
+    /// is about an incarnation that is gone.
+    fn record(
+        &self,
+        peer: &Peer,
+        signal: Signal,
+        snapshot: &Snapshot,
+        source: Source,
+        now: Instant,
+    ) {
         let mut inner = self.lock();
-        let e = match generation {
-            None => entry(&mut inner, peer, now),
-            Some(generation) => match same_entry(&mut inner, peer, generation) {
-                Some(e) => e,
-                None => return,
-            },
+        let e = match source {
+            Source::Outside => entry(&mut inner, peer, now),
+            Source::Attempt { generation, ends } => {
+                match same_entry(&mut inner, peer, generation) {
+                    Some(e) => {
+                        if ends {
+                            e.pending = e.pending.saturating_sub(1);
+                        }
+                        e
+                    }
+                    None => return,
+                }
+            }
         };
         e.outcomes.count(signal);
         let t = e.view.observe(
@@ -542,14 +566,29 @@ pub struct Pending<'v> {
     started: Instant,
     overdue_after: Duration,
     done: bool,
+    /// Still counted in its entry's `pending` (`finish` stops it, under the lock it records with).
+    in_flight: bool,
+}
+
+/// Where evidence about a peer comes from.
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    /// Outside an attempt (its sidecar did not answer a poll).
+    Outside,
+    /// An attempt begun on the entry of `generation`; `ends`: it stops counting as in flight.
+    Attempt { generation: u64, ends: bool },
 }
 
 impl Pending<'_> {
-    /// Ends the attempt with what this caller saw, under the call's config snapshot.
-    pub fn finish(mut self, signal: Signal, snapshot: &Snapshot) {
+    /// Ends the attempt at `now` with what this caller saw, under the call's config snapshot.
+    pub fn finish(mut self, signal: Signal, snapshot: &Snapshot, now: Instant) {
         self.done = true;
-        self.views
-            .record(self.peer, signal, snapshot, Some(self.generation));
+        self.in_flight = false;
+        let source = Source::Attempt {
+            generation: self.generation,
+            ends: true,
+        };
+        self.views.record(self.peer, signal, snapshot, source, now);
     }
 
     /// Ends the attempt with no evidence either way (nothing ran).
@@ -562,17 +601,20 @@ impl Drop for Pending<'_> {
     /// An attempt given up without an answer (the caller's deadline, the caller gone) says
     /// nothing about the peer — unless it waited far longer than the peer usually takes.
     fn drop(&mut self) {
-        self.views.end(self.peer, self.generation);
+        if self.in_flight {
+            self.views.end(self.peer, self.generation);
+        }
         if !self.done {
-            let waited = self.started.elapsed();
+            let now = Instant::now();
+            let waited = now.saturating_duration_since(self.started);
             if waited >= self.overdue_after {
                 let snapshot = self.views.store.snapshot();
-                self.views.record(
-                    self.peer,
-                    Signal::Timeout(waited),
-                    &snapshot,
-                    Some(self.generation),
-                );
+                let source = Source::Attempt {
+                    generation: self.generation,
+                    ends: false,
+                };
+                let signal = Signal::Timeout(waited);
+                self.views.record(self.peer, signal, &snapshot, source, now);
             }
         }
     }

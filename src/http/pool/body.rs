@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::{h2, Pool, Pooled};
+use super::{Pool, Pooled, Slot};
 
 /// A connection lent to one response body; back to the pool when the body has ended.
 pub(super) struct Lease {
@@ -33,7 +33,7 @@ struct Upstream {
     lease: Option<Lease>,
     ended: bool,
     /// An HTTP/2 stream's claim on its connection (whose own task drives it).
-    slot: Option<h2::Slot>,
+    slot: Option<Slot>,
     /// Frames read ahead by [`UpstreamBody::hold`], passed on first.
     held: std::collections::VecDeque<Result<Frame<Bytes>, hyper::Error>>,
 }
@@ -47,7 +47,7 @@ impl fmt::Debug for UpstreamBody {
 }
 
 impl UpstreamBody {
-    pub(super) fn new(incoming: Incoming, lease: Option<Lease>, slot: Option<h2::Slot>) -> Self {
+    pub(super) fn new(incoming: Incoming, lease: Option<Lease>, slot: Option<Slot>) -> Self {
         Self(Box::new(Upstream {
             incoming,
             lease,

@@ -24,7 +24,7 @@ use http::{header, HeaderMap, Request, Response, Uri, Version};
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::{client, Failure, Live, Map, Pool, UpstreamBody};
+use super::{client, Failure, Live, Map, Pool, Slot, UpstreamBody};
 use crate::http::{headers, ReachBody};
 use crate::transport::Expected;
 
@@ -57,14 +57,11 @@ pub(super) struct Conn {
     _live: Arc<Live>,
 }
 
-/// A stream's claim on its connection, held by the response body (or the request until the
-/// response head): the count of requests in flight falls when it is dropped.
-pub(super) struct Slot(Arc<Conn>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if self.0.streams.fetch_sub(1, Ordering::AcqRel) == 1 {
-            *self.0.quiet_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+impl Conn {
+    /// A stream on it ended (its `Slot` was dropped).
+    pub(super) fn stream_ended(&self) {
+        if self.streams.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self.quiet_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         }
     }
 }

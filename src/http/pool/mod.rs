@@ -673,6 +673,17 @@ async fn exchange(
     }
 }
 
+/// An HTTP/2 stream's claim on its connection, held by the response body (or the request until
+/// the response head): the count of requests in flight falls when it is dropped. Here, not in
+/// `h2`, which makes the bodies that hold it.
+struct Slot(Arc<h2::Conn>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.stream_ended();
+    }
+}
+
 impl Pooled {
     /// Polls the connection with a waker that wakes nobody; ready when it has closed.
     fn poll_noop(&mut self) -> Poll<()> {
