@@ -9,7 +9,8 @@ use std::time::Duration;
 use metrics::{counter, histogram, Histogram};
 
 use super::{
-    Direction, Metrics, RequestHandles, INBOUND_TTFB, OUTCOMES, REQUESTS_TOTAL, REQUEST_DURATION,
+    count_request, Direction, Metrics, RequestHandles, INBOUND_TTFB, OUTCOMES, REQUESTS_TOTAL,
+    REQUEST_DURATION,
 };
 
 /// The inbound series of one capability (its metric label).
@@ -65,19 +66,15 @@ impl InboundSeries {
         duration: Duration,
     ) {
         let Some(o) = OUTCOMES.iter().position(|x| *x == outcome) else {
-            let (counter, histogram) = self.register(metrics, intercepted, outcome);
-            counter.increment(1);
-            histogram.record(duration.as_secs_f64());
+            count_request(&self.register(metrics, intercepted, outcome), duration);
             return;
         };
         let slots = match intercepted {
             true => &self.intercepted,
             false => &self.finished,
         };
-        let (counter, histogram) =
-            slots[o].get_or_init(|| self.register(metrics, intercepted, outcome));
-        counter.increment(1);
-        histogram.record(duration.as_secs_f64());
+        let handles = slots[o].get_or_init(|| self.register(metrics, intercepted, outcome));
+        count_request(handles, duration);
     }
 
     fn register(

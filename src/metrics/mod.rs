@@ -321,6 +321,12 @@ const TIERS: [&str; 3] = ["zone", "region", "any"];
 /// A request's counter and duration histogram, for one direction and outcome.
 type RequestHandles = (Counter, Histogram);
 
+/// One finished request, counted and timed on its series.
+fn count_request((counter, histogram): &RequestHandles, duration: Duration) {
+    counter.increment(1);
+    histogram.record(duration.as_secs_f64());
+}
+
 /// Handles per capability, then per direction × outcome. Registering a metric builds its key
 /// (label strings, a hash) on every call; a found handle is two atomic adds. The map grows only
 /// as the declared capability names do.
@@ -466,31 +472,31 @@ impl Metrics {
         capability: &str,
         peer: &str,
         outcome: &'static str,
-        (duration, now): (Duration, Instant),
+        (started, ended): (Instant, Instant),
     ) {
         // Outbound answers only: an inbound call's peer is the local agent, and `-` is none.
         if direction == Direction::Outbound && peer != "-" {
-            self.peer_series().request(peer, outcome, now);
+            self.peer_series().request(peer, outcome, ended);
         }
+        let duration = ended.saturating_duration_since(started);
         let Some(o) = OUTCOMES.iter().position(|x| *x == outcome) else {
-            let (counter, histogram) = self.register_request(direction, capability, outcome);
-            counter.increment(1);
-            histogram.record(duration.as_secs_f64());
+            count_request(
+                &self.register_request(direction, capability, outcome),
+                duration,
+            );
             return;
         };
         let slot = o * 2 + direction as usize;
         let mut cache = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         // Recorded through the cached handles under the lock: cloning them out and dropping the
         // clones was four locked instructions a call (`docs/perf-levers.md`).
-        if let Some((counter, histogram)) = cache.get(capability).and_then(|s| s[slot].as_ref()) {
-            counter.increment(1);
-            histogram.record(duration.as_secs_f64());
+        if let Some(handles) = cache.get(capability).and_then(|s| s[slot].as_ref()) {
+            count_request(handles, duration);
             return;
         }
-        let (counter, histogram) = self.register_request(direction, capability, outcome);
-        counter.increment(1);
-        histogram.record(duration.as_secs_f64());
-        cache.entry(capability.to_owned()).or_default()[slot] = Some((counter, histogram));
+        let handles = self.register_request(direction, capability, outcome);
+        count_request(&handles, duration);
+        cache.entry(capability.to_owned()).or_default()[slot] = Some(handles);
     }
 
     fn register_request(

@@ -75,14 +75,12 @@ where
         } else {
             outcome
         };
-        // One clock reading for the duration and the peer's series.
-        let now = Instant::now();
         metrics.request_finished(
             Direction::Outbound,
             &label,
             &peer,
             outcome.as_str(),
-            (now.saturating_duration_since(started), now),
+            (started, Instant::now()),
         );
     });
     let measured = Observed::new(incoming, observer);
@@ -105,13 +103,12 @@ pub(super) fn refuse(
     }
     let outcome = Class::of_error(&err).outcome();
     crate::http::layers::record_in_span(field::OUTCOME, outcome.as_str());
-    let now = Instant::now();
     metrics.request_finished(
         Direction::Outbound,
         label,
         peer,
         outcome.as_str(),
-        (now.saturating_duration_since(started), now),
+        (started, Instant::now()),
     );
     err.into_response()
 }

@@ -247,8 +247,7 @@ impl PeerViews {
             generation,
             started: now,
             overdue_after: (usual * 5).max(OVERDUE_FLOOR),
-            done: false,
-            in_flight: true,
+            ended: Ended::Not,
         }
     }
 
@@ -282,7 +281,8 @@ impl PeerViews {
 
     /// Evidence about `peer` seen at `now`, judged under the caller's config snapshot. Evidence
     /// from an attempt is dropped if the entry it was begun on has since been started afresh: it
-    /// is about an incarnation that is gone.
+    /// is about an incarnation that is gone. The attempt stops counting as in flight under the
+    /// same lock.
     fn record(
         &self,
         peer: &Peer,
@@ -294,17 +294,13 @@ impl PeerViews {
         let mut inner = self.lock();
         let e = match source {
             Source::Outside => entry(&mut inner, peer, now),
-            Source::Attempt { generation, ends } => {
-                match same_entry(&mut inner, peer, generation) {
-                    Some(e) => {
-                        if ends {
-                            e.pending = e.pending.saturating_sub(1);
-                        }
-                        e
-                    }
-                    None => return,
+            Source::Ending(generation) => match same_entry(&mut inner, peer, generation) {
+                Some(e) => {
+                    e.pending = e.pending.saturating_sub(1);
+                    e
                 }
-            }
+                None => return,
+            },
         };
         e.outcomes.count(signal);
         let t = e.view.observe(
@@ -565,9 +561,18 @@ pub struct Pending<'v> {
     generation: u64,
     started: Instant,
     overdue_after: Duration,
-    done: bool,
-    /// Still counted in its entry's `pending` (`finish` stops it, under the lock it records with).
-    in_flight: bool,
+    ended: Ended,
+}
+
+/// How an attempt in flight ended, as far as dropping it is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// Not: given up (dropped), it may still count as a timeout.
+    Not,
+    /// With no evidence: it only stops counting as in flight.
+    Discarded,
+    /// With its evidence recorded, which took it out of the in-flight count.
+    Recorded,
 }
 
 /// Where evidence about a peer comes from.
@@ -575,25 +580,21 @@ pub struct Pending<'v> {
 enum Source {
     /// Outside an attempt (its sidecar did not answer a poll).
     Outside,
-    /// An attempt begun on the entry of `generation`; `ends`: it stops counting as in flight.
-    Attempt { generation: u64, ends: bool },
+    /// An attempt begun on the entry of this generation, ending with it.
+    Ending(u64),
 }
 
 impl Pending<'_> {
     /// Ends the attempt at `now` with what this caller saw, under the call's config snapshot.
     pub fn finish(mut self, signal: Signal, snapshot: &Snapshot, now: Instant) {
-        self.done = true;
-        self.in_flight = false;
-        let source = Source::Attempt {
-            generation: self.generation,
-            ends: true,
-        };
+        self.ended = Ended::Recorded;
+        let source = Source::Ending(self.generation);
         self.views.record(self.peer, signal, snapshot, source, now);
     }
 
     /// Ends the attempt with no evidence either way (nothing ran).
     pub fn discard(mut self) {
-        self.done = true;
+        self.ended = Ended::Discarded;
     }
 }
 
@@ -601,21 +602,19 @@ impl Drop for Pending<'_> {
     /// An attempt given up without an answer (the caller's deadline, the caller gone) says
     /// nothing about the peer — unless it waited far longer than the peer usually takes.
     fn drop(&mut self) {
-        if self.in_flight {
-            self.views.end(self.peer, self.generation);
-        }
-        if !self.done {
+        if self.ended == Ended::Not {
             let now = Instant::now();
             let waited = now.saturating_duration_since(self.started);
             if waited >= self.overdue_after {
                 let snapshot = self.views.store.snapshot();
-                let source = Source::Attempt {
-                    generation: self.generation,
-                    ends: false,
-                };
+                let source = Source::Ending(self.generation);
                 let signal = Signal::Timeout(waited);
                 self.views.record(self.peer, signal, &snapshot, source, now);
+                return;
             }
+        }
+        if self.ended != Ended::Recorded {
+            self.views.end(self.peer, self.generation);
         }
     }
 }
