@@ -2,7 +2,8 @@
 # Per-request cost of one agent-reach sidecar pair (or an nginx pair), measured in ways that do
 # not depend on how busy the machine is:
 #   callgrind  instructions per request in each sidecar (user space; valgrind serialises threads),
-#              and the locked instructions and clock reads among them (benches/perf/locked.py)
+#              and the locked instructions and clock reads among them (benches/perf/locked.py);
+#              with CG_ARGS=--cache-sim=yes, simulated cache misses per request too
 #   perf       context switches (and how many were voluntary), task-clock, user/system CPU and
 #              peak RSS per request (perf stat -p, /proc)
 #   strace     syscalls per request (strace -c -f -p)
@@ -14,7 +15,8 @@
 # 200`, 128 bytes, its own process so it is never counted).
 #
 # Usage: benches/perf/hop.sh MODE [conns] [seconds]
-#   MODE: callgrind | order | perf | strace | record | wall | nginx-perf | nginx-strace | nginx-record
+#   MODE: callgrind | order | perf | strace | record | wall
+#         | nginx-callgrind | nginx-perf | nginx-strace | nginx-record
 #   BIN=/path/to/agent-reach  (default: $CARGO_TARGET_DIR/release/agent-reach)
 #   OUT=dir                    (where callgrind.out files and logs go; default /tmp/hop-perf)
 #   WORKERS=1                  (--worker-threads for each sidecar)
@@ -55,7 +57,7 @@ wait_port() {
     return 1
 }
 
-nginx_conf() { # tag listen upstream-addr [return]
+nginx_conf() { # tag listen upstream-addr|return [main-context directives]
     local p="$DIR/nginx-$1"
     mkdir -p "$p/logs"
     local loc
@@ -69,6 +71,7 @@ nginx_conf() { # tag listen upstream-addr [return]
     cat >"$p/nginx.conf" <<EOF
 worker_processes 1;
 daemon off;
+${4:-}
 pid $p/nginx.pid;
 error_log $p/logs/error.log error;
 events { worker_connections 4096; }
@@ -84,9 +87,10 @@ EOF
     echo "$p"
 }
 
-start_nginx() { # prefix -> pid of the worker
+start_nginx() { # prefix [wrapper...]: started in the background, its pid last in PIDS
     local p=$1
-    nginx -p "$p" -c "$p/nginx.conf" -e "$p/logs/error.log" >/dev/null 2>&1 &
+    shift
+    "$@" nginx -p "$p" -c "$p/nginx.conf" -e "$p/logs/error.log" >/dev/null 2>&1 &
     PIDS+=($!)
 }
 
@@ -121,15 +125,23 @@ BACK=$(port)
 WRAP=()
 case $MODE in
     # Instruction addresses too: benches/perf/locked.py finds the locked ones among them.
-    callgrind) WRAP=(valgrind --tool=callgrind --instr-atstart=no --dump-instr=yes
-                     --callgrind-out-file="$OUT/callgrind.%q{ROLE}.out") ;;
+    # CG_ARGS: more of callgrind's options, e.g. "--cache-sim=yes" for simulated cache misses.
+    callgrind|nginx-callgrind)
+        WRAP=(valgrind --tool=callgrind --instr-atstart=no --dump-instr=yes ${CG_ARGS:-}
+              --callgrind-out-file="$OUT/callgrind.%q{ROLE}.out") ;;
     # Every function either sidecar runs, from its first instruction: start-up, the request
     # path, the admin pages and a scrape. Symbol names stay mangled for the linker.
     order) WRAP=(valgrind --tool=callgrind --demangle=no --dump-instr=no
                  --callgrind-out-file="$OUT/order.%q{ROLE}.out") ;;
 esac
 
-if [[ $MODE == nginx-* ]]; then
+if [[ $MODE == nginx-callgrind ]]; then
+    # No master: valgrind then wraps the process that serves.
+    export ROLE=back
+    start_nginx "$(nginx_conf back "$BACK" "127.0.0.1:$UP" "master_process off;")" "${WRAP[@]}"; BACK_PID=${PIDS[-1]}
+    export ROLE=front
+    start_nginx "$(nginx_conf front "$FRONT" "127.0.0.1:$BACK" "master_process off;")" "${WRAP[@]}"; FRONT_PID=${PIDS[-1]}
+elif [[ $MODE == nginx-* ]]; then
     start_nginx "$(nginx_conf back "$BACK" "127.0.0.1:$UP")"; BACK_PID=$(worker_of "${PIDS[-1]}")
     start_nginx "$(nginx_conf front "$FRONT" "127.0.0.1:$BACK")"; FRONT_PID=$(worker_of "${PIDS[-1]}")
 else
@@ -198,7 +210,7 @@ ticks() { # pid -> "utime stime" in clock ticks (all threads)
 per() { python3 -c "import sys; print(f'{float(sys.argv[1])/max(float(sys.argv[2]),1):.3f}')" "$1" "$2"; }
 
 case $MODE in
-    callgrind)
+    callgrind|nginx-callgrind)
         callgrind_control -i on "$BACK_PID" >/dev/null; callgrind_control -i on "$FRONT_PID" >/dev/null
         load 1 >/dev/null
         callgrind_control -z "$BACK_PID" >/dev/null; callgrind_control -z "$FRONT_PID" >/dev/null
@@ -211,7 +223,21 @@ case $MODE in
             f=$(ls -t "$OUT"/callgrind."$role".out* 2>/dev/null | head -1)
             ir=$(grep -h '^summary:\|^totals:' "$f" | tail -1 | awk '{print $2}')
             echo "$role Ir=$ir Ir/req=$(per "$ir" "$N") file=$f"
-            echo "$role $(python3 "$(dirname "$0")/locked.py" "$f" "$BIN" "$N" 0 | head -1)"
+            # Simulated misses: instruction fetches (I1) and data reads and writes (D1) that
+            # missed the first-level caches.
+            if grep -q '^events:.*I1mr' "$f"; then
+                python3 - "$f" "$N" "$role" <<'PY'
+import sys
+f, n, role = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+lines = open(f).read().splitlines()
+events = next(l for l in lines if l.startswith("events:")).split()[1:]
+totals = [int(x) for x in next(l for l in reversed(lines) if l.startswith("totals:")).split()[1:]]
+t = dict(zip(events, totals))
+print(f"{role} cache misses/req: I1 {t['I1mr']/n:.1f}, D1 read {t['D1mr']/n:.1f}, D1 write {t['D1mw']/n:.1f}")
+PY
+            fi
+            # nginx's binary names no functions to place its locked instructions by.
+            [[ $MODE == callgrind ]] && echo "$role $(python3 "$(dirname "$0")/locked.py" "$f" "$BIN" "$N" 0 | head -1)"
         done
         ;;
     perf|nginx-perf)
