@@ -21,7 +21,7 @@ use std::time::Duration;
 use http::{Response, StatusCode};
 
 use crate::error::{ReachError, Reason};
-use crate::http::headers;
+use crate::http::retry_after;
 use crate::reach::Signal;
 
 /// The cooldown a refusal gets when it names none.
@@ -77,14 +77,14 @@ impl Class {
     /// What a response meant, whoever made it (an agent, or a peer's sidecar with its reason).
     pub fn of_response<B>(response: &Response<B>) -> Self {
         let status = response.status();
-        let retry_after = || headers::retry_after(response.headers());
+        let asked = || retry_after::wait(response.headers());
         let shed = |why| Class::Shed {
-            retry_after: retry_after().unwrap_or(DEFAULT_COOLDOWN),
+            retry_after: asked().unwrap_or(DEFAULT_COOLDOWN),
             why,
         };
         match (status, Reason::of(response)) {
             (StatusCode::TOO_MANY_REQUESTS, _) => Class::Refused {
-                retry_after: retry_after().unwrap_or(DEFAULT_COOLDOWN),
+                retry_after: asked().unwrap_or(DEFAULT_COOLDOWN),
             },
             (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -113,8 +113,8 @@ impl Class {
                 Class::TimedOut
             }
             // An agent's "come back later": it did not run the call.
-            (StatusCode::SERVICE_UNAVAILABLE, None) if retry_after().is_some() => Class::Refused {
-                retry_after: retry_after().unwrap_or(DEFAULT_COOLDOWN),
+            (StatusCode::SERVICE_UNAVAILABLE, None) if asked().is_some() => Class::Refused {
+                retry_after: asked().unwrap_or(DEFAULT_COOLDOWN),
             },
             (s, _) if s.is_server_error() => Class::Failed,
             _ => Class::Success,
@@ -219,6 +219,7 @@ impl Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::headers;
 
     fn response(status: u16, reason: Option<&str>, retry_after: Option<u64>) -> Response<()> {
         let mut r = Response::new(());

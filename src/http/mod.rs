@@ -10,6 +10,7 @@ pub mod layers;
 pub mod observed;
 pub mod pool;
 pub mod request_target;
+pub mod retry_after;
 pub mod server;
 pub mod step;
 pub mod upload;

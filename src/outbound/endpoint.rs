@@ -13,8 +13,9 @@ use crate::classify::Class;
 use crate::config::Snapshot;
 use crate::error::ReachError;
 use crate::http::deadline::{self, attempt_timeout, Deadline};
-use crate::http::headers::{self, bounded_retry_after, retry_after};
+use crate::http::headers;
 use crate::http::pool::{forward, Named, UpstreamBody};
+use crate::http::retry_after;
 use crate::http::step::{self, Step};
 use crate::http::upload::UploadWatch;
 use crate::metrics::Metrics;
@@ -243,9 +244,9 @@ fn with_body_delay<B>(
     delay: Option<Duration>,
 ) -> Class {
     match (class, delay) {
-        (Class::Refused { .. }, Some(wait)) if retry_after(response.headers()).is_none() => {
+        (Class::Refused { .. }, Some(wait)) if retry_after::wait(response.headers()).is_none() => {
             Class::Refused {
-                retry_after: bounded_retry_after(wait),
+                retry_after: retry_after::bounded(wait),
             }
         }
         (class, _) => class,

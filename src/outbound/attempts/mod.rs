@@ -30,7 +30,7 @@ use crate::http::deadline::{self, Deadline};
 use crate::http::layers::field;
 use crate::http::step::{answer, Step};
 use crate::http::upload::UploadWatch;
-use crate::http::{headers, ReachBody};
+use crate::http::{retry_after, ReachBody};
 use crate::idempotency;
 use crate::peers::Scored;
 use request::{sent_headers, upstream_request, Bodies};
@@ -413,7 +413,7 @@ impl<'a> Attempts<'a> {
             // refusing us: the next attempt waits for it (within the deadline) instead of
             // hammering a fleet that asked for a pause.
             Attempt::Refused(response, Refusal::RateLimited) if self.only_cooling_left(scored) => {
-                headers::retry_after(response.headers()).map_or(pause, |after| pause.max(after))
+                retry_after::wait(response.headers()).map_or(pause, |after| pause.max(after))
             }
             _ => pause,
         }
@@ -469,6 +469,7 @@ mod tests {
 
     use super::*;
     use crate::config::Policy;
+    use crate::http::headers;
     use crate::http::upload::Upload;
     use crate::outbound::call::Call;
     use crate::outbound::candidates::balance::tests::candidate;
