@@ -53,67 +53,91 @@ def symbols(binary):
     return {n: a for n, a in addr.items() if seen[n] == 1}
 
 
+class Profile:
+    """A callgrind file read at instruction level."""
+
+    def __init__(self, path):
+        self.executed = collections.Counter()  # address -> executions
+        self.first = {}  # function -> its lowest executed address
+        self.calls = collections.Counter()  # (call site address, callee) -> calls
+        self.inclusive = collections.Counter()  # (call site address, callee) -> inclusive Ir
+        self.object = {}  # call site address -> the object (binary or library) it is in
+        self.fn_object = {}  # function -> the object it is in
+        names = {}
+        objects = {}
+        ob = None
+        fn = None
+        addr = 0
+        pending = None  # a `calls=` line's count, applied to the next position line
+        callee = None
+        instr = False
+        with open(path, errors="replace") as f:
+            for line in f:
+                if line.startswith("positions:"):
+                    instr = "instr" in line.split()
+                    continue
+                c = line[:1]
+                if c.isdigit() or c in "+-*":
+                    parts = line.split()
+                    p = parts[0]
+                    if not instr:
+                        continue
+                    a = int(p, 16) if p.startswith("0x") else addr + int(p) if p[0] in "+-" else addr
+                    addr = a
+                    if pending is not None:
+                        self.calls[(a, callee)] += pending
+                        self.inclusive[(a, callee)] += int(parts[2]) if len(parts) >= 3 else 0
+                        self.object[a] = ob
+                        pending = None
+                        continue
+                    if len(parts) >= 3:
+                        self.executed[a] += int(parts[2])
+                        self.first[fn] = min(self.first.get(fn, a), a)
+                        self.fn_object.setdefault(fn, ob)
+                    continue
+                key, _, rest = line.rstrip("\n").partition("=")
+                if key in ("fn", "cfn"):
+                    m = re.match(r"\((\d+)\)(?: (.*))?", rest)
+                    if m and m.group(2) is not None:
+                        names[m.group(1)] = m.group(2)
+                    name = names.get(m.group(1), rest) if m else rest
+                    if key == "fn":
+                        fn = name
+                    else:
+                        callee = name
+                elif key == "calls":
+                    pending = int(rest.split()[0])
+                elif key == "ob":
+                    m = re.match(r"\((\d+)\)(?: (.*))?", rest)
+                    if m and m.group(2) is not None:
+                        objects[m.group(1)] = m.group(2)
+                    ob = objects.get(m.group(1), rest) if m else rest
+        if not instr:
+            sys.exit(f"{path}: no instruction addresses; run callgrind with --dump-instr=yes")
+
+    def base(self, binary):
+        """Where valgrind loaded BINARY: the offset most of its functions agree on; and the
+        profile's name for it."""
+        syms = symbols(binary)
+        found = [n for n, a in self.first.items() if n in syms and a >= syms[n]]
+        if not found:
+            sys.exit(f"no function of {binary} found in the profile")
+        deltas = collections.Counter(self.first[n] - syms[n] for n in found)
+        named = collections.Counter(self.fn_object.get(n) for n in found)
+        return deltas.most_common(1)[0][0], named.most_common(1)[0][0]
+
+
 def main():
     path, binary, reqs = sys.argv[1], sys.argv[2], float(sys.argv[3])
     k = int(sys.argv[4]) if len(sys.argv) > 4 else 25
-    names = {}
-    fn = None
-    addr = 0
-    pending = None  # a `calls=` line's count, applied to the next position line
-    callee = None
-    first = {}  # function -> its lowest executed address (to find where the binary was loaded)
-    executed = collections.Counter()  # address -> executions
-    where = {}  # address -> function (callgrind's name)
-    clock = 0
-    instr = False
-    with open(path, errors="replace") as f:
-        for line in f:
-            if line.startswith("positions:"):
-                instr = "instr" in line.split()
-                continue
-            c = line[:1]
-            if c.isdigit() or c in "+-*":
-                parts = line.split()
-                p = parts[0]
-                if not instr:
-                    continue
-                a = int(p, 16) if p.startswith("0x") else addr + int(p) if p[0] in "+-" else addr
-                addr = a
-                if pending is not None:
-                    if callee and callee.startswith("clock_gettime"):
-                        clock += pending
-                    pending = None
-                    continue
-                if len(parts) >= 3:
-                    executed[a] += int(parts[2])
-                    where[a] = fn
-                    first[fn] = min(first.get(fn, a), a)
-                continue
-            key, _, rest = line.rstrip("\n").partition("=")
-            if key in ("fn", "cfn"):
-                m = re.match(r"\((\d+)\)(?: (.*))?", rest)
-                if m and m.group(2) is not None:
-                    names[m.group(1)] = m.group(2)
-                name = names.get(m.group(1), rest) if m else rest
-                if key == "fn":
-                    fn = name
-                else:
-                    callee = name
-            elif key == "calls":
-                pending = int(rest.split()[0])
-    if not instr:
-        sys.exit(f"{path}: no instruction addresses; run callgrind with --dump-instr=yes")
-    # Where valgrind loaded the binary: the offset most functions agree on.
-    syms = symbols(binary)
-    deltas = collections.Counter(a - syms[n] for n, a in first.items() if n in syms and a >= syms[n])
-    if not deltas:
-        sys.exit(f"{path}: no function of {binary} found in it")
-    base = deltas.most_common(1)[0][0]
+    profile = Profile(path)
+    clock = sum(n for (_, callee), n in profile.calls.items() if callee.startswith("clock_gettime"))
+    base, _ = profile.base(binary)
     locked = locked_in(binary)
     by_kind = collections.Counter()
     by_fn = collections.Counter()
     total = 0
-    for a, n in executed.items():
+    for a, n in profile.executed.items():
         hit = locked.get(a - base)
         if hit:
             by_kind[hit[1]] += n
