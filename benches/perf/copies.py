@@ -25,12 +25,12 @@ def main():
     k = int(sys.argv[4]) if len(sys.argv) > 4 else 30
     wanted = re.compile(sys.argv[5] if len(sys.argv) > 5 else r"mem(cpy|move)")
     profile = Profile(path)
-    base, mine = profile.base(binary)
+    bases = profile.bases(binary)
     sites = collections.Counter()
     calls = collections.Counter()
     for (a, callee), ir in profile.inclusive.items():
         # Only this binary's call sites: a library's addresses are not in its line tables.
-        if wanted.search(callee or "") and profile.object.get(a) == mine:
+        if wanted.search(callee or "") and profile.object.get(a) in bases:
             sites[a] += ir
             calls[a] += profile.calls[(a, callee)]
     top = sites.most_common(k)
@@ -38,7 +38,8 @@ def main():
     # (the outermost frame: the code as written where the copy is).
     where = []
     for a, _ in top:
-        out = subprocess.run(["addr2line", "-f", "-C", "-i", "-e", binary, hex(a - base)],
+        at = a - bases[profile.object[a]]
+        out = subprocess.run(["addr2line", "-f", "-C", "-i", "-e", binary, hex(at)],
                              capture_output=True, text=True, check=True).stdout.splitlines()
         frames = list(zip(out[0::2], out[1::2]))
         where.append((frames[0][0] if frames else "?", " < ".join(

@@ -57,12 +57,13 @@ class Profile:
     """A callgrind file read at instruction level."""
 
     def __init__(self, path):
-        self.executed = collections.Counter()  # address -> executions
+        self.executed = collections.Counter()  # (object, address) -> executions
         self.first = {}  # function -> its lowest executed address
         self.calls = collections.Counter()  # (call site address, callee) -> calls
         self.inclusive = collections.Counter()  # (call site address, callee) -> inclusive Ir
         self.object = {}  # call site address -> the object (binary or library) it is in
         self.fn_object = {}  # function -> the object it is in
+        self.objects = set()  # every object named
         names = {}
         objects = {}
         ob = None
@@ -91,7 +92,7 @@ class Profile:
                         pending = None
                         continue
                     if len(parts) >= 3:
-                        self.executed[a] += int(parts[2])
+                        self.executed[(ob, a)] += int(parts[2])
                         self.first[fn] = min(self.first.get(fn, a), a)
                         self.fn_object.setdefault(fn, ob)
                     continue
@@ -107,24 +108,33 @@ class Profile:
                         callee = name
                 elif key == "calls":
                     pending = int(rest.split()[0])
-                elif key == "ob":
+                elif key in ("ob", "cob"):
+                    # One numbering for both: a callee's object may be named first.
                     m = re.match(r"\((\d+)\)(?: (.*))?", rest)
                     if m and m.group(2) is not None:
                         objects[m.group(1)] = m.group(2)
-                    ob = objects.get(m.group(1), rest) if m else rest
+                        self.objects.add(m.group(2))
+                    if key == "ob":
+                        ob = objects.get(m.group(1), rest) if m else rest
         if not instr:
             sys.exit(f"{path}: no instruction addresses; run callgrind with --dump-instr=yes")
 
-    def base(self, binary):
-        """Where valgrind loaded BINARY: the offset most of its functions agree on; and the
-        profile's name for it."""
+    def bases(self, binary):
+        """The objects of the profile that are BINARY, each with what to subtract from its
+        addresses to find them in BINARY. Callgrind gives an object it knows by offsets, and
+        one it does not by address; the functions `src/hot_text.ld` moves are such a one
+        (`???`), the rest of the binary the other."""
         syms = symbols(binary)
-        found = [n for n, a in self.first.items() if n in syms and a >= syms[n]]
-        if not found:
+        deltas = collections.defaultdict(collections.Counter)
+        for n, a in self.first.items():
+            if n in syms and a >= syms[n]:
+                deltas[self.fn_object.get(n)][a - syms[n]] += 1
+        # Not a shared library's, though one defines a name BINARY does too.
+        mine = {o: d.most_common(1)[0][0] for o, d in deltas.items()
+                if ".so" not in (o or "")}
+        if not mine:
             sys.exit(f"no function of {binary} found in the profile")
-        deltas = collections.Counter(self.first[n] - syms[n] for n in found)
-        named = collections.Counter(self.fn_object.get(n) for n in found)
-        return deltas.most_common(1)[0][0], named.most_common(1)[0][0]
+        return mine
 
 
 def main():
@@ -132,13 +142,13 @@ def main():
     k = int(sys.argv[4]) if len(sys.argv) > 4 else 25
     profile = Profile(path)
     clock = sum(n for (_, callee), n in profile.calls.items() if callee.startswith("clock_gettime"))
-    base, _ = profile.base(binary)
+    bases = profile.bases(binary)
     locked = locked_in(binary)
     by_kind = collections.Counter()
     by_fn = collections.Counter()
     total = 0
-    for a, n in profile.executed.items():
-        hit = locked.get(a - base)
+    for (ob, a), n in profile.executed.items():
+        hit = ob in bases and locked.get(a - bases[ob])
         if hit:
             by_kind[hit[1]] += n
             by_fn[hit[0]] += n
