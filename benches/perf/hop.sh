@@ -237,7 +237,7 @@ print(f"{role} cache misses/req: I1 {t['I1mr']/n:.1f}, D1 read {t['D1mr']/n:.1f}
 PY
             fi
             # nginx's binary names no functions to place its locked instructions by.
-            [[ $MODE == callgrind ]] && echo "$role $(python3 "$(dirname "$0")/locked.py" "$f" "$BIN" "$N" 0 | head -1)"
+            [[ $MODE == callgrind ]] && echo "$role $(python3 "$(dirname "$0")/locked.py" "$f" "$BIN" "$N" 0 | sed -n 1p)"
         done
         ;;
     perf|nginx-perf)
