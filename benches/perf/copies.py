@@ -34,8 +34,8 @@ def main():
             sites[a] += ir
             calls[a] += profile.calls[(a, callee)]
     top = sites.most_common(k)
-    # With -i an address can print several frames; keep the first function and the last line
-    # (the outermost frame: the code as written where the copy is).
+    # With -i an address prints the frames inlined there, innermost first: the first names
+    # the function, and the first three lines say where the copy is written.
     where = []
     for a, _ in top:
         at = a - bases[profile.object[a]]
