@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::attempts::retry::{Attempt, Refusal};
 use super::call::Try;
+use super::first_event::within;
 use super::{target_limit, Outbound};
 use crate::budget::{usage, ModelBudgets};
 use crate::classify::Class;
@@ -73,14 +74,7 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
     let forwarded = match first_event.filter(|limit| *limit < timeout) {
         None => forwarded.as_mut().await,
         // Boxed: a capability with a first-event deadline is the rare case.
-        Some(limit) => {
-            Box::pin(super::first_event::within(
-                forwarded.as_mut(),
-                limit,
-                &target,
-            ))
-            .await
-        }
+        Some(limit) => Box::pin(within(forwarded.as_mut(), limit, &target)).await,
     };
     // One clock reading for the attempt's time and the peer's view of its end.
     let ended = tokio::time::Instant::now();
