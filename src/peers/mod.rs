@@ -602,20 +602,19 @@ impl Drop for Pending<'_> {
     /// An attempt given up without an answer (the caller's deadline, the caller gone) says
     /// nothing about the peer — unless it waited far longer than the peer usually takes.
     fn drop(&mut self) {
-        if self.ended == Ended::Not {
-            let now = Instant::now();
-            let waited = now.saturating_duration_since(self.started);
-            if waited >= self.overdue_after {
-                let snapshot = self.views.store.snapshot();
-                let source = Source::Ending(self.generation);
-                let signal = Signal::Timeout(waited);
-                self.views.record(self.peer, signal, &snapshot, source, now);
-                return;
-            }
+        let now = match self.ended {
+            Ended::Recorded => return,
+            Ended::Discarded => return self.views.end(self.peer, self.generation),
+            Ended::Not => Instant::now(),
+        };
+        let waited = now.saturating_duration_since(self.started);
+        if waited < self.overdue_after {
+            return self.views.end(self.peer, self.generation);
         }
-        if self.ended != Ended::Recorded {
-            self.views.end(self.peer, self.generation);
-        }
+        let snapshot = self.views.store.snapshot();
+        let source = Source::Ending(self.generation);
+        let signal = Signal::Timeout(waited);
+        self.views.record(self.peer, signal, &snapshot, source, now);
     }
 }
 

@@ -653,7 +653,8 @@ async fn exchange(
                 .poll(inner)
                 .map(|result| answer = Some(result))
         });
-        // Closed mid-exchange: the promise is fulfilled with the error already.
+        // The deadline's timer, while the connection lives: one that closed mid-exchange has
+        // already fulfilled the promise with its error.
         if polled.is_pending() && io.is_some() && deadline.is_some() {
             return timer.as_mut().poll(cx);
         }
