@@ -6,6 +6,11 @@ usage:
   cg.py FILE REQUESTS callers REGEX [K]  who calls functions matching REGEX, cost per request
   cg.py FILE REQUESTS callees REGEX [K]  what functions matching REGEX call
   cg.py FILE REQUESTS calls REGEX        calls per request into functions matching REGEX
+  cg.py FILE REQUESTS diff OTHER OTHER_REQUESTS [K]
+                                         self cost per request, FILE's against OTHER's, by function
+                                         (the K that FILE pays most more for; a program's own
+                                         crate name and symbol hashes left out, so two programs
+                                         on the same crates line up)
 
 Inclusive cost = self + calls out (recursion counted once per edge, so recursive functions are
 over-counted; fine for a hot-path overview).
@@ -87,6 +92,22 @@ def main():
         print(f"\nself, top {k} (Ir/request):")
         for n, c in self_cost.most_common(k):
             print(f"  {c / reqs:9,.0f}  {short(n)}")
+        return
+    if cmd == "diff":
+        def per_fn(costs, n):
+            out = collections.Counter()
+            for name, c in costs.items():
+                name = re.sub(r"::h[0-9a-f]{16}$", "", name)
+                name = re.sub(r"^(<?)(agent_reach|hop_on_hyper|hop_by_hand)::", r"\1APP::", name)
+                out[name] += c / n
+            return out
+        mine = per_fn(self_cost, reqs)
+        theirs = per_fn(parse(sys.argv[4])[0], float(sys.argv[5]))
+        k = int(sys.argv[6]) if len(sys.argv) > 6 else 40
+        print(f"total {sum(mine.values()):,.0f} against {sum(theirs.values()):,.0f} Ir/request")
+        print(f"  {'more':>8} {'this':>8} {'other':>8}")
+        for n in sorted(set(mine) | set(theirs), key=lambda n: theirs[n] - mine[n])[:k]:
+            print(f"  {mine[n] - theirs[n]:8,.0f} {mine[n]:8,.0f} {theirs[n]:8,.0f}  {short(n)}")
         return
     if cmd == "crates":
         agg = collections.Counter()

@@ -17,12 +17,15 @@
 # Usage: benches/perf/hop.sh MODE [conns] [seconds]
 #   MODE: callgrind | order | perf | strace | record | wall
 #         | nginx-callgrind | nginx-perf | nginx-strace | nginx-record
+#         | floor-callgrind | floor-perf | floor-strace | floor-record   (FLOOR_BIN as the pair)
 #   BIN=/path/to/agent-reach  (default: $CARGO_TARGET_DIR/release/agent-reach)
 #   OUT=dir                    (where callgrind.out files and logs go; default /tmp/hop-perf)
 #   WORKERS=1                  (--worker-threads for each sidecar)
 #   UPSTREAM_BIN=path          (the upstream: `cargo build --release --example perf_upstream`)
 #   PEER_PROTOCOL=http1|http2  (the front's policy `pool.peer_protocol`; default http1)
 #   MTLS=1                     (strict mutual TLS between the two, `agent-reach dev-certs`)
+#   FLOOR_BIN=path             (floor-* modes: target/floor/release/hop-by-hand or hop-on-hyper,
+#                               built from benches/perf/floor/Cargo.toml as its header says)
 #   WRK_TIMEOUT=2s             (wrk's own; under callgrind at 64 conns a request can take longer,
 #                               and one wrk gives up on is served but not counted)
 set -uo pipefail
@@ -126,7 +129,7 @@ WRAP=()
 case $MODE in
     # Instruction addresses too: benches/perf/locked.py finds the locked ones among them.
     # CG_ARGS: more of callgrind's options, e.g. "--cache-sim=yes" for simulated cache misses.
-    callgrind|nginx-callgrind)
+    callgrind|nginx-callgrind|floor-callgrind)
         WRAP=(valgrind --tool=callgrind --instr-atstart=no --dump-instr=yes ${CG_ARGS:-}
               --callgrind-out-file="$OUT/callgrind.%q{ROLE}.out") ;;
     # Every function either sidecar runs, from its first instruction: start-up, the request
@@ -135,7 +138,17 @@ case $MODE in
                  --callgrind-out-file="$OUT/order.%q{ROLE}.out") ;;
 esac
 
-if [[ $MODE == nginx-callgrind ]]; then
+if [[ $MODE == floor-* ]]; then
+    # A measuring stick as the pair (benches/perf/floor; docs/perf-levers.md, "The floor under a hop").
+    if [ ! -x "${FLOOR_BIN:-}" ]; then
+        echo "FLOOR_BIN must name a built floor: cargo build --release --locked --manifest-path benches/perf/floor/Cargo.toml --target-dir target/floor" >&2
+        exit 2
+    fi
+    ROLE=back "${WRAP[@]}" "$FLOOR_BIN" "127.0.0.1:$BACK" "127.0.0.1:$UP" >/dev/null 2>&1 &
+    BACK_PID=$!; PIDS+=($BACK_PID)
+    ROLE=front "${WRAP[@]}" "$FLOOR_BIN" "127.0.0.1:$FRONT" "127.0.0.1:$BACK" >/dev/null 2>&1 &
+    FRONT_PID=$!; PIDS+=($FRONT_PID)
+elif [[ $MODE == nginx-callgrind ]]; then
     # No master: valgrind then wraps the process that serves.
     export ROLE=back
     start_nginx "$(nginx_conf back "$BACK" "127.0.0.1:$UP" "master_process off;")" "${WRAP[@]}"; BACK_PID=${PIDS[-1]}
@@ -210,7 +223,7 @@ ticks() { # pid -> "utime stime" in clock ticks (all threads)
 per() { python3 -c "import sys; print(f'{float(sys.argv[1])/max(float(sys.argv[2]),1):.3f}')" "$1" "$2"; }
 
 case $MODE in
-    callgrind|nginx-callgrind)
+    callgrind|nginx-callgrind|floor-callgrind)
         callgrind_control -i on "$BACK_PID" >/dev/null; callgrind_control -i on "$FRONT_PID" >/dev/null
         load 1 >/dev/null
         callgrind_control -z "$BACK_PID" >/dev/null; callgrind_control -z "$FRONT_PID" >/dev/null
@@ -240,7 +253,7 @@ PY
             [[ $MODE == callgrind ]] && echo "$role $(python3 "$(dirname "$0")/locked.py" "$f" "$BIN" "$N" 0 | sed -n 1p)"
         done
         ;;
-    perf|nginx-perf)
+    perf|nginx-perf|floor-perf)
         perf stat -x, -e context-switches,cpu-migrations,task-clock,page-faults -p "$FRONT_PID" -o "$DIR/front.stat" &
         PF=$!
         perf stat -x, -e context-switches,cpu-migrations,task-clock,page-faults -p "$BACK_PID" -o "$DIR/back.stat" &
@@ -268,7 +281,7 @@ PY
             echo "$role $rss cs/req=$(per "$cs" "$N") (voluntary $(per $((v1-v0)) "$N"), involuntary $(per $((n1-n0)) "$N")) migrations/req=$(per "$mig" "$N") faults/req=$(per "$pf" "$N") cpu_us/req=$(per "$(python3 -c "print($clk*1000)")" "$N") user_us/req=$(per $(( (u1-u0)*10000 )) "$N") sys_us/req=$(per $(( (s1-s0)*10000 )) "$N")"
         done
         ;;
-    strace|nginx-strace)
+    strace|nginx-strace|floor-strace)
         strace -c -f -p "$FRONT_PID" -o "$DIR/front.strace" &
         SF=$!
         strace -c -f -p "$BACK_PID" -o "$DIR/back.strace" &
@@ -292,7 +305,7 @@ print(f"{role} syscalls/req={total/n:.3f}  " + "  ".join(f"{name}={c/n:.3f}" for
 PY
         done
         ;;
-    record|nginx-record)
+    record|nginx-record|floor-record)
         perf record -q -e cpu-clock -F 2000 -g -p "$FRONT_PID" -o "$OUT/front.perf.data" 2>/dev/null &
         RF=$!
         perf record -q -e cpu-clock -F 2000 -g -p "$BACK_PID" -o "$OUT/back.perf.data" 2>/dev/null &
