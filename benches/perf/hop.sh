@@ -26,6 +26,7 @@
 #   MTLS=1                     (strict mutual TLS between the two, `agent-reach dev-certs`)
 #   FLOOR_BIN=path             (floor-* modes: target/floor/release/hop-by-hand or hop-on-hyper,
 #                               built from benches/perf/floor/Cargo.toml as its header says)
+#   FLOOR_ARGS=typed           (hop-by-hand through the `http` crate's types)
 #   WRK_TIMEOUT=2s             (wrk's own; under callgrind at 64 conns a request can take longer,
 #                               and one wrk gives up on is served but not counted)
 set -uo pipefail
@@ -144,9 +145,9 @@ if [[ $MODE == floor-* ]]; then
         echo "FLOOR_BIN must name a built floor: cargo build --release --locked --manifest-path benches/perf/floor/Cargo.toml --target-dir target/floor" >&2
         exit 2
     fi
-    ROLE=back "${WRAP[@]}" "$FLOOR_BIN" "127.0.0.1:$BACK" "127.0.0.1:$UP" >/dev/null 2>&1 &
+    ROLE=back "${WRAP[@]}" "$FLOOR_BIN" "127.0.0.1:$BACK" "127.0.0.1:$UP" ${FLOOR_ARGS:-} >/dev/null 2>&1 &
     BACK_PID=$!; PIDS+=($BACK_PID)
-    ROLE=front "${WRAP[@]}" "$FLOOR_BIN" "127.0.0.1:$FRONT" "127.0.0.1:$BACK" >/dev/null 2>&1 &
+    ROLE=front "${WRAP[@]}" "$FLOOR_BIN" "127.0.0.1:$FRONT" "127.0.0.1:$BACK" ${FLOOR_ARGS:-} >/dev/null 2>&1 &
     FRONT_PID=$!; PIDS+=($FRONT_PID)
 elif [[ $MODE == nginx-callgrind ]]; then
     # No master: valgrind then wraps the process that serves.

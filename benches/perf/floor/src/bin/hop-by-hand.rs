@@ -4,11 +4,17 @@
 //! connection). What a hop costs without an HTTP library's machinery: a measuring stick for
 //! benches/perf/hop.sh, not a proxy to deploy.
 //!
-//! usage: hop-by-hand LISTEN UPSTREAM
+//! With `typed`, each head also passes through the `http` crate's types on its way (a `HeaderMap`
+//! of names and values sliced from the read buffer, as hyper builds it, the hop-by-hop headers
+//! removed from it and the head written from it): what a hand-written codec costs that keeps
+//! `http::Request` and `http::Response` between itself and a sidecar's steps.
+//!
+//! usage: hop-by-hand LISTEN UPSTREAM [typed]
 use std::io;
 use std::process::ExitCode;
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -27,9 +33,10 @@ const MAX_HEADERS: usize = 64;
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let (Some(listen), Some(upstream)) = (args.next(), args.next()) else {
-        eprintln!("usage: hop-by-hand LISTEN UPSTREAM");
+        eprintln!("usage: hop-by-hand LISTEN UPSTREAM [typed]");
         return ExitCode::from(2);
     };
+    let typed = args.next().is_some_and(|arg| arg == "typed");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -55,13 +62,13 @@ fn main() -> ExitCode {
             };
             let upstream = upstream.clone();
             tokio::spawn(async move {
-                let _ = serve(down, &upstream).await;
+                let _ = serve(down, &upstream, typed).await;
             });
         }
     })
 }
 
-async fn serve(mut down: TcpStream, upstream: &str) -> io::Result<()> {
+async fn serve(mut down: TcpStream, upstream: &str, typed: bool) -> io::Result<()> {
     down.set_nodelay(true)?;
     let mut up: Option<TcpStream> = None;
     let mut down_buf = BytesMut::with_capacity(8192);
@@ -69,7 +76,8 @@ async fn serve(mut down: TcpStream, upstream: &str) -> io::Result<()> {
     let mut out = Vec::with_capacity(1024);
     loop {
         out.clear();
-        let Some(len) = head(&mut down, &mut down_buf, Kind::Request, &mut out).await? else {
+        let Some(len) = head(&mut down, &mut down_buf, Kind::Request, typed, &mut out).await?
+        else {
             return Ok(());
         };
         body(&mut down, &mut down_buf, len, &mut out).await?;
@@ -83,7 +91,7 @@ async fn serve(mut down: TcpStream, upstream: &str) -> io::Result<()> {
         };
         up.write_all(&out).await?;
         out.clear();
-        let Some(len) = head(up, &mut up_buf, Kind::Response, &mut out).await? else {
+        let Some(len) = head(up, &mut up_buf, Kind::Response, typed, &mut out).await? else {
             return Ok(());
         };
         body(up, &mut up_buf, len, &mut out).await?;
@@ -103,11 +111,16 @@ async fn head(
     io: &mut TcpStream,
     buf: &mut BytesMut,
     kind: Kind,
+    typed: bool,
     out: &mut Vec<u8>,
 ) -> io::Result<Option<usize>> {
     loop {
         if !buf.is_empty() {
-            if let Some((parsed, len)) = parse(buf, kind, out)? {
+            if typed {
+                if let Some(len) = parse_typed(buf, kind, out)? {
+                    return Ok(Some(len));
+                }
+            } else if let Some((parsed, len)) = parse(buf, kind, out)? {
                 buf.advance(parsed);
                 return Ok(Some(len));
             }
@@ -187,6 +200,95 @@ fn parse(buf: &[u8], kind: Kind, out: &mut Vec<u8>) -> io::Result<Option<(usize,
     }
     out.extend_from_slice(b"\r\n");
     Ok(Some((parsed, len)))
+}
+
+/// As `parse`, through a `HeaderMap`: the head is split off `buf` and its names and values are
+/// slices of it (no copy), as hyper's parser makes them.
+fn parse_typed(buf: &mut BytesMut, kind: Kind, out: &mut Vec<u8>) -> io::Result<Option<usize>> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
+    let base = buf.as_ptr() as usize;
+    let (parsed, count, line) = match kind {
+        Kind::Request => {
+            let mut req = httparse::Request::new(&mut headers);
+            let httparse::Status::Complete(parsed) = req.parse(buf).map_err(invalid)? else {
+                return Ok(None);
+            };
+            let (Some(method), Some(path)) = (req.method, req.path) else {
+                return Err(invalid("request line"));
+            };
+            let method = http::Method::from_bytes(method.as_bytes()).map_err(invalid)?;
+            let path = (path.as_ptr() as usize - base, path.len());
+            (parsed, req.headers.len(), Line::Request(method, path))
+        }
+        Kind::Response => {
+            let mut res = httparse::Response::new(&mut headers);
+            let httparse::Status::Complete(parsed) = res.parse(buf).map_err(invalid)? else {
+                return Ok(None);
+            };
+            let status = res.code.ok_or_else(|| invalid("status line"))?;
+            let status = http::StatusCode::from_u16(status).map_err(invalid)?;
+            (parsed, res.headers.len(), Line::Response(status))
+        }
+    };
+    for (span, header) in spans.iter_mut().zip(&headers[..count]) {
+        let name = header.name.as_ptr() as usize - base;
+        let value = header.value.as_ptr() as usize - base;
+        *span = (name, header.name.len(), value, header.value.len());
+    }
+    let head: Bytes = buf.split_to(parsed).freeze();
+    let mut map = HeaderMap::with_capacity(count);
+    for &(name, name_len, value, value_len) in &spans[..count] {
+        let name = HeaderName::from_bytes(&head[name..name + name_len]).map_err(invalid)?;
+        let value = HeaderValue::from_maybe_shared(head.slice(value..value + value_len))
+            .map_err(invalid)?;
+        map.append(name, value);
+    }
+    for name in HOP_BY_HOP {
+        map.remove(name);
+    }
+    if map.contains_key(http::header::TRANSFER_ENCODING) {
+        return Err(invalid(
+            "chunked bodies are not moved by this measuring stick",
+        ));
+    }
+    let len = match map.get(http::header::CONTENT_LENGTH) {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|value| value.trim().parse().ok())
+            .ok_or_else(|| invalid("content-length"))?,
+        None => 0,
+    };
+    match line {
+        Line::Request(method, (at, len)) => {
+            let uri = http::Uri::from_maybe_shared(head.slice(at..at + len)).map_err(invalid)?;
+            out.extend_from_slice(method.as_str().as_bytes());
+            out.push(b' ');
+            out.extend_from_slice(uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
+            out.extend_from_slice(b" HTTP/1.1\r\n");
+        }
+        Line::Response(status) => {
+            out.extend_from_slice(b"HTTP/1.1 ");
+            out.extend_from_slice(status.as_str().as_bytes());
+            out.push(b' ');
+            out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    for (name, value) in &map {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    Ok(Some(len))
+}
+
+enum Line {
+    Request(http::Method, (usize, usize)),
+    Response(http::StatusCode),
 }
 
 /// Appends `len` body bytes to `out`: what `buf` holds first, then from `io`.
