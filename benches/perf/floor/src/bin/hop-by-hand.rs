@@ -12,14 +12,12 @@
 //! usage: hop-by-hand LISTEN UPSTREAM [typed]
 use std::io;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use tokio::net::TcpStream;
 
 const HOP_BY_HOP: [&str; 5] = [
     "connection",
@@ -29,54 +27,35 @@ const HOP_BY_HOP: [&str; 5] = [
     "te",
 ];
 const MAX_HEADERS: usize = 64;
+const CHUNKED: &str = "chunked bodies are not moved by this measuring stick";
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    let (Some(listen), Some(upstream)) = (args.next(), args.next()) else {
-        eprintln!("usage: hop-by-hand LISTEN UPSTREAM [typed]");
-        return ExitCode::from(2);
-    };
-    let typed = args.next().is_some_and(|arg| arg == "typed");
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(async move {
-        let listener = match TcpListener::bind(&listen).await {
-            Ok(listener) => listener,
-            Err(err) => {
-                eprintln!("bind {listen}: {err}");
-                return ExitCode::FAILURE;
-            }
-        };
-        loop {
-            let Ok((down, _)) = listener.accept().await else {
-                continue;
-            };
-            let upstream = upstream.clone();
-            tokio::spawn(async move {
-                let _ = serve(down, &upstream, typed).await;
-            });
-        }
-    })
+    hop_floor::run(
+        "hop-by-hand LISTEN UPSTREAM [typed]",
+        Some("typed"),
+        |down, upstream, typed| async move {
+            let _ = serve(down, upstream, typed).await;
+        },
+    )
 }
 
-async fn serve(mut down: TcpStream, upstream: &str, typed: bool) -> io::Result<()> {
-    down.set_nodelay(true)?;
+async fn serve(mut down: TcpStream, upstream: Arc<str>, typed: bool) -> io::Result<()> {
     let mut up: Option<TcpStream> = None;
     let mut down_buf = BytesMut::with_capacity(8192);
     let mut up_buf = BytesMut::with_capacity(8192);
     let mut out = Vec::with_capacity(1024);
+    let mut spans = Vec::with_capacity(MAX_HEADERS);
     loop {
         out.clear();
-        let Some(len) = head(&mut down, &mut down_buf, Kind::Request, typed, &mut out).await?
+        let Some(len) = head(
+            &mut down,
+            &mut down_buf,
+            Kind::Request,
+            typed,
+            &mut spans,
+            &mut out,
+        )
+        .await?
         else {
             return Ok(());
         };
@@ -84,14 +63,15 @@ async fn serve(mut down: TcpStream, upstream: &str, typed: bool) -> io::Result<(
         let up = match &mut up {
             Some(up) => up,
             None => {
-                let conn = TcpStream::connect(upstream).await?;
+                let conn = TcpStream::connect(&*upstream).await?;
                 conn.set_nodelay(true)?;
                 up.insert(conn)
             }
         };
         up.write_all(&out).await?;
         out.clear();
-        let Some(len) = head(up, &mut up_buf, Kind::Response, typed, &mut out).await? else {
+        let Some(len) = head(up, &mut up_buf, Kind::Response, typed, &mut spans, &mut out).await?
+        else {
             return Ok(());
         };
         body(up, &mut up_buf, len, &mut out).await?;
@@ -107,23 +87,36 @@ enum Kind {
 
 /// Reads one head from `io` (past what `buf` holds already), writes it to `out` without the
 /// hop-by-hop headers, and returns the body's length; `None` when the peer closed between messages.
+/// `spans` is the connection's room for where a typed head's headers lie.
 async fn head(
     io: &mut TcpStream,
     buf: &mut BytesMut,
     kind: Kind,
     typed: bool,
+    spans: &mut Vec<(Span, Span)>,
     out: &mut Vec<u8>,
 ) -> io::Result<Option<usize>> {
     loop {
-        if !buf.is_empty() {
-            if typed {
-                if let Some(len) = parse_typed(buf, kind, out)? {
-                    return Ok(Some(len));
-                }
-            } else if let Some((parsed, len)) = parse(buf, kind, out)? {
-                buf.advance(parsed);
-                return Ok(Some(len));
+        if typed {
+            let base = buf.as_ptr() as usize;
+            let span = |part: &[u8]| (part.as_ptr() as usize - base, part.len());
+            let found = scan(buf, kind, |line, headers| {
+                spans.clear();
+                spans.extend(
+                    headers
+                        .iter()
+                        .map(|h| (span(h.name.as_bytes()), span(h.value))),
+                );
+                Ok(line.map(span))
+            })?;
+            if let Some((parsed, line)) = found {
+                return write_typed(line, spans, &buf.split_to(parsed).freeze(), out).map(Some);
             }
+        } else if let Some((parsed, len)) =
+            scan(buf, kind, |line, headers| write(line, headers, out))?
+        {
+            buf.advance(parsed);
+            return Ok(Some(len));
         }
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(8192);
@@ -142,10 +135,39 @@ fn invalid(what: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
 }
 
-/// The head's length in `buf` and its body's, once the whole head is there.
-fn parse(buf: &[u8], kind: Kind, out: &mut Vec<u8>) -> io::Result<Option<(usize, usize)>> {
+/// Where a part of a head lies in the buffer it was read into: offset and length.
+type Span = (usize, usize);
+
+/// A head's start line, its parts as bytes or as [`Span`]s.
+enum Line<P> {
+    Request { method: P, path: P },
+    Response { code: u16, reason: P },
+}
+
+impl<P> Line<P> {
+    fn map<Q>(self, f: impl Fn(P) -> Q) -> Line<Q> {
+        match self {
+            Line::Request { method, path } => Line::Request {
+                method: f(method),
+                path: f(path),
+            },
+            Line::Response { code, reason } => Line::Response {
+                code,
+                reason: f(reason),
+            },
+        }
+    }
+}
+
+/// Parses the head at the start of `buf`, once it is all there, and hands its start line and
+/// headers to `then`: the head's length and what `then` made of it.
+fn scan<T>(
+    buf: &[u8],
+    kind: Kind,
+    then: impl FnOnce(Line<&[u8]>, &[httparse::Header<'_>]) -> io::Result<T>,
+) -> io::Result<Option<(usize, T)>> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let (parsed, count) = match kind {
+    match kind {
         Kind::Request => {
             let mut req = httparse::Request::new(&mut headers);
             let httparse::Status::Complete(parsed) = req.parse(buf).map_err(invalid)? else {
@@ -154,28 +176,48 @@ fn parse(buf: &[u8], kind: Kind, out: &mut Vec<u8>) -> io::Result<Option<(usize,
             let (Some(method), Some(path)) = (req.method, req.path) else {
                 return Err(invalid("request line"));
             };
-            out.extend_from_slice(method.as_bytes());
-            out.push(b' ');
-            out.extend_from_slice(path.as_bytes());
-            out.extend_from_slice(b" HTTP/1.1\r\n");
-            (parsed, req.headers.len())
+            let line = Line::Request {
+                method: method.as_bytes(),
+                path: path.as_bytes(),
+            };
+            Ok(Some((parsed, then(line, req.headers)?)))
         }
         Kind::Response => {
             let mut res = httparse::Response::new(&mut headers);
             let httparse::Status::Complete(parsed) = res.parse(buf).map_err(invalid)? else {
                 return Ok(None);
             };
-            let Some(code) = res.code else {
-                return Err(invalid("status line"));
+            let code = res.code.ok_or_else(|| invalid("status line"))?;
+            let line = Line::Response {
+                code,
+                reason: res.reason.unwrap_or("").as_bytes(),
             };
-            out.extend_from_slice(format!("HTTP/1.1 {code} ").as_bytes());
-            out.extend_from_slice(res.reason.unwrap_or("").as_bytes());
-            out.extend_from_slice(b"\r\n");
-            (parsed, res.headers.len())
+            Ok(Some((parsed, then(line, res.headers)?)))
         }
-    };
+    }
+}
+
+/// Writes a head to `out` as it was read, less the hop-by-hop headers; returns the body's length.
+fn write(
+    line: Line<&[u8]>,
+    headers: &[httparse::Header<'_>],
+    out: &mut Vec<u8>,
+) -> io::Result<usize> {
+    match line {
+        Line::Request { method, path } => {
+            out.extend_from_slice(method);
+            out.push(b' ');
+            out.extend_from_slice(path);
+            out.extend_from_slice(b" HTTP/1.1\r\n");
+        }
+        Line::Response { code, reason } => {
+            out.extend_from_slice(format!("HTTP/1.1 {code} ").as_bytes());
+            out.extend_from_slice(reason);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
     let mut len = 0;
-    for header in &headers[..count] {
+    for header in headers {
         if HOP_BY_HOP
             .iter()
             .any(|name| header.name.eq_ignore_ascii_case(name))
@@ -183,15 +225,10 @@ fn parse(buf: &[u8], kind: Kind, out: &mut Vec<u8>) -> io::Result<Option<(usize,
             continue;
         }
         if header.name.eq_ignore_ascii_case("transfer-encoding") {
-            return Err(invalid(
-                "chunked bodies are not moved by this measuring stick",
-            ));
+            return Err(invalid(CHUNKED));
         }
         if header.name.eq_ignore_ascii_case("content-length") {
-            len = std::str::from_utf8(header.value)
-                .ok()
-                .and_then(|value| value.trim().parse().ok())
-                .ok_or_else(|| invalid("content-length"))?;
+            len = content_length(header.value)?;
         }
         out.extend_from_slice(header.name.as_bytes());
         out.extend_from_slice(b": ");
@@ -199,76 +236,45 @@ fn parse(buf: &[u8], kind: Kind, out: &mut Vec<u8>) -> io::Result<Option<(usize,
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    Ok(Some((parsed, len)))
+    Ok(len)
 }
 
-/// As `parse`, through a `HeaderMap`: the head is split off `buf` and its names and values are
-/// slices of it (no copy), as hyper's parser makes them.
-fn parse_typed(buf: &mut BytesMut, kind: Kind, out: &mut Vec<u8>) -> io::Result<Option<usize>> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
-    let base = buf.as_ptr() as usize;
-    let (parsed, count, line) = match kind {
-        Kind::Request => {
-            let mut req = httparse::Request::new(&mut headers);
-            let httparse::Status::Complete(parsed) = req.parse(buf).map_err(invalid)? else {
-                return Ok(None);
-            };
-            let (Some(method), Some(path)) = (req.method, req.path) else {
-                return Err(invalid("request line"));
-            };
-            let method = http::Method::from_bytes(method.as_bytes()).map_err(invalid)?;
-            let path = (path.as_ptr() as usize - base, path.len());
-            (parsed, req.headers.len(), Line::Request(method, path))
-        }
-        Kind::Response => {
-            let mut res = httparse::Response::new(&mut headers);
-            let httparse::Status::Complete(parsed) = res.parse(buf).map_err(invalid)? else {
-                return Ok(None);
-            };
-            let status = res.code.ok_or_else(|| invalid("status line"))?;
-            let status = http::StatusCode::from_u16(status).map_err(invalid)?;
-            (parsed, res.headers.len(), Line::Response(status))
-        }
-    };
-    for (span, header) in spans.iter_mut().zip(&headers[..count]) {
-        let name = header.name.as_ptr() as usize - base;
-        let value = header.value.as_ptr() as usize - base;
-        *span = (name, header.name.len(), value, header.value.len());
-    }
-    let head: Bytes = buf.split_to(parsed).freeze();
-    let mut map = HeaderMap::with_capacity(count);
-    for &(name, name_len, value, value_len) in &spans[..count] {
-        let name = HeaderName::from_bytes(&head[name..name + name_len]).map_err(invalid)?;
-        let value = HeaderValue::from_maybe_shared(head.slice(value..value + value_len))
-            .map_err(invalid)?;
+/// As [`write`], through a `HeaderMap` whose names and values are slices of `head`, the head split
+/// off the read buffer (no copy), as hyper's parser makes them.
+fn write_typed(
+    line: Line<Span>,
+    spans: &[(Span, Span)],
+    head: &Bytes,
+    out: &mut Vec<u8>,
+) -> io::Result<usize> {
+    let at = |(offset, len): Span| head.slice(offset..offset + len);
+    let mut map = HeaderMap::with_capacity(spans.len());
+    for &(name, value) in spans {
+        let name = HeaderName::from_bytes(&at(name)).map_err(invalid)?;
+        let value = HeaderValue::from_maybe_shared(at(value)).map_err(invalid)?;
         map.append(name, value);
     }
     for name in HOP_BY_HOP {
         map.remove(name);
     }
     if map.contains_key(http::header::TRANSFER_ENCODING) {
-        return Err(invalid(
-            "chunked bodies are not moved by this measuring stick",
-        ));
+        return Err(invalid(CHUNKED));
     }
     let len = match map.get(http::header::CONTENT_LENGTH) {
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(|value| value.trim().parse().ok())
-            .ok_or_else(|| invalid("content-length"))?,
+        Some(value) => content_length(value.as_bytes())?,
         None => 0,
     };
     match line {
-        Line::Request(method, (at, len)) => {
-            let uri = http::Uri::from_maybe_shared(head.slice(at..at + len)).map_err(invalid)?;
+        Line::Request { method, path } => {
+            let method = http::Method::from_bytes(&at(method)).map_err(invalid)?;
+            let uri = http::Uri::from_maybe_shared(at(path)).map_err(invalid)?;
             out.extend_from_slice(method.as_str().as_bytes());
             out.push(b' ');
             out.extend_from_slice(uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes());
             out.extend_from_slice(b" HTTP/1.1\r\n");
         }
-        Line::Response(status) => {
+        Line::Response { code, .. } => {
+            let status = http::StatusCode::from_u16(code).map_err(invalid)?;
             out.extend_from_slice(b"HTTP/1.1 ");
             out.extend_from_slice(status.as_str().as_bytes());
             out.push(b' ');
@@ -283,12 +289,14 @@ fn parse_typed(buf: &mut BytesMut, kind: Kind, out: &mut Vec<u8>) -> io::Result<
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    Ok(Some(len))
+    Ok(len)
 }
 
-enum Line {
-    Request(http::Method, (usize, usize)),
-    Response(http::StatusCode),
+fn content_length(value: &[u8]) -> io::Result<usize> {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|value| value.trim().parse().ok())
+        .ok_or_else(|| invalid("content-length"))
 }
 
 /// Appends `len` body bytes to `out`: what `buf` holds first, then from `io`.

@@ -12,45 +12,12 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    let (Some(listen), Some(upstream)) = (args.next(), args.next()) else {
-        eprintln!("usage: hop-on-hyper LISTEN UPSTREAM");
-        return ExitCode::from(2);
-    };
-    let upstream: Arc<str> = upstream.into();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(async move {
-        let listener = match TcpListener::bind(&listen).await {
-            Ok(listener) => listener,
-            Err(err) => {
-                eprintln!("bind {listen}: {err}");
-                return ExitCode::FAILURE;
-            }
-        };
-        loop {
-            let Ok((down, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = down.set_nodelay(true);
-            tokio::spawn(serve(down, upstream.clone()));
-        }
+    hop_floor::run("hop-on-hyper LISTEN UPSTREAM", None, |down, upstream, _| {
+        serve(down, upstream)
     })
 }
 
