@@ -113,8 +113,9 @@ impl Class {
                 Class::TimedOut
             }
             // An agent's "come back later": it did not run the call.
-            (StatusCode::SERVICE_UNAVAILABLE, None) if asked().is_some() => Class::Refused {
-                retry_after: asked().unwrap_or(DEFAULT_COOLDOWN),
+            (StatusCode::SERVICE_UNAVAILABLE, None) => match asked() {
+                Some(retry_after) => Class::Refused { retry_after },
+                None => Class::Failed,
             },
             (s, _) if s.is_server_error() => Class::Failed,
             _ => Class::Success,
