@@ -131,6 +131,26 @@ impl Peer {
         self.source == "external"
     }
 
+    /// The identity a call to this peer proves under `mode`: the one its certificate must carry
+    /// to complete the handshake. `None` when nothing is proven (plaintext, or any SVID of the
+    /// trust domain).
+    pub fn verified_identity(&self, mode: MtlsMode) -> Option<&SpiffeId> {
+        match self.dial_identity(mode) {
+            Some(Expected::Exactly(_)) => self.identity.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Whether the policy of `snapshot` lets this peer serve `capability`: an external target
+    /// is the policy's own word; a peer sidecar must prove an identity `served_by` lists.
+    pub fn may_serve(&self, snapshot: &Snapshot, capability: &str) -> bool {
+        self.is_external()
+            || snapshot
+                .policy
+                .authorization
+                .may_serve(capability, self.verified_identity(snapshot.mtls_mode()))
+    }
+
     /// Who a call to this peer must reach, over mutual TLS, under `mode`; `None`: plaintext. A
     /// plain service (an external target's `http://` endpoint) is [`Expected::Plain`]: plaintext
     /// and HTTP/1.1 whatever the peer protocol; a peer sidecar that
@@ -150,6 +170,15 @@ impl Peer {
             (MtlsMode::Strict, None) => Some(Expected::TrustDomain),
         }
     }
+}
+
+/// A member's claim to serve a capability that the policy's `served_by` refuses.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, Hash)]
+pub struct RefusedClaim {
+    pub capability: String,
+    pub peer: String,
+    /// The identity the peer proves (none: plaintext, or no identity announced).
+    pub identity: Option<String>,
 }
 
 /// The TLS of an external target's `https://` endpoint: set up when the config was checked, so
@@ -236,6 +265,9 @@ pub struct Registry {
     any_mcp: std::sync::atomic::AtomicBool,
     /// The configured peers of the newest config generation seen.
     configured: ArcSwap<Configured>,
+    /// The refused claims as of the last membership change: a claim is counted once when it
+    /// appears, not on every change.
+    refused: std::sync::Mutex<HashSet<RefusedClaim>>,
 }
 
 impl Registry {
@@ -310,6 +342,9 @@ impl Registry {
 
     /// Peers that serve `capability`, in a stable order. A gossip member shadows a configured
     /// peer of the same name: what the agent says of itself now beats what a file said.
+    ///
+    /// Under a `served_by` rule, only the peers it lets serve `capability`: a member's claim
+    /// (its profile, A2A card or tool list) is not enough.
     pub fn candidates(&self, snapshot: &Snapshot, capability: &str) -> Vec<Arc<Peer>> {
         let gossip = self.gossip.load();
         let configured = self.configured(snapshot);
@@ -320,6 +355,52 @@ impl Registry {
             .cloned()
             .collect();
         out.extend(gossip.index.get(capability).into_iter().flatten().cloned());
+        if snapshot
+            .policy
+            .authorization
+            .served_by(capability)
+            .is_some()
+        {
+            out.retain(|p| p.may_serve(snapshot, capability));
+        }
+        out
+    }
+
+    /// The claims [`Self::refused_claims`] finds now that it did not find last time.
+    pub fn newly_refused(&self, snapshot: &Snapshot) -> Vec<RefusedClaim> {
+        let now: HashSet<RefusedClaim> = self.refused_claims(snapshot).into_iter().collect();
+        let mut seen = self
+            .refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let new = now.difference(&seen).cloned().collect();
+        *seen = now;
+        new
+    }
+
+    /// The peers that claim `capability` but that the policy's `served_by` does not let serve
+    /// it, with the identity each proves (none: plaintext or unnamed).
+    pub fn refused_claims(&self, snapshot: &Snapshot) -> Vec<RefusedClaim> {
+        let gossip = self.gossip.load();
+        let configured = self.configured(snapshot);
+        let mode = snapshot.mtls_mode();
+        let mut out = Vec::new();
+        for (capability, rule) in &snapshot.policy.authorization.capabilities {
+            if rule.served_by.is_none() {
+                continue;
+            }
+            let claimants = configured
+                .serving(capability)
+                .iter()
+                .chain(gossip.index.get(capability).into_iter().flatten());
+            for peer in claimants.filter(|p| !p.may_serve(snapshot, capability)) {
+                out.push(RefusedClaim {
+                    capability: capability.clone(),
+                    peer: peer.name.clone(),
+                    identity: peer.verified_identity(mode).map(|i| i.as_str().to_owned()),
+                });
+            }
+        }
         out
     }
 
@@ -333,6 +414,21 @@ impl Registry {
         k: usize,
         mut random: impl FnMut(usize) -> usize,
     ) -> (Vec<Arc<Peer>>, usize) {
+        if snapshot
+            .policy
+            .authorization
+            .served_by(capability)
+            .is_some()
+        {
+            // Rare and small: who may serve is listed by identity, so sample the allowed ones.
+            let mut allowed = self.candidates(snapshot, capability);
+            let n = allowed.len();
+            while allowed.len() > k {
+                let i = random(allowed.len());
+                allowed.swap_remove(i);
+            }
+            return (allowed, n);
+        }
         let gossip = self.gossip.load();
         let configured = self.configured(snapshot);
         let statics = configured.serving(capability);

@@ -74,6 +74,10 @@ pub struct Status {
     pub idempotency: crate::idempotency::TableUsage,
     /// Every peer this sidecar knows, from the registry.
     pub peers: Vec<Arc<Peer>>,
+    /// Members' claims to serve a capability that the policy's `served_by` refuses: never
+    /// routed to (`docs/security.md`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused_claims: Vec<crate::registry::RefusedClaim>,
     /// This caller's view of each peer it has scored, with the peer's own view.
     pub peer_views: Vec<PeerStatus>,
     /// Each MCP capability's tools, with each server's tool as this caller sees it
@@ -242,6 +246,7 @@ impl Admin {
             inbound: self.inbound.stats(),
             idempotency: self.inbound.idempotency(),
             peers: self.registry.peers(&snapshot),
+            refused_claims: self.registry.refused_claims(&snapshot),
             tools: self.outbound.mcp_tools(&snapshot),
             gossip: self.gossip.as_ref().map(|g| g.status()),
             capabilities: self.peers.fleet_demand(),

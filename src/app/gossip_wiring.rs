@@ -137,20 +137,41 @@ async fn offer_views(
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(OFFER_EVERY);
+    let mut not_served: std::collections::BTreeSet<String> = Default::default();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
         let view = local.self_view();
+        let snapshot = store.snapshot();
         // The node ignores a profile equal to the last one.
         // Read each time: a rotation may change the identity, a reload the mode. With mTLS
         // disabled this sidecar takes no TLS, so it announces none (callers speak plaintext).
         let identity = tls
             .as_ref()
-            .filter(|_| store.snapshot().mtls_mode() != crate::config::MtlsMode::Disabled)
+            .filter(|_| snapshot.mtls_mode() != crate::config::MtlsMode::Disabled)
             .map(|t| t.identity());
-        handle.publish_profile(peers::profile(&view, inbound.clone(), identity));
+        let mut profile = peers::profile(&view, inbound.clone(), identity);
+        // A capability `served_by` does not let this sidecar serve is not announced: callers
+        // would refuse the claim anyway (docs/security.md).
+        let authz = &snapshot.policy.authorization;
+        let refused: std::collections::BTreeSet<String> = profile
+            .capabilities
+            .iter()
+            .filter(|c| !authz.may_serve(&c.name, profile.identity.as_ref()))
+            .map(|c| c.name.clone())
+            .collect();
+        for name in refused.difference(&not_served) {
+            tracing::warn!(
+                capability = name.as_str(),
+                identity = profile.identity.as_ref().map_or("none", |i| i.as_str()),
+                "this sidecar's identity is not in the capability's served_by: not serving it"
+            );
+        }
+        profile.capabilities.retain(|c| !refused.contains(&c.name));
+        not_served = refused;
+        handle.publish_profile(profile);
         handle.publish_live(peers::live(&view));
     }
 }

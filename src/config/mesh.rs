@@ -105,8 +105,15 @@ pub struct Authorization {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CapabilityAuthorization {
-    /// Caller identities allowed; anyone else (a plaintext caller included) is refused.
-    pub allow: Vec<IdentityPattern>,
+    /// Caller identities allowed; anyone else (a plaintext caller included) is refused. Unset:
+    /// callers are judged by `default`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<IdentityPattern>>,
+    /// The identities whose sidecars may serve it: a caller routes it only to a peer whose
+    /// certificate says one of them, whatever other members claim (`docs/security.md`). Unset:
+    /// any member may serve it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_by: Option<Vec<IdentityPattern>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -121,9 +128,26 @@ impl Authorization {
     /// Whether `caller` (none: it presented no certificate) may call `capability` (none: plain
     /// traffic).
     pub fn allows(&self, capability: Option<&str>, caller: Option<&SpiffeId>) -> bool {
-        match capability.and_then(|c| self.capabilities.get(c)) {
-            Some(rule) => caller.is_some_and(|id| rule.allow.iter().any(|p| p.matches(id))),
+        match capability
+            .and_then(|c| self.capabilities.get(c))
+            .and_then(|rule| rule.allow.as_ref())
+        {
+            Some(allow) => caller.is_some_and(|id| allow.iter().any(|p| p.matches(id))),
             None => self.default == Verdict::Allow,
+        }
+    }
+
+    /// The identities that may serve `capability`, when the policy names them.
+    pub fn served_by(&self, capability: &str) -> Option<&[IdentityPattern]> {
+        self.capabilities.get(capability)?.served_by.as_deref()
+    }
+
+    /// Whether a peer whose verified identity is `server` (none: it has no certificate, or is
+    /// reached in plaintext) may serve `capability`.
+    pub fn may_serve(&self, capability: &str, server: Option<&SpiffeId>) -> bool {
+        match self.served_by(capability) {
+            Some(list) => server.is_some_and(|id| list.iter().any(|p| p.matches(id))),
+            None => true,
         }
     }
 }
@@ -148,5 +172,26 @@ mod tests {
             "default deny"
         );
         assert!(Authorization::default().allows(Some("search"), None));
+    }
+
+    #[test]
+    fn served_by_names_who_may_serve_and_leaves_callers_to_the_default() {
+        let yaml = "authorization:\n  default: allow\n  capabilities:\n    payments:\n      served_by: [\"spiffe://prod.example/ns/billing/sa/payee\"]\n";
+        let authz = super::super::parse_policy(Path::new("p.yaml"), yaml)
+            .map(|p| p.authorization)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let payee = SpiffeId::parse("spiffe://prod.example/ns/billing/sa/payee").ok();
+        let mallory = SpiffeId::parse("spiffe://prod.example/ns/dev/sa/mallory").ok();
+        assert!(authz.may_serve("payments", payee.as_ref()));
+        assert!(!authz.may_serve("payments", mallory.as_ref()));
+        assert!(
+            !authz.may_serve("payments", None),
+            "plaintext serves nothing listed"
+        );
+        assert!(authz.may_serve("search", None), "no served_by: anyone");
+        assert!(
+            authz.allows(Some("payments"), None),
+            "no allow list: the default judges callers"
+        );
     }
 }

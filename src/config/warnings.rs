@@ -39,3 +39,19 @@ pub fn warnings(bootstrap: &Bootstrap, policy: &Policy) -> Vec<String> {
     }
     out
 }
+
+/// What `agent-reach check` warns of in a policy alone: a capability whose callers are listed
+/// but whose servers are not — any member may claim to serve it and receive its calls.
+pub fn policy_warnings(policy: &Policy) -> Vec<String> {
+    policy
+        .authorization
+        .capabilities
+        .iter()
+        .filter(|(_, rule)| rule.allow.is_some() && rule.served_by.is_none())
+        .map(|(name, _)| {
+            format!(
+                "capability `{name}` has an `allow` list but no `served_by`: any member of the mesh may claim to serve it and receive its calls (docs/security.md)"
+            )
+        })
+        .collect()
+}

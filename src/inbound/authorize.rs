@@ -281,7 +281,13 @@ mod tests {
                             IdentityPattern::parse(&format!("spiffe://t/ns/a/sa/{i}")).unwrap()
                         })
                         .collect();
-                    ((*c).to_owned(), CapabilityAuthorization { allow })
+                    (
+                        (*c).to_owned(),
+                        CapabilityAuthorization {
+                            allow: Some(allow),
+                            served_by: None,
+                        },
+                    )
                 })
                 .collect(),
         }

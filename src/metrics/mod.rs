@@ -83,6 +83,7 @@ const MAX_TOOL_LABELS: usize = 128;
 pub const PANICS_TOTAL: &str = "reach_panics_total";
 pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "reach_tls_handshake_failures_total";
 pub const AUTHZ_DENIED_TOTAL: &str = "reach_authz_denied_total";
+pub const CLAIMS_REFUSED_TOTAL: &str = "reach_claims_refused_total";
 pub const OBSERVE_CALLS_TOTAL: &str = "reach_observe_calls_total";
 pub const OBSERVE_AVOIDABLE_FAILURES_TOTAL: &str = "reach_observe_avoidable_failures_total";
 pub const OUTPUT_INVALID_TOTAL: &str = "reach_output_invalid_total";
@@ -136,6 +137,10 @@ const COUNTERS: &[(&str, &str)] = &[
     (
         AUTHZ_DENIED_TOTAL,
         "Inbound calls refused by the authorization policy (403 forbidden), by capability.",
+    ),
+    (
+        CLAIMS_REFUSED_TOTAL,
+        "Claims of other members the policy does not believe, by kind (serve: a member claiming a capability served_by does not let it serve; budget: a model budget figure for a group the member may not publish for) and capability or group.",
     ),
     (
         REQUESTS_TOTAL,
@@ -843,6 +848,15 @@ impl Metrics {
     pub fn authz_denied(&self, capability: &str) {
         let capability = capability.to_owned();
         self.with(|| counter!(AUTHZ_DENIED_TOTAL, "capability" => capability).increment(1));
+    }
+
+    /// A member's claim the policy does not believe (`kind`: `serve` or `budget`), about
+    /// `subject`: a capability or budget group the policy names, so the labels stay bounded.
+    pub fn claim_refused(&self, kind: &'static str, subject: &str) {
+        let subject = subject.to_owned();
+        self.with(|| {
+            counter!(CLAIMS_REFUSED_TOTAL, "kind" => kind, "subject" => subject).increment(1)
+        });
     }
 
     pub fn panicked(&self, listener: &'static str) {

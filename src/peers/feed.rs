@@ -38,6 +38,15 @@ impl Membership for GossipFeed {
             self.views.bind_incarnation(peer, member.node.epoch);
         }
         self.registry.set_gossip(peers);
+        for claim in self.registry.newly_refused(&snapshot) {
+            metrics.claim_refused("serve", &claim.capability);
+            tracing::warn!(
+                capability = claim.capability.as_str(),
+                peer = claim.peer.as_str(),
+                identity = claim.identity.as_deref().unwrap_or("none proven"),
+                "a member claims a capability the policy's served_by does not let it serve: not routed to it"
+            );
+        }
         // Forget the views of peers that left: a dead member's history must not linger.
         let names = self.registry.names(&snapshot);
         self.views.retain(&names);

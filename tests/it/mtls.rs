@@ -310,9 +310,11 @@ async fn an_identity_outside_allow_is_forbidden_and_the_agent_never_sees_the_cal
         capabilities: HashMap::from([(
             CAP.to_owned(),
             CapabilityAuthorization {
-                allow: vec![
-                    IdentityPattern::parse(&format!("{TRUST_DOMAIN}/ns/billing/sa/*")).unwrap(),
-                ],
+                allow: Some(vec![IdentityPattern::parse(&format!(
+                    "{TRUST_DOMAIN}/ns/billing/sa/*"
+                ))
+                .unwrap()]),
+                served_by: None,
             },
         )])
         .into_iter()
@@ -741,9 +743,11 @@ async fn payments_callee(pki: &Pki, agent: SocketAddr, mode: MtlsMode) -> Sideca
         capabilities: [(
             "payments".to_owned(),
             CapabilityAuthorization {
-                allow: vec![
-                    IdentityPattern::parse(&format!("{TRUST_DOMAIN}/ns/billing/sa/*")).unwrap(),
-                ],
+                allow: Some(vec![IdentityPattern::parse(&format!(
+                    "{TRUST_DOMAIN}/ns/billing/sa/*"
+                ))
+                .unwrap()]),
+                served_by: None,
             },
         )]
         .into_iter()
@@ -1041,4 +1045,154 @@ async fn a_strict_caller_speaks_tls_to_a_static_peer_that_names_no_identity() {
         0,
         "{m}"
     );
+}
+
+/// Gossip timings short enough for a test, generous enough for a loaded machine.
+fn fast_gossip(mut b: Bootstrap) -> Bootstrap {
+    if let Some(g) = b.gossip.as_mut() {
+        g.probe_interval = agent_reach::config::HumanDuration::from_millis(200);
+        g.probe_timeout = agent_reach::config::HumanDuration::from_millis(300);
+        g.suspect_timeout = agent_reach::config::HumanDuration::from_secs(3);
+        g.refresh_interval = agent_reach::config::HumanDuration::from_millis(500);
+    }
+    b
+}
+
+// A member with a valid certificate of its own and the gossip key claims `code-review`, which
+// the policy says only `billing/payee` serves: not one call (nor its body) reaches it, the
+// refusal is counted and shown, and the member's own sidecar, under the same policy, does not
+// even announce it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_claiming_a_capability_served_by_another_identity_gets_none_of_its_calls() {
+    let pki = Pki::new("served-by");
+    let key = gossip_key(&pki);
+    let payee = id("billing", "payee");
+    let served_by = |mode| {
+        let mut p = policy(Some(mode));
+        p.authorization.capabilities.insert(
+            CAP.to_owned(),
+            CapabilityAuthorization {
+                allow: None,
+                served_by: Some(vec![IdentityPattern::parse(&payee).unwrap()]),
+            },
+        );
+        p
+    };
+    let caller = start(
+        fast_gossip(with_tls(
+            Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+                .unwrap()
+                .with_gossip(&[], key.clone()),
+            pki.files("caller", &id("agents", "caller")),
+        )),
+        served_by(MtlsMode::Permissive),
+    )
+    .await;
+    let seed = caller.addrs.gossip.unwrap();
+    let member = |name: &'static str, identity: String, policy: Policy| {
+        let (pki, key) = (&pki, key.clone());
+        async move {
+            let agent = mock(crate::mock_agent::MockConfig::new(name)).await;
+            let sidecar = start(
+                fast_gossip(with_tls(
+                    Bootstrap::local(name, agent.addr, &[CAP])
+                        .unwrap()
+                        .with_gossip(&[seed], key),
+                    pki.files(name, &identity),
+                )),
+                policy,
+            )
+            .await;
+            (agent, sidecar)
+        }
+    };
+    let (payee_agent, _payee) =
+        member("payee", payee.clone(), served_by(MtlsMode::Permissive)).await;
+    // Mallory runs her own sidecar with a policy of her own: no served_by there.
+    let (mallory_agent, _mallory) = member(
+        "mallory",
+        id("dev", "mallory"),
+        policy(Some(MtlsMode::Permissive)),
+    )
+    .await;
+    // A member under the fleet's policy whose identity is not listed: it does not announce it.
+    let (_honest_agent, honest) = member(
+        "bystander",
+        id("dev", "bystander"),
+        served_by(MtlsMode::Permissive),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(15),
+        "the caller to know all three",
+        || async {
+            let peers = caller.status().peers;
+            ["payee", "mallory", "bystander"]
+                .iter()
+                .all(|n| peers.iter().any(|p| p.name == *n))
+        },
+    )
+    .await;
+    let peers = caller.status().peers;
+    let bystander = peers.iter().find(|p| p.name == "bystander").unwrap();
+    assert!(
+        !bystander.capabilities.iter().any(|c| c == CAP),
+        "a sidecar not listed in served_by announced {CAP}: {:?}",
+        bystander.capabilities
+    );
+    assert!(honest.status().ready);
+
+    for _ in 0..40 {
+        let reply = call(&client(), caller.addrs.outbound).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.json()["agent"], "payee");
+    }
+    assert_eq!(mallory_agent.stats().business, 0, "mallory got work");
+    assert!(payee_agent.stats().business >= 40);
+    let status = caller.status();
+    assert!(
+        status.refused_claims.iter().any(|c| c.peer == "mallory"
+            && c.capability == CAP
+            && c.identity.as_deref() == Some(id("dev", "mallory").as_str())),
+        "{:?}",
+        status.refused_claims
+    );
+    let m = metrics(&caller).await;
+    assert_eq!(
+        counter(
+            &m,
+            &format!("reach_claims_refused_total{{kind=\"serve\",subject=\"{CAP}\"}}")
+        ),
+        1,
+        "{m}"
+    );
+}
+
+// Without mutual TLS nothing is proven: a capability with served_by is routed to nobody rather
+// than to whoever claims it.
+#[tokio::test]
+async fn served_by_without_mtls_routes_to_nobody() {
+    let agent = mock(crate::mock_agent::MockConfig::new("plain")).await;
+    let callee = start(
+        Bootstrap::local("plain", agent.addr, &[CAP]).unwrap(),
+        Policy::default(),
+    )
+    .await;
+    let mut p = Policy::default();
+    p.authorization.capabilities.insert(
+        CAP.to_owned(),
+        CapabilityAuthorization {
+            allow: None,
+            served_by: Some(vec![IdentityPattern::parse(&id("billing", "*")).unwrap()]),
+        },
+    );
+    let b = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+        .unwrap()
+        .with_peer("plain", callee.addrs.inbound, &[CAP])
+        .unwrap();
+    let caller = start(b, p).await;
+    let reply = call(&client(), caller.addrs.outbound).await;
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert_eq!(agent.stats().business, 0);
+    assert_eq!(caller.status().refused_claims.len(), 1);
 }

@@ -29,6 +29,45 @@ pub(super) struct Plan {
     pub(super) prefer: Option<usize>,
 }
 
+/// Why nobody is a candidate. Unknown only when this sidecar can tell: one that knows no
+/// member of its mesh right now (cut off from gossip), or whose policy refused every claimant
+/// (`served_by`), answers 503 with `retry-after` — a condition that passes, not a typo.
+fn nobody_serves(out: &Outbound, call: &Call, route: &RouteRequest) -> ReachError {
+    let snapshot = &call.snapshot;
+    let capability = route.capability.clone();
+    if snapshot
+        .policy
+        .authorization
+        .served_by(&capability)
+        .is_some()
+    {
+        let refused: Vec<_> = out
+            .registry
+            .refused_claims(snapshot)
+            .into_iter()
+            .filter(|c| c.capability == capability)
+            .collect();
+        return ReachError::NoAvailableInstance {
+            capability,
+            candidates: serde_json::json!({
+                "why": "no member that claims it proves an identity its served_by lists",
+                "refused_claims": refused,
+            }),
+            attempts: 0,
+        };
+    }
+    if snapshot.bootstrap.gossip.is_some() && out.registry.gossip_members() == 0 {
+        return ReachError::NoAvailableInstance {
+            capability,
+            candidates: serde_json::json!({
+                "why": "this sidecar knows no member of its mesh right now (gossip has none): it cannot tell who serves it",
+            }),
+            attempts: 0,
+        };
+    }
+    ReachError::UnknownCapability { capability }
+}
+
 /// The call's plan, or its refusal when nobody serves it (asked by `routing`).
 #[allow(
     clippy::result_large_err,
@@ -42,10 +81,10 @@ pub(super) fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
     if scored.is_empty() {
         // Not labelled by name: a caller's typos must not grow the metric series.
         out.metrics.no_candidate(UNKNOWN_CAPABILITY);
-        let err = ReachError::UnknownCapability {
-            capability: route.capability.clone(),
-        };
-        return Err(Routed::refused(UNKNOWN_CAPABILITY, err));
+        return Err(Routed::refused(
+            UNKNOWN_CAPABILITY,
+            nobody_serves(out, &call, &route),
+        ));
     }
     // An MCP call goes to the servers that have its tool (`docs/mcp.md`).
     let scored = match call.parts.extensions.get::<mcp::McpRoute>() {

@@ -36,8 +36,21 @@ pub(crate) fn run(args: Args) -> ExitCode {
             }
         }
     }
+    for (policy_file, policy) in &policies {
+        for warning in config::warnings::policy_warnings(policy) {
+            eprintln!("warning: {}: {warning}", policy_file.display());
+        }
+    }
     for (bootstrap_file, bootstrap) in &bootstraps {
         for (policy_file, policy) in &policies {
+            if let Err(err) = may_serve_its_capabilities(bootstrap_file, bootstrap, policy) {
+                eprintln!(
+                    "{}: with {}: {err}",
+                    bootstrap_file.display(),
+                    policy_file.display()
+                );
+                failed = true;
+            }
             for warning in config::warnings::warnings(bootstrap, policy) {
                 eprintln!(
                     "warning: {} with {}: {warning}",
@@ -52,6 +65,36 @@ pub(crate) fn run(args: Args) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// A bootstrap's capabilities that the policy's `served_by` names must be served under an
+/// identity it lists: otherwise the sidecar would not announce them, and nobody would route
+/// them to its agent.
+fn may_serve_its_capabilities(
+    path: &Path,
+    bootstrap: &Bootstrap,
+    policy: &config::Policy,
+) -> Result<(), String> {
+    let identity = bootstrap
+        .tls
+        .as_ref()
+        .and_then(|files| agent_reach::transport::mtls::check(&files.resolved(path.parent())).ok())
+        .map(|checked| checked.identity);
+    let refused: Vec<&str> = bootstrap
+        .agent
+        .capabilities
+        .iter()
+        .map(|c| c.name.as_str())
+        .filter(|c| !policy.authorization.may_serve(c, identity.as_ref()))
+        .collect();
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "capability {} is `served_by` other identities than this sidecar's ({}): it would not be served",
+        refused.join(", "),
+        identity.as_ref().map_or("no tls identity", |i| i.as_str())
+    ))
 }
 
 fn check_file(path: &Path) -> Result<(String, Parsed), String> {

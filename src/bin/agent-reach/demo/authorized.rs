@@ -169,7 +169,8 @@ fn strict(policy: &mut Policy, allowed: &IdentityPattern) {
     policy.authorization.capabilities.insert(
         CAPABILITY.to_owned(),
         CapabilityAuthorization {
-            allow: vec![allowed.clone()],
+            allow: Some(vec![allowed.clone()]),
+            served_by: None,
         },
     );
 }
