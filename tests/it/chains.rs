@@ -314,12 +314,12 @@ async fn a_peer_that_never_sends_its_head_is_left_after_first_event_timeout() {
     let yaml = "capabilities: { code-review: { first_event_timeout: 500ms } }";
     let (caller, _callees) = callers(&[&hung, &fine], yaml).await;
     let url = format!("http://{}/review", caller.addrs.outbound);
-    // Until the hung peer has been tried (each pick is a coin toss while both look alike).
-    for n in 0..20 {
-        let key = format!("job-{n}");
-        let headers = [("reach-capability", CAP), ("idempotency-key", key.as_str())];
+    // Until the hung peer has been tried (each pick is a coin toss while both look alike). A
+    // GET is safe to repeat: it moves (a keyed call does not, below).
+    for _ in 0..20 {
+        let headers = [("reach-capability", CAP)];
         let began = Instant::now();
-        let reply = send(&client(), "POST", &url, &headers, "x = 1").await;
+        let reply = send(&client(), "GET", &url, &headers, "").await;
         assert_eq!(reply.status, 200, "{}", reply.body);
         assert!(
             began.elapsed() < Duration::from_secs(1),
@@ -367,6 +367,43 @@ async fn a_hedge_wins_against_a_slow_peer() {
         metrics.body
     );
     assert!(caller.status().chains.hedges_won >= 1);
+}
+
+// A keyed call runs once: neither a hedge nor a first-event timeout sends a POST with an
+// `idempotency-key` to a second agent, however slow the first — deduplication is per callee.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_call_is_never_hedged_nor_moved_to_a_second_agent() {
+    let slow = |name: &'static str| {
+        let mut c = MockConfig::new(name);
+        c.mode = Mode::Slow;
+        c.slow_latency = Duration::from_millis(400);
+        c
+    };
+    let (a, b) = (mock(slow("slow-a")).await, mock(slow("slow-b")).await);
+    let yaml =
+        "capabilities: { code-review: { hedge: { after: 50ms }, first_event_timeout: 200ms } }";
+    let (caller, _callees) = callers(&[&a, &b], yaml).await;
+    let url = format!("http://{}/review", caller.addrs.outbound);
+    let mut answered = 0;
+    for n in 0..8 {
+        let key = format!("pay-{n}");
+        let headers = [("reach-capability", CAP), ("idempotency-key", key.as_str())];
+        let reply = send(&client(), "POST", &url, &headers, "{\"card\": 1}").await;
+        if reply.status == 200 {
+            answered += 1;
+        }
+        let ran = a.stats().business + b.stats().business;
+        assert_eq!(ran, n + 1, "key {key} ran {} times", ran - n);
+    }
+    // The retry went back to the same agent, whose sidecar joined the original.
+    assert!(answered >= 1, "no keyed call was answered");
+    let metrics = get(&client(), &format!("http://{}/metrics", caller.addrs.admin)).await;
+    assert_eq!(
+        counter(&metrics.body, "reach_hedges_total{result=\"won\"}"),
+        0,
+        "{}",
+        metrics.body
+    );
 }
 
 /// An agent that answers a stream's head at once and never sends its first event.

@@ -195,8 +195,12 @@ impl<'a> Attempts<'a> {
         });
         let own = snapshot.policy.capabilities.get(call.capability);
         let idempotent_method = call.parts.method.is_idempotent();
-        // Only a call that may run twice is hedged: the loser may have started before it is cut.
-        let safe = call.replayable && (keyed || idempotent_method || is_async);
+        // Only a call that may run twice is hedged: the loser may have started before it is
+        // cut. A key or a task promises one run, and deduplication is per callee: those are
+        // hedged only when every candidate declares its capability idempotent (the agents
+        // deduplicate among themselves; `docs/chains.md`).
+        let declared = !call.scored.is_empty() && call.scored.iter().all(|s| s.idempotent);
+        let safe = call.replayable && ((idempotent_method && !keyed && !is_async) || declared);
         Attempts {
             first_event: own.and_then(|c| c.first_event_timeout).map(|d| d.get()),
             hedge: own.and_then(|c| c.hedge.as_ref()).filter(|_| safe),

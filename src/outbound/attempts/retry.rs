@@ -132,10 +132,11 @@ impl<B> Attempt<B> {
     /// | attempt | retried |
     /// |---|---|
     /// | refused (429, a sidecar's 503), connection failed | always, on another peer: nothing ran |
-    /// | no head (or first event) within `first_event_timeout`, keyed, idempotent or async | on another peer |
+    /// | no head (or first event) within `first_event_timeout`, idempotent | on another peer |
+    /// | no head (or first event) within `first_event_timeout`, keyed or async | on the *same* agent, whose sidecar joins the original |
     /// | timed out, keyed (`idempotency-key`) | on the *same* agent, whose sidecar joins or replays the original |
     /// | timed out, 502/503/504 from the agent, idempotent method | on another peer |
-    /// | `502 invalid_output`, idempotent, keyed or async (a chain) | on another peer: the same agent would answer the same |
+    /// | `502 invalid_output`, idempotent, or async (a chain) without a key | on another peer: the same agent would answer the same |
     /// | anything else (other 4xx, success, a POST that may have run) | never |
     pub(in crate::outbound) fn retry(
         &self,
@@ -153,11 +154,17 @@ impl<B> Attempt<B> {
             Attempt::Failed(ReachError::UpstreamConnect { .. }) => Some(("connect_failed", false)),
             // Abandoned before a byte reached the caller: elsewhere when safe to repeat, never
             // back to the peer that was too slow to start.
-            Attempt::Failed(ReachError::FirstEventTimeout { .. }) => {
-                (keyed || idempotent || chain).then_some(("first_event_timeout", false))
+            Attempt::Failed(ReachError::FirstEventTimeout { .. }) if idempotent => {
+                Some(("first_event_timeout", false))
             }
+            // A keyed call or a task may be running there already: only its own agent, whose
+            // sidecar joins the original, may be asked again — never a second agent.
+            Attempt::Failed(ReachError::FirstEventTimeout { .. }) if keyed || chain => {
+                Some(("first_event_timeout_keyed", true))
+            }
+            // It ran: elsewhere only when running it twice is safe (a keyed call runs once).
             Attempt::Done(response) if classify::invalid_output(response) => {
-                (keyed || idempotent || chain).then_some(("invalid_output", false))
+                (idempotent || (chain && !keyed)).then_some(("invalid_output", false))
             }
             _ if timed_out && keyed => Some(("timeout_keyed", true)),
             _ if timed_out && idempotent => Some(("timeout", false)),
@@ -253,11 +260,12 @@ mod tests {
         // An answer its schema refused: elsewhere when safe (never back to the same agent, even
         // keyed: it would answer the same), or when it is an async chain's step.
         assert_eq!(invalid.retry(false, false, false), None);
-        for (keyed, idempotent, chain) in [
-            (true, false, false),
-            (false, true, false),
-            (false, false, true),
-        ] {
+        assert_eq!(
+            invalid.retry(true, false, false),
+            None,
+            "a keyed call ran once"
+        );
+        for (keyed, idempotent, chain) in [(false, true, false), (false, false, true)] {
             assert_eq!(
                 invalid.retry(keyed, idempotent, chain),
                 Some(("invalid_output", false)),
@@ -271,14 +279,15 @@ mod tests {
             after: Duration::from_millis(500),
         });
         assert_eq!(late.retry(false, false, false), None);
-        for (keyed, idempotent, chain) in [
-            (true, false, false),
-            (false, true, false),
-            (false, false, true),
-        ] {
+        assert_eq!(
+            late.retry(false, true, false),
+            Some(("first_event_timeout", false))
+        );
+        // Keyed or a task: it may be running there; asked again only of the same agent.
+        for (keyed, chain) in [(true, false), (false, true)] {
             assert_eq!(
-                late.retry(keyed, idempotent, chain),
-                Some(("first_event_timeout", false))
+                late.retry(keyed, false, chain),
+                Some(("first_event_timeout_keyed", true))
             );
         }
         // Never: other 4xx, success, a broken response to a POST.
