@@ -195,7 +195,9 @@ impl Admin {
             .iter()
             .filter_map(|t| t.budget_group.as_ref())
             .filter_map(|g| {
-                let (headroom, reset_in) = self.peers.group_headroom(g.as_str(), now)?;
+                let credential = self.local.budgets().group_credential(g.as_str())?;
+                let (headroom, reset_in) =
+                    self.peers.group_headroom(g.as_str(), credential, now)?;
                 Some(crate::budget::Headroom {
                     headroom,
                     reset_in,

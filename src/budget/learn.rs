@@ -23,13 +23,46 @@ const LOW_WATER: f64 = 0.25;
 const PACE_WINDOW: Duration = Duration::from_secs(60);
 /// Answers remembered for the pace, at most.
 const PACE_SAMPLES: usize = 256;
-/// A target with more than this many targets' states is not tracked further (config bounds it).
-const MAX_TARGETS: usize = 64;
+/// Accounts (target and credential) tracked at most; past it the one learned longest ago goes.
+const MAX_ACCOUNTS: usize = 64;
 
-/// The local agent's model budgets, one per external target that states one.
+/// The local agent's model budgets, one per model provider and credential that states one.
 #[derive(Debug, Default)]
 pub struct ModelBudgets {
-    inner: Mutex<FastMap<String, TargetBudget>>,
+    inner: Mutex<Accounts>,
+}
+
+/// The budgets learned, per target and credential, and which credential each target's latest
+/// call carried: the agent's headroom is its current accounts', not those of a key it tried once.
+#[derive(Debug, Default)]
+struct Accounts {
+    by_account: FastMap<(String, Option<u64>), TargetBudget>,
+    current: FastMap<String, Option<u64>>,
+}
+
+impl Accounts {
+    /// The budgets of the credentials the targets use now, with their targets' names.
+    fn current(&self) -> impl Iterator<Item = (&str, Option<u64>, &TargetBudget)> {
+        self.current.iter().filter_map(|(target, credential)| {
+            let budget = self.by_account.get(&(target.clone(), *credential))?;
+            Some((target.as_str(), *credential, budget))
+        })
+    }
+
+    /// Room for one more account: the one learned longest ago goes.
+    fn make_room(&mut self) {
+        if self.by_account.len() < MAX_ACCOUNTS {
+            return;
+        }
+        let stalest = self
+            .by_account
+            .iter()
+            .min_by_key(|(_, b)| b.learned_at)
+            .map(|(k, _)| k.clone());
+        if let Some(k) = stalest {
+            self.by_account.remove(&k);
+        }
+    }
 }
 
 /// The projected headroom of a budget: 0..1, until when it holds, and why.
@@ -63,36 +96,50 @@ struct Learned {
     measured: bool,
 }
 
+/// One answer of a model provider, as [`ModelBudgets::observe`] reads it.
+#[derive(Debug)]
+pub struct Answer<'a> {
+    pub target: &'a str,
+    /// The account its request was made with ([`super::credential`]).
+    pub credential: Option<u64>,
+    pub group: Option<&'a str>,
+    pub status: StatusCode,
+    pub headers: &'a HeaderMap,
+    /// A wait its body asked for, read as a `retry-after` the headers lack.
+    pub body_delay: Option<Duration>,
+    /// The longest a 429 holds the budget at 0 (`model_budgets.max_wait`).
+    pub max_wait: Duration,
+}
+
 impl ModelBudgets {
-    /// Learns from one answer of `target` (`body_delay`: a wait its body asked for, read as a
-    /// `retry-after` the headers lack); the number of unreadable values it carried.
-    pub fn observe(
-        &self,
-        target: &str,
-        group: Option<&str>,
-        status: StatusCode,
-        answer: &HeaderMap,
-        body_delay: Option<Duration>,
-        now: Instant,
-    ) -> u32 {
-        let mut reading = headers::read(answer, SystemTime::now());
-        reading.retry_after = reading.retry_after.or(body_delay.map(|d| d.min(MAX_BLOCK)));
+    /// Learns from one answer of a model provider; the number of unreadable values it carried.
+    pub fn observe(&self, answer: &Answer<'_>, now: Instant) -> u32 {
+        let mut reading = headers::read(answer.headers, SystemTime::now());
+        reading.retry_after = reading
+            .retry_after
+            .or(answer.body_delay)
+            .map(|d| d.min(answer.max_wait).min(MAX_BLOCK));
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let known = inner.contains_key(target);
-        if !known && (reading.is_empty() || inner.len() >= MAX_TARGETS) {
+        inner
+            .current
+            .insert(answer.target.to_owned(), answer.credential);
+        let key = (answer.target.to_owned(), answer.credential);
+        let known = inner.by_account.contains_key(&key);
+        if !known && reading.is_empty() {
             return reading.malformed;
         }
-        let budget = inner
-            .entry(target.to_owned())
-            .or_insert_with(|| TargetBudget {
-                group: None,
-                windows: Vec::new(),
-                blocked_until: None,
-                answers: VecDeque::new(),
-                learned_at: now,
-            });
-        budget.group = group.map(str::to_owned);
-        budget.learn(&reading, status, now);
+        if !known {
+            inner.make_room();
+        }
+        let budget = inner.by_account.entry(key).or_insert_with(|| TargetBudget {
+            group: None,
+            windows: Vec::new(),
+            blocked_until: None,
+            answers: VecDeque::new(),
+            learned_at: now,
+        });
+        budget.group = answer.group.map(str::to_owned);
+        budget.learn(&reading, answer.status, now);
         reading.malformed
     }
 
@@ -101,7 +148,10 @@ impl ModelBudgets {
     /// and skip answers.
     pub fn spent(&self, target: &str, usage: &Usage) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(budget) = inner.get_mut(target) else {
+        let Some(credential) = inner.current.get(target).copied() else {
+            return;
+        };
+        let Some(budget) = inner.by_account.get_mut(&(target.to_owned(), credential)) else {
             return;
         };
         for l in &mut budget.windows {
@@ -123,17 +173,28 @@ impl ModelBudgets {
         }
     }
 
-    /// The tightest budget of all targets now, when any is learned.
+    /// The tightest budget of the accounts the agent uses now, when any is learned.
     pub fn headroom(&self, now: Instant) -> Option<Headroom> {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner
-            .iter()
-            .map(|(target, b)| b.headroom(target, now))
+            .current()
+            .map(|(target, _, b)| b.headroom(target, now))
             .min_by(|a, b| a.headroom.total_cmp(&b.headroom))
     }
 
+    /// The credential the agent uses now with a target of `group`, when it has called one.
+    pub fn group_credential(&self, group: &str) -> Option<u64> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let found = inner
+            .current()
+            .find(|(_, _, b)| b.group.as_deref() == Some(group))
+            .and_then(|(_, credential, _)| credential);
+        found
+    }
+
     /// What the agent publishes: its ungrouped targets folded into one figure, and one entry per
-    /// group it belongs to (`groups`, from the config: also those it has learned nothing about).
+    /// group it belongs to (`groups`, from the config: also those it has learned nothing about),
+    /// each with the credential it was learned with.
     pub fn published<'a>(
         &self,
         groups: impl Iterator<Item = &'a str>,
@@ -148,27 +209,27 @@ impl ModelBudgets {
                 age_s: now.saturating_duration_since(b.learned_at).as_secs_f64(),
             }
         };
-        let tighter = |a: Option<Figure>, b: Figure| match a {
-            Some(a) if a.headroom <= b.headroom => Some(a),
-            _ => Some(b),
-        };
         let mut own: Option<Figure> = None;
         let mut out: Vec<PublishedBudget> = Vec::new();
         for group in groups {
             if !out.iter().any(|p| p.group.as_deref() == Some(group)) {
                 out.push(PublishedBudget {
                     group: Some(group.to_owned()),
-                    figure: None,
+                    ..PublishedBudget::default()
                 });
             }
         }
-        for (target, b) in inner.iter() {
+        for (target, credential, b) in inner.current() {
             let f = figure(b, target);
             match b.group.as_deref() {
-                None => own = tighter(own, f),
+                None => own = Some(own.map_or(f, |o| if o.headroom <= f.headroom { o } else { f })),
                 Some(g) => {
-                    if let Some(p) = out.iter_mut().find(|p| p.group.as_deref() == Some(g)) {
-                        p.figure = tighter(p.figure, f);
+                    let Some(p) = out.iter_mut().find(|p| p.group.as_deref() == Some(g)) else {
+                        continue;
+                    };
+                    if p.figure.is_none_or(|o| f.headroom < o.headroom) {
+                        p.figure = Some(f);
+                        p.credential = credential;
                     }
                 }
             }
@@ -179,6 +240,7 @@ impl ModelBudgets {
                 PublishedBudget {
                     group: None,
                     figure: own,
+                    credential: None,
                 },
             );
         }
@@ -188,6 +250,11 @@ impl ModelBudgets {
 
 impl TargetBudget {
     fn learn(&mut self, reading: &Reading, status: StatusCode, now: Instant) {
+        // The account answered: whatever a 429 or an empty window said of it is over.
+        if status.is_success() {
+            self.blocked_until = None;
+            self.windows.retain(|w| w.remaining > 0);
+        }
         self.answers.push_back(now);
         while self.answers.len() > PACE_SAMPLES
             || self
@@ -230,7 +297,7 @@ impl TargetBudget {
         if let Some(wait) = reading.retry_after {
             let exhausted = self.windows.iter().any(|l| l.remaining == 0);
             if status == StatusCode::TOO_MANY_REQUESTS || exhausted {
-                self.blocked_until = Some(now + wait.min(MAX_BLOCK));
+                self.blocked_until = Some(now + wait);
             }
         }
     }
@@ -327,6 +394,30 @@ fn kind_name(kind: Kind) -> &'static str {
 mod tests {
     use super::*;
 
+    /// One answer with no credential, bounded only by [`MAX_BLOCK`].
+    fn observe(
+        b: &ModelBudgets,
+        target: &str,
+        group: Option<&str>,
+        status: StatusCode,
+        headers: &HeaderMap,
+        body_delay: Option<Duration>,
+        now: Instant,
+    ) -> u32 {
+        b.observe(
+            &Answer {
+                target,
+                credential: None,
+                group,
+                status,
+                headers,
+                body_delay,
+                max_wait: MAX_BLOCK,
+            },
+            now,
+        )
+    }
+
     fn answer(remaining: u64, reset: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
         let mut put = |k: &'static str, v: String| {
@@ -345,13 +436,37 @@ mod tests {
         let b = ModelBudgets::default();
         let ok = StatusCode::OK;
         assert_eq!(b.headroom(Instant::now()), None, "nothing learned yet");
-        b.observe("openai", None, ok, &answer(90, "60s"), None, Instant::now());
+        observe(
+            &b,
+            "openai",
+            None,
+            ok,
+            &answer(90, "60s"),
+            None,
+            Instant::now(),
+        );
         let h = b.headroom(Instant::now()).map(|h| h.headroom);
         assert_eq!(h, Some(1.0), "plenty left at no pace");
-        b.observe("openai", None, ok, &answer(10, "60s"), None, Instant::now());
+        observe(
+            &b,
+            "openai",
+            None,
+            ok,
+            &answer(10, "60s"),
+            None,
+            Instant::now(),
+        );
         let h = b.headroom(Instant::now()).map_or(1.0, |h| h.headroom);
         assert!(h > 0.0 && h < 1.0, "{h}");
-        b.observe("openai", None, ok, &answer(5, "60s"), None, Instant::now());
+        observe(
+            &b,
+            "openai",
+            None,
+            ok,
+            &answer(5, "60s"),
+            None,
+            Instant::now(),
+        );
         let h = b.headroom(Instant::now());
         assert_eq!(h.as_ref().map(|h| h.headroom), Some(0.0), "{h:?}");
         tokio::time::advance(Duration::from_secs(61)).await;
@@ -363,7 +478,8 @@ mod tests {
         let b = ModelBudgets::default();
         // Ten calls a second, 2 each, 60 s to the reset: 80 left will not last.
         for i in 0..20 {
-            b.observe(
+            observe(
+                &b,
                 "openai",
                 None,
                 StatusCode::OK,
@@ -385,7 +501,8 @@ mod tests {
             http::header::RETRY_AFTER,
             http::HeaderValue::from_static("999999999"),
         );
-        b.observe(
+        observe(
+            &b,
             "openai",
             None,
             StatusCode::TOO_MANY_REQUESTS,
@@ -410,7 +527,7 @@ mod tests {
     }
 
     fn per_call(b: &ModelBudgets) -> f64 {
-        b.inner.lock().unwrap()["openai"].windows[0].per_call
+        b.inner.lock().unwrap().by_account[&("openai".to_owned(), None)].windows[0].per_call
     }
 
     #[tokio::test(start_paused = true)]
@@ -418,7 +535,8 @@ mod tests {
         let b = ModelBudgets::default();
         let ok = StatusCode::OK;
         // Two calls in flight answered together: the drop (9 000) is two calls' and others'.
-        b.observe(
+        observe(
+            &b,
             "openai",
             None,
             ok,
@@ -426,7 +544,8 @@ mod tests {
             None,
             Instant::now(),
         );
-        b.observe(
+        observe(
+            &b,
             "openai",
             None,
             ok,
@@ -443,7 +562,8 @@ mod tests {
         b.spent("openai", &usage(300, 100));
         assert_eq!(per_call(&b), 400.0, "the first usage replaces the guess");
         // From then on the drops say nothing of a call's spend; each usage moves the average.
-        b.observe(
+        observe(
+            &b,
             "openai",
             None,
             ok,
@@ -458,7 +578,7 @@ mod tests {
         b.spent("openai", &usage(0, 0));
         b.spent("claude", &usage(10, 10));
         assert!((per_call(&b) - 520.0).abs() < 1e-9);
-        assert_eq!(b.inner.lock().unwrap().len(), 1);
+        assert_eq!(b.inner.lock().unwrap().by_account.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -466,18 +586,26 @@ mod tests {
         let b = ModelBudgets::default();
         let none = HeaderMap::new();
         let delay = Some(Duration::from_secs(30));
-        b.observe("gemini", None, StatusCode::OK, &none, delay, Instant::now());
+        observe(
+            &b,
+            "gemini",
+            None,
+            StatusCode::OK,
+            &none,
+            delay,
+            Instant::now(),
+        );
         let h = b.headroom(Instant::now()).map_or(1.0, |h| h.headroom);
         assert_eq!(h, 1.0, "only a 429 blocks");
         let refused = StatusCode::TOO_MANY_REQUESTS;
-        b.observe("gemini", None, refused, &none, delay, Instant::now());
+        observe(&b, "gemini", None, refused, &none, delay, Instant::now());
         let h = b.headroom(Instant::now());
         assert_eq!(h.as_ref().map(|h| h.headroom), Some(0.0), "{h:?}");
         assert_eq!(h.map(|h| h.reset_in), Some(Duration::from_secs(30)));
         tokio::time::advance(Duration::from_secs(31)).await;
         assert_eq!(b.headroom(Instant::now()).map(|h| h.headroom), Some(1.0));
         let decade = Some(Duration::from_secs(315_360_000));
-        b.observe("gemini", None, refused, &none, decade, Instant::now());
+        observe(&b, "gemini", None, refused, &none, decade, Instant::now());
         let h = b.headroom(Instant::now()).map(|h| h.reset_in);
         assert_eq!(h, Some(MAX_BLOCK));
     }
@@ -486,8 +614,17 @@ mod tests {
     async fn publishes_ungrouped_targets_as_one_figure_and_each_group() {
         let b = ModelBudgets::default();
         let now = Instant::now();
-        b.observe("openai", None, StatusCode::OK, &answer(3, "30s"), None, now);
-        b.observe(
+        observe(
+            &b,
+            "openai",
+            None,
+            StatusCode::OK,
+            &answer(3, "30s"),
+            None,
+            now,
+        );
+        observe(
+            &b,
             "claude",
             Some("acme"),
             StatusCode::OK,
@@ -504,6 +641,73 @@ mod tests {
         assert_eq!(
             p[2].figure, None,
             "a member that learned nothing says only that"
+        );
+    }
+
+    /// One exhausted key of another account (a 429 with a long wait) says nothing of the
+    /// account the agent uses next; the wait is bounded by `max_wait`; a success heals it.
+    #[tokio::test(start_paused = true)]
+    async fn a_429_holds_one_credential_for_max_wait_and_a_success_heals_it() {
+        let b = ModelBudgets::default();
+        let mut refused = answer(0, "600s");
+        refused.insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("600"),
+        );
+        fn at(credential: Option<u64>, status: StatusCode, headers: &HeaderMap) -> Answer<'_> {
+            Answer {
+                target: "openai",
+                credential,
+                group: Some("acme"),
+                status,
+                headers,
+                body_delay: None,
+                max_wait: Duration::from_secs(60),
+            }
+        }
+        let now = Instant::now();
+        b.observe(&at(Some(1), StatusCode::TOO_MANY_REQUESTS, &refused), now);
+        let h = b.headroom(now);
+        assert_eq!(h.as_ref().map(|h| h.headroom), Some(0.0));
+        assert_eq!(
+            h.map(|h| h.reset_in),
+            Some(Duration::from_secs(60)),
+            "max_wait"
+        );
+        assert_eq!(b.group_credential("acme"), Some(1));
+        // The agent's own key next: its answer speaks for the agent now.
+        b.observe(&at(Some(2), StatusCode::OK, &answer(90, "60s")), now);
+        assert_eq!(b.headroom(now).map(|h| h.headroom), Some(1.0));
+        let p = b.published(["acme"].into_iter(), now);
+        assert_eq!(p[0].credential, Some(2));
+        // Back to the refused key: still held … until that account answers.
+        b.observe(&at(Some(1), StatusCode::TOO_MANY_REQUESTS, &refused), now);
+        assert_eq!(b.headroom(now).map(|h| h.headroom), Some(0.0));
+        b.observe(&at(Some(1), StatusCode::OK, &HeaderMap::new()), now);
+        assert_eq!(b.headroom(now).map(|h| h.headroom), Some(1.0), "healed");
+    }
+
+    #[test]
+    fn a_credential_is_a_fingerprint_of_the_key_never_the_key() {
+        let mut h = HeaderMap::new();
+        assert_eq!(crate::budget::credential(&h), None);
+        h.insert(
+            "authorization",
+            http::HeaderValue::from_static("Bearer sk-a"),
+        );
+        let a = crate::budget::credential(&h);
+        h.insert(
+            "authorization",
+            http::HeaderValue::from_static("Bearer sk-b"),
+        );
+        let b = crate::budget::credential(&h);
+        assert!(a.is_some() && b.is_some() && a != b);
+        let mut x = HeaderMap::new();
+        x.insert("x-api-key", http::HeaderValue::from_static("Bearer sk-a"));
+        assert_eq!(
+            crate::budget::credential(&x),
+            a,
+            "the same key under another header"
         );
     }
 }

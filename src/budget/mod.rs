@@ -14,7 +14,7 @@ mod learn;
 pub mod shared;
 pub mod usage;
 
-pub use learn::{Headroom, ModelBudgets, LIMITED_BELOW};
+pub use learn::{Answer, Headroom, ModelBudgets, LIMITED_BELOW};
 
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +34,29 @@ pub struct PublishedBudget {
     pub group: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub figure: Option<Figure>,
+    /// The credential the figure was learned with ([`credential`]): a group's figures are
+    /// shared only among members on the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<u64>,
+}
+
+/// The request headers that carry a model provider's key, in the order they are looked for.
+const CREDENTIAL_HEADERS: [&str; 4] = ["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+
+/// The account behind a model call: a fingerprint of the key its request carries (SHA-256 of
+/// the key under a fixed label, 64 bits of it), never the key. A budget is learned per
+/// credential, so one exhausted key of another account teaches nothing about this one's.
+pub fn credential(request: &http::HeaderMap) -> Option<u64> {
+    let key = CREDENTIAL_HEADERS
+        .iter()
+        .find_map(|name| request.get(*name))?;
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(b"agent-reach model credential\0");
+    ctx.update(key.as_bytes());
+    let digest = ctx.finish();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(digest.as_ref().get(..8)?);
+    Some(u64::from_be_bytes(first))
 }
 
 /// A learned budget as it stood when published: its headroom (0..1), how long until it resets

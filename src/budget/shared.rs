@@ -1,6 +1,7 @@
-//! A caller's side of shared budgets: the freshest figure heard for each `budget_group`, by
-//! whichever member learned it, and a candidate's headroom from its own figure and its groups'.
-//! Every figure ages out within [`MAX_BLOCK`], so a group gone silent cannot pin agents out.
+//! A caller's side of shared budgets: the freshest figure heard for each `budget_group` and
+//! credential, from the members the policy lets speak for the group, and a candidate's headroom
+//! from its own figure and its group's on the same credential. Every figure ages out within
+//! [`MAX_BLOCK`], so a group gone silent cannot pin agents out.
 
 use std::time::Duration;
 
@@ -13,10 +14,10 @@ use crate::fast_hash::FastMap;
 /// Groups remembered, at most; past it the stalest is dropped.
 const MAX_GROUPS: usize = 256;
 
-/// The freshest figure of each group this caller has heard of.
+/// The freshest figure of each group and credential this caller has heard of.
 #[derive(Debug, Default)]
 pub struct GroupTable {
-    groups: FastMap<String, Heard>,
+    groups: FastMap<(String, u64), Heard>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -28,11 +29,19 @@ struct Heard {
 }
 
 impl GroupTable {
-    /// A member's published budgets, heard now: a group's figure replaces one learned earlier.
-    pub fn heard(&mut self, budgets: &[PublishedBudget], now: Instant) {
-        for (group, figure) in budgets
+    /// A member's published budgets, heard now, each kept when `speaks_for` lets the member
+    /// speak for that group: a group's figure replaces one of the same credential learned
+    /// earlier. A figure with no credential is the member's alone.
+    pub fn heard(
+        &mut self,
+        budgets: &[PublishedBudget],
+        now: Instant,
+        speaks_for: impl Fn(&str) -> bool,
+    ) {
+        for (group, credential, figure) in budgets
             .iter()
-            .filter_map(|b| Some((b.group.as_deref()?, b.figure?)))
+            .filter_map(|b| Some((b.group.as_deref()?, b.credential?, b.figure?)))
+            .filter(|(group, _, _)| speaks_for(group))
         {
             let age = Duration::from_secs_f64(super::seconds(figure.age_s));
             let learned_at = now.checked_sub(age).unwrap_or(now);
@@ -41,14 +50,15 @@ impl GroupTable {
                 heard_at: now,
                 learned_at,
             };
-            match self.groups.get_mut(group) {
+            let key = (group.to_owned(), credential);
+            match self.groups.get_mut(&key) {
                 Some(h) if h.learned_at > learned_at => {}
                 Some(h) => *h = heard,
                 None => {
                     if self.groups.len() >= MAX_GROUPS {
                         self.forget_stalest();
                     }
-                    self.groups.insert(group.to_owned(), heard);
+                    self.groups.insert(key, heard);
                 }
             }
         }
@@ -65,21 +75,23 @@ impl GroupTable {
         }
     }
 
-    /// The group's headroom now, when a fresh enough figure is known.
-    pub fn headroom(&self, group: &str, now: Instant) -> Option<f64> {
-        let h = self.groups.get(group)?;
-        if now.saturating_duration_since(h.learned_at) > MAX_BLOCK {
-            return None;
-        }
+    fn fresh(&self, group: &str, credential: u64, now: Instant) -> Option<&Heard> {
+        let h = self.groups.get(&(group.to_owned(), credential))?;
+        (now.saturating_duration_since(h.learned_at) <= MAX_BLOCK).then_some(h)
+    }
+
+    /// The group's headroom on `credential` now, when a fresh enough figure is known.
+    pub fn headroom(&self, group: &str, credential: u64, now: Instant) -> Option<f64> {
+        let h = self.fresh(group, credential, now)?;
         Some(
             h.figure
                 .headroom_after(now.saturating_duration_since(h.heard_at)),
         )
     }
 
-    /// How long until the group's figure resets, when a fresh one is known.
-    pub fn reset_in(&self, group: &str, now: Instant) -> Option<Duration> {
-        let h = self.groups.get(group)?;
+    /// How long until the group's figure on `credential` resets, when a fresh one is known.
+    pub fn reset_in(&self, group: &str, credential: u64, now: Instant) -> Option<Duration> {
+        let h = self.fresh(group, credential, now)?;
         let elapsed = now.saturating_duration_since(h.heard_at).as_secs_f64();
         let left = super::seconds(h.figure.reset_in_s) - elapsed;
         Some(Duration::from_secs_f64(left.max(0.0)))
@@ -91,8 +103,9 @@ impl GroupTable {
     }
 }
 
-/// A candidate's model headroom (1 when nothing is known): the tightest of its own figure and
-/// its groups' freshest, `elapsed` after its view was heard.
+/// A candidate's model headroom (1 when nothing is known): the tightest over its budgets of
+/// its own figure or, when fresher, its group's on the same credential, `elapsed` after its
+/// view was heard.
 pub fn candidate_headroom(
     published: &[PublishedBudget],
     elapsed: Duration,
@@ -104,11 +117,24 @@ pub fn candidate_headroom(
         .map(|b| {
             let own = b
                 .figure
-                .filter(|f| f.age_s + elapsed.as_secs_f64() <= MAX_BLOCK.as_secs_f64())
-                .map(|f| f.headroom_after(elapsed));
-            let group = b.group.as_deref().and_then(|g| groups.headroom(g, now));
-            // The group's freshest figure speaks for every member; the own one when none is heard.
-            group.or(own).unwrap_or(1.0)
+                .filter(|f| f.age_s + elapsed.as_secs_f64() <= MAX_BLOCK.as_secs_f64());
+            let own_learned = own.map(|f| {
+                let age = Duration::from_secs_f64(super::seconds(f.age_s)) + elapsed;
+                now.checked_sub(age).unwrap_or(now)
+            });
+            let group = b
+                .group
+                .as_deref()
+                .zip(b.credential)
+                .and_then(|(g, c)| groups.fresh(g, c, now));
+            match (own, group) {
+                // The group's freshest figure speaks for the member unless its own is fresher.
+                (_, Some(h)) if own_learned.is_none_or(|at| h.learned_at >= at) => h
+                    .figure
+                    .headroom_after(now.saturating_duration_since(h.heard_at)),
+                (Some(f), _) => f.headroom_after(elapsed),
+                (None, _) => 1.0,
+            }
         })
         .fold(1.0, f64::min)
 }
@@ -116,6 +142,8 @@ pub fn candidate_headroom(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const KEY: u64 = 7;
 
     fn published(group: Option<&str>, headroom: f64, age_s: f64) -> PublishedBudget {
         PublishedBudget {
@@ -125,23 +153,30 @@ mod tests {
                 reset_in_s: 30.0,
                 age_s,
             }),
+            credential: group.map(|_| KEY),
         }
     }
 
+    /// A member of `group` on credential [`KEY`] that has learned nothing yet.
     fn member_of(group: &str) -> PublishedBudget {
         PublishedBudget {
             group: Some(group.to_owned()),
             figure: None,
+            credential: Some(KEY),
         }
+    }
+
+    fn anyone(_: &str) -> bool {
+        true
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_freshest_figure_of_a_group_scores_every_member() {
         let mut t = GroupTable::default();
         let now = Instant::now();
-        t.heard(&[published(Some("acme"), 0.0, 1.0)], now);
+        t.heard(&[published(Some("acme"), 0.0, 1.0)], now, anyone);
         // An older figure heard later does not replace the fresher one.
-        t.heard(&[published(Some("acme"), 1.0, 5.0)], now);
+        t.heard(&[published(Some("acme"), 1.0, 5.0)], now, anyone);
         let silent = [member_of("acme")];
         assert_eq!(candidate_headroom(&silent, Duration::ZERO, &t, now), 0.0);
         assert_eq!(
@@ -167,15 +202,42 @@ mod tests {
                 reset_in_s: f64::INFINITY,
                 age_s: f64::NAN,
             }),
+            credential: Some(KEY),
         };
-        t.heard(&[hostile], Instant::now());
-        assert_eq!(t.headroom("acme", Instant::now()), Some(0.0));
+        t.heard(&[hostile], Instant::now(), anyone);
+        assert_eq!(t.headroom("acme", KEY, Instant::now()), Some(0.0));
         tokio::time::advance(MAX_BLOCK + Duration::from_secs(1)).await;
-        assert_eq!(t.headroom("acme", Instant::now()), None);
+        assert_eq!(t.headroom("acme", KEY, Instant::now()), None);
         let own = [published(None, 0.2, 0.0)];
         assert_eq!(
             candidate_headroom(&own, Duration::ZERO, &t, Instant::now()),
             0.2
+        );
+    }
+
+    /// A figure of another credential, or from a member the policy does not let speak for the
+    /// group, touches no other member.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_publisher_on_the_same_credential_speaks_for_the_group() {
+        let mut t = GroupTable::default();
+        let now = Instant::now();
+        let other_key = PublishedBudget {
+            credential: Some(KEY + 1),
+            ..published(Some("acme"), 0.0, 0.0)
+        };
+        t.heard(&[other_key], now, anyone);
+        let member = [member_of("acme")];
+        assert_eq!(candidate_headroom(&member, Duration::ZERO, &t, now), 1.0);
+        t.heard(&[published(Some("acme"), 0.0, 0.0)], now, |_| false);
+        assert_eq!(candidate_headroom(&member, Duration::ZERO, &t, now), 1.0);
+        t.heard(&[published(Some("acme"), 0.0, 0.0)], now, anyone);
+        assert_eq!(candidate_headroom(&member, Duration::ZERO, &t, now), 0.0);
+        // A member's own fresher figure beats the group's older one.
+        let fresh_own = [published(Some("acme"), 0.8, 0.0)];
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            candidate_headroom(&fresh_own, Duration::ZERO, &t, Instant::now()),
+            0.8
         );
     }
 }

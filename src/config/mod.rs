@@ -35,10 +35,10 @@ pub use intents::{fold_padded, IntentRule, IntentThreshold, Intents, Keyword, AN
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
 pub use output_schema::{CompiledSchema, OutputSchema, SchemaDigest, SchemaSource};
 pub use policy::{
-    AffinityMode, AffinityPolicy, CapabilityPolicy, EstimatesPolicy, ExternalTarget,
-    FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, ModelBudgetsPolicy, PeerProtocol,
-    Policy, Pool, ProbesPolicy, Protocol, RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy,
-    Timeouts, ValidationPolicy, WeightSets, Zones,
+    AffinityMode, AffinityPolicy, BudgetGroupPolicy, CapabilityPolicy, EstimatesPolicy,
+    ExternalTarget, FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, ModelBudgetsPolicy,
+    PeerProtocol, Policy, Pool, ProbesPolicy, Protocol, RateLimit, RetryBudgetPolicy, RetryPolicy,
+    StatesPolicy, Timeouts, ValidationPolicy, WeightSets, Zones,
 };
 pub use quality::{Compare, GoldenTask, QualitySpec};
 pub use restart_only::{PendingRestart, RestartOnly, RESTART_ONLY};

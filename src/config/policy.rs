@@ -160,6 +160,7 @@ pub(super) const RULES: &[Row] = &[
     ("probes.fast_interval", Rule::Span(ms(100), DAY)),
     ("probes.timeout", Rule::Span(MS, HOUR)),
     ("peer_views.poll_interval", Rule::Span(ms(10), HOUR)),
+    ("model_budgets.max_wait", Rule::Span(ZERO, secs(600))),
     ("retry.max_retries", Rule::Whole(0, 20)),
     ("retry.max_body_bytes", Rule::Whole(0, 64 << 20)),
     ("retry.backoff_base", Rule::Span(ZERO, MINUTE)),
@@ -574,12 +575,41 @@ impl Default for PeerViewsPolicy {
 #[serde(deny_unknown_fields, default)]
 pub struct ModelBudgetsPolicy {
     pub steer: bool,
+    /// The longest a provider's 429 (its `retry-after`) holds the agent's budget at 0; the
+    /// next successful answer from the same account ends it sooner.
+    pub max_wait: HumanDuration,
+    /// Per `budget_group`: the identities whose figures speak for every member. A group not
+    /// listed here shares nothing: each member speaks only for itself.
+    pub groups: std::collections::BTreeMap<String, BudgetGroupPolicy>,
 }
 
 impl Default for ModelBudgetsPolicy {
     fn default() -> Self {
-        Self { steer: true }
+        Self {
+            steer: true,
+            max_wait: HumanDuration::from_secs(60),
+            groups: Default::default(),
+        }
     }
+}
+
+impl ModelBudgetsPolicy {
+    /// Whether a member proving `identity` may publish figures for the whole `group`.
+    pub fn may_publish(&self, group: &str, identity: Option<&crate::identity::SpiffeId>) -> bool {
+        let Some(rule) = self.groups.get(group) else {
+            return false;
+        };
+        identity.is_some_and(|id| rule.published_by.iter().any(|p| p.matches(id)))
+    }
+}
+
+/// `model_budgets.groups.<name>`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetGroupPolicy {
+    /// Identities (SPIFFE IDs or globs) whose figures for the group every caller believes for
+    /// every member on the same credential (`docs/model-budgets.md`).
+    pub published_by: Vec<crate::identity::IdentityPattern>,
 }
 
 /// `/metrics` per peer: aggregates cover the whole fleet, and at most `max_peer_series` peers
@@ -724,9 +754,21 @@ pub struct ExternalTarget {
     #[serde(default)]
     pub rate_limit: Option<RateLimit>,
     /// The provider account this target's budget belongs to: agents whose targets name the same
-    /// group share what any of them learns of it (docs/model-budgets.md).
+    /// group share what any of them learns of it (docs/model-budgets.md). Makes the target a
+    /// model provider.
     #[serde(default)]
     pub budget_group: Option<Name>,
+    /// The target is a model provider: its rate-limit headers and 429s teach the agent's model
+    /// budget. Any other target's 429 cools that target only.
+    #[serde(default)]
+    pub model_provider: bool,
+}
+
+impl ExternalTarget {
+    /// Whether its answers teach the agent's model budget.
+    pub fn teaches_budget(&self) -> bool {
+        self.model_provider || self.budget_group.is_some()
+    }
 }
 
 /// Makes the targets' relative `ca_file` paths relative to `base` (the policy's folder) and

@@ -336,6 +336,7 @@ mod tests {
                 headroom_milli: Some(120),
                 reset_ms: 30_000,
                 age_ms: 200,
+                credential: Some(9),
             }],
         };
         assert_eq!(Live::from(wire::Live::from(live.clone())), live);

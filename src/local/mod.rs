@@ -532,6 +532,7 @@ mod tests {
             budget: vec![PublishedBudget {
                 group: Some("acme".into()),
                 figure: None,
+                credential: Some(7),
             }],
         };
         let text = serde_json::to_string(&doc).unwrap_or_default();

@@ -140,7 +140,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         CLAIMS_REFUSED_TOTAL,
-        "Claims of other members the policy does not believe, by kind (serve: a member claiming a capability served_by does not let it serve; budget: a model budget figure for a group the member may not publish for) and capability or group.",
+        "Claims of other members the policy does not believe, by kind (serve: a member claiming a capability its served_by does not let it serve) and subject (the capability).",
     ),
     (
         REQUESTS_TOTAL,
@@ -850,8 +850,8 @@ impl Metrics {
         self.with(|| counter!(AUTHZ_DENIED_TOTAL, "capability" => capability).increment(1));
     }
 
-    /// A member's claim the policy does not believe (`kind`: `serve` or `budget`), about
-    /// `subject`: a capability or budget group the policy names, so the labels stay bounded.
+    /// A member's claim the policy does not believe (`kind`: `serve`), about `subject`: a
+    /// capability the policy names, so the labels stay bounded.
     pub fn claim_refused(&self, kind: &'static str, subject: &str) {
         let subject = subject.to_owned();
         self.with(|| {

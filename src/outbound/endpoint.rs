@@ -59,6 +59,11 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
     let sent = tokio::time::Instant::now();
     // A provider's answer times its first token from here, on the wall clock `usage` reads.
     let sent_to_target = peer.target.is_some().then(Instant::now);
+    // The account a model call is made with, read from the agent's key before it is sent.
+    let credential = match peer.target.is_some() {
+        true => crate::budget::credential(request.headers()),
+        false => None,
+    };
     let pending = peers.begin(peer, candidate.latency_ms, sent);
     let identity = peer.dial_identity(snapshot.mtls_mode());
     // Pinned where it is built and awaited through the pin: awaited by value, the forward's
@@ -100,7 +105,7 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
         peer,
         &snapshot,
         &mut response,
-        (sent_to_target, body_delay),
+        (sent_to_target, body_delay, credential),
     );
     let class = with_body_delay(Class::of_response(&response), &response, body_delay);
     match class.signal(elapsed) {
@@ -178,11 +183,16 @@ fn learn_budget(
     peer: &Peer,
     snapshot: &Snapshot,
     response: &mut http::Response<UpstreamBody>,
-    (sent, body_delay): (Option<Instant>, Option<Duration>),
+    (sent, body_delay, credential): (Option<Instant>, Option<Duration>, Option<u64>),
 ) {
     let (Some(target), Some(sent)) = (peer.target.as_deref(), sent) else {
         return;
     };
+    let declared = snapshot
+        .policy
+        .targets
+        .iter()
+        .find(|t| t.name.as_str() == target);
     response.extensions_mut().insert(usage::Watch {
         provider: Arc::from(target),
         metrics: budgets.1.clone(),
@@ -191,20 +201,21 @@ fn learn_budget(
         span: None,
         budgets: budgets.0.clone(),
     });
-    let group = snapshot
-        .policy
-        .targets
-        .iter()
-        .find(|t| t.name.as_str() == target)
-        .and_then(|t| t.budget_group.as_ref());
-    let malformed = budgets.0.observe(
+    // Only a model provider teaches the model budget: any other target's 429 cools that
+    // target alone (its peer view), not the agent.
+    let Some(provider) = declared.filter(|t| t.teaches_budget()) else {
+        return;
+    };
+    let answer = crate::budget::Answer {
         target,
-        group.map(|g| g.as_str()),
-        response.status(),
-        response.headers(),
+        credential,
+        group: provider.budget_group.as_ref().map(|g| g.as_str()),
+        status: response.status(),
+        headers: response.headers(),
         body_delay,
-        tokio::time::Instant::now(),
-    );
+        max_wait: snapshot.policy.model_budgets.max_wait.get(),
+    };
+    let malformed = budgets.0.observe(&answer, tokio::time::Instant::now());
     if malformed > 0 {
         budgets.1.model_budget_malformed(target, malformed);
     }

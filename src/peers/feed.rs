@@ -178,6 +178,7 @@ fn live_budget(b: &PublishedBudget) -> LiveBudget {
         headroom_milli: b.figure.map(|f| milli(f.headroom)),
         reset_ms: b.figure.map_or(0, |f| ms(f.reset_in_s)),
         age_ms: b.figure.map_or(0, |f| ms(f.age_s)),
+        credential: b.credential,
     }
 }
 
@@ -190,6 +191,7 @@ fn published_budget(b: &LiveBudget) -> PublishedBudget {
             reset_in_s: f64::from(b.reset_ms) / 1000.0,
             age_s: f64::from(b.age_ms) / 1000.0,
         }),
+        credential: b.credential,
     }
 }
 
@@ -309,6 +311,7 @@ mod tests {
                 headroom_milli: Some(milli),
                 reset_ms: 30_000,
                 age_ms: 0,
+                credential: None,
             }],
             ..own_view(State::Healthy)
         };

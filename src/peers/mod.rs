@@ -26,6 +26,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::budget::shared::GroupTable;
+use crate::budget::PublishedBudget;
 use crate::config::{ConfigStore, RouteMode, Snapshot};
 use crate::local::{LocalAgent, SelfView};
 use crate::metrics::Metrics;
@@ -327,11 +328,8 @@ impl PeerViews {
     fn set_remote_of(&self, peer: &Peer, incarnation: Option<u64>, mut remote: SelfView) {
         sanitize(&mut remote);
         let now = Instant::now();
-        if !remote.budget.is_empty() {
-            self.budget_groups
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .heard(&remote.budget, now);
+        if remote.budget.iter().any(|b| b.group.is_some()) {
+            self.hear_group_figures(peer, &remote.budget, now);
         }
         let mut inner = self.lock();
         let entry = match incarnation {
@@ -372,11 +370,43 @@ impl PeerViews {
         }
     }
 
-    /// The freshest headroom heard of a `budget_group` from its members, and the time to its
-    /// reset, when a fresh one is known.
-    pub fn group_headroom(&self, group: &str, now: Instant) -> Option<(f64, Duration)> {
+    /// The freshest headroom heard of a `budget_group` on `credential` from the members that
+    /// may speak for it, and the time to its reset, when a fresh one is known.
+    pub fn group_headroom(
+        &self,
+        group: &str,
+        credential: u64,
+        now: Instant,
+    ) -> Option<(f64, Duration)> {
         let groups = self.budget_groups.lock().unwrap_or_else(|p| p.into_inner());
-        Some((groups.headroom(group, now)?, groups.reset_in(group, now)?))
+        Some((
+            groups.headroom(group, credential, now)?,
+            groups.reset_in(group, credential, now)?,
+        ))
+    }
+
+    /// A member's figures for its groups speak for the other members only when the policy's
+    /// `model_budgets.groups.<group>.published_by` lists the identity this caller has seen it
+    /// prove: an answered call over mutual TLS to the identity it announces. Otherwise the
+    /// member speaks only for itself (its own view carries the figure).
+    fn hear_group_figures(&self, peer: &Peer, budgets: &[PublishedBudget], now: Instant) {
+        let snapshot = self.store.snapshot();
+        let policy = &snapshot.policy.model_budgets;
+        let proven = peer
+            .verified_identity(snapshot.mtls_mode())
+            .filter(|_| self.answered(peer));
+        self.budget_groups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .heard(budgets, now, |group| policy.may_publish(group, proven));
+    }
+
+    /// Whether this caller has had an answer from `peer` (its entry now): the handshake of that
+    /// call proved the identity `peer` announces.
+    fn answered(&self, peer: &Peer) -> bool {
+        self.lock()
+            .get(&peer.name)
+            .is_some_and(|e| e.address == peer.address && e.outcomes.success > 0)
     }
 
     /// Gossip routes to this incarnation of `peer` now: an entry about an earlier one (the same

@@ -22,6 +22,7 @@ fn target(addr: SocketAddr, rate_limit: Option<RateLimit>) -> ExternalTarget {
         max_concurrency: Some(8),
         rate_limit,
         budget_group: None,
+        model_provider: false,
     }
 }
 
@@ -250,6 +251,7 @@ fn tls_target(
         max_concurrency: None,
         rate_limit: None,
         budget_group: None,
+        model_provider: true,
     }
 }
 

@@ -291,6 +291,7 @@ impl Fleet {
             max_concurrency: None,
             rate_limit: None,
             budget_group: None,
+            model_provider: true,
         });
         let mut caller =
             Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();

@@ -341,6 +341,7 @@ async fn an_attempt_on_a_model_provider_carries_its_tokens() {
         max_concurrency: None,
         rate_limit: None,
         budget_group: None,
+        model_provider: true,
     });
     let caller = Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap();
     let caller = support::sidecar_with(

@@ -80,7 +80,7 @@ pub(crate) struct NextLive {
 }
 
 impl NextLive {
-    pub(crate) const VERSION: u8 = 5;
+    pub(crate) const VERSION: u8 = 6;
 
     pub(crate) fn encode(&self, head: &Item) -> Result<Vec<u8>, WireError> {
         let mut w = Writer::default();

@@ -111,8 +111,8 @@ impl ItemKind {
             // 4: each capability's A2A `skill` facts appended. 5: each capability's MCP `tools`.
             Self::Profile => 5,
             // 2: `saturation_predicted` appended. 3: `quality_milli` and `degraded` appended.
-            // 4: `budget` appended.
-            Self::Live => 4,
+            // 4: `budget` appended. 5: each budget's `credential` appended.
+            Self::Live => 5,
         }
     }
 }
@@ -222,6 +222,8 @@ pub struct LiveBudget {
     /// Until it resets, and how old the answer it was learned from is.
     pub reset_ms: u32,
     pub age_ms: u32,
+    /// The fingerprint of the credential it was learned with (v5; `docs/model-budgets.md`).
+    pub credential: Option<u64>,
 }
 
 /// Budgets one live view may carry: an agent has few providers.
@@ -392,7 +394,8 @@ impl Live {
                 w.put(&b.group)?;
                 w.put(&b.headroom_milli)?;
                 w.put(&b.reset_ms)?;
-                w.put(&b.age_ms)
+                w.put(&b.age_ms)?;
+                w.put(&b.credential)
             })?;
         }
         Ok(())
@@ -452,6 +455,7 @@ fn read_budgets(f: &mut Fields<'_>) -> Result<Vec<LiveBudget>, WireError> {
             headroom_milli: b.take()?,
             reset_ms: b.take()?,
             age_ms: b.take()?,
+            credential: b.since(5)?.flatten(),
         });
         b.finish()?;
     }

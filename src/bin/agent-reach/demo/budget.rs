@@ -266,6 +266,7 @@ fn model_target(provider: SocketAddr) -> Result<ExternalTarget, DemoError> {
         max_concurrency: None,
         rate_limit: None,
         budget_group: None,
+        model_provider: true,
         ca_file: None,
     })
 }
