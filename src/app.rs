@@ -268,7 +268,8 @@ fn start_traces(
     let bootstrap = &snapshot.bootstrap;
     let resolved = trace::Settings::resolve(bootstrap.tracing.as_ref(), |k| std::env::var(k).ok())?;
     Ok(resolved.map(|settings| {
-        tracing::info!(endpoint = %settings.endpoint, "exporting traces");
+        let endpoint = crate::redact::url(&settings.endpoint.to_string());
+        tracing::info!(%endpoint, "exporting traces");
         let stop = CancellationToken::new();
         let name = bootstrap.agent.name.as_str();
         let (tracer, task) = Tracer::start(settings, name, &snapshot.policy, stop.clone());

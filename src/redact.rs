@@ -30,6 +30,37 @@ pub fn is_sensitive(name: &str, extra: &[String]) -> bool {
         .any(|s| s.eq_ignore_ascii_case(name))
 }
 
+/// A URL as it may be shown or logged: its userinfo (`user:password@`) and every query value
+/// (`?token=…`) masked, the rest kept so the reader still knows where it points.
+pub fn url(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let mut out = match base.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            match authority.rsplit_once('@') {
+                Some((_, host)) => format!("{scheme}://{MASK}@{host}{path}"),
+                None => base.to_owned(),
+            }
+        }
+        None => base.to_owned(),
+    };
+    if let Some(query) = query {
+        let masked: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) => format!("{name}={MASK}"),
+                None => pair.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&masked.join("&"));
+    }
+    out
+}
+
 /// Masks the secret values of a header map.
 pub fn headers(map: &mut BTreeMap<String, String>, extra: &[String]) {
     for (name, value) in map.iter_mut() {
@@ -85,5 +116,18 @@ mod tests {
         let shown: Vec<&str> = map.values().map(String::as_str).collect();
         assert_eq!(shown.iter().filter(|v| **v == MASK).count(), 4, "{map:?}");
         assert_eq!(map["anthropic-version"], "sk-secret");
+    }
+
+    #[test]
+    fn a_urls_userinfo_and_query_values_are_masked() {
+        assert_eq!(
+            url("https://ops:hunter2@hooks.example/escalate?token=s3cret&team=a"),
+            "https://[redacted]@hooks.example/escalate?token=[redacted]&team=[redacted]"
+        );
+        assert_eq!(
+            url("http://collector:4318/v1/traces"),
+            "http://collector:4318/v1/traces"
+        );
+        assert_eq!(url("not a url?x"), "not a url?x");
     }
 }

@@ -107,6 +107,49 @@ pub struct Status {
     pub chains: crate::metrics::ChainCounts,
     pub ready: bool,
     pub version: &'static str,
+    /// Set when the reader is not on this pod's loopback: what was left out, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<&'static str>,
+}
+
+/// What `/status` and the page leave out for a reader off the pod's loopback.
+const HIDDEN: &str = "shown on the pod's loopback only (docs/security.md): the policy's allow and served_by lists, targets, callback hosts, escalation webhook, budget-group publishers, and the tools of capabilities with an allow list";
+
+impl Status {
+    /// The status as a reader may see it: secrets in URLs masked for everyone; the policy's
+    /// lists and the tools of restricted capabilities only for a reader on the pod's loopback
+    /// (`local`). The admin port listens on every address, so the pod network can read it.
+    pub fn shown_to(mut self, local: bool) -> Self {
+        let policy = &mut self.policy;
+        if let Some(url) = policy.escalation.webhook.as_mut() {
+            *url = crate::redact::url(url);
+        }
+        if local {
+            return self;
+        }
+        let restricted: std::collections::BTreeSet<String> = policy
+            .authorization
+            .capabilities
+            .iter()
+            .filter(|(_, rule)| rule.allow.is_some())
+            .map(|(name, _)| name.clone())
+            .collect();
+        self.tools.retain(|t| !restricted.contains(&t.capability));
+        policy.authorization.capabilities.clear();
+        policy.targets.clear();
+        policy.callbacks.allow_hosts.clear();
+        policy.escalation.webhook = None;
+        policy.model_budgets.groups.clear();
+        self.hidden = Some(HIDDEN);
+        self
+    }
+}
+
+/// Whether the request came from the pod's own loopback.
+fn is_local<B>(req: &Request<B>) -> bool {
+    req.extensions()
+        .get::<crate::transport::ClientAddr>()
+        .is_some_and(|c| c.0.ip().is_loopback())
 }
 
 impl Admin {
@@ -155,13 +198,14 @@ impl Admin {
                 }
             }
             "/status" => {
-                let body = serde_json::to_string_pretty(&self.status()).unwrap_or_else(|e| {
+                let status = self.status().shown_to(is_local(&req));
+                let body = serde_json::to_string_pretty(&status).unwrap_or_else(|e| {
                     serde_json::json!({ "error": "internal", "message": e.to_string() }).to_string()
                 });
                 compressible(text(StatusCode::OK, "application/json", body))
             }
             "/" if wants_html(&req) => {
-                let status = self.status();
+                let status = self.status().shown_to(is_local(&req));
                 let history = self.history.series(&status.peer_views);
                 compressible(text(
                     StatusCode::OK,
@@ -262,6 +306,7 @@ impl Admin {
             chains: self.metrics.chain_counts(),
             ready: self.ready.load(Ordering::Acquire),
             version: env!("CARGO_PKG_VERSION"),
+            hidden: None,
         }
     }
 }

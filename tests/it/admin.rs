@@ -216,3 +216,53 @@ async fn live_ready_and_status() {
     assert_eq!(caller["peers"][0]["name"], "coder-1");
     assert_eq!(caller["peers"][0]["capabilities"][0], CAP);
 }
+
+// The admin port shows state, not secrets: a webhook URL's token and password never appear, and
+// a reader off the pod's loopback sees no allow list, target, callback host or webhook at all.
+#[tokio::test]
+async fn status_shows_no_secret_and_the_policys_lists_only_on_loopback() {
+    let agent = mock(MockConfig::new("payee")).await;
+    let mut policy = Policy::default();
+    policy.escalation.webhook =
+        Some("https://ops:hunter2@hooks.example/escalate?token=s3cret".to_owned());
+    policy.authorization.capabilities.insert(
+        CAP.to_owned(),
+        agent_reach::config::CapabilityAuthorization {
+            allow: Some(vec![agent_reach::identity::IdentityPattern::parse(
+                "spiffe://t.example/ns/billing/sa/*",
+            )
+            .unwrap()]),
+            served_by: None,
+        },
+    );
+    let side = sidecar_with(
+        Bootstrap::local("payee", agent.addr, &[CAP]).unwrap(),
+        policy,
+        ConfigPaths::default(),
+    )
+    .await;
+    let local = get(&client(), &format!("http://{}/status", side.addrs.admin)).await;
+    assert_eq!(local.status, 200);
+    for secret in ["hunter2", "s3cret"] {
+        assert!(
+            !local.body.contains(secret),
+            "{secret} shown: {}",
+            local.body
+        );
+    }
+    let json = local.json();
+    assert!(json["policy"]["escalation"]["webhook"]
+        .as_str()
+        .is_some_and(|u| u.contains("hooks.example/escalate")));
+    assert!(json["policy"]["authorization"]["capabilities"][CAP]["allow"].is_array());
+    assert!(json.get("hidden").is_none());
+    // Off loopback (the pod network), as the admin handler shows it to such a reader.
+    let remote = serde_json::to_value(side.status().shown_to(false)).unwrap();
+    let text = remote.to_string();
+    assert!(!text.contains("billing"), "{text}");
+    assert!(!text.contains("hooks.example"), "{text}");
+    assert!(remote["hidden"]
+        .as_str()
+        .is_some_and(|h| h.contains("loopback")));
+    assert_eq!(remote["agent"]["name"], "payee", "state is still shown");
+}
