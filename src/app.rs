@@ -319,9 +319,11 @@ fn spawn_traffic(
                 "outbound",
                 layers::edge("outbound", metrics, outbound.stack()),
             ),
-            // The outbound steps never read the client's address.
+            // The outbound steps never read the client's address. Streams per h2 connection
+            // are advertised and bounded: a process in the pod cannot open them without end.
             ServerSettings {
                 client_address: false,
+                h2_max_streams: Some(OUTBOUND_H2_STREAMS),
                 ..traffic_settings.clone()
             },
             metrics.clone(),
@@ -394,7 +396,10 @@ fn spawn_rest(
             admin_listener,
             accept,
             layers::edge("admin", metrics, admin_service(admin.clone())),
-            ServerSettings::from_limits(limits, Duration::from_secs(1)),
+            ServerSettings {
+                h2_max_streams: Some(ADMIN_H2_STREAMS),
+                ..ServerSettings::from_limits(limits, Duration::from_secs(1))
+            },
             metrics.clone(),
             stop_rest.clone(),
         )),
@@ -632,6 +637,12 @@ fn mesh_tls(
 /// The inbound listener's server settings: one h2 connection carries no more streams than the
 /// agent can run or queue (`max_concurrency` + `queue.capacity` at start), so a client cannot
 /// park thousands of streams on one connection.
+/// Streams one h2 connection to the outbound listener may carry at once (its
+/// `SETTINGS_MAX_CONCURRENT_STREAMS`); a client past it waits for a stream, as h2 says.
+const OUTBOUND_H2_STREAMS: u32 = 256;
+/// The same for the admin listener: scrapes and status reads.
+const ADMIN_H2_STREAMS: u32 = 16;
+
 fn inbound_settings(
     traffic: &ServerSettings,
     snapshot: &crate::config::Snapshot,

@@ -33,6 +33,11 @@ pub struct Policy {
     /// masked wherever shown.
     #[serde(deserialize_with = "super::scalar::header_names")]
     pub redact_headers: Vec<String>,
+    /// Identity-like headers (`x-real-ip`, `x-forwarded-user`, `ssl-client-cert`, …: the list
+    /// in `src/inbound/intake/vouched.rs`) that reach the agent from a caller; every other one is
+    /// dropped at the inbound listener.
+    #[serde(deserialize_with = "super::scalar::header_names")]
+    pub pass_identity_headers: Vec<String>,
     /// Mutual TLS between sidecars (`docs/mtls.md`).
     pub mtls: MtlsPolicy,
     /// Which callers may call which capabilities.

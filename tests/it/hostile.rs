@@ -564,3 +564,78 @@ async fn a_huge_self_view_is_not_buffered() {
     // What was sent past the limit is what the socket buffers held: far from 64 MiB.
     assert!(sent < 16 << 20, "the caller kept reading: {sent} bytes");
 }
+
+// Identity-like headers a caller writes (a client IP, a user, a certificate, the scheme and host
+// it used) never reach the agent: the agent behind its sidecar would believe them. One the
+// policy passes does.
+#[tokio::test]
+async fn identity_like_headers_from_a_caller_never_reach_the_agent() {
+    let (agent, seen) = echo_agent().await;
+    let mut policy = agent_reach::config::Policy::default();
+    policy.pass_identity_headers = vec!["x-forwarded-proto".to_owned()];
+    let callee = sidecar_with(
+        Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
+        policy,
+        Default::default(),
+    )
+    .await;
+    let claims = [
+        ("x-real-ip", "10.9.9.9"),
+        ("true-client-ip", "10.9.9.9"),
+        ("x-forwarded-host", "admin.internal"),
+        ("x-forwarded-user", "root"),
+        ("ssl-client-cert", "-----BEGIN CERTIFICATE-----"),
+        ("x-client-cert", "forged"),
+        ("remote-user", "root"),
+        ("x-forwarded-proto", "https"),
+    ];
+    let mut headers = vec![("reach-capability", CAP)];
+    headers.extend(claims);
+    let url = format!("http://{}/review", callee.addrs.inbound);
+    let reply = send(&client(), "POST", &url, &headers, "x").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let head = seen.lock().unwrap().last().cloned().unwrap();
+    for (name, _) in &claims[..claims.len() - 1] {
+        assert!(head.get(*name).is_none(), "{name} reached the agent");
+    }
+    assert_eq!(head["x-forwarded-proto"], "https", "passed by the policy");
+}
+
+// The outbound listener advertises a bound on an h2 connection's streams.
+#[tokio::test]
+async fn the_outbound_listener_advertises_max_concurrent_streams() {
+    let caller =
+        sidecar(Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[]).unwrap())
+            .await;
+    let tcp = TcpStream::connect(caller.addrs.outbound).await.unwrap();
+    let (send, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    // The server's SETTINGS arrive with the handshake's first exchange.
+    let mut send = send.ready().await.unwrap();
+    let request = Request::get("http://code-review.reach/").body(()).unwrap();
+    let (response, _) = send.send_request(request, true).unwrap();
+    let _ = response.await;
+    assert_eq!(send.current_max_send_streams(), 256);
+}
+
+// A sidecar that knows no member of its mesh (cut off from gossip) cannot tell who serves a
+// capability: it answers 503 with retry-after and says why, never a 404 that reads as permanent.
+#[tokio::test]
+async fn a_sidecar_with_no_gossip_member_answers_503_not_unknown_capability() {
+    let dir = std::env::temp_dir().join(format!("reach-alone-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("gossip.key");
+    std::fs::write(&key, "00".repeat(32)).unwrap();
+    let caller = sidecar(
+        Bootstrap::local("alone", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+            .unwrap()
+            .with_gossip(&[], key),
+    )
+    .await;
+    let reply = call(&client(), caller.addrs.outbound).await;
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert_eq!(reply.header("reach-reason"), "no_available_instance");
+    assert!(!reply.header("retry-after").is_empty());
+    assert!(reply.body.contains("knows no member"), "{}", reply.body);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -136,6 +136,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         identity: identity.as_ref(),
         remote: remote_ip,
         client_cert: tls.as_ref().and_then(|t| t.xfcc.as_ref()),
+        pass: &snapshot.policy.pass_identity_headers,
     };
     vouched::rewrite(&mut parts.headers, vouched);
     let meta = Meta {

@@ -32,6 +32,50 @@ pub(in crate::inbound) struct Vouched<'a> {
     pub(in crate::inbound) client_cert: Option<&'a HeaderValue>,
     /// The delegation chain, sealed for the agent (`src/chain.rs`): always written anew.
     pub(in crate::inbound) chain: Option<HeaderValue>,
+    /// The [`IDENTITY_LIKE`] headers the policy lets through (`pass_identity_headers`).
+    pub(in crate::inbound) pass: &'a [String],
+}
+
+/// Headers that name a client, its address, its certificate or the scheme and host it used:
+/// set by the edge proxies and auth gateways an agent may sit behind, and believed by agents'
+/// frameworks. From a caller they are claims nobody checked, so none reaches the agent unless
+/// the policy's `pass_identity_headers` names it (`docs/security.md`).
+pub(super) const IDENTITY_LIKE: [&str; 30] = [
+    "x-real-ip",
+    "true-client-ip",
+    "x-client-ip",
+    "x-cluster-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-server",
+    "x-forwarded-user",
+    "x-forwarded-email",
+    "x-forwarded-preferred-username",
+    "x-forwarded-groups",
+    "x-forwarded-access-token",
+    "x-auth-request-user",
+    "x-auth-request-email",
+    "x-remote-user",
+    "remote-user",
+    "x-user",
+    "ssl-client-cert",
+    "x-ssl-client-cert",
+    "x-client-cert",
+    "x-ssl-client-verify",
+    "x-ssl-client-dn",
+    "x-ssl-client-s-dn",
+    "client-cert",
+    "client-cert-chain",
+    "x-amzn-mtls-clientcert",
+];
+
+/// Whether `name` is an identity-like header the policy does not pass.
+fn claims_identity(name: &str, pass: &[String]) -> bool {
+    IDENTITY_LIKE.contains(&name) && !pass.iter().any(|p| p.eq_ignore_ascii_case(name))
 }
 
 /// Forwarding headers are the sidecar's too (Envoy's `SANITIZE_SET`): a caller's
@@ -80,6 +124,7 @@ pub(in crate::inbound) fn rewrite(headers: &mut HeaderMap, vouched: Vouched<'_>)
                 (4, first && attempt.is_some())
             }
             other if other.starts_with("reach-") => (usize::MAX, false),
+            other if claims_identity(other, vouched.pass) => (usize::MAX, false),
             _ => continue,
         };
         if keep {
@@ -224,14 +269,23 @@ mod tests {
         );
         h.insert("x-forwarded-for", HeaderValue::from_static("127.0.0.1"));
         h.insert("forwarded", HeaderValue::from_static("for=127.0.0.1"));
+        for name in IDENTITY_LIKE {
+            h.insert(name, HeaderValue::from_static("admin"));
+        }
         let remote = HeaderValue::from_static("10.0.0.7");
+        let pass = ["X-Forwarded-Proto".to_owned()];
         let vouched = Vouched {
             capability: Some("code-review"),
             deadline: Some(Deadline::after(std::time::Duration::from_secs(5))),
             remote: Some(&remote),
+            pass: &pass,
             ..Vouched::default()
         };
         rewrite(&mut h, vouched);
+        for name in IDENTITY_LIKE.iter().filter(|n| **n != "x-forwarded-proto") {
+            assert!(h.get(*name).is_none(), "{name} reached the agent");
+        }
+        assert_eq!(h["x-forwarded-proto"], "admin", "passed by the policy");
         assert!(h.get("reach-caller").is_none());
         assert!(h.get("reach-agent").is_none());
         assert!(h.get("reach-deadline").is_some_and(|v| v != "1"));
