@@ -293,6 +293,7 @@ fn llm_target(provider: SocketAddr) -> Result<ExternalTarget, String> {
         max_concurrency: None,
         rate_limit: None,
         budget_group: None,
+        model_provider: true,
         ca_file: None,
     })
 }

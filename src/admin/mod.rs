@@ -107,6 +107,9 @@ pub struct Status {
     pub chains: crate::metrics::ChainCounts,
     pub ready: bool,
     pub version: &'static str,
+    /// What works less than it should (a task store that is down), each in a sentence.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub degraded: Vec<String>,
     /// Set when the reader is not on this pod's loopback: what was left out, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hidden: Option<&'static str>,
@@ -145,6 +148,27 @@ impl Status {
     }
 }
 
+impl Admin {
+    /// What works less than it should, each in a sentence: a task store that is down.
+    fn degraded(&self) -> Vec<String> {
+        let store = self
+            .outbound
+            .tasks()
+            .and_then(|q| q.store_down().map(|d| (q.kind(), d)));
+        store
+            .map(|(kind, down)| {
+                let since = crate::tasks::model::now_ms().saturating_sub(down.since_ms);
+                format!(
+                    "the task store ({kind}) has failed for {:.1} s: task submissions answer 503 task_store_unavailable until it is back: {}",
+                    since as f64 / 1000.0,
+                    down.error
+                )
+            })
+            .into_iter()
+            .collect()
+    }
+}
+
 /// Whether the request came from the pod's own loopback.
 fn is_local<B>(req: &Request<B>) -> bool {
     req.extensions()
@@ -177,24 +201,20 @@ impl Admin {
             }
             "/live" => text(StatusCode::OK, "text/plain", "live\n"),
             "/ready" => {
-                // A sidecar whose task store fails cannot keep the promise of a `202`: not
-                // ready, so Kubernetes sees it (and restarts it if it stays so).
-                let store_down = self.outbound.tasks().and_then(|q| q.store_down());
+                // A task store that is down degrades the sidecar, it does not stop it: calls
+                // are served, submissions answer 503 until the store is back. Ready, and saying
+                // what is degraded (the same in `/status`'s `degraded`).
                 if !self.ready.load(Ordering::Acquire) {
                     text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n")
-                } else if let Some(down) = store_down {
-                    let since = crate::tasks::model::now_ms().saturating_sub(down.since_ms);
-                    text(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "text/plain",
-                        format!(
-                            "not ready: the task store has failed for {:.1} s: {}\n",
-                            since as f64 / 1000.0,
-                            down.error
-                        ),
-                    )
                 } else {
-                    text(StatusCode::OK, "text/plain", "ready\n")
+                    match self.degraded().first() {
+                        Some(why) => text(
+                            StatusCode::OK,
+                            "text/plain",
+                            format!("ready, degraded: {why}\n"),
+                        ),
+                        None => text(StatusCode::OK, "text/plain", "ready\n"),
+                    }
                 }
             }
             "/status" => {
@@ -306,6 +326,7 @@ impl Admin {
             chains: self.metrics.chain_counts(),
             ready: self.ready.load(Ordering::Acquire),
             version: env!("CARGO_PKG_VERSION"),
+            degraded: self.degraded(),
             hidden: None,
         }
     }

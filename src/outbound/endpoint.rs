@@ -57,13 +57,10 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
         Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {} ({})", peer.name, peer.address));
     // The peers' views count on the runtime's clock (virtual in paused tests).
     let sent = tokio::time::Instant::now();
-    // A provider's answer times its first token from here, on the wall clock `usage` reads.
-    let sent_to_target = peer.target.is_some().then(Instant::now);
-    // The account a model call is made with, read from the agent's key before it is sent.
-    let credential = match peer.target.is_some() {
-        true => crate::budget::credential(request.headers()),
-        false => None,
-    };
+    // A provider's answer times its first token from here, on the wall clock `usage` reads;
+    // its account is the one the agent's key names (read before the request is sent).
+    let to_target = (peer.target.is_some())
+        .then(|| (Instant::now(), crate::budget::credential(request.headers())));
     let pending = peers.begin(peer, candidate.latency_ms, sent);
     let identity = peer.dial_identity(snapshot.mtls_mode());
     // Pinned where it is built and awaited through the pin: awaited by value, the forward's
@@ -105,7 +102,7 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
         peer,
         &snapshot,
         &mut response,
-        (sent_to_target, body_delay, credential),
+        (to_target, body_delay),
     );
     let class = with_body_delay(Class::of_response(&response), &response, body_delay);
     match class.signal(elapsed) {
@@ -183,9 +180,9 @@ fn learn_budget(
     peer: &Peer,
     snapshot: &Snapshot,
     response: &mut http::Response<UpstreamBody>,
-    (sent, body_delay, credential): (Option<Instant>, Option<Duration>, Option<u64>),
+    (to_target, body_delay): (Option<(Instant, Option<u64>)>, Option<Duration>),
 ) {
-    let (Some(target), Some(sent)) = (peer.target.as_deref(), sent) else {
+    let (Some(target), Some((sent, credential))) = (peer.target.as_deref(), to_target) else {
         return;
     };
     let declared = snapshot

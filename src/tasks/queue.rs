@@ -94,13 +94,14 @@ impl Queue {
             max_tasks: config.max_tasks,
             max_bytes: config.max_bytes,
         };
-        let store = TaskStore::open(&location, &prefix, limits, metrics.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        if let StoreLocation::File(path) = &location {
-            tracing::info!(path = %path.display(), "task store open");
-        } else {
-            tracing::info!(prefix = %prefix, "task store open (redis)");
+        let store = TaskStore::open(&location, &prefix, limits, metrics.clone()).await;
+        match (store.down(), &location) {
+            (Some(down), _) => tracing::warn!(store = store.kind(), error = %down.error,
+                "task store cannot be opened: synchronous calls are served; task submissions answer 503 until it opens"),
+            (None, StoreLocation::File(path)) => {
+                tracing::info!(path = %path.display(), "task store open")
+            }
+            (None, _) => tracing::info!(prefix = %prefix, "task store open (redis)"),
         }
         Ok(Arc::new(Self {
             store,

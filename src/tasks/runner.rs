@@ -609,7 +609,8 @@ async fn stored_response(response: http::Response<ReachBody>, max: usize) -> Sto
 }
 
 /// Why a chain that tried nobody had nobody to ask, when that is so: nobody serves the
-/// capability (`unknown_capability`), or every server is out of rotation — draining, or its
+/// capability (`unknown_capability`, or `no_available_instance` saying why there is no
+/// candidate at all), or every server is out of rotation — draining, or its
 /// sidecar unreachable, as in a restart (`no_available_instance` whose every candidate is so).
 /// Servers passed over for what they did (ejected after failing or refusing) are a failed
 /// chain: the final fallback judges those.
@@ -628,6 +629,11 @@ fn nobody_to_ask(response: &StoredResponse) -> Option<&'static str> {
         return None;
     }
     let body: serde_json::Value = serde_json::from_str(&response.body).ok()?;
+    // No candidate at all, and the caller said why (it knows no member of its mesh, or the
+    // policy refused every claimant): nobody to ask yet.
+    if body["candidates"]["why"].is_string() {
+        return Some(unavailable);
+    }
     let candidates = body["candidates"].as_array()?;
     let out_of_rotation = |c: &serde_json::Value| {
         c["state"] == "draining"

@@ -571,8 +571,10 @@ async fn a_huge_self_view_is_not_buffered() {
 #[tokio::test]
 async fn identity_like_headers_from_a_caller_never_reach_the_agent() {
     let (agent, seen) = echo_agent().await;
-    let mut policy = agent_reach::config::Policy::default();
-    policy.pass_identity_headers = vec!["x-forwarded-proto".to_owned()];
+    let policy = agent_reach::config::Policy {
+        pass_identity_headers: vec!["x-forwarded-proto".to_owned()],
+        ..Default::default()
+    };
     let callee = sidecar_with(
         Bootstrap::local("coder-1", agent, &[CAP]).unwrap(),
         policy,

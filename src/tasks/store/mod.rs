@@ -94,13 +94,30 @@ enum Backend {
 }
 
 /// The task store in use, and its health as its last operations found it: down from a failed
-/// operation on the store itself until one succeeds (`/ready` answers 503 meanwhile).
+/// operation on the store itself until one succeeds. A store that cannot be opened at start is
+/// opened again on use (at most once every [`REOPEN_EVERY`]): the sidecar serves its synchronous
+/// traffic meanwhile, and submissions answer 503 `task_store_unavailable` until it opens.
 #[derive(Debug)]
 pub struct TaskStore {
-    backend: Backend,
+    backend: tokio::sync::OnceCell<Backend>,
+    /// How to open it, while it has not been opened.
+    opener: Option<Opener>,
+    kind: &'static str,
     down: std::sync::Mutex<Option<Down>>,
     metrics: Arc<Metrics>,
 }
+
+/// Where a store not yet opened is, and when to try again.
+#[derive(Debug)]
+struct Opener {
+    location: StoreLocation,
+    prefix: String,
+    limits: Limits,
+    next_try: std::sync::Mutex<tokio::time::Instant>,
+}
+
+/// A store that could not be opened is tried again at most this often.
+const REOPEN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl From<file::FileStore> for TaskStore {
     fn from(store: file::FileStore) -> Self {
@@ -114,41 +131,123 @@ impl From<redis::RedisStore> for TaskStore {
     }
 }
 
+async fn open_backend(
+    location: &StoreLocation,
+    prefix: &str,
+    limits: Limits,
+) -> Result<Backend, StoreError> {
+    Ok(match location {
+        StoreLocation::File(path) => Backend::File(file::FileStore::open(path, limits).await?),
+        StoreLocation::Redis(url) => {
+            Backend::Redis(redis::RedisStore::open(url, prefix, limits).await?)
+        }
+    })
+}
+
+fn kind_of(location: &StoreLocation) -> &'static str {
+    match location {
+        StoreLocation::File(_) => "file",
+        StoreLocation::Redis(_) => "redis",
+    }
+}
+
 impl TaskStore {
     fn new(backend: Backend, metrics: Arc<Metrics>) -> Self {
+        let kind = match backend {
+            Backend::File(_) => "file",
+            Backend::Redis(_) => "redis",
+        };
+        Self::with(
+            tokio::sync::OnceCell::new_with(Some(backend)),
+            None,
+            kind,
+            metrics,
+        )
+    }
+
+    fn with(
+        backend: tokio::sync::OnceCell<Backend>,
+        opener: Option<Opener>,
+        kind: &'static str,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         // Every kind from zero, so a first error shows in `increase()`.
         for kind in ERROR_KINDS {
             metrics.task_store_error(kind, 0);
         }
         Self {
             backend,
+            opener,
+            kind,
             down: std::sync::Mutex::new(None),
             metrics,
         }
     }
 
     /// Opens (creating when absent) the store at `location`; `prefix` namespaces a shared store.
+    /// A store that cannot be opened now (Redis unreachable, the disk full) is not an error: the
+    /// store starts down and is opened on a later use.
     pub async fn open(
         location: &StoreLocation,
         prefix: &str,
         limits: Limits,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, StoreError> {
-        let backend = match location {
-            StoreLocation::File(path) => Backend::File(file::FileStore::open(path, limits).await?),
-            StoreLocation::Redis(url) => {
-                Backend::Redis(redis::RedisStore::open(url, prefix, limits).await?)
+    ) -> Self {
+        let kind = kind_of(location);
+        match open_backend(location, prefix, limits).await {
+            Ok(backend) => Self::new(backend, metrics),
+            Err(err) => {
+                let store = Self::with(
+                    tokio::sync::OnceCell::new(),
+                    Some(Opener {
+                        location: location.clone(),
+                        prefix: prefix.to_owned(),
+                        limits,
+                        next_try: std::sync::Mutex::new(tokio::time::Instant::now() + REOPEN_EVERY),
+                    }),
+                    kind,
+                    metrics,
+                );
+                let _ = store.track::<()>(Err(err));
+                store
             }
+        }
+    }
+
+    /// The open store, opening it first when it could not be opened before (not more often
+    /// than [`REOPEN_EVERY`]).
+    async fn backend(&self) -> Result<&Backend, StoreError> {
+        if let Some(backend) = self.backend.get() {
+            return Ok(backend);
+        }
+        let Some(opener) = &self.opener else {
+            return Err(StoreError::Backend("the task store is not open".to_owned()));
         };
-        Ok(Self::new(backend, metrics))
+        {
+            let mut next = opener
+                .next_try
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let now = tokio::time::Instant::now();
+            if now < *next {
+                let why = self
+                    .down()
+                    .map_or_else(|| "not open yet".to_owned(), |d| d.error);
+                return Err(StoreError::Backend(why));
+            }
+            *next = now + REOPEN_EVERY;
+        }
+        let backend = self
+            .backend
+            .get_or_try_init(|| open_backend(&opener.location, &opener.prefix, opener.limits))
+            .await?;
+        tracing::info!(store = self.kind, "task store opened");
+        Ok(backend)
     }
 
     /// What the store is, for logs and `/status`: `file` or `redis`.
     pub fn kind(&self) -> &'static str {
-        match self.backend {
-            Backend::File(_) => "file",
-            Backend::Redis(_) => "redis",
-        }
+        self.kind
     }
 
     /// Since when and why the store has been failing; `None` while it works.
@@ -167,9 +266,9 @@ impl TaskStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match &result {
             Err(StoreError::Backend(error)) => {
-                let kind = match self.backend {
-                    Backend::File(_) => "io",
-                    Backend::Redis(_) => "redis",
+                let kind = match self.kind {
+                    "redis" => "redis",
+                    _ => "io",
                 };
                 self.metrics.task_store_error(kind, 1);
                 if down.is_none() {
@@ -201,24 +300,27 @@ impl TaskStore {
     /// A task with work is queued at its `due_ms`. Refused with [`StoreError::Full`] beyond the
     /// store's limits.
     pub async fn insert(&self, task: &mut Task) -> Result<Inserted, StoreError> {
-        self.track(match &self.backend {
-            Backend::File(s) => s.insert(task).await,
-            Backend::Redis(s) => s.insert(task).await,
+        self.track(match self.backend().await {
+            Ok(Backend::File(s)) => s.insert(task).await,
+            Ok(Backend::Redis(s)) => s.insert(task).await,
+            Err(err) => Err(err),
         })
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
-        self.track(match &self.backend {
-            Backend::File(s) => s.get(id).await,
-            Backend::Redis(s) => s.get(id).await,
+        self.track(match self.backend().await {
+            Ok(Backend::File(s)) => s.get(id).await,
+            Ok(Backend::Redis(s)) => s.get(id).await,
+            Err(err) => Err(err),
         })
     }
 
     /// Up to `limit` tasks, newest first, in `state` when given.
     pub async fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Task>, StoreError> {
-        self.track(match &self.backend {
-            Backend::File(s) => s.list(state, limit).await,
-            Backend::Redis(s) => s.list(state, limit).await,
+        self.track(match self.backend().await {
+            Ok(Backend::File(s)) => s.list(state, limit).await,
+            Ok(Backend::Redis(s)) => s.list(state, limit).await,
+            Err(err) => Err(err),
         })
     }
 
@@ -232,9 +334,10 @@ impl TaskStore {
         now_ms: u64,
         lease_ms: u64,
     ) -> Result<Option<Task>, StoreError> {
-        self.track(match &self.backend {
-            Backend::File(s) => s.claim(owner, now_ms, lease_ms).await,
-            Backend::Redis(s) => s.claim(owner, now_ms, lease_ms).await,
+        self.track(match self.backend().await {
+            Ok(Backend::File(s)) => s.claim(owner, now_ms, lease_ms).await,
+            Ok(Backend::Redis(s)) => s.claim(owner, now_ms, lease_ms).await,
+            Err(err) => Err(err),
         })
     }
 
@@ -242,25 +345,28 @@ impl TaskStore {
     /// when this returns. With `task.lease` set, the task stays claimed (until `lease.until_ms`);
     /// without, it is queued at `due_ms` when it has work and dropped from the queue when not.
     pub async fn save(&self, task: &mut Task) -> Result<(), StoreError> {
-        self.track(match &self.backend {
-            Backend::File(s) => s.save(task).await,
-            Backend::Redis(s) => s.save(task).await,
+        self.track(match self.backend().await {
+            Ok(Backend::File(s)) => s.save(task).await,
+            Ok(Backend::Redis(s)) => s.save(task).await,
+            Err(err) => Err(err),
         })
     }
 
     /// The earliest `due_ms` among queued tasks (and lease expiries), to sleep until.
     pub async fn next_due(&self) -> Result<Option<u64>, StoreError> {
-        self.track(match &self.backend {
-            Backend::File(s) => s.next_due().await,
-            Backend::Redis(s) => s.next_due().await,
+        self.track(match self.backend().await {
+            Ok(Backend::File(s)) => s.next_due().await,
+            Ok(Backend::Redis(s)) => s.next_due().await,
+            Err(err) => Err(err),
         })
     }
 
     /// Removes finished tasks older than `retention_ms`; returns how many.
     pub async fn purge(&self, now_ms: u64, retention_ms: u64) -> Result<usize, StoreError> {
-        self.track(match &self.backend {
-            Backend::File(s) => s.purge(now_ms, retention_ms).await,
-            Backend::Redis(s) => s.purge(now_ms, retention_ms).await,
+        self.track(match self.backend().await {
+            Ok(Backend::File(s)) => s.purge(now_ms, retention_ms).await,
+            Ok(Backend::Redis(s)) => s.purge(now_ms, retention_ms).await,
+            Err(err) => Err(err),
         })
     }
 }

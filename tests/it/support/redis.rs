@@ -58,8 +58,19 @@ impl RedisServer {
         self.port
     }
 
+    /// A running server on `port` (a store that was down coming up where it is expected), or
+    /// `None` when `redis-server` is not installed.
+    pub fn start_on(port: u16) -> Option<Self> {
+        Self::start()?;
+        Some(Self::spawn_on(port).unwrap_or_else(|e| panic!("redis-server did not start: {e}")))
+    }
+
     fn spawn() -> Result<Self, String> {
         let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+        Self::spawn_on(port)
+    }
+
+    fn spawn_on(port: u16) -> Result<Self, String> {
         let dir = std::env::temp_dir().join(format!("reach-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let child = Command::new("redis-server")
@@ -98,7 +109,7 @@ impl Drop for RedisServer {
 }
 
 /// A port nothing listens on right now (the OS picks it; the listener is dropped at once).
-fn free_port() -> std::io::Result<u16> {
+pub fn free_port() -> std::io::Result<u16> {
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
     Ok(listener.local_addr()?.port())
 }

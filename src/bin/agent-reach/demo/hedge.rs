@@ -1,13 +1,13 @@
 //! The hedging act (issue 37, `docs/chains.md`): its own fleet of three agents (20–60 ms), one
 //! of them ten times slower on 30 % of its calls (the mock agent's `long-tasks` mode, seeded, as
-//! in the bench's slow-tail scenario). Callers send calls, each with its own `idempotency-key`, so
-//! they are safe to repeat: ~2 s without hedging, then ~2 s with `hedge: {after: 120ms, max: 1}`
+//! in the bench's slow-tail scenario). Callers send reads (`GET`), safe to run twice — a call
+//! with an `idempotency-key` is never hedged to a second agent (`docs/chains.md`): ~2 s without
+//! hedging, then ~2 s with `hedge: {after: 120ms, max: 1}`
 //! on the capability. The slow calls make the first run's tail; hedged, a second attempt to
 //! another agent answers them.
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -147,14 +147,14 @@ async fn ready(url: &str) {
     let client = client::build(&Policy::default());
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        if keyed_call(&client, url).await == 200 {
+        if read_call(&client, url).await == 200 {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// `WORKERS` callers in a closed loop for `RUN`, every call with a fresh `idempotency-key`.
+/// `WORKERS` callers in a closed loop for `RUN`, each sending reads.
 async fn measure(url: &str, agents: &[MockAgent]) -> HedgeRun {
     let reached = || agents.iter().map(|a| a.stats().business).sum::<u64>();
     let before = reached();
@@ -167,7 +167,7 @@ async fn measure(url: &str, agents: &[MockAgent]) -> HedgeRun {
             tokio::spawn(async move {
                 while Instant::now() < deadline {
                     let sent = Instant::now();
-                    let status = keyed_call(&client, &url).await;
+                    let status = read_call(&client, &url).await;
                     let ms = sent.elapsed().as_secs_f64() * 1000.0;
                     calls
                         .lock()
@@ -210,15 +210,11 @@ fn summarise(calls: &[(u16, f64)], reached: u64) -> HedgeRun {
     }
 }
 
-/// One call with a fresh `idempotency-key`: its status once the body has ended, 0 without one.
-async fn keyed_call(client: &client::UpstreamClient, url: &str) -> u16 {
-    // One counter for every run: a key is never reused, so no call is a repeat of another.
-    static KEYS: AtomicU64 = AtomicU64::new(0);
-    let key = format!("hedge-{}", KEYS.fetch_add(1, Ordering::Relaxed));
-    let Ok(request) = Request::post(url)
+/// One read: its status once the body has ended, 0 without one.
+async fn read_call(client: &client::UpstreamClient, url: &str) -> u16 {
+    let Ok(request) = Request::get(url)
         .header(headers::CAPABILITY, CAPABILITY)
-        .header("idempotency-key", key)
-        .body(body::full("def f(): pass"))
+        .body(body::empty())
     else {
         return 0;
     };

@@ -492,7 +492,7 @@ fn hedge_lines(h: &super::HedgeSummary) -> String {
         )
     };
     let mut out = format!(
-        "\nhedging: {} ; {} takes {:.0} ms on {:.0} % of its calls; {} callers send keyed calls for {:.0} s without hedging, then {:.0} s with hedge: {{after: {:.0}ms, max: 1}}\n",
+        "\nhedging: {} ; {} takes {:.0} ms on {:.0} % of its calls; {} callers send reads (GET: safe to run twice; a keyed call is never hedged) for {:.0} s without hedging, then {:.0} s with hedge: {{after: {:.0}ms, max: 1}}\n",
         h.agents.join(", "),
         h.slow_agent,
         h.slow_ms,
