@@ -195,6 +195,7 @@ pub(super) const RULES: &[Row] = &[
     ("idempotency.per_caller_share", Rule::Above(0.0, 1.0)),
     // Per-peer series: each peer costs about ten; a thousand peers is already a lot of series.
     ("metrics.max_peer_series", Rule::Whole(0, 1_000)),
+    ("metrics.max_capabilities", Rule::Whole(0, 1_000)),
     ("metrics.idle_timeout", Rule::Span(secs(1), DAY)),
     // 0 takes any match with no tie; 1 only a call whose keywords all belong to one rule.
     ("intent_threshold", Rule::Real(0.0, 1.0)),
@@ -625,6 +626,9 @@ pub struct BudgetGroupPolicy {
 pub struct MetricsPolicy {
     pub max_peer_series: usize,
     pub idle_timeout: HumanDuration,
+    /// Capabilities other members claim (profiles, A2A cards, MCP tool lists) that get series
+    /// of their own; past it they count under `capability="other"`.
+    pub max_capabilities: usize,
 }
 
 impl Default for MetricsPolicy {
@@ -632,6 +636,7 @@ impl Default for MetricsPolicy {
         Self {
             max_peer_series: 20,
             idle_timeout: HumanDuration::from_secs(600),
+            max_capabilities: 128,
         }
     }
 }

@@ -39,6 +39,8 @@ pub(super) const RETRY_REASONS: [&str; 13] = [
 
 /// Capabilities registered at most: gossip names are validated, but a fleet's are not bounded.
 const MAX_KNOWN: usize = 1024;
+/// The label of a capability without series of its own (`metrics.max_capabilities`).
+pub(super) const OTHER: &str = "other";
 
 /// The capabilities already registered, per series family (a direction's, or `observed`).
 pub(super) type Known = std::sync::Mutex<HashSet<(&'static str, String)>>;
@@ -75,7 +77,44 @@ impl Metrics {
     /// Whether `capability`'s series of `family` are still to be registered (once each).
     fn first_time(&self, family: &'static str, capability: &str) -> bool {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        known.len() < MAX_KNOWN && known.insert((family, capability.to_owned()))
+        let first = known.len() < MAX_KNOWN && known.insert((family, capability.to_owned()));
+        drop(known);
+        if first {
+            self.labelled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(capability.to_owned());
+        }
+        first
+    }
+
+    /// A capability another member claims (its profile, card or tool list): its series from
+    /// zero while fewer than `max` claimed capabilities have their own label; past that it
+    /// counts under `other`. What members claim cannot grow this sidecar's series without end.
+    pub fn register_learned(&self, capability: &str, observe_only: bool, max: usize) {
+        let labelled = {
+            let mut learned = self.learned.lock().unwrap_or_else(|p| p.into_inner());
+            learned.contains(capability) || {
+                let room = learned.len() < max;
+                if room {
+                    learned.insert(capability.to_owned());
+                }
+                room
+            }
+        };
+        self.register_called(if labelled { capability } else { OTHER }, observe_only);
+    }
+
+    /// The label `capability`'s series carry: its name when it has series of its own (this
+    /// sidecar's, its config's, or a claimed one within `metrics.max_capabilities`), else
+    /// `other`.
+    pub fn label<'c>(&self, capability: &'c str) -> &'c str {
+        let labelled = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
+        if labelled.contains(capability) {
+            capability
+        } else {
+            OTHER
+        }
     }
 
     /// A capability this sidecar may call (its static peers', its policy's, gossip's): its
@@ -177,5 +216,27 @@ mod tests {
             text.contains("reach_retries_total{capability=\"review\",reason=\"rate_limited\"} 1"),
             "{text}"
         );
+    }
+
+    /// A member claiming ever new capabilities grows no series past the cap: they count under
+    /// `other`, and a name seen before keeps its label.
+    #[test]
+    fn claimed_capabilities_past_the_cap_count_under_other() {
+        let m = Metrics::new("a");
+        m.register_called("configured", false);
+        for i in 0..50 {
+            m.register_learned(&format!("claimed-{i}"), false, 4);
+        }
+        let text = m.render();
+        let budgets = series(&text, "reach_retry_budget_exhausted_total{");
+        assert_eq!(budgets.len(), 1 + 4 + 1, "{budgets:?}");
+        assert!(budgets.iter().any(|l| l.contains("capability=\"other\"")));
+        assert_eq!(m.label("claimed-2"), "claimed-2");
+        assert_eq!(m.label("claimed-40"), "other");
+        assert_eq!(m.label("configured"), "configured");
+        m.retry("claimed-40", "saturated");
+        assert!(m
+            .render()
+            .contains("reach_retries_total{capability=\"other\",reason=\"saturated\"} 1"));
     }
 }

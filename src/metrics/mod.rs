@@ -352,6 +352,11 @@ pub struct Metrics {
     fleet_demand: Mutex<demand::FleetDemand>,
     /// The capabilities whose series were registered at 0 (`known.rs`).
     known: known::Known,
+    /// The capabilities whose series carry their own name; any other counts as `other`.
+    labelled: Mutex<std::collections::HashSet<String>>,
+    /// The capabilities other members claim that have a label of their own
+    /// (`metrics.max_capabilities` at most).
+    learned: Mutex<std::collections::HashSet<String>>,
     /// Loops refused and hedges, as `/status` shows them.
     chains: ChainCounters,
     /// The model names `gen_ai_client_token_usage` has a label for (the rest are `other`).
@@ -405,6 +410,8 @@ impl Metrics {
             peers: Mutex::default(),
             fleet_demand: Mutex::default(),
             known: Mutex::default(),
+            labelled: Mutex::default(),
+            learned: Mutex::default(),
             chains: ChainCounters::default(),
             models: Mutex::default(),
             mcp_tools: Mutex::default(),
@@ -454,6 +461,14 @@ impl Metrics {
         &self,
         fleet: impl IntoIterator<Item = (&'a str, CapabilityGauges)>,
     ) {
+        // A capability without a label of its own has no demand series: members' claims
+        // cannot grow them (`metrics.max_capabilities`).
+        let labelled = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
+        let fleet: Vec<_> = fleet
+            .into_iter()
+            .filter(|(name, _)| labelled.contains(*name))
+            .collect();
+        drop(labelled);
         self.fleet_demand
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -499,9 +514,15 @@ impl Metrics {
             count_request(handles, duration);
             return;
         }
-        let handles = self.register_request(direction, capability, outcome);
+        // Cached under its label: a capability without one shares `other`'s handles.
+        let label = self.label(capability);
+        if let Some(handles) = cache.get(label).and_then(|s| s[slot].as_ref()) {
+            count_request(handles, duration);
+            return;
+        }
+        let handles = self.register_request(direction, label, outcome);
         count_request(&handles, duration);
-        cache.entry(capability.to_owned()).or_default()[slot] = Some(handles);
+        cache.entry(label.to_owned()).or_default()[slot] = Some(handles);
     }
 
     fn register_request(
@@ -638,7 +659,7 @@ impl Metrics {
     }
 
     pub fn retry(&self, capability: &str, reason: &'static str) {
-        let capability = capability.to_owned();
+        let capability = self.label(capability).to_owned();
         self.with(|| {
             counter!(RETRIES_TOTAL, "capability" => capability, "reason" => reason).increment(1)
         });
@@ -646,13 +667,13 @@ impl Metrics {
 
     /// An answer its capability's output schema refused.
     pub fn output_invalid(&self, capability: &str) {
-        let capability = capability.to_owned();
+        let capability = self.label(capability).to_owned();
         self.with(|| counter!(OUTPUT_INVALID_TOTAL, "capability" => capability).increment(1));
     }
 
     /// An answer of a capability with a schema that was passed on unchecked, and why.
     pub fn output_unvalidated(&self, capability: &str, reason: &'static str) {
-        let capability = capability.to_owned();
+        let capability = self.label(capability).to_owned();
         self.with(|| {
             counter!(OUTPUT_UNVALIDATED_TOTAL, "capability" => capability, "reason" => reason)
                 .increment(1)
@@ -743,13 +764,13 @@ impl Metrics {
 
     /// A call routed to the agent its affinity key is bound to.
     pub fn affinity_hit(&self, capability: &str) {
-        let capability = capability.to_owned();
+        let capability = self.label(capability).to_owned();
         self.with(|| counter!(AFFINITY_HITS_TOTAL, "capability" => capability).increment(1));
     }
 
     /// A call whose affinity key's agent was out.
     pub fn affinity_lost(&self, capability: &str) {
-        let capability = capability.to_owned();
+        let capability = self.label(capability).to_owned();
         self.with(|| counter!(AFFINITY_LOST_TOTAL, "capability" => capability).increment(1));
     }
 
@@ -816,7 +837,7 @@ impl Metrics {
     }
 
     pub fn retry_budget_exhausted(&self, capability: &str) {
-        let capability = capability.to_owned();
+        let capability = self.label(capability).to_owned();
         self.with(|| {
             counter!(RETRY_BUDGET_EXHAUSTED_TOTAL, "capability" => capability).increment(1)
         });
@@ -835,7 +856,7 @@ impl Metrics {
     /// would not have gone.
     pub fn observed(&self, capability: &str, same: bool, avoidable_failure: bool) {
         let agreement = if same { "same" } else { "different" };
-        let label = capability.to_owned();
+        let label = self.label(capability).to_owned();
         self.with(|| {
             counter!(OBSERVE_CALLS_TOTAL, "capability" => label.clone(), "agreement" => agreement)
                 .increment(1);

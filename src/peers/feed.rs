@@ -28,8 +28,10 @@ impl Membership for GossipFeed {
         // What gossip says may be called is counted from 0 before its first call.
         let snapshot = self.store.snapshot();
         let metrics = self.views.metrics();
+        // Bounded: past `metrics.max_capabilities` claimed names count under `other`.
+        let max = snapshot.policy.metrics.max_capabilities;
         for capability in peers.iter().flat_map(|p| &p.capabilities) {
-            metrics.register_called(capability, snapshot.observe_only(capability));
+            metrics.register_learned(capability, snapshot.observe_only(capability), max);
         }
         // A member restarted in place (same name, same address, a new gossip epoch) is a new
         // process: this caller's view of the old one (ejected while it was down, draining) is

@@ -90,6 +90,7 @@ async fn per_peer_series_are_bounded_and_expire() {
         metrics: MetricsPolicy {
             max_peer_series: 2,
             idle_timeout: HumanDuration::from_secs(1),
+            ..MetricsPolicy::default()
         },
         ..Policy::default()
     };

@@ -31,6 +31,7 @@ mod affinity;
 mod budget;
 mod chains;
 mod chaos;
+mod claims;
 mod cli;
 mod demo_command;
 mod external;
