@@ -3,15 +3,26 @@
 //! past `chains.max_hops` before it starts (`docs/chains.md`).
 //!
 //! Two forms travel. Between sidecars, the peer form `<hops>;<agent>><agent>/<capability>…`,
-//! trusted only from a verified caller and rewritten at each inbound edge. To the agent, the same
-//! text sealed with this sidecar's key (`…;<mac>`): the agent passes it on, like `traceparent`,
-//! on the calls it makes while serving the call, and the outbound listener opens it, so an agent
-//! can neither shorten nor invent the chain it is in. Only the outbound step of a call that
-//! carries one pays for it.
+//! signed with a key of the mesh (derived from the gossip key: `…;m<mac>`) and read only when
+//! that signature holds or the caller's certificate was verified — a plaintext process cannot
+//! plant one — and rewritten at each inbound edge. To the agent, the same text bound to the
+//! inbound call that issued it and sealed with this sidecar's key (`…;<epoch>.<call>.<issued>;
+//! <mac>`): the agent passes it on, like `traceparent`, on the calls it makes while serving the
+//! call, and the outbound listener opens it — only while that call is in flight (or just ended),
+//! so an agent can neither shorten, invent nor replay the chain it is in. A call that carries no
+//! chain while the agent serves exactly one call continues that call's chain: a framework that
+//! drops the header still cannot loop. The key is derived from the gossip key, so a chain stays
+//! valid across a restart of its sidecar.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::error::ReachError;
+use crate::fast_hash::FastMap;
 
 pub const HEADER: HeaderName = HeaderName::from_static("reach-chain");
 
@@ -61,11 +72,13 @@ impl Chain {
         self.entries.join(" > ")
     }
 
-    /// The peer form read back; `Err` names what is wrong.
+    /// The peer form read back (its mesh signature, if any, set aside); `Err` names what is
+    /// wrong.
     pub fn parse(text: &str) -> Result<Self, String> {
         if text.len() > MAX_TEXT {
             return Err(format!("longer than {MAX_TEXT} bytes"));
         }
+        let text = split_mesh_mac(text).0;
         let (hops, entries) = text
             .split_once(';')
             .ok_or("not `<hops>;<agent>[/<capability>]>…`")?;
@@ -90,14 +103,11 @@ impl Chain {
         Ok(Chain { hops, entries })
     }
 
-    /// The chain as this sidecar hands it to its agent: what a verified caller's sidecar `sent`
-    /// (its hops plus this one), or a new chain from the caller, then `me` serving `capability`.
-    /// An unverified caller's chain is not read: only sidecars write chains.
-    pub fn at_edge(sent: Option<&HeaderValue>, caller: Option<&str>, me: &str, cap: &str) -> Self {
-        let from_peer = caller.and(sent).and_then(|v| v.to_str().ok());
-        let mut chain = from_peer
-            .and_then(|t| Chain::parse(t).ok())
-            .unwrap_or_default();
+    /// The chain as this sidecar hands it to its agent: what the caller's sidecar `sent` (its
+    /// hops plus this one; [`Seal::from_peer`] decides whether it is read), or a new chain from
+    /// the caller, then `me` serving `capability`.
+    pub fn at_edge(sent: Option<&str>, caller: Option<&str>, me: &str, cap: &str) -> Self {
+        let mut chain = sent.and_then(|t| Chain::parse(t).ok()).unwrap_or_default();
         let caller = caller.unwrap_or(UNKNOWN);
         // The caller's own entry ends the chain it sent; a chain that does not end with it
         // keeps everything and gains it, so nothing on it is lost.
@@ -135,20 +145,94 @@ fn valid_entry(entry: &str) -> bool {
     }
 }
 
-/// This sidecar's key for the chains it hands its agent: made at start, never leaves the process.
-pub struct Seal {
-    key: ring::hmac::Key,
-    /// First hops sealed already, by capability, then caller: a plain call's chain is the same
-    /// for every call from one caller to one capability, so it is sealed once, not per call.
-    first_hops: std::sync::RwLock<FirstHops>,
+/// The peer form and its mesh signature (`…;m<mac>`), when it carries one.
+fn split_mesh_mac(text: &str) -> (&str, Option<&str>) {
+    match text.rsplit_once(';') {
+        Some((chain, mac)) if chain.contains(';') && mac.starts_with('m') => (chain, mac.get(1..)),
+        _ => (text, None),
+    }
 }
 
-/// Capability → caller (`-` for one the sidecar could not name) → (this agent, sealed value).
-type FirstHops =
-    crate::fast_hash::FastMap<String, crate::fast_hash::FastMap<String, (String, HeaderValue)>>;
+/// The bytes of a MAC kept: 128 bits.
+const MAC_BYTES: usize = 16;
+/// A chain whose call has ended is still accepted this long: an agent's last calls may leave
+/// just as its answer does.
+const GRACE: Duration = Duration::from_secs(2);
+/// A chain issued by an earlier run of this sidecar (before a restart) is accepted this long
+/// after it was issued: its call cannot be looked up any more.
+const MAX_AGE: Duration = Duration::from_secs(15 * 60);
+/// Ended calls remembered for [`GRACE`], at most.
+const MAX_ENDED: usize = 4096;
 
-/// First hops kept at most (past it, the rest are sealed per call).
-const MAX_FIRST_HOPS: usize = 4096;
+/// Why a chain the agent passed on is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Not written by this sidecar, or changed since.
+    Forged,
+    /// Written for a call that has ended: an old value passed on again.
+    Replayed,
+}
+
+impl Refused {
+    /// The `why` of `reach_loops_refused_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refused::Forged => "forged",
+            Refused::Replayed => "replayed",
+        }
+    }
+
+    fn error(self, detail: &str) -> ReachError {
+        ReachError::BadRequest(match self {
+            Refused::Forged => format!(
+                "reach-chain {detail}: pass on the value this sidecar gave the agent, unchanged"
+            ),
+            Refused::Replayed => format!(
+                "reach-chain {detail}: pass on the value of the call being served, not an older one"
+            ),
+        })
+    }
+}
+
+/// This sidecar's keys for chains: the one it seals its agent's chains with (derived from the
+/// gossip key, so it survives a restart; random without gossip), the mesh's, and the calls it
+/// issued chains for that are still in flight.
+pub struct Seal {
+    key: ring::hmac::Key,
+    /// Keys of the mesh: the first signs the chains sent to peers, any verifies theirs.
+    mesh: Vec<ring::hmac::Key>,
+    /// This run of the sidecar: a chain of another run is judged by its age.
+    epoch: u32,
+    next: AtomicU64,
+    calls: Mutex<Calls>,
+    /// How many calls are in flight, read without the lock by a call that carries no chain.
+    live: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct Calls {
+    /// Call → its chain's peer form.
+    live: FastMap<u64, Arc<str>>,
+    ended: VecDeque<(u64, Instant)>,
+}
+
+/// An inbound call's chain, issued: in flight until dropped (when the call's answer is done).
+pub struct InFlight {
+    seal: Arc<Seal>,
+    id: u64,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InFlight({})", self.id)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.seal.ended(self.id);
+    }
+}
 
 impl std::fmt::Debug for Seal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -157,83 +241,193 @@ impl std::fmt::Debug for Seal {
 }
 
 impl Default for Seal {
+    /// Random keys: chains do not outlive this run, and no peer's is read by signature.
     fn default() -> Self {
         let bytes: [u8; 32] = rand::random();
-        Seal {
-            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes),
-            first_hops: Default::default(),
-        }
+        Self::with_keys(
+            ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes),
+            Vec::new(),
+        )
     }
 }
 
-/// The bytes of the MAC kept: 128 bits.
-const MAC_BYTES: usize = 16;
-
 impl Seal {
-    /// `chain` as the agent is given it: the peer form and its MAC.
-    pub fn seal(&self, chain: &Chain) -> HeaderValue {
-        use base64::Engine as _;
-        let text = chain.render();
-        let tag = ring::hmac::sign(&self.key, text.as_bytes());
-        let mac = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .encode(&tag.as_ref()[..MAC_BYTES.min(tag.as_ref().len())]);
-        crate::http::headers::value(&format!("{text};{mac}"))
+    /// The seal of the sidecar of `agent` in the mesh of `cluster` (its gossip key).
+    pub fn for_mesh(cluster: &crate::gossip::ClusterKey, agent: &str) -> Self {
+        let derive = |secret: &[u8]| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+        let own = cluster.derive(format!("agent-reach chain seal v1\0{agent}").as_bytes());
+        let mesh = cluster.derive(b"agent-reach chain mesh v1");
+        let key = own
+            .first()
+            .map_or_else(|| Seal::default().key, |secret| derive(secret.as_ref()));
+        Self::with_keys(key, mesh.iter().map(|s| derive(s.as_ref())).collect())
     }
 
-    /// The sealed chain of a call that starts one: `caller` (if vouched for) then `me` serving
-    /// `cap`, one hop. Sealed once per caller and capability, then read back.
-    pub fn first_hop(&self, caller: Option<&str>, me: &str, cap: &str) -> HeaderValue {
-        let who = caller.unwrap_or(UNKNOWN);
-        {
-            let known = self.first_hops.read().unwrap_or_else(|p| p.into_inner());
-            let hit = known.get(cap).and_then(|by| by.get(who));
-            if let Some((_, value)) = hit.filter(|(agent, _)| agent == me) {
-                return value.clone();
-            }
+    fn with_keys(key: ring::hmac::Key, mesh: Vec<ring::hmac::Key>) -> Self {
+        Seal {
+            key,
+            mesh,
+            epoch: rand::random(),
+            next: AtomicU64::new(1),
+            calls: Mutex::default(),
+            live: AtomicUsize::new(0),
         }
-        let value = self.seal(&Chain::at_edge(None, caller, me, cap));
-        let mut known = self.first_hops.write().unwrap_or_else(|p| p.into_inner());
-        if known.values().map(|by| by.len()).sum::<usize>() < MAX_FIRST_HOPS {
-            let by = known.entry(cap.to_owned()).or_default();
-            by.insert(who.to_owned(), (me.to_owned(), value.clone()));
-        }
-        value
     }
 
-    /// The chain in a value this sidecar sealed; a value it did not seal, or one changed since,
-    /// is refused: passing it on as it came is the agent's only part.
-    pub fn open(&self, value: &HeaderValue) -> Result<Chain, ReachError> {
+    fn mac(key: &ring::hmac::Key, text: &str) -> String {
         use base64::Engine as _;
-        let refused = |why: &str| {
-            ReachError::BadRequest(format!(
-                "reach-chain {why}: pass on the value this sidecar gave the agent, unchanged"
-            ))
+        let tag = ring::hmac::sign(key, text.as_bytes());
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(&tag.as_ref()[..MAC_BYTES.min(tag.as_ref().len())])
+    }
+
+    fn verify(key: &ring::hmac::Key, text: &str, mac: &str) -> bool {
+        use base64::Engine as _;
+        let Ok(mac) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(mac.trim()) else {
+            return false;
         };
-        let text = value.to_str().map_err(|_| refused("is not text"))?;
-        let (chain, mac) = text
-            .rsplit_once(';')
-            .ok_or_else(|| refused("carries no seal"))?;
-        let mac = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(mac.trim())
-            .map_err(|_| refused("carries no seal"))?;
-        let tag = ring::hmac::sign(&self.key, chain.as_bytes());
+        let tag = ring::hmac::sign(key, text.as_bytes());
         let expected = &tag.as_ref()[..MAC_BYTES.min(tag.as_ref().len())];
-        if !bool::from(subtle::ConstantTimeEq::ct_eq(expected, mac.as_slice())) {
-            return Err(refused("was not written by this sidecar"));
-        }
-        Chain::parse(chain).map_err(|why| refused(&why))
+        bool::from(subtle::ConstantTimeEq::ct_eq(expected, mac.as_slice()))
     }
 
-    /// The agent's sealed chain in `headers` opened and replaced by its peer form (what the
-    /// routing, a stored task and the peer read). A call without one is left as it is: one
-    /// header lookup.
-    pub fn carry(&self, headers: &mut HeaderMap) -> Result<(), ReachError> {
-        let Some(value) = headers.get(HEADER) else {
-            return Ok(());
+    /// `chain`, for an inbound call now starting, as the agent is given it: bound to that call
+    /// and sealed. The call is in flight until the guard is dropped.
+    pub fn issue(self: &Arc<Self>, chain: &Chain) -> (HeaderValue, InFlight) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let text = chain.render();
+        let issued = crate::tasks::model::now_ms() / 1000;
+        let bound = format!("{text};{:x}.{id:x}.{issued:x}", self.epoch);
+        let mac = Self::mac(&self.key, &bound);
+        {
+            let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+            calls.live.insert(id, Arc::from(text));
+            self.live.store(calls.live.len(), Ordering::Relaxed);
+        }
+        let value = crate::http::headers::value(&format!("{bound};{mac}"));
+        (
+            value,
+            InFlight {
+                seal: self.clone(),
+                id,
+            },
+        )
+    }
+
+    fn ended(&self, id: u64) {
+        let now = Instant::now();
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        calls.live.remove(&id);
+        self.live.store(calls.live.len(), Ordering::Relaxed);
+        while calls.ended.len() >= MAX_ENDED
+            || calls
+                .ended
+                .front()
+                .is_some_and(|(_, at)| now.duration_since(*at) > GRACE)
+        {
+            calls.ended.pop_front();
+        }
+        calls.ended.push_back((id, now));
+    }
+
+    /// Whether call `id` of this run is in flight, or ended within [`GRACE`].
+    fn current(&self, id: u64) -> bool {
+        let calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        calls.live.contains_key(&id)
+            || calls
+                .ended
+                .iter()
+                .any(|(e, at)| *e == id && at.elapsed() <= GRACE)
+    }
+
+    /// The chain in a value this sidecar sealed, its peer form; refused when this sidecar did
+    /// not seal it, when it was changed since, or when its call has ended.
+    pub fn open(&self, value: &HeaderValue) -> Result<String, (Refused, ReachError)> {
+        let forged = |why: &str| (Refused::Forged, Refused::Forged.error(why));
+        let text = value.to_str().map_err(|_| forged("is not text"))?;
+        let (bound, mac) = text
+            .rsplit_once(';')
+            .ok_or_else(|| forged("carries no seal"))?;
+        if !Self::verify(&self.key, bound, mac) {
+            return Err(forged("was not written by this sidecar"));
+        }
+        let (chain, tag) = bound
+            .rsplit_once(';')
+            .ok_or_else(|| forged("carries no call"))?;
+        let mut parts = tag.split('.').map(|p| u64::from_str_radix(p, 16));
+        let (Some(Ok(epoch)), Some(Ok(id)), Some(Ok(issued))) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(forged("carries no call"));
         };
-        let chain = self.open(value)?;
-        headers.insert(HEADER, crate::http::headers::value(&chain.render()));
-        Ok(())
+        let now = crate::tasks::model::now_ms() / 1000;
+        let current = if epoch == u64::from(self.epoch) {
+            self.current(id)
+        } else {
+            now.saturating_sub(issued) <= MAX_AGE.as_secs()
+        };
+        if !current {
+            return Err((
+                Refused::Replayed,
+                Refused::Replayed.error("belongs to a call that has ended"),
+            ));
+        }
+        Chain::parse(chain).map_err(|why| forged(&why))?;
+        Ok(chain.to_owned())
+    }
+
+    /// The chain of the one call in flight, when exactly one is.
+    fn sole_call(&self) -> Option<Arc<str>> {
+        if self.live.load(Ordering::Relaxed) != 1 {
+            return None;
+        }
+        let calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        (calls.live.len() == 1)
+            .then(|| calls.live.values().next().cloned())
+            .flatten()
+    }
+
+    /// The chain an outbound call carries to peers, in `headers`: the one the agent passed on
+    /// (`sent`), opened; or, when it passed none while its agent serves exactly one call, that
+    /// call's. Signed for the mesh. `Ok(true)` when the call carries one.
+    pub fn carry(
+        &self,
+        headers: &mut HeaderMap,
+        sent: bool,
+    ) -> Result<bool, (Refused, ReachError)> {
+        let text: Arc<str> = match sent.then(|| headers.get(HEADER)).flatten() {
+            Some(value) => Arc::from(self.open(value)?),
+            None => match self.sole_call() {
+                Some(text) => text,
+                None => return Ok(false),
+            },
+        };
+        headers.insert(HEADER, self.to_peers(&text));
+        Ok(true)
+    }
+
+    /// The peer form as sent to peers: signed with the mesh's key when there is one.
+    fn to_peers(&self, text: &str) -> HeaderValue {
+        match self.mesh.first() {
+            Some(key) => crate::http::headers::value(&format!("{text};m{}", Self::mac(key, text))),
+            None => crate::http::headers::value(text),
+        }
+    }
+
+    /// Whether this sidecar signs the chains it sends (it has the gossip key).
+    pub fn signs(&self) -> bool {
+        !self.mesh.is_empty()
+    }
+
+    /// The chain a caller sent, when it is to be read: signed by a key of the mesh, or from a
+    /// caller `vouched` for (its certificate verified; without a mesh key, its address). Anything
+    /// else — in a mesh with a key, a plaintext process on a peer's host among it — starts a new
+    /// chain.
+    pub fn from_peer<'v>(&self, sent: &'v HeaderValue, vouched: bool) -> Option<&'v str> {
+        let text = sent.to_str().ok()?;
+        let (chain, mac) = split_mesh_mac(text);
+        let signed = mac.is_some_and(|mac| self.mesh.iter().any(|k| Self::verify(k, chain, mac)));
+        (signed || vouched).then_some(chain)
     }
 }
 
@@ -260,7 +454,7 @@ mod tests {
     fn each_edge_adds_its_agent_and_a_hop() {
         let first = Chain::at_edge(None, Some("planner"), "coder", "review");
         assert_eq!(first.render(), "1;planner>coder/review");
-        let sent = value(&first.render());
+        let sent = first.render();
         let second = Chain::at_edge(Some(&sent), Some("coder"), "planner", "plan");
         assert_eq!(second.render(), "2;planner>coder/review>planner/plan");
         assert!(second.holds("coder", "review"));
@@ -269,56 +463,116 @@ mod tests {
     }
 
     #[test]
-    fn an_unverified_callers_chain_is_not_read_and_a_mismatched_one_keeps_everything() {
+    fn an_unsigned_chain_from_an_unverified_caller_is_not_read_and_a_mismatched_one_keeps_everything(
+    ) {
+        let seal = Seal::default();
         let forged = value("0;x");
-        let c = Chain::at_edge(Some(&forged), None, "coder", "review");
+        assert_eq!(seal.from_peer(&forged, false), None);
+        let c = Chain::at_edge(seal.from_peer(&forged, false), None, "coder", "review");
         assert_eq!(c.render(), "1;->coder/review");
-        let sent = value("3;a>b/x>c/y");
-        let c = Chain::at_edge(Some(&sent), Some("d"), "e", "z");
+        let c = Chain::at_edge(Some("3;a>b/x>c/y"), Some("d"), "e", "z");
         assert_eq!(c.render(), "4;a>b/x>c/y>d>e/z");
     }
 
     #[test]
-    fn a_sealed_chain_opens_and_a_changed_one_is_refused() {
-        let seal = Seal::default();
-        let chain = Chain::at_edge(None, Some("a"), "b", "review");
-        let sealed = seal.seal(&chain);
-        assert_eq!(seal.open(&sealed).ok(), Some(chain));
-        let text = sealed.to_str().unwrap_or_default();
-        let shortened = text.replacen("1;a>", "0;", 1);
-        assert!(seal.open(&value(&shortened)).is_err());
-        assert!(seal.open(&value("0;x")).is_err());
-        assert!(
-            Seal::default().open(&sealed).is_err(),
-            "another sidecar's key"
+    fn a_chain_signed_for_the_mesh_is_read_from_any_caller_and_a_forged_signature_is_not() {
+        let cluster = crate::gossip::ClusterKey::random();
+        let a = Arc::new(Seal::for_mesh(&cluster, "a"));
+        let b = Seal::for_mesh(&cluster, "b");
+        let (sealed, _call) = a.issue(&Chain::at_edge(None, Some("x"), "a", "plan"));
+        let mut h = HeaderMap::new();
+        h.insert(HEADER, sealed);
+        assert_eq!(a.carry(&mut h, true).ok(), Some(true));
+        let sent = h[HEADER].clone();
+        assert_eq!(b.from_peer(&sent, false), Some("1;x>a/plan"));
+        assert_eq!(
+            Chain::parse(sent.to_str().unwrap()).map(|c| c.hops()),
+            Ok(1)
+        );
+        let outsider = Seal::for_mesh(&crate::gossip::ClusterKey::random(), "b");
+        assert_eq!(outsider.from_peer(&sent, false), None);
+        assert_eq!(
+            outsider.from_peer(&sent, true),
+            Some("1;x>a/plan"),
+            "a verified caller"
         );
     }
 
     #[test]
-    fn a_first_hop_is_sealed_once_and_opens_like_any_chain() {
-        let seal = Seal::default();
-        let first = seal.first_hop(Some("a"), "b", "review");
-        assert_eq!(first, seal.first_hop(Some("a"), "b", "review"));
+    fn a_sealed_chain_opens_while_its_call_is_in_flight_and_a_changed_one_is_refused() {
+        let seal = Arc::new(Seal::default());
         let chain = Chain::at_edge(None, Some("a"), "b", "review");
-        assert_eq!(seal.open(&first).ok(), Some(chain));
-        let unknown = seal.first_hop(None, "b", "review");
+        let (sealed, call) = seal.issue(&chain);
+        assert_eq!(seal.open(&sealed).ok(), Some(chain.render()));
+        let text = sealed.to_str().unwrap_or_default();
+        let shortened = text.replacen("1;a>", "0;", 1);
         assert_eq!(
-            seal.open(&unknown).ok().map(|c| c.render()),
-            Some("1;->b/review".to_owned())
+            seal.open(&value(&shortened)).err().map(|e| e.0),
+            Some(Refused::Forged)
         );
-        // Renamed: the entry is made anew.
-        let renamed = seal.first_hop(Some("a"), "c", "review");
+        assert!(seal.open(&value("0;x")).is_err());
+        let other = Seal::default();
         assert_eq!(
-            seal.open(&renamed).ok().map(|c| c.render()),
-            Some("1;a>c/review".to_owned())
+            other.open(&sealed).err().map(|e| e.0),
+            Some(Refused::Forged)
         );
+        drop(call);
+        assert!(seal.open(&sealed).is_ok(), "within the grace");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_old_value_is_refused_as_replayed() {
+        let seal = Arc::new(Seal::default());
+        let (sealed, call) = seal.issue(&Chain::at_edge(None, Some("a"), "b", "review"));
+        drop(call);
+        // Past the grace (the table ages by the monotonic clock).
+        let mut calls = seal.calls.lock().unwrap_or_else(|p| p.into_inner());
+        calls.ended.clear();
+        drop(calls);
+        assert_eq!(
+            seal.open(&sealed).err().map(|e| e.0),
+            Some(Refused::Replayed)
+        );
+    }
+
+    #[test]
+    fn a_call_without_a_chain_continues_the_one_call_in_flight() {
+        let seal = Arc::new(Seal::default());
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            seal.carry(&mut h, false).ok(),
+            Some(false),
+            "nothing in flight"
+        );
+        let (_, one) = seal.issue(&Chain::at_edge(None, Some("a"), "b", "review"));
+        assert_eq!(seal.carry(&mut h, false).ok(), Some(true));
+        assert_eq!(h[HEADER], "1;a>b/review");
+        let (_, two) = seal.issue(&Chain::at_edge(None, Some("c"), "b", "review"));
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            seal.carry(&mut h, false).ok(),
+            Some(false),
+            "two in flight: whose?"
+        );
+        drop((one, two));
+    }
+
+    #[test]
+    fn a_chain_survives_a_restart_of_its_sidecar() {
+        let cluster = crate::gossip::ClusterKey::random();
+        let before = Arc::new(Seal::for_mesh(&cluster, "b"));
+        let (sealed, _call) = before.issue(&Chain::at_edge(None, Some("a"), "b", "review"));
+        let after = Seal::for_mesh(&cluster, "b");
+        assert_eq!(after.open(&sealed).ok().as_deref(), Some("1;a>b/review"));
+        let elsewhere = Seal::for_mesh(&cluster, "c");
+        assert!(elsewhere.open(&sealed).is_err(), "another agent's sidecar");
     }
 
     #[test]
     fn a_long_chain_stays_bounded_and_keeps_counting() {
         let mut chain = Chain::at_edge(None, Some("origin"), "a0", "c");
         for n in 1..100 {
-            let sent = value(&chain.render());
+            let sent = chain.render();
             chain = Chain::at_edge(
                 Some(&sent),
                 Some(&format!("a{}", n - 1)),
@@ -338,7 +592,8 @@ mod tests {
             let _ = Chain::parse(&text);
             if let Ok(v) = HeaderValue::from_str(&text) {
                 let _ = Seal::default().open(&v);
-                let _ = Chain::at_edge(Some(&v), Some("a"), "b", "c");
+                let _ = Seal::default().from_peer(&v, true);
+                let _ = Chain::at_edge(Some(&text), Some("a"), "b", "c");
             }
         }
     }

@@ -42,6 +42,7 @@ impl Shared {
         ));
         let peers =
             Arc::new(PeerViews::new(store.clone(), metrics.clone()).with_own_agent(local.clone()));
+        let seal = Arc::new(chain_seal(&store));
         Shared {
             idempotency: idempotency_table(&snapshot.policy),
             registry: Arc::new(Registry::new()),
@@ -50,8 +51,22 @@ impl Shared {
             peers,
             local,
             admission,
-            seal: Arc::default(),
+            seal,
         }
+    }
+}
+
+/// The chain seal of this sidecar: derived from the gossip key when it has one (its agent's
+/// chains then survive a restart, and peers' signed chains are read), else random.
+fn chain_seal(store: &ConfigStore) -> crate::chain::Seal {
+    let snapshot = store.snapshot();
+    let Some(gossip) = &snapshot.bootstrap.gossip else {
+        return crate::chain::Seal::default();
+    };
+    match crate::gossip::ClusterKey::from_file(&gossip_key_path(store, gossip)) {
+        Ok(key) => crate::chain::Seal::for_mesh(&key, snapshot.bootstrap.agent.name.as_str()),
+        // Gossip reports an unreadable key itself (and the sidecar does not start).
+        Err(_) => crate::chain::Seal::default(),
     }
 }
 
@@ -64,4 +79,17 @@ fn idempotency_table(policy: &Policy) -> Arc<IdempotencyTable> {
         max_total_bytes: p.max_total_bytes,
         per_caller_share: p.per_caller_share.get(),
     })
+}
+
+/// The gossip key file, a relative path taken from the bootstrap's folder.
+pub(crate) fn gossip_key_path(
+    store: &ConfigStore,
+    gossip: &crate::config::GossipConfig,
+) -> std::path::PathBuf {
+    match (&store.paths.bootstrap, gossip.key_file.is_relative()) {
+        (Some(bootstrap), true) => bootstrap
+            .parent()
+            .map_or(gossip.key_file.clone(), |dir| dir.join(&gossip.key_file)),
+        _ => gossip.key_file.clone(),
+    }
 }

@@ -32,12 +32,7 @@ pub(super) async fn start(
     tls: Option<Arc<MeshTls>>,
     stop: CancellationToken,
 ) -> Result<(Arc<GossipHandle>, SocketAddr), StartError> {
-    let key_path = match (&store.paths.bootstrap, config.key_file.is_relative()) {
-        (Some(bootstrap), true) => bootstrap
-            .parent()
-            .map_or(config.key_file.clone(), |dir| dir.join(&config.key_file)),
-        _ => config.key_file.clone(),
-    };
+    let key_path = crate::runtime::gossip_key_path(store, config);
     let key_text = std::fs::read(&key_path).map_err(|source| gossip::KeyError::Read {
         path: key_path.display().to_string(),
         source,

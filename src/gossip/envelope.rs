@@ -180,6 +180,12 @@ impl ClusterKey {
         Self { keys }
     }
 
+    /// A secret derived from each key for another use (`label` names it): HMAC-SHA256 of the
+    /// label under the key, first key first.
+    pub fn derive(&self, label: &[u8]) -> Vec<hmac::Tag> {
+        self.keys.iter().map(|k| hmac::sign(k, label)).collect()
+    }
+
     /// A fresh random key.
     pub fn random() -> Self {
         let secret: [u8; 32] = rand::random();

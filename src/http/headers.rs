@@ -191,6 +191,11 @@ impl Present {
     /// Every bit set: look everything up (for callers that did not scan).
     pub const ALL: Self = Self(u16::MAX);
 
+    /// These and `other`.
+    pub fn with(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+
     /// The headers of these that `headers` carries.
     pub fn of(headers: &HeaderMap) -> Self {
         Head::of(headers).present

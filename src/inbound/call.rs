@@ -30,6 +30,13 @@ pub(super) struct Meta {
     pub(super) arrived: Instant,
     /// Redirected here by `init-net` from the agent's port (`reach_requests_total{source="intercepted"}`).
     pub(super) intercepted: bool,
+    /// The call's delegation chain, in flight while the call is (`src/chain.rs`): the agent's
+    /// own calls meanwhile may carry it.
+    #[expect(
+        dead_code,
+        reason = "held, not read: the chain is in flight while the call lives"
+    )]
+    pub(super) chain: Arc<crate::chain::InFlight>,
 }
 
 impl Meta {

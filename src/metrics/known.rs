@@ -60,7 +60,7 @@ impl Metrics {
                 counter!(DEADLINES_EXCEEDED_TOTAL, "direction" => direction.as_str()).increment(0);
             }
             counter!(NO_CANDIDATE_TOTAL, "capability" => UNKNOWN_CAPABILITY).increment(0);
-            for why in ["loop", "max_hops"] {
+            for why in ["loop", "max_hops", "forged", "replayed"] {
                 counter!(LOOPS_REFUSED_TOTAL, "why" => why).increment(0);
             }
             for result in ["won", "lost", "no_budget"] {

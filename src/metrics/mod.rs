@@ -201,7 +201,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     (
         LOOPS_REFUSED_TOTAL,
-        "Calls refused with 508 loop_detected at this caller, by why (loop, max_hops).",
+        "Calls refused for their delegation chain at this caller, by why: loop and max_hops (508 loop_detected), forged and replayed (a reach-chain the agent passed on that this sidecar did not seal, or whose call has ended: 400).",
     ),
     (
         HEDGES_TOTAL,
@@ -809,6 +809,11 @@ impl Metrics {
             ("max_hops", &self.chains.max_hops_refused)
         };
         count.fetch_add(1, Ordering::Relaxed);
+        self.with(|| counter!(LOOPS_REFUSED_TOTAL, "why" => why).increment(1));
+    }
+
+    /// A chain the agent passed on refused at the outbound listener (`forged`, `replayed`).
+    pub fn chain_refused(&self, why: &'static str) {
         self.with(|| counter!(LOOPS_REFUSED_TOTAL, "why" => why).increment(1));
     }
 

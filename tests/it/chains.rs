@@ -29,6 +29,10 @@ enum Pass {
     Forged,
     /// Passes it on, as an async task (`prefer: respond-async`).
     Async,
+    /// Passes nothing on: most agent frameworks drop headers they do not know.
+    Drop,
+    /// Passes on the first chain it was ever handed, however old.
+    Replay,
 }
 
 /// An agent that serves a call by calling `next` through its own sidecar while the call's
@@ -94,17 +98,15 @@ async fn delegate(
         return Response::new(body::full(text));
     }
     let depth = (depth - 1).to_string();
-    let forged = "1;nobody".to_owned();
-    let sent = if pass == Pass::Forged {
-        &forged
-    } else {
-        &chain
+    let sent = match pass {
+        Pass::Forged => "1;nobody".to_owned(),
+        Pass::Replay => seen.lock().unwrap()[0].clone(),
+        _ => chain,
     };
-    let mut headers = vec![
-        ("reach-capability", next),
-        ("x-depth", depth.as_str()),
-        ("reach-chain", sent.as_str()),
-    ];
+    let mut headers = vec![("reach-capability", next), ("x-depth", depth.as_str())];
+    if pass != Pass::Drop {
+        headers.push(("reach-chain", sent.as_str()));
+    }
     if pass == Pass::Async {
         headers.push(("prefer", "respond-async"));
     }
@@ -132,12 +134,29 @@ fn policy(yaml: &str) -> Policy {
 }
 
 async fn fleet(yaml: &str, r1_passes: Pass, r2_passes: Pass, tasks: Option<&Path>) -> Fleet {
+    fleet_keyed(yaml, (r1_passes, r2_passes), tasks, None).await
+}
+
+/// [`fleet`], every sidecar holding the gossip key `key` when given (no seeds: each alone in
+/// gossip, the others known as static peers): the chains they send each other are signed.
+async fn fleet_keyed(
+    yaml: &str,
+    (r1_passes, r2_passes): (Pass, Pass),
+    tasks: Option<&Path>,
+    key: Option<&Path>,
+) -> Fleet {
     let policy = policy(yaml);
     let r1 = delegator("r1", "review", r1_passes);
     let r2 = delegator("r2", "plan", r2_passes);
     let (r1, r2) = (r1.await, r2.await);
     let nowhere = SocketAddr::from(([127, 0, 0, 1], 9));
-    let start = |b: Bootstrap| sidecar_with(b, policy.clone(), Default::default());
+    let start = |b: Bootstrap| {
+        let b = match key {
+            Some(key) => b.with_gossip(&[], key.to_path_buf()),
+            None => b,
+        };
+        sidecar_with(b, policy.clone(), Default::default())
+    };
     let user = start(Bootstrap::local("user", nowhere, &[]).unwrap()).await;
     let mut b1 = Bootstrap::local("r1", r1.addr, &["plan"]).unwrap();
     b1.tasks = tasks.map(|dir| TasksConfig::file(dir.join("tasks.db")));
@@ -198,6 +217,76 @@ async fn a_to_b_to_a_is_refused_at_its_first_turn_with_508_naming_the_chain() {
         metrics.body
     );
     assert_eq!(fleet.sidecars[1].status().chains.loops_refused, 1);
+}
+
+// An agent whose framework drops `reach-chain` while it serves one call: its sidecar continues
+// that call's chain, so the loop is refused at its first turn all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_drops_the_chain_still_cannot_loop() {
+    let fleet = fleet("{}", Pass::Drop, Pass::Drop, None).await;
+    let reply = fleet.plan(12).await;
+    assert_eq!(reply.status, 508, "{}", reply.body);
+    assert_eq!(reply.json()["chain"], "user > r1/plan > r2/review");
+    assert_eq!(fleet.r1.chains.lock().unwrap().len(), 1, "r1 entered once");
+    assert_eq!(fleet.r2.chains.lock().unwrap().len(), 1, "r2 entered once");
+}
+
+// An agent that passes on an older chain it was handed (its call long over) is refused and
+// counted: the value was bound to that call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_replays_an_old_chain_is_refused() {
+    let yaml = "capabilities: { plan: { reentrant: true }, review: { reentrant: true } }";
+    let fleet = fleet(yaml, Pass::Chain, Pass::Replay, None).await;
+    // r2's first call: served at depth 0, so its chain's call ends with it.
+    assert_eq!(fleet.plan(1).await.status, 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let (reply, entered) = loop {
+        let before = fleet.r1.chains.lock().unwrap().len();
+        let reply = fleet.plan(6).await;
+        if reply.status == 400 {
+            break (reply, fleet.r1.chains.lock().unwrap().len() - before);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never refused: {}",
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(reply.body.contains("call that has ended"), "{}", reply.body);
+    let metrics = get(&client(), &format!("http://{}/metrics", fleet.metrics(1))).await;
+    assert!(
+        counter(&metrics.body, "reach_loops_refused_total{why=\"replayed\"}") >= 1,
+        "{}",
+        metrics.body
+    );
+    assert_eq!(entered, 1, "cut at r2's first delegation: r1 entered once");
+}
+
+// With the mesh's key, a plaintext process on a peer's host that names itself that peer cannot
+// plant a chain: an unsigned one is not read, and the agent's chain starts afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_caller_cannot_plant_a_chain_in_a_keyed_mesh() {
+    let dir = std::env::temp_dir().join(format!("reach-chains-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("gossip.key");
+    std::fs::write(&key, "cd".repeat(32)).unwrap();
+    let fleet = fleet_keyed("{}", (Pass::Chain, Pass::Chain), None, Some(&key)).await;
+    // Signed chains still travel between the sidecars: the loop is refused.
+    let reply = fleet.plan(5).await;
+    assert_eq!(reply.status, 508, "{}", reply.body);
+    // "r1" (same host) plants `r2/review` on a call to r1's agent.
+    let url = format!("http://{}/work", fleet.sidecars[0].addrs.inbound);
+    let headers = [
+        ("reach-capability", "plan"),
+        ("reach-caller", "r2"),
+        ("reach-chain", "3;x>r2/review>r1/plan"),
+    ];
+    let reply = send(&client(), "POST", &url, &headers, "{}").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let seen = fleet.r1.chains.lock().unwrap().last().cloned().unwrap();
+    assert!(seen.starts_with("1;r2>r1/plan;"), "planted: {seen}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

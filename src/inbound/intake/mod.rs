@@ -126,7 +126,8 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     // The client's IP as the listener wrote it for its connection.
     let remote_ip = parts.extensions.get::<ClientAddr>().map(|a| &a.1);
     let sent = (&parts.headers, present);
-    let chain = inbound.chain(&snapshot, sent, caller.as_deref(), capability);
+    let verified = (caller.as_deref(), identity.is_some());
+    let (chain, in_flight) = inbound.chain(&snapshot, sent, verified, capability);
     let vouched = vouched::Vouched {
         chain: Some(chain),
         capability: Some(capability),
@@ -145,6 +146,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         left: deadline.map(Deadline::remaining),
         arrived,
         intercepted,
+        chain: std::sync::Arc::new(in_flight),
     };
     let keyed = present.has(Present::IDEMPOTENCY_KEY);
     let scope = scope_of(keyed, caller, remote_ip);
@@ -169,27 +171,32 @@ fn scope_of(keyed: bool, caller: Option<String>, remote_ip: Option<&http::Header
 }
 
 impl Inbound {
-    /// The delegation chain the agent passes on to its own calls, sealed: the caller's, when
-    /// its sidecar is vouched for, with this agent serving `capability` added (`src/chain.rs`).
+    /// The delegation chain the agent passes on to its own calls, bound to this call and
+    /// sealed: the one the caller's sidecar sent when it is to be read (signed for the mesh, or
+    /// from a caller whose certificate was verified), with this agent serving `capability`
+    /// added (`src/chain.rs`). The call is in flight until the guard drops.
     fn chain(
         &self,
         snapshot: &Snapshot,
         (head, present): (&http::HeaderMap, Present),
-        caller: Option<&str>,
+        (caller, verified): (Option<&str>, bool),
         capability: &str,
-    ) -> http::HeaderValue {
+    ) -> (http::HeaderValue, crate::chain::InFlight) {
         let me = snapshot.bootstrap.agent.name.as_str();
-        let sent = present.has(Present::CHAIN) && caller.is_some();
-        let sent = sent.then(|| head.get(crate::chain::HEADER)).flatten();
-        let Some(sent) = sent else {
-            // A chain's first hop (most calls): sealed once per caller and capability.
-            return self.seal.first_hop(caller, me, capability);
-        };
-        let chain = crate::chain::Chain::at_edge(Some(sent), caller, me, capability);
-        if let Some(span) = crate::http::layers::current_span() {
-            span.record(field::CHAIN, chain.display());
+        let sent = present
+            .has(Present::CHAIN)
+            .then(|| head.get(crate::chain::HEADER));
+        // Without a mesh key there is no signature to check: a caller named by its address is
+        // as far as a plaintext mesh can vouch (`docs/chains.md`).
+        let vouched = verified || (caller.is_some() && !self.seal.signs());
+        let sent = sent.flatten().and_then(|v| self.seal.from_peer(v, vouched));
+        let chain = crate::chain::Chain::at_edge(sent, caller, me, capability);
+        if sent.is_some() {
+            if let Some(span) = crate::http::layers::current_span() {
+                span.record(field::CHAIN, chain.display());
+            }
         }
-        self.seal.seal(&chain)
+        self.seal.issue(&chain)
     }
 }
 

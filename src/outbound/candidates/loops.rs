@@ -23,6 +23,10 @@ pub(super) fn guard(
     value: &HeaderValue,
     scored: &mut [Scored],
 ) -> Result<(), ReachError> {
+    // A model provider or a plain service is no agent: a call to one is no delegation.
+    if scored.iter().all(|s| s.peer.is_external()) {
+        return Ok(());
+    }
     let chain = value
         .to_str()
         .map_err(|_| "not text".to_owned())

@@ -50,7 +50,7 @@ pub(super) async fn resolve(
 ) -> Result<Call, Response<ReachBody>> {
     let started = Instant::now();
     let head = headers::Head::of(req.headers());
-    let present = head.present;
+    let mut present = head.present;
     let refuse = |err| record::refuse(&out.metrics, "-", "-", err, started);
     let target = request_target::of(&req);
     if let Ok(Target::ServerOptions) = target {
@@ -63,9 +63,17 @@ pub(super) async fn resolve(
     }
     target.map_err(refuse)?;
     let deadline = Deadline::from_head(req.headers(), &head).map_err(refuse)?;
-    // The delegation chain the agent passed on, opened: a plain call pays nothing.
-    if present.has(headers::Present::CHAIN) {
-        out.seal.carry(req.headers_mut()).map_err(refuse)?;
+    // The delegation chain the agent passed on, opened — or, when it passed none while it
+    // serves exactly one call, that call's (`src/chain.rs`).
+    let carried = out
+        .seal
+        .carry(req.headers_mut(), present.has(headers::Present::CHAIN))
+        .map_err(|(why, err)| {
+            out.metrics.chain_refused(why.as_str());
+            refuse(err)
+        })?;
+    if carried {
+        present = present.with(headers::Present::CHAIN);
     }
     // Before the sidecar adds its own headers: a `Connection` header naming them must not
     // remove them on the way out.
