@@ -153,6 +153,13 @@ fn split_mesh_mac(text: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// Seconds since the epoch: when a chain was issued, on a clock a restarted sidecar shares.
+fn unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// The bytes of a MAC kept: 128 bits.
 const MAC_BYTES: usize = 16;
 /// A chain whose call has ended is still accepted this long: an agent's last calls may leave
@@ -296,7 +303,7 @@ impl Seal {
     pub fn issue(self: &Arc<Self>, chain: &Chain) -> (HeaderValue, InFlight) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let text = chain.render();
-        let issued = crate::tasks::model::now_ms() / 1000;
+        let issued = unix_s();
         let bound = format!("{text};{:x}.{id:x}.{issued:x}", self.epoch);
         let mac = Self::mac(&self.key, &bound);
         {
@@ -360,7 +367,7 @@ impl Seal {
         else {
             return Err(forged("carries no call"));
         };
-        let now = crate::tasks::model::now_ms() / 1000;
+        let now = unix_s();
         let current = if epoch == u64::from(self.epoch) {
             self.current(id)
         } else {

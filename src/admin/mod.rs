@@ -193,6 +193,9 @@ impl Admin {
                 // Pauses end with time, not with an event: counted when read.
                 self.metrics
                     .mcp_tools_paused(self.outbound.mcp_tools_paused());
+                let snapshot = self.store.snapshot();
+                self.metrics
+                    .mcp_tools_held(self.outbound.mcp_tools_held(&snapshot));
                 compressible(text(
                     StatusCode::OK,
                     "text/plain; version=0.0.4",

@@ -882,6 +882,8 @@ mod tests {
         tools(&mut out, &[]);
         assert!(out.is_empty(), "no MCP, no section");
         let server = |name: &str, state, failures, paused_for_s| ToolServer {
+            definition: String::new(),
+            held: false,
             server: name.to_owned(),
             state,
             failures,

@@ -67,6 +67,31 @@ pub struct Policy {
     pub chains: super::chains::ChainsPolicy,
     /// Whether callers act on the model budgets they hear (`docs/model-budgets.md`).
     pub model_budgets: ModelBudgetsPolicy,
+    /// MCP tool definitions accepted beside those pinned when first seen (`docs/mcp.md`).
+    pub mcp: McpPolicy,
+}
+
+/// `mcp`: tool definitions the fleet accepts, as `<capability>/<tool>@<digest>` (the digest
+/// `/status` shows for a held-back server's tool). An accepted definition is listed and routed
+/// to in place of the pinned one wherever a server announces it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpPolicy {
+    pub accept: Vec<String>,
+}
+
+impl McpPolicy {
+    /// The digests accepted for `tool` of `capability`, in the order written.
+    pub fn accepted(&self, capability: &str, tool: &str) -> Vec<&str> {
+        self.accept
+            .iter()
+            .filter_map(|entry| {
+                let (name, digest) = entry.rsplit_once('@')?;
+                let (cap, t) = name.split_once('/')?;
+                (cap == capability && t == tool).then_some(digest)
+            })
+            .collect()
+    }
 }
 
 /// Policy `capabilities.<name>`.

@@ -68,7 +68,7 @@ fn facts(name: &str, tool: &Value) -> ToolFacts {
     ToolFacts {
         name: name.to_owned(),
         title: title.to_owned(),
-        schema: schema_hash(tool.get("inputSchema").unwrap_or(&Value::Null)),
+        schema: definition_hash(tool),
         read_only: hint("readOnlyHint"),
         idempotent: hint("idempotentHint"),
     }
@@ -82,6 +82,20 @@ fn valid_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// The digest of a tool's definition: what a client reads to decide how to call it — its
+/// description, input and output schemas and annotations — keys sorted, so two servers that
+/// write one definition in another key order agree. A changed description (an injected
+/// instruction) is a changed definition (`docs/mcp.md`).
+pub fn definition_hash(tool: &Value) -> String {
+    let part = |key: &str| tool.get(key).cloned().unwrap_or(Value::Null);
+    schema_hash(&serde_json::json!({
+        "description": part("description"),
+        "inputSchema": part("inputSchema"),
+        "outputSchema": part("outputSchema"),
+        "annotations": part("annotations"),
+    }))
 }
 
 /// The first 8 bytes of the SHA-256 of the schema with its keys sorted, in hex: two servers

@@ -93,6 +93,7 @@ pub const AFFINITY_LOST_TOTAL: &str = "reach_affinity_lost_total";
 pub const AFFINITY_ENTRIES: &str = "reach_affinity_entries";
 pub const MCP_TOOL_CALLS_TOTAL: &str = "reach_mcp_tool_calls_total";
 pub const MCP_TOOLS_PAUSED: &str = "reach_mcp_tools_paused";
+pub const MCP_TOOLS_HELD: &str = "reach_mcp_tools_held";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -233,6 +234,10 @@ const GAUGES: &[(&str, &str)] = &[
     (
         MCP_TOOLS_PAUSED,
         "Servers' MCP tools this caller passes over now for failing (one per server and tool).",
+    ),
+    (
+        MCP_TOOLS_HELD,
+        "Servers' MCP tools this caller holds back because their definition is not the one it lists and routes by (pinned when first seen, or accepted by the policy's mcp.accept).",
     ),
     (
         MODEL_HEADROOM,
@@ -795,6 +800,10 @@ impl Metrics {
 
     pub fn mcp_tools_paused(&self, n: usize) {
         self.with(|| gauge!(MCP_TOOLS_PAUSED).set(n as f64));
+    }
+
+    pub fn mcp_tools_held(&self, n: usize) {
+        self.with(|| gauge!(MCP_TOOLS_HELD).set(n as f64));
     }
 
     pub fn affinity_entries(&self, n: usize) {

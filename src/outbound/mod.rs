@@ -111,6 +111,8 @@ pub struct Outbound {
     affinity: Arc<affinity::Table>,
     /// This caller's view of each MCP server's tools (`docs/mcp.md`).
     tools: mcp::view::ToolViews,
+    /// The MCP tool definitions this caller lists and routes to (`mcp/pins.rs`).
+    pins: mcp::pins::Pins,
     /// Opens the delegation chain the agent passes on (`src/chain.rs`).
     seal: Arc<crate::chain::Seal>,
     /// Recent times to an answer's head, per hedged capability (`hedge: {after: p95}`).
@@ -134,6 +136,7 @@ impl Outbound {
             tasks: None,
             affinity: Arc::default(),
             tools: mcp::view::ToolViews::default(),
+            pins: mcp::pins::Pins::default(),
             seal: shared.seal.clone(),
             head_times: Default::default(),
         }
@@ -153,6 +156,11 @@ impl Outbound {
     /// Each MCP capability's tools and how each server's tool stands (`docs/mcp.md`).
     pub fn mcp_tools(&self, snapshot: &Snapshot) -> Vec<ToolStatus> {
         mcp::status::tools(self, snapshot)
+    }
+
+    /// How many servers' tools this caller holds back for a definition it does not route by.
+    pub fn mcp_tools_held(&self, snapshot: &Snapshot) -> usize {
+        mcp::status::held(self, snapshot)
     }
 
     /// How many servers' tools this caller passes over now.

@@ -123,11 +123,9 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     if let Some(path) = normalized {
         parts.uri = vouched::with_path(&parts.uri, path.as_ref()).map_err(refuse)?;
     }
-    // The client's IP as the listener wrote it for its connection.
     let remote_ip = parts.extensions.get::<ClientAddr>().map(|a| &a.1);
-    let sent = (&parts.headers, present);
-    let verified = (caller.as_deref(), identity.is_some());
-    let (chain, in_flight) = inbound.chain(&snapshot, sent, verified, capability);
+    let who = (caller.as_deref(), identity.is_some());
+    let (chain, in_flight) = inbound.chain(&snapshot, (&parts.headers, present), who, capability);
     let vouched = vouched::Vouched {
         chain: Some(chain),
         capability: Some(capability),

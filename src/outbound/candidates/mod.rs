@@ -88,7 +88,7 @@ pub(super) fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
     }
     // An MCP call goes to the servers that have its tool (`docs/mcp.md`).
     let scored = match call.parts.extensions.get::<mcp::McpRoute>() {
-        Some(route) => mcp::narrow(out, route, call.capability.as_str(), scored)
+        Some(route) => mcp::narrow(out, &call.snapshot, route, call.capability.as_str(), scored)
             .map_err(|err| Routed::refused(call.capability.as_str(), err))?,
         None => scored,
     };

@@ -1,7 +1,9 @@
 //! What the sidecar answers for the fleet behind an MCP capability: `tools/list` as the union
-//! of its servers' tools, each once, with the schema of the first server that lists it (asked
-//! of as few servers as cover every announced tool); and, in the stateless revision, the
-//! `initialize` handshake, which names no server.
+//! of the tools its servers announced, each once, in the one definition this caller routes it
+//! by (`pins.rs`), read from a server that announced that definition and answered it (asked of
+//! as few servers as cover every tool); a tool a server lists without having announced it, or
+//! whose definition differs from what it announced, is not listed. And, in the stateless
+//! revision, the `initialize` handshake, which names no server.
 
 use std::sync::Arc;
 
@@ -45,10 +47,28 @@ where
         .into_iter()
         .filter(|p| p.tools.contains_key(capability))
         .collect();
+    // Each announced tool's definition, as routed.
+    let mut wanted: Map<String, Value> = Map::new();
+    let names: std::collections::BTreeSet<&str> = servers
+        .iter()
+        .flat_map(|p| p.tools.get(capability).into_iter().flatten())
+        .map(|t| t.name.as_str())
+        .collect();
+    for name in names {
+        let chosen = out.pins.chosen(
+            &call.snapshot,
+            capability,
+            name,
+            servers.iter().map(|p| &**p),
+        );
+        if let Some(digest) = chosen {
+            wanted.insert(name.to_owned(), Value::String(digest));
+        }
+    }
     let mut listed: Map<String, Value> = Map::new();
     let mut last = None;
     for _ in 0..MAX_ASKED {
-        let Some(next) = most_missing(&servers, capability, &listed) else {
+        let Some(next) = most_missing(&servers, capability, &wanted, &listed) else {
             break;
         };
         let server = servers.swap_remove(next);
@@ -60,8 +80,15 @@ where
         match tools_of(response).await {
             Ok(tools) => {
                 for tool in tools {
-                    if let Some(name) = tool.get("name").and_then(Value::as_str) {
-                        listed.entry(name.to_owned()).or_insert(tool.clone());
+                    let Some(name) = tool.get("name").and_then(Value::as_str) else {
+                        continue;
+                    };
+                    // Listed only as announced, and as this caller routes it.
+                    let announced = server.tool(capability, name).map(|t| t.schema.as_str());
+                    let digest = crate::mcp::tools::definition_hash(&tool);
+                    let routed = wanted.get(name).and_then(Value::as_str);
+                    if announced == Some(digest.as_str()) && routed == announced {
+                        listed.entry(name.to_owned()).or_insert(tool);
                     }
                 }
             }
@@ -77,15 +104,20 @@ where
     }
 }
 
-/// The server announcing the most tools not listed yet (none when every tool is listed).
+/// The server announcing the most wanted tools, in their routed definition, not listed yet
+/// (none when every tool is listed or no server left has one).
 fn most_missing(
     servers: &[Arc<Peer>],
     capability: &str,
+    wanted: &Map<String, Value>,
     listed: &Map<String, Value>,
 ) -> Option<usize> {
     let missing = |p: &Arc<Peer>| {
         p.tools.get(capability).map_or(0, |ts| {
-            ts.iter().filter(|t| !listed.contains_key(&t.name)).count()
+            ts.iter()
+                .filter(|t| !listed.contains_key(&t.name))
+                .filter(|t| wanted.get(&t.name).and_then(Value::as_str) == Some(t.schema.as_str()))
+                .count()
         })
     };
     let (index, count) = servers

@@ -6,6 +6,7 @@
 //! registry's set of MCP capabilities, empty in a fleet without MCP.
 
 mod fleet;
+pub(super) mod pins;
 pub(super) mod status;
 mod tool_call;
 pub(super) mod view;
@@ -109,6 +110,7 @@ fn stateless(call: &Call, asked: &Asked) -> bool {
 /// view (all of them when none does: a broken tool may have mended, and trying beats refusing).
 pub(super) fn narrow(
     out: &Outbound,
+    snapshot: &crate::config::Snapshot,
     route: &McpRoute,
     capability: &str,
     scored: Vec<Scored>,
@@ -126,6 +128,18 @@ pub(super) fn narrow(
         .into_iter()
         .filter(|s| s.peer.tool(capability, tool).is_some())
         .filter(|s| !excluded.contains(&s.peer.name))
+        .collect();
+    // Routed by definition: only to servers whose definition of the tool is the one listed
+    // (`pins.rs`); another server's is held back.
+    let chosen = out
+        .pins
+        .chosen(snapshot, capability, tool, having.iter().map(|s| &*s.peer));
+    let having: Vec<Scored> = having
+        .into_iter()
+        .filter(|s| {
+            let digest = s.peer.tool(capability, tool).map(|t| t.schema.as_str());
+            chosen.is_some() && digest == chosen.as_deref()
+        })
         .collect();
     if having.is_empty() {
         return Err(ReachError::UnknownTool {

@@ -29,6 +29,11 @@ pub struct ToolServer {
     /// Seconds left of the pause.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paused_for_s: Option<f64>,
+    /// The digest of the server's definition of the tool (`mcp.accept` takes it).
+    pub definition: String,
+    /// Its definition is not the one this caller lists and routes by: held back until the
+    /// policy accepts it (`docs/mcp.md`).
+    pub held: bool,
 }
 
 /// Every MCP capability's tools, by capability then tool, servers by name.
@@ -41,10 +46,16 @@ pub(crate) fn tools(out: &Outbound, snapshot: &Snapshot) -> Vec<ToolStatus> {
         for peer in &peers {
             for tool in peer.tools.get(&capability).into_iter().flatten() {
                 let view = out.tools.view(&peer.name, &tool.name);
-                by_tool
-                    .entry(tool.name.as_str())
-                    .or_default()
-                    .push(server(&peer.name, view, now));
+                let chosen = out.pins.chosen(
+                    snapshot,
+                    &capability,
+                    &tool.name,
+                    peers.iter().map(|p| &**p),
+                );
+                let mut shown = server(&peer.name, view, now);
+                shown.definition = tool.schema.clone();
+                shown.held = chosen.as_deref() != Some(tool.schema.as_str());
+                by_tool.entry(tool.name.as_str()).or_default().push(shown);
             }
         }
         for (tool, mut servers) in by_tool {
@@ -72,5 +83,16 @@ fn server(name: &str, view: ToolView, now: Instant) -> ToolServer {
         state,
         failures,
         paused_for_s,
+        definition: String::new(),
+        held: false,
     }
+}
+
+/// How many servers' tools this caller holds back for their definition, across capabilities.
+pub(crate) fn held(out: &Outbound, snapshot: &Snapshot) -> usize {
+    tools(out, snapshot)
+        .iter()
+        .flat_map(|t| &t.servers)
+        .filter(|s| s.held)
+        .count()
 }
