@@ -8,7 +8,10 @@
 //! with its certificate: no `reach-capability` header, a dot-segment path, a forged
 //! `x-forwarded-client-cert` claiming an allowed identity; and in plaintext, straight and through
 //! a forwarded port (what a stray NAT rule amounts to; the kernel's own DNAT is in
-//! `tests/it/intercept.rs`). Each way is counted tried, refused and reached (0).
+//! `tests/it/intercept.rs`). Each way is counted tried, refused and reached (0). Last, a
+//! hijacker with a certificate of another namespace joins with its own agent and claims
+//! `code-review`, which the policy says only the agents' namespace serves (`served_by`): the
+//! caller's calls meanwhile never reach it, and its claim is counted refused.
 
 use std::time::Duration;
 
@@ -51,6 +54,12 @@ pub struct AuthorizationSummary {
     /// The caller's traffic meanwhile, over mutual TLS.
     pub calls: u64,
     pub failed: u64,
+    /// A member of another namespace claiming to serve `code-review`.
+    pub hijacker_identity: String,
+    /// The caller's calls its agent got (must be 0).
+    pub hijacked_calls: u64,
+    /// Claims the caller refused (`reach_claims_refused_total`).
+    pub claims_refused: u64,
 }
 
 /// One way the intruder tried to reach an agent, and the answer it got.
@@ -133,6 +142,31 @@ pub(super) async fn run(
     let after: u64 = fleet.agents.iter().map(|(a, _)| a.stats().business).sum();
     let ways_reached = after.saturating_sub(before);
 
+    // A hijacker claims code-review: its own sidecar (a policy without served_by) announces it.
+    let hijacker_identity = format!("{}/ns/guests/sa/hijacker", super::TRUST_DOMAIN);
+    let hijack_agent = super::start_agent("hijacker", &fleet.key_dir.join("hijacker.log")).await?;
+    let bootstrap = Bootstrap::local("hijacker", hijack_agent.addr, &[CAPABILITY])
+        .map_err(DemoError::Config)?
+        .with_gossip(&fleet.seed, fleet.key_dir.join("gossip.key"));
+    let bootstrap = fleet.with_tls(bootstrap, &hijacker_identity)?;
+    let mut own_policy = fleet.policy.clone();
+    own_policy.authorization.capabilities.clear();
+    let hijacker = super::start_sidecar(bootstrap, own_policy).await?;
+    let caller = &fleet.caller;
+    let claimed = super::poll(Duration::from_secs(10), || {
+        caller
+            .status()
+            .refused_claims
+            .iter()
+            .any(|c| c.peer == "hijacker")
+    })
+    .await;
+    if claimed.is_none() {
+        return Err(DemoError::Config(
+            "the caller did not hear the hijacker's claim within 10 s".to_owned(),
+        ));
+    }
+
     // The caller's own calls go on over strict mutual TLS.
     let calls = Calls::default();
     drive::traffic(
@@ -144,7 +178,13 @@ pub(super) async fn run(
     )
     .await;
     let calls = calls.take();
+    let hijacked_calls = hijack_agent.stats().business;
+    let claims_refused = super::metric(caller, "reach_claims_refused_total{").await;
+    hijacker.shutdown().await;
     Ok(AuthorizationSummary {
+        hijacker_identity,
+        hijacked_calls,
+        claims_refused,
         caller_identity: format!("{}/ns/agents/sa/caller", super::TRUST_DOMAIN),
         allowed,
         intruder_identity,
@@ -163,14 +203,14 @@ pub(super) async fn run(
     })
 }
 
-/// `strict` mutual TLS, and `code-review` opened to `allowed` only.
+/// `strict` mutual TLS, and `code-review` opened to `allowed` only and served by them only.
 fn strict(policy: &mut Policy, allowed: &IdentityPattern) {
     policy.mtls.mode = Some(MtlsMode::Strict);
     policy.authorization.capabilities.insert(
         CAPABILITY.to_owned(),
         CapabilityAuthorization {
             allow: Some(vec![allowed.clone()]),
-            served_by: None,
+            served_by: Some(vec![allowed.clone()]),
         },
     );
 }

@@ -328,6 +328,10 @@ pub fn render_table(s: &DemoSummary) -> String {
         a.ways_refused,
         a.ways_reached
     ));
+    out.push_str(&format!(
+        "  a hijacker ({}) claims {} (served_by: {} only): {} of the caller's {} calls reached it; claims refused: {}\n",
+        a.hijacker_identity, super::CAPABILITY, a.allowed, a.hijacked_calls, a.calls, a.claims_refused
+    ));
     let k = &s.tasks;
     out.push_str(&format!(
         "\noutput validation: {} answered plausible fakes (200, JSON of the wrong shape); its sidecar checked them against code-review's output_schema\n  {} async tasks meanwhile: {} done with a validated answer, {} fakes turned away as 502 invalid_output and passed over, {} answered by the faker\n",
