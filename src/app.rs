@@ -360,6 +360,7 @@ fn admin(
         gossip: gossip.clone(),
         ready: ready.clone(),
         history: Default::default(),
+        app_probes: Arc::new(shared.store.snapshot().bootstrap.app_probes.clone()),
     })
 }
 

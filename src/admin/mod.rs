@@ -2,6 +2,7 @@
 //! (`page`, with the sparklines' history in `history`); `cli` is `agent-reach status`, which
 //! reads `/status` from outside.
 
+pub mod app_probe;
 pub mod history;
 mod page;
 
@@ -41,6 +42,8 @@ pub struct Admin {
     pub ready: Arc<AtomicBool>,
     /// Each peer's recent success rate and p95, for the status page.
     pub history: Arc<history::History>,
+    /// The agent containers' probes, run for the kubelet (`app_probe.rs`): read once at start.
+    pub app_probes: Arc<crate::config::AppProbes>,
 }
 
 /// The agent's tightest model budget on `/status`.
@@ -237,6 +240,16 @@ impl Admin {
                 ))
             }
             "/" => text(StatusCode::OK, "text/plain", INDEX),
+            path if path.starts_with(app_probe::PREFIX) => {
+                let key = &path[app_probe::PREFIX.len()..];
+                match self.app_probes.get(key) {
+                    Some(probe) => {
+                        let (status, body) = app_probe::run(probe).await;
+                        text(status, "text/plain", body)
+                    }
+                    None => ReachError::NotFound(path.to_owned()).into_response(),
+                }
+            }
             other => ReachError::NotFound(other.to_owned()).into_response(),
         }
     }

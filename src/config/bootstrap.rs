@@ -44,6 +44,11 @@ pub struct Bootstrap {
     /// submissions are refused. Restart-only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<TasksConfig>,
+    /// The agent containers' kubelet probes the admin port runs for them, by
+    /// `<container>/<livez|readyz|startupz>` (`src/config/app_probes.rs`): written by the
+    /// injector (`AGENT_REACH_APP_PROBES`), read once at start.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub app_probes: super::AppProbes,
 }
 
 /// `tracing:` — OTLP/HTTP export of the sidecar's spans.
@@ -713,6 +718,7 @@ impl Bootstrap {
             watch_interval: default_watch_interval(),
             tracing: None,
             tasks: None,
+            app_probes: Default::default(),
         })
     }
 

@@ -1,5 +1,6 @@
 //! Configuration: the bootstrap and policy types, strict loading, and the one hot-swapped snapshot.
 
+mod app_probes;
 mod bootstrap;
 mod bounds;
 mod chains;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+pub use app_probes::{AppProbe, AppProbes, APP_PROBES_ENV};
 pub use bootstrap::{
     A2aConfig, AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Intercept, Limits,
     Listen, McpConfig, McpTools, ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer,

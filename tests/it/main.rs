@@ -54,6 +54,7 @@ mod output_validation;
 mod overload;
 mod peer_h2;
 mod prediction;
+mod probes;
 mod prometheus;
 mod quality;
 mod reach;

@@ -39,6 +39,21 @@ pub(crate) fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The agent containers' probes the injector moved to the admin port (read once at start).
+    if let Ok(text) = std::env::var(agent_reach::config::APP_PROBES_ENV) {
+        match serde_json::from_str::<agent_reach::config::AppProbes>(&text) {
+            Ok(probes) => {
+                let snapshot = store.snapshot();
+                let mut bootstrap = snapshot.bootstrap.clone();
+                bootstrap.app_probes.extend(probes);
+                store.replace(bootstrap, snapshot.policy.clone());
+            }
+            Err(err) => {
+                eprintln!("${}: {err}", agent_reach::config::APP_PROBES_ENV);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let runtime = match runtime(args.worker_threads) {
         Ok(rt) => rt,
         Err(code) => return code,

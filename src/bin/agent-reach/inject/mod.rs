@@ -10,6 +10,7 @@ mod mtls;
 mod overrides;
 pub mod patch;
 mod pod;
+mod probes;
 mod quantity;
 mod review;
 mod server;

@@ -8,6 +8,7 @@ use super::annotations::{join, AnnotationError, Settings, INJECT, INJECTED_LABEL
 use super::config::InjectorConfig;
 use super::mtls;
 use super::patch::{escape, Op};
+use super::probes;
 use super::tasks;
 use agent_reach::config::{parse_bootstrap, yaml, Bootstrap};
 
@@ -322,6 +323,17 @@ fn patch(
         if let Some(workload) = tasks::workload(pod) {
             env.push(json!({ "name": tasks::WORKLOAD_ENV, "value": workload }));
         }
+    }
+    // Intercepted, the agent's port is the inbound listener's: the kubelet's probes of the
+    // agent move to the admin port, which runs them against the agent (`probes.rs`). First in
+    // the patch: they name containers by their index before the sidecar is added.
+    if settings.intercept {
+        let (moved, originals) = probes::rewrite(pod, config.admin_port());
+        if !originals.is_empty() {
+            let text = serde_json::to_string(&originals).unwrap_or_default();
+            env.push(json!({ "name": probes::APP_PROBES_ENV, "value": text }));
+        }
+        ops.extend(moved);
     }
     for e in env {
         push(&mut container, "env", e);
