@@ -31,6 +31,8 @@ pub struct Options {
     pub inbound_port: u16,
     pub proxy_uid: u32,
     pub exclude_ports: Vec<u16>,
+    /// Source networks (IPv4 CIDRs) never redirected.
+    pub exclude_cidrs: Vec<String>,
     pub dry_run: bool,
     /// The iptables binary to use instead of detecting one (`iptables-nft`, `iptables-legacy`,
     /// or a path).
@@ -67,7 +69,8 @@ pub fn run(options: &Options, out: &mut impl Write) -> Result<(), InitNetError> 
         &options.agent_ports,
         options.inbound_port,
         &options.exclude_ports,
-    )?;
+    )?
+    .excluding_sources(&options.exclude_cidrs)?;
     if options.dry_run {
         // Detection only lists tables; where iptables is missing the generic name is printed.
         let binary = options
@@ -236,6 +239,7 @@ mod tests {
             inbound_port: 4143,
             proxy_uid: DEFAULT_PROXY_UID,
             exclude_ports: vec![],
+            exclude_cidrs: vec![],
             dry_run: true,
             iptables: Some("/nonexistent/iptables".to_owned()),
         };

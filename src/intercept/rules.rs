@@ -22,6 +22,9 @@ pub struct Plan {
     pub inbound_port: u16,
     /// Ports never redirected, even when listed as agent ports.
     pub exclude_ports: Vec<u16>,
+    /// Source networks (IPv4 CIDRs) never redirected: their connections reach the agent's
+    /// port itself.
+    pub exclude_sources: Vec<String>,
 }
 
 /// A plan that would redirect nothing, or would redirect the inbound port onto itself.
@@ -33,6 +36,8 @@ pub enum PlanError {
     InboundIsAgentPort { port: u16 },
     #[error("port 0 is not a port")]
     PortZero,
+    #[error("`{0}` is not an IPv4 CIDR (a.b.c.d/n)")]
+    NotACidr(String),
 }
 
 /// One iptables invocation, without the binary: `iptables <args>`.
@@ -91,13 +96,34 @@ impl Plan {
             agent_ports: ports,
             inbound_port,
             exclude_ports: exclude,
+            exclude_sources: Vec::new(),
         })
+    }
+
+    /// The plan, with connections from `cidrs` left to reach the agent's port itself.
+    pub fn excluding_sources(mut self, cidrs: &[String]) -> Result<Self, PlanError> {
+        for cidr in cidrs {
+            let valid = cidr.split_once('/').is_some_and(|(ip, bits)| {
+                ip.parse::<std::net::Ipv4Addr>().is_ok()
+                    && bits.parse::<u8>().is_ok_and(|b| b <= 32)
+            });
+            if !valid {
+                return Err(PlanError::NotACidr(cidr.clone()));
+            }
+            if !self.exclude_sources.contains(cidr) {
+                self.exclude_sources.push(cidr.clone());
+            }
+        }
+        Ok(self)
     }
 
     /// The chain's contents, in order (after it was created or flushed). Exclusions come first
     /// so they win over the redirects.
     pub fn chain_rules(&self) -> Vec<Rule> {
         let mut rules = vec![Rule::append(&["-i", "lo", "-j", "RETURN"])];
+        for cidr in &self.exclude_sources {
+            rules.push(Rule::append(&["-s", cidr, "-j", "RETURN"]));
+        }
         for port in &self.exclude_ports {
             let port = port.to_string();
             rules.push(Rule::append(&[
@@ -299,5 +325,25 @@ mod tests {
     fn rules_are_counted_from_a_listing() {
         let listing = "-P PREROUTING ACCEPT\n-N KUBE\n-A PREROUTING -j KUBE\n-A KUBE -j RETURN\n";
         assert_eq!(Backend::count_rules(listing), 2);
+    }
+
+    #[test]
+    fn excluded_sources_return_before_any_redirect() {
+        let plan = Plan::new(&[8080], 4143, &[])
+            .and_then(|p| p.excluding_sources(&["10.96.0.0/12".to_owned()]))
+            .unwrap();
+        let rules: Vec<String> = plan
+            .chain_rules()
+            .iter()
+            .map(|r| r.args.join(" "))
+            .collect();
+        assert_eq!(
+            rules[1],
+            "-t nat -A AGENT_REACH_INBOUND -s 10.96.0.0/12 -j RETURN"
+        );
+        assert!(Plan::new(&[8080], 4143, &[])
+            .unwrap()
+            .excluding_sources(&["10.0.0.0/33".to_owned()])
+            .is_err());
     }
 }

@@ -460,7 +460,7 @@ async fn bad_annotations_are_denied_with_a_message_that_names_the_problem() {
         ),
         (
             json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/capabilites": "x" }),
-            "agent-reach: annotation agent-reach.io/capabilites is not one agent-reach reads (known: agent-reach.io/inject, agent-reach.io/status, agent-reach.io/agent-port, agent-reach.io/capabilities, agent-reach.io/config, agent-reach.io/max-concurrency, agent-reach.io/zone, agent-reach.io/probe-path, agent-reach.io/mtls, agent-reach.io/tasks, agent-reach.io/intercept, agent-reach.io/a2a, agent-reach.io/mcp, agent-reach.io/proxy-cpu-request, agent-reach.io/proxy-cpu-limit, agent-reach.io/proxy-memory-request, agent-reach.io/proxy-memory-limit, agent-reach.io/log-level)",
+            "agent-reach: annotation agent-reach.io/capabilites is not one agent-reach reads (known: agent-reach.io/inject, agent-reach.io/status, agent-reach.io/intercept-exclude-ports, agent-reach.io/intercept-exclude-cidrs, agent-reach.io/agent-port, agent-reach.io/capabilities, agent-reach.io/config, agent-reach.io/max-concurrency, agent-reach.io/zone, agent-reach.io/probe-path, agent-reach.io/mtls, agent-reach.io/tasks, agent-reach.io/intercept, agent-reach.io/a2a, agent-reach.io/mcp, agent-reach.io/proxy-cpu-request, agent-reach.io/proxy-cpu-limit, agent-reach.io/proxy-memory-request, agent-reach.io/proxy-memory-limit, agent-reach.io/log-level)",
         ),
         (
             json!({ "agent-reach.io/inject": "enabled", "agent-reach.io/config": "coder-bootstrap", "agent-reach.io/zone": "a" }),

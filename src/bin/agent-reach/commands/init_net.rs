@@ -19,6 +19,9 @@ pub(crate) struct Args {
     /// Ports never redirected, comma separated.
     #[arg(long, value_delimiter = ',')]
     exclude_ports: Vec<u16>,
+    /// Source networks never redirected (IPv4 CIDRs), comma separated.
+    #[arg(long, value_delimiter = ',')]
+    exclude_cidrs: Vec<String>,
     /// Print the rules and change nothing.
     #[arg(long)]
     dry_run: bool,
@@ -34,6 +37,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
         inbound_port: args.inbound_port,
         proxy_uid: args.proxy_uid,
         exclude_ports: args.exclude_ports,
+        exclude_cidrs: args.exclude_cidrs,
         dry_run: args.dry_run,
         iptables: args.iptables,
     };

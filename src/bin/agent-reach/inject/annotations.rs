@@ -26,6 +26,11 @@ pub const TASKS: &str = "agent-reach.io/tasks";
 /// `inbound`: an `init-net` init container redirects the agent's port to the sidecar;
 /// `disabled`: not, though the injector's default is on.
 pub const INTERCEPT: &str = "agent-reach.io/intercept";
+/// Ports of the agent `init-net` leaves alone (comma separated): connections to them reach the
+/// agent itself, as Istio's and Linkerd's port exclusions do.
+pub const EXCLUDE_PORTS: &str = "agent-reach.io/intercept-exclude-ports";
+/// Source networks (IPv4 CIDRs, comma separated) whose connections `init-net` leaves alone.
+pub const EXCLUDE_CIDRS: &str = "agent-reach.io/intercept-exclude-cidrs";
 /// `enabled`: the sidecar reads the agent's A2A card (`/.well-known/agent-card.json`) and serves
 /// each skill as a capability (`docs/a2a.md`).
 pub const A2A: &str = "agent-reach.io/a2a";
@@ -35,9 +40,11 @@ pub const MCP: &str = "agent-reach.io/mcp";
 /// The label injected pods carry: the gossip Service, NetworkPolicy and PodMonitor select it.
 pub const INJECTED_LABEL: &str = "agent-reach.io/injected";
 
-const KNOWN: [&str; 18] = [
+const KNOWN: [&str; 20] = [
     INJECT,
     STATUS,
+    EXCLUDE_PORTS,
+    EXCLUDE_CIDRS,
     AGENT_PORT,
     CAPABILITIES,
     CONFIG,
@@ -105,6 +112,9 @@ pub struct Settings {
     pub tasks: bool,
     /// An `init-net` init container redirects the agent's port to the sidecar's inbound port.
     pub intercept: bool,
+    /// Ports and source networks `init-net` leaves alone.
+    pub exclude_ports: Vec<u16>,
+    pub exclude_cidrs: Vec<String>,
     /// The bootstrap's `agent.a2a`: capabilities from the agent's card.
     pub a2a: bool,
     /// The bootstrap's `agent.mcp.path`: tools from the local MCP server.
@@ -127,6 +137,8 @@ impl Settings {
             mtls: config.mtls.is_some(),
             tasks: config.tasks.enabled,
             intercept: config.intercept.default,
+            exclude_ports: Vec::new(),
+            exclude_cidrs: Vec::new(),
             a2a: false,
             mcp: None,
             sidecar: SidecarOverrides::default(),
@@ -219,6 +231,33 @@ impl Settings {
             Some("inbound") => settings.intercept = true,
             Some("disabled") => settings.intercept = false,
             Some(other) => return Err(invalid(INTERCEPT, other, "is not `inbound` or `disabled`")),
+        }
+        if let Some(list) = get(EXCLUDE_PORTS) {
+            settings.exclude_ports = list
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(|p| p.parse::<u16>().ok().filter(|p| *p > 0))
+                .collect::<Option<Vec<u16>>>()
+                .ok_or_else(|| {
+                    invalid(
+                        EXCLUDE_PORTS,
+                        list,
+                        "is not a comma-separated list of ports",
+                    )
+                })?;
+        }
+        if let Some(list) = get(EXCLUDE_CIDRS) {
+            let cidrs: Vec<String> = list
+                .split(',')
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect();
+            agent_reach::intercept::rules::Plan::new(&[1], 2, &[])
+                .and_then(|p| p.excluding_sources(&cidrs))
+                .map_err(|e| invalid(EXCLUDE_CIDRS, list, &e.to_string()))?;
+            settings.exclude_cidrs = cidrs;
         }
         // Beside a whole bootstrap (`CONFIG`) the volumes are still mounted; that bootstrap names
         // the files itself.

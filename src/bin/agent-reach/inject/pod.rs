@@ -21,6 +21,8 @@ const NETWORK_SETUP: [&str; 4] = [
 ];
 /// The init container that installs the interception rules.
 pub const INIT_NET: &str = "agent-reach-init";
+/// Its writable `/run` (an in-memory emptyDir).
+const INIT_NET_RUN: &str = "agent-reach-init-run";
 const DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
 
 /// Where the bootstrap ConfigMap named by `agent-reach.io/config` is mounted.
@@ -105,8 +107,24 @@ pub fn decide(
             warn: false,
         });
     }
-    let settings = Settings::from_annotations(config, annotations)?;
+    let mut settings = Settings::from_annotations(config, annotations)?;
     check_ports(config, pod, annotations)?;
+    // A pod that serves nothing (a CronJob that only calls out) gets no `init-net`: nothing of
+    // its would be intercepted, and the init container would only cost it root and time. A
+    // pod serves when a container declares a port, or it names its agent's port.
+    let serves = annotations.contains_key(super::annotations::AGENT_PORT)
+        || ["containers", "initContainers"].iter().any(|list| {
+            pod.pointer(&format!("/spec/{list}"))
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c.get("ports")
+                        .and_then(Value::as_array)
+                        .is_some_and(|p| !p.is_empty())
+                })
+        });
+    settings.intercept &= serves;
     if settings.intercept {
         check_one_interceptor(pod, annotations)?;
     }
@@ -139,20 +157,44 @@ fn check_one_interceptor(
 /// The `init-net` init container: as root with NET_ADMIN and NET_RAW (iptables needs both), the
 /// sidecar's image, done before the sidecar starts.
 fn init_net(config: &InjectorConfig, settings: &Settings) -> Value {
+    let mut command = vec![
+        "agent-reach".to_owned(),
+        "init-net".to_owned(),
+        "--agent-ports".to_owned(),
+        settings.agent_port.to_string(),
+        "--inbound-port".to_owned(),
+        config.inbound_port().to_string(),
+        "--proxy-uid".to_owned(),
+        config.intercept.proxy_uid.to_string(),
+    ];
+    if !settings.exclude_ports.is_empty() {
+        command.push("--exclude-ports".to_owned());
+        let ports: Vec<String> = settings.exclude_ports.iter().map(u16::to_string).collect();
+        command.push(ports.join(","));
+    }
+    if !settings.exclude_cidrs.is_empty() {
+        command.push("--exclude-cidrs".to_owned());
+        command.push(settings.exclude_cidrs.join(","));
+    }
     let mut init = json!({
         "name": INIT_NET,
-        "command": [
-            "agent-reach", "init-net",
-            "--agent-ports", settings.agent_port.to_string(),
-            "--inbound-port", config.inbound_port().to_string(),
-            "--proxy-uid", config.intercept.proxy_uid.to_string(),
-        ],
+        "command": command,
+        // The same as the sidecar's (set by the chart): a Guaranteed pod stays Guaranteed and
+        // a LimitRange finds them set.
+        "resources": config.sidecar.get("resources").cloned().unwrap_or_else(|| json!({
+            "requests": { "cpu": "50m", "memory": "32Mi" },
+            "limits": { "cpu": "50m", "memory": "32Mi" },
+        })),
         "securityContext": {
             "runAsUser": 0,
             "runAsNonRoot": false,
             "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "seccompProfile": { "type": "RuntimeDefault" },
             "capabilities": { "add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"] },
         },
+        // iptables takes its lock in /run: writable there, read-only everywhere else.
+        "volumeMounts": [{ "name": INIT_NET_RUN, "mountPath": "/run" }],
     });
     for key in ["image", "imagePullPolicy"] {
         if let Some(value) = config.sidecar.get(key) {
@@ -323,6 +365,11 @@ fn patch(
         if let Some(workload) = tasks::workload(pod) {
             env.push(json!({ "name": tasks::WORKLOAD_ENV, "value": workload }));
         }
+    }
+    if settings.intercept {
+        volumes.push(
+            json!({ "name": INIT_NET_RUN, "emptyDir": { "medium": "Memory", "sizeLimit": "1Mi" } }),
+        );
     }
     // Intercepted, the agent's port is the inbound listener's: the kubelet's probes of the
     // agent move to the admin port, which runs them against the agent (`probes.rs`). First in

@@ -58,7 +58,8 @@ fn config_from(text: &str, extra: &str) -> InjectorConfig {
 fn new_pod(annotations: Value, service_account: Option<&str>) -> Value {
     let mut pod = json!({
         "metadata": { "name": "coder-0", "annotations": annotations },
-        "spec": { "containers": [{ "name": "agent", "image": "agent:1" }] },
+        "spec": { "containers": [{ "name": "agent", "image": "agent:1",
+            "ports": [{ "name": "http", "containerPort": 8080 }] }] },
     });
     if let Some(sa) = service_account {
         pod["spec"]["serviceAccountName"] = json!(sa);
@@ -481,6 +482,56 @@ fn interception_beside_a_mesh_or_with_a_bad_value_is_denied() {
         matches!(err, Some(AnnotationError::TwoInterceptors { .. })),
         "{err:?}"
     );
+}
+
+#[test]
+fn init_net_is_hardened_only_where_a_port_is_served_and_takes_exclusions() {
+    let config = config("");
+    let mut annotations = intercepting();
+    annotations["agent-reach.io/intercept-exclude-ports"] = json!("9090, 9091");
+    annotations["agent-reach.io/intercept-exclude-cidrs"] = json!("10.96.0.0/12");
+    let pod = injected(&config, &new_pod(annotations.clone(), None)).unwrap_or_default();
+    let init = &pod["spec"]["initContainers"][0];
+    assert_eq!(init["name"], super::pod::INIT_NET);
+    let command: Vec<&str> = init["command"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        command
+            .windows(2)
+            .any(|w| w == ["--exclude-ports", "9090,9091"]),
+        "{command:?}"
+    );
+    assert!(command
+        .windows(2)
+        .any(|w| w == ["--exclude-cidrs", "10.96.0.0/12"]));
+    let security = &init["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["seccompProfile"]["type"], "RuntimeDefault");
+    assert!(init["resources"]["limits"]["memory"].is_string(), "{init}");
+    assert_eq!(init["volumeMounts"][0]["mountPath"], "/run");
+    // A pod that serves nothing (a CronJob that only calls): no init-net.
+    let mut caller = new_pod(annotations.clone(), None);
+    caller["spec"]["containers"][0]
+        .as_object_mut()
+        .map(|c| c.remove("ports"));
+    let pod = injected(&config, &caller).unwrap_or_default();
+    let names: Vec<&str> = pod["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert!(!names.contains(&super::pod::INIT_NET), "{names:?}");
+    // A bad exclusion is denied, naming it.
+    annotations["agent-reach.io/intercept-exclude-cidrs"] = json!("10.0.0.0/99");
+    let err = injected(&config, &new_pod(annotations, None))
+        .err()
+        .map(|e| e.to_string());
+    assert!(err.is_some_and(|e| e.contains("intercept-exclude-cidrs")));
 }
 
 #[test]
