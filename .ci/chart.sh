@@ -131,7 +131,8 @@ render_issuer() { "$helm" template "$release" "$chart" --namespace "$namespace" 
 mtls_csi_args=(--set mtls.enabled=true --set mtls.mode=strict --set 'fleet.namespaces={agents}'
     --set 'authorization.default=deny'
     --set 'authorization.capabilities.code-review.allow={spiffe://cluster.local/ns/agents/sa/writer}'
-    --set 'authorization.capabilities.summarize.allow={spiffe://cluster.local/ns/*/sa/coder}')
+    --set 'authorization.capabilities.summarize.allow={spiffe://cluster.local/ns/*/sa/coder}'
+    --set 'mtls.csi.serviceAccounts={coder,writer,sql-agent}')
 mtls_certificate_args=(--set mtls.enabled=true --set mtls.source=certificate --set mtls.trustDomain=prod.example
     --set mtls.issuer.name=agents-ca --set 'fleet.namespaces={agents}'
     --set 'mtls.certificate.serviceAccounts={coder,agents/writer,sql-agent}')
@@ -603,9 +604,15 @@ if source == "csi":
         bindings = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == ns]
         check(any(r["rules"] == [{"apiGroups": ["cert-manager.io"], "resources": ["certificaterequests"], "verbs": ["create"]}] for r in roles),
               f"{ns}: no Role allowing certificaterequests create (and nothing more)")
-        check(any(b["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": f"system:serviceaccounts:{ns}"}]
+        # Only the fleet's service accounts (mtls.csi.serviceAccounts), not the whole namespace.
+        wanted = [{"kind": "ServiceAccount", "name": sa, "namespace": ns} for sa in ["coder", "writer", "sql-agent"]]
+        check(any(b["subjects"] == wanted
                   and any(b["roleRef"]["name"] == r["metadata"]["name"] for r in roles) for b in bindings),
-              f"{ns}: no RoleBinding of that Role to the namespace's service accounts")
+              f"{ns}: no RoleBinding of that Role to exactly the fleet's service accounts")
+    # Strict: a pod the webhook could not inject would be unreachable, so it is refused.
+    hooks = [w for d in docs if d["kind"] == "MutatingWebhookConfiguration" for w in d["webhooks"]]
+    check(hooks and all(w["failurePolicy"] == "Fail" for w in hooks),
+          f"mtls.mode strict renders failurePolicy {[w['failurePolicy'] for w in hooks]}, not Fail")
     print(f"  csi: driver {csi.get('driver')}, readOnly, fs-group {group} = runAsGroup {gid}; RBAC for CertificateRequests in {', '.join(fleet)}")
 else:
     accounts = mtls.get("service_accounts") or []

@@ -361,6 +361,13 @@ fn admin(
         ready: ready.clone(),
         history: Default::default(),
         app_probes: Arc::new(shared.store.snapshot().bootstrap.app_probes.clone()),
+        drain_token: shared
+            .store
+            .snapshot()
+            .bootstrap
+            .drain_token
+            .as_deref()
+            .map(Arc::from),
     })
 }
 

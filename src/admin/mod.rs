@@ -8,6 +8,7 @@ mod page;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -44,6 +45,8 @@ pub struct Admin {
     pub history: Arc<history::History>,
     /// The agent containers' probes, run for the kubelet (`app_probe.rs`): read once at start.
     pub app_probes: Arc<crate::config::AppProbes>,
+    /// What `GET /drain` must be shown (the bootstrap's `drain_token`): read once at start.
+    pub drain_token: Option<Arc<str>>,
 }
 
 /// The agent's tightest model budget on `/status`.
@@ -151,7 +154,53 @@ impl Status {
     }
 }
 
+/// How long `/drain` waits for the calls in flight to finish.
+const DRAIN_WAIT: Duration = Duration::from_secs(25);
+
 impl Admin {
+    /// The agent is stopping (its container's `preStop` hook, before the kubelet's SIGTERM
+    /// reaches it): from now on no new call is admitted and the fleet hears this agent is
+    /// draining; the answer comes once the calls in flight have finished (at most
+    /// [`DRAIN_WAIT`]). Only with the pod's token: the admin port is reachable from the pod
+    /// network, and anyone else draining an agent would take it out of rotation.
+    async fn drain<B>(&self, req: &Request<B>) -> Response<ReachBody> {
+        let wanted = self.drain_token.clone();
+        let sent = req
+            .headers()
+            .get(crate::config::DRAIN_HEADER)
+            .map(http::HeaderValue::as_bytes);
+        let allowed = match (&wanted, sent) {
+            (Some(token), Some(sent)) => {
+                bool::from(subtle::ConstantTimeEq::ct_eq(token.as_bytes(), sent))
+            }
+            _ => false,
+        };
+        if !allowed {
+            return text(
+                StatusCode::FORBIDDEN,
+                "text/plain",
+                "drain needs the pod's token (the injected preStop hook has it)\n",
+            );
+        }
+        tracing::info!("the agent is stopping: draining");
+        self.local.drain();
+        if let Some(g) = &self.gossip {
+            g.publish_live(crate::peers::live(&self.local.self_view()));
+        }
+        let deadline = tokio::time::Instant::now() + DRAIN_WAIT;
+        loop {
+            let load = self.inbound.load();
+            if load.in_flight + load.queued == 0 || tokio::time::Instant::now() >= deadline {
+                return text(
+                    StatusCode::OK,
+                    "text/plain",
+                    format!("drained ({} calls still in flight)\n", load.in_flight),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// What works less than it should, each in a sentence: a task store that is down.
     fn degraded(&self) -> Vec<String> {
         let store = self
@@ -240,6 +289,7 @@ impl Admin {
                 ))
             }
             "/" => text(StatusCode::OK, "text/plain", INDEX),
+            "/drain" => self.drain(&req).await,
             path if path.starts_with(app_probe::PREFIX) => {
                 let key = &path[app_probe::PREFIX.len()..];
                 match self.app_probes.get(key) {

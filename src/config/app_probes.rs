@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 
 /// The environment variable the injector hands them to the sidecar in (JSON).
 pub const APP_PROBES_ENV: &str = "AGENT_REACH_APP_PROBES";
+/// The environment variable the injector hands the drain hook's token in.
+pub const DRAIN_TOKEN_ENV: &str = "AGENT_REACH_DRAIN_TOKEN";
+/// The header the agent container's `preStop` hook presents it in.
+pub const DRAIN_HEADER: &str = "x-agent-reach-drain";
 
 /// How long a probe may take when its original said nothing (the kubelet's default, 1 s).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);

@@ -49,6 +49,11 @@ pub struct Bootstrap {
     /// injector (`AGENT_REACH_APP_PROBES`), read once at start.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub app_probes: super::AppProbes,
+    /// What the kubelet's `preStop` hook of the agent's container presents to `GET /drain` on
+    /// the admin port (`x-agent-reach-drain`): written by the injector
+    /// (`AGENT_REACH_DRAIN_TOKEN`), never shown.
+    #[serde(default, skip_serializing)]
+    pub drain_token: Option<String>,
 }
 
 /// `tracing:` — OTLP/HTTP export of the sidecar's spans.
@@ -719,6 +724,7 @@ impl Bootstrap {
             tracing: None,
             tasks: None,
             app_probes: Default::default(),
+            drain_token: None,
         })
     }
 

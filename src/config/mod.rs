@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-pub use app_probes::{AppProbe, AppProbes, APP_PROBES_ENV};
+pub use app_probes::{AppProbe, AppProbes, APP_PROBES_ENV, DRAIN_HEADER, DRAIN_TOKEN_ENV};
 pub use bootstrap::{
     A2aConfig, AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Intercept, Limits,
     Listen, McpConfig, McpTools, ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer,

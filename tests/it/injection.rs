@@ -266,6 +266,22 @@ async fn an_annotated_pod_gets_a_native_sidecar_with_env_probes_and_mounts() {
     assert_eq!(response["allowed"], true);
     assert_eq!(response["patchType"], "JSONPatch");
     let patch = patch_of(&reply).unwrap_or_default();
+    // The drain token is made anew for each pod: masked, and the same in the hook and the env.
+    let text = serde_json::to_string(&patch).unwrap_or_default();
+    let token = text
+        .split("\"AGENT_REACH_DRAIN_TOKEN\",\"value\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or("none")
+        .to_owned();
+    assert_eq!(token.len(), 32, "{text}");
+    assert_eq!(
+        text.matches(token.as_str()).count(),
+        2,
+        "hook and env carry one token"
+    );
+    let patch: Vec<Value> =
+        serde_json::from_str(&text.replace(token.as_str(), "<token>")).unwrap_or_default();
 
     // The exact patch, reviewed and checked in.
     let expected = read_json("annotated.patch.json");
@@ -304,9 +320,14 @@ async fn an_annotated_pod_gets_a_native_sidecar_with_env_probes_and_mounts() {
             "AGENT_REACH_POLICY",
             "AGENT_REACH_LOG",
             "AGENT_REACH_BOOTSTRAP",
-            "AGENT_REACH_WORKLOAD"
+            "AGENT_REACH_WORKLOAD",
+            "AGENT_REACH_DRAIN_TOKEN"
         ]
     );
+    // The agent drains its sidecar before it is told to stop.
+    let pre_stop = &pod["spec"]["containers"][0]["lifecycle"]["preStop"]["httpGet"];
+    assert_eq!(pre_stop["path"], "/drain");
+    assert_eq!(pre_stop["httpHeaders"][0]["value"], "<token>");
     // The pod's `app` label: its replicas share a Redis task queue under it.
     assert_eq!(sidecar["env"][6]["value"], "coder");
     assert_eq!(

@@ -143,3 +143,91 @@ async fn a_dead_agents_probe_fails() {
     assert_eq!(reply.status, 503, "{}", reply.body);
     assert!(reply.body.contains(&port.to_string()), "{}", reply.body);
 }
+
+// The pod is terminating: the agent container's preStop hook (`GET /drain` with the pod's
+// token) makes its sidecar take no new call from that moment while the call in flight finishes,
+// and the caller's calls go to the other agent; the hook answers once it has. Without the token,
+// nobody drains an agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_agent_gets_no_new_call_and_finishes_the_one_in_flight() {
+    let mut slow = MockConfig::new("stopping");
+    slow.mode = Mode::Slow;
+    slow.slow_latency = Duration::from_millis(1500);
+    let stopping = mock(slow).await;
+    let other = mock(MockConfig::new("other")).await;
+    let mut b = Bootstrap::local("stopping", stopping.addr, &[CAP]).unwrap();
+    b.drain_token = Some("s3cret-token".into());
+    let stopping_side = sidecar(b).await;
+    let other_side = sidecar(Bootstrap::local("other", other.addr, &[CAP]).unwrap()).await;
+    let caller = sidecar(
+        Bootstrap::local("caller", SocketAddr::from(([127, 0, 0, 1], 9)), &[])
+            .unwrap()
+            .with_peer("stopping", stopping_side.addrs.inbound, &[CAP])
+            .unwrap()
+            .with_peer("other", other_side.addrs.inbound, &[CAP])
+            .unwrap(),
+    )
+    .await;
+    let drain_url = format!("http://{}/drain", stopping_side.addrs.admin);
+    let refused = send(
+        &client(),
+        "GET",
+        &drain_url,
+        &[("x-agent-reach-drain", "guess")],
+        "",
+    )
+    .await;
+    assert_eq!(refused.status, 403);
+    let refused = get(&client(), &drain_url).await;
+    assert_eq!(refused.status, 403);
+
+    // One call in flight on the stopping agent.
+    let url = format!("http://{}/review", stopping_side.addrs.inbound);
+    let in_flight = tokio::spawn(async move {
+        send(&client(), "POST", &url, &[("reach-capability", CAP)], "x").await
+    });
+    eventually(
+        Duration::from_secs(5),
+        "the call to be in flight",
+        || async { stopping.stats().in_flight == 1 },
+    )
+    .await;
+    let hook = tokio::spawn(async move {
+        let began = std::time::Instant::now();
+        let reply = send(
+            &client(),
+            "GET",
+            &drain_url,
+            &[("x-agent-reach-drain", "s3cret-token")],
+            "",
+        )
+        .await;
+        (reply, began.elapsed())
+    });
+    eventually(Duration::from_secs(5), "the sidecar to drain", || async {
+        stopping_side.status().self_view.state == agent_reach::reach::State::Draining
+    })
+    .await;
+    let before = stopping.stats().business;
+    for _ in 0..20 {
+        let reply = call(&client(), caller.addrs.outbound).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.json()["agent"], "other");
+    }
+    assert_eq!(
+        stopping.stats().business,
+        before,
+        "a new call reached the stopping agent"
+    );
+    let (reply, took) = hook.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(
+        took >= Duration::from_millis(300),
+        "answered before the call finished: {took:?}"
+    );
+    assert_eq!(
+        in_flight.await.unwrap().status,
+        200,
+        "the call in flight finished"
+    );
+}

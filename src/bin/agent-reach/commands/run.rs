@@ -39,6 +39,13 @@ pub(crate) fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The agent container's drain hook's token (`GET /drain` on the admin port).
+    if let Ok(token) = std::env::var(agent_reach::config::DRAIN_TOKEN_ENV) {
+        let snapshot = store.snapshot();
+        let mut bootstrap = snapshot.bootstrap.clone();
+        bootstrap.drain_token = Some(token).filter(|t| !t.is_empty());
+        store.replace(bootstrap, snapshot.policy.clone());
+    }
     // The agent containers' probes the injector moved to the admin port (read once at start).
     if let Ok(text) = std::env::var(agent_reach::config::APP_PROBES_ENV) {
         match serde_json::from_str::<agent_reach::config::AppProbes>(&text) {

@@ -371,6 +371,12 @@ fn patch(
             json!({ "name": INIT_NET_RUN, "emptyDir": { "medium": "Memory", "sizeLimit": "1Mi" } }),
         );
     }
+    // The agent's containers drain the sidecar before they are told to stop (`probes.rs`).
+    let token: String = (0..16)
+        .map(|_| format!("{:02x}", rand::random::<u8>()))
+        .collect();
+    ops.extend(probes::drain_hooks(pod, config.admin_port(), &token));
+    env.push(json!({ "name": probes::DRAIN_TOKEN_ENV, "value": token }));
     // Intercepted, the agent's port is the inbound listener's: the kubelet's probes of the
     // agent move to the admin port, which runs them against the agent (`probes.rs`). First in
     // the patch: they name containers by their index before the sidecar is added.

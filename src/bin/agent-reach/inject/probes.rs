@@ -9,8 +9,8 @@
 use serde_json::{json, Map, Value};
 
 use super::patch::Op;
-pub use agent_reach::config::APP_PROBES_ENV;
 use agent_reach::config::{AppProbe, AppProbes};
+pub use agent_reach::config::{APP_PROBES_ENV, DRAIN_TOKEN_ENV};
 
 const KINDS: [(&str, &str); 3] = [
     ("livenessProbe", "livez"),
@@ -54,6 +54,36 @@ pub fn rewrite(pod: &Value, admin: u16) -> (Vec<Op>, AppProbes) {
         }
     }
     (ops, probes)
+}
+
+/// The `preStop` hooks that drain the sidecar before each agent container is told to stop: the
+/// kubelet runs a container's `preStop` before it sends SIGTERM, so from that moment no new call
+/// is admitted and the fleet hears the agent is draining, while calls in flight finish (`GET
+/// /drain` on the admin port, with the pod's `token`). A container with a `preStop` of its own
+/// keeps it.
+pub fn drain_hooks(pod: &Value, admin: u16, token: &str) -> Vec<Op> {
+    let containers = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    let hook = json!({ "httpGet": { "path": "/drain", "port": admin, "scheme": "HTTP",
+        "httpHeaders": [{ "name": agent_reach::config::DRAIN_HEADER, "value": token }] } });
+    let mut ops = Vec::new();
+    for (i, container) in containers.enumerate() {
+        match container.get("lifecycle") {
+            Some(l) if l.get("preStop").is_some() => {}
+            Some(l) if l.is_object() => ops.push(Op::add(
+                format!("/spec/containers/{i}/lifecycle/preStop"),
+                hook.clone(),
+            )),
+            _ => ops.push(Op::add(
+                format!("/spec/containers/{i}/lifecycle"),
+                json!({ "preStop": hook.clone() }),
+            )),
+        }
+    }
+    ops
 }
 
 /// What `probe` of `container` asks, as the sidecar will run it; `None` for an exec or HTTPS
