@@ -169,6 +169,7 @@ rejects() {
         policy.escalation.webhook=https://ops.example \
         tasks.enabled=maybe \
         tasks.store=http://redis:6379 \
+        tasks.store=redis://redis:6379,tasks.existingSecret=redis-url \
         tasks.sizeLimit=lots \
         escalation.webhook=ftp://ops.example \
         mtls.mode=sometimes \

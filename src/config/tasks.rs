@@ -20,6 +20,10 @@ pub struct TasksConfig {
     /// A shared store, `redis://host:6379/0`: replicas of one caller share its tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<String>,
+    /// The name of an environment variable holding `store` instead (the injector sets it from
+    /// a Secret, so a password is never written in the pod's spec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_from_env: Option<String>,
     /// The Redis key prefix; default `agent-reach:tasks:<workload>` (`AGENT_REACH_WORKLOAD`,
     /// which the injector sets from the pod's app label, else the agent name), so the replicas
     /// of one caller share a queue and other agents do not see it.
@@ -88,6 +92,7 @@ impl TasksConfig {
         Self {
             path: Some(path),
             store: None,
+            store_from_env: None,
             prefix: None,
             lease: default_lease(),
             workers: default_workers(),
@@ -113,7 +118,17 @@ impl TasksConfig {
 
     /// Where the tasks are kept, or why the section is wrong.
     pub fn location(&self) -> Result<StoreLocation, String> {
-        match (&self.path, &self.store) {
+        let from_env = match &self.store_from_env {
+            Some(_) if self.store.is_some() => {
+                return Err("tasks: set `store` or `store_from_env`, not both".to_owned())
+            }
+            Some(var) => Some(
+                std::env::var(var)
+                    .map_err(|_| format!("tasks.store_from_env: ${var} is not set"))?,
+            ),
+            None => None,
+        };
+        match (&self.path, from_env.as_ref().or(self.store.as_ref())) {
             (Some(path), None) => Ok(StoreLocation::File(path.clone())),
             (None, Some(url)) if url.starts_with("redis://") || url.starts_with("rediss://") => {
                 Ok(StoreLocation::Redis(url.clone()))

@@ -93,6 +93,17 @@ pub struct Tasks {
     pub store: String,
     /// The `emptyDir`'s `sizeLimit` (a Kubernetes quantity); `""` for none.
     pub size_limit: String,
+    /// The store's URL from a Secret (`name`, `key`) instead of `store`: the pod's spec names
+    /// the Secret, never the URL (and its password).
+    pub store_secret: Option<SecretKey>,
+}
+
+/// A key of a Secret in the pod's namespace.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SecretKey {
+    pub name: String,
+    pub key: String,
 }
 
 impl Default for Tasks {
@@ -101,6 +112,7 @@ impl Default for Tasks {
             enabled: true,
             store: String::new(),
             size_limit: "1Gi".to_owned(),
+            store_secret: None,
         }
     }
 }

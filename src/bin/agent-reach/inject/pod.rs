@@ -391,6 +391,9 @@ fn patch(
     for e in env {
         push(&mut container, "env", e);
     }
+    if let Some(var) = tasks::store_env(&config.tasks).filter(|_| settings.tasks) {
+        push(&mut container, "env", var);
+    }
     if let Some(volume) = tasks::volume(&config.tasks).filter(|_| settings.tasks) {
         volumes.push(volume);
         push(&mut container, "volumeMounts", tasks::mount());

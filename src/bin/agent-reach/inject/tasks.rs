@@ -17,18 +17,31 @@ pub const TASKS_VOLUME: &str = "agent-reach-tasks";
 /// The environment variable naming the workload (`src/tasks/queue.rs` reads it).
 pub const WORKLOAD_ENV: &str = "AGENT_REACH_WORKLOAD";
 
+/// The environment variable the Redis URL comes in when it is a Secret's.
+pub const STORE_ENV: &str = "AGENT_REACH_TASKS_STORE";
+
 /// The bootstrap's `tasks`.
 pub(super) fn bootstrap_tasks(tasks: &Tasks) -> Value {
-    if tasks.store.is_empty() {
+    if tasks.store_secret.is_some() {
+        json!({ "store_from_env": STORE_ENV })
+    } else if tasks.store.is_empty() {
         json!({ "path": format!("{TASKS_DIR}/tasks.db") })
     } else {
         json!({ "store": tasks.store })
     }
 }
 
+/// The sidecar's variable holding the Redis URL, from its Secret, when it is one.
+pub(super) fn store_env(tasks: &Tasks) -> Option<Value> {
+    let secret = tasks.store_secret.as_ref()?;
+    Some(
+        json!({ "name": STORE_ENV, "valueFrom": { "secretKeyRef": { "name": secret.name, "key": secret.key } } }),
+    )
+}
+
 /// The `emptyDir`, when the pod keeps its tasks itself.
 pub(super) fn volume(tasks: &Tasks) -> Option<Value> {
-    if !tasks.store.is_empty() {
+    if !tasks.store.is_empty() || tasks.store_secret.is_some() {
         return None;
     }
     let mut empty_dir = json!({});

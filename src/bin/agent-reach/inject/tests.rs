@@ -345,6 +345,39 @@ fn a_pod_can_opt_out_of_tasks_and_a_redis_store_needs_no_volume() {
     );
     assert_eq!(tasks_volume(&pod), None);
 
+    // From a Secret: the pod's spec names the Secret, never the URL and its password.
+    let secret = match parsed(&with_tasks(
+        "tasks: { store_secret: { name: redis-url, key: url } }\n",
+    )) {
+        Ok(c) => c,
+        Err(err) => panic!("{err}"),
+    };
+    let pod = match injected(&secret, &new_pod(enabled(), None)) {
+        Ok(p) => p,
+        Err(err) => panic!("denied: {err}"),
+    };
+    assert_eq!(
+        bootstrap(&pod)["tasks"],
+        json!({ "store_from_env": "AGENT_REACH_TASKS_STORE" })
+    );
+    let sidecar = pod["spec"]["initContainers"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["name"] == "agent-reach"))
+        .cloned()
+        .unwrap_or_default();
+    let env = sidecar["env"].as_array().cloned().unwrap_or_default();
+    let var = env
+        .iter()
+        .find(|e| e["name"] == "AGENT_REACH_TASKS_STORE")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        var["valueFrom"]["secretKeyRef"],
+        json!({ "name": "redis-url", "key": "url" })
+    );
+    assert!(!pod.to_string().contains("redis://"), "no URL in the spec");
+    assert_eq!(tasks_volume(&pod), None);
+
     let off = match parsed(&with_tasks("tasks: { enabled: false }\n")) {
         Ok(c) => c,
         Err(err) => panic!("{err}"),
