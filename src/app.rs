@@ -580,14 +580,23 @@ fn spawn_tls_watch(
     )
 }
 
+/// Binds `addr`. `[::]` is dual-stack (IPv4 and IPv6, what the injector writes): on a node
+/// whose kernel has IPv6 turned off it falls back to `0.0.0.0` on the same port, said once.
 async fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind {
-            listener,
-            addr,
-            source,
-        })
+    let bound = TcpListener::bind(addr).await;
+    let bound = match bound {
+        Err(err) if addr.ip() == std::net::Ipv6Addr::UNSPECIFIED => {
+            let v4 = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, addr.port()));
+            tracing::info!(listener, %err, "no IPv6 here: listening on {v4}");
+            TcpListener::bind(v4).await
+        }
+        other => other,
+    };
+    bound.map_err(|source| StartError::Bind {
+        listener,
+        addr,
+        source,
+    })
 }
 
 fn local_addr(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {

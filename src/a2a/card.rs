@@ -116,19 +116,30 @@ fn texts(value: Option<&Value>) -> impl Iterator<Item = String> + '_ {
         .map(str::to_owned)
 }
 
-/// Points every interface URL of the card at `url`: the top-level `url`, and each entry's `url`
-/// in `additionalInterfaces` and `supportedInterfaces`. Returns how many were rewritten.
-pub fn rewrite_urls(card: &mut Value, url: &str) -> usize {
+/// Points every interface URL of the card at `base` (`http://<capability>.reach`, or the
+/// path-prefix form `http://127.0.0.1:4140/.reach/<capability>`), each keeping its own path:
+/// `http://10.0.0.5:8080/a2a/jsonrpc` becomes `<base>/a2a/jsonrpc`. The top-level `url`, and
+/// each entry's `url` in `additionalInterfaces` and `supportedInterfaces`. Returns how many.
+pub fn rewrite_urls(card: &mut Value, base: &str) -> usize {
+    let base = base.trim_end_matches('/');
+    let moved = |u: &str| {
+        // What follows the authority: `scheme://authority/path?query`.
+        let path = u
+            .split_once("://")
+            .map_or(u, |(_, rest)| rest.find('/').map_or("", |at| &rest[at..]));
+        let path = if path.is_empty() { "/" } else { path };
+        format!("{base}{path}")
+    };
     let mut rewritten = 0;
     if let Some(u) = card.get_mut("url").filter(|u| u.is_string()) {
-        *u = Value::from(url);
+        *u = Value::from(moved(u.as_str().unwrap_or_default()));
         rewritten += 1;
     }
     for list in ["additionalInterfaces", "supportedInterfaces"] {
         let entries = card.get_mut(list).and_then(Value::as_array_mut);
         for entry in entries.into_iter().flatten() {
             if let Some(u) = entry.get_mut("url").filter(|u| u.is_string()) {
-                *u = Value::from(url);
+                *u = Value::from(moved(u.as_str().unwrap_or_default()));
                 rewritten += 1;
             }
         }
@@ -188,18 +199,20 @@ mod tests {
     }
 
     #[test]
-    fn every_interface_url_is_rewritten() {
+    fn every_interface_url_is_rewritten_keeping_its_path() {
         let mut card = card();
-        assert_eq!(rewrite_urls(&mut card, "http://sql-gen.reach/"), 3);
+        card["additionalInterfaces"][0]["url"] = json!("http://10.0.0.5:8080/a2a/jsonrpc");
+        assert_eq!(rewrite_urls(&mut card, "http://sql-gen.reach"), 3);
         assert_eq!(card["url"], "http://sql-gen.reach/");
         assert_eq!(
             card["additionalInterfaces"][0]["url"],
-            "http://sql-gen.reach/"
+            "http://sql-gen.reach/a2a/jsonrpc"
         );
-        assert_eq!(
-            card["supportedInterfaces"][0]["url"],
-            "http://sql-gen.reach/"
-        );
+        assert_eq!(card["supportedInterfaces"][0]["url"], "http://sql-gen.reach/");
         assert_eq!(card["name"], "sql agent");
+        let mut card = card();
+        card["url"] = json!("http://10.0.0.5:8080/a2a/jsonrpc?v=1");
+        rewrite_urls(&mut card, "http://127.0.0.1:4140/.reach/sql-gen/");
+        assert_eq!(card["url"], "http://127.0.0.1:4140/.reach/sql-gen/a2a/jsonrpc?v=1");
     }
 }

@@ -38,14 +38,28 @@ pub(super) async fn start(
         source,
     })?;
     let key = ClusterKey::parse(&key_path, &key_text)?;
-    let (transport, inbox, bound) = gossip::transport::udp(config.listen, stop.clone())
-        .await
-        .map_err(|source| StartError::Bind {
-            listener: "gossip",
-            addr: config.listen,
-            source,
-        })?;
     let ip = advertise_ip(config).await;
+    // An unspecified listen address (`0.0.0.0` or `[::]`) takes the advertised address's
+    // family: a UDP socket of the other family could not reach the peers.
+    let listen = match config.listen.ip() {
+        any if any.is_unspecified() && ip.is_ipv6() != any.is_ipv6() => {
+            let any: IpAddr = if ip.is_ipv6() {
+                std::net::Ipv6Addr::UNSPECIFIED.into()
+            } else {
+                std::net::Ipv4Addr::UNSPECIFIED.into()
+            };
+            SocketAddr::new(any, config.listen.port())
+        }
+        _ => config.listen,
+    };
+    let (transport, inbox, bound) =
+        gossip::transport::udp(listen, stop.clone())
+            .await
+            .map_err(|source| StartError::Bind {
+                listener: "gossip",
+                addr: listen,
+                source,
+            })?;
     let addr = SocketAddr::new(ip, bound.port());
     let published_inbound = SocketAddr::new(ip, inbound.port()).to_string();
 

@@ -218,6 +218,9 @@ async fn next_connection(
             accepted = listener.accept() => match accepted {
                 Ok((stream, remote)) => {
                     let _ = stream.set_nodelay(true);
+                    // A dual-stack listener sees an IPv4 client as `::ffff:a.b.c.d`: named
+                    // as the IPv4 address it is, everywhere the client's address is read.
+                    let remote = SocketAddr::new(remote.ip().to_canonical(), remote.port());
                     return Some((permit, stream, remote));
                 }
                 Err(err) => {

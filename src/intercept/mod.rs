@@ -84,7 +84,7 @@ pub fn run(options: &Options, out: &mut impl Write) -> Result<(), InitNetError> 
         Some(binary) => binary.clone(),
         None => detect()?.binary().to_owned(),
     };
-    apply(&plan, &mut |rule| exec(&binary, rule))?;
+    apply(&plan.for_family(false), &mut |rule| exec(&binary, rule))?;
     writeln!(
         out,
         "init-net: {binary}: ports {:?} redirected to {} (chain {})",
@@ -92,7 +92,31 @@ pub fn run(options: &Options, out: &mut impl Write) -> Result<(), InitNetError> 
         plan.inbound_port,
         rules::CHAIN
     )
-    .map_err(InitNetError::Print)
+    .map_err(InitNetError::Print)?;
+    // IPv6 too, where the pod has it: required with a global address (an IPv6 or dual-stack
+    // pod), best effort with only loopback and link-local ones (a node without ip6 NAT).
+    if let Some(required) = ipv6_here() {
+        let six = Backend::six(&binary);
+        match apply(&plan.for_family(true), &mut |rule| exec(&six, rule)) {
+            Ok(()) => writeln!(out, "init-net: {six}: the same for IPv6"),
+            Err(err) if !required => writeln!(
+                out,
+                "init-net: no IPv6 rules ({err}); the pod has no global IPv6 address"
+            ),
+            Err(err) => return Err(err),
+        }
+        .map_err(InitNetError::Print)?;
+    }
+    Ok(())
+}
+
+/// Whether the pod has IPv6 (`/proc/net/if_inet6` lists addresses), and whether one of them is
+/// global (scope 00): then its IPv6 clients must be intercepted too.
+fn ipv6_here() -> Option<bool> {
+    let text = std::fs::read_to_string("/proc/net/if_inet6").ok()?;
+    let mut lines = text.lines().peekable();
+    lines.peek()?;
+    Some(lines.any(|l| l.split_whitespace().nth(3) == Some("00")))
 }
 
 fn print(plan: &Plan, binary: &str, uid: u32, out: &mut impl Write) -> std::io::Result<()> {
@@ -106,8 +130,13 @@ fn print(plan: &Plan, binary: &str, uid: u32, out: &mut impl Write) -> std::io::
         "# a rerun flushes {} instead of creating it, and adds the jump only when missing",
         rules::CHAIN
     )?;
-    for rule in plan.fresh_install() {
+    for rule in plan.for_family(false).fresh_install() {
         writeln!(out, "{binary} -w {rule}")?;
+    }
+    let six = Backend::six(binary);
+    writeln!(out, "# where the pod has IPv6, the same through {six}")?;
+    for rule in plan.for_family(true).fresh_install() {
+        writeln!(out, "{six} -w {rule}")?;
     }
     Ok(())
 }

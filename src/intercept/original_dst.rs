@@ -3,7 +3,9 @@
 
 use std::net::SocketAddr;
 
-use nix::sys::socket::{getsockopt, sockopt::OriginalDst, SockaddrIn};
+use nix::sys::socket::{
+    getsockopt, sockopt::Ip6tOriginalDst, sockopt::OriginalDst, SockaddrIn, SockaddrIn6,
+};
 use tokio::net::TcpStream;
 
 /// A connection `init-net`'s rules redirected to the inbound listener: the address its client
@@ -18,16 +20,24 @@ impl Intercepted {
 }
 
 /// The address `stream`'s client dialled, when it differs from the one it reached: the
-/// connection was redirected. `None` for a direct connection, for IPv6 (not redirected), and
-/// where conntrack knows nothing of it (no NAT in this namespace: ENOENT).
+/// connection was redirected (by `iptables` or `ip6tables`). `None` for a direct connection,
+/// and where conntrack knows nothing of it (no NAT in this namespace: ENOENT). An IPv4 client
+/// of a dual-stack listener is asked in IPv4 terms (its local address is `::ffff:a.b.c.d`).
 pub fn intercepted(stream: &TcpStream) -> Option<SocketAddr> {
     let local = stream.local_addr().ok()?;
-    if !local.is_ipv4() {
-        return None;
-    }
-    let original = getsockopt(stream, OriginalDst).ok()?;
-    let original = SocketAddr::from(SockaddrIn::from(original));
-    (original != local).then_some(original)
+    let v4_local = match local {
+        SocketAddr::V4(v4) => Some(v4),
+        SocketAddr::V6(v6) => v6
+            .ip()
+            .to_ipv4_mapped()
+            .map(|ip| std::net::SocketAddrV4::new(ip, v6.port())),
+    };
+    let original = match v4_local {
+        Some(_) => SocketAddr::from(SockaddrIn::from(getsockopt(stream, OriginalDst).ok()?)),
+        None => SocketAddr::from(SockaddrIn6::from(getsockopt(stream, Ip6tOriginalDst).ok()?)),
+    };
+    let reached = v4_local.map_or(local, SocketAddr::V4);
+    (original != reached).then_some(original)
 }
 
 #[cfg(test)]

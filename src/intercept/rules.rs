@@ -22,8 +22,8 @@ pub struct Plan {
     pub inbound_port: u16,
     /// Ports never redirected, even when listed as agent ports.
     pub exclude_ports: Vec<u16>,
-    /// Source networks (IPv4 CIDRs) never redirected: their connections reach the agent's
-    /// port itself.
+    /// Source networks (CIDRs) never redirected: their connections reach the agent's port
+    /// itself.
     pub exclude_sources: Vec<String>,
 }
 
@@ -36,7 +36,7 @@ pub enum PlanError {
     InboundIsAgentPort { port: u16 },
     #[error("port 0 is not a port")]
     PortZero,
-    #[error("`{0}` is not an IPv4 CIDR (a.b.c.d/n)")]
+    #[error("`{0}` is not a CIDR (a.b.c.d/n or an IPv6 prefix)")]
     NotACidr(String),
 }
 
@@ -100,12 +100,17 @@ impl Plan {
         })
     }
 
-    /// The plan, with connections from `cidrs` left to reach the agent's port itself.
+    /// The plan, with connections from `cidrs` (IPv4 or IPv6) left to reach the agent's port
+    /// itself.
     pub fn excluding_sources(mut self, cidrs: &[String]) -> Result<Self, PlanError> {
         for cidr in cidrs {
             let valid = cidr.split_once('/').is_some_and(|(ip, bits)| {
-                ip.parse::<std::net::Ipv4Addr>().is_ok()
-                    && bits.parse::<u8>().is_ok_and(|b| b <= 32)
+                let max = match ip.parse::<std::net::IpAddr>() {
+                    Ok(std::net::IpAddr::V4(_)) => 32,
+                    Ok(std::net::IpAddr::V6(_)) => 128,
+                    Err(_) => return false,
+                };
+                bits.parse::<u8>().is_ok_and(|b| b <= max)
             });
             if !valid {
                 return Err(PlanError::NotACidr(cidr.clone()));
@@ -115,6 +120,13 @@ impl Plan {
             }
         }
         Ok(self)
+    }
+
+    /// The plan for one address family: the excluded sources of that family only.
+    pub fn for_family(&self, v6: bool) -> Self {
+        let mut plan = self.clone();
+        plan.exclude_sources.retain(|c| c.contains(':') == v6);
+        plan
     }
 
     /// The chain's contents, in order (after it was created or flushed). Exclusions come first
@@ -205,6 +217,21 @@ impl Backend {
         match self {
             Backend::Nft => "iptables-nft",
             Backend::Legacy => "iptables-legacy",
+        }
+    }
+
+    /// The IPv6 counterpart of an iptables binary (`iptables-nft` → `ip6tables-nft`; a path's
+    /// file name likewise).
+    pub fn six(binary: &str) -> String {
+        match binary.rfind("iptables") {
+            Some(at) if !binary[..at].ends_with("ip6") => {
+                format!(
+                    "{}ip6tables{}",
+                    &binary[..at],
+                    &binary[at + "iptables".len()..]
+                )
+            }
+            _ => binary.to_owned(),
         }
     }
 
@@ -345,5 +372,20 @@ mod tests {
             .unwrap()
             .excluding_sources(&["10.0.0.0/33".to_owned()])
             .is_err());
+    }
+
+    #[test]
+    fn the_ipv6_plan_keeps_its_own_family_and_binary() {
+        let plan = Plan::new(&[8080], 4143, &[])
+            .and_then(|p| p.excluding_sources(&["10.0.0.0/8".to_owned(), "fd00::/8".to_owned()]))
+            .unwrap();
+        assert_eq!(plan.for_family(true).exclude_sources, ["fd00::/8"]);
+        assert_eq!(plan.for_family(false).exclude_sources, ["10.0.0.0/8"]);
+        assert_eq!(Backend::six("iptables-nft"), "ip6tables-nft");
+        assert_eq!(
+            Backend::six("/usr/sbin/iptables-legacy"),
+            "/usr/sbin/ip6tables-legacy"
+        );
+        assert_eq!(Backend::six("ip6tables"), "ip6tables");
     }
 }

@@ -1,7 +1,9 @@
-//! `GET http://<capability>.reach/.well-known/agent-card.json`: the card of a peer that serves
-//! the capability, fetched through the normal routing, with every interface URL pointed at
-//! `http://<capability>.reach/` so an A2A client that read it through the proxy keeps calling
-//! through the proxy (and so through routing) rather than one agent's own address.
+//! `GET http://<capability>.reach/.well-known/agent-card.json` (or its path-prefix form
+//! `http://127.0.0.1:4140/.reach/<capability>/.well-known/agent-card.json`): the card of a peer
+//! that serves the capability, fetched through the normal routing, with every interface URL
+//! pointed at the same form the card was asked in, its own path kept, so an A2A client that read
+//! it through the proxy keeps calling through the proxy (and so through routing) rather than one
+//! agent's own address.
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -18,9 +20,12 @@ pub(super) fn card_request<B>(req: &Request<B>) -> Option<String> {
     super::capability_of(req).ok().map(|c| c.to_string())
 }
 
-/// A successful card answer with its URLs rewritten; any other answer as it came.
+/// A successful card answer with its URLs rewritten onto `base` (the form the card was asked
+/// in: `http://<capability>.reach` unless `prefixed` gives the path-prefix base); any other
+/// answer as it came.
 pub(super) async fn rewritten(
     capability: &str,
+    prefixed: Option<&str>,
     response: Response<ReachBody>,
 ) -> Response<ReachBody> {
     if response.status() != StatusCode::OK {
@@ -42,7 +47,8 @@ pub(super) async fn rewritten(
         Ok(card) => card,
         Err(err) => return unreadable(format!("not JSON: {err}")),
     };
-    rewrite_urls(&mut card, &format!("http://{capability}.reach/"));
+    let base = prefixed.map_or_else(|| format!("http://{capability}.reach"), str::to_owned);
+    rewrite_urls(&mut card, &base);
     let text = card.to_string();
     parts.headers.remove(header::CONTENT_LENGTH);
     parts.headers.remove(header::CONTENT_ENCODING);

@@ -57,6 +57,12 @@ where
     if local_api::is_local_api(&req) {
         return answer(step::boxed(lanes.api.clone(), req).await);
     }
+    // The path-prefix form (`/.reach/<capability>/…` on the loopback listener) in its place.
+    let mut req = req;
+    let prefixed = match resolve::path_prefix(&mut req) {
+        Ok(base) => base,
+        Err(err) => return err.into_response(),
+    };
     let card = agent_card::card_request(&req);
     let mut resolved = None;
     let response = match resolve::resolve(&lanes.out, req, &mut resolved).await {
@@ -66,7 +72,9 @@ where
     };
     let response = resolve::marked(response, resolved);
     match card {
-        Some(capability) => Box::pin(agent_card::rewritten(&capability, response)).await,
+        Some(capability) => {
+            Box::pin(agent_card::rewritten(&capability, prefixed.as_deref(), response)).await
+        }
         None => response,
     }
 }

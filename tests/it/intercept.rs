@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 const POD_IP: &str = "10.231.0.1";
 const CLIENT_IP: &str = "10.231.0.2";
+const POD_IP6: &str = "fd00:231::1";
+const CLIENT_IP6: &str = "fd00:231::2";
 const AGENT_PORT: u16 = 8080;
 const INBOUND_PORT: u16 = 4143;
 const ADMIN_PORT: u16 = 4191;
@@ -23,6 +25,8 @@ struct Netns {
     client: String,
     children: Vec<Child>,
     dir: PathBuf,
+    /// The veth ends: the pod's and the client's.
+    veth: (String, String),
 }
 
 impl Netns {
@@ -41,15 +45,16 @@ impl Netns {
             client: format!("ar-cli{tag}-{id}"),
             children: Vec::new(),
             dir: std::env::temp_dir().join(format!("ar-intercept{tag}-{id}")),
+            veth: (
+                format!("arp{tag}{}", id % 100_000),
+                format!("arc{tag}{}", id % 100_000),
+            ),
         };
         if let Err(err) = ns.ip(&["netns", "add", &ns.pod]) {
             eprintln!("skipping tests/it/intercept.rs: `ip netns add` failed ({err})");
             return None;
         }
-        let (vp, vc) = (
-            format!("arp{tag}{}", id % 100_000),
-            format!("arc{tag}{}", id % 100_000),
-        );
+        let (vp, vc) = ns.veth.clone();
         let steps: [&[&str]; 10] = [
             &["netns", "add", &ns.client],
             &["link", "add", &vp, "type", "veth", "peer", "name", &vc],
@@ -112,12 +117,48 @@ impl Netns {
             .unwrap_or_else(|e| panic!("ip netns exec {ns} {cmd:?}: {e}"))
     }
 
+    /// IPv6 on the veth too (no duplicate address detection: usable at once); `false` where
+    /// the kernel has IPv6 off.
+    fn add_ipv6(&self) -> bool {
+        let (vp, vc) = &self.veth;
+        [
+            self.ip(&[
+                "-n",
+                &self.pod,
+                "addr",
+                "add",
+                &format!("{POD_IP6}/64"),
+                "dev",
+                vp,
+                "nodad",
+            ]),
+            self.ip(&[
+                "-n",
+                &self.client,
+                "addr",
+                "add",
+                &format!("{CLIENT_IP6}/64"),
+                "dev",
+                vc,
+                "nodad",
+            ]),
+        ]
+        .iter()
+        .all(Result::is_ok)
+    }
+
     /// `cmd` started inside the pod namespace, its output in the test directory.
     fn spawn(&mut self, name: &str, cmd: &[&str]) {
+        self.spawn_with(name, cmd, &[]);
+    }
+
+    /// [`Netns::spawn`] with environment variables.
+    fn spawn_with(&mut self, name: &str, cmd: &[&str], env: &[(&str, &str)]) {
         let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
         let child = Command::new("ip")
             .args(["netns", "exec", &self.pod])
             .args(cmd)
+            .envs(env.iter().copied())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null())
@@ -407,4 +448,185 @@ fn strict_refuses_intercepted_plaintext_without_a_port_exception() {
         &["reason=\"intercepted_plaintext\""],
     );
     assert_eq!(counted, Some(1.0), "{metrics}");
+}
+
+/// The agent container of an injected pod: its kubelet probes, as `agent-reach inject --file`
+/// rewrites them, and the originals it hands the sidecar (`AGENT_REACH_APP_PROBES`).
+fn injected_probes(ns: &Netns, bin: &str) -> (String, String) {
+    let pod = ns.dir.join("pod.yaml");
+    std::fs::write(
+        &pod,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: coder-0\n  annotations:\n    agent-reach.io/inject: enabled\n    agent-reach.io/intercept: inbound\n    agent-reach.io/agent-port: \"{AGENT_PORT}\"\n    agent-reach.io/capabilities: echo\n\
+             spec:\n  containers:\n  - name: agent\n    image: agent:1\n    ports: [{{ containerPort: {AGENT_PORT} }}]\n\
+             \x20   livenessProbe: {{ httpGet: {{ path: /healthz, port: {AGENT_PORT} }} }}\n\
+             \x20   readinessProbe: {{ tcpSocket: {{ port: {AGENT_PORT} }} }}\n"
+        ),
+    )
+    .unwrap();
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config/injector.yaml");
+    let out = Command::new(bin)
+        .args(["inject", "--config", config, "--file"])
+        .arg(&pod)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest: serde_json::Value = agent_reach::config::yaml::from_slice(&out.stdout).unwrap();
+    let agent = &manifest["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "agent")
+        .unwrap()
+        .clone();
+    let path = agent["livenessProbe"]["httpGet"]["path"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let sidecar = manifest["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .chain(manifest["spec"]["containers"].as_array())
+        .flatten()
+        .find(|c| c["name"] == "agent-reach")
+        .unwrap()
+        .clone();
+    let probes = sidecar["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "AGENT_REACH_APP_PROBES")
+        .and_then(|e| e["value"].as_str())
+        .unwrap()
+        .to_owned();
+    (path, probes)
+}
+
+// The injected pod under strict mTLS with interception, as the kubelet sees it from the node:
+// the agent's port refuses its plaintext probe (the problem), the probes `inject` moved to the
+// admin port are answered by the agent, over IPv4 and IPv6, idle and while the agent is busy;
+// and IPv6 clients of the agent's port are intercepted too (ip6tables).
+#[test]
+fn an_injected_pods_probes_are_answered_by_its_agent_over_ipv4_and_ipv6() {
+    let Some(mut ns) = Netns::create(3) else {
+        return;
+    };
+    let v6 = ns.add_ipv6();
+    if !v6 {
+        eprintln!("tests/it/intercept.rs: no IPv6 in this kernel: IPv4 only");
+    }
+    let bin = env!("CARGO_BIN_EXE_agent-reach");
+    let (path, probes) = injected_probes(&ns, bin);
+    assert_eq!(path, "/app-health/agent/livez");
+    let policy = ns.dir.join("policy.yaml");
+    std::fs::write(&policy, "mtls:\n  mode: strict\n").unwrap();
+    let bootstrap = ns.dir.join("bootstrap.yaml");
+    std::fs::write(
+        &bootstrap,
+        format!(
+            "listen:\n  outbound: 127.0.0.1:4140\n  inbound: \"[::]:{INBOUND_PORT}\"\n  admin: \"[::]:{ADMIN_PORT}\"\n\
+             \x20 intercept: {{ ports: [{AGENT_PORT}] }}\n\
+             agent:\n  name: busy-agent\n  address: 127.0.0.1:{AGENT_PORT}\n  max_concurrency: 1\n\
+             \x20 queue: {{ capacity: 0, max_wait: 1s }}\n\
+             \x20 capabilities:\n    - name: echo\n"
+        ),
+    )
+    .unwrap();
+    ns.spawn(
+        "agent",
+        &[
+            bin,
+            "mock-agent",
+            "--listen",
+            &format!("127.0.0.1:{AGENT_PORT}"),
+            "--mode",
+            "slow",
+        ],
+    );
+    ns.spawn_with(
+        "sidecar",
+        &[
+            bin,
+            "run",
+            "--config",
+            bootstrap.to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
+        &[("AGENT_REACH_APP_PROBES", probes.as_str())],
+    );
+    let pod = ns.pod.clone();
+    let client = ns.client.clone();
+    ns.until("the sidecar is live", || {
+        ns.get(&pod, "127.0.0.1", ADMIN_PORT, "/live")
+    });
+    let ports = AGENT_PORT.to_string();
+    let inbound = INBOUND_PORT.to_string();
+    let out = ns.exec(
+        &pod,
+        &[
+            bin,
+            "init-net",
+            "--agent-ports",
+            &ports,
+            "--inbound-port",
+            &inbound,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "init-net: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut addresses = vec![POD_IP];
+    if v6 {
+        assert!(said.contains("ip6tables"), "no IPv6 rules: {said}");
+        addresses.push(POD_IP6);
+    }
+    let status = |answer: &str| answer.split_whitespace().nth(1).unwrap_or("").to_owned();
+    for ip in &addresses {
+        // What the kubelet probed before: refused by strict, since it is intercepted.
+        let old = ns
+            .get(&client, ip, AGENT_PORT, "/healthz")
+            .expect("a plaintext probe");
+        assert_eq!(status(&old), "403", "{ip}: {old}");
+        assert!(old.contains("mtls_required"), "{old}");
+        // What it probes now: the agent's own answer.
+        let live = ns
+            .get(&client, ip, ADMIN_PORT, &path)
+            .expect("the rewritten probe");
+        assert_eq!(status(&live), "200", "{ip}: {live}");
+        let ready = ns
+            .get(&client, ip, ADMIN_PORT, "/app-health/agent/readyz")
+            .expect("the readiness probe");
+        assert_eq!(status(&ready), "200", "{ip}: {ready}");
+    }
+    // Busy: the agent's workers taken by slow calls on loopback (not intercepted); the probe
+    // runs beside them, outside any slot.
+    for n in 0..6 {
+        let script = format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{AGENT_PORT} && printf 'POST /work HTTP/1.1\\r\\nhost: x\\r\\ncontent-length: 0\\r\\nconnection: close\\r\\n\\r\\n' >&3 && cat <&3"
+        );
+        ns.spawn(
+            &format!("busy-{n}"),
+            &["timeout", "10", "bash", "-c", &script],
+        );
+    }
+    ns.until("the agent is busy", || {
+        let text = ns.get(&pod, "127.0.0.1", AGENT_PORT, "/admin/stats")?;
+        let body = text.split("\r\n\r\n").nth(1)?;
+        let stats: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+        (stats["in_flight"].as_u64()? >= 1).then_some(())
+    });
+    for ip in &addresses {
+        let live = ns
+            .get(&client, ip, ADMIN_PORT, &path)
+            .expect("the probe while busy");
+        assert_eq!(status(&live), "200", "busy, {ip}: {live}");
+    }
 }

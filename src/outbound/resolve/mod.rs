@@ -23,6 +23,7 @@ use crate::http::request_target::{self, Target};
 use crate::http::upload::Upload;
 use crate::http::{headers, upload, ReachBody};
 pub use target::capability_of;
+pub(super) use target::path_prefix;
 
 /// The answer, marked with how the capability was chosen when the call asked for intent
 /// routing (`resolved`, set by [`resolve`]): on every answer of the call. `None` for a call

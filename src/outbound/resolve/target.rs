@@ -25,6 +25,51 @@ pub(in crate::outbound) enum Wanted {
     Override(Name),
 }
 
+/// The path-prefix form of a capability on the loopback listener: for clients that ignore
+/// `HTTP_PROXY` (Node's `fetch`) or take only https or loopback URLs (google-adk), a plain base
+/// URL `http://127.0.0.1:4140/.reach/<capability>` names it. `/.reach/` is the sidecar's: the
+/// outbound listener serves no agent, and a call naming its capability otherwise (header or
+/// authority) is not read this way (`docs/calling.md`).
+const PATH_PREFIX: &str = "/.reach/";
+
+/// A call in the path-prefix form, turned into the header form: `reach-capability` set and the
+/// prefix taken off its path. Its base (`http://<host>/.reach/<capability>`, what a card read
+/// this way points back at) when it was one.
+pub(in crate::outbound) fn path_prefix<B>(req: &mut Request<B>) -> Result<Option<String>, ReachError> {
+    let Some(rest) = req.uri().path().strip_prefix(PATH_PREFIX) else {
+        return Ok(None);
+    };
+    let host = host_of(req);
+    let named_otherwise = req.headers().contains_key(headers::CAPABILITY)
+        || host.as_deref().is_some_and(|h| h.ends_with(SUFFIX));
+    if named_otherwise || !host.as_deref().is_none_or(is_loopback) {
+        return Ok(None);
+    }
+    let (capability, tail) = rest.split_once('/').unwrap_or((rest, ""));
+    let name = Name::parse(capability).map_err(ReachError::BadRequest)?;
+    let authority = req
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(ToString::to_string))
+        .unwrap_or_else(|| "127.0.0.1".to_owned());
+    let path = match req.uri().query() {
+        Some(query) => format!("/{tail}?{query}"),
+        None => format!("/{tail}"),
+    };
+    let mut parts = req.uri().clone().into_parts();
+    parts.path_and_query = Some(
+        path.parse()
+            .map_err(|_| ReachError::BadRequest(format!("`{path}` is not a path")))?,
+    );
+    *req.uri_mut() = http::Uri::from_parts(parts)
+        .map_err(|e| ReachError::BadRequest(format!("the request's target: {e}")))?;
+    req.headers_mut()
+        .insert(headers::CAPABILITY, headers::value(name.as_str()));
+    Ok(Some(format!("http://{authority}{}{name}", PATH_PREFIX)))
+}
+
 /// Resolves the capability from the `reach-capability` header or a `<capability>.reach` authority.
 pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
     match wanted(req, &headers::Head::of(req.headers()))? {

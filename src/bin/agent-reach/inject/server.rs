@@ -126,13 +126,16 @@ impl Injector {
             path: config.tls.cert_file.display().to_string(),
             message: e.to_string(),
         })?;
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| InjectError::Bind {
-                    addr: config.listen,
-                    source,
-                })?;
+        // `[::]` (the chart's) is dual-stack; where the node has no IPv6, IPv4 alone.
+        let mut bound = TcpListener::bind(config.listen).await;
+        if bound.is_err() && config.listen.ip() == std::net::Ipv6Addr::UNSPECIFIED {
+            bound =
+                TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, config.listen.port())).await;
+        }
+        let listener = bound.map_err(|source| InjectError::Bind {
+            addr: config.listen,
+            source,
+        })?;
         let addr = listener.local_addr().map_err(|source| InjectError::Bind {
             addr: config.listen,
             source,
