@@ -208,11 +208,17 @@ mod tests {
             card["additionalInterfaces"][0]["url"],
             "http://sql-gen.reach/a2a/jsonrpc"
         );
-        assert_eq!(card["supportedInterfaces"][0]["url"], "http://sql-gen.reach/");
+        assert_eq!(
+            card["supportedInterfaces"][0]["url"],
+            "http://sql-gen.reach/"
+        );
         assert_eq!(card["name"], "sql agent");
         let mut card = card();
         card["url"] = json!("http://10.0.0.5:8080/a2a/jsonrpc?v=1");
         rewrite_urls(&mut card, "http://127.0.0.1:4140/.reach/sql-gen/");
-        assert_eq!(card["url"], "http://127.0.0.1:4140/.reach/sql-gen/a2a/jsonrpc?v=1");
+        assert_eq!(
+            card["url"],
+            "http://127.0.0.1:4140/.reach/sql-gen/a2a/jsonrpc?v=1"
+        );
     }
 }

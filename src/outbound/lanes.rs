@@ -73,7 +73,12 @@ where
     let response = resolve::marked(response, resolved);
     match card {
         Some(capability) => {
-            Box::pin(agent_card::rewritten(&capability, prefixed.as_deref(), response)).await
+            Box::pin(agent_card::rewritten(
+                &capability,
+                prefixed.as_deref(),
+                response,
+            ))
+            .await
         }
         None => response,
     }

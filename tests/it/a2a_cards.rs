@@ -179,6 +179,46 @@ async fn skills_become_capabilities_that_callers_route_and_the_card_names_the_pr
     );
     assert_eq!(card["name"], "sqlbot");
     assert_eq!(agent.served().len(), 1, "the card is not a task");
+
+    // From a plain base URL on the loopback listener (Node's fetch ignores HTTP_PROXY; google-adk
+    // takes only https or loopback card URLs): the card points back at the same form.
+    let base = format!("http://{}/.reach/sql-gen", caller.addrs.outbound);
+    let host = caller.addrs.outbound.to_string();
+    let card = send(
+        &client(),
+        "GET",
+        &format!("{base}/.well-known/agent-card.json"),
+        &[("host", host.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(card.status, 200, "{}", card.body);
+    let card = card.json();
+    assert_eq!(card["url"], format!("{base}/"), "{card}");
+    let request = serde_json::json!({
+        "jsonrpc": "2.0", "id": 2, "method": "message/send",
+        "params": { "message": { "role": "user", "messageId": "m2",
+            "parts": [{ "kind": "text", "text": "hello" }] } }
+    });
+    let url = card["url"].as_str().unwrap();
+    let reply = send(
+        &client(),
+        "POST",
+        url,
+        &[("content-type", "application/json")],
+        &request.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.json()["result"]["metadata"]["agent"], "sqlbot");
+    assert_eq!(agent.served().len(), 2);
+    // A name that is not a capability's is a clear 400.
+    let bad = get(
+        &client(),
+        &format!("http://{}/.reach/Not%20One/x", caller.addrs.outbound),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -152,7 +152,8 @@ impl Fleet {
     }
 
     async fn routes(&self, tool: &str) -> bool {
-        self.call(tool).await.status == 200
+        let reply = self.call(tool).await;
+        reply.status == 200 && reply.header("reach-reason").is_empty()
     }
 
     /// The caller's federated `tools/list`: tool name → how many times it is listed.
@@ -224,10 +225,13 @@ async fn each_tool_call_goes_to_a_server_with_the_tool_and_the_fleet_lists_each_
     assert_eq!(answered_by(&reply), "c");
     assert_eq!(fleet.server("a").served("summarize"), 0);
     assert_eq!(fleet.server("b").served("summarize"), 0);
-    // A tool no server has is refused by the caller's sidecar.
+    // A tool no server has is refused by the caller's sidecar, as MCP says: a JSON-RPC error
+    // (an MCP client reads a bare 404 as its session gone).
     let reply = fleet.call("nope").await;
-    assert_eq!(reply.status, 404, "{}", reply.body);
+    assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.header("reach-reason"), "unknown_capability");
+    assert_eq!(reply.json()["error"]["code"], -32602, "{}", reply.body);
+    assert_eq!(reply.json()["id"], 3);
 
     // The federated list: every tool of the fleet, once each, with its schema.
     let listed = fleet.tools_list().await;
@@ -413,7 +417,7 @@ async fn a_tool_added_at_run_time_is_routable_within_seconds() {
     // brings the new tool in.
     let fleet = fleet_refreshing(HumanDuration::from_secs(60)).await;
     let reply = fleet.call("translate").await;
-    assert_eq!(reply.status, 404, "{}", reply.body);
+    assert_eq!(reply.json()["error"]["code"], -32602, "{}", reply.body);
     fleet.server("b").add_tool(tool("translate", false));
     let started = tokio::time::Instant::now();
     eventually(Duration::from_secs(5), "translate to be routable", || {

@@ -60,7 +60,9 @@ where
     };
     match asked.method.as_str() {
         "tools/call" => match asked.tool {
-            Some(tool) => tool_call::routed(out, inner, call, tool, asked.resumes).await,
+            Some(tool) => {
+                tool_call::routed(out, inner, call, (tool, asked.resumes, asked.id)).await
+            }
             None => answer(inner.oneshot(call).await),
         },
         "tools/list" => fleet::tools_list(&out, inner, call, asked.id).await,

@@ -27,8 +27,7 @@ pub(super) async fn routed<S>(
     out: Arc<Outbound>,
     inner: S,
     call: Call,
-    tool: String,
-    resumes: bool,
+    (tool, resumes, id): (String, bool, Option<serde_json::Value>),
 ) -> Response<ReachBody>
 where
     S: Step<Call, Response = Response<ReachBody>>,
@@ -55,9 +54,42 @@ where
                 excluded.push(peer);
                 call = next;
             }
-            _ => return response,
+            _ => return unknown_tool_as_mcp(response, &tool, id),
         }
     }
+}
+
+/// A tool no server has, answered as MCP says (a JSON-RPC error, `-32602`, inside a `200`), not
+/// as a bare `404`: an MCP client reads a `404` on its session as "your session is gone".
+fn unknown_tool_as_mcp(
+    response: Response<ReachBody>,
+    tool: &str,
+    id: Option<serde_json::Value>,
+) -> Response<ReachBody> {
+    let unknown = response.status() == http::StatusCode::NOT_FOUND
+        && response
+            .headers()
+            .get(crate::http::headers::REASON)
+            .is_some_and(|r| r == "unknown_capability");
+    if !unknown {
+        return response;
+    }
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": -32602, "message": format!("Unknown tool: {tool}: no server of the fleet has it") },
+    });
+    let mut answer = Response::new(crate::http::body::full(body.to_string()));
+    answer.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    if let Some(reason) = response.headers().get(crate::http::headers::REASON) {
+        answer
+            .headers_mut()
+            .insert(crate::http::headers::REASON, reason.clone());
+    }
+    answer
 }
 
 /// The call again, with its buffered body, for another server.

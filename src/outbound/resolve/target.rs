@@ -35,7 +35,9 @@ const PATH_PREFIX: &str = "/.reach/";
 /// A call in the path-prefix form, turned into the header form: `reach-capability` set and the
 /// prefix taken off its path. Its base (`http://<host>/.reach/<capability>`, what a card read
 /// this way points back at) when it was one.
-pub(in crate::outbound) fn path_prefix<B>(req: &mut Request<B>) -> Result<Option<String>, ReachError> {
+pub(in crate::outbound) fn path_prefix<B>(
+    req: &mut Request<B>,
+) -> Result<Option<String>, ReachError> {
     let Some(rest) = req.uri().path().strip_prefix(PATH_PREFIX) else {
         return Ok(None);
     };
