@@ -213,11 +213,11 @@ mod tests {
             "http://sql-gen.reach/"
         );
         assert_eq!(card["name"], "sql agent");
-        let mut card = card();
-        card["url"] = json!("http://10.0.0.5:8080/a2a/jsonrpc?v=1");
-        rewrite_urls(&mut card, "http://127.0.0.1:4140/.reach/sql-gen/");
+        let mut other = super::tests::card();
+        other["url"] = json!("http://10.0.0.5:8080/a2a/jsonrpc?v=1");
+        rewrite_urls(&mut other, "http://127.0.0.1:4140/.reach/sql-gen/");
         assert_eq!(
-            card["url"],
+            other["url"],
             "http://127.0.0.1:4140/.reach/sql-gen/a2a/jsonrpc?v=1"
         );
     }
