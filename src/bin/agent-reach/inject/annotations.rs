@@ -39,6 +39,8 @@ pub const A2A: &str = "agent-reach.io/a2a";
 pub const MCP: &str = "agent-reach.io/mcp";
 /// The label injected pods carry: the gossip Service, NetworkPolicy and PodMonitor select it.
 pub const INJECTED_LABEL: &str = "agent-reach.io/injected";
+/// The release whose injector injected a pod: its gossip Service selects its own pods only.
+pub const RELEASE_LABEL: &str = "agent-reach.io/release";
 
 const KNOWN: [&str; 20] = [
     INJECT,

@@ -44,6 +44,10 @@ pub struct InjectorConfig {
     /// Inbound interception: the `init-net` init container (`agent_reach::intercept`).
     #[serde(default)]
     pub intercept: Intercept,
+    /// The Helm release that installed the injector: its pods are labelled with it
+    /// (`agent-reach.io/release`), so the release's gossip Service selects only its own.
+    #[serde(default)]
+    pub release: Option<String>,
     /// Every injected pod's bootstrap without `agent`, which comes from the pod's annotations.
     /// `{namespace}` in a gossip seed becomes the pod's namespace.
     pub bootstrap: serde_json::Map<String, serde_json::Value>,

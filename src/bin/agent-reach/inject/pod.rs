@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::annotations::{join, AnnotationError, Settings, INJECT, INJECTED_LABEL, STATUS};
+use super::annotations::{join, AnnotationError, Settings, INJECT, INJECTED_LABEL, RELEASE_LABEL, STATUS};
 use super::config::InjectorConfig;
 use super::mtls;
 use super::patch::{escape, Op};
@@ -528,6 +528,9 @@ fn patch(
     }
 
     let mut labels = vec![(INJECTED_LABEL.to_owned(), json!("true"))];
+    if let Some(release) = &config.release {
+        labels.push((RELEASE_LABEL.to_owned(), json!(release)));
+    }
     labels.retain(|(k, _)| {
         pod.pointer(&format!("/metadata/labels/{}", escape(k)))
             .is_none()
