@@ -9,30 +9,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_reach::gossip::{self, Capability, Live, NodeOptions, Profile};
+use agent_reach::gossip::{self, NodeOptions, Profile};
 use agent_reach::Bootstrap;
 use support::*;
-
-struct Quiet;
-
-impl gossip::Membership for Quiet {
-    fn members(&self, _: &[gossip::Member]) {}
-    fn live(&self, _: &gossip::Member, _: &Live) {}
-}
-
-fn capability(name: String) -> Capability {
-    Capability {
-        name,
-        tags: Default::default(),
-        timeout_ms: 30_000,
-        mode: agent_reach::config::RouteMode::Sync,
-        cost_milli: 0,
-        idempotent: false,
-        output_schema: None,
-        a2a: None,
-        tools: Vec::new(),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_claiming_ever_new_capabilities_grows_no_callers_metrics_past_the_cap() {

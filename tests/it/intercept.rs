@@ -178,6 +178,19 @@ impl Netns {
         (out.status.success() && text.starts_with("HTTP/1.1")).then_some(text)
     }
 
+    /// `agent-reach init-net` for the agent's port, in the pod: what it printed.
+    fn init_net(&self, bin: &str) -> String {
+        let (ports, inbound) = (AGENT_PORT.to_string(), INBOUND_PORT.to_string());
+        let args = [bin, "init-net", "--agent-ports", &ports, "--inbound-port", &inbound];
+        let out = self.exec(&self.pod, &args);
+        assert!(
+            out.status.success(),
+            "init-net: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Polls until `f` gives an answer, for up to 15 s.
     fn until<T>(&self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -419,23 +432,7 @@ fn strict_refuses_intercepted_plaintext_without_a_port_exception() {
     ns.until("the agent answers on loopback", || {
         ns.get(&pod, "127.0.0.1", AGENT_PORT, "/work")
     });
-    let (ports, inbound) = (AGENT_PORT.to_string(), INBOUND_PORT.to_string());
-    let out = ns.exec(
-        &pod,
-        &[
-            bin,
-            "init-net",
-            "--agent-ports",
-            &ports,
-            "--inbound-port",
-            &inbound,
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "init-net: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ns.init_net(bin);
     let refused = ns
         .get(&client, POD_IP, AGENT_PORT, "/work")
         .expect("an answer from the sidecar");
@@ -564,25 +561,7 @@ fn an_injected_pods_probes_are_answered_by_its_agent_over_ipv4_and_ipv6() {
     ns.until("the sidecar is live", || {
         ns.get(&pod, "127.0.0.1", ADMIN_PORT, "/live")
     });
-    let ports = AGENT_PORT.to_string();
-    let inbound = INBOUND_PORT.to_string();
-    let out = ns.exec(
-        &pod,
-        &[
-            bin,
-            "init-net",
-            "--agent-ports",
-            &ports,
-            "--inbound-port",
-            &inbound,
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "init-net: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let said = ns.init_net(bin);
     let mut addresses = vec![POD_IP];
     if v6 {
         assert!(said.contains("ip6tables"), "no IPv6 rules: {said}");

@@ -570,13 +570,6 @@ async fn rotating_the_certificates_under_traffic_loses_no_request() {
     assert_eq!(reply.status, 200, "{}", reply.body);
 }
 
-struct Quiet;
-
-impl agent_reach::gossip::Membership for Quiet {
-    fn members(&self, _: &[agent_reach::gossip::Member]) {}
-    fn live(&self, _: &agent_reach::gossip::Member, _: &agent_reach::gossip::Live) {}
-}
-
 fn gossip_key(pki: &Pki) -> PathBuf {
     std::fs::create_dir_all(&pki.dir).unwrap();
     let path = pki.dir.join("gossip.key");
@@ -597,7 +590,7 @@ fn gossip_key(pki: &Pki) -> PathBuf {
 // does not match, and move on: its agent gets no traffic and no call fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_traffic() {
-    use agent_reach::gossip::{self, Capability, Live, NodeOptions, Profile};
+    use agent_reach::gossip::{self, Live, NodeOptions, Profile};
     let pki = Pki::new("hijack");
     let key = gossip_key(&pki);
     let b_identity = id("agents", "coder-b");
@@ -661,17 +654,7 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
         zone: String::new(),
         region: String::new(),
         max_concurrency: 64,
-        capabilities: vec![Capability {
-            name: CAP.into(),
-            tags: Default::default(),
-            timeout_ms: 30_000,
-            mode: agent_reach::config::RouteMode::Sync,
-            cost_milli: 0,
-            idempotent: false,
-            output_schema: None,
-            a2a: None,
-            tools: Vec::new(),
-        }],
+        capabilities: vec![wire_capability(CAP)],
         version: "forged".into(),
         identity: Some(SpiffeId::parse(&b_identity).unwrap()),
     });

@@ -237,3 +237,26 @@ pub fn counter(metrics: &str, series: &str) -> u64 {
         .and_then(|v| v.parse::<f64>().ok())
         .map_or(0, |v| v as u64)
 }
+
+/// A gossip membership listener that listens to nothing: for a hand-driven gossip node.
+pub struct Quiet;
+
+impl agent_reach::gossip::Membership for Quiet {
+    fn members(&self, _: &[agent_reach::gossip::Member]) {}
+    fn live(&self, _: &agent_reach::gossip::Member, _: &agent_reach::gossip::Live) {}
+}
+
+/// One capability as a gossip profile carries it, everything else at its default.
+pub fn wire_capability(name: &str) -> agent_reach::gossip::Capability {
+    agent_reach::gossip::Capability {
+        name: name.to_owned(),
+        tags: Default::default(),
+        timeout_ms: 30_000,
+        mode: agent_reach::config::RouteMode::Sync,
+        cost_milli: 0,
+        idempotent: false,
+        output_schema: None,
+        a2a: None,
+        tools: Vec::new(),
+    }
+}
