@@ -2,7 +2,8 @@
 # CI for the Helm chart (charts/agent-reach) and the Kubernetes example (examples/k8s):
 #   - helm lint --strict, with the default values and with charts/golden/custom-values.yaml;
 #   - helm template for both; every rendered object (and every object in examples/k8s/*.yaml)
-#     validated strictly against the JSON schemas of a recent Kubernetes (kubernetes-validate);
+#     validated strictly against the JSON schemas of every Kubernetes minor from 1.30 that
+#     kubernetes-validate knows (its newest patch each);
 #   - the injector's config checked for the exact shape the webhook parses, its sidecar validated
 #     as a Container of a Pod, and config/injector.yaml held equal to the default render; when an
 #     agent-reach binary is built, the injector config, the fleet policy and an injected pod's
@@ -229,10 +230,15 @@ CRDS = {("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer"),
         ("monitoring.coreos.com/v1", "PodMonitor"), ("keda.sh/v1alpha1", "ScaledObject")}
 
 versions = sorted({Version(v) for v in utils.all_versions()})
-if not versions or versions[-1] < Version("1.29"):
-    sys.exit(f"kubernetes-validate {utils.__version__} knows no Kubernetes >= 1.29 (newest: {versions[-1:]})")
-k8s = f"{versions[-1].major}.{versions[-1].minor}.{versions[-1].micro}"
-print(f"kubernetes-validate {utils.__version__}: Kubernetes {k8s}, strict schemas")
+if not versions or versions[-1] < Version("1.30"):
+    sys.exit(f"kubernetes-validate {utils.__version__} knows no Kubernetes >= 1.30 (newest: {versions[-1:]})")
+# Every minor from 1.30 (the oldest the chart's defaults target in practice), its newest patch.
+newest = {}
+for v in versions:
+    if v >= Version("1.30"):
+        newest[(v.major, v.minor)] = v
+targets = [f"{v.major}.{v.minor}.{v.micro}" for v in sorted(newest.values())]
+print(f"kubernetes-validate {utils.__version__}: Kubernetes {', '.join(targets)}, strict schemas")
 failed = 0
 for path in sys.argv[1:]:
     with open(path) as f:
@@ -245,15 +251,19 @@ for path in sys.argv[1:]:
         if (doc.get("apiVersion"), doc.get("kind")) in CRDS:
             print(f"  skipped {what}: custom resource {doc['apiVersion']}, no schema to validate against")
             continue
-        try:
-            kubernetes_validate.validate(doc, k8s, strict=True)
+        for k8s in targets:
+            try:
+                kubernetes_validate.validate(doc, k8s, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                failed += 1
+                print(f"  INVALID {what} on {k8s}: {'.'.join(str(p) for p in e.path)}: {e.message}")
+                break
+            except kubernetes_validate.SchemaNotFoundError as e:
+                failed += 1
+                print(f"  INVALID {what} on {k8s}: {e.message}")
+                break
+        else:
             print(f"  valid   {what}")
-        except kubernetes_validate.ValidationError as e:
-            failed += 1
-            print(f"  INVALID {what}: {'.'.join(str(p) for p in e.path)}: {e.message}")
-        except kubernetes_validate.SchemaNotFoundError as e:
-            failed += 1
-            print(f"  INVALID {what}: {e.message}")
 sys.exit(1 if failed else 0)
 PY
 }
