@@ -58,7 +58,7 @@ async fn a_member_claiming_ever_new_capabilities_grows_no_callers_metrics_past_t
             region: String::new(),
             max_concurrency: 4,
             capabilities: (0..16)
-                .map(|i| capability(format!("skill-{round}-{i}")))
+                .map(|i| wire_capability(&format!("skill-{round}-{i}")))
                 .collect(),
             version: "churn".into(),
             identity: None,

@@ -181,7 +181,14 @@ impl Netns {
     /// `agent-reach init-net` for the agent's port, in the pod: what it printed.
     fn init_net(&self, bin: &str) -> String {
         let (ports, inbound) = (AGENT_PORT.to_string(), INBOUND_PORT.to_string());
-        let args = [bin, "init-net", "--agent-ports", &ports, "--inbound-port", &inbound];
+        let args = [
+            bin,
+            "init-net",
+            "--agent-ports",
+            &ports,
+            "--inbound-port",
+            &inbound,
+        ];
         let out = self.exec(&self.pod, &args);
         assert!(
             out.status.success(),

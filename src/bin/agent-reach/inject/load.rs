@@ -108,7 +108,7 @@ mod tests {
         assert!(err.is_some_and(|e| e.contains("must not contain `$`")));
         let no_name = SHIPPED.replace("  name: agent-reach\n", "");
         assert!(InjectorConfig::parse(path, &no_name).is_err());
-        let bad_bootstrap = SHIPPED.replace("listen: 0.0.0.0:4190", "listen: nowhere");
+        let bad_bootstrap = SHIPPED.replace("listen: \"[::]:4190\"", "listen: nowhere");
         let err = InjectorConfig::parse(path, &bad_bootstrap)
             .err()
             .map(|e| e.to_string());

@@ -4,7 +4,9 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::annotations::{join, AnnotationError, Settings, INJECT, INJECTED_LABEL, RELEASE_LABEL, STATUS};
+use super::annotations::{
+    join, AnnotationError, Settings, INJECT, INJECTED_LABEL, RELEASE_LABEL, STATUS,
+};
 use super::config::InjectorConfig;
 use super::mtls;
 use super::patch::{escape, Op};
