@@ -294,7 +294,8 @@ def check(cond, message):
         errors.append(message)
 
 expected = {"listen", "tls", "native_sidecar", "termination_grace_seconds", "prometheus",
-            "defaults", "sidecar", "volumes", "tasks", "intercept", "bootstrap"}
+            "defaults", "sidecar", "volumes", "tasks", "intercept", "bootstrap", "release"}
+check(cfg.get("release") == "agent-reach", f"release: {cfg.get('release')} (the injected pods' agent-reach.io/release)")
 if "mtls" in cfg:  # only with mtls.enabled
     expected.add("mtls")
     check(set(cfg["mtls"]) in ({"volume"}, {"volume", "service_accounts"}), f"mtls keys: {sorted(cfg['mtls'])}")
