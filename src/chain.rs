@@ -5,10 +5,10 @@
 //! Two forms travel. Between sidecars, the peer form `<hops>;<agent>><agent>/<capability>…`,
 //! signed with a key of the mesh (derived from the gossip key: `…;m<mac>`) and read only when
 //! that signature holds or the caller's certificate was verified — a plaintext process cannot
-//! plant one — and rewritten at each inbound edge. To the agent, the same text bound to the
-//! inbound call that issued it and sealed with this sidecar's key (`…;<epoch>.<call>.<issued>;
-//! <mac>`): the agent passes it on, like `traceparent`, on the calls it makes while serving the
-//! call, and the outbound listener opens it — only while that call is in flight (or just ended),
+//! plant one — and rewritten at each inbound edge. To the agent, the same text sealed with this
+//! sidecar's key and bound to the inbound call that issued it (`…;<mac>;<run>.<call>`): the
+//! agent passes it on, like `traceparent`, on the calls it makes while serving the call, and
+//! the outbound listener opens it — only while that call is in flight (or just ended),
 //! so an agent can neither shorten, invent nor replay the chain it is in. A call that carries no
 //! chain while the agent serves exactly one call continues that call's chain: a framework that
 //! drops the header still cannot loop. The key is derived from the gossip key, so a chain stays
@@ -153,20 +153,13 @@ fn split_mesh_mac(text: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// Seconds since the epoch: when a chain was issued, on a clock a restarted sidecar shares.
-fn unix_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// The bytes of a MAC kept: 128 bits.
 const MAC_BYTES: usize = 16;
 /// A chain whose call has ended is still accepted this long: an agent's last calls may leave
 /// just as its answer does.
 const GRACE: Duration = Duration::from_secs(2);
 /// A chain issued by an earlier run of this sidecar (before a restart) is accepted this long
-/// after it was issued: its call cannot be looked up any more.
+/// after this run started: its call cannot be looked up any more.
 const MAX_AGE: Duration = Duration::from_secs(15 * 60);
 /// Ended calls remembered for [`GRACE`], at most.
 const MAX_ENDED: usize = 4096;
@@ -208,19 +201,30 @@ pub struct Seal {
     key: ring::hmac::Key,
     /// Keys of the mesh: the first signs the chains sent to peers, any verifies theirs.
     mesh: Vec<ring::hmac::Key>,
-    /// This run of the sidecar: a chain of another run is judged by its age.
+    /// This run of the sidecar: a chain of another run is judged by when this one started.
     epoch: u32,
+    started: Instant,
     next: AtomicU64,
     calls: Mutex<Calls>,
     /// How many calls are in flight, read without the lock by a call that carries no chain.
     live: AtomicUsize,
+    /// First hops sealed already: a plain call's chain is the same for every call from one
+    /// caller to one capability, so it is sealed once (its call is bound per call, cheaply).
+    first_hops: std::sync::RwLock<FirstHops>,
 }
+
+/// Capability → caller (`-` for one the sidecar could not name) → (this agent, the peer form,
+/// the peer form with its seal).
+type FirstHops = FastMap<String, FastMap<String, (String, Arc<str>, Arc<str>)>>;
+
+/// First hops kept at most (past it, the rest are sealed per call).
+const MAX_FIRST_HOPS: usize = 4096;
 
 #[derive(Debug, Default)]
 struct Calls {
     /// Call → its chain's peer form.
     live: FastMap<u64, Arc<str>>,
-    ended: VecDeque<(u64, Instant)>,
+    ended: VecDeque<(u64, Arc<str>, Instant)>,
 }
 
 /// An inbound call's chain, issued: in flight until dropped (when the call's answer is done).
@@ -275,9 +279,11 @@ impl Seal {
             key,
             mesh,
             epoch: rand::random(),
+            started: Instant::now(),
             next: AtomicU64::new(1),
             calls: Mutex::default(),
             live: AtomicUsize::new(0),
+            first_hops: Default::default(),
         }
     }
 
@@ -298,86 +304,133 @@ impl Seal {
         bool::from(subtle::ConstantTimeEq::ct_eq(expected, mac.as_slice()))
     }
 
-    /// `chain`, for an inbound call now starting, as the agent is given it: bound to that call
-    /// and sealed. The call is in flight until the guard is dropped.
+    /// `chain` for an inbound call now starting, as the agent is given it: sealed (this
+    /// sidecar's MAC over the peer form) and bound to the call (`;<run>.<call>`). In flight
+    /// until the guard drops.
     pub fn issue(self: &Arc<Self>, chain: &Chain) -> (HeaderValue, InFlight) {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
         let text = chain.render();
-        let issued = unix_s();
-        let bound = format!("{text};{:x}.{id:x}.{issued:x}", self.epoch);
-        let mac = Self::mac(&self.key, &bound);
+        let sealed = format!("{text};{}", Self::mac(&self.key, &text));
+        self.bind(Arc::from(text), &sealed)
+    }
+
+    /// The chain of a call that starts one — `caller` (if vouched for), then `me` serving
+    /// `cap`, one hop — issued like [`Seal::issue`]; its seal made once per caller and
+    /// capability, then read back.
+    pub fn issue_first(
+        self: &Arc<Self>,
+        caller: Option<&str>,
+        me: &str,
+        cap: &str,
+    ) -> (HeaderValue, InFlight) {
+        let who = caller.unwrap_or(UNKNOWN);
+        let known = {
+            let hops = self.first_hops.read().unwrap_or_else(|p| p.into_inner());
+            let hit = hops.get(cap).and_then(|by| by.get(who));
+            hit.filter(|(agent, _, _)| agent == me)
+                .map(|(_, text, sealed)| (text.clone(), sealed.clone()))
+        };
+        let (text, sealed) = known.unwrap_or_else(|| {
+            let text = Chain::at_edge(None, caller, me, cap).render();
+            let sealed: Arc<str> = Arc::from(format!("{text};{}", Self::mac(&self.key, &text)));
+            let text: Arc<str> = Arc::from(text);
+            let mut hops = self.first_hops.write().unwrap_or_else(|p| p.into_inner());
+            if hops.values().map(|by| by.len()).sum::<usize>() < MAX_FIRST_HOPS {
+                let by = hops.entry(cap.to_owned()).or_default();
+                by.insert(
+                    who.to_owned(),
+                    (me.to_owned(), text.clone(), sealed.clone()),
+                );
+            }
+            (text, sealed)
+        });
+        self.bind(text, &sealed)
+    }
+
+    /// `sealed` bound to a new call: the call is in flight with its chain `text`.
+    fn bind(self: &Arc<Self>, text: Arc<str>, sealed: &str) -> (HeaderValue, InFlight) {
+        use std::fmt::Write as _;
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
         {
             let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-            calls.live.insert(id, Arc::from(text));
+            calls.live.insert(id, text);
             self.live.store(calls.live.len(), Ordering::Relaxed);
         }
-        let value = crate::http::headers::value(&format!("{bound};{mac}"));
-        (
-            value,
-            InFlight {
-                seal: self.clone(),
-                id,
-            },
-        )
+        let mut value = String::with_capacity(sealed.len() + 26);
+        value.push_str(sealed);
+        let _ = write!(value, ";{:x}.{id:x}", self.epoch);
+        let guard = InFlight {
+            seal: self.clone(),
+            id,
+        };
+        (crate::http::headers::value(&value), guard)
     }
 
     fn ended(&self, id: u64) {
         let now = Instant::now();
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-        calls.live.remove(&id);
+        let Some(text) = calls.live.remove(&id) else {
+            return;
+        };
         self.live.store(calls.live.len(), Ordering::Relaxed);
         while calls.ended.len() >= MAX_ENDED
             || calls
                 .ended
                 .front()
-                .is_some_and(|(_, at)| now.duration_since(*at) > GRACE)
+                .is_some_and(|(_, _, at)| now.duration_since(*at) > GRACE)
         {
             calls.ended.pop_front();
         }
-        calls.ended.push_back((id, now));
+        calls.ended.push_back((id, text, now));
     }
 
-    /// Whether call `id` of this run is in flight, or ended within [`GRACE`].
-    fn current(&self, id: u64) -> bool {
+    /// Whether call `id` of this run, with chain `text`, is in flight or ended within
+    /// [`GRACE`]: the table, not the seal, says which chain a call has.
+    fn current(&self, id: u64, text: &str) -> bool {
         let calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-        calls.live.contains_key(&id)
+        calls.live.get(&id).is_some_and(|t| &**t == text)
             || calls
                 .ended
                 .iter()
-                .any(|(e, at)| *e == id && at.elapsed() <= GRACE)
+                .any(|(e, t, at)| *e == id && &**t == text && at.elapsed() <= GRACE)
     }
 
-    /// The chain in a value this sidecar sealed, its peer form; refused when this sidecar did
-    /// not seal it, when it was changed since, or when its call has ended.
+    /// The chain in a value this sidecar issued, its peer form; refused when this sidecar did
+    /// not seal it or it was changed since (`Forged`), or when its call has ended (`Replayed`).
+    /// A value of this run is judged by the call table alone; one of an earlier run (before a
+    /// restart) by its seal, within [`MAX_AGE`] of this run's start.
     pub fn open(&self, value: &HeaderValue) -> Result<String, (Refused, ReachError)> {
         let forged = |why: &str| (Refused::Forged, Refused::Forged.error(why));
-        let text = value.to_str().map_err(|_| forged("is not text"))?;
-        let (bound, mac) = text
-            .rsplit_once(';')
-            .ok_or_else(|| forged("carries no seal"))?;
-        if !Self::verify(&self.key, bound, mac) {
-            return Err(forged("was not written by this sidecar"));
-        }
-        let (chain, tag) = bound
-            .rsplit_once(';')
-            .ok_or_else(|| forged("carries no call"))?;
-        let mut parts = tag.split('.').map(|p| u64::from_str_radix(p, 16));
-        let (Some(Ok(epoch)), Some(Ok(id)), Some(Ok(issued))) =
-            (parts.next(), parts.next(), parts.next())
-        else {
-            return Err(forged("carries no call"));
-        };
-        let now = unix_s();
-        let current = if epoch == u64::from(self.epoch) {
-            self.current(id)
-        } else {
-            now.saturating_sub(issued) <= MAX_AGE.as_secs()
-        };
-        if !current {
-            return Err((
+        let replayed = || {
+            (
                 Refused::Replayed,
                 Refused::Replayed.error("belongs to a call that has ended"),
-            ));
+            )
+        };
+        let text = value.to_str().map_err(|_| forged("is not text"))?;
+        let (sealed, tag) = text
+            .rsplit_once(';')
+            .ok_or_else(|| forged("carries no call"))?;
+        let (chain, mac) = sealed
+            .rsplit_once(';')
+            .ok_or_else(|| forged("carries no seal"))?;
+        let (epoch, id) = tag
+            .split_once('.')
+            .and_then(|(e, i)| {
+                Some((
+                    u64::from_str_radix(e, 16).ok()?,
+                    u64::from_str_radix(i, 16).ok()?,
+                ))
+            })
+            .ok_or_else(|| forged("carries no call"))?;
+        if epoch == u64::from(self.epoch) && self.current(id, chain) {
+            return Ok(chain.to_owned());
+        }
+        if !Self::verify(&self.key, chain, mac) {
+            return Err(forged("was not written by this sidecar"));
+        }
+        let earlier_run = epoch != u64::from(self.epoch);
+        if !earlier_run || self.started.elapsed() > MAX_AGE {
+            return Err(replayed());
         }
         Chain::parse(chain).map_err(|why| forged(&why))?;
         Ok(chain.to_owned())

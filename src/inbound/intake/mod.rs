@@ -188,11 +188,13 @@ impl Inbound {
         // as far as a plaintext mesh can vouch (`docs/chains.md`).
         let vouched = verified || (caller.is_some() && !self.seal.signs());
         let sent = sent.flatten().and_then(|v| self.seal.from_peer(v, vouched));
-        let chain = crate::chain::Chain::at_edge(sent, caller, me, capability);
-        if sent.is_some() {
-            if let Some(span) = crate::http::layers::current_span() {
-                span.record(field::CHAIN, chain.display());
-            }
+        let Some(sent) = sent else {
+            // A chain's first hop (most calls): sealed once per caller and capability.
+            return self.seal.issue_first(caller, me, capability);
+        };
+        let chain = crate::chain::Chain::at_edge(Some(sent), caller, me, capability);
+        if let Some(span) = crate::http::layers::current_span() {
+            span.record(field::CHAIN, chain.display());
         }
         self.seal.issue(&chain)
     }
