@@ -153,6 +153,15 @@ fn split_mesh_mac(text: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// `n` in lower-case hex, without the formatting machinery (every inbound call writes two).
+fn push_hex(out: &mut String, n: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        out.push(char::from(DIGITS[((n >> (i * 4)) & 0xf) as usize]));
+    }
+}
+
 /// The bytes of a MAC kept: 128 bits.
 const MAC_BYTES: usize = 16;
 /// A chain whose call has ended is still accepted this long: an agent's last calls may leave
@@ -348,7 +357,6 @@ impl Seal {
 
     /// `sealed` bound to a new call: the call is in flight with its chain `text`.
     fn bind(self: &Arc<Self>, text: Arc<str>, sealed: &str) -> (HeaderValue, InFlight) {
-        use std::fmt::Write as _;
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         {
             let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
@@ -357,7 +365,10 @@ impl Seal {
         }
         let mut value = String::with_capacity(sealed.len() + 26);
         value.push_str(sealed);
-        let _ = write!(value, ";{:x}.{id:x}", self.epoch);
+        value.push(';');
+        push_hex(&mut value, u64::from(self.epoch));
+        value.push('.');
+        push_hex(&mut value, id);
         let guard = InFlight {
             seal: self.clone(),
             id,
@@ -655,6 +666,15 @@ mod tests {
                 let _ = Seal::default().from_peer(&v, true);
                 let _ = Chain::at_edge(Some(&text), Some("a"), "b", "c");
             }
+        }
+    }
+
+    #[test]
+    fn hex_is_written_as_format_writes_it() {
+        for n in [0u64, 1, 15, 16, 255, 0xdead_beef, u64::MAX] {
+            let mut out = String::new();
+            push_hex(&mut out, n);
+            assert_eq!(out, format!("{n:x}"));
         }
     }
 }
