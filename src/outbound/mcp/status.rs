@@ -8,7 +8,8 @@ use serde::Serialize;
 
 use super::view::ToolView;
 use super::Outbound;
-use crate::config::Snapshot;
+use crate::config::{Snapshot, ToolFacts};
+use crate::registry::Peer;
 
 /// One tool of an MCP capability, and every server that announces it.
 #[derive(Clone, Debug, Serialize)]
@@ -41,21 +42,28 @@ pub(crate) fn tools(out: &Outbound, snapshot: &Snapshot) -> Vec<ToolStatus> {
     let now = Instant::now();
     let mut listed = Vec::new();
     for capability in out.registry.mcp_capabilities() {
-        let mut by_tool: BTreeMap<&str, Vec<ToolServer>> = BTreeMap::new();
         let peers = out.registry.candidates(snapshot, &capability);
+        // Each tool's announcing servers first: the definition it is routed by is settled once
+        // per tool, not once per server.
+        let mut announcing: BTreeMap<&str, Vec<(&Peer, &ToolFacts)>> = BTreeMap::new();
         for peer in &peers {
             for tool in peer.tools.get(&capability).into_iter().flatten() {
-                let view = out.tools.view(&peer.name, &tool.name);
-                let chosen = out.pins.chosen(
-                    snapshot,
-                    &capability,
-                    &tool.name,
-                    peers.iter().map(|p| &**p),
-                );
-                let mut shown = server(&peer.name, view, now);
+                announcing
+                    .entry(tool.name.as_str())
+                    .or_default()
+                    .push((peer, tool));
+            }
+        }
+        let mut by_tool: BTreeMap<&str, Vec<ToolServer>> = BTreeMap::new();
+        for (name, servers) in &announcing {
+            let chosen =
+                out.pins
+                    .chosen(snapshot, &capability, name, servers.iter().map(|(p, _)| *p));
+            for (peer, tool) in servers {
+                let mut shown = server(&peer.name, out.tools.view(&peer.name, name), now);
                 shown.definition = tool.schema.clone();
                 shown.held = chosen.as_deref() != Some(tool.schema.as_str());
-                by_tool.entry(tool.name.as_str()).or_default().push(shown);
+                by_tool.entry(name).or_default().push(shown);
             }
         }
         for (tool, mut servers) in by_tool {

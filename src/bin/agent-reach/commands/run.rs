@@ -25,6 +25,32 @@ pub(crate) struct Args {
     worker_threads: Option<usize>,
 }
 
+/// The injector's environment for this pod, taken into the running bootstrap in one replace.
+fn pod_wiring(store: &ConfigStore) -> Result<(), String> {
+    use agent_reach::config::{AppProbes, APP_PROBES_ENV, DRAIN_TOKEN_ENV};
+    let token = std::env::var(DRAIN_TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.is_empty());
+    let probes = match std::env::var(APP_PROBES_ENV) {
+        Ok(text) => Some(
+            serde_json::from_str::<AppProbes>(&text)
+                .map_err(|e| format!("${APP_PROBES_ENV}: {e}"))?,
+        ),
+        Err(_) => None,
+    };
+    if token.is_none() && probes.is_none() {
+        return Ok(());
+    }
+    let snapshot = store.snapshot();
+    let mut bootstrap = snapshot.bootstrap.clone();
+    if token.is_some() {
+        bootstrap.drain_token = token;
+    }
+    bootstrap.app_probes.extend(probes.unwrap_or_default());
+    store.replace(bootstrap, snapshot.policy.clone());
+    Ok(())
+}
+
 pub(crate) fn run(args: Args) -> ExitCode {
     args.logging.init();
     let paths = ConfigPaths {
@@ -39,27 +65,12 @@ pub(crate) fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // The agent container's drain hook's token (`GET /drain` on the admin port).
-    if let Ok(token) = std::env::var(agent_reach::config::DRAIN_TOKEN_ENV) {
-        let snapshot = store.snapshot();
-        let mut bootstrap = snapshot.bootstrap.clone();
-        bootstrap.drain_token = Some(token).filter(|t| !t.is_empty());
-        store.replace(bootstrap, snapshot.policy.clone());
-    }
-    // The agent containers' probes the injector moved to the admin port (read once at start).
-    if let Ok(text) = std::env::var(agent_reach::config::APP_PROBES_ENV) {
-        match serde_json::from_str::<agent_reach::config::AppProbes>(&text) {
-            Ok(probes) => {
-                let snapshot = store.snapshot();
-                let mut bootstrap = snapshot.bootstrap.clone();
-                bootstrap.app_probes.extend(probes);
-                store.replace(bootstrap, snapshot.policy.clone());
-            }
-            Err(err) => {
-                eprintln!("${}: {err}", agent_reach::config::APP_PROBES_ENV);
-                return ExitCode::FAILURE;
-            }
-        }
+    // What the injector hands over beside the bootstrap (read once at start): the agent
+    // container's drain hook's token (`GET /drain` on the admin port) and the probes it moved
+    // to the admin port.
+    if let Err(err) = pod_wiring(&store) {
+        eprintln!("{err}");
+        return ExitCode::FAILURE;
     }
     let runtime = match runtime(args.worker_threads) {
         Ok(rt) => rt,
