@@ -263,12 +263,13 @@ impl std::fmt::Debug for Seal {
 impl Default for Seal {
     /// Random keys: chains do not outlive this run, and no peer's is read by signature.
     fn default() -> Self {
-        let bytes: [u8; 32] = rand::random();
-        Self::with_keys(
-            ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes),
-            Vec::new(),
-        )
+        Self::with_keys(random_key(), Vec::new())
     }
+}
+
+fn random_key() -> ring::hmac::Key {
+    let bytes: [u8; 32] = rand::random();
+    ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes)
 }
 
 impl Seal {
@@ -279,7 +280,7 @@ impl Seal {
         let mesh = cluster.derive(b"agent-reach chain mesh v1");
         let key = own
             .first()
-            .map_or_else(|| Seal::default().key, |secret| derive(secret.as_ref()));
+            .map_or_else(random_key, |secret| derive(secret.as_ref()));
         Self::with_keys(key, mesh.iter().map(|s| derive(s.as_ref())).collect())
     }
 

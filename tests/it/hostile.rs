@@ -641,3 +641,27 @@ async fn a_sidecar_with_no_gossip_member_answers_503_not_unknown_capability() {
     assert!(reply.body.contains("knows no member"), "{}", reply.body);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// The path-prefix form names a capability only on the loopback listener's own address: a proxy
+// request for another host that carries the prefix is still a foreign host, never routed.
+#[tokio::test]
+async fn the_path_prefix_form_does_not_open_the_proxy_to_other_hosts() {
+    let pair = Pair::start(MockConfig::new("coder-1")).await;
+    let foreign = raw(
+        pair.outbound(),
+        &format!("GET http://evil.example/.reach/{CAP}/x HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n"),
+    )
+    .await;
+    assert!(status_line(&foreign).contains("403"), "{foreign}");
+    assert!(foreign.contains("forbidden_host"), "{foreign}");
+    assert_eq!(pair.agent.stats().business, 0);
+    // On the loopback address it is the capability.
+    let host = pair.outbound().to_string();
+    let local = raw(
+        pair.outbound(),
+        &format!("GET /.reach/{CAP}/x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+    )
+    .await;
+    assert!(status_line(&local).contains("200"), "{local}");
+    assert_eq!(pair.agent.stats().business, 1);
+}
