@@ -26,7 +26,7 @@ pub struct Shared {
     pub admission: Arc<Admission>,
     /// One table for peers' keys and the local agent's own: one byte budget for both.
     pub idempotency: Arc<IdempotencyTable>,
-    /// The key of the delegation chains this sidecar hands its agent (`src/chain.rs`).
+    /// The key of the delegation chains this sidecar hands its agent (`src/chain/`).
     pub seal: Arc<crate::chain::Seal>,
 }
 

@@ -30,7 +30,7 @@ pub(super) struct Meta {
     pub(super) arrived: Instant,
     /// Redirected here by `init-net` from the agent's port (`reach_requests_total{source="intercepted"}`).
     pub(super) intercepted: bool,
-    /// The call's delegation chain, in flight while the call is (`src/chain.rs`): the agent's
+    /// The call's delegation chain, in flight while the call is (`src/chain/`): the agent's
     /// own calls meanwhile may carry it.
     #[expect(
         dead_code,

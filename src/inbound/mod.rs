@@ -76,7 +76,7 @@ pub struct Inbound {
     stats: Arc<InboundStats>,
     idempotency: Arc<IdempotencyTable>,
     rate_limit: RateLimiters,
-    /// Seals the delegation chain handed to the agent (`src/chain.rs`).
+    /// Seals the delegation chain handed to the agent (`src/chain/`).
     seal: Arc<crate::chain::Seal>,
 }
 

@@ -113,7 +113,7 @@ pub struct Outbound {
     tools: mcp::view::ToolViews,
     /// The MCP tool definitions this caller lists and routes to (`mcp/pins.rs`).
     pins: mcp::pins::Pins,
-    /// Opens the delegation chain the agent passes on (`src/chain.rs`).
+    /// Opens the delegation chain the agent passes on (`src/chain/`).
     seal: Arc<crate::chain::Seal>,
     /// Recent times to an answer's head, per hedged capability (`hedge: {after: p95}`).
     head_times: attempts::hedge::HeadTimes,

@@ -30,7 +30,7 @@ pub mod field {
     pub const ATTEMPT: &str = "attempt";
     /// How the request ended (the metrics' `outcome` label).
     pub const OUTCOME: &str = "outcome";
-    /// The call's delegation chain, when it has one (`src/chain.rs`).
+    /// The call's delegation chain, when it has one (`src/chain/`).
     pub const CHAIN: &str = "chain";
 
     /// Every field, in the span's order.

@@ -172,7 +172,7 @@ impl Inbound {
     /// The delegation chain the agent passes on to its own calls, bound to this call and
     /// sealed: the one the caller's sidecar sent when it is to be read (signed for the mesh, or
     /// from a caller whose certificate was verified), with this agent serving `capability`
-    /// added (`src/chain.rs`). The call is in flight until the guard drops.
+    /// added (`src/chain/`). The call is in flight until the guard drops.
     fn chain(
         &self,
         snapshot: &Snapshot,

@@ -30,7 +30,7 @@ pub(in crate::inbound) struct Vouched<'a> {
     pub(in crate::inbound) remote: Option<&'a HeaderValue>,
     /// `x-forwarded-client-cert` for the verified certificate (`transport::PeerTls`).
     pub(in crate::inbound) client_cert: Option<&'a HeaderValue>,
-    /// The delegation chain, sealed for the agent (`src/chain.rs`): always written anew.
+    /// The delegation chain, sealed for the agent (`src/chain/`): always written anew.
     pub(in crate::inbound) chain: Option<HeaderValue>,
     /// The [`IDENTITY_LIKE`] headers the policy lets through (`pass_identity_headers`).
     pub(in crate::inbound) pass: &'a [String],

@@ -65,7 +65,7 @@ pub(super) async fn resolve(
     target.map_err(refuse)?;
     let deadline = Deadline::from_head(req.headers(), &head).map_err(refuse)?;
     // The delegation chain the agent passed on, opened — or, when it passed none while it
-    // serves exactly one call, that call's (`src/chain.rs`).
+    // serves exactly one call, that call's (`src/chain/`).
     let carried = out
         .seal
         .carry(req.headers_mut(), present.has(headers::Present::CHAIN))
