@@ -386,7 +386,7 @@ fn outcomes(out: &mut String, peers: &[&PeerStatus]) {
 }
 
 /// Observe-only comparisons: rendered from `/status`'s `observe` field when the sidecar has one
-/// (observe-only mode, issue 16 item 1), as a table per capability or as JSON.
+/// (observe-only mode, `docs/reach-model.md`), as a table per capability or as JSON.
 fn observe(out: &mut String, status: &Status) {
     let Some(observe) = &status.observe else {
         return;

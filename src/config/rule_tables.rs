@@ -272,7 +272,7 @@ fn parse_chains(text: &str) -> Result<crate::config::Policy, ConfigError> {
     crate::config::parse_policy(Path::new("policy.yaml"), text)
 }
 
-/// `chains` and the per-capability keys of issue 37 (`docs/chains.md`).
+/// `chains` and the per-capability keys of `docs/chains.md`.
 #[test]
 fn the_chain_keys_parse_and_default() {
     let policy = parse_chains(

@@ -1,16 +1,16 @@
 //! Small fleets on the in-memory network, under simulated time (the harness is
 //! `tests/it/support/gossip_fleet.rs`).
 //!
-//! An old and a new encoding in one fleet (issue 14): nodes of this version beside one that
+//! An old and a new encoding in one fleet: nodes of this version beside one that
 //! writes as the next version would — every item a version newer with fields appended, and a
 //! kind of item this version does not know, both sent directly and riding on SWIM. The fleet
 //! still converges: everyone routes to everyone, with the right profiles and live views, and
 //! the old nodes count what they skipped instead of dropping what came with it.
 //!
-//! A member that refutes a suspicion in time stays the member it was (issue 19's false deaths).
+//! A member that refutes a suspicion in time stays the member it was (no false death).
 //!
 //! A node restarted in place (same name, same address, a new identity) is met at once, whether
-//! the others saw the old one leave or still probe it (issue 39).
+//! the others saw the old one leave or still probe it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -150,7 +150,7 @@ fn routed_identity(nodes: &[Option<Node>], me: usize, of: usize) -> Option<NodeI
         .map(|m| m.node)
 }
 
-/// Issue 39: the fleet's one seed leaves (SIGTERM) and comes back at its address 3 s later,
+/// The fleet's one seed leaves (SIGTERM) and comes back at its address 3 s later,
 /// knowing nobody (its only seed is itself). The other node, left alone when it left, finds it
 /// within a second: it asks a seed that was just alive whether it is back (before, it waited
 /// for the seeds' next resolution, 30 s, since foca's announces stop on a node left alone).
@@ -195,7 +195,7 @@ async fn a_seed_restarted_in_place_after_leaving_is_found_at_once() {
     .await;
 }
 
-/// Issue 39: a node crashes (SIGKILL: no word) and comes back at its address before anyone
+/// A node crashes (SIGKILL: no word) and comes back at its address before anyone
 /// has detected the death, with nobody to announce itself to. The others still probe its old
 /// identity; the new one answers those by announcing itself, and is routed to within a few
 /// probe periods, before the suspicion could even run out (before, foca dropped the probes

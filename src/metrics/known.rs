@@ -178,7 +178,7 @@ mod tests {
             .collect()
     }
 
-    /// Issue 33, finding 2: the ejection and retry series exist at 0 before their first event,
+    /// The ejection and retry series exist at 0 before their first event,
     /// with their `# TYPE` (before: absent until the first increment, already at 1).
     #[test]
     fn known_label_sets_are_exported_at_zero_from_the_start() {

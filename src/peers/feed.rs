@@ -349,7 +349,7 @@ mod tests {
         assert_eq!((back.cap, back.excluded), (1.0, None));
     }
 
-    /// Issue 39: a member killed and restarted in place (same name, same inbound and gossip
+    /// A member killed and restarted in place (same name, same inbound and gossip
     /// addresses, a new epoch) is not held back by what this caller saw of the old process: the
     /// calls that failed while it was down ejected the old one, not the new one.
     #[tokio::test]
@@ -377,7 +377,7 @@ mod tests {
         assert_eq!(view_of(&feed), Some((State::Healthy, 1)));
     }
 
-    /// Issue 39: the old incarnation drained (its own view `draining`, so this caller's too) and
+    /// The old incarnation drained (its own view `draining`, so this caller's too) and
     /// the new one's first live view comes with it still bound: the new one is routable.
     #[tokio::test]
     async fn a_gossip_member_restarted_after_draining_is_not_shadowed_by_the_drain() {
@@ -393,7 +393,7 @@ mod tests {
         assert_eq!(view_of(&feed), Some((State::Parole, 0)));
     }
 
-    /// Issue 39 (an in-flight call): an attempt begun on the old incarnation that ends after
+    /// An in-flight call: an attempt begun on the old incarnation that ends after
     /// the restart says nothing about the new one, and is not counted in its in-flight calls.
     #[tokio::test]
     async fn a_gossip_members_old_incarnation_calls_ending_late_do_not_count_against_the_new() {

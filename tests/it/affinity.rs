@@ -328,7 +328,7 @@ async fn a_stopped_holder_is_replaced_under_fallback() {
     .await;
 }
 
-/// Issue 33, finding 4: a lost holder answers in the protocol's own terms. An MCP session whose
+/// A lost holder answers in the protocol's own terms. An MCP session whose
 /// holder is out: `404` with a JSON-RPC error carrying the request's id (the client starts a new
 /// session, which then works on a survivor); an A2A task whose holder is out: a JSON-RPC
 /// `-32001` task-not-found naming the holder. `reach-reason: affinity_lost` stays on both
@@ -400,7 +400,7 @@ async fn a_lost_holder_answers_in_the_protocols_terms() {
     assert_eq!(rpc["error"]["data"]["holder"], a2a_holder.as_str(), "{rpc}");
 }
 
-/// Issue 33, finding 4: an MCP `DELETE` of a session ends its binding: answered by the holder,
+/// An MCP `DELETE` of a session ends its binding: answered by the holder,
 /// and the session id is no longer pinned to it (before: the binding stayed).
 #[tokio::test]
 async fn an_mcp_delete_ends_the_sessions_binding() {
@@ -429,7 +429,7 @@ async fn an_mcp_delete_ends_the_sessions_binding() {
     assert_eq!(entries().await, before - 1, "the binding is gone");
 }
 
-/// Issue 33, finding 1: every A2A follow-up that names a task reaches the agent that holds it, in
+/// Every A2A follow-up that names a task reaches the agent that holds it, in
 /// both naming generations and each way a method names its task (`id`, `taskId`, a resource
 /// name). Before, `SubscribeToTask` and the push-config methods got no affinity and reached any
 /// agent (the holder 9 of 12 times through the SDK).

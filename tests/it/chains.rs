@@ -1,4 +1,4 @@
-//! Delegation chains, first-event deadlines and hedging (issue 37), over real sockets: agents that
+//! Delegation chains, first-event deadlines and hedging, over real sockets: agents that
 //! delegate through their own sidecars, passing `reach-chain` on like trace context.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

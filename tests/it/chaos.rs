@@ -1,4 +1,4 @@
-//! The fault run of `cargo bench --bench chaos` (issue 32) at a small size: a fleet of sidecar
+//! The fault run of `cargo bench --bench chaos` at a small size: a fleet of sidecar
 //! processes by gossip and strict mTLS, a mixed load, one fault of each kind this machine can
 //! inject (seeded), and the checker's verdict — no accepted task lost or given up without asking
 //! an agent, no agent running one key's round twice, no sync call lost by a draining sidecar, no

@@ -322,7 +322,7 @@ async fn a_restarted_agent_at_a_new_address_is_routed_to_and_the_old_one_never_a
     let metrics = get(&client(), &format!("http://{}/metrics", a.addrs.admin))
         .await
         .body;
-    // The retry series exist from 0 (issue 33); none may have counted.
+    // The retry series exist from 0; none may have counted.
     assert!(
         !metrics
             .lines()
@@ -449,7 +449,7 @@ fn gossip_seq(s: &Sidecar, name: &str) -> Option<(u64, u64)> {
         .map(|m| (m.epoch, m.live_seq.unwrap_or(0)))
 }
 
-/// Issue 12 (6): a holder of the cluster key claims another agent's name, with a high seq and an
+/// A holder of the cluster key claims another agent's name, with a high seq and an
 /// address of its own choosing, both as a new node of its own and as the agent itself. Callers
 /// keep routing that agent to the agent, and the agent's own updates keep coming in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -531,7 +531,7 @@ fn write_keys(path: &std::path::Path, lines: &[&str]) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// Issue 12 (Also): the key rotates in the key file, without restarting a sidecar: a member
+/// The key rotates in the key file, without restarting a sidecar: a member
 /// that only knows the new key joins, and the old key stops opening anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_key_file_is_taken_without_a_restart() {
@@ -588,7 +588,7 @@ async fn a_rotated_key_file_is_taken_without_a_restart() {
     let _ = b;
 }
 
-// Issue 39: a sidecar restarted in place (same name, same inbound and gossip addresses, as a
+// A sidecar restarted in place (same name, same inbound and gossip addresses, as a
 // container restarted inside a pod that keeps its IP) is routed to as soon as it is back.
 
 /// Which sidecar is the fleet's one seed.
@@ -726,7 +726,7 @@ fn steady_caller(
     })
 }
 
-/// The scenario of issue 39: caller A (the seed, in process) sends calls to agent-b's capability;
+/// The scenario: caller A (the seed, in process) sends calls to agent-b's capability;
 /// agent-b's sidecar (the binary) is stopped as `stop` says and, 3 s after it exited, started
 /// again on the same bootstrap. Returns the time from the new sidecar's start-up line (it
 /// listens) to A's first successful call, and what A's calls got meanwhile. `shipped`: the
@@ -905,28 +905,28 @@ async fn routed_to_at_once(tag: &str, stop: Stop, seed: Seed) {
     );
 }
 
-/// Issue 39: SIGTERM (drain announced), restart 3 s later at the same addresses; the caller is
+/// SIGTERM (drain announced), restart 3 s later at the same addresses; the caller is
 /// the seed, so the new sidecar announces itself to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_restarted_in_place_after_sigterm_is_routed_to_at_once() {
     routed_to_at_once("inplace-term", Stop::Term, Seed::Caller).await;
 }
 
-/// Issue 39: the same with a call in flight when SIGTERM comes: it succeeds, and so does the
+/// The same with a call in flight when SIGTERM comes: it succeeds, and so does the
 /// first call after the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_restarted_in_place_with_a_call_in_flight_is_routed_to_at_once() {
     routed_to_at_once("inplace-flight", Stop::TermInFlight, Seed::Caller).await;
 }
 
-/// Issue 39: SIGKILL (nothing announced; the caller's calls fail while it is down and its view
+/// SIGKILL (nothing announced; the caller's calls fail while it is down and its view
 /// ejects the peer), restart 3 s later at the same addresses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_restarted_in_place_after_sigkill_is_routed_to_at_once() {
     routed_to_at_once("inplace-kill", Stop::Kill, Seed::Caller).await;
 }
 
-/// Issue 39: the restarted sidecar is the fleet's one seed: it comes back knowing nobody, and
+/// The restarted sidecar is the fleet's one seed: it comes back knowing nobody, and
 /// the caller (which saw it leave) must find it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seed_restarted_in_place_after_sigterm_is_routed_to_at_once() {
@@ -938,14 +938,14 @@ async fn a_seed_restarted_in_place_with_a_call_in_flight_is_routed_to_at_once() 
     routed_to_at_once("seed-flight", Stop::TermInFlight, Seed::Restarted).await;
 }
 
-/// Issue 39: the seed is SIGKILLed and back before the caller has detected the death: the
+/// The seed is SIGKILLed and back before the caller has detected the death: the
 /// caller still probes the old identity, and the new one answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seed_restarted_in_place_after_sigkill_is_routed_to_at_once() {
     routed_to_at_once("seed-kill", Stop::Kill, Seed::Restarted).await;
 }
 
-/// Issue 39's measurement: five restarts each way, the time to the first successful call printed.
+/// The measurement: five restarts each way, the time to the first successful call printed.
 /// `cargo test --test it gossip::restart_in_place_figures -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: five restarts each way (minutes)"]

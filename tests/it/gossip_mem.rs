@@ -216,7 +216,7 @@ async fn a_profile_too_large_to_gossip_is_refused_loudly() {
     .await;
 }
 
-/// Issue 12 (4): a sidecar restarted at its old address after a long run. The old incarnation's
+/// A sidecar restarted at its old address after a long run. The old incarnation's
 /// items reached a high `seq` (and its last view said `draining`); the new one counts from 1
 /// again, and must be judged as a new incarnation, not as a very late copy of the old one.
 #[tokio::test(start_paused = true)]

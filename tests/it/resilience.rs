@@ -387,7 +387,7 @@ async fn calls_abandoned_far_past_the_peers_latency_count_against_it() {
     );
 }
 
-/// Issue 33, finding 3: with one candidate, its refusal is the answer at once: no retry is
+/// With one candidate, its refusal is the answer at once: no retry is
 /// counted or budgeted when no untried candidate is left (before, every call added to
 /// `reach_retries_total{reason="rate_limited"}` and spent budget while answering
 /// `reach-attempts: 1`).

@@ -125,7 +125,7 @@ fn gossip_key(dir: &Path) -> PathBuf {
     path
 }
 
-/// The caller of issue 32's first finding: no static peers, the fleet's gossip seed (`seeds:
+/// The caller: no static peers, the fleet's gossip seed (`seeds:
 /// []`, at the fixed `gossip` address), its task store in `dir`, the default policy
 /// (`final_fallback: fail`), one task at a time.
 fn gossip_caller(dir: &Path, gossip: SocketAddr) -> PathBuf {
@@ -166,7 +166,7 @@ async fn gossip_callee(
     (agent, sidecar(bootstrap).await)
 }
 
-/// Issue 32, finding 1: the task sidecar is the gossip seed and finds its peers only by gossip.
+/// The task sidecar is the gossip seed and finds its peers only by gossip.
 /// It is SIGKILLed with tasks queued and started again: the runner must not resume them before
 /// gossip has found the one agent that serves them (before: every queued task `failed` with
 /// `404 unknown_capability` within milliseconds of the restart).
@@ -196,7 +196,7 @@ async fn a_gossip_seed_restarted_with_tasks_queued_fails_none_of_them() {
     }
 }
 
-/// Issue 32: a task whose capability nobody serves yet waits — `waiting`, with the reason —
+/// A task whose capability nobody serves yet waits — `waiting`, with the reason —
 /// and runs once a server appears; its round is not spent on the wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_nobody_serves_yet_waits_then_runs_when_a_server_joins() {
@@ -220,7 +220,7 @@ async fn a_task_nobody_serves_yet_waits_then_runs_when_a_server_joins() {
     assert_eq!(agent.stats().business, 1);
 }
 
-/// Issue 32: a wait is bounded by `tasks.max_wait`; then the task follows `final_fallback`
+/// A wait is bounded by `tasks.max_wait`; then the task follows `final_fallback`
 /// (here the default, `fail`), saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_waits_past_max_wait_follows_the_final_fallback() {
@@ -381,7 +381,7 @@ async fn a_full_disk_is_reported_and_the_store_heals_once_space_returns() {
     );
 }
 
-/// Issue 32, finding 3: the store is bounded. Beyond `tasks.max_tasks` a submission is
+/// The store is bounded. Beyond `tasks.max_tasks` a submission is
 /// answered `503 task_store_full` with `retry-after`, and nothing is stored (before: no bound
 /// but `retention`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -399,7 +399,7 @@ mod tests {
         assert!(found.a2a && found.keys.is_empty());
     }
 
-    /// Issue 33, finding 1: every method that names a task, in both generations, is bound to
+    /// Every method that names a task, in both generations, is bound to
     /// the task's holder (`docs/affinity.md`); before, `SubscribeToTask` and the push-config
     /// methods were not.
     #[test]

@@ -576,7 +576,7 @@ mod tests {
         routed.answer.as_ref().ok().map(|r| r.status().as_u16())
     }
 
-    /// Issue 33, finding 3: with one candidate answering 429 nothing is retried: the answer
+    /// With one candidate answering 429 nothing is retried: the answer
     /// comes back at once, no retry is counted and no budget spent (before: a retry counted,
     /// budget withdrawn and a backoff paid while the answer said `reach-attempts: 1`).
     #[tokio::test(start_paused = true)]

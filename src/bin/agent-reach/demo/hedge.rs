@@ -1,4 +1,4 @@
-//! The hedging act (issue 37, `docs/chains.md`): its own fleet of three agents (20–60 ms), one
+//! The hedging act (`docs/chains.md`): its own fleet of three agents (20–60 ms), one
 //! of them ten times slower on 30 % of its calls (the mock agent's `long-tasks` mode, seeded, as
 //! in the bench's slow-tail scenario). Callers send reads (`GET`), safe to run twice — a call
 //! with an `idempotency-key` is never hedged to a second agent (`docs/chains.md`): ~2 s without

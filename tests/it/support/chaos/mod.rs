@@ -1,4 +1,4 @@
-//! A fault run that proves it (issue 32), shared by `benches/chaos.rs` (`cargo bench --bench
+//! A fault run that measures routing around failures, shared by `benches/chaos.rs` (`cargo bench --bench
 //! chaos`) and `tests/it/chaos.rs` (the same run at a small size); the fleet of processes is
 //! `tests/it/faults.rs`'s too.
 //!
