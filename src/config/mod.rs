@@ -171,7 +171,8 @@ pub struct Snapshot {
     /// copied into a new one for every request.
     pub agent_name: http::HeaderValue,
     /// The policy's estimate and state tunables, converted once here: every call's observation
-    /// and every score read them, and building them cost ~75 instructions each time.
+    /// and every score read them, and building them each time showed in the profile
+    /// (`docs/perf-levers.md`).
     pub estimate_params: crate::reach::EstimateParams,
     pub state_params: crate::reach::StateParams,
 }

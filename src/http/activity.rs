@@ -62,8 +62,7 @@ impl Activity {
     /// connection may be an HTTP/1 one. An HTTP/1 connection with nothing in flight is waiting
     /// for its next head, so this is its header-read deadline: from the connection's opening or
     /// its last answer until the next head is in. It replaces hyper's own `header_read_timeout`,
-    /// which armed and dropped a timer on every request (≈0.9k instructions a request,
-    /// `docs/perf-levers.md`); this one sleeps once per quiet period.
+    /// which armed and dropped a timer on every request (`docs/perf-levers.md`); this one sleeps once per quiet period.
     pub async fn quiet_for(&self, header_read: Duration, idle: Duration) {
         loop {
             let idle = match self.0.multiplexed.load(Ordering::Relaxed) {

@@ -166,7 +166,7 @@ fn named_by_connection(headers: &mut HeaderMap) -> Vec<String> {
 
 /// Which of the headers the outbound steps read a call carries, found in one pass over its
 /// names. A plain call carries none of them, and looking up a name that is not there hashes it
-/// and probes the map (~160 instructions each, a dozen per call); comparing a name with these
+/// and probes the map, a dozen times a call; comparing a name with these
 /// is one string match. A clear bit means the header is absent; a set one, look it up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Present(u16);
@@ -227,8 +227,7 @@ impl Present {
 
 /// A request's head as both listeners first read it, in one pass over its headers: which of
 /// [`Present`]'s it carries, and the first values of the two a peer's sidecar always sends and
-/// every call is decided on. Looking each up again hashed its name and probed the map (~200
-/// instructions).
+/// every call is decided on. Looking each up again hashed its name and probed the map.
 #[derive(Clone, Copy, Debug)]
 pub struct Head<'a> {
     pub present: Present,
@@ -292,7 +291,7 @@ fn hop_by_hop(name: &str) -> Option<usize> {
 }
 
 /// An IP address as text, written by hand: `Display` for an address goes through the
-/// formatter's padding machinery (about 1.3k instructions a call). IPv4-mapped IPv6 addresses
+/// formatter's padding machinery, on every call. IPv4-mapped IPv6 addresses
 /// are written as IPv4.
 pub fn ip_text(ip: std::net::IpAddr) -> String {
     match ip.to_canonical() {

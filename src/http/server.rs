@@ -272,8 +272,8 @@ fn builder(settings: &ServerSettings) -> auto::Builder<TokioExecutor> {
         // armed a timer per request.
         .header_read_timeout(None)
         .max_buf_size(settings.max_header_bytes)
-        // A head and its body copied into one buffer and written at once: ~0.5k instructions
-        // a request fewer than queueing them for `writev` (`docs/perf-levers.md`). The buffer
+        // A head and its body copied into one buffer and written at once: cheaper than
+        // queueing them for `writev` (`docs/perf-levers.md`). The buffer
         // keeps its size for the connection: at most `max_buf_size` plus one body frame.
         .writev(false)
         .keep_alive(true);

@@ -135,7 +135,7 @@ impl<F: Future> Future for Answering<F> {
 /// Written into the box by a function that takes the box's memory: only the service and the
 /// request are stored there, the future's other states left as they are. Returning the
 /// `Oneshot` into the box left it to the optimizer to aim the return at the heap; when it did
-/// not, every call copied the whole future (9k instructions on the outbound listener).
+/// not, every call copied the whole future (`docs/perf-levers.md`).
 pub fn boxed<S: Service<R>, R>(service: S, request: R) -> Pin<Box<tower::util::Oneshot<S, R>>> {
     Box::into_pin(start_in(Box::new_uninit(), service, request))
 }

@@ -4,7 +4,7 @@
 //! until its answer has been delivered: the agent is busy until then.
 //!
 //! The agent and the check are asked, not steps of their own: each step a call passes costs it
-//! 0.5–1k instructions (`docs/perf-levers.md`), and neither decides whether the call goes on.
+//! something (`docs/perf-levers.md`), and neither decides whether the call goes on.
 
 use std::sync::Arc;
 

@@ -4,8 +4,8 @@
 //! first — `submit` (`prefer: respond-async`), `dedupe` (`idempotency-key`) and `mcp` (a
 //! capability whose servers announce tools) — and is taken by a call that may need one of them.
 //!
-//! Why lanes and not one stack: each step a call passes through costs it 0.5–1k
-//! instructions (moving the call down and its answer up, polling one more level), whether the
+//! Why lanes and not one stack: each step a call passes through costs it work
+//! (moving the call down and its answer up, polling one more level), whether the
 //! step acts or not, and a plain call needs none of these (`docs/perf-levers.md`). The full
 //! lane's steps keep their own checks, so a call that takes it needlessly is answered the same,
 //! only slower.

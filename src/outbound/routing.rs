@@ -8,7 +8,7 @@
 //!   attempt sent through the `endpoint` step below;
 //! - `record`: the metrics and `reach-attempts` on whatever answer comes back.
 //!
-//! One step rather than four: each step a call passes costs it 0.5–1k instructions whether it
+//! One step rather than four: each step a call passes costs it whether it
 //! acts or not (`docs/perf-levers.md`), and every call needs all four, in this order.
 
 use std::sync::Arc;

@@ -51,11 +51,11 @@ static SENSITIVE_HEADERS: [HeaderName; SENSITIVE.len()] =
 
 /// Marks the values of [`SENSITIVE_HEADERS`] sensitive, in one pass over the names: most
 /// messages carry none, and comparing names costs little, where looking each of them up
-/// hashes (tower-http's `SetSensitiveHeaders` layers did: 0.7k instructions a request).
+/// hashes (as tower-http's `SetSensitiveHeaders` layers did, `docs/perf-levers.md`).
 ///
 /// A name is compared with the list only when its length is one of theirs: most are not
 /// (`host`, `content-type`, `date`), and seven comparisons per header of every message, both
-/// ways, cost 0.7k instructions a request.
+/// ways, cost more than the lookups they replace (`docs/perf-levers.md`).
 fn mark_sensitive(headers: &mut http::HeaderMap) {
     for (name, value) in headers.iter_mut() {
         let len = name.as_str().len();
@@ -134,7 +134,7 @@ type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
 /// The listener's own future, boxed where it starts: it holds the whole request path (18 KiB on
 /// the outbound side), and every layer above would otherwise move it by value as it wraps it.
 /// It is built straight into its box, never on the stack: `Box::pin(future)` copies all of it
-/// (unused states included) from the stack to the heap, 18k instructions per call
+/// (unused states included) from the stack to the heap on every call
 /// (`docs/perf-levers.md`).
 fn boxed<S, R>(
     service: S,

@@ -5,7 +5,7 @@
 //! By hand rather than tower-http's `SetRequestId` + `PropagateRequestId`: those keep the id in
 //! the request's and the response's extensions too (a map allocated per message, which nothing
 //! here reads) and look the header up four times; this looks it up once each way
-//! (`docs/performance.md`, 1.1k instructions a request on each sidecar).
+//! (`docs/performance.md`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,7 +19,7 @@ use super::X_REQUEST_ID;
 /// A random 32-hex-digit request id.
 fn random_id() -> HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    // A byte at a time, two digits each: shifting a `u128` per digit cost ~250 instructions.
+    // A byte at a time, two digits each, rather than shifting a `u128` per digit.
     let bytes = rand::random::<u128>().to_le_bytes();
     let mut id = [0u8; 32];
     for (pair, byte) in id.chunks_exact_mut(2).zip(bytes) {

@@ -43,7 +43,7 @@ pub mod field {
 const LEVEL: Level = Level::INFO;
 
 /// The current request span, unless its level is off (`--log warn` or quieter): asking for the
-/// current span costs ~70 instructions even when there is none, and a call records in its
+/// current span costs a lookup even when there is none, and a call records in its
 /// span a few times.
 pub fn current() -> Option<Span> {
     let on = LEVEL <= tracing::level_filters::STATIC_MAX_LEVEL
@@ -99,7 +99,7 @@ impl RequestSpan {
 /// Ours rather than tower-http's `Trace`: with the span filtered out (`--log warn`,
 /// `agent_reach::http::layers=warn`) a request pays one check and nothing else, where `Trace`
 /// still read the clock and entered a disabled span on every poll of the answer and its body
-/// (about 1.5k instructions a request; `docs/perf-levers.md`).
+/// (`docs/perf-levers.md`).
 #[derive(Clone, Debug)]
 pub struct Spanned<S> {
     inner: S,

@@ -4,7 +4,7 @@
 //! hyper-util's legacy `Client` spawns a task per connection and hands every request to it over
 //! an mpsc channel, answering over a oneshot: per request two wakeups of another task (three
 //! polls of it), a pool `Mutex` keyed by a SipHashed `(Scheme, Authority)`, the request future
-//! boxed and moved (~4.5 k instructions of `memcpy` per hop), and an absolute URI built and
+//! boxed and moved (a large `memcpy` per hop), and an absolute URI built and
 //! parsed again. Here a connection is owned by whoever uses it: the request's own future polls it
 //! until the response head arrives, then the response body (`UpstreamBody`) polls it while the
 //! server connection task streams that body out. The connection's socket wakes the request's
@@ -534,8 +534,7 @@ impl Pool {
     /// response head not in: [`Expired`]. A warm connection's exchange keeps the deadline on the
     /// connection's own timer, which each request moves on — an atomic store while the
     /// deadlines only get later — rather than putting a new timer in the runtime's wheel and
-    /// taking it out again for every request (≈ 0.5k instructions a side,
-    /// `docs/perf-levers.md`).
+    /// taking it out again for every request (`docs/perf-levers.md`).
     async fn send_within(
         &self,
         mut req: Request<ReachBody>,

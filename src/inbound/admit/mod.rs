@@ -1,7 +1,7 @@
 //! Admission: a slot under the agent's concurrency limit, else a place in its bounded queue
 //! (never waiting past the caller's deadline), else `503 saturated` with a `retry-after`. An
 //! admitted call goes on to `measure` (asked, not a step of its own: each step a call passes
-//! costs it 0.5–1k instructions, `docs/perf-levers.md`).
+//! costs it, `docs/perf-levers.md`).
 
 pub(super) mod gate;
 

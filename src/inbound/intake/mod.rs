@@ -41,7 +41,7 @@ pub(super) struct Lanes<P, K> {
 }
 
 /// The first step, over its lanes. Two lanes rather than one stack: each step a call passes
-/// through costs it 0.5–1k instructions whether it acts or not (`docs/perf-levers.md`), and
+/// through costs it whether it acts or not (`docs/perf-levers.md`), and
 /// only a keyed call needs `keyed`.
 pub(super) fn service<P, K>(
     lanes: Lanes<P, K>,

@@ -77,7 +77,7 @@ pub(in crate::outbound) fn upstream_request(
 /// the map the call arrived in: hyper reuses a connection's maps, so it has room for the
 /// sidecar's headers, and the peer's answer is later parsed into it with room for
 /// `reach-attempts`. A copy is exactly as long as its headers, and every insert into one
-/// reallocated (≈0.6k instructions a call, `docs/perf-levers.md`).
+/// reallocated (`docs/perf-levers.md`).
 pub(in crate::outbound) fn sent_headers(parts: &mut Parts) -> HeaderMap {
     let copy = parts.headers.clone();
     std::mem::replace(&mut parts.headers, copy)
