@@ -9,6 +9,7 @@ use agent_reach::gossip::{self, wire, ClusterKey, Rejected};
 use agent_reach::reach::State;
 
 use crate::support::gossip_fleet::{addr, eventually, live, profile, Fleet, Node};
+use crate::support::wire_capability;
 
 #[tokio::test]
 async fn a_fleet_finds_itself_from_one_seed_and_forgets_a_dead_member() {
@@ -190,15 +191,8 @@ async fn a_profile_too_large_to_gossip_is_refused_loudly() {
     let mut big = profile(0);
     for i in 0..40 {
         big.capabilities.push(gossip::Capability {
-            name: format!("capability-number-{i}"),
             tags: [("python".to_owned(), 900u16)].into_iter().collect(),
-            timeout_ms: 30_000,
-            mode: agent_reach::config::RouteMode::Sync,
-            cost_milli: 0,
-            idempotent: false,
-            output_schema: None,
-            a2a: None,
-            tools: Vec::new(),
+            ..wire_capability(&format!("capability-number-{i}"))
         });
     }
     a.handle.publish_profile(big);
