@@ -9,6 +9,7 @@
 //! failures; deadlines exceeded in both directions.
 
 use std::collections::HashSet;
+use std::time::Instant;
 
 use metrics::counter;
 
@@ -88,21 +89,83 @@ impl Metrics {
         first
     }
 
-    /// A capability another member claims (its profile, card or tool list): its series from
-    /// zero while fewer than `max` claimed capabilities have their own label; past that it
-    /// counts under `other`. What members claim cannot grow this sidecar's series without end.
-    pub fn register_learned(&self, capability: &str, observe_only: bool, max: usize) {
-        let labelled = {
-            let mut learned = self.learned.lock().unwrap_or_else(|p| p.into_inner());
-            learned.contains(capability) || {
-                let room = learned.len() < max;
-                if room {
-                    learned.insert(capability.to_owned());
-                }
-                room
-            }
+    /// The capabilities members claim now (profiles, cards, tool lists): series of their own
+    /// from zero for up to `max` of them, the rest under `other`; one no member has claimed for
+    /// `idle` is forgotten (`claimed.rs`). What members claim cannot grow this sidecar's series
+    /// without end, nor keep them once the claims stop.
+    pub fn claims<'a>(
+        &self,
+        claims: impl IntoIterator<Item = &'a str>,
+        observe_only: impl Fn(&str) -> bool,
+        limits: (usize, std::time::Duration),
+    ) {
+        let claims = claims
+            .into_iter()
+            .map(|c| (c.to_owned(), observe_only(c)))
+            .collect();
+        self.claimed().set(claims, limits);
+        self.settle_claims();
+    }
+
+    /// Labels the claims made now as room allows and forgets the ones gone for the idle time;
+    /// also between gossip rounds (`run_upkeep`), so a label freed by time is taken.
+    pub(super) fn settle_claims(&self) {
+        let (round, unlabelled) = {
+            let configured = self.configured.lock().unwrap_or_else(|p| p.into_inner());
+            let mut claimed = self.claimed();
+            let round = claimed.round(&configured, Instant::now());
+            (round, claimed.unlabelled(&configured))
         };
-        self.register_called(if labelled { capability } else { OTHER }, observe_only);
+        self.forget(&round.forgotten);
+        for (name, observe_only, known) in &round.labelled {
+            if *known {
+                self.labelled
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name.clone());
+            }
+            self.register_outbound(name, *observe_only);
+        }
+        if unlabelled {
+            self.register_outbound(OTHER, false);
+        }
+    }
+
+    pub(super) fn claimed(&self) -> std::sync::MutexGuard<'_, super::claimed::Claimed> {
+        self.claimed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgotten claims lose their label (new events count under `other`) and their cached
+    /// handles; their series are no longer rendered.
+    pub(super) fn forget(&self, forgotten: &[String]) {
+        if forgotten.is_empty() {
+            return;
+        }
+        let mut labelled = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
+        let mut requests = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        for name in forgotten {
+            labelled.remove(name);
+            requests.remove(name);
+        }
+    }
+
+    /// Drops the samples of forgotten claims from the exposition.
+    pub(super) fn hide_forgotten(&self, text: &mut String) {
+        let claimed = self.claimed();
+        if !claimed.any_hidden() {
+            return;
+        }
+        let mut kept = String::with_capacity(text.len());
+        for line in text.lines() {
+            let capability = line
+                .split_once("capability=\"")
+                .and_then(|(_, rest)| rest.split('"').next());
+            if !capability.is_some_and(|c| claimed.is_hidden(c)) {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        *text = kept;
     }
 
     /// The label `capability`'s series carry: its name when it has series of its own (this
@@ -117,9 +180,17 @@ impl Metrics {
         }
     }
 
-    /// A capability this sidecar may call (its static peers', its policy's, gossip's): its
+    /// A capability this sidecar's config may call (its static peers', its policy's): its
     /// outbound series from zero, and the observe-only ones while it is routed observe-only.
     pub fn register_called(&self, capability: &str, observe_only: bool) {
+        self.configured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(capability.to_owned());
+        self.register_outbound(capability, observe_only);
+    }
+
+    fn register_outbound(&self, capability: &str, observe_only: bool) {
         self.register_capability(Direction::Outbound, capability);
         if observe_only {
             self.register_observed(capability);
@@ -145,6 +216,12 @@ impl Metrics {
     /// `capability`'s series from zero: its request outcomes and, for a capability this
     /// sidecar calls, its retry reasons and budget. Once per capability and direction.
     pub fn register_capability(&self, direction: Direction, capability: &str) {
+        if direction == Direction::Inbound {
+            self.configured
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(capability.to_owned());
+        }
         if !self.first_time(direction.as_str(), capability) {
             return;
         }
@@ -224,14 +301,15 @@ mod tests {
     fn claimed_capabilities_past_the_cap_count_under_other() {
         let m = Metrics::new("a");
         m.register_called("configured", false);
-        for i in 0..50 {
-            m.register_learned(&format!("claimed-{i}"), false, 4);
-        }
+        let names: Vec<String> = (0..50).map(|i| format!("claimed-{i}")).collect();
+        let limits = (4, std::time::Duration::from_secs(600));
+        m.claims(names.iter().map(String::as_str), |_| false, limits);
         let text = m.render();
         let budgets = series(&text, "reach_retry_budget_exhausted_total{");
         assert_eq!(budgets.len(), 1 + 4 + 1, "{budgets:?}");
         assert!(budgets.iter().any(|l| l.contains("capability=\"other\"")));
-        assert_eq!(m.label("claimed-2"), "claimed-2");
+        // The first names in order get the labels, whatever order gossip brought them in.
+        assert_eq!(m.label("claimed-11"), "claimed-11");
         assert_eq!(m.label("claimed-40"), "other");
         assert_eq!(m.label("configured"), "configured");
         m.retry("claimed-40", "saturated");

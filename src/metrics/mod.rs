@@ -8,6 +8,7 @@
 //! and the per-peer series are a bounded, expiring table of their own ([`peers`]).
 //! `docs/metrics.md` lists every series.
 
+mod claimed;
 mod demand;
 mod inbound;
 mod known;
@@ -360,8 +361,10 @@ pub struct Metrics {
     /// The capabilities whose series carry their own name; any other counts as `other`.
     labelled: Mutex<std::collections::HashSet<String>>,
     /// The capabilities other members claim that have a label of their own
-    /// (`metrics.max_capabilities` at most).
-    learned: Mutex<std::collections::HashSet<String>>,
+    /// (`metrics.max_capabilities` at most), and those forgotten (`claimed.rs`).
+    claimed: Mutex<claimed::Claimed>,
+    /// The capabilities of this sidecar's own config: never forgotten, never a claim's label.
+    configured: Mutex<std::collections::HashSet<String>>,
     /// Loops refused and hedges, as `/status` shows them.
     chains: ChainCounters,
     /// The model names `gen_ai_client_token_usage` has a label for (the rest are `other`).
@@ -416,7 +419,8 @@ impl Metrics {
             fleet_demand: Mutex::default(),
             known: Mutex::default(),
             labelled: Mutex::default(),
-            learned: Mutex::default(),
+            claimed: Mutex::default(),
+            configured: Mutex::default(),
             chains: ChainCounters::default(),
             models: Mutex::default(),
             mcp_tools: Mutex::default(),
@@ -452,6 +456,7 @@ impl Metrics {
     /// peers' series.
     pub fn render(&self) -> String {
         let mut text = self.handle.render();
+        self.hide_forgotten(&mut text);
         self.fleet_demand
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -484,6 +489,7 @@ impl Metrics {
     /// periodically so memory stays flat between scrapes.
     pub fn run_upkeep(&self) {
         self.handle.run_upkeep();
+        self.settle_claims();
         self.peer_series().expire(Instant::now());
     }
 

@@ -28,11 +28,17 @@ impl Membership for GossipFeed {
         // What gossip says may be called is counted from 0 before its first call.
         let snapshot = self.store.snapshot();
         let metrics = self.views.metrics();
-        // Bounded: past `metrics.max_capabilities` claimed names count under `other`.
-        let max = snapshot.policy.metrics.max_capabilities;
-        for capability in peers.iter().flat_map(|p| &p.capabilities) {
-            metrics.register_learned(capability, snapshot.observe_only(capability), max);
-        }
+        // Bounded: past `metrics.max_capabilities` claimed names count under `other`, and a
+        // claim gone for `metrics.idle_timeout` is forgotten with its series.
+        let limits = &snapshot.policy.metrics;
+        metrics.claims(
+            peers
+                .iter()
+                .flat_map(|p| &p.capabilities)
+                .map(String::as_str),
+            |c| snapshot.observe_only(c),
+            (limits.max_capabilities, limits.idle_timeout.get()),
+        );
         // A member restarted in place (same name, same address, a new gossip epoch) is a new
         // process: this caller's view of the old one (ejected while it was down, draining) is
         // dropped before the new one becomes a candidate.

@@ -1,6 +1,7 @@
 //! What other members claim about themselves, held to what this sidecar can afford: a member
 //! whose profile names ever new capabilities (as an A2A card rotating its skills would) grows
-//! no caller's `/metrics` past `metrics.max_capabilities`, and nothing grows once it stops.
+//! no caller's `/metrics` past `metrics.max_capabilities`, and what it stopped claiming is
+//! forgotten with its series after `metrics.idle_timeout`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::support;
@@ -28,6 +29,8 @@ async fn a_member_claiming_ever_new_capabilities_grows_no_callers_metrics_past_t
     }
     let mut policy = agent_reach::config::Policy::default();
     policy.metrics.max_capabilities = 8;
+    // A claim gone this long is forgotten with its series.
+    policy.metrics.idle_timeout = agent_reach::config::HumanDuration::from_secs(1);
     let caller = sidecar_with(b, policy, Default::default()).await;
     let seed = caller.addrs.gossip.unwrap();
     let metrics = || async {
@@ -114,6 +117,33 @@ async fn a_member_claiming_ever_new_capabilities_grows_no_callers_metrics_past_t
         "/metrics grew from {} to {} bytes",
         first_round.len(),
         during.len()
+    );
+    // The churn stops: the member claims one capability now. Every churned name is forgotten
+    // with its series, and the steady one gets a label of its own.
+    node.publish_profile(Profile {
+        inbound: "127.0.0.1:9".into(),
+        zone: String::new(),
+        region: String::new(),
+        max_concurrency: 4,
+        capabilities: vec![wire_capability("steady")],
+        version: "churn".into(),
+        identity: None,
+    });
+    eventually(
+        Duration::from_secs(10),
+        "the churned claims are forgotten",
+        || async {
+            let text = metrics().await;
+            named(&text) == 0 && text.contains("capability=\"steady\"")
+        },
+    )
+    .await;
+    let after = metrics().await;
+    assert!(
+        after.len() <= first_round.len() + 2_000,
+        "/metrics is {} bytes after the churn, {} before",
+        after.len(),
+        first_round.len()
     );
     stop.cancel();
     let _ = std::fs::remove_dir_all(&dir);
