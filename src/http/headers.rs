@@ -196,6 +196,11 @@ impl Present {
         Self(self.0 | other.0)
     }
 
+    /// These but `other`.
+    pub fn without(self, other: Self) -> Self {
+        Self(self.0 & !other.0)
+    }
+
     /// The headers of these that `headers` carries.
     pub fn of(headers: &HeaderMap) -> Self {
         Head::of(headers).present

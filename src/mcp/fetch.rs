@@ -63,42 +63,77 @@ pub struct Listed {
     pub session: Option<HeaderValue>,
 }
 
-/// The server's tools, read in a session of their own.
+/// The server's tools, read in the session of the last read when the server still holds it
+/// (one session per server, not one per refresh), else in a new one.
 pub async fn tools(
     client: &UpstreamClient,
     address: &HostPort,
     path: &str,
+    last: Option<HeaderValue>,
 ) -> Result<Listed, FetchError> {
+    let held = last.is_some();
     let mut s = Session {
         client,
         address,
         url: format!("http://{address}{path}"),
-        session: None,
+        session: last,
     };
-    let init = json!({ "protocolVersion": CLIENT_REVISION, "capabilities": {},
-        "clientInfo": { "name": "agent-reach", "version": env!("CARGO_PKG_VERSION") } });
-    s.call("initialize", Some(init)).await?;
-    s.post("notifications/initialized", None, None).await?;
-    let mut tools = Vec::new();
-    let mut cursor: Option<Value> = None;
-    for _ in 0..MAX_PAGES {
-        let params = cursor.take().map(|c| json!({ "cursor": c }));
-        let result = s.call("tools/list", params).await?;
-        if let Some(page) = result.get("tools").and_then(Value::as_array) {
-            tools.extend(page.iter().cloned());
+    match s.list().await {
+        Ok(tools) => Ok(Listed {
+            tools,
+            session: s.session,
+        }),
+        // The server no longer holds the session (it restarted): a new one.
+        Err(FetchError::Status { status, .. }) if held && matches!(status.as_u16(), 400 | 404) => {
+            s.session = None;
+            let tools = s.list().await?;
+            Ok(Listed {
+                tools,
+                session: s.session,
+            })
         }
-        match result.get("nextCursor").filter(|c| !c.is_null()) {
-            Some(next) => cursor = Some(next.clone()),
-            None => break,
-        }
+        Err(err) => Err(err),
     }
-    Ok(Listed {
-        tools,
-        session: s.session,
-    })
+}
+
+/// Ends the importer's session with the server (`DELETE`), when it has one.
+pub async fn end(client: &UpstreamClient, address: &HostPort, path: &str, session: HeaderValue) {
+    let request = Request::delete(format!("http://{address}{path}"))
+        .header(header::HOST, address.as_str())
+        .header(SESSION_HEADER, session)
+        .header(VERSION_HEADER, CLIENT_REVISION)
+        .body(body::empty());
+    if let Ok(request) = request {
+        let _ = tokio::time::timeout(TIMEOUT, client.request(request)).await;
+    }
 }
 
 impl Session<'_> {
+    /// Every page of `tools/list`, after the handshake when no session is held yet.
+    async fn list(&mut self) -> Result<Vec<Value>, FetchError> {
+        let s = self;
+        if s.session.is_none() {
+            let init = json!({ "protocolVersion": CLIENT_REVISION, "capabilities": {},
+                "clientInfo": { "name": "agent-reach", "version": env!("CARGO_PKG_VERSION") } });
+            s.call("initialize", Some(init)).await?;
+            s.post("notifications/initialized", None, None).await?;
+        }
+        let mut tools = Vec::new();
+        let mut cursor: Option<Value> = None;
+        for _ in 0..MAX_PAGES {
+            let params = cursor.take().map(|c| json!({ "cursor": c }));
+            let result = s.call("tools/list", params).await?;
+            if let Some(page) = result.get("tools").and_then(Value::as_array) {
+                tools.extend(page.iter().cloned());
+            }
+            match result.get("nextCursor").filter(|c| !c.is_null()) {
+                Some(next) => cursor = Some(next.clone()),
+                None => break,
+            }
+        }
+        Ok(tools)
+    }
+
     /// A request and its `result`.
     async fn call(
         &mut self,

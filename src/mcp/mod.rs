@@ -13,11 +13,12 @@ pub mod tools;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderValue;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Capability, ConfigStore, McpTools, OnReload};
+use crate::config::{Capability, ConfigStore, HostPort, McpTools, OnReload};
 
 /// Until the first list is read, it is tried again this often (the server may start after its
 /// sidecar); with `agent.mcp` unset, this is how often the setting is looked at.
@@ -37,6 +38,8 @@ pub fn spawn(
         // The server's `notifications/tools/list_changed` wake the loop before `refresh`.
         let changed_now = Arc::new(Notify::new());
         let mut listener: Option<JoinHandle<()>> = None;
+        // The importer's one session with the server, kept across reads and ended at the end.
+        let mut session: Option<(HeaderValue, HostPort, String)> = None;
         loop {
             let snapshot = store.snapshot();
             let wait = match &snapshot.bootstrap.agent.mcp {
@@ -44,12 +47,23 @@ pub fn spawn(
                     if std::mem::take(&mut imported) {
                         changed(&store, &on_reload, None);
                     }
+                    if let Some((id, address, path)) = session.take() {
+                        fetch::end(&client, &address, &path, id).await;
+                    }
                     RETRY
                 }
                 Some(config) => {
                     let agent = &snapshot.bootstrap.agent.address;
-                    match fetch::tools(&client, agent, &config.path).await {
+                    let last = session
+                        .as_ref()
+                        .filter(|(_, a, p)| a == agent && *p == config.path)
+                        .map(|(id, ..)| id.clone());
+                    match fetch::tools(&client, agent, &config.path, last).await {
                         Ok(listed) => {
+                            session = listed
+                                .session
+                                .clone()
+                                .map(|id| (id, agent.clone(), config.path.clone()));
                             if listener.as_ref().is_none_or(JoinHandle::is_finished) {
                                 listener = Some(tokio::spawn(changes::listen(
                                     client.clone(),
@@ -91,6 +105,9 @@ pub fn spawn(
             tokio::select! {
                 _ = stop.cancelled() => {
                     listener.iter().for_each(JoinHandle::abort);
+                    if let Some((id, address, path)) = session.take() {
+                        fetch::end(&client, &address, &path, id).await;
+                    }
                     return;
                 }
                 _ = tokio::time::sleep(wait) => {}

@@ -113,6 +113,8 @@ pub struct Outbound {
     tools: mcp::view::ToolViews,
     /// The MCP tool definitions this caller lists and routes to (`mcp/pins.rs`).
     pins: mcp::pins::Pins,
+    /// MCP clients' sessions with this sidecar, and the servers' sessions behind them.
+    broker: mcp::broker::Broker,
     /// Opens the delegation chain the agent passes on (`src/chain/`).
     seal: Arc<crate::chain::Seal>,
     /// Recent times to an answer's head, per hedged capability (`hedge: {after: p95}`).
@@ -137,6 +139,7 @@ impl Outbound {
             affinity: Arc::default(),
             tools: mcp::view::ToolViews::default(),
             pins: mcp::pins::Pins::default(),
+            broker: mcp::broker::Broker::default(),
             seal: shared.seal.clone(),
             head_times: Default::default(),
         }

@@ -60,6 +60,11 @@ async fn fleet() -> Fleet {
 
 /// The fleet, its servers' tools read again every `refresh` (and on their change notices).
 async fn fleet_refreshing(refresh: HumanDuration) -> Fleet {
+    fleet_of(refresh, &[]).await
+}
+
+/// The fleet, the servers named in `sessions` keeping sessions (the SDKs' default).
+async fn fleet_of(refresh: HumanDuration, sessions: &[&str]) -> Fleet {
     let key = key_file();
     let servers = vec![
         McpServer::start("a", vec![tool("search", true), tool("fetch", false)], false)
@@ -76,6 +81,9 @@ async fn fleet_refreshing(refresh: HumanDuration) -> Fleet {
         .await
         .unwrap(),
     ];
+    for server in servers.iter().filter(|s| sessions.contains(&s.name)) {
+        server.keep_sessions();
+    }
     let mut callees: Vec<Sidecar> = Vec::new();
     for server in &servers {
         let seeds: Vec<SocketAddr> = callees.iter().filter_map(|s| s.addrs.gossip).collect();
@@ -263,7 +271,8 @@ async fn each_tool_call_goes_to_a_server_with_the_tool_and_the_fleet_lists_each_
         "{init}"
     );
     assert_eq!(init["result"]["protocolVersion"], "2026-07-28");
-    // The session revision's `initialize` goes to a server, which the session then stays on.
+    // The session revision's `initialize` is the sidecar's too: the client's revision, and a
+    // session of the sidecar's own.
     let request = request.to_string().replace("2026-07-28", "2025-06-18");
     let reply = send(
         &client(),
@@ -277,8 +286,133 @@ async fn each_tool_call_goes_to_a_server_with_the_tool_and_the_fleet_lists_each_
     )
     .await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let server = result_of(&reply)["serverInfo"]["name"].clone();
-    assert!(["a", "b", "c"].iter().any(|n| server == *n), "{server}");
+    assert_eq!(result_of(&reply)["protocolVersion"], "2025-06-18");
+    assert!(reply.header("mcp-session-id").starts_with("reach-"));
+}
+
+/// One MCP client's session, as the SDKs open it: `initialize`, `notifications/initialized`,
+/// then requests in the session the answer named.
+struct Client<'f> {
+    fleet: &'f Fleet,
+    session: String,
+}
+
+impl<'f> Client<'f> {
+    async fn connect(fleet: &'f Fleet, revision: &str) -> (Client<'f>, Value) {
+        let init = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": { "protocolVersion": revision, "capabilities": {},
+                "clientInfo": { "name": "t", "version": "1" } } });
+        let reply = fleet.send_call(&init, &[]).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let result = result_of(&reply);
+        let session = reply.header("mcp-session-id").to_owned();
+        let client = Client { fleet, session };
+        let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+        let reply = client.send(&note).await;
+        assert_eq!(reply.status, 202, "{}", reply.body);
+        (client, result)
+    }
+
+    async fn send(&self, request: &Value) -> Reply {
+        self.fleet
+            .send_call(request, &[("mcp-session-id", &self.session)])
+            .await
+    }
+
+    async fn call(&self, tool: &str) -> Reply {
+        let request = json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": { "name": tool, "arguments": { "q": "x" } } });
+        self.send(&request).await
+    }
+
+    async fn close(&self) -> Reply {
+        send(
+            &client(),
+            "DELETE",
+            &format!("http://{}/mcp", self.fleet.caller.addrs.outbound),
+            &[
+                ("reach-capability", "mcp"),
+                ("mcp-session-id", &self.session),
+            ],
+            "",
+        )
+        .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_brokered_across_a_fleet_of_session_and_stateless_servers() {
+    // a and c keep sessions (as the SDKs' servers do by default), b keeps none; summarize is
+    // c's alone, fetch a's and b's.
+    let fleet = fleet_of(HumanDuration::from_millis(200), &["a", "c"]).await;
+    let (a, c) = (fleet.server("a"), fleet.server("c"));
+    // Twenty clients, each connecting, listing and calling as an SDK does.
+    for i in 0..20 {
+        let (client, init) = Client::connect(&fleet, "2025-11-25").await;
+        assert_eq!(init["protocolVersion"], "2025-11-25", "client {i}");
+        assert!(client.session.starts_with("reach-"), "client {i}");
+        let listed = client
+            .send(&json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/list" }))
+            .await;
+        assert_eq!(listed.status, 200, "{}", listed.body);
+        let mut names: Vec<String> = listed.json()["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["fetch", "search", "summarize"], "client {i}");
+        // A session server's tool, on that server's session.
+        let reply = client.call("summarize").await;
+        assert_eq!(reply.status, 200, "client {i}: {}", reply.body);
+        assert_eq!(answered_by(&reply), "c", "client {i}");
+        // A tool of a session server and a stateless one: both do.
+        for _ in 0..3 {
+            let reply = client.call("fetch").await;
+            assert_eq!(reply.status, 200, "client {i}: {}", reply.body);
+            assert!(["a", "b"].contains(&answered_by(&reply).as_str()));
+        }
+        let closed = client.close().await;
+        assert_eq!(closed.status, 200, "client {i}: {}", closed.body);
+        // Ended: the session is gone, as MCP says (404).
+        let after = client.call("fetch").await;
+        assert_eq!(after.status, 404, "client {i}: {}", after.body);
+    }
+    // Every client's sessions were ended; what stays open is the importer's one session with
+    // its server and the caller's own (for the fleet's list), not one per refresh or client.
+    for server in [a, c] {
+        let (open, opened) = server.sessions();
+        assert!(open <= 2, "{}: {open} sessions open", server.name);
+        assert!(opened >= 2, "{}: {opened} sessions opened", server.name);
+    }
+    assert!(
+        c.sessions().1 >= 20,
+        "every client had its own session on c"
+    );
+    // A client without a session (the stateless revision) reaches a session server too.
+    let init = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2026-07-28", "capabilities": {},
+            "clientInfo": { "name": "t", "version": "1" } } });
+    let reply = fleet.send_call(&init, &[]).await;
+    assert_eq!(result_of(&reply)["protocolVersion"], "2026-07-28");
+    assert!(reply.header("mcp-session-id").is_empty());
+    let reply = fleet.call("summarize").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(answered_by(&reply), "c");
+    // A revision the sidecar does not speak: it answers with one it does.
+    let unknown: Value =
+        serde_json::from_str(&init.to_string().replace("2026-07-28", "2099-01-01")).unwrap();
+    let reply = fleet.send_call(&unknown, &[]).await;
+    assert_eq!(result_of(&reply)["protocolVersion"], "2025-11-25");
+    // A session the sidecar never issued, in its form: 404.
+    let forged = fleet
+        .send_call(
+            &json!({ "jsonrpc": "2.0", "id": 5, "method": "tools/list" }),
+            &[("mcp-session-id", "reach-0000")],
+        )
+        .await;
+    assert_eq!(forged.status, 404, "{}", forged.body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

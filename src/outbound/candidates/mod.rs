@@ -88,8 +88,17 @@ pub(super) fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
     }
     // An MCP call goes to the servers that have its tool (`docs/mcp.md`).
     let scored = match call.parts.extensions.get::<mcp::McpRoute>() {
-        Some(route) => mcp::narrow(out, &call.snapshot, route, call.capability.as_str(), scored)
-            .map_err(|err| Routed::refused(call.capability.as_str(), err))?,
+        Some(route) => {
+            let sessions = call.parts.extensions.get::<mcp::broker::ServerSessions>();
+            mcp::narrow(
+                out,
+                &call.snapshot,
+                (route, sessions),
+                call.capability.as_str(),
+                scored,
+            )
+            .map_err(|err| Routed::refused(call.capability.as_str(), err))?
+        }
         None => scored,
     };
     // A call whose affinity key is bound goes to the key's holder.

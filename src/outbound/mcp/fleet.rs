@@ -2,8 +2,7 @@
 //! of the tools its servers announced, each once, in the one definition this caller routes it
 //! by (`pins.rs`), read from a server that announced that definition and answered it (asked of
 //! as few servers as cover every tool); a tool a server lists without having announced it, or
-//! whose definition differs from what it announced, is not listed. And, in the stateless
-//! revision, the `initialize` handshake, which names no server.
+//! whose definition differs from what it announced, is not listed.
 
 use std::sync::Arc;
 
@@ -12,19 +11,19 @@ use http_body_util::BodyExt;
 use serde_json::{json, Map, Value};
 use tower::ServiceExt;
 
-use super::{McpRoute, Outbound};
+use super::{broker, McpRoute, Outbound};
 use crate::http::step::{answer, Step};
 use crate::http::upload::Upload;
-use crate::http::{body, headers, ReachBody};
+use crate::http::{body, ReachBody};
 use crate::mcp::fetch::MAX_ANSWER_BYTES;
-use crate::mcp::jsonrpc::{self, STATELESS_REVISION};
+use crate::mcp::jsonrpc;
 use crate::outbound::call::Call;
 use crate::registry::Peer;
 
 /// Servers asked for one federated list at most.
 const MAX_ASKED: usize = 8;
 
-/// The fleet's tools. A call within a session (`Mcp-Session-Id`) is its server's: it passes on.
+/// The fleet's tools, each server asked on the sidecar's own session with it (`broker.rs`).
 pub(super) async fn tools_list<S>(
     out: &Outbound,
     inner: S,
@@ -35,11 +34,10 @@ where
     S: Step<Call, Response = Response<ReachBody>>,
 {
     let bytes = match &call.upload {
-        Upload::Buffered(bytes) if !call.parts.headers.contains_key(headers::MCP_SESSION_ID) => {
-            bytes.clone()
-        }
-        _ => return answer(inner.oneshot(call).await),
+        Upload::Buffered(bytes) => bytes.clone(),
+        Upload::Stream(..) => return answer(inner.oneshot(call).await),
     };
+    let shared = broker::Context::Shared(out.broker.shared(call.capability.as_str()));
     let capability = call.capability.as_str();
     let mut servers: Vec<Arc<Peer>> = out
         .registry
@@ -73,10 +71,20 @@ where
         };
         let server = servers.swap_remove(next);
         let mut one = super::tool_call::copy(&call, bytes.clone());
-        one.parts
-            .extensions
-            .insert(McpRoute::Server(server.name.clone()));
+        let route = McpRoute::Server(server.name.clone());
+        match broker::sessions_for(out, inner.clone(), &one, &shared, &route).await {
+            Ok(sessions) => broker::for_servers(&mut one, sessions),
+            Err(refused) => {
+                last = Some(refused.answer(capability, id.clone()));
+                continue;
+            }
+        }
+        one.parts.extensions.insert(route);
         let response = answer(inner.clone().oneshot(one).await);
+        if response.status() == http::StatusCode::NOT_FOUND {
+            // The server forgot the sidecar's session (it restarted): opened again next time.
+            broker::after(out, inner.clone(), &call, &shared, response.status()).await;
+        }
         match tools_of(response).await {
             Ok(tools) => {
                 for tool in tools {
@@ -155,21 +163,7 @@ async fn tools_of(response: Response<ReachBody>) -> Result<Vec<Value>, Response<
     }
 }
 
-/// The stateless revision's `initialize`, answered for the fleet: it has tools, and says when
-/// their list changes.
-pub(super) fn initialize(id: Option<Value>) -> Response<ReachBody> {
-    json_answer(&json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "result": {
-            "protocolVersion": STATELESS_REVISION,
-            "capabilities": { "tools": { "listChanged": true } },
-            "serverInfo": { "name": "agent-reach", "version": env!("CARGO_PKG_VERSION") }
-        }
-    }))
-}
-
-fn json_answer(value: &Value) -> Response<ReachBody> {
+pub(super) fn json_answer(value: &Value) -> Response<ReachBody> {
     let mut response = Response::new(body::full(value.to_string()));
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -1,10 +1,11 @@
 //! MCP calls to a capability whose servers announce tools (`docs/mcp.md`): a `tools/call` goes
 //! only to servers that have the tool and whose tool works in this caller's view
-//! (`tool_call.rs`, `view.rs`); `tools/list` is answered with the fleet's tools, and a
-//! stateless `initialize` by the sidecar itself (`fleet.rs`). Any other call, and every call
-//! for a capability no MCP server announces, passes straight on: the check is one look at the
-//! registry's set of MCP capabilities, empty in a fleet without MCP.
+//! (`tool_call.rs`, `view.rs`); `tools/list` is answered with the fleet's tools; and a
+//! client's session is the sidecar's own, brokered over a session per server (`broker.rs`).
+//! Every call for a capability no MCP server announces passes straight on: the check is one
+//! look at the registry's set of MCP capabilities, empty in a fleet without MCP.
 
+pub(super) mod broker;
 mod fleet;
 pub(super) mod pins;
 pub(super) mod status;
@@ -24,18 +25,20 @@ use crate::error::ReachError;
 use crate::http::step::{self, answer, Step};
 use crate::http::upload::Upload;
 use crate::http::ReachBody;
-use crate::mcp::jsonrpc::{
-    self, Asked, METHOD_HEADER, NAME_HEADER, STATELESS_REVISION, VERSION_HEADER,
-};
+use crate::mcp::jsonrpc::{self, Asked, METHOD_HEADER, NAME_HEADER};
 use crate::peers::Scored;
+use broker::Context;
+use http::Method;
 
 /// On an MCP call's request, for the candidates step: who may take it.
 #[derive(Clone, Debug)]
 pub(super) enum McpRoute {
     /// A `tools/call`: a server with the tool, not one this call already failed on.
     Tool { tool: String, excluded: Vec<String> },
-    /// One server's part of a federated `tools/list`.
+    /// One server's part of a federated `tools/list`, or a call on that server's session.
     Server(String),
+    /// Any server of the capability (a method that names no tool).
+    Any,
 }
 
 pub(super) fn layer<S>(
@@ -47,7 +50,8 @@ where
     step::layer!(out, mcp::<step::Next<S>>)
 }
 
-/// An MCP capability's tool calls, tool list and stateless `initialize`; anything else on.
+/// An MCP capability's handshake, tool calls and tool list, on the client's session with the
+/// sidecar; a session a server issued (not this sidecar) passes on as before.
 async fn mcp<S>(out: Arc<Outbound>, inner: S, call: Call) -> Response<ReachBody>
 where
     S: Step<Call, Response = Response<ReachBody>>,
@@ -55,19 +59,36 @@ where
     if !out.registry.is_mcp(call.capability.as_str()) {
         return answer(inner.oneshot(call).await);
     }
+    let context = match broker::context(&out, &call) {
+        Ok(Some(context)) => context,
+        Ok(None) => return answer(inner.oneshot(call).await),
+        Err(()) => return broker::session_gone(asked_of(&call).and_then(|a| a.id)),
+    };
+    match (&call.parts.method, &context) {
+        (&Method::DELETE, Context::Client(id, _)) => {
+            let id = id.clone();
+            return broker::end(&out, inner, &call, &id).await;
+        }
+        (&Method::GET, _) => return broker::no_stream(),
+        _ => {}
+    }
     let Some(asked) = asked_of(&call) else {
         return answer(inner.oneshot(call).await);
     };
     match asked.method.as_str() {
+        "initialize" => broker::initialize(&out, asked.revision.as_deref(), asked.id),
+        "ping" => broker::pong(asked.id),
+        // A notification: nothing for the fleet to answer.
+        _ if asked.id.is_none() => broker::accepted(),
         "tools/call" => match asked.tool {
             Some(tool) => {
-                tool_call::routed(out, inner, call, (tool, asked.resumes, asked.id)).await
+                let asked = (tool, asked.resumes, asked.id);
+                tool_call::routed(out, inner, call, asked, context).await
             }
             None => answer(inner.oneshot(call).await),
         },
         "tools/list" => fleet::tools_list(&out, inner, call, asked.id).await,
-        "initialize" if stateless(&call, &asked) => fleet::initialize(asked.id),
-        _ => answer(inner.oneshot(call).await),
+        _ => tool_call::on_a_session(out, inner, call, asked.id, context).await,
     }
 }
 
@@ -100,23 +121,24 @@ fn asked_of(call: &Call) -> Option<Asked> {
     }
 }
 
-/// An `initialize` of the stateless revision, which an intermediary may answer for the fleet.
-fn stateless(call: &Call, asked: &Asked) -> bool {
-    let header = call.parts.headers.get(VERSION_HEADER).map(|v| v.as_bytes());
-    asked.revision.as_deref() == Some(STATELESS_REVISION)
-        || header == Some(STATELESS_REVISION.as_bytes())
-}
-
 /// The candidates an MCP call may go to. For a tool call: those whose server has the tool,
 /// minus the ones this call already tried; among them, those whose tool serves in this caller's
 /// view (all of them when none does: a broken tool may have mended, and trying beats refusing).
 pub(super) fn narrow(
     out: &Outbound,
     snapshot: &crate::config::Snapshot,
-    route: &McpRoute,
+    (route, sessions): (&McpRoute, Option<&broker::ServerSessions>),
     capability: &str,
     scored: Vec<Scored>,
 ) -> Result<Vec<Scored>, ReachError> {
+    // On servers' sessions: only the servers the call has a session with.
+    let scored: Vec<Scored> = match sessions {
+        Some(sessions) => scored
+            .into_iter()
+            .filter(|s| sessions.0.contains_key(&s.peer.name))
+            .collect(),
+        None => scored,
+    };
     let (tool, excluded) = match route {
         McpRoute::Server(name) => {
             return Ok(scored
@@ -124,6 +146,7 @@ pub(super) fn narrow(
                 .filter(|s| &s.peer.name == name)
                 .collect())
         }
+        McpRoute::Any => return Ok(scored),
         McpRoute::Tool { tool, excluded } => (tool, excluded),
     };
     let having: Vec<Scored> = scored

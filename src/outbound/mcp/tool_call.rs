@@ -11,6 +11,7 @@ use http::{header, Response};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
+use super::broker::{self, Context};
 use super::{McpRoute, Outbound};
 use crate::error::{ReachError, Reason};
 use crate::http::step::{answer, Step};
@@ -20,14 +21,16 @@ use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc::{self, ToolOutcome};
 use crate::outbound::call::{Call, LastTried};
 
-/// Routes the call for `tool`; on a failed tool that is safe to repeat, once more elsewhere —
-/// unless it `resumes` a multi round-trip request, whose state is its issuer's alone (the
-/// affinity step pins it there, `src/outbound/affinity/mod.rs`).
+/// Routes the call for `tool` on a server's session (`broker.rs`); on a failed tool that is
+/// safe to repeat, once more elsewhere — unless it `resumes` a multi round-trip request, whose
+/// state is its issuer's alone (the affinity step pins it there,
+/// `src/outbound/affinity/mod.rs`).
 pub(super) async fn routed<S>(
     out: Arc<Outbound>,
     inner: S,
     call: Call,
     (tool, resumes, id): (String, bool, Option<serde_json::Value>),
+    context: Context,
 ) -> Response<ReachBody>
 where
     S: Step<Call, Response = Response<ReachBody>>,
@@ -36,14 +39,24 @@ where
         Upload::Buffered(bytes) if !resumes => Some(bytes.clone()),
         _ => None,
     };
+    let template = copy(&call, Bytes::new());
     let mut excluded = Vec::new();
     let capability = call.capability.as_str().to_owned();
     let mut call = call;
     loop {
-        call.parts.extensions.insert(McpRoute::Tool {
+        let route = McpRoute::Tool {
             tool: tool.clone(),
             excluded: excluded.clone(),
-        });
+        };
+        match broker::sessions_for(&out, inner.clone(), &call, &context, &route).await {
+            Ok(sessions) => broker::for_servers(&mut call, sessions),
+            Err(refused) => {
+                let response = refused.answer(&capability, id.clone());
+                broker::after(&out, inner, &template, &context, response.status()).await;
+                return unknown_tool_as_mcp(response, &tool, id);
+            }
+        }
+        call.parts.extensions.insert(route);
         let again = replay.as_ref().map(|bytes| copy(&call, bytes.clone()));
         let response = answer(inner.clone().oneshot(call).await);
         let (response, failed_on) = observed(&out, &capability, &tool, response).await;
@@ -54,9 +67,36 @@ where
                 excluded.push(peer);
                 call = next;
             }
-            _ => return unknown_tool_as_mcp(response, &tool, id),
+            _ => {
+                broker::after(&out, inner, &template, &context, response.status()).await;
+                return unknown_tool_as_mcp(response, &tool, id);
+            }
         }
     }
+}
+
+/// A method that names no tool (`resources/list`, `prompts/get`, …): on the session of a
+/// server the client's session already holds, or a new one on the server routing picks.
+pub(super) async fn on_a_session<S>(
+    out: Arc<Outbound>,
+    inner: S,
+    mut call: Call,
+    id: Option<serde_json::Value>,
+    context: Context,
+) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    let template = copy(&call, Bytes::new());
+    let capability = call.capability.as_str().to_owned();
+    match broker::sessions_for(&out, inner.clone(), &call, &context, &McpRoute::Any).await {
+        Ok(sessions) => broker::for_servers(&mut call, sessions),
+        Err(refused) => return refused.answer(&capability, id),
+    }
+    call.parts.extensions.insert(McpRoute::Any);
+    let response = answer(inner.clone().oneshot(call).await);
+    broker::after(&out, inner, &template, &context, response.status()).await;
+    response
 }
 
 /// A tool no server has, answered as MCP says (a JSON-RPC error, `-32602`, inside a `200`), not

@@ -39,6 +39,11 @@ struct State {
     sse: bool,
     /// Tells every open GET stream that the tool list changed.
     changes: Option<broadcast::Sender<()>>,
+    /// Keeps sessions, as the SDKs' servers do by default: `initialize` opens one, every other
+    /// request must carry it (`400` without, `404` for one it does not hold), `DELETE` ends it.
+    sessions: bool,
+    open: BTreeSet<String>,
+    opened: usize,
 }
 
 type Body = BoxBody<Bytes, std::convert::Infallible>;
@@ -83,6 +88,17 @@ impl McpServer {
     }
 
     async fn answer(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let session = req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        if let Some(refused) = self.session_refused(&req, session.as_deref()) {
+            return refused;
+        }
+        if req.method() == Method::DELETE {
+            return Response::new(Full::default().boxed());
+        }
         if req.method() == Method::GET {
             return self.notifications();
         }
@@ -94,6 +110,18 @@ impl McpServer {
             .unwrap_or_default();
         let message: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         let method = message["method"].as_str().unwrap_or_default().to_owned();
+        let sessions = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .sessions;
+        if sessions && session.is_none() && method != "initialize" {
+            let mut response = Response::new(Full::new(Bytes::from_static(
+                b"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32000,\"message\":\"Bad Request: No valid session ID provided\"}}",
+            )).boxed());
+            *response.status_mut() = http::StatusCode::BAD_REQUEST;
+            return response;
+        }
         let Some(id) = message.get("id").cloned() else {
             // A notification: accepted, no answer.
             let mut accepted = Response::new(Full::default().boxed());
@@ -101,6 +129,13 @@ impl McpServer {
             return accepted;
         };
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut opened = None;
+        if method == "initialize" && state.sessions {
+            state.opened += 1;
+            let id = format!("{}-s{}", self.name, state.opened);
+            state.open.insert(id.clone());
+            opened = Some(id);
+        }
         let result = match method.as_str() {
             "initialize" => Ok(
                 json!({ "protocolVersion": message["params"]["protocolVersion"],
@@ -129,7 +164,48 @@ impl McpServer {
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static(content_type),
         );
+        if let Some(id) = opened.and_then(|id| http::HeaderValue::from_str(&id).ok()) {
+            response.headers_mut().insert("mcp-session-id", id);
+        }
         response
+    }
+
+    /// A session server's refusal of a request outside a session it holds; a `DELETE` of
+    /// one it holds ends it.
+    fn session_refused(
+        &self,
+        req: &Request<hyper::body::Incoming>,
+        session: Option<&str>,
+    ) -> Option<Response<Body>> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !state.sessions {
+            return None;
+        }
+        let refuse = |status: http::StatusCode, message: &str| {
+            let mut response = Response::new(Full::new(Bytes::from(format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{{\"code\":-32000,\"message\":\"{message}\"}}}}"
+            ))).boxed());
+            *response.status_mut() = status;
+            Some(response)
+        };
+        match session {
+            // Only `initialize` opens a session; the body is read later, so any POST without
+            // a session is let through to be told apart there.
+            None if req.method() == Method::POST => None,
+            None => refuse(
+                http::StatusCode::BAD_REQUEST,
+                "Bad Request: No valid session ID provided",
+            ),
+            Some(id) if !state.open.contains(id) => {
+                refuse(http::StatusCode::NOT_FOUND, "Session not found")
+            }
+            Some(id) => {
+                if req.method() == Method::DELETE {
+                    state.open.remove(id);
+                }
+                None
+            }
+        }
     }
 
     /// A tool call: its text names this server; asked for input first when `arguments.ask`,
@@ -182,6 +258,22 @@ impl McpServer {
             http::HeaderValue::from_static("text/event-stream"),
         );
         response
+    }
+
+    /// From now on keeps sessions (the SDKs' default): see `State::sessions`.
+    #[allow(dead_code)]
+    pub fn keep_sessions(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .sessions = true;
+    }
+
+    /// Sessions open now, and opened in all.
+    #[allow(dead_code)]
+    pub fn sessions(&self) -> (usize, usize) {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        (state.open.len(), state.opened)
     }
 
     /// Tool calls this server took for `tool`.

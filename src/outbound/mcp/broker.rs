@@ -1,0 +1,589 @@
+//! MCP sessions brokered by the caller's sidecar (`docs/mcp.md`, "Sessions"). A client's
+//! session is with its sidecar: the sidecar answers `initialize` itself, in the revision the
+//! client offers when it speaks it, and hands a session id of its own (`reach-…`) to the
+//! revisions that have sessions. Behind it, the sidecar opens a session on each server when a
+//! call first needs that server (`initialize`, then `notifications/initialized`) and ends them
+//! all (`DELETE`) when the client's ends. So the federated `tools/list` covers servers with
+//! sessions and without, and a client's calls reach any server of the fleet on that server's
+//! own session.
+//!
+//! Within a client's session a tool goes to the server that already holds a session for it
+//! (its state is there); when that server is gone, the client's session is answered as MCP
+//! says a lost one is (`404`, `affinity_lost`) and ended, and the client starts another.
+//! Clients without a session (the stateless revision) share the sidecar's own sessions.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Response, StatusCode};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use super::fleet::json_answer;
+use super::{McpRoute, Outbound};
+use crate::error::{AffinityKey, ReachError};
+use crate::fast_hash::FastMap;
+use crate::http::headers::{self, Present};
+use crate::http::step::{answer, Step};
+use crate::http::upload::Upload;
+use crate::http::{body, ReachBody};
+use crate::mcp::fetch::MAX_ANSWER_BYTES;
+use crate::mcp::jsonrpc::{self, METHOD_HEADER, NAME_HEADER, STATELESS_REVISION, VERSION_HEADER};
+use crate::outbound::call::Call;
+
+/// What the sidecar's own session ids start with: a client's session with a server behind it
+/// never does (those pass on as before).
+pub(super) const SESSION_PREFIX: &str = "reach-";
+/// Client sessions held at most; the one idle longest makes room.
+const MAX_SESSIONS: usize = 10_000;
+/// A client session unused this long is ended.
+const IDLE: Duration = Duration::from_secs(30 * 60);
+/// The revisions this sidecar speaks with MCP clients.
+const REVISIONS: [&str; 5] = [
+    "2024-11-05",
+    "2025-03-26",
+    "2025-06-18",
+    "2025-11-25",
+    STATELESS_REVISION,
+];
+/// Answered to a client that offers a revision the sidecar does not speak: the newest with
+/// sessions, which every SDK of the last year speaks.
+const FALLBACK_REVISION: &str = "2025-11-25";
+
+/// The revision a client gets: its offer when the sidecar speaks it (as the spec says).
+pub(super) fn negotiate(offered: Option<&str>) -> &'static str {
+    offered
+        .and_then(|o| REVISIONS.iter().find(|r| **r == o))
+        .copied()
+        .unwrap_or(FALLBACK_REVISION)
+}
+
+/// One server's session, as a client's session (or the sidecar's shared one) holds it.
+#[derive(Clone, Debug)]
+pub(crate) struct ServerSession {
+    /// `None` for a server that keeps no sessions.
+    pub(crate) id: Option<HeaderValue>,
+    /// The revision the server answered `initialize` with.
+    pub(crate) revision: HeaderValue,
+}
+
+/// The sessions a call may use, by server: the candidates step keeps only these servers, and
+/// each attempt carries its server's session (`apply`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ServerSessions(pub(crate) Arc<FastMap<String, ServerSession>>);
+
+impl ServerSessions {
+    /// Sets the request's session and revision headers to those of the server it goes to.
+    pub(crate) fn apply(&self, peer: &str, request_headers: &mut http::HeaderMap) {
+        let Some(server) = self.0.get(peer) else {
+            return;
+        };
+        match &server.id {
+            Some(id) => request_headers.insert(headers::MCP_SESSION_ID, id.clone()),
+            None => request_headers.remove(headers::MCP_SESSION_ID),
+        };
+        request_headers.insert(VERSION_HEADER, server.revision.clone());
+    }
+}
+
+/// A client's session with this sidecar (or the sidecar's shared one, per capability).
+#[derive(Debug)]
+pub(crate) struct Brokered {
+    revision: &'static str,
+    servers: Mutex<FastMap<String, ServerSession>>,
+    last_used: Mutex<Instant>,
+}
+
+impl Brokered {
+    fn new(revision: &'static str) -> Self {
+        Self {
+            revision,
+            servers: Mutex::default(),
+            last_used: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn servers(&self) -> std::sync::MutexGuard<'_, FastMap<String, ServerSession>> {
+        self.servers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The client sessions this sidecar holds, and its own shared one per capability.
+#[derive(Debug, Default)]
+pub(crate) struct Broker {
+    sessions: Mutex<FastMap<String, Arc<Brokered>>>,
+    shared: Mutex<FastMap<String, Arc<Brokered>>>,
+}
+
+impl Broker {
+    /// A new client session of `revision`: its id.
+    fn open(&self, revision: &'static str) -> String {
+        let id = format!("{SESSION_PREFIX}{:032x}", rand::random::<u128>());
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        sessions.retain(|_, b| {
+            let last = *b.last_used.lock().unwrap_or_else(|p| p.into_inner());
+            now.saturating_duration_since(last) < IDLE
+        });
+        if sessions.len() >= MAX_SESSIONS {
+            let oldest = sessions
+                .iter()
+                .min_by_key(|(_, b)| *b.last_used.lock().unwrap_or_else(|p| p.into_inner()))
+                .map(|(id, _)| id.clone());
+            if let Some(oldest) = oldest {
+                sessions.remove(&oldest);
+            }
+        }
+        sessions.insert(id.clone(), Arc::new(Brokered::new(revision)));
+        id
+    }
+
+    fn get(&self, id: &str) -> Option<Arc<Brokered>> {
+        let found = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()?;
+        *found.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        Some(found)
+    }
+
+    fn remove(&self, id: &str) -> Option<Arc<Brokered>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id)
+    }
+
+    pub(super) fn shared(&self, capability: &str) -> Arc<Brokered> {
+        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        shared
+            .entry(capability.to_owned())
+            .or_insert_with(|| Arc::new(Brokered::new(STATELESS_REVISION)))
+            .clone()
+    }
+}
+
+/// Whose sessions a call uses.
+pub(super) enum Context {
+    /// A client session of this sidecar's: its id, and the session.
+    Client(String, Arc<Brokered>),
+    /// No session (the stateless revision): the sidecar's shared sessions.
+    Shared(Arc<Brokered>),
+}
+
+impl Context {
+    fn brokered(&self) -> &Arc<Brokered> {
+        match self {
+            Context::Client(_, b) | Context::Shared(b) => b,
+        }
+    }
+}
+
+/// The call's context: `Ok(None)` for a session this sidecar did not issue (it passes on);
+/// `Err` with MCP's answer for one it issued and no longer holds.
+pub(super) fn context(out: &Outbound, call: &Call) -> Result<Option<Context>, ()> {
+    let session = call
+        .parts
+        .headers
+        .get(headers::MCP_SESSION_ID)
+        .and_then(|v| v.to_str().ok());
+    match session {
+        None => Ok(Some(Context::Shared(
+            out.broker.shared(call.capability.as_str()),
+        ))),
+        Some(id) if id.starts_with(SESSION_PREFIX) => match out.broker.get(id) {
+            Some(b) => Ok(Some(Context::Client(id.to_owned(), b))),
+            None => Err(()),
+        },
+        Some(_) => Ok(None),
+    }
+}
+
+/// `initialize`, answered by the sidecar for the fleet: the client's revision when it is one
+/// the sidecar speaks, and a session of the sidecar's for the revisions that have sessions.
+pub(super) fn initialize(
+    out: &Outbound,
+    offered: Option<&str>,
+    id: Option<Value>,
+) -> Response<ReachBody> {
+    let revision = negotiate(offered);
+    let stateless = revision == STATELESS_REVISION;
+    let mut response = json_answer(&json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "result": {
+            "protocolVersion": revision,
+            // The fleet's list changes as servers come and go; the stateless revision learns
+            // of it by asking, and a session's client by the notification it may listen for.
+            "capabilities": { "tools": { "listChanged": stateless } },
+            "serverInfo": { "name": "agent-reach", "version": env!("CARGO_PKG_VERSION") }
+        }
+    }));
+    if !stateless {
+        let session = out.broker.open(revision);
+        if let Ok(value) = HeaderValue::from_str(&session) {
+            response
+                .headers_mut()
+                .insert(headers::MCP_SESSION_ID, value);
+        }
+    }
+    response
+}
+
+/// A session this sidecar issued and no longer holds: `404`, as MCP says, so the client
+/// starts a new one.
+pub(super) fn session_gone(id: Option<Value>) -> Response<ReachBody> {
+    let mut response = json_answer(&json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": -32001, "message": "Session not found: start a new one" },
+    }));
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response
+}
+
+/// A notification, or a client's response to a server: nothing for the fleet to answer.
+pub(super) fn accepted() -> Response<ReachBody> {
+    let mut response = Response::new(body::empty());
+    *response.status_mut() = StatusCode::ACCEPTED;
+    response
+}
+
+/// `ping`, answered by the sidecar.
+pub(super) fn pong(id: Option<Value>) -> Response<ReachBody> {
+    json_answer(&json!({ "jsonrpc": "2.0", "id": id, "result": {} }))
+}
+
+/// The client's `GET` for server messages: the sidecar sends none on its own (`405`, which
+/// the spec lets a server answer; clients then ask again for the list when they want it).
+pub(super) fn no_stream() -> Response<ReachBody> {
+    let mut response = Response::new(body::empty());
+    *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST, DELETE"));
+    response
+}
+
+/// Ends the client's session: each server's session behind it is ended with a `DELETE`.
+pub(super) async fn end<S>(out: &Outbound, inner: S, call: &Call, id: &str) -> Response<ReachBody>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    let Some(brokered) = out.broker.remove(id) else {
+        return session_gone(None);
+    };
+    end_servers(inner, call, &brokered).await;
+    Response::new(body::empty())
+}
+
+async fn end_servers<S>(inner: S, call: &Call, brokered: &Brokered)
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    let servers: Vec<(String, ServerSession)> = brokered.servers().drain().collect();
+    for (peer, server) in servers {
+        let Some(session) = server.id.clone() else {
+            continue;
+        };
+        let mut delete = to_server(call, Bytes::new(), &peer, &server);
+        delete.parts.method = Method::DELETE;
+        delete
+            .parts
+            .headers
+            .insert(headers::MCP_SESSION_ID, session);
+        let _ = inner.clone().oneshot(delete).await;
+    }
+}
+
+/// After an answer on the client's sessions: a server that no longer knows its session (`404`)
+/// ended the client's session (MCP's answer goes back, and the client starts another).
+pub(super) async fn after<S>(
+    out: &Outbound,
+    inner: S,
+    call: &Call,
+    context: &Context,
+    status: StatusCode,
+) where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    if status != StatusCode::NOT_FOUND {
+        return;
+    }
+    match context {
+        Context::Client(id, _) => {
+            if let Some(brokered) = out.broker.remove(id) {
+                end_servers(inner, call, &brokered).await;
+            }
+        }
+        // The sidecar's own: opened again at the next call.
+        Context::Shared(b) => b.servers().clear(),
+    }
+}
+
+/// Why a call has no server session to go on.
+pub(super) enum Refused {
+    /// The server holding the client's session state is gone from the fleet.
+    Lost(String),
+    /// No session could be opened: the answer that said why.
+    Answer(Response<ReachBody>),
+}
+
+impl Refused {
+    /// The answer to the client: a lost session in MCP's terms (`404`, `affinity_lost`).
+    pub(super) fn answer(self, capability: &str, id: Option<Value>) -> Response<ReachBody> {
+        match self {
+            Refused::Lost(holder) => ReachError::AffinityLost {
+                capability: capability.to_owned(),
+                holder,
+                key: AffinityKey::McpSession,
+                rpc_id: id.map(Box::new),
+            }
+            .into_response(),
+            Refused::Answer(response) => response,
+        }
+    }
+}
+
+/// The servers `call` may go to, each with its session, for `route`: within a client's
+/// session, the server that already holds a session and has the tool; else a new session on
+/// the server the fleet's routing picks (the shared context: on every candidate). `Err` with
+/// the answer when the server holding the client's state is gone, or none could be opened.
+pub(super) async fn sessions_for<S>(
+    out: &Outbound,
+    inner: S,
+    call: &Call,
+    context: &Context,
+    route: &McpRoute,
+) -> Result<ServerSessions, Refused>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    let capability = call.capability.as_str();
+    let snapshot = &call.snapshot;
+    let brokered = context.brokered();
+    let candidates = out.registry.candidates(snapshot, capability);
+    let fits = |name: &str| match route {
+        McpRoute::Server(server) => name == server,
+        McpRoute::Any => candidates.iter().any(|p| p.name == name),
+        McpRoute::Tool { tool, excluded } => {
+            !excluded.iter().any(|e| e == name)
+                && candidates
+                    .iter()
+                    .any(|p| p.name == name && p.tool(capability, tool).is_some())
+        }
+    };
+    let held: FastMap<String, ServerSession> = brokered
+        .servers()
+        .iter()
+        .filter(|(name, _)| fits(name))
+        .map(|(n, s)| (n.clone(), s.clone()))
+        .collect();
+    if let Context::Client(..) = context {
+        if let Some((name, server)) = held.into_iter().next() {
+            return Ok(ServerSessions(Arc::new(
+                [(name, server)].into_iter().collect(),
+            )));
+        }
+        // A server gone from the fleet held this session's state: the session is lost.
+        let gone = brokered
+            .servers()
+            .iter()
+            .find(|(name, s)| s.id.is_some() && !candidates.iter().any(|p| &p.name == *name))
+            .map(|(name, _)| name.clone());
+        if let Some(holder) = gone {
+            return Err(Refused::Lost(holder));
+        }
+        let (name, server) = open(out, inner, call, brokered, route)
+            .await
+            .map_err(Refused::Answer)?;
+        return Ok(ServerSessions(Arc::new(
+            [(name, server)].into_iter().collect(),
+        )));
+    }
+    // Shared: every server that may take the call, each on a session of its own.
+    let mut sessions = held;
+    let missing: Vec<String> = candidates
+        .iter()
+        .map(|p| p.name.clone())
+        .filter(|n| fits(n) && !sessions.contains_key(n))
+        .collect();
+    let mut last = None;
+    for name in missing {
+        match open(out, inner.clone(), call, brokered, &McpRoute::Server(name)).await {
+            Ok((name, server)) => {
+                sessions.insert(name, server);
+            }
+            Err(response) => last = Some(response),
+        }
+    }
+    match (sessions.is_empty(), last) {
+        (true, Some(failed)) => Err(Refused::Answer(failed)),
+        _ => Ok(ServerSessions(Arc::new(sessions))),
+    }
+}
+
+/// Opens a session on the server `route` leads to: `initialize` in the client's revision (the
+/// server answers with its own), then `notifications/initialized` in the session it gave.
+async fn open<S>(
+    out: &Outbound,
+    inner: S,
+    call: &Call,
+    brokered: &Brokered,
+    route: &McpRoute,
+) -> Result<(String, ServerSession), Response<ReachBody>>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    let _ = out;
+    let init = json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {
+            "protocolVersion": brokered.revision,
+            "capabilities": {},
+            "clientInfo": { "name": "agent-reach", "version": env!("CARGO_PKG_VERSION") },
+        }
+    });
+    let mut one = copy_for_server(call, Bytes::from(init.to_string()));
+    one.parts.extensions.insert(route.clone());
+    one.parts.headers.remove(VERSION_HEADER);
+    let response = answer(inner.clone().oneshot(one).await);
+    if !response.status().is_success() {
+        return Err(response);
+    }
+    let Some(peer) = response
+        .headers()
+        .get(headers::AGENT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    else {
+        return Err(response);
+    };
+    let id = response.headers().get(headers::MCP_SESSION_ID).cloned();
+    let content_type = jsonrpc::content_type(response.headers());
+    let bytes = read(response.into_body()).await;
+    let revision = jsonrpc::answer(&content_type, &bytes)
+        .and_then(|a| {
+            a.pointer("/result/protocolVersion")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .and_then(|r| HeaderValue::from_str(&r).ok())
+        .unwrap_or(HeaderValue::from_static(FALLBACK_REVISION));
+    let server = ServerSession { id, revision };
+    let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    let mut note = to_server(call, Bytes::from(initialized.to_string()), &peer, &server);
+    if let Some(id) = &server.id {
+        note.parts
+            .headers
+            .insert(headers::MCP_SESSION_ID, id.clone());
+    }
+    let _ = inner.oneshot(note).await;
+    brokered.servers().insert(peer.clone(), server.clone());
+    Ok((peer, server))
+}
+
+/// The call, with `bytes` for a body, as the sidecar sends it to a server on its own behalf:
+/// no client session, no stateless-revision headers of the client's request.
+fn copy_for_server(call: &Call, bytes: Bytes) -> Call {
+    let mut one = super::tool_call::copy(call, bytes);
+    let h = &mut one.parts.headers;
+    h.remove(headers::MCP_SESSION_ID);
+    h.remove(METHOD_HEADER);
+    h.remove(NAME_HEADER);
+    h.remove(header::CONTENT_LENGTH);
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        header::ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    one.parts.method = Method::POST;
+    one.present = without_session(one.present);
+    one
+}
+
+/// The call for one server on its session (`route` pinned to it).
+fn to_server(call: &Call, bytes: Bytes, peer: &str, server: &ServerSession) -> Call {
+    let mut one = copy_for_server(call, bytes);
+    one.parts
+        .extensions
+        .insert(McpRoute::Server(peer.to_owned()));
+    one.parts
+        .headers
+        .insert(VERSION_HEADER, server.revision.clone());
+    one
+}
+
+/// Prepares a client's call for the servers behind the sidecar: the client's session is the
+/// sidecar's (never sent on), the servers' sessions are set per attempt.
+pub(super) fn for_servers(call: &mut Call, sessions: ServerSessions) {
+    call.parts.headers.remove(headers::MCP_SESSION_ID);
+    call.present = without_session(call.present);
+    // A server of the stateless revision reads what is asked from these headers.
+    let asked = match &call.upload {
+        Upload::Buffered(bytes) => jsonrpc::asked(bytes),
+        Upload::Stream(..) => None,
+    };
+    if let Some(asked) = asked {
+        let h = &mut call.parts.headers;
+        if !h.contains_key(METHOD_HEADER) {
+            if let Ok(method) = HeaderValue::from_str(&asked.method) {
+                h.insert(METHOD_HEADER, method);
+            }
+        }
+        if let Some(tool) = asked.tool.filter(|_| !h.contains_key(NAME_HEADER)) {
+            if let Ok(tool) = HeaderValue::from_str(&tool) {
+                h.insert(NAME_HEADER, tool);
+            }
+        }
+    }
+    call.parts.extensions.insert(sessions);
+}
+
+fn without_session(present: Present) -> Present {
+    present.without(Present::MCP_SESSION)
+}
+
+async fn read(mut incoming: ReachBody) -> Bytes {
+    use http_body_util::BodyExt;
+    let mut bytes = bytes::BytesMut::new();
+    while let Some(Ok(frame)) = incoming.frame().await {
+        if let Ok(data) = frame.into_data() {
+            if bytes.len() + data.len() > MAX_ANSWER_BYTES {
+                break;
+            }
+            bytes.extend_from_slice(&data);
+        }
+    }
+    bytes.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clients_revision_is_answered_when_the_sidecar_speaks_it() {
+        assert_eq!(negotiate(Some("2025-06-18")), "2025-06-18");
+        assert_eq!(negotiate(Some(STATELESS_REVISION)), STATELESS_REVISION);
+        assert_eq!(negotiate(Some("2099-01-01")), FALLBACK_REVISION);
+        assert_eq!(negotiate(None), FALLBACK_REVISION);
+    }
+
+    #[test]
+    fn a_session_is_the_sidecars_own_and_ends_once() {
+        let broker = Broker::default();
+        let id = broker.open("2025-11-25");
+        assert!(id.starts_with(SESSION_PREFIX));
+        assert!(broker.get(&id).is_some());
+        assert!(broker.remove(&id).is_some());
+        assert!(broker.get(&id).is_none());
+    }
+}
