@@ -72,7 +72,7 @@ pub fn answer(content_type: &str, body: &[u8]) -> Option<Value> {
 }
 
 /// The `data` lines of one event, joined as the event-stream format says.
-fn event_data(event: &str) -> Option<String> {
+pub(crate) fn event_data(event: &str) -> Option<String> {
     let lines: Vec<&str> = event
         .lines()
         .filter_map(|l| l.strip_prefix("data:"))

@@ -233,6 +233,26 @@ async fn each_tool_call_goes_to_a_server_with_the_tool_and_the_fleet_lists_each_
     assert_eq!(answered_by(&reply), "c");
     assert_eq!(fleet.server("a").served("summarize"), 0);
     assert_eq!(fleet.server("b").served("summarize"), 0);
+    // The event stream was read as it passed: the tool's call is counted, and a failed one
+    // inside a stream (`isError: true`) counts as the tool's error.
+    fleet.server("c").set_failing("summarize");
+    let failed = fleet.call("summarize").await;
+    assert_eq!(failed.status, 200, "{}", failed.body);
+    let metrics = get(
+        &client(),
+        &format!("http://{}/metrics", fleet.caller.addrs.admin),
+    )
+    .await
+    .body;
+    let counted = |outcome: &str| {
+        metrics.lines().any(|l| {
+            l.starts_with("reach_mcp_tool_calls_total{")
+                && l.contains("tool=\"summarize\"")
+                && l.contains(&format!("outcome=\"{outcome}\""))
+                && !l.ends_with(" 0")
+        })
+    };
+    assert!(counted("ok") && counted("error"), "{metrics}");
     // A tool no server has is refused by the caller's sidecar, as MCP says: a JSON-RPC error
     // (an MCP client reads a bare 404 as its session gone).
     let reply = fleet.call("nope").await;

@@ -3,6 +3,7 @@
 //! `isError: true`, a `5xx` or a timeout — and told to this caller's view of that server's tool. A tool its servers
 //! mark `readOnlyHint` or `idempotentHint` is tried once more on another server that has it.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,6 +15,7 @@ use tower::ServiceExt;
 use super::broker::{self, Context};
 use super::{McpRoute, Outbound};
 use crate::error::{ReachError, Reason};
+use crate::http::observed::{BodyEnd, Observed, Observer, OnEnd};
 use crate::http::step::{answer, Step};
 use crate::http::upload::Upload;
 use crate::http::{body, headers, ReachBody};
@@ -168,9 +170,10 @@ fn record(out: &Outbound, capability: &str, peer: &str, tool: &str, outcome: &'s
 
 /// The answer, read (when it is one JSON document) for how the tool did, which the view of the
 /// server's tool is told; with the server's name when the tool failed there. An event stream
-/// passes on unread, as it streams; so does an answer the sidecar made itself.
+/// is read as it passes, unbuffered (`StreamWatch`): its answer event tells the view, too late
+/// to try another server; an answer the sidecar made itself passes on.
 async fn observed(
-    out: &Outbound,
+    out: &Arc<Outbound>,
     capability: &str,
     tool: &str,
     response: Response<ReachBody>,
@@ -192,6 +195,17 @@ async fn observed(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
     let readable = length.is_some_and(|n| n <= MAX_ANSWER_BYTES);
+    if content_type.starts_with("text/event-stream") && response.status().is_success() {
+        let watch = StreamWatch {
+            out: out.clone(),
+            capability: capability.to_owned(),
+            peer,
+            tool: tool.to_owned(),
+            pending: String::new(),
+        };
+        let response = response.map(|b| body::boxed(Observed::new(b, watch)));
+        return (response, None);
+    }
     if !content_type.starts_with("application/json") || !response.status().is_success() || !readable
     {
         return (response, None);
@@ -208,11 +222,7 @@ async fn observed(
         }
     };
     let outcome = jsonrpc::answer(&content_type, &bytes).map(|a| jsonrpc::tool_outcome(&a));
-    let ok = match outcome {
-        Some(ToolOutcome::Ok) => Some(true),
-        Some(ToolOutcome::ToolError | ToolOutcome::ServerError) => Some(false),
-        Some(ToolOutcome::CallerError) | None => None,
-    };
+    let ok = outcome.and_then(went_well);
     if let Some(ok) = ok {
         record(
             out,
@@ -224,6 +234,69 @@ async fn observed(
     }
     let response = Response::from_parts(parts, body::full(bytes));
     (response, (ok == Some(false)).then_some(peer))
+}
+
+/// Whether the tool did its work; `None` for the caller's own fault, which says nothing of it.
+fn went_well(outcome: ToolOutcome) -> Option<bool> {
+    match outcome {
+        ToolOutcome::Ok => Some(true),
+        ToolOutcome::ToolError | ToolOutcome::ServerError => Some(false),
+        ToolOutcome::CallerError => None,
+    }
+}
+
+/// Reads an event-stream answer as it passes for its JSON-RPC answer (progress events go by),
+/// and tells the view of the server's tool how it went; a stream that breaks before its
+/// answer counts as the tool's error. Bounded: past [`MAX_ANSWER_BYTES`] of one event it stops
+/// looking.
+struct StreamWatch {
+    out: Arc<Outbound>,
+    capability: String,
+    peer: String,
+    tool: String,
+    pending: String,
+}
+
+impl StreamWatch {
+    fn record(&self, outcome: &'static str) {
+        record(&self.out, &self.capability, &self.peer, &self.tool, outcome);
+    }
+}
+
+impl OnEnd for StreamWatch {
+    fn end(self, end: BodyEnd) {
+        if end == BodyEnd::Error {
+            self.record("error");
+        }
+    }
+}
+
+impl Observer<Bytes> for StreamWatch {
+    fn frame(&mut self, frame: &http_body::Frame<Bytes>) -> ControlFlow<()> {
+        let Some(data) = frame.data_ref() else {
+            return ControlFlow::Continue(());
+        };
+        self.pending.push_str(&String::from_utf8_lossy(data));
+        if self.pending.contains('\r') {
+            self.pending = self.pending.replace("\r\n", "\n");
+        }
+        while let Some(end) = self.pending.find("\n\n") {
+            let event: String = self.pending.drain(..end + 2).collect();
+            let answer = jsonrpc::event_data(&event)
+                .and_then(|data| serde_json::from_str::<serde_json::Value>(&data).ok())
+                .filter(|v| v.get("result").is_some() || v.get("error").is_some());
+            if let Some(answer) = answer {
+                if let Some(ok) = went_well(jsonrpc::tool_outcome(&answer)) {
+                    self.record(if ok { "ok" } else { "error" });
+                }
+                return ControlFlow::Break(());
+            }
+        }
+        if self.pending.len() > MAX_ANSWER_BYTES {
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 /// The server whose tool the answer tells of: the agent that answered, or the one whose
