@@ -52,13 +52,7 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
     let peer = &candidate.peer;
     let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
     internal_headers(peer, request.headers_mut(), keyed_deadline, timeout);
-    if let Some(sessions) = request
-        .extensions()
-        .get::<super::mcp::broker::ServerSessions>()
-        .cloned()
-    {
-        sessions.apply(&peer.name, request.headers_mut());
-    }
+    super::mcp::broker::apply_sessions(&mut request, &peer.name);
     // Named only if it fails: no string per attempt.
     let target =
         Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {} ({})", peer.name, peer.address));

@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use super::fleet::json_answer;
+use super::message::{self, json_answer};
 use super::{McpRoute, Outbound};
 use crate::error::{AffinityKey, ReachError};
 use crate::fast_hash::FastMap;
@@ -67,6 +67,13 @@ pub(crate) struct ServerSession {
     pub(crate) id: Option<HeaderValue>,
     /// The revision the server answered `initialize` with.
     pub(crate) revision: HeaderValue,
+}
+
+/// Sets the attempt's MCP session headers, when its call goes on servers' sessions.
+pub(crate) fn apply_sessions(request: &mut http::Request<ReachBody>, peer: &str) {
+    if let Some(sessions) = request.extensions().get::<ServerSessions>().cloned() {
+        sessions.apply(peer, request.headers_mut());
+    }
 }
 
 /// The sessions a call may use, by server: the candidates step keeps only these servers, and
@@ -490,7 +497,7 @@ where
 /// The call, with `bytes` for a body, as the sidecar sends it to a server on its own behalf:
 /// no client session, no stateless-revision headers of the client's request.
 fn copy_for_server(call: &Call, bytes: Bytes) -> Call {
-    let mut one = super::tool_call::copy(call, bytes);
+    let mut one = message::copy(call, bytes);
     let h = &mut one.parts.headers;
     h.remove(headers::MCP_SESSION_ID);
     h.remove(METHOD_HEADER);

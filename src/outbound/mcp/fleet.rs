@@ -6,11 +6,12 @@
 
 use std::sync::Arc;
 
-use http::{header, HeaderValue, Response};
+use http::Response;
 use http_body_util::BodyExt;
 use serde_json::{json, Map, Value};
 use tower::ServiceExt;
 
+use super::message::{self, json_answer};
 use super::{broker, McpRoute, Outbound};
 use crate::http::step::{answer, Step};
 use crate::http::upload::Upload;
@@ -70,22 +71,8 @@ where
             break;
         };
         let server = servers.swap_remove(next);
-        let mut one = super::tool_call::copy(&call, bytes.clone());
-        let route = McpRoute::Server(server.name.clone());
-        match broker::sessions_for(out, inner.clone(), &one, &shared, &route).await {
-            Ok(sessions) => broker::for_servers(&mut one, sessions),
-            Err(refused) => {
-                last = Some(refused.answer(capability, id.clone()));
-                continue;
-            }
-        }
-        one.parts.extensions.insert(route);
-        let response = answer(inner.clone().oneshot(one).await);
-        if response.status() == http::StatusCode::NOT_FOUND {
-            // The server forgot the sidecar's session (it restarted): opened again next time.
-            broker::after(out, inner.clone(), &call, &shared, response.status()).await;
-        }
-        match tools_of(response).await {
+        let one = message::copy(&call, bytes.clone());
+        match ask(out, inner.clone(), one, &shared, &server.name).await {
             Ok(tools) => {
                 for tool in tools {
                     let Some(name) = tool.get("name").and_then(Value::as_str) else {
@@ -110,6 +97,32 @@ where
             json_answer(&json!({ "jsonrpc": "2.0", "id": id, "result": { "tools": tools } }))
         }
     }
+}
+
+/// One server's `tools/list`, on the sidecar's own session with it.
+async fn ask<S>(
+    out: &Outbound,
+    inner: S,
+    mut one: Call,
+    shared: &broker::Context,
+    server: &str,
+) -> Result<Vec<Value>, Response<ReachBody>>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
+    let route = McpRoute::Server(server.to_owned());
+    match broker::sessions_for(out, inner.clone(), &one, shared, &route).await {
+        Ok(sessions) => broker::for_servers(&mut one, sessions),
+        Err(refused) => return Err(refused.answer(one.capability.as_str(), None)),
+    }
+    one.parts.extensions.insert(route);
+    let template = message::copy(&one, bytes::Bytes::new());
+    let response = answer(inner.clone().oneshot(one).await);
+    if response.status() == http::StatusCode::NOT_FOUND {
+        // The server forgot the sidecar's session (it restarted): opened again next time.
+        broker::after(out, inner, &template, shared, response.status()).await;
+    }
+    tools_of(response).await
 }
 
 /// The server announcing the most wanted tools, in their routed definition, not listed yet
@@ -161,13 +174,4 @@ async fn tools_of(response: Response<ReachBody>) -> Result<Vec<Value>, Response<
         Some(tools) => Ok(tools.clone()),
         None => Err(Response::from_parts(parts, body::full(bytes.freeze()))),
     }
-}
-
-pub(super) fn json_answer(value: &Value) -> Response<ReachBody> {
-    let mut response = Response::new(body::full(value.to_string()));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
 }

@@ -7,6 +7,7 @@
 
 pub(super) mod broker;
 mod fleet;
+mod message;
 pub(super) mod pins;
 pub(super) mod status;
 mod tool_call;

@@ -13,6 +13,7 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 use super::broker::{self, Context};
+use super::message::copy;
 use super::{McpRoute, Outbound};
 use crate::error::{ReachError, Reason};
 use crate::http::observed::{BodyEnd, Observed, Observer, OnEnd};
@@ -132,19 +133,6 @@ fn unknown_tool_as_mcp(
             .insert(crate::http::headers::REASON, reason.clone());
     }
     answer
-}
-
-/// The call again, with its buffered body, for another server.
-pub(super) fn copy(call: &Call, bytes: Bytes) -> Call {
-    Call {
-        capability: call.capability.clone(),
-        parts: call.parts.clone(),
-        upload: Upload::Buffered(bytes),
-        deadline: call.deadline,
-        snapshot: call.snapshot.clone(),
-        started: call.started,
-        present: call.present,
-    }
 }
 
 /// Whether the tool is safe to repeat and a server other than `failed` has it.
