@@ -64,6 +64,7 @@ mod routing;
 mod saturation;
 mod scale_signal;
 mod sdk;
+mod sdk_js;
 mod status_cli;
 mod status_page;
 mod streaming;

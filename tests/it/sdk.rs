@@ -11,10 +11,8 @@
 
 use crate::support;
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use agent_reach::config::{ConfigPaths, MtlsMode, Policy};
@@ -22,8 +20,8 @@ use agent_reach::identity::SpiffeId;
 use agent_reach::pki::DevCa;
 use agent_reach::{Bootstrap, Sidecar};
 use serde_json::Value;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use support::sdk::{repo, venv_python, Sdk as Py};
 use support::sidecar_with;
 
 const A2A: &str = "chat";
@@ -32,107 +30,6 @@ const A2A_AGENTS: [&str; 2] = ["a1", "a2"];
 const MCP_AGENTS: [&str; 2] = ["m1", "m2"];
 /// The whole client run, both phases: well under a minute once the venv exists.
 const CLIENT_DEADLINE: Duration = Duration::from_secs(60);
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The venv's python, built by `tests/sdk/venv.sh` if needed; `None` when the index is
-/// unreachable (its exit code 3).
-async fn venv_python() -> Option<PathBuf> {
-    // A first build takes half a minute: off the runtime's threads.
-    let out = tokio::task::spawn_blocking(|| {
-        Command::new("bash")
-            .arg(repo().join("tests/sdk/venv.sh"))
-            .current_dir(repo())
-            .output()
-            .expect("bash runs tests/sdk/venv.sh")
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    match out.status.code() {
-        Some(0) => {
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            let python = stdout.lines().last().expect("venv.sh names python");
-            Some(PathBuf::from(python.trim()))
-        }
-        Some(3) => {
-            println!("skipping: the SDK venv cannot be built: {}", stderr.trim());
-            None
-        }
-        _ => panic!("tests/sdk/venv.sh failed ({}): {stderr}", out.status),
-    }
-}
-
-/// A Python process, killed when dropped; its stdout read line by line, its stderr kept in a log
-/// file whose tail a failure shows.
-struct Py {
-    child: Child,
-    lines: UnboundedReceiver<String>,
-    log: PathBuf,
-}
-
-impl Py {
-    fn spawn(python: &Path, script: &str, args: &[&str], logs: &Path, name: &str) -> Self {
-        let log = logs.join(format!("{name}.log"));
-        let mut child = Command::new(python)
-            .arg(repo().join("tests/sdk").join(script))
-            .args(args)
-            .env("PYTHONUNBUFFERED", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = unbounded_channel();
-        // Tokio's `process` feature is not enabled: a thread reads the pipe.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Py { child, lines, log }
-    }
-
-    /// The next stdout line as JSON, within `within`; a failure shows the process' stderr.
-    async fn next_json(&mut self, within: Duration, what: &str) -> Value {
-        match tokio::time::timeout(within, self.lines.recv()).await {
-            Ok(Some(line)) => serde_json::from_str(&line)
-                .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {line}\n{}", self.stderr())),
-            Ok(None) => panic!("{what}: the process ended\n{}", self.stderr()),
-            Err(_) => panic!("{what}: nothing within {within:?}\n{}", self.stderr()),
-        }
-    }
-
-    fn say(&mut self, line: &str) {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "{line}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    fn stderr(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
-        format!("--- {} ---\n{tail}", self.log.display())
-    }
-
-    /// SIGKILL: the agent crashes, nothing said to anyone.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Py {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// An SDK agent process behind its own sidecar.
 struct Pod {
@@ -176,7 +73,13 @@ impl Fleet {
         // All four start at once: importing the SDKs is most of a second each.
         let agents: Vec<_> = kinds
             .map(|(name, script, capability)| {
-                let agent = Py::spawn(python, script, &[name], &dir, name);
+                let agent = Py::spawn(
+                    python,
+                    &repo().join("tests/sdk").join(script),
+                    &[name],
+                    &dir,
+                    name,
+                );
                 (name, capability, agent)
             })
             .collect();
@@ -241,7 +144,7 @@ async fn the_official_sdks_work_through_a_strict_mtls_fleet() {
     let outbound = fleet.caller.addrs.outbound.port().to_string();
     let mut client = Py::spawn(
         &python,
-        "client.py",
+        &repo().join("tests/sdk/client.py"),
         &[&outbound, A2A, MCP],
         &fleet.logs,
         "client",

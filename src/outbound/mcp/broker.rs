@@ -307,6 +307,23 @@ where
     }
 }
 
+/// A server's answer as the client sees it: the session it names is the client's with this
+/// sidecar, never the server's (an SDK client adopts whatever session an answer names, and its
+/// next call would bypass the broker).
+pub(super) fn as_the_clients(context: &Context, response: &mut Response<ReachBody>) {
+    let h = response.headers_mut();
+    match context {
+        Context::Client(id, _) if h.contains_key(headers::MCP_SESSION_ID) => {
+            if let Ok(id) = HeaderValue::from_str(id) {
+                h.insert(headers::MCP_SESSION_ID, id);
+            }
+        }
+        _ => {
+            h.remove(headers::MCP_SESSION_ID);
+        }
+    }
+}
+
 /// After an answer on the client's sessions: a server that no longer knows its session (`404`)
 /// ended the client's session (MCP's answer goes back, and the client starts another).
 pub(super) async fn after<S>(
@@ -374,14 +391,24 @@ where
     let snapshot = &call.snapshot;
     let brokered = context.brokered();
     let candidates = out.registry.candidates(snapshot, capability);
+    // A tool goes only to servers of the definition this caller lists and routes by (`pins.rs`):
+    // a session already held on a server of another definition is not one for this tool.
+    let chosen = match route {
+        McpRoute::Tool { tool, .. } => {
+            out.pins
+                .chosen(snapshot, capability, tool, candidates.iter().map(|p| &**p))
+        }
+        _ => None,
+    };
     let fits = |name: &str| match route {
         McpRoute::Server(server) => name == server,
         McpRoute::Any => candidates.iter().any(|p| p.name == name),
         McpRoute::Tool { tool, excluded } => {
             !excluded.iter().any(|e| e == name)
-                && candidates
-                    .iter()
-                    .any(|p| p.name == name && p.tool(capability, tool).is_some())
+                && candidates.iter().any(|p| {
+                    p.name == name
+                        && p.tool(capability, tool).map(|t| t.schema.as_str()) == chosen.as_deref()
+                })
         }
     };
     let held: FastMap<String, ServerSession> = brokered
@@ -413,12 +440,25 @@ where
         )));
     }
     // Shared: every server that may take the call, each on a session of its own.
-    let mut sessions = held;
     let missing: Vec<String> = candidates
         .iter()
         .map(|p| p.name.clone())
-        .filter(|n| fits(n) && !sessions.contains_key(n))
+        .filter(|n| fits(n) && !held.contains_key(n))
         .collect();
+    open_every(out, inner, call, brokered, (held, missing)).await
+}
+
+/// The sessions held, and one opened on each server `missing`: `Err` when there are none.
+async fn open_every<S>(
+    out: &Outbound,
+    inner: S,
+    call: &Call,
+    brokered: &Brokered,
+    (mut sessions, missing): (FastMap<String, ServerSession>, Vec<String>),
+) -> Result<ServerSessions, Refused>
+where
+    S: Step<Call, Response = Response<ReachBody>>,
+{
     let mut last = None;
     for name in missing {
         match open(out, inner.clone(), call, brokered, &McpRoute::Server(name)).await {

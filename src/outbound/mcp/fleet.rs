@@ -91,7 +91,13 @@ where
         }
     }
     match (listed.is_empty(), last) {
-        (true, Some(failed)) => failed,
+        (true, Some(mut failed)) => {
+            // A server's own session is never the client's (`broker::as_the_clients`).
+            failed
+                .headers_mut()
+                .remove(crate::http::headers::MCP_SESSION_ID);
+            failed
+        }
         _ => {
             let tools: Vec<Value> = listed.into_iter().map(|(_, t)| t).collect();
             json_answer(&json!({ "jsonrpc": "2.0", "id": id, "result": { "tools": tools } }))

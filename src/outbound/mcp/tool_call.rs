@@ -72,7 +72,9 @@ where
             }
             _ => {
                 broker::after(&out, inner, &template, &context, response.status()).await;
-                return unknown_tool_as_mcp(response, &tool, id);
+                let mut response = unknown_tool_as_mcp(response, &tool, id);
+                broker::as_the_clients(&context, &mut response);
+                return response;
             }
         }
     }
@@ -97,8 +99,9 @@ where
         Err(refused) => return refused.answer(&capability, id),
     }
     call.parts.extensions.insert(McpRoute::Any);
-    let response = answer(inner.clone().oneshot(call).await);
+    let mut response = answer(inner.clone().oneshot(call).await);
     broker::after(&out, inner, &template, &context, response.status()).await;
+    broker::as_the_clients(&context, &mut response);
     response
 }
 

@@ -5,6 +5,7 @@ pub mod chaos;
 /// An in-memory fleet of gossip nodes (the unit tests and `benches/gossip.rs` include it too).
 pub mod gossip_fleet;
 pub mod process;
+pub mod sdk;
 pub mod tasks;
 
 use std::future::Future;
