@@ -256,6 +256,37 @@ async fn the_sdks_in_their_default_configurations_work_through_the_mesh() {
             "{context}"
         );
     }
+    // The Python SDK's clients, in both its revisions, against the same mixed fleet.
+    let mut matrix = vec![format!("TypeScript 2025-11-25: {CLIENTS}/{CLIENTS}")];
+    for mode in ["legacy", "2026-07-28"] {
+        let script = repo().join("tests/sdk/mcp_clients.py");
+        let mut py = Sdk::spawn(
+            &python,
+            &script,
+            &[&mcp_url, "5", mode],
+            &dir,
+            &format!("py-{mode}"),
+        );
+        let found = py
+            .next_json(Duration::from_secs(120), "the Python clients")
+            .await;
+        let context = format!("{found:#}\n{}", py.stderr());
+        assert_eq!(found["connected"], 5, "{context}");
+        for one in found["clients"].as_array().unwrap() {
+            assert_eq!(one["tools"], serde_json::json!(all_tools), "{context}");
+            for (tool, call) in one["calls"].as_object().unwrap() {
+                assert_ne!(call["isError"], true, "{tool}: {context}");
+                *answered_by
+                    .entry(format!("{tool}@{}", first_word(&call["text"])))
+                    .or_default() += 1;
+            }
+        }
+        let revision = found["clients"][0]["protocol"]
+            .as_str()
+            .unwrap_or("?")
+            .to_owned();
+        matrix.push(format!("Python mcp {revision}: 5/5"));
+    }
     // Every client ended its sessions: a session server holds at most the importer's and the
     // caller's own.
     for pod in pods.iter().filter(|p| p.name.starts_with("ts-session")) {
@@ -306,7 +337,8 @@ async fn the_sdks_in_their_default_configurations_work_through_the_mesh() {
     let adk_holder = check_turns(&adk_turns, &format!("{adk_turns:#}\n{}", adk.stderr()));
 
     // The matrix, for the record (the closing note of the SDK issue quotes it).
-    println!("MCP: {CLIENTS} TypeScript clients (default transport) x servers: {answered_by:?}");
+    println!("MCP clients connected: {}", matrix.join(", "));
+    println!("MCP tool@server calls: {answered_by:?}");
     println!("A2A: a2a-js client -> {holder} (card path /a2a/jsonrpc); google-adk -> {adk_holder}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -324,6 +356,15 @@ fn open_sessions(port: u16) -> u64 {
     let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
     let json: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
     json["open"].as_u64().unwrap()
+}
+
+/// The first word of an answer's text: the server that ran the tool.
+fn first_word(text: &Value) -> String {
+    let text = text.as_str().unwrap_or_default();
+    text.split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// Two turns answered by one agent, the second its turn 2: the agent's name.

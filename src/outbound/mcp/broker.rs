@@ -82,6 +82,12 @@ pub(crate) fn apply_sessions(request: &mut http::Request<ReachBody>, peer: &str)
 pub(crate) struct ServerSessions(pub(crate) Arc<FastMap<String, ServerSession>>);
 
 impl ServerSessions {
+    /// The revision of the server that gave `response` (its `reach-agent`), when known.
+    pub(crate) fn revision_of(&self, response: &Response<ReachBody>) -> Option<&str> {
+        let peer = response.headers().get(headers::AGENT)?.to_str().ok()?;
+        self.0.get(peer)?.revision.to_str().ok()
+    }
+
     /// Sets the request's session and revision headers to those of the server it goes to.
     pub(crate) fn apply(&self, peer: &str, request_headers: &mut http::HeaderMap) {
         let Some(server) = self.0.get(peer) else {
@@ -183,6 +189,21 @@ pub(super) enum Context {
 }
 
 impl Context {
+    /// The revision the client speaks with this sidecar: its session's, else the one its
+    /// request names (the stateless revision when it names none).
+    pub(super) fn revision(&self, call: &Call) -> String {
+        match self {
+            Context::Client(_, b) => b.revision.to_owned(),
+            Context::Shared(_) => call
+                .parts
+                .headers
+                .get(VERSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(STATELESS_REVISION)
+                .to_owned(),
+        }
+    }
+
     fn brokered(&self) -> &Arc<Brokered> {
         match self {
             Context::Client(_, b) | Context::Shared(b) => b,

@@ -29,7 +29,7 @@ pub(super) async fn tools_list<S>(
     out: &Outbound,
     inner: S,
     call: Call,
-    id: Option<Value>,
+    (id, context): (Option<Value>, &broker::Context),
 ) -> Response<ReachBody>
 where
     S: Step<Call, Response = Response<ReachBody>>,
@@ -39,6 +39,7 @@ where
         Upload::Stream(..) => return answer(inner.oneshot(call).await),
     };
     let shared = broker::Context::Shared(out.broker.shared(call.capability.as_str()));
+    let revision = context.revision(&call);
     let capability = call.capability.as_str();
     let mut servers: Vec<Arc<Peer>> = out
         .registry
@@ -46,24 +47,7 @@ where
         .into_iter()
         .filter(|p| p.tools.contains_key(capability))
         .collect();
-    // Each announced tool's definition, as routed.
-    let mut wanted: Map<String, Value> = Map::new();
-    let names: std::collections::BTreeSet<&str> = servers
-        .iter()
-        .flat_map(|p| p.tools.get(capability).into_iter().flatten())
-        .map(|t| t.name.as_str())
-        .collect();
-    for name in names {
-        let chosen = out.pins.chosen(
-            &call.snapshot,
-            capability,
-            name,
-            servers.iter().map(|p| &**p),
-        );
-        if let Some(digest) = chosen {
-            wanted.insert(name.to_owned(), Value::String(digest));
-        }
-    }
+    let wanted = routed_definitions(out, &call, &servers);
     let mut listed: Map<String, Value> = Map::new();
     let mut last = None;
     for _ in 0..MAX_ASKED {
@@ -100,9 +84,32 @@ where
         }
         _ => {
             let tools: Vec<Value> = listed.into_iter().map(|(_, t)| t).collect();
-            json_answer(&json!({ "jsonrpc": "2.0", "id": id, "result": { "tools": tools } }))
+            let mut list = json!({ "jsonrpc": "2.0", "id": id, "result": { "tools": tools } });
+            // The fleet's list, in the client's revision (`bridge.rs`).
+            if super::bridge::needed(&revision, "") {
+                super::bridge::complete(&mut list, true);
+            }
+            json_answer(&list)
         }
     }
+}
+
+/// Each tool the servers announce, with the definition this caller routes it by (`pins.rs`).
+fn routed_definitions(out: &Outbound, call: &Call, servers: &[Arc<Peer>]) -> Map<String, Value> {
+    let capability = call.capability.as_str();
+    let names: std::collections::BTreeSet<&str> = servers
+        .iter()
+        .flat_map(|p| p.tools.get(capability).into_iter().flatten())
+        .map(|t| t.name.as_str())
+        .collect();
+    let mut wanted = Map::new();
+    for name in names {
+        let servers = servers.iter().map(|p| &**p);
+        if let Some(digest) = out.pins.chosen(&call.snapshot, capability, name, servers) {
+            wanted.insert(name.to_owned(), Value::String(digest));
+        }
+    }
+    wanted
 }
 
 /// One server's `tools/list`, on the sidecar's own session with it.

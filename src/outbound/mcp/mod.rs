@@ -5,6 +5,7 @@
 //! Every call for a capability no MCP server announces passes straight on: the check is one
 //! look at the registry's set of MCP capabilities, empty in a fleet without MCP.
 
+mod bridge;
 pub(super) mod broker;
 mod fleet;
 mod message;
@@ -88,7 +89,7 @@ where
             }
             None => answer(inner.oneshot(call).await),
         },
-        "tools/list" => fleet::tools_list(&out, inner, call, asked.id).await,
+        "tools/list" => fleet::tools_list(&out, inner, call, (asked.id, &context)).await,
         _ => tool_call::on_a_session(out, inner, call, asked.id, context).await,
     }
 }

@@ -45,14 +45,19 @@ where
     let template = copy(&call, Bytes::new());
     let mut excluded = Vec::new();
     let capability = call.capability.as_str().to_owned();
+    let revision = context.revision(&call);
     let mut call = call;
+    let mut on;
     loop {
         let route = McpRoute::Tool {
             tool: tool.clone(),
             excluded: excluded.clone(),
         };
         match broker::sessions_for(&out, inner.clone(), &call, &context, &route).await {
-            Ok(sessions) => broker::for_servers(&mut call, sessions),
+            Ok(sessions) => {
+                on = sessions.clone();
+                broker::for_servers(&mut call, sessions);
+            }
             Err(refused) => {
                 let response = refused.answer(&capability, id.clone());
                 broker::after(&out, inner, &template, &context, response.status()).await;
@@ -74,7 +79,7 @@ where
                 broker::after(&out, inner, &template, &context, response.status()).await;
                 let mut response = unknown_tool_as_mcp(response, &tool, id);
                 broker::as_the_clients(&context, &mut response);
-                return response;
+                return bridged(response, &on, &revision, false).await;
             }
         }
     }
@@ -94,14 +99,45 @@ where
 {
     let template = copy(&call, Bytes::new());
     let capability = call.capability.as_str().to_owned();
-    match broker::sessions_for(&out, inner.clone(), &call, &context, &McpRoute::Any).await {
-        Ok(sessions) => broker::for_servers(&mut call, sessions),
+    let revision = context.revision(&call);
+    let list = asked_a_list(&call);
+    let on = match broker::sessions_for(&out, inner.clone(), &call, &context, &McpRoute::Any).await
+    {
+        Ok(sessions) => sessions,
         Err(refused) => return refused.answer(&capability, id),
-    }
+    };
+    broker::for_servers(&mut call, on.clone());
     call.parts.extensions.insert(McpRoute::Any);
     let mut response = answer(inner.clone().oneshot(call).await);
     broker::after(&out, inner, &template, &context, response.status()).await;
     broker::as_the_clients(&context, &mut response);
+    bridged(response, &on, &revision, list).await
+}
+
+/// Whether the call asks for a list (`resources/list`, `prompts/list`, …): its answer carries
+/// cache hints in the stateless revision.
+fn asked_a_list(call: &Call) -> bool {
+    match &call.upload {
+        Upload::Buffered(bytes) => {
+            jsonrpc::asked(bytes).is_some_and(|a| a.method.ends_with("/list"))
+        }
+        Upload::Stream(..) => false,
+    }
+}
+
+/// The answer as a client of `revision` reads it: an older server's completed (`bridge.rs`).
+async fn bridged(
+    response: Response<ReachBody>,
+    on: &broker::ServerSessions,
+    revision: &str,
+    list: bool,
+) -> Response<ReachBody> {
+    let needed = on
+        .revision_of(&response)
+        .is_some_and(|server| super::bridge::needed(revision, server));
+    if needed {
+        return super::bridge::answer(response, list).await;
+    }
     response
 }
 
