@@ -55,6 +55,13 @@ pub struct McpSummary {
     /// the latency tie-break's (`candidates/balance.rs`): with one call at a time, a server that
     /// looks twice as fast takes them all, which a loaded machine can make either server.
     pub broken_fetch_state: String,
+    /// One client session brokered by the caller's sidecar over a server that keeps sessions
+    /// (mcp-3, as the SDKs' servers do by default) and the stateless ones: its calls that
+    /// succeeded of those made, and the sessions mcp-3 still held after the client ended its
+    /// own (the importer's and the caller's shared one at most).
+    pub session_calls_ok: usize,
+    pub session_calls: usize,
+    pub session_server_open_after: usize,
 }
 
 pub(super) async fn run(fleet: &mut Fleet) -> Result<McpSummary, DemoError> {
@@ -64,6 +71,10 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<McpSummary, DemoError> {
         let third = if n == 2 { "summarize" } else { "fetch" };
         let server =
             McpServer::start(name, vec![tool("search", true), tool(third, false)], false).await?;
+        if n == 2 {
+            // As the SDKs' servers do by default: every request in a session of its own.
+            server.keep_sessions();
+        }
         let mut bootstrap = Bootstrap::local(name, server.addr, &[])
             .map_err(DemoError::Config)?
             .with_gossip(&fleet.seed, fleet.key_dir.join("gossip.key"));
@@ -139,6 +150,11 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<McpSummary, DemoError> {
         true => (share(&fetch_before), share(&fetch_after)),
         false => (None, None),
     };
+    let (session_calls_ok, session_calls) = session_client(&http, outbound).await;
+    let session_server_open_after = servers
+        .iter()
+        .find(|(s, _)| s.name == SERVERS[2])
+        .map_or(0, |(s, _)| s.sessions().0);
     for (server, sidecar) in servers {
         sidecar.shutdown().await;
         drop(server);
@@ -158,7 +174,35 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<McpSummary, DemoError> {
         broken_fetch_share_before_pct: fetch_share_before,
         broken_fetch_share_after_pct: fetch_share_after,
         broken_fetch_state: fetch_state,
+        session_calls_ok,
+        session_calls,
+        session_server_open_after,
     })
+}
+
+/// An MCP client with a session, as the SDKs open one (`docs/mcp.md`, "Sessions"): the caller's
+/// sidecar answers `initialize` with a session of its own, and each call reaches its server on
+/// that server's session; `summarize` is mcp-3's alone, and mcp-3 keeps sessions. The calls that
+/// succeeded, of those made.
+async fn session_client(http: &client::UpstreamClient, outbound: SocketAddr) -> (usize, usize) {
+    let init = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": { "name": "demo", "version": "1" } } });
+    let (_, session) = rpc_in(http, outbound, "POST", None, init).await;
+    let Some(session) = session else {
+        return (0, 4);
+    };
+    let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    rpc_in(http, outbound, "POST", Some(&session), initialized).await;
+    let mut ok = 0;
+    for tool in ["summarize", "fetch", "summarize", "search"] {
+        let message = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": { "name": tool, "arguments": { "q": "agents" } } });
+        let (answer, _) = rpc_in(http, outbound, "POST", Some(&session), message).await;
+        ok += usize::from(answer["result"]["isError"] == false);
+    }
+    rpc_in(http, outbound, "DELETE", Some(&session), Value::Null).await;
+    (ok, 4)
 }
 
 /// The caller's federated `tools/list`: tool name → times listed.
@@ -194,19 +238,47 @@ async fn call(http: &client::UpstreamClient, outbound: SocketAddr, tool: &str) -
 }
 
 async fn rpc(http: &client::UpstreamClient, outbound: SocketAddr, message: Value) -> Value {
-    let Ok(request) = Request::post(format!("http://{outbound}/mcp"))
+    rpc_in(http, outbound, "POST", None, message).await.0
+}
+
+/// One MCP request, in `session` when given: the answer (JSON or an event stream's one
+/// message), and the session the answer names.
+async fn rpc_in(
+    http: &client::UpstreamClient,
+    outbound: SocketAddr,
+    method: &str,
+    session: Option<&str>,
+    message: Value,
+) -> (Value, Option<String>) {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(format!("http://{outbound}/mcp"))
         .header("reach-capability", CAPABILITY)
         .header(http::header::CONTENT_TYPE, "application/json")
-        .header(http::header::ACCEPT, "application/json, text/event-stream")
-        .body(body::full(message.to_string()))
-    else {
-        return Value::Null;
+        .header(http::header::ACCEPT, "application/json, text/event-stream");
+    if let Some(session) = session {
+        request = request.header("mcp-session-id", session);
+    }
+    let body = if message.is_null() {
+        String::new()
+    } else {
+        message.to_string()
+    };
+    let Ok(request) = request.body(body::full(body)) else {
+        return (Value::Null, None);
     };
     let Ok(response) = http.request(request).await else {
-        return Value::Null;
+        return (Value::Null, None);
     };
-    match response.into_body().collect().await {
-        Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or_default(),
-        Err(_) => Value::Null,
-    }
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let content_type = agent_reach::mcp::jsonrpc::content_type(response.headers());
+    let answer = match response.into_body().collect().await {
+        Ok(b) => agent_reach::mcp::jsonrpc::answer(&content_type, &b.to_bytes()),
+        Err(_) => None,
+    };
+    (answer.unwrap_or_default(), session)
 }

@@ -569,5 +569,8 @@ fn mcp_lines(m: &super::McpSummary) -> String {
         m.broken,
         m.broken_search_state,
         m.broken_search_failures,
+    ) + &format!(
+        "  a client with a session (mcp-3 keeps sessions, as the SDKs' servers do): {} of {} calls answered on the caller's brokered session; mcp-3 held {} sessions after the client ended its own\n",
+        m.session_calls_ok, m.session_calls, m.session_server_open_after,
     )
 }
