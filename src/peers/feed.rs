@@ -267,6 +267,7 @@ mod tests {
                 version: "test".into(),
                 identity: None,
             }),
+            pins: Arc::default(),
         }
     }
 
