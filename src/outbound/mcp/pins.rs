@@ -13,6 +13,7 @@
 //! after servers with another definition joined is not swayed by their number.
 
 use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -149,11 +150,17 @@ impl Pins {
 impl FleetPins for Pins {
     /// Counts the members' pins afresh: per tool, each digest and how many members pin it (a
     /// member counted once per tool, its first pin of it; at most `MAX_MEMBER_PINS` of its
-    /// pins read, and `MAX_PINS` pairs kept in all).
+    /// pins read, and `MAX_PINS` pairs kept in all). A member is a gossip address: a node
+    /// publishing under several names is counted once, by the first of them.
     fn set_fleet(&self, members: &[Member]) {
         let mut fleet: FastMap<Key, BTreeMap<String, u32>> = FastMap::default();
         let mut kept = 0;
+        let mut nodes: HashSet<SocketAddr> = HashSet::new();
         for member in members {
+            let addr = member.node.addr;
+            if !nodes.insert(SocketAddr::new(addr.ip().to_canonical(), addr.port())) {
+                continue;
+            }
             let mut counted: HashSet<(&str, &str)> = HashSet::new();
             for pin in member.pins.iter().take(MAX_MEMBER_PINS) {
                 if !counted.insert((pin.capability.as_str(), pin.tool.as_str())) {
@@ -186,7 +193,6 @@ fn majority<'a>(announced: &[&'a str]) -> Option<&'a str> {
 
 #[cfg(test)]
 mod tests {
-    use std::net::SocketAddr;
     use std::sync::Arc;
 
     use super::*;
@@ -217,12 +223,15 @@ mod tests {
         peer
     }
 
-    /// A member pinning `search` of `mcp` to each of `digests` in turn.
+    /// A member pinning `search` of `mcp` to each of `digests` in turn, at a gossip address of
+    /// its own.
     fn member(name: &str, digests: &[&str]) -> Member {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let [.., a, b, c] = NEXT.fetch_add(1, Ordering::Relaxed).to_be_bytes();
         Member {
             name: name.into(),
             node: NodeId {
-                addr: SocketAddr::from(([10, 0, 0, 1], 4190)),
+                addr: SocketAddr::from(([10, a, b, c], 4190)),
                 epoch: 1,
             },
             profile: Arc::new(Profile {
@@ -308,6 +317,22 @@ mod tests {
     }
 
     #[test]
+    fn a_node_publishing_under_several_names_is_counted_once() {
+        let pins = Pins::default();
+        let first = member("m", &[D2]);
+        let mut fleet = vec![member("c1", &[D1]), member("c2", &[D1])];
+        for i in 0..3 {
+            fleet.push(Member {
+                name: format!("m{i}"),
+                ..first.clone()
+            });
+        }
+        pins.set_fleet(&fleet);
+        assert_eq!(pins.pinned_by("mcp", "search", D2), 1);
+        assert_eq!(chosen(&pins, &servers()).as_deref(), Some(D1));
+    }
+
+    #[test]
     fn status_shows_the_choice_without_settling_it() {
         let pins = Pins::default();
         let shown = pins.shown(&snapshot(), "mcp", "search", &servers());
@@ -331,8 +356,8 @@ mod tests {
         loud.pins = Arc::new(many);
         let members: Vec<Member> = (0..MAX_PINS / MAX_MEMBER_PINS + 2)
             .map(|i| Member {
-                name: format!("loud-{i}"),
-                ..loud.clone()
+                pins: loud.pins.clone(),
+                ..member(&format!("loud-{i}"), &[])
             })
             .collect();
         let pins = Pins::default();
@@ -348,13 +373,12 @@ mod tests {
         assert_eq!(pins.pinned_by("mcp", "t0", D1), members.len() as u32);
         let other: Vec<Member> = (0..MAX_PINS + 5)
             .map(|i| Member {
-                name: format!("m{i}"),
                 pins: Arc::new(vec![Pin {
                     capability: "mcp".into(),
                     tool: format!("u{i}"),
                     digest: D1.into(),
                 }]),
-                ..loud.clone()
+                ..member(&format!("m{i}"), &[])
             })
             .collect();
         pins.set_fleet(&other);
