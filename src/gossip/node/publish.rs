@@ -159,8 +159,8 @@ impl Node {
     }
 
     /// As many of `pins` as fit in one item (`MAX_ITEM`), ordered by capability then tool, one
-    /// per tool: the pins after those are not published (the fleet still has them from the
-    /// members that pinned them first, and a caller settles them by the majority).
+    /// per tool. The pins after those are not published: the fleet counts this sidecar as
+    /// pinning none of those tools.
     pub(super) fn fitting_pins(&self, pins: &[model::Pin]) -> Pins {
         let mut pins: Vec<wire::Pin> = pins.iter().filter_map(model::wire_pin).collect();
         pins.sort();
