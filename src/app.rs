@@ -128,7 +128,14 @@ impl Sidecar {
         let stop_rest = CancellationToken::new();
         let traces = start_traces(&snapshot)?;
         let tracer = traces.as_ref().map_or_else(Tracer::off, |t| t.0.clone());
-        let gossip = start_gossip(&snapshot, &shared, &mut addrs, tls.clone(), &stop_rest).await?;
+        let gossip = start_gossip(
+            &snapshot,
+            (&shared, outbound.mcp_pins()),
+            &mut addrs,
+            tls.clone(),
+            &stop_rest,
+        )
+        .await?;
         register_known_capabilities(&metrics, &snapshot);
         let ready = Arc::new(AtomicBool::new(false));
         let admin = admin(&shared, &inbound, &outbound, &gossip, &ready);
@@ -504,7 +511,7 @@ async fn open_tasks(
 /// The gossip node, when the bootstrap has `gossip`; its address goes into `addrs`.
 async fn start_gossip(
     snapshot: &Snapshot,
-    shared: &Shared,
+    (shared, pins): (&Shared, Arc<crate::outbound::McpPins>),
     addrs: &mut BoundAddrs,
     tls: Option<Arc<MeshTls>>,
     stop: &CancellationToken,
@@ -516,13 +523,14 @@ async fn start_gossip(
         registry: shared.registry.clone(),
         views: shared.peers.clone(),
         store: shared.store.clone(),
+        pins: pins.clone(),
     };
     let (handle, addr) = gossip_wiring::start(
         config,
         &shared.store,
         addrs.inbound,
         feed,
-        shared.local.clone(),
+        (shared.local.clone(), pins),
         tls,
         stop.clone(),
     )

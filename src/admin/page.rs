@@ -884,6 +884,7 @@ mod tests {
         let server = |name: &str, state, failures, paused_for_s| ToolServer {
             definition: String::new(),
             held: false,
+            pinned_by: 0,
             server: name.to_owned(),
             state,
             failures,

@@ -1,6 +1,6 @@
 //! Starting the sidecar's gossip node: the key, the socket, the advertised address, the task
-//! that publishes this agent's profile and live view, the one that resolves seeds, and the one
-//! that takes a changed key file.
+//! that publishes this agent's profile and live view and this sidecar's MCP tool pins, the one
+//! that resolves seeds, and the one that takes a changed key file.
 
 use crate::transport::mtls::MeshTls;
 use std::net::{IpAddr, SocketAddr};
@@ -14,6 +14,7 @@ use super::StartError;
 use crate::config::{ConfigStore, GossipConfig, HostPort, Snapshot};
 use crate::gossip::{self, ClusterKey, GossipHandle, NodeOptions};
 use crate::local::LocalAgent;
+use crate::outbound::McpPins;
 use crate::peers::{self, GossipFeed};
 
 /// How often the agent's view is offered to gossip (which sends only meaningful moves).
@@ -28,7 +29,7 @@ pub(super) async fn start(
     store: &Arc<ConfigStore>,
     inbound: SocketAddr,
     feed: GossipFeed,
-    local: Arc<LocalAgent>,
+    (local, pins): (Arc<LocalAgent>, Arc<McpPins>),
     tls: Option<Arc<MeshTls>>,
     stop: CancellationToken,
 ) -> Result<(Arc<GossipHandle>, SocketAddr), StartError> {
@@ -78,7 +79,7 @@ pub(super) async fn start(
     tokio::spawn(watch_key(handle.clone(), key_path, key_text, stop.clone()));
     tokio::spawn(offer_views(
         handle.clone(),
-        local,
+        (local, pins),
         published_inbound,
         (store.clone(), tls),
         stop.clone(),
@@ -140,13 +141,14 @@ async fn watch_key(
 
 async fn offer_views(
     handle: Arc<GossipHandle>,
-    local: Arc<LocalAgent>,
+    (local, pins): (Arc<LocalAgent>, Arc<McpPins>),
     inbound: String,
     (store, tls): (Arc<ConfigStore>, Option<Arc<MeshTls>>),
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(OFFER_EVERY);
     let mut not_served: std::collections::BTreeSet<String> = Default::default();
+    let mut pins_offered = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -182,6 +184,12 @@ async fn offer_views(
         not_served = refused;
         handle.publish_profile(profile);
         handle.publish_live(peers::live(&view));
+        // The fleet adopts this sidecar's pins (`docs/mcp.md`): offered when one was settled.
+        let generation = pins.generation();
+        if pins_offered != Some(generation) {
+            pins_offered = Some(generation);
+            handle.publish_pins(pins.published());
+        }
     }
 }
 

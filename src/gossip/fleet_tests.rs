@@ -11,11 +11,14 @@
 //!
 //! A node restarted in place (same name, same address, a new identity) is met at once, whether
 //! the others saw the old one leave or still probe it.
+//!
+//! A node's MCP tool pins reach every member, in a mixed fleet too, and a member joining later
+//! gets them directly; the same pins offered again publish nothing.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{ClusterKey, MemNetwork, NodeId, Rejected};
+use super::{ClusterKey, MemNetwork, NodeId, Pin, Rejected};
 use crate::reach::State;
 
 /// The harness the black-box tests and the benchmark use too.
@@ -227,5 +230,69 @@ async fn a_node_restarted_in_place_answers_the_probes_of_its_old_identity() {
             "node 0 stopped routing to the new node 1"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn pin(tool: &str) -> Pin {
+    Pin {
+        capability: "mcp".into(),
+        tool: tool.into(),
+        digest: "5c5c5c5c5c5c5c5c".into(),
+    }
+}
+
+/// The tools of node 0's pins as node `me` routes with them.
+fn pinned_by_0(nodes: &[Node], me: usize) -> Option<Vec<String>> {
+    let member = nodes[me].seen.member(&name(0))?;
+    Some(member.pins.iter().map(|p| p.tool.clone()).collect())
+}
+
+#[tokio::test(start_paused = true)]
+async fn pins_reach_every_member_and_a_later_one_directly() {
+    let fleet = fleet();
+    let mut nodes: Vec<Node> = (0..3).map(|i| fleet.start(i)).collect();
+    eventually(
+        "everyone to route to everyone",
+        Duration::from_secs(10),
+        || (0..3).all(|i| sees_everyone(&nodes, i, |_| State::Healthy)),
+    )
+    .await;
+    nodes[0]
+        .handle
+        .publish_pins(vec![pin("search"), pin("fetch")]);
+    let both = Some(vec!["fetch".to_owned(), "search".to_owned()]);
+    eventually("the pins to spread", Duration::from_secs(5), || {
+        (1..3).all(|i| pinned_by_0(&nodes, i) == both)
+    })
+    .await;
+
+    // Offered again (in another order): nothing new is published.
+    let pins_seq = |node: &Node| {
+        let status = node.handle.status();
+        let member = status.members.iter().find(|m| m.name == name(0));
+        member.and_then(|m| m.pins_seq)
+    };
+    let before = pins_seq(&nodes[1]);
+    assert!(before.is_some());
+    nodes[0]
+        .handle
+        .publish_pins(vec![pin("fetch"), pin("search")]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(pins_seq(&nodes[1]), before);
+
+    // A node joining later hears them from node 0 directly, with its profile.
+    nodes.push(fleet.start(3));
+    eventually(
+        "the newcomer to have the pins",
+        Duration::from_secs(10),
+        || pinned_by_0(&nodes, 3) == both,
+    )
+    .await;
+    for (i, node) in nodes.iter().enumerate() {
+        assert_eq!(
+            node.handle.stats().rejected(Rejected::Undecodable),
+            0,
+            "node {i}"
+        );
     }
 }

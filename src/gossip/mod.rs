@@ -22,7 +22,7 @@ pub mod wire;
 
 pub use clock::Clock;
 pub use envelope::{ClusterKey, KeyError, Rejected};
-pub use model::{Capability, Live, Profile};
+pub use model::{Capability, Live, Pin, Profile};
 pub use node::{
     longest_refresh, max_transmissions, spawn, GossipHandle, Membership, NodeOptions, MAX_ITEM,
 };

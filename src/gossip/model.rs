@@ -1,4 +1,5 @@
-//! An agent's profile and live view as the sidecar hands them to gossip and gets them back, in
+//! An agent's profile, live view and MCP tool pins as the sidecar hands them to gossip and gets
+//! them back, in
 //! the routing model's terms (`reach::State`, `config::RouteMode`), and their conversion to and
 //! from gossip's own wire types. This is the one place gossip meets the model: the wire never
 //! names its types, so the model can change without changing a byte, and the bytes can grow
@@ -72,6 +73,37 @@ pub struct Live {
     pub degraded: bool,
     /// Its model budgets: its own targets' and its groups' (docs/model-budgets.md).
     pub budget: Vec<wire::LiveBudget>,
+}
+
+/// One MCP tool definition a sidecar pinned (`src/outbound/mcp/pins.rs`): the digest as
+/// `ToolFacts::schema` has it (16 lower-hex digits).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Pin {
+    pub capability: String,
+    pub tool: String,
+    pub digest: String,
+}
+
+impl From<&wire::Pin> for Pin {
+    fn from(p: &wire::Pin) -> Self {
+        Self {
+            capability: p.capability.clone(),
+            tool: p.tool.clone(),
+            digest: p.digest.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+}
+
+/// A pin as the wire carries it; `None` for a digest that is not 16 hex digits (none that a
+/// server announces: `src/mcp/tools.rs` writes them).
+pub(crate) fn wire_pin(p: &Pin) -> Option<wire::Pin> {
+    let valid = p.digest.len() == 16 && p.digest.bytes().all(|b| b.is_ascii_hexdigit());
+    let digest = u64::from_str_radix(&p.digest, 16).ok().filter(|_| valid)?;
+    Some(wire::Pin {
+        capability: p.capability.clone(),
+        tool: p.tool.clone(),
+        digest: digest.to_be_bytes(),
+    })
 }
 
 // Every match below is exhaustive: a new state or mode in the model does not compile until it
@@ -340,5 +372,32 @@ mod tests {
             }],
         };
         assert_eq!(Live::from(wire::Live::from(live.clone())), live);
+    }
+
+    #[test]
+    fn a_pin_crosses_the_boundary_unchanged_and_a_malformed_digest_does_not() {
+        let pin = Pin {
+            capability: "mcp".into(),
+            tool: "search".into(),
+            digest: "00112233445566ff".into(),
+        };
+        let wire = wire_pin(&pin);
+        assert_eq!(
+            wire.as_ref().map(|w| w.digest),
+            Some([0, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0xff])
+        );
+        assert_eq!(wire.as_ref().map(Pin::from), Some(pin.clone()));
+        for bad in [
+            "0011",
+            "+0112233445566ff",
+            "00112233445566fg",
+            "00112233445566ff00",
+        ] {
+            let pin = Pin {
+                digest: bad.into(),
+                ..pin.clone()
+            };
+            assert_eq!(wire_pin(&pin), None, "{bad}");
+        }
     }
 }

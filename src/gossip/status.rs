@@ -35,6 +35,8 @@ pub struct MemberStatus {
     pub state: Option<State>,
     pub profile_seq: Option<u64>,
     pub live_seq: Option<u64>,
+    /// The `seq` of its MCP tool pins, when it published any (`docs/mcp.md`).
+    pub pins_seq: Option<u64>,
 }
 
 impl GossipStatus {
@@ -64,6 +66,7 @@ impl GossipStatus {
                     state: e.live.as_ref().map(|(_, l)| l.state.into()),
                     profile_seq: e.profile.as_ref().map(|(s, _)| *s),
                     live_seq: e.live.as_ref().map(|(s, _)| *s),
+                    pins_seq: e.pins.as_ref().map(|(s, _)| *s),
                 }
             })
             .collect();

@@ -36,6 +36,7 @@ use tower::ServiceBuilder;
 pub use attempts::observe::{ObserveCounts, ObserveLog};
 pub use candidates::balance::pick;
 pub use candidates::sample::{score_candidates, SAMPLE};
+pub use mcp::pins::Pins as McpPins;
 pub use mcp::status::{ToolServer, ToolStatus};
 pub use resolve::capability_of;
 
@@ -111,8 +112,9 @@ pub struct Outbound {
     affinity: Arc<affinity::Table>,
     /// This caller's view of each MCP server's tools (`docs/mcp.md`).
     tools: mcp::view::ToolViews,
-    /// The MCP tool definitions this caller lists and routes to (`mcp/pins.rs`).
-    pins: mcp::pins::Pins,
+    /// The MCP tool definitions this caller lists and routes to (`mcp/pins.rs`), shared with
+    /// gossip, which brings the fleet's and publishes this sidecar's.
+    pins: Arc<McpPins>,
     /// MCP clients' sessions with this sidecar, and the servers' sessions behind them.
     broker: mcp::broker::Broker,
     /// Opens the delegation chain the agent passes on (`src/chain/`).
@@ -138,7 +140,7 @@ impl Outbound {
             tasks: None,
             affinity: Arc::default(),
             tools: mcp::view::ToolViews::default(),
-            pins: mcp::pins::Pins::default(),
+            pins: Arc::default(),
             broker: mcp::broker::Broker::default(),
             seal: shared.seal.clone(),
             head_times: Default::default(),
@@ -154,6 +156,11 @@ impl Outbound {
     pub fn with_tasks(mut self, queue: Arc<Queue>) -> Self {
         self.tasks = Some(queue);
         self
+    }
+
+    /// The MCP tool pins, for gossip to feed and publish (`mcp/pins.rs`).
+    pub fn mcp_pins(&self) -> Arc<McpPins> {
+        self.pins.clone()
     }
 
     /// Each MCP capability's tools and how each server's tool stands (`docs/mcp.md`).

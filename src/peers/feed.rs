@@ -1,5 +1,6 @@
 //! The glue between gossip and routing: members become peers in the registry, their live views
-//! feed this caller's peer views; and this agent's own profile and view become gossip items.
+//! feed this caller's peer views, their MCP tool pins this caller's (`FleetPins`); and this
+//! agent's own profile and view become gossip items.
 
 use crate::identity::SpiffeId;
 use std::sync::Arc;
@@ -14,16 +15,27 @@ use crate::registry::{Peer, Registry};
 
 use super::PeerViews;
 
-/// Hands what gossip learns to the registry and the peer views.
+/// Where the members' MCP tool pins go: the caller's pins (`src/outbound/mcp/pins.rs`), which
+/// routing owns and this module cannot name (routing imports it).
+pub trait FleetPins: Send + Sync + std::fmt::Debug {
+    /// Every routable member with the pins it publishes, after any change.
+    fn set_fleet(&self, members: &[Member]);
+}
+
+/// Hands what gossip learns to the registry, the peer views and the MCP tool pins.
 #[derive(Debug)]
 pub struct GossipFeed {
     pub registry: Arc<Registry>,
     pub views: Arc<PeerViews>,
     pub store: Arc<crate::config::ConfigStore>,
+    pub pins: Arc<dyn FleetPins>,
 }
 
 impl Membership for GossipFeed {
     fn members(&self, members: &[Member]) {
+        // Before the servers become routable: a tool first settled with them settles by the
+        // fleet's pin, not by how many of them announce another definition.
+        self.pins.set_fleet(members);
         let peers: Vec<Peer> = members.iter().map(Peer::from_member).collect();
         // What gossip says may be called is counted from 0 before its first call.
         let snapshot = self.store.snapshot();
@@ -237,7 +249,15 @@ mod tests {
             registry: Arc::new(Registry::new()),
             views,
             store,
+            pins: Arc::new(NoPins),
         }
+    }
+
+    #[derive(Debug)]
+    struct NoPins;
+
+    impl FleetPins for NoPins {
+        fn set_fleet(&self, _: &[Member]) {}
     }
 
     /// agent-b as gossip has it, incarnation `epoch`, always at the same addresses.
@@ -267,6 +287,7 @@ mod tests {
                 version: "test".into(),
                 identity: None,
             }),
+            pins: Arc::default(),
         }
     }
 

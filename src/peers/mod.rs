@@ -12,7 +12,7 @@ mod poll;
 mod score;
 
 pub use demand::CapabilityDemand;
-pub use feed::{live, profile, self_view, self_view_lifetime, GossipFeed};
+pub use feed::{live, profile, self_view, self_view_lifetime, FleetPins, GossipFeed};
 #[cfg(test)]
 pub(crate) use latency::judge;
 pub use poll::spawn_poller;

@@ -52,6 +52,7 @@ pub trait Membership: Send + Sync + 'static {
 enum Command {
     Profile(model::Profile),
     Live(model::Live),
+    Pins(Vec<model::Pin>),
     Seeds(Vec<SocketAddr>),
     Key(ClusterKey),
     Leave(oneshot::Sender<()>),
@@ -76,6 +77,12 @@ impl GossipHandle {
     /// when its state changed, and at least every refresh interval.
     pub fn publish_live(&self, live: model::Live) {
         let _ = self.commands.send(Command::Live(live));
+    }
+
+    /// Offers this sidecar's MCP tool pins; the node publishes them when they changed (as many
+    /// as fit in an item: `publish::fitting_pins`).
+    pub fn publish_pins(&self, pins: Vec<model::Pin>) {
+        let _ = self.commands.send(Command::Pins(pins));
     }
 
     /// Asks to join through these addresses (seeds), skipping known members.
@@ -172,6 +179,7 @@ pub fn spawn(
         seq: 0,
         profile: None,
         live: None,
+        pins: None,
         latest_live: None,
         // The node's own draws (refresh jitter), apart from SWIM's and seeded alike.
         rng: seeded(options.seed.map(|seed| seed ^ 0x5eed_0f4e_f4e5)),
@@ -219,6 +227,7 @@ struct Node {
     seq: u64,
     profile: Option<Published>,
     live: Option<Published>,
+    pins: Option<Published>,
     /// The agent's latest view as offered (what a refresh sends), published or not.
     latest_live: Option<Live>,
     /// The node's own random choices (SWIM has its own).
@@ -408,6 +417,7 @@ impl Node {
                 }
             }
             Command::Live(live) => self.offer_live(live.into()),
+            Command::Pins(pins) => self.offer_pins(&pins),
             // Joining before there is a profile to show would leave the members that answer
             // without it until the next round: wait for the first profile.
             Command::Seeds(addrs) if self.profile.is_none() => {
@@ -524,6 +534,9 @@ impl Node {
             }
             if let Some(live) = self.last_live() {
                 self.publish_live_now(live);
+            }
+            if let Some(Body::Pins(p)) = self.pins.as_ref().map(|p| p.item.body.clone()) {
+                self.publish(Body::Pins(p));
             }
             self.send_items_to_members();
         }

@@ -1,5 +1,6 @@
-//! What this node publishes of its own agent: the profile, sent to each member directly, and the
-//! live view, offered by the sidecar and gossiped when it moved enough or the refresh is due.
+//! What this node publishes of its own agent: the profile, sent to each member directly; the
+//! live view, offered by the sidecar and gossiped when it moved enough or the refresh is due;
+//! and the sidecar's MCP tool pins, gossiped when they changed.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -9,8 +10,10 @@ use rand::RngExt;
 use tokio::time::Instant;
 
 use super::{Node, MAX_ITEM};
-use crate::gossip::envelope::Kind;
-use crate::gossip::wire::{self, Body, Item, Live, WireError};
+use crate::gossip::envelope::{Kind, OVERHEAD};
+use crate::gossip::model;
+use crate::gossip::transport::MAX_DATAGRAM;
+use crate::gossip::wire::{self, Body, Item, Live, NodeId, Pins, WireError};
 
 /// Even a state change waits this long after the previous publish (a flapping agent must not
 /// flood the fleet); it goes out on the next tick.
@@ -38,7 +41,7 @@ impl Node {
         self.latest_live.clone().or_else(|| {
             self.live.as_ref().and_then(|p| match &p.item.body {
                 Body::Live(l) => Some(l.clone()),
-                Body::Profile(_) => None,
+                Body::Profile(_) | Body::Pins(_) => None,
             })
         })
     }
@@ -61,7 +64,7 @@ impl Node {
         };
         let Some((prev, at)) = self.live.as_ref().and_then(|p| match &p.item.body {
             Body::Live(l) => Some((l, p.at)),
-            Body::Profile(_) => None,
+            Body::Profile(_) | Body::Pins(_) => None,
         }) else {
             return true;
         };
@@ -104,14 +107,18 @@ impl Node {
                 bytes = bytes.len(),
                 max = MAX_ITEM,
                 "gossip: this agent's {} is too large to publish; fewer capabilities or tags",
-                if matches!(item.body, Body::Profile(_)) { "profile" } else { "live view" }
+                match item.body {
+                    Body::Profile(_) => "profile",
+                    Body::Live(_) => "live view",
+                    Body::Pins(_) => "pins",
+                }
             );
             self.stats.oversized_items.fetch_add(1, Ordering::Relaxed);
             return;
         }
         // A profile goes to each member directly (`send_items_to_members`): receivers take where
         // an agent is reached only from the agent itself, never relayed.
-        let relayed = matches!(item.body, Body::Live(_));
+        let relayed = matches!(item.body, Body::Live(_) | Body::Pins(_));
         if let Err(err) = relayed.then(|| self.foca.add_broadcast(&bytes)).transpose() {
             tracing::error!(
                 ?err,
@@ -133,25 +140,94 @@ impl Node {
         match published.as_ref().map(|p| p.item.kind()) {
             Some(wire::ItemKind::Profile) => self.profile = published,
             Some(wire::ItemKind::Live) => self.live = published,
+            Some(wire::ItemKind::Pins) => self.pins = published,
             None => {}
         }
     }
 
-    /// This node's current items, sent straight to one member.
+    /// Takes the sidecar's MCP tool pins; publishes them when those that fit an item changed.
+    pub(super) fn offer_pins(&mut self, pins: &[model::Pin]) {
+        let pins = self.fitting_pins(pins);
+        let unchanged = match self.pins.as_ref().map(|p| &p.item.body) {
+            Some(Body::Pins(old)) => *old == pins,
+            // None published yet: an empty list needs no item.
+            _ => pins.pins.is_empty(),
+        };
+        if !unchanged {
+            self.publish(Body::Pins(pins));
+        }
+    }
+
+    /// As many of `pins` as fit in one item (`MAX_ITEM`), ordered by capability then tool, one
+    /// per tool. The pins after those are not published: the fleet counts this sidecar as
+    /// pinning none of those tools.
+    pub(super) fn fitting_pins(&self, pins: &[model::Pin]) -> Pins {
+        let mut pins: Vec<wire::Pin> = pins.iter().filter_map(model::wire_pin).collect();
+        pins.sort();
+        pins.dedup_by(|a, b| a.capability == b.capability && a.tool == b.tool);
+        // Sized with the largest head it may be sent under (a later `seq`, a new identity after
+        // a rejoin), so republishing it never makes it too large.
+        let fits = |n: usize| {
+            let item = Item {
+                name: self.options.name.clone(),
+                node: NodeId {
+                    addr: self.options.addr,
+                    epoch: u64::MAX,
+                },
+                seq: u64::MAX,
+                body: Body::Pins(Pins {
+                    pins: pins[..n].to_vec(),
+                }),
+            };
+            self.encode_item(&item)
+                .is_ok_and(|bytes| bytes.len() <= MAX_ITEM)
+        };
+        // The longest prefix that fits (fitting only shrinks as pins are added).
+        let (mut lo, mut hi) = (0, pins.len());
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        pins.truncate(lo);
+        Pins { pins }
+    }
+
+    /// This node's current items, sent straight to one member: as few datagrams as hold them
+    /// (each item is at most `MAX_ITEM`, so each fits one).
     pub(super) fn send_items(&mut self, to: SocketAddr) {
-        // Profile and live view in one datagram: both fit, since an item over MAX_ITEM is never
-        // published.
-        let items: Vec<&Item> = [self.profile.as_ref(), self.live.as_ref()]
-            .into_iter()
-            .flatten()
-            .map(|p| &p.item)
-            .collect();
+        let items: Vec<Item> = [
+            self.profile.as_ref(),
+            self.live.as_ref(),
+            self.pins.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|p| p.item.clone())
+        .collect();
         if items.is_empty() {
             // Nothing published yet: serve this member once there is.
             self.unserved.push(to);
             return;
         }
-        if let Ok(body) = self.encode_items(items) {
+        let mut batch: Vec<&Item> = Vec::new();
+        let mut bodies = Vec::new();
+        for item in &items {
+            batch.push(item);
+            let fits = self
+                .encode_items(batch.clone())
+                .is_ok_and(|b| b.len() <= MAX_DATAGRAM - OVERHEAD);
+            if !fits && batch.len() > 1 {
+                batch.pop();
+                bodies.extend(self.encode_items(std::mem::take(&mut batch)).ok());
+                batch.push(item);
+            }
+        }
+        bodies.extend(self.encode_items(batch).ok());
+        for body in bodies {
             self.send(to, Kind::Items, &body);
         }
     }

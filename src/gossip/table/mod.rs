@@ -1,5 +1,5 @@
 //! Everything this node knows of the others, keyed by agent name: the newest incarnation of each
-//! agent, its profile and live view, and whether SWIM counts it alive.
+//! agent, its profile, live view and MCP tool pins, and whether SWIM counts it alive.
 //!
 //! Items only move an entry forward: an older incarnation (epoch) or an older `seq` of the same
 //! kind changes nothing, so a replayed or late item cannot roll an agent's state back. A name is
@@ -49,6 +49,8 @@ pub(super) struct Entry {
     /// each time the routable set is handed over.
     routed_profile: Option<Arc<model::Profile>>,
     pub live: Option<(u64, Live)>,
+    /// Its MCP tool pins, as the routing model takes them (converted once, on arrival).
+    pub pins: Option<(u64, Arc<Vec<model::Pin>>)>,
     /// The highest `seq` heard from the node first-hand.
     pub vouched: u64,
     pub last_heard: Instant,
@@ -87,7 +89,7 @@ pub(super) struct Table {
     pub swim: SwimView,
     /// The source of the datagram being handled, so foca's hook can tell first-hand items.
     pub from: Option<SocketAddr>,
-    /// Set when the routable set or a profile changed.
+    /// Set when the routable set, a profile or a member's pins changed.
     pub dirty: bool,
     /// Set when a member stopped being routable (dead, restarted, pruned): callers must hear
     /// of that at once, while additions may be batched.
@@ -237,6 +239,7 @@ impl Table {
         let stored = match &item.body {
             Body::Profile(_) => entry.profile.as_ref().map(|(seq, _)| *seq),
             Body::Live(_) => entry.live.as_ref().map(|(seq, _)| *seq),
+            Body::Pins(_) => entry.pins.as_ref().map(|(seq, _)| *seq),
         };
         let newer = stored.is_none_or(|seq| item.seq > seq);
         let fresh_enough = match origin {
@@ -275,6 +278,12 @@ impl Table {
                 if !self.live_updates.contains(&item.name) {
                     self.live_updates.push(item.name.clone());
                 }
+            }
+            Body::Pins(p) => {
+                let pins = p.pins.iter().map(model::Pin::from).collect();
+                entry.pins = Some((item.seq, Arc::new(pins)));
+                // Pins ride on `Member`: the routable set is handed over again with them.
+                self.dirty = true;
             }
         }
         Applied::New
@@ -410,6 +419,7 @@ impl Table {
                     name: name.clone(),
                     node: e.node.clone(),
                     profile: p.clone(),
+                    pins: e.pins.as_ref().map(|(_, p)| p.clone()).unwrap_or_default(),
                 })
             })
             .collect();
@@ -462,6 +472,7 @@ fn fresh(node: NodeId, now: Instant) -> Entry {
         profile: None,
         routed_profile: None,
         live: None,
+        pins: None,
         vouched: 0,
         last_heard: now,
         down_since: None,
@@ -495,7 +506,7 @@ fn plausible(item: &Item, now_us: u64, window_us: u64) -> Result<(), Rejected> {
             }
             _ => Err(Rejected::BadAddress),
         },
-        Body::Live(_) => Ok(()),
+        Body::Live(_) | Body::Pins(_) => Ok(()),
     }
 }
 
@@ -514,6 +525,8 @@ pub struct Member {
     pub name: String,
     pub node: NodeId,
     pub profile: Arc<model::Profile>,
+    /// The MCP tool definitions it pinned (`src/outbound/mcp/pins.rs`); none heard yet is empty.
+    pub pins: Arc<Vec<model::Pin>>,
 }
 
 /// The key foca uses to stop passing on an item once a newer one of the same kind exists.

@@ -427,3 +427,49 @@ fn a_node_relayed_for_that_swim_does_not_count_alive_is_met_not_asked() {
     );
     assert!(t.strangers.is_empty());
 }
+
+fn pins(digest: u8) -> Body {
+    Body::Pins(wire::Pins {
+        pins: vec![wire::Pin {
+            capability: "mcp".into(),
+            tool: "search".into(),
+            digest: [digest; 8],
+        }],
+    })
+}
+
+fn pins_of(t: &Table, name: &str) -> Option<Vec<String>> {
+    t.routable()
+        .into_iter()
+        .find(|m| m.name == name)
+        .map(|m| m.pins.iter().map(|p| p.digest.clone()).collect())
+}
+
+/// A member's pins ride on `Member`, relayed ones taken like a live view: the newest `seq`
+/// wins, an older one played back changes nothing, and each new one marks the routable set
+/// changed so that it is handed over again.
+#[test]
+fn a_members_pins_move_forward_like_its_live_view_and_mark_the_set_changed() {
+    let now = Instant::now();
+    let mut t = table();
+    let n = node(2, 5);
+    t.member_up(&n);
+    let a = |seq, body| item("a", n.clone(), seq, body);
+    t.apply(&a(1, profile("10.0.0.1:3")), FirstHand, now);
+    assert_eq!(pins_of(&t, "a"), Some(Vec::new()), "none published yet");
+    t.dirty = false;
+    assert_eq!(t.apply(&a(2, pins(0x11)), Relayed, now), Applied::New);
+    assert!(t.dirty);
+    assert_eq!(pins_of(&t, "a"), Some(vec!["1111111111111111".to_owned()]));
+    t.dirty = false;
+    assert_eq!(t.apply(&a(4, pins(0x22)), FirstHand, now), Applied::New);
+    assert_eq!(t.apply(&a(3, pins(0x11)), Relayed, now), Applied::Stale);
+    assert!(t.dirty);
+    assert_eq!(pins_of(&t, "a"), Some(vec!["2222222222222222".to_owned()]));
+    // A live view in between does not touch them.
+    assert_eq!(
+        t.apply(&a(5, live(1, State::Healthy)), Relayed, now),
+        Applied::New
+    );
+    assert_eq!(pins_of(&t, "a"), Some(vec!["2222222222222222".to_owned()]));
+}

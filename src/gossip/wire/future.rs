@@ -1,8 +1,8 @@
 //! A sidecar from the future, for tests: it writes every item one version newer than this one,
-//! with a field appended to the item and to each capability in it, and it publishes a kind of
-//! item this one does not know. What this sidecar must make of it is the compatibility rule.
+//! with a field appended to the item and to each capability or pin in it, and it publishes a
+//! kind of item this one does not know. What this sidecar must make of it is the compatibility rule.
 
-use super::{write_frame, Body, Item, ItemKind, Live, Profile, WireError, Writer};
+use super::{write_frame, Body, Item, ItemKind, Live, Pins, Profile, WireError, Writer};
 
 /// The kind a newer sidecar added.
 pub(crate) const NEW_KIND: u8 = 0x7e;
@@ -23,6 +23,7 @@ fn write_item(w: &mut Writer, item: &Item) -> Result<(), WireError> {
         match &item.body {
             Body::Profile(p) => write_profile(w, p)?,
             Body::Live(l) => l.write(w)?,
+            Body::Pins(p) => write_pins(w, p)?,
         }
         w.put(EXTRA)
     })
@@ -43,6 +44,20 @@ fn write_profile(w: &mut Writer, p: &Profile) -> Result<(), WireError> {
     }
     w.put(&p.version)?;
     w.put(&p.identity)
+}
+
+/// Pins whose records carry a newer field too.
+fn write_pins(w: &mut Writer, p: &Pins) -> Result<(), WireError> {
+    w.put(&(p.pins.len() as u32))?;
+    for pin in &p.pins {
+        w.record(|w| {
+            w.put(&pin.capability)?;
+            w.put(&pin.tool)?;
+            w.put(&pin.digest)?;
+            w.put(EXTRA)
+        })?;
+    }
+    Ok(())
 }
 
 /// An item of a kind this sidecar does not know, about `head`'s node.

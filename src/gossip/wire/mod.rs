@@ -1,5 +1,5 @@
-//! What travels inside the envelope besides SWIM: each node's identity, profile and live view,
-//! in gossip's own types. No routing type crosses into this module: `super::model` converts at
+//! What travels inside the envelope besides SWIM: each node's identity, profile, live view and
+//! MCP tool pins, in gossip's own types. No routing type crosses into this module: `super::model` converts at
 //! the boundary, so the bytes change only when this file does.
 //!
 //! Every item is framed and versioned on its own (`docs/gossip.md`, "Compatibility"):
@@ -69,6 +69,7 @@ pub struct Item {
 pub enum Body {
     Profile(Profile),
     Live(Live),
+    Pins(Pins),
 }
 
 impl Item {
@@ -76,6 +77,7 @@ impl Item {
         match self.body {
             Body::Profile(_) => ItemKind::Profile,
             Body::Live(_) => ItemKind::Live,
+            Body::Pins(_) => ItemKind::Pins,
         }
     }
 }
@@ -85,6 +87,7 @@ impl Item {
 pub enum ItemKind {
     Profile,
     Live,
+    Pins,
 }
 
 impl ItemKind {
@@ -93,6 +96,7 @@ impl ItemKind {
         match self {
             Self::Profile => 1,
             Self::Live => 2,
+            Self::Pins => 3,
         }
     }
 
@@ -100,6 +104,7 @@ impl ItemKind {
         match code {
             1 => Some(Self::Profile),
             2 => Some(Self::Live),
+            3 => Some(Self::Pins),
             _ => None,
         }
     }
@@ -113,6 +118,7 @@ impl ItemKind {
             // 2: `saturation_predicted` appended. 3: `quality_milli` and `degraded` appended.
             // 4: `budget` appended. 5: each budget's `credential` appended.
             Self::Live => 5,
+            Self::Pins => 1,
         }
     }
 }
@@ -228,6 +234,24 @@ pub struct LiveBudget {
 
 /// Budgets one live view may carry: an agent has few providers.
 pub const MAX_LIVE_BUDGETS: usize = 8;
+
+/// The MCP tool definitions a sidecar pinned (`src/outbound/mcp/pins.rs`): a caller that settles
+/// a tool later adopts the one most members pin (`docs/mcp.md`). Small, sent on change; relayed
+/// like a live view. Older sidecars skip the kind whole.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pins {
+    pub pins: Vec<Pin>,
+}
+
+/// One pinned tool. Each is a record of its own: a newer version may append.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Pin {
+    pub capability: String,
+    pub tool: String,
+    /// The digest of the pinned definition: as `Tool::schema` carries it (the first 8 bytes of
+    /// the SHA-256 of the canonical definition, `src/mcp/tools.rs`).
+    pub digest: [u8; 8],
+}
 
 /// An agent's state in the reach model, as the wire says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -441,6 +465,36 @@ impl Live {
     }
 }
 
+impl Pins {
+    pub(crate) fn write(&self, w: &mut Writer) -> Result<(), WireError> {
+        w.put(&len_u32(self.pins.len())?)?;
+        for p in &self.pins {
+            w.record(|w| {
+                w.put(&p.capability)?;
+                w.put(&p.tool)?;
+                w.put(&p.digest)
+            })?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read(f: &mut Fields<'_>) -> Result<Self, WireError> {
+        let count: u32 = f.take()?;
+        // Not allocated by the count a sender claims: the item's length bounds what is read.
+        let mut pins = Vec::new();
+        for _ in 0..count {
+            let mut p = f.record()?;
+            pins.push(Pin {
+                capability: p.take()?,
+                tool: p.take()?,
+                digest: p.take()?,
+            });
+            p.finish()?;
+        }
+        Ok(Self { pins })
+    }
+}
+
 /// The live view's budgets (v4), none from an older sidecar.
 fn read_budgets(f: &mut Fields<'_>) -> Result<Vec<LiveBudget>, WireError> {
     let count: u32 = f.since(4)?.unwrap_or(0);
@@ -525,6 +579,7 @@ fn write_item(w: &mut Writer, item: &Item) -> Result<(), WireError> {
     write_frame(w, kind.code(), kind.version(), item, |w| match &item.body {
         Body::Profile(p) => p.write(w),
         Body::Live(l) => l.write(w),
+        Body::Pins(p) => p.write(w),
     })
 }
 
@@ -618,7 +673,16 @@ pub(crate) fn split_frame(bytes: &[u8]) -> Result<(Frame<'_>, &[u8]), WireError>
 impl Frame<'_> {
     /// The item, read as far as this sidecar knows its kind.
     pub(crate) fn read(&self) -> Result<Decoded, WireError> {
-        let Some(kind) = ItemKind::from_code(self.kind) else {
+        self.read_knowing(ItemKind::from_code)
+    }
+
+    /// The item, as a reader that knows the kinds `known` names reads it (a test plays an
+    /// older sidecar with it).
+    pub(crate) fn read_knowing(
+        &self,
+        known: impl Fn(u8) -> Option<ItemKind>,
+    ) -> Result<Decoded, WireError> {
+        let Some(kind) = known(self.kind) else {
             // The head is all every kind shares; the rest is another version's business.
             let mut f = Fields::new(self.version, 0, self.record);
             return Ok(Decoded::Unknown {
@@ -636,6 +700,7 @@ impl Frame<'_> {
         let body = match kind {
             ItemKind::Profile => Body::Profile(Profile::read(&mut f)?),
             ItemKind::Live => Body::Live(Live::read(&mut f)?),
+            ItemKind::Pins => Body::Pins(Pins::read(&mut f)?),
         };
         f.finish()?;
         Ok(Decoded::Known(Item {

@@ -92,6 +92,28 @@ fn profile_item() -> Item {
     }
 }
 
+fn pins_item() -> Item {
+    Item {
+        name: "coder-2".into(),
+        node: node(),
+        seq: 1235,
+        body: Body::Pins(Pins {
+            pins: vec![
+                Pin {
+                    capability: "mcp".into(),
+                    tool: "fetch".into(),
+                    digest: [0x01; 8],
+                },
+                Pin {
+                    capability: "mcp".into(),
+                    tool: "search".into(),
+                    digest: [0x5c; 8],
+                },
+            ],
+        }),
+    }
+}
+
 fn known(read: Result<Decoded, WireError>) -> Option<Item> {
     match read {
         Ok(Decoded::Known(item)) => Some(item),
@@ -320,7 +342,7 @@ fn a_live_view_with_too_many_budgets_is_refused() {
     assert_eq!(
         read.and_then(|i| match i.body {
             Body::Live(l) => Some(l.budget.len()),
-            Body::Profile(_) => None,
+            Body::Profile(_) | Body::Pins(_) => None,
         }),
         Some(MAX_LIVE_BUDGETS)
     );
@@ -507,6 +529,73 @@ fn an_item_of_an_unknown_kind_is_skipped_and_the_rest_is_read() {
 }
 
 #[test]
+fn pins_round_trip_as_a_kind_of_their_own() {
+    let item = pins_item();
+    let bytes = encode_item(&item).unwrap_or_default();
+    assert_eq!(
+        (bytes[0], bytes[1]),
+        (3, 1),
+        "kind 3 (a byte never used before), version 1"
+    );
+    assert_eq!(known(decode_item(&bytes)), Some(item.clone()));
+    // Each pin is 8 bytes of digest, its names and a record length.
+    assert!(bytes.len() < 70, "{} bytes", bytes.len());
+    let none = Item {
+        body: Body::Pins(Pins::default()),
+        ..item
+    };
+    let bytes = encode_item(&none).unwrap_or_default();
+    assert_eq!(known(decode_item(&bytes)), Some(none));
+}
+
+/// A sidecar from before pins: it reads kinds 1 and 2 only, as this one reads a kind it does
+/// not know (`Frame::read_knowing`).
+fn read_as_before_pins(bytes: &[u8]) -> Vec<Result<Decoded, WireError>> {
+    let mut read = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let Ok((frame, after)) = split_frame(rest) else {
+            read.push(Err(WireError::Invalid("broken frames")));
+            break;
+        };
+        rest = after;
+        read.push(
+            frame.read_knowing(|code| ItemKind::from_code(code).filter(|k| *k != ItemKind::Pins)),
+        );
+    }
+    read
+}
+
+#[test]
+fn a_reader_from_before_pins_skips_them_and_reads_the_items_after_them() {
+    let (pins, profile, live) = (pins_item(), profile_item(), live_item());
+    let bytes = encode_items([&pins, &profile, &live]).unwrap_or_default();
+    let read = read_as_before_pins(&bytes);
+    assert_eq!(read.len(), 3);
+    assert!(
+        matches!(
+            &read[0],
+            Ok(Decoded::Unknown { kind: 3, version: 1, name, seq: 1235, .. }) if name == "coder-2"
+        ),
+        "{:?}",
+        read[0]
+    );
+    assert_eq!(read[1].as_ref().ok(), Some(&Decoded::Known(profile)));
+    assert_eq!(read[2].as_ref().ok(), Some(&Decoded::Known(live)));
+    // And riding alone on a SWIM message, as a relayed item does: skipped whole.
+    let one = encode_item(&pins).unwrap_or_default();
+    let read = read_as_before_pins(&one);
+    assert!(matches!(read[..], [Ok(Decoded::Unknown { kind: 3, .. })]));
+}
+
+#[test]
+fn a_newer_pin_record_reads_with_its_appended_field_skipped() {
+    let bytes = future::encode_item(&pins_item()).unwrap_or_default();
+    assert_eq!(bytes[1], 2, "written one version newer");
+    assert_eq!(known(decode_item(&bytes)), Some(pins_item()));
+}
+
+#[test]
 fn an_item_that_does_not_decode_does_not_take_the_next_one_with_it() {
     // A live view with a state this sidecar does not know (a change the rule forbids).
     let mut w = Writer::default();
@@ -627,10 +716,23 @@ mod properties {
         )
     }
 
+    fn pins() -> impl Strategy<Value = Pins> {
+        let pin =
+            ("[a-z-]{0,16}", ".{0,16}", any::<[u8; 8]>()).prop_map(|(capability, tool, digest)| {
+                Pin {
+                    capability,
+                    tool,
+                    digest,
+                }
+            });
+        vec(pin, 0..6).prop_map(|pins| Pins { pins })
+    }
+
     fn item() -> impl Strategy<Value = Item> {
         let body = prop_oneof![
             profile().prop_map(Body::Profile),
-            live().prop_map(Body::Live)
+            live().prop_map(Body::Live),
+            pins().prop_map(Body::Pins)
         ];
         (".{0,24}", node(), any::<u64>(), body).prop_map(|(name, node, seq, body)| Item {
             name,

@@ -35,6 +35,8 @@ pub struct ToolServer {
     /// Its definition is not the one this caller lists and routes by: held back until the
     /// policy accepts it (`docs/mcp.md`).
     pub held: bool,
+    /// Members of the fleet that publish this definition as their pin (`docs/mcp.md`).
+    pub pinned_by: u32,
 }
 
 /// Every MCP capability's tools, by capability then tool, servers by name.
@@ -56,13 +58,15 @@ pub(crate) fn tools(out: &Outbound, snapshot: &Snapshot) -> Vec<ToolStatus> {
         }
         let mut by_tool: BTreeMap<&str, Vec<ToolServer>> = BTreeMap::new();
         for (name, servers) in &announcing {
+            // Shown, not settled: a pin is settled by a list or a call (`pins.rs`).
             let chosen =
                 out.pins
-                    .chosen(snapshot, &capability, name, servers.iter().map(|(p, _)| *p));
+                    .shown(snapshot, &capability, name, servers.iter().map(|(p, _)| *p));
             for (peer, tool) in servers {
                 let mut shown = server(&peer.name, out.tools.view(&peer.name, name), now);
                 shown.definition = tool.schema.clone();
                 shown.held = chosen.as_deref() != Some(tool.schema.as_str());
+                shown.pinned_by = out.pins.pinned_by(&capability, name, &tool.schema);
                 by_tool.entry(name).or_default().push(shown);
             }
         }
@@ -93,6 +97,7 @@ fn server(name: &str, view: ToolView, now: Instant) -> ToolServer {
         paused_for_s,
         definition: String::new(),
         held: false,
+        pinned_by: 0,
     }
 }
 

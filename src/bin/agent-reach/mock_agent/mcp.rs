@@ -55,6 +55,15 @@ pub fn tool(name: &str, read_only: bool) -> Value {
         "annotations": { "readOnlyHint": read_only } })
 }
 
+/// [`tool`] with a description: servers whose descriptions differ announce two definitions of
+/// one tool (the demo does not; `tests/it/mcp_tools.rs` does).
+#[allow(dead_code)]
+pub fn described(name: &str, read_only: bool, description: &str) -> Value {
+    let mut t = tool(name, read_only);
+    t["description"] = json!(description);
+    t
+}
+
 impl McpServer {
     /// Starts on an OS-assigned loopback port; `sse`: answers as event streams.
     pub async fn start(name: &'static str, tools: Vec<Value>, sse: bool) -> std::io::Result<Self> {
