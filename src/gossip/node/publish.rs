@@ -116,9 +116,9 @@ impl Node {
             self.stats.oversized_items.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        // A profile goes to each member directly (`send_items_to_members`): receivers take where
-        // an agent is reached only from the agent itself, never relayed.
-        let relayed = matches!(item.body, Body::Live(_) | Body::Pins(_));
+        // A profile and the pins go to each member directly (`send_items_to_members`): receivers
+        // take them only from the agent itself, never relayed.
+        let relayed = matches!(item.body, Body::Live(_));
         if let Err(err) = relayed.then(|| self.foca.add_broadcast(&bytes)).transpose() {
             tracing::error!(
                 ?err,
@@ -155,6 +155,8 @@ impl Node {
         };
         if !unchanged {
             self.publish(Body::Pins(pins));
+            // First-hand only, as a profile: receivers refuse pins relayed in another's name.
+            self.send_items_to_members();
         }
     }
 

@@ -163,9 +163,10 @@ impl Table {
         if let Err(reason) = plausible(item, self.clock.unix_us(), self.window_us) {
             return self.refuse(reason);
         }
-        if origin == Origin::Relayed && matches!(item.body, Body::Profile(_)) {
-            // Where an agent is reached is taken from the agent only; ask it.
-            self.want_if_newer_profile(item);
+        if origin == Origin::Relayed && matches!(item.body, Body::Profile(_) | Body::Pins(_)) {
+            // Where an agent is reached, and which tool definitions it pins, are taken from
+            // the agent only (a relayed item in its name could be anyone's); ask it.
+            self.want_if_newer(item);
             return self.refuse(Rejected::NotSender);
         }
         match self.bind(item, origin, now) {
@@ -290,9 +291,13 @@ impl Table {
     }
 
     /// A relayed profile newer than the one known: its node is asked for it directly.
-    fn want_if_newer_profile(&mut self, item: &Item) {
+    fn want_if_newer(&mut self, item: &Item) {
         let known = self.entries.get(&item.name).filter(|e| e.node == item.node);
-        if known.is_some_and(|e| e.profile.as_ref().is_none_or(|(seq, _)| *seq < item.seq)) {
+        let stored = |e: &Entry| match &item.body {
+            Body::Pins(_) => e.pins.as_ref().map(|(seq, _)| *seq),
+            _ => e.profile.as_ref().map(|(seq, _)| *seq),
+        };
+        if known.is_some_and(|e| stored(e).is_none_or(|seq| seq < item.seq)) {
             self.want(&item.node);
         }
     }

@@ -449,7 +449,7 @@ fn pins_of(t: &Table, name: &str) -> Option<Vec<String>> {
 /// wins, an older one played back changes nothing, and each new one marks the routable set
 /// changed so that it is handed over again.
 #[test]
-fn a_members_pins_move_forward_like_its_live_view_and_mark_the_set_changed() {
+fn a_members_pins_are_taken_first_hand_move_forward_and_mark_the_set_changed() {
     let now = Instant::now();
     let mut t = table();
     let n = node(2, 5);
@@ -458,12 +458,16 @@ fn a_members_pins_move_forward_like_its_live_view_and_mark_the_set_changed() {
     t.apply(&a(1, profile("10.0.0.1:3")), FirstHand, now);
     assert_eq!(pins_of(&t, "a"), Some(Vec::new()), "none published yet");
     t.dirty = false;
-    assert_eq!(t.apply(&a(2, pins(0x11)), Relayed, now), Applied::New);
+    // Pins relayed in a's name could be anyone's: refused, and a is asked for its own.
+    assert_eq!(t.apply(&a(2, pins(0x11)), Relayed, now), Applied::Refused);
+    assert_eq!(pins_of(&t, "a"), Some(Vec::new()));
+    assert!(!t.dirty);
+    assert_eq!(t.apply(&a(2, pins(0x11)), FirstHand, now), Applied::New);
     assert!(t.dirty);
     assert_eq!(pins_of(&t, "a"), Some(vec!["1111111111111111".to_owned()]));
     t.dirty = false;
     assert_eq!(t.apply(&a(4, pins(0x22)), FirstHand, now), Applied::New);
-    assert_eq!(t.apply(&a(3, pins(0x11)), Relayed, now), Applied::Stale);
+    assert_eq!(t.apply(&a(3, pins(0x11)), FirstHand, now), Applied::Stale);
     assert!(t.dirty);
     assert_eq!(pins_of(&t, "a"), Some(vec!["2222222222222222".to_owned()]));
     // A live view in between does not touch them.
