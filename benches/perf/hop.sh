@@ -18,7 +18,10 @@
 #   MODE: callgrind | order | perf | strace | record | wall
 #         | nginx-callgrind | nginx-perf | nginx-strace | nginx-record
 #         | floor-callgrind | floor-perf | floor-strace | floor-record   (FLOOR_BIN as the pair)
-#   BIN=/path/to/agent-reach  (default: $CARGO_TARGET_DIR/release/agent-reach)
+#   BIN=/path/to/agent-reach  (default: $CARGO_TARGET_DIR/dist/agent-reach, the image's build:
+#                               `cargo build --profile dist --bin agent-reach`)
+#   GUARD="50000 45000"        (callgrind: the caller's and the callee's most instructions a
+#                               request; past either the run fails, exit 3)
 #   OUT=dir                    (where callgrind.out files and logs go; default /tmp/hop-perf)
 #   WORKERS=1                  (--worker-threads for each sidecar)
 #   UPSTREAM_BIN=path          (the upstream: `cargo build --release --example perf_upstream`)
@@ -34,7 +37,9 @@ set -uo pipefail
 MODE=${1:?mode}
 CONNS=${2:-16}
 SECS=${3:-5}
-BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/agent-reach}
+BIN=${BIN:-${CARGO_TARGET_DIR:-target}/dist/agent-reach}
+read -r GUARD_CALLER GUARD_CALLEE <<<"${GUARD:-50000 45000}"
+OVER=0
 OUT=${OUT:-/tmp/hop-perf}
 WORKERS=${WORKERS:-1}
 mkdir -p "$OUT"
@@ -236,7 +241,18 @@ case $MODE in
         for role in front back; do
             f=$(ls -t "$OUT"/callgrind."$role".out* 2>/dev/null | head -1)
             ir=$(grep -h '^summary:\|^totals:' "$f" | tail -1 | awk '{print $2}')
-            echo "$role Ir=$ir Ir/req=$(per "$ir" "$N") file=$f"
+            perreq=$(per "$ir" "$N")
+            limit=$GUARD_CALLER; [ $role = back ] && limit=$GUARD_CALLEE
+            verdict=""
+            if [[ $MODE == callgrind ]]; then
+                if python3 -c "import sys; sys.exit(0 if float('$perreq') <= $limit else 1)"; then
+                    verdict="(guard $limit: ok)"
+                else
+                    verdict="(guard $limit: OVER)"
+                    OVER=1
+                fi
+            fi
+            echo "$role Ir=$ir Ir/req=$perreq $verdict file=$f"
             # Simulated misses: instruction fetches (I1) and data reads and writes (D1) that
             # missed the first-level caches.
             if grep -q '^events:.*I1mr' "$f"; then
@@ -334,3 +350,7 @@ PY
         echo "requests=$N rps=$rps errors=$ERR p50=${P50}us p99=${P99}us p999=${P999}us conns=$CONNS peer_protocol=${PEER_PROTOCOL:-http1} front_to_back_connections=$(ss -Htn state established "( dport = :$BACK )" | wc -l)"
         ;;
 esac
+if [ "$OVER" = 1 ]; then
+    echo "FAIL: instructions a request past the guard (caller $GUARD_CALLER, callee $GUARD_CALLEE; docs/performance.md)" >&2
+    exit 3
+fi

@@ -234,7 +234,10 @@ impl Seal {
             seal: self.clone(),
             id,
         };
-        (crate::http::headers::value(&value), guard)
+        // The value's own bytes become the header's: no copy.
+        let value = HeaderValue::from_maybe_shared(bytes::Bytes::from(value))
+            .unwrap_or_else(|_| HeaderValue::from_static(""));
+        (value, guard)
     }
 
     fn ended(&self, id: u64) {
