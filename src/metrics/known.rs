@@ -61,6 +61,8 @@ impl Metrics {
                 counter!(DEADLINES_EXCEEDED_TOTAL, "direction" => direction.as_str()).increment(0);
             }
             counter!(NO_CANDIDATE_TOTAL, "capability" => UNKNOWN_CAPABILITY).increment(0);
+            // A dashboard reads it from a sidecar's first scrape, before any capability is known.
+            counter!(RETRY_BUDGET_EXHAUSTED_TOTAL, "capability" => UNKNOWN_CAPABILITY).increment(0);
             for why in ["loop", "max_hops", "forged", "replayed"] {
                 counter!(LOOPS_REFUSED_TOTAL, "why" => why).increment(0);
             }
@@ -279,7 +281,10 @@ mod tests {
         assert!(retries.iter().all(|l| l.ends_with(" 0")));
         assert_eq!(
             series(&text, "reach_retry_budget_exhausted_total{"),
-            ["reach_retry_budget_exhausted_total{capability=\"review\"} 0"]
+            [
+                "reach_retry_budget_exhausted_total{capability=\"review\"} 0",
+                "reach_retry_budget_exhausted_total{capability=\"unknown\"} 0"
+            ]
         );
         let inbound = series(&text, "reach_requests_total{");
         assert!(inbound
@@ -306,7 +311,8 @@ mod tests {
         m.claims(names.iter().map(String::as_str), |_| false, limits);
         let text = m.render();
         let budgets = series(&text, "reach_retry_budget_exhausted_total{");
-        assert_eq!(budgets.len(), 1 + 4 + 1, "{budgets:?}");
+        // Configured, four claimed, `other`, and the one a fresh sidecar exports (`unknown`).
+        assert_eq!(budgets.len(), 1 + 4 + 1 + 1, "{budgets:?}");
         assert!(budgets.iter().any(|l| l.contains("capability=\"other\"")));
         // The first names in order get the labels, whatever order gossip brought them in.
         assert_eq!(m.label("claimed-11"), "claimed-11");

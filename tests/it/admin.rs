@@ -172,7 +172,11 @@ fn promtool_accepts(text: &str) {
         .stderr(Stdio::piped())
         .spawn()
     else {
-        eprintln!("promtool not installed: skipping the exposition-format check");
+        support::skip::skip(
+            "the exposition-format check (tests/it/admin.rs)",
+            "promtool not installed (Debian's prometheus package)",
+            support::skip::InCi::Fails,
+        );
         return;
     };
     child

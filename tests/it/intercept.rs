@@ -34,8 +34,10 @@ impl Netns {
     fn create(tag: u32) -> Option<Self> {
         let uid = Command::new("id").arg("-u").output().ok()?;
         if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-            eprintln!(
-                "skipping tests/it/intercept.rs: not root (network namespaces and iptables need it)"
+            crate::support::skip::skip(
+                "tests/it/intercept.rs",
+                "not root (network namespaces and iptables need it)",
+                crate::support::skip::InCi::Fails,
             );
             return None;
         }
@@ -51,7 +53,12 @@ impl Netns {
             ),
         };
         if let Err(err) = ns.ip(&["netns", "add", &ns.pod]) {
-            eprintln!("skipping tests/it/intercept.rs: `ip netns add` failed ({err})");
+            let why = format!("the kernel refused `ip netns add` ({err})");
+            crate::support::skip::skip(
+                "tests/it/intercept.rs",
+                &why,
+                crate::support::skip::InCi::Skips,
+            );
             return None;
         }
         let (vp, vc) = ns.veth.clone();
@@ -85,9 +92,11 @@ impl Netns {
         ];
         for step in steps {
             if let Err(err) = ns.ip(step) {
-                eprintln!(
-                    "skipping tests/it/intercept.rs: `ip {}` failed ({err})",
-                    step.join(" ")
+                let why = format!("the kernel refused `ip {}` ({err})", step.join(" "));
+                crate::support::skip::skip(
+                    "tests/it/intercept.rs",
+                    &why,
+                    crate::support::skip::InCi::Skips,
                 );
                 return None;
             }

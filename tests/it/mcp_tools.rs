@@ -587,26 +587,6 @@ async fn a_tool_added_at_run_time_is_routable_within_seconds() {
 
 /// The venv's python (`tests/sdk/venv.sh` builds it on first use); `None` when the package
 /// index is unreachable (its exit code 3), as in `tests/it/sdk.rs`.
-fn venv_python() -> Option<PathBuf> {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new("bash")
-        .arg(repo.join("tests/sdk/venv.sh"))
-        .current_dir(repo)
-        .output()
-        .expect("bash runs tests/sdk/venv.sh");
-    match out.status.code() {
-        Some(0) => {
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            stdout.lines().last().map(|l| PathBuf::from(l.trim()))
-        }
-        Some(3) => None,
-        _ => panic!(
-            "tests/sdk/venv.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
-}
-
 /// The official SDK's server (`tests/sdk/mcp_agent.py`), killed when dropped.
 struct SdkServer(std::process::Child);
 
@@ -647,8 +627,7 @@ fn sdk_server(python: &std::path::Path, name: &str, tools: &[&str]) -> (SdkServe
 /// lists and calls them through its own sidecar.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdk_servers_tools_are_imported_and_routed() {
-    let Some(python) = tokio::task::spawn_blocking(venv_python).await.unwrap() else {
-        println!("skipping: the SDK venv cannot be built");
+    let Some(python) = support::sdk::venv_python().await else {
         return;
     };
     let (_server, addr) = tokio::task::spawn_blocking(move || sdk_server(&python, "sdk-1", &[]))
@@ -793,8 +772,7 @@ async fn a_retry_with_request_state_goes_back_to_the_server_that_issued_it() {
 /// to c.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdk_as_a_three_server_fleet_routes_each_tool_to_its_servers() {
-    let Some(python) = tokio::task::spawn_blocking(venv_python).await.unwrap() else {
-        println!("skipping: the SDK venv cannot be built");
+    let Some(python) = support::sdk::venv_python().await else {
         return;
     };
     let specs: [(&str, &[&str]); 3] = [

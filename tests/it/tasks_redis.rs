@@ -17,6 +17,11 @@ use support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_replica_takes_over_a_task_whose_owner_died() {
     let Some(redis) = RedisServer::start() else {
+        support::skip::skip(
+            "tests/it/tasks_redis.rs",
+            "redis-server is not installed",
+            support::skip::InCi::Fails,
+        );
         return;
     };
     let mut config = MockConfig::new("coder-1");
@@ -68,6 +73,11 @@ async fn a_second_replica_takes_over_a_task_whose_owner_died() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_whose_store_is_down_at_start_serves_calls_and_takes_tasks_once_it_is_back() {
     if RedisServer::start().is_none() {
+        support::skip::skip(
+            "tests/it/tasks_redis.rs",
+            "redis-server is not installed",
+            support::skip::InCi::Fails,
+        );
         return;
     }
     let port = support::redis::free_port().unwrap();

@@ -6,6 +6,7 @@ pub mod chaos;
 pub mod gossip_fleet;
 pub mod process;
 pub mod sdk;
+pub mod skip;
 pub mod tasks;
 
 use std::future::Future;

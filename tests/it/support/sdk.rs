@@ -1,7 +1,6 @@
 //! The vendors' SDKs as test processes: the pinned Python venv (`tests/sdk/venv.sh`) and Node
 //! packages (`tests/sdk/js/install.sh`), and a process whose stdout lines are JSON.
-//! An SDK that cannot be installed is skipped with a message, except in CI (`CI` set), where it
-//! fails the test: the SDK matrix must not pass silently there.
+//! An SDK that cannot be installed skips its test loudly (`skip.rs`), and fails it in CI.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -35,8 +34,9 @@ pub async fn venv_python() -> Option<PathBuf> {
             let python = stdout.lines().last().expect("venv.sh names python");
             Some(PathBuf::from(python.trim()))
         }
-        Some(3) if std::env::var_os("CI").is_none() => {
-            println!("skipping: the SDK venv cannot be built: {}", stderr.trim());
+        Some(3) => {
+            let why = format!("the SDK venv cannot be built: {}", stderr.trim());
+            super::skip::skip("the Python SDK tests", &why, super::skip::InCi::Fails);
             None
         }
         _ => panic!("tests/sdk/venv.sh failed ({}): {stderr}", out.status),
