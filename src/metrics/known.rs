@@ -279,8 +279,10 @@ mod tests {
         let retries = series(&text, "reach_retries_total{");
         assert_eq!(retries.len(), RETRY_REASONS.len(), "{retries:?}");
         assert!(retries.iter().all(|l| l.ends_with(" 0")));
+        let mut budgets = series(&text, "reach_retry_budget_exhausted_total{");
+        budgets.sort();
         assert_eq!(
-            series(&text, "reach_retry_budget_exhausted_total{"),
+            budgets,
             [
                 "reach_retry_budget_exhausted_total{capability=\"review\"} 0",
                 "reach_retry_budget_exhausted_total{capability=\"unknown\"} 0"

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use super::{entry, PeerViews, RouteRequest, Scored};
 use crate::budget::shared::{candidate_headroom, GroupTable};
 use crate::config::{RouteMode, Snapshot};
-use crate::local::SelfView;
-use crate::reach::{self, State};
+use crate::local::{PublishedCapability, SelfView};
+use crate::reach;
 use crate::registry::Peer;
 use std::sync::{Arc, Mutex};
 
@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 const PUBLISHED_TIMEOUT_GRACE: Duration = Duration::from_millis(50);
 
 impl PeerViews {
-    /// Scores every candidate for a request; excluded ones carry the reason.
+    /// Scores every candidate for a request; excluded ones carry the reason. What each score
+    /// reads is gathered here, under the lock; the score itself is `reach::score_one`.
     pub fn score(
         &self,
         snapshot: &Snapshot,
@@ -25,9 +26,7 @@ impl PeerViews {
         request: &RouteRequest,
     ) -> Vec<Scored> {
         let now = Instant::now();
-        let (ep, sp) = (&snapshot.estimate_params, &snapshot.state_params);
-        let lifetime = super::self_view_lifetime(snapshot);
-        let me = &snapshot.bootstrap.agent;
+        let sp = &snapshot.state_params;
         let mut inner = self.lock();
         let mut transitions = Vec::new();
         let mut scored = candidates
@@ -37,133 +36,25 @@ impl PeerViews {
                 if let Some(t) = entry.view.tick(now, sp) {
                     transitions.push((peer.name.clone(), t));
                 }
-                let mine = entry.view.scoring_snapshot(now, ep, sp);
-                // A gossip member's view is pushed on every meaningful change and lives as long
-                // as the member does; a polled one goes stale.
-                let remote = entry
-                    .remote
-                    .as_ref()
-                    .filter(|(_, at)| {
-                        peer.source == "gossip" || now.saturating_duration_since(*at) <= lifetime
-                    })
-                    .map(|(r, _)| r);
-                let published = remote
-                    .and_then(|r| r.capabilities.iter().find(|c| c.name == request.capability));
-                let self_state = remote.map(|r| r.view.state);
-                // A sidecar that answered before and has stopped answering is down or cut off:
-                // out of rotation until it answers again (gossip's failure detector, for now).
-                let silent = entry.unreachable_since.filter(|since| {
-                    entry.remote.is_some() && now.saturating_duration_since(*since) >= lifetime
-                });
-                // A draining model budget shrinks the share (none at 0, whole at the reset); not
-                // with `steer: false` (docs/model-budgets.md).
-                let steer = snapshot.policy.model_budgets.steer;
-                let headroom = model_headroom(
-                    entry.remote.as_ref().filter(|_| steer && remote.is_some()),
-                    &self.budget_groups,
-                    now,
-                );
-                let cap = if silent.is_some() {
-                    0.0
-                } else {
-                    mine.cap
-                        .min(remote.map_or(1.0, |r| r.view.cap))
-                        .min(headroom)
-                };
-                // Until this caller has seen the peer itself, the peer's own view speaks for it:
-                // a prior of our own would starve peers we have not called yet.
-                let seen_by_us = mine.estimates.age_s.is_some();
-                let availability = match remote {
-                    Some(r) if !seen_by_us => r.view.estimates.availability,
-                    Some(r) => mine
-                        .estimates
-                        .availability
-                        .min(r.view.estimates.availability),
-                    None => mine.estimates.availability,
-                };
-                // The peer's own prediction counts as much as its load now: a fleet moves work off
-                // an agent whose queue is climbing before it refuses (docs/reach-model.md,
-                // "Predicted saturation").
-                let saturation = mine
-                    .estimates
-                    .saturation
-                    .max(remote.map_or(0.0, |r| {
-                        remote_saturation(r, entry.pending_at_poll, entry.pending)
-                            .max(r.view.estimates.saturation_predicted)
-                    }))
-                    .max(1.0 - headroom);
-                let matched = match published {
-                    Some(c) => reach::capability_match(&c.tags, &request.tags),
-                    // Tags unknown until the peer's profile arrives: neither excluded nor preferred.
-                    None => Some(if request.tags.is_empty() { 1.0 } else { 0.5 }),
-                };
-                // A peer whose answers drifted from its golden tasks' baselines is a worse match
-                // by as much (docs/reach-model.md, "Quality and `degraded`").
-                let quality = remote.and_then(|r| r.view.quality);
-                let matched = matched.map(|m| m * reach::QualityMark::match_factor(quality));
-                let timeout = peer.timeout.unwrap_or_else(|| {
-                    published.map_or(snapshot.policy.timeouts.request.get(), |c| {
-                        // The callee enforces its own timeout and answers 504 naming its agent;
-                        // waiting a moment longer lets that answer, not a bare timeout of our
-                        // own, be what comes back.
-                        Duration::from_millis(c.timeout_ms) + PUBLISHED_TIMEOUT_GRACE
-                    })
-                });
-                let at_limit = peer.max_concurrency.is_some_and(|max| entry.pending >= max);
-                let zone = snapshot
-                    .policy
-                    .zones
-                    .distance((&me.zone, &me.region), (&peer.zone, &peer.region));
-                let cost = reach::cost(published.map_or(0.0, |c| c.cost), zone);
-                let mode = request
+                let gathered = self.gather(snapshot, entry, peer, request, now);
+                let (published, mine, remote) =
+                    (gathered.published, gathered.mine, gathered.remote);
+                let weights = match request
                     .mode
                     .or(published.map(|c| c.mode))
-                    .unwrap_or_default();
-                let weights = match mode {
+                    .unwrap_or_default()
+                {
                     RouteMode::Sync => &snapshot.policy.weights.sync,
                     RouteMode::Async => &snapshot.policy.weights.async_,
                 };
-                let factors = reach::score(
-                    availability,
-                    matched.unwrap_or(0.0),
-                    cost,
-                    saturation,
-                    weights,
-                );
-                let excluded = if matched.is_none() {
-                    let missing: Vec<&str> = request
-                        .tags
-                        .iter()
-                        .filter(|t| published.is_some_and(|c| !c.tags.contains_key(*t)))
-                        .map(String::as_str)
-                        .collect();
-                    Some(format!("lacks tag {}", missing.join(", ")))
-                } else if at_limit {
-                    Some("at its max concurrency".to_owned())
-                } else if let Some(since) = silent {
-                    Some(format!(
-                        "sidecar unreachable for {:.1}s",
-                        now.saturating_duration_since(since).as_secs_f64()
-                    ))
-                } else if headroom <= 0.0 {
-                    Some("budget-limited (model budget spent until its reset)".to_owned())
-                } else if cap <= 0.0 {
-                    let state = if self_state.is_some_and(|s| s != State::Healthy && mine.cap > 0.0)
-                    {
-                        self_state
-                    } else {
-                        Some(mine.state)
-                    };
-                    Some(format!(
-                        "{} (no traffic allowed)",
-                        state.map_or("unknown", State::as_str)
-                    ))
-                } else {
-                    None
-                };
-                entry.last_score = Some(factors.score);
-                entry.last_factors = Some(factors);
-                if factors.score < snapshot.policy.states.healthy.min_score {
+                let scoring = reach::score_one(&gathered.inputs, &request.tags, weights);
+                let timeout = timeout(snapshot, peer, published);
+                let idempotent = published.is_some_and(|c| c.idempotent);
+                let (self_state, queued) =
+                    (remote.map(|r| r.view.state), remote.map_or(0, |r| r.queued));
+                entry.last_score = Some(scoring.factors.score);
+                entry.last_factors = Some(scoring.factors);
+                if scoring.factors.score < snapshot.policy.states.healthy.min_score {
                     if let Some(t) = entry.view.event(reach::Event::LowScore, now, sp) {
                         transitions.push((peer.name.clone(), t));
                     }
@@ -172,18 +63,18 @@ impl PeerViews {
                     peer: peer.clone(),
                     state: mine.state,
                     self_state,
-                    cap,
-                    factors,
-                    excluded,
+                    cap: scoring.cap,
+                    factors: scoring.factors,
+                    excluded: scoring.excluded,
                     cooling_down: mine.estimates.cooling_down,
                     timeout,
-                    idempotent: published.is_some_and(|c| c.idempotent),
+                    idempotent,
                     latency_ms: mine.estimates.latency_ms,
                     recent: entry.view.recent_latency(now),
                     expected_ms: None,
                     cost_weight: weights.cost,
                     pending: entry.pending,
-                    queued: remote.map_or(0, |r| r.queued),
+                    queued,
                 }
             })
             .collect::<Vec<_>>();
@@ -194,6 +85,102 @@ impl PeerViews {
         }
         scored
     }
+
+    /// What scoring `peer` reads: this caller's view of it, its own view (while fresh), what it
+    /// publishes of the capability, its model headroom, and whether its sidecar went silent.
+    fn gather<'e>(
+        &self,
+        snapshot: &Snapshot,
+        entry: &'e super::Entry,
+        peer: &Peer,
+        request: &RouteRequest,
+        now: Instant,
+    ) -> Gathered<'e> {
+        let (ep, sp) = (&snapshot.estimate_params, &snapshot.state_params);
+        let lifetime = super::self_view_lifetime(snapshot);
+        let mine = entry.view.scoring_snapshot(now, ep, sp);
+        // A gossip member's view is pushed on every meaningful change and lives as long as the
+        // member does; a polled one goes stale.
+        let remote = entry
+            .remote
+            .as_ref()
+            .filter(|(_, at)| {
+                peer.source == "gossip" || now.saturating_duration_since(*at) <= lifetime
+            })
+            .map(|(r, _)| r);
+        let published =
+            remote.and_then(|r| r.capabilities.iter().find(|c| c.name == request.capability));
+        // A sidecar that answered before and has stopped answering is down or cut off: out of
+        // rotation until it answers again (gossip's failure detector, for now).
+        let silent_for = entry
+            .unreachable_since
+            .map(|since| now.saturating_duration_since(since))
+            .filter(|silent| entry.remote.is_some() && *silent >= lifetime)
+            .map(|silent| silent.as_secs_f64());
+        // A draining model budget shrinks the share (none at 0, whole at the reset); not with
+        // `steer: false` (docs/model-budgets.md).
+        let steer = snapshot.policy.model_budgets.steer;
+        let headroom = model_headroom(
+            entry.remote.as_ref().filter(|_| steer && remote.is_some()),
+            &self.budget_groups,
+            now,
+        );
+        let me = &snapshot.bootstrap.agent;
+        let theirs = remote.map(|r| reach::Theirs {
+            state: r.view.state,
+            cap: r.view.cap,
+            availability: r.view.estimates.availability,
+            saturation: remote_saturation(r, entry.pending_at_poll, entry.pending),
+            predicted: r.view.estimates.saturation_predicted,
+            quality: r.view.quality,
+        });
+        let inputs = reach::Inputs {
+            mine: reach::Own {
+                state: mine.state,
+                cap: mine.cap,
+                availability: mine.estimates.availability,
+                saturation: mine.estimates.saturation,
+                seen: mine.estimates.age_s.is_some(),
+            },
+            theirs,
+            published: published.map(|c| reach::Published {
+                tags: &c.tags,
+                cost: c.cost,
+            }),
+            headroom,
+            silent_for,
+            at_limit: peer.max_concurrency.is_some_and(|max| entry.pending >= max),
+            zone_distance: snapshot
+                .policy
+                .zones
+                .distance((&me.zone, &me.region), (&peer.zone, &peer.region)),
+        };
+        Gathered {
+            inputs,
+            mine,
+            remote,
+            published,
+        }
+    }
+}
+
+/// What `gather` found for one candidate.
+struct Gathered<'e> {
+    inputs: reach::Inputs<'e>,
+    mine: reach::ViewSnapshot,
+    remote: Option<&'e SelfView>,
+    published: Option<&'e PublishedCapability>,
+}
+
+/// How long the caller waits for `peer`: its own setting, else its published timeout and a
+/// grace (the callee enforces its own timeout and answers 504 naming its agent; waiting a moment
+/// longer lets that answer, not a bare timeout of our own, be what comes back), else the policy's.
+fn timeout(snapshot: &Snapshot, peer: &Peer, published: Option<&PublishedCapability>) -> Duration {
+    peer.timeout.unwrap_or_else(|| {
+        published.map_or(snapshot.policy.timeouts.request.get(), |c| {
+            Duration::from_millis(c.timeout_ms) + PUBLISHED_TIMEOUT_GRACE
+        })
+    })
 }
 
 /// A candidate's model headroom from its self-view's budgets and its groups' freshest figures;

@@ -13,7 +13,10 @@ pub use estimate::{
     Signal, UNKNOWN_AVAILABILITY,
 };
 pub use log::{TransitionLog, TransitionRecord, TRANSITIONS_KEPT};
-pub use score::{capability_match, cost, score, Factors, Weights};
+pub use score::{
+    capability_match, cost, score, score_one, Factors, Inputs, Own, Published, Scoring, Theirs,
+    Weights,
+};
 pub use state::{
     shown, Event, QualityMark, State, StateMachine, StateParams, Transition, TRANSITIONS,
 };

@@ -1,11 +1,15 @@
 //! The reach score of one candidate for one request (docs/reach-model.md, "Score"):
 //! `w_avail·availability + w_match·capability_match − w_cost·cost − w_sat·saturation`,
 //! with `cost = relative latency + declared cost + zone distance`; the relative latency term
-//! needs every candidate at once and is added by `peers::latency`.
+//! needs every candidate at once and is added by `peers::latency`. [`score_one`] is the whole of
+//! one candidate's score from what the caller gathered about it (`peers/score.rs` gathers it
+//! under the peer views' lock): a pure function, tested by the table below.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use super::{QualityMark, State};
 
 /// One weight set (`sync` or `async` in the policy).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -81,11 +85,363 @@ pub fn score(
     }
 }
 
+/// What scoring one candidate reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a> {
+    /// This caller's view of the peer.
+    pub mine: Own,
+    /// The peer's own view, when fresh.
+    pub theirs: Option<Theirs>,
+    /// The capability as the peer publishes it; `None` until its profile arrives.
+    pub published: Option<Published<'a>>,
+    /// The peer's model headroom, 0..1 (1 when it publishes no budget).
+    pub headroom: f64,
+    /// Seconds since its sidecar, which had answered, stopped answering (out of rotation).
+    pub silent_for: Option<f64>,
+    /// The caller's calls to it are at its `max_concurrency`.
+    pub at_limit: bool,
+    /// How far its zone is from the caller's (`zones` policy).
+    pub zone_distance: f64,
+}
+
+/// This caller's view of a peer.
+#[derive(Clone, Copy, Debug)]
+pub struct Own {
+    pub state: State,
+    pub cap: f64,
+    pub availability: f64,
+    pub saturation: f64,
+    /// Whether this caller has called the peer itself (else its own view speaks for it).
+    pub seen: bool,
+}
+
+/// A peer's own view of itself.
+#[derive(Clone, Copy, Debug)]
+pub struct Theirs {
+    pub state: State,
+    pub cap: f64,
+    pub availability: f64,
+    /// Its load now (its in-flight count brought up to date by the caller) and as predicted.
+    pub saturation: f64,
+    pub predicted: f64,
+    pub quality: Option<QualityMark>,
+}
+
+/// The requested capability as a peer publishes it.
+#[derive(Clone, Copy, Debug)]
+pub struct Published<'a> {
+    pub tags: &'a BTreeMap<String, f64>,
+    pub cost: f64,
+}
+
+/// One candidate scored: its effective cap, its factors, and why it is not a candidate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scoring {
+    pub cap: f64,
+    pub factors: Factors,
+    pub excluded: Option<String>,
+}
+
+/// One candidate's score for a request wanting `wanted` tags, by weights `w`.
+pub fn score_one(i: &Inputs<'_>, wanted: &[String], w: &Weights) -> Scoring {
+    let theirs = i.theirs.as_ref();
+    let cap = match i.silent_for {
+        Some(_) => 0.0,
+        None => i
+            .mine
+            .cap
+            .min(theirs.map_or(1.0, |t| t.cap))
+            .min(i.headroom),
+    };
+    // Until this caller has seen the peer itself, the peer's own view speaks for it: a prior of
+    // our own would starve peers we have not called yet.
+    let availability = match theirs {
+        Some(t) if !i.mine.seen => t.availability,
+        Some(t) => i.mine.availability.min(t.availability),
+        None => i.mine.availability,
+    };
+    // The peer's own prediction counts as much as its load now: a fleet moves work off an agent
+    // whose queue is climbing before it refuses ("Predicted saturation"); a draining model
+    // budget as much as its load.
+    let saturation = i
+        .mine
+        .saturation
+        .max(theirs.map_or(0.0, |t| t.saturation.max(t.predicted)))
+        .max(1.0 - i.headroom);
+    let matched = match i.published {
+        Some(p) => capability_match(p.tags, wanted),
+        // Tags unknown until the peer's profile arrives: neither excluded nor preferred.
+        None => Some(if wanted.is_empty() { 1.0 } else { 0.5 }),
+    };
+    // Answers drifted from the golden tasks' baselines are a worse match by as much.
+    let matched = matched.map(|m| m * QualityMark::match_factor(theirs.and_then(|t| t.quality)));
+    let declared = i.published.map_or(0.0, |p| p.cost);
+    let factors = score(
+        availability,
+        matched.unwrap_or(0.0),
+        cost(declared, i.zone_distance),
+        saturation,
+        w,
+    );
+    let excluded = match () {
+        () if matched.is_none() => {
+            let missing: Vec<&str> = wanted
+                .iter()
+                .filter(|t| i.published.is_some_and(|p| !p.tags.contains_key(*t)))
+                .map(String::as_str)
+                .collect();
+            Some(format!("lacks tag {}", missing.join(", ")))
+        }
+        () if i.at_limit => Some("at its max concurrency".to_owned()),
+        () if i.silent_for.is_some() => Some(format!(
+            "sidecar unreachable for {:.1}s",
+            i.silent_for.unwrap_or_default()
+        )),
+        () if i.headroom <= 0.0 => {
+            Some("budget-limited (model budget spent until its reset)".to_owned())
+        }
+        () if cap <= 0.0 => {
+            // The peer's own word when it keeps itself out; else this caller's view.
+            let state = match theirs {
+                Some(t) if t.state != State::Healthy && i.mine.cap > 0.0 => t.state,
+                _ => i.mine.state,
+            };
+            Some(format!("{} (no traffic allowed)", state.as_str()))
+        }
+        () => None,
+    };
+    Scoring {
+        cap,
+        factors,
+        excluded,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn tags(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
+    fn own(cap: f64, availability: f64, saturation: f64, seen: bool) -> Own {
+        Own {
+            state: State::Healthy,
+            cap,
+            availability,
+            saturation,
+            seen,
+        }
+    }
+
+    fn theirs(state: State, cap: f64, availability: f64, saturation: f64) -> Theirs {
+        Theirs {
+            state,
+            cap,
+            availability,
+            saturation,
+            predicted: 0.0,
+            quality: None,
+        }
+    }
+
+    /// One row: the inputs, the tags wanted, and the cap, availability, saturation and
+    /// exclusion the candidate gets.
+    #[test]
+    fn each_input_moves_the_score_as_the_model_says() {
+        let python = tags(&[("python", 0.8)]);
+        let published = Some(Published {
+            tags: &python,
+            cost: 0.1,
+        });
+        let base = Inputs {
+            mine: own(1.0, 0.9, 0.1, true),
+            theirs: Some(theirs(State::Healthy, 1.0, 0.95, 0.2)),
+            published,
+            headroom: 1.0,
+            silent_for: None,
+            at_limit: false,
+            zone_distance: 0.0,
+        };
+        let py = vec!["python".to_owned()];
+        let go = vec!["go".to_owned()];
+        type Row<'a> = (
+            &'a str,
+            Inputs<'a>,
+            &'a [String],
+            f64,
+            f64,
+            f64,
+            Option<&'a str>,
+        );
+        let rows: Vec<Row<'_>> = vec![
+            ("healthy, both views", base, &py, 1.0, 0.9, 0.2, None),
+            (
+                "unseen: their availability",
+                Inputs {
+                    mine: own(1.0, 0.7, 0.0, false),
+                    ..base
+                },
+                &py,
+                1.0,
+                0.95,
+                0.2,
+                None,
+            ),
+            (
+                "their parole caps the share",
+                Inputs {
+                    theirs: Some(theirs(State::Parole, 0.05, 0.95, 0.2)),
+                    ..base
+                },
+                &py,
+                0.05,
+                0.9,
+                0.2,
+                None,
+            ),
+            (
+                "predicted saturation counts",
+                Inputs {
+                    theirs: Some(Theirs {
+                        predicted: 0.7,
+                        ..theirs(State::Healthy, 1.0, 0.95, 0.2)
+                    }),
+                    ..base
+                },
+                &py,
+                1.0,
+                0.9,
+                0.7,
+                None,
+            ),
+            (
+                "half the model budget left",
+                Inputs {
+                    headroom: 0.5,
+                    ..base
+                },
+                &py,
+                0.5,
+                0.9,
+                0.5,
+                None,
+            ),
+            (
+                "model budget spent",
+                Inputs {
+                    headroom: 0.0,
+                    ..base
+                },
+                &py,
+                0.0,
+                0.9,
+                1.0,
+                Some("budget-limited (model budget spent until its reset)"),
+            ),
+            (
+                "silent sidecar",
+                Inputs {
+                    silent_for: Some(3.0),
+                    ..base
+                },
+                &py,
+                0.0,
+                0.9,
+                0.2,
+                Some("sidecar unreachable for 3.0s"),
+            ),
+            (
+                "at its max concurrency",
+                Inputs {
+                    at_limit: true,
+                    ..base
+                },
+                &py,
+                1.0,
+                0.9,
+                0.2,
+                Some("at its max concurrency"),
+            ),
+            (
+                "lacks a tag",
+                base,
+                &go,
+                1.0,
+                0.9,
+                0.2,
+                Some("lacks tag go"),
+            ),
+            (
+                "ejected by its own view",
+                Inputs {
+                    theirs: Some(theirs(State::Ejected, 0.0, 0.95, 0.2)),
+                    ..base
+                },
+                &py,
+                0.0,
+                0.9,
+                0.2,
+                Some("ejected (no traffic allowed)"),
+            ),
+            (
+                "ejected by ours",
+                Inputs {
+                    mine: Own {
+                        state: State::Ejected,
+                        ..own(0.0, 0.9, 0.1, true)
+                    },
+                    ..base
+                },
+                &py,
+                0.0,
+                0.9,
+                0.2,
+                Some("ejected (no traffic allowed)"),
+            ),
+        ];
+        for (what, inputs, wanted, cap, availability, saturation, excluded) in rows {
+            let s = score_one(&inputs, wanted, &Weights::SYNC);
+            assert!((s.cap - cap).abs() < 1e-9, "{what}: cap {}", s.cap);
+            assert!(
+                (s.factors.availability - availability).abs() < 1e-9,
+                "{what}: {s:?}"
+            );
+            assert!(
+                (s.factors.saturation - saturation).abs() < 1e-9,
+                "{what}: {s:?}"
+            );
+            assert_eq!(s.excluded.as_deref(), excluded, "{what}");
+        }
+        // Profile not yet known: tags neither exclude nor prefer; a degraded agent matches less.
+        let unknown = score_one(
+            &Inputs {
+                published: None,
+                ..base
+            },
+            &py,
+            &Weights::SYNC,
+        );
+        assert_eq!(unknown.factors.capability_match, 0.5);
+        let mark = QualityMark {
+            similarity: 0.5,
+            degraded: true,
+        };
+        let degraded = Inputs {
+            theirs: Some(Theirs {
+                quality: Some(mark),
+                ..theirs(State::Healthy, 1.0, 0.95, 0.2)
+            }),
+            ..base
+        };
+        assert!(
+            (score_one(&degraded, &py, &Weights::SYNC)
+                .factors
+                .capability_match
+                - 0.4)
+                .abs()
+                < 1e-9
+        );
+    }
+
+    pub(super) fn tags(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
         pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
     }
 

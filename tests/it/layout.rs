@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 const MAX_FN_LINES: usize = 80;
 
 /// The folders whose functions [`MAX_FN_LINES`] applies to.
-const DATA_PATH: [&str; 3] = ["outbound", "inbound", "http"];
+const DATA_PATH: [&str; 5] = ["outbound", "inbound", "http", "peers", "reach"];
 
 /// The library (`src/`) and the binary (`src/bin/agent-reach/`), each with the folder it is read
 /// from: the import rules hold in both.
