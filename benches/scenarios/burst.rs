@@ -19,9 +19,6 @@ use crate::scenario::{Scenario, FAIL_PAUSE};
 use crate::support::measures::Observed;
 use crate::{LATENCY, QUEUE};
 
-/// How long the callers offer more than the fleet's room (half the run, if shorter).
-pub(crate) const BURST: Duration = Duration::from_secs(5);
-
 pub(crate) struct Measures {
     /// Callers during the burst, all together.
     callers: usize,

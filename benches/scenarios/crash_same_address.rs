@@ -7,11 +7,9 @@
 
 use std::time::Duration;
 
+use crate::scenario::RETURN_WINDOW;
 use crate::scenario::{Scenario, RESTART_AFTER};
 use crate::support::measures::{pct, sent, share, Observed};
-
-/// The returned agent's share is read over this long from its return.
-pub(crate) const RETURN_WINDOW: Duration = Duration::from_secs(10);
 
 pub(crate) struct Measures {
     /// Failed calls made before the kill (in flight at it), and made after it until the

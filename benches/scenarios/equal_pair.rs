@@ -7,16 +7,11 @@
 use std::time::{Duration, Instant};
 
 use crate::scenario::Scenario;
+use crate::scenario::{PAIR_LATENCY, PAIR_SLOW};
 use crate::support::measures::{range, share, Observed};
 use crate::support::Slot;
-use crate::{Latency, Mode};
+use crate::Mode;
 
-/// Both agents' latency, and the one slow sample's.
-pub(crate) const PAIR_LATENCY: Latency = Latency {
-    min: Duration::from_millis(4),
-    max: Duration::from_millis(6),
-};
-pub(crate) const PAIR_SLOW: Duration = Duration::from_millis(17);
 /// Agent A's share is read over each window of this length.
 const PAIR_WINDOW: Duration = Duration::from_secs(10);
 

@@ -536,7 +536,7 @@ async fn run(
         let _ = std::fs::write(name("status.json"), status);
     }
     let reach = matches!(front.kind, Kind::Reach(_));
-    let refusals = front.refusals(ramp::RAMP_WEAK);
+    let refusals = front.refusals(scenario::RAMP_WEAK);
     front.stop().await;
     for slot in &mut slots {
         slot.die().await;

@@ -35,24 +35,9 @@
 use std::time::Duration;
 
 use crate::scenario::Scenario;
+use crate::scenario::{RAMP_CALLER_SIDECARS, RAMP_FROM, RAMP_WEAK, REACH_NO_PREDICTION};
 use crate::support::measures::{p95, pct, share, Observed};
 use crate::support::Call;
-
-/// The weak agent, its pool (and declared `max_concurrency`), the callers at the start, and
-/// how many join, one every `Scenario::ramp_every` (over 20 s in a full run).
-pub(crate) const RAMP_WEAK: usize = 1;
-pub(crate) const RAMP_WEAK_POOL: usize = 2;
-pub(crate) const RAMP_FROM: usize = 4;
-pub(crate) const RAMP_ADDED: usize = 60;
-/// ramp-under: the weak agent's pool, and the callers that join (from `RAMP_FROM`, to 24: under
-/// the fleet's 28 slots).
-pub(crate) const UNDER_WEAK_POOL: usize = 4;
-pub(crate) const UNDER_ADDED: usize = 20;
-/// agent-reach without prediction (`estimates.horizon: 0s`).
-pub(crate) const REACH_NO_PREDICTION: &str = "agent-reach/h0";
-/// ramp-shared: the caller sidecars the callers are spread over (caller `k` calls through
-/// sidecar `k mod RAMP_CALLER_SIDECARS`).
-pub(crate) const RAMP_CALLER_SIDECARS: usize = 4;
 
 pub(crate) struct Measures {
     /// Attempts refused as saturated: at the caller's sidecar (every peer), at the weak agent's

@@ -5,14 +5,6 @@
 
 use std::time::Duration;
 
-use crate::burst::BURST;
-use crate::crash_same_address::RETURN_WINDOW;
-use crate::equal_pair::{PAIR_LATENCY, PAIR_SLOW};
-use crate::ramp::{
-    RAMP_ADDED, RAMP_CALLER_SIDECARS, RAMP_FROM, RAMP_WEAK, RAMP_WEAK_POOL, REACH_NO_PREDICTION,
-    UNDER_ADDED, UNDER_WEAK_POOL,
-};
-use crate::slow_agent::{SLOW_AGENT, SLOW_WINDOW};
 use crate::{Latency, MockAgent, Mode, Workload, AGENTS, LATENCY, LONG_RUN, QUEUE, SEED, WORKERS};
 
 /// thread-pool-full: the agents' worker pool, and the broken agent's long tasks.
@@ -25,6 +17,45 @@ pub(crate) const RESTART_AFTER: Duration = Duration::from_secs(3);
 /// before its next one, so that a refusal keeps its place in the offered load instead of
 /// becoming a spin.
 pub(crate) const FAIL_PAUSE: Duration = Duration::from_millis(40);
+
+// burst: `burst.rs`
+/// How long the callers offer more than the fleet's room (half the run, if shorter).
+pub(crate) const BURST: Duration = Duration::from_secs(5);
+
+// crash_same_address: `crash_same_address.rs`
+/// The returned agent's share is read over this long from its return.
+pub(crate) const RETURN_WINDOW: Duration = Duration::from_secs(10);
+
+// equal_pair: `equal_pair.rs`
+/// Both agents' latency, and the one slow sample's.
+pub(crate) const PAIR_LATENCY: Latency = Latency {
+    min: Duration::from_millis(4),
+    max: Duration::from_millis(6),
+};
+pub(crate) const PAIR_SLOW: Duration = Duration::from_millis(17);
+
+// ramp: `ramp.rs`
+/// The weak agent, its pool (and declared `max_concurrency`), the callers at the start, and
+/// how many join, one every `Scenario::ramp_every` (over 20 s in a full run).
+pub(crate) const RAMP_WEAK: usize = 1;
+pub(crate) const RAMP_WEAK_POOL: usize = 2;
+pub(crate) const RAMP_FROM: usize = 4;
+pub(crate) const RAMP_ADDED: usize = 60;
+/// ramp-under: the weak agent's pool, and the callers that join (from `RAMP_FROM`, to 24: under
+/// the fleet's 28 slots).
+pub(crate) const UNDER_WEAK_POOL: usize = 4;
+pub(crate) const UNDER_ADDED: usize = 20;
+/// agent-reach without prediction (`estimates.horizon: 0s`).
+pub(crate) const REACH_NO_PREDICTION: &str = "agent-reach/h0";
+/// ramp-shared: the caller sidecars the callers are spread over (caller `k` calls through
+/// sidecar `k mod RAMP_CALLER_SIDECARS`).
+pub(crate) const RAMP_CALLER_SIDECARS: usize = 4;
+
+// slow_agent: `slow_agent.rs`
+/// The broken agent's latency, 10× the fleet's mean.
+pub(crate) const SLOW_AGENT: Duration = Duration::from_millis(400);
+/// Its share is read over this long from the slowdown, then to the end of the run.
+pub(crate) const SLOW_WINDOW: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Scenario {

@@ -6,13 +6,9 @@
 use std::time::Duration;
 
 use crate::scenario::Scenario;
+use crate::scenario::{SLOW_AGENT, SLOW_WINDOW};
 use crate::support::measures::{p95, pct, sent, share, Observed};
 use crate::support::Call;
-
-/// The broken agent's latency, 10× the fleet's mean.
-pub(crate) const SLOW_AGENT: Duration = Duration::from_millis(400);
-/// Its share is read over this long from the slowdown, then to the end of the run.
-pub(crate) const SLOW_WINDOW: Duration = Duration::from_secs(5);
 
 pub(crate) struct Measures {
     /// The slow agent's share of the calls that reached agents, over the first 5 s and after.

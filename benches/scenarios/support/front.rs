@@ -19,8 +19,8 @@ use super::baseline::baseline;
 use super::proxies::{envoy_config, haproxy_command, write_eds};
 use crate::common::{self, free_port, write, Tools};
 use crate::half_open::{Relay, RELAY_IP};
-use crate::ramp::REACH_NO_PREDICTION;
 use crate::scenario::Scenario;
+use crate::scenario::REACH_NO_PREDICTION;
 use crate::{Options, CAP, QUEUE};
 
 /// The router under test, in front of the agents, with the relay of a half-open run.
