@@ -342,7 +342,7 @@ PY
         callgrind_control -d "$BACK_PID" >/dev/null 2>&1; callgrind_control -d "$FRONT_PID" >/dev/null 2>&1
         sleep 1
         nm --defined-only "$BIN" >"$OUT/symbols.txt"
-        echo "profiled $BIN into $OUT; then: python3 benches/perf/hot_text.py src/hot_text.ld $OUT [another profile's OUT]"
+        echo "profiled $BIN into $OUT; then: python3 benches/perf/hot_text.py benches/perf/hot_text.ld $OUT [another profile's OUT]"
         ;;
     wall)
         read -r N DUR ERR P50 P99 P999 < <(load "$SECS")

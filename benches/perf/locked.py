@@ -122,7 +122,7 @@ class Profile:
     def bases(self, binary):
         """The objects of the profile that are BINARY, each with what to subtract from its
         addresses to find them in BINARY. Callgrind gives an object it knows by offsets, and
-        one it does not by address; the functions `src/hot_text.ld` moves are such a one
+        one it does not by address; the functions `benches/perf/hot_text.ld` moves are such a one
         (`???`), the rest of the binary the other."""
         syms = symbols(binary)
         deltas = collections.defaultdict(collections.Counter)
