@@ -14,7 +14,7 @@ use crate::http::client::{self, AgentClient};
 
 /// A request the sidecar itself sends to its agent: a probe or a golden task.
 #[derive(Debug)]
-pub struct AgentRequest<'a> {
+pub(crate) struct AgentRequest<'a> {
     pub method: &'a str,
     pub path: &'a str,
     pub headers: &'a BTreeMap<String, String>,
@@ -25,7 +25,7 @@ pub struct AgentRequest<'a> {
 
 /// Sends `request` straight to the local agent; on failure, why and whether the connection was
 /// refused.
-pub async fn send(
+pub(crate) async fn send(
     client: &AgentClient,
     snapshot: &Snapshot,
     request: AgentRequest<'_>,

@@ -29,7 +29,7 @@ const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
 
 /// What an answer meant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Class {
+pub(crate) enum Class {
     Success,
     Failed,
     Refused { retry_after: Duration },
@@ -43,7 +43,7 @@ pub enum Class {
 /// Why a call was refused without running: what the retry table, the metrics and the decision
 /// log say of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// `429` (or an agent's `503` with `retry-after`): the agent or a rate limit refused.
     RateLimited,
     /// `503 saturated` / `idempotency_busy`: the peer is full right now.
@@ -57,7 +57,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Refusal::RateLimited => "rate_limited",
             Refusal::Full => "saturated",
@@ -68,14 +68,14 @@ impl Refusal {
     }
 
     /// Moving the call adds load to no agent: it never reached one (only a 429 did).
-    pub fn never_reached_an_agent(self) -> bool {
+    pub(crate) fn never_reached_an_agent(self) -> bool {
         self != Refusal::RateLimited
     }
 }
 
 impl Class {
     /// What a response meant, whoever made it (an agent, or a peer's sidecar with its reason).
-    pub fn of_response<B>(response: &Response<B>) -> Self {
+    pub(crate) fn of_response<B>(response: &Response<B>) -> Self {
         let status = response.status();
         let asked = || retry_after::wait(response.headers());
         let shed = |why| Class::Shed {
@@ -123,7 +123,7 @@ impl Class {
     }
 
     /// What an error the sidecar met (or made) meant.
-    pub fn of_error(err: &ReachError) -> Self {
+    pub(crate) fn of_error(err: &ReachError) -> Self {
         match err {
             ReachError::Timeout { .. }
             | ReachError::FirstEventTimeout { .. }
@@ -154,7 +154,7 @@ impl Class {
     }
 
     /// The `outcome` label of metrics and the inbound counters.
-    pub fn outcome(self) -> Outcome {
+    pub(crate) fn outcome(self) -> Outcome {
         match self {
             Class::Success => Outcome::Success,
             Class::Failed | Class::Unreachable { .. } => Outcome::Failure,
@@ -167,7 +167,7 @@ impl Class {
 
     /// What a view of the agent that answered learns from this, `elapsed` after it was sent.
     /// `None`: nothing about that agent (a stale registry, a request refused for its own sake).
-    pub fn signal(self, elapsed: Duration) -> Option<Signal> {
+    pub(crate) fn signal(self, elapsed: Duration) -> Option<Signal> {
         match self {
             Class::Success => Some(Signal::Success(elapsed)),
             Class::Failed | Class::Unreachable { refused: false } => Some(Signal::Failure(elapsed)),
@@ -182,7 +182,7 @@ impl Class {
 
 /// Whether an answer means the call timed out (`Class::TimedOut`): only a 504 can, so no other
 /// answer has its `reach-reason` read.
-pub fn timed_out<B>(response: &Response<B>) -> bool {
+pub(crate) fn timed_out<B>(response: &Response<B>) -> bool {
     response.status() == StatusCode::GATEWAY_TIMEOUT
         && Class::of_response(response) == Class::TimedOut
 }
@@ -190,7 +190,7 @@ pub fn timed_out<B>(response: &Response<B>) -> bool {
 /// Whether a peer's sidecar refused its agent's answer as not matching the capability's output
 /// schema (`502 invalid_output`): a failure of that agent, which would give the same answer
 /// again, so a retry — when one is safe — goes to another.
-pub fn invalid_output<B>(response: &Response<B>) -> bool {
+pub(crate) fn invalid_output<B>(response: &Response<B>) -> bool {
     response.status() == StatusCode::BAD_GATEWAY
         && Reason::of(response) == Some(Reason::InvalidOutput)
 }

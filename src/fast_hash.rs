@@ -5,4 +5,4 @@
 //! hasher.
 
 /// A `HashMap` with foldhash's per-process randomly seeded hasher.
-pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -27,7 +27,7 @@ const TICK: Duration = Duration::from_millis(100);
 const RECONNECT_EVERY: Duration = Duration::from_millis(500);
 
 /// Starts the probe thread; it stops when `stop` is cancelled.
-pub fn spawn(
+pub(crate) fn spawn(
     store: Arc<ConfigStore>,
     local: Arc<LocalAgent>,
     metrics: Arc<Metrics>,

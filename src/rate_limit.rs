@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::config::RateLimit;
 
 #[derive(Debug, Default)]
-pub struct RateLimiters {
+pub(crate) struct RateLimiters {
     buckets: Mutex<crate::fast_hash::FastMap<String, Bucket>>,
 }
 
@@ -22,7 +22,7 @@ struct Bucket {
 
 impl RateLimiters {
     /// Takes a token for `target`; when there is none, how long until there will be one.
-    pub fn take(&self, target: &str, limit: RateLimit) -> Result<(), Duration> {
+    pub(crate) fn take(&self, target: &str, limit: RateLimit) -> Result<(), Duration> {
         let now = Instant::now();
         let per_second = limit.per_second.max(1e-6);
         let burst = f64::from(limit.burst.max(1));

@@ -8,7 +8,7 @@ use crate::config::AgentProfile;
 
 /// Headers whose values are secrets in every deployment: the model providers' keys among them
 /// (`x-api-key` Anthropic's, `api-key` Azure OpenAI's, `x-goog-api-key` Gemini's).
-pub const SENSITIVE: [&str; 7] = [
+pub(crate) const SENSITIVE: [&str; 7] = [
     "authorization",
     "proxy-authorization",
     "cookie",
@@ -19,10 +19,10 @@ pub const SENSITIVE: [&str; 7] = [
 ];
 
 /// What a redacted value shows.
-pub const MASK: &str = "[redacted]";
+pub(crate) const MASK: &str = "[redacted]";
 
 /// Whether `name` is a secret header: one of [`SENSITIVE`] or of `extra`, case-insensitively.
-pub fn is_sensitive(name: &str, extra: &[String]) -> bool {
+pub(crate) fn is_sensitive(name: &str, extra: &[String]) -> bool {
     SENSITIVE
         .iter()
         .copied()
@@ -32,7 +32,7 @@ pub fn is_sensitive(name: &str, extra: &[String]) -> bool {
 
 /// A URL as it may be shown or logged: its userinfo (`user:password@`) and every query value
 /// (`?token=…`) masked, the rest kept so the reader still knows where it points.
-pub fn url(url: &str) -> String {
+pub(crate) fn url(url: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((base, query)) => (base, Some(query)),
         None => (url, None),
@@ -62,7 +62,7 @@ pub fn url(url: &str) -> String {
 }
 
 /// Masks the secret values of a header map.
-pub fn headers(map: &mut BTreeMap<String, String>, extra: &[String]) {
+pub(crate) fn headers(map: &mut BTreeMap<String, String>, extra: &[String]) {
     for (name, value) in map.iter_mut() {
         if is_sensitive(name, extra) {
             *value = MASK.to_owned();
@@ -71,7 +71,7 @@ pub fn headers(map: &mut BTreeMap<String, String>, extra: &[String]) {
 }
 
 /// A profile fit to show: every probe's secret headers masked.
-pub fn profile(agent: &AgentProfile, extra: &[String]) -> AgentProfile {
+pub(crate) fn profile(agent: &AgentProfile, extra: &[String]) -> AgentProfile {
     let mut shown = agent.clone();
     for probe in shown
         .capabilities

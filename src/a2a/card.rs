@@ -11,24 +11,24 @@ use serde_json::Value;
 use crate::config::{A2aConfig, Capability, Name, Proficiency, SkillFacts};
 
 /// Skills imported from one card: more would not fit a gossip profile item (`MAX_ITEM`).
-pub const MAX_SKILLS: usize = 16;
+pub(crate) const MAX_SKILLS: usize = 16;
 /// Tags kept per skill.
-pub const MAX_TAGS: usize = 8;
+pub(crate) const MAX_TAGS: usize = 8;
 /// Media types kept per direction per skill.
-pub const MAX_MODES: usize = 4;
+pub(crate) const MAX_MODES: usize = 4;
 /// Longest tag or media type kept, in bytes; longer ones are dropped, not cut.
-pub const MAX_TEXT: usize = 48;
+pub(crate) const MAX_TEXT: usize = 48;
 
 /// What a card gave: capabilities, and the skills that could not become one (and why).
 #[derive(Debug, Default, PartialEq)]
-pub struct Imported {
+pub(crate) struct Imported {
     pub capabilities: Vec<Capability>,
     pub skipped: Vec<(String, String)>,
 }
 
 /// The card's skills as capabilities: skill id → name (ids that are not valid names are skipped),
 /// tags at the configured proficiency, the card's streaming flag and the skill's media types.
-pub fn import(card: &Value, config: &A2aConfig) -> Imported {
+pub(crate) fn import(card: &Value, config: &A2aConfig) -> Imported {
     let mut imported = Imported::default();
     let streaming = card
         .pointer("/capabilities/streaming")
@@ -120,7 +120,7 @@ fn texts(value: Option<&Value>) -> impl Iterator<Item = String> + '_ {
 /// path-prefix form `http://127.0.0.1:4140/.reach/<capability>`), each keeping its own path:
 /// `http://10.0.0.5:8080/a2a/jsonrpc` becomes `<base>/a2a/jsonrpc`. The top-level `url`, and
 /// each entry's `url` in `additionalInterfaces` and `supportedInterfaces`. Returns how many.
-pub fn rewrite_urls(card: &mut Value, base: &str) -> usize {
+pub(crate) fn rewrite_urls(card: &mut Value, base: &str) -> usize {
     let base = base.trim_end_matches('/');
     let moved = |u: &str| {
         // What follows the authority: `scheme://authority/path?query`.

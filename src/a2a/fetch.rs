@@ -11,13 +11,13 @@ use crate::http::body;
 use crate::http::client::UpstreamClient;
 
 /// A card larger than this is refused: a card is a few KiB, and it is held in memory.
-pub const MAX_CARD_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_CARD_BYTES: usize = 256 * 1024;
 /// One read of the card; the agent answers it from memory.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why the card could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum FetchError {
+pub(crate) enum FetchError {
     #[error("agent card {url}: {message}")]
     Request { url: String, message: String },
     #[error("agent card {url}: the agent answered {status}")]
@@ -29,7 +29,7 @@ pub enum FetchError {
 }
 
 /// GETs `path` from the agent at `address`; the card's bytes and its JSON.
-pub async fn fetch(
+pub(crate) async fn fetch(
     client: &UpstreamClient,
     address: &HostPort,
     path: &str,

@@ -5,8 +5,8 @@
 //! so admission, probes, metrics, `/status` and the gossiped profile all see one consistent set,
 //! and peers route a new skill as soon as the republished profile reaches them.
 
-pub mod card;
-pub mod fetch;
+pub(crate) mod card;
+pub(crate) mod fetch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,14 +14,14 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use card::{import, rewrite_urls, Imported};
-pub use fetch::{fetch, FetchError, MAX_CARD_BYTES};
+pub(crate) use card::{import, rewrite_urls};
+pub(crate) use fetch::{fetch, MAX_CARD_BYTES};
 
 use crate::config::{ConfigStore, OnReload};
 use crate::local::LocalAgent;
 
 /// Where an A2A agent publishes its card, and where a sidecar answers with it.
-pub const CARD_PATH: &str = "/.well-known/agent-card.json";
+pub(crate) const CARD_PATH: &str = "/.well-known/agent-card.json";
 
 /// Until the first card is read, it is tried again this often (the agent may start after its
 /// sidecar); with `agent.a2a` unset, this is how often the setting is looked at.
@@ -29,7 +29,7 @@ const RETRY: Duration = Duration::from_secs(1);
 
 /// Starts the card watcher: it idles while `agent.a2a` is unset, and a reload that sets or
 /// clears it takes effect at the next round.
-pub fn spawn(
+pub(crate) fn spawn(
     store: Arc<ConfigStore>,
     local: Arc<LocalAgent>,
     on_reload: OnReload,

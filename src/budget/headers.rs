@@ -12,11 +12,11 @@ use http::HeaderMap;
 
 /// The longest any header may hold an agent out: a provider's (or a hostile proxy's) "reset in
 /// a year" is read as this.
-pub const MAX_BLOCK: Duration = Duration::from_secs(600);
+pub(crate) const MAX_BLOCK: Duration = Duration::from_secs(600);
 
 /// One rate-limit window as an answer states it: requests or tokens of some kind.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Window {
+pub(crate) struct Window {
     pub kind: Kind,
     pub limit: Option<u64>,
     pub remaining: Option<u64>,
@@ -26,7 +26,7 @@ pub struct Window {
 
 /// What a window counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Requests,
     Tokens,
     InputTokens,
@@ -37,7 +37,7 @@ pub enum Kind {
 
 /// Everything one answer said about the budget.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Reading {
+pub(crate) struct Reading {
     pub windows: Vec<Window>,
     /// `retry-after` / `retry-after-ms` / `RetryInfo.retryDelay`, clamped to [`MAX_BLOCK`].
     pub retry_after: Option<Duration>,
@@ -47,7 +47,7 @@ pub struct Reading {
 
 impl Reading {
     /// Whether the answer said anything about a budget at all.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.windows.is_empty() && self.retry_after.is_none()
     }
 }
@@ -131,7 +131,7 @@ const WINDOWS: [WindowHeaders; 6] = [
 ];
 
 /// Reads every rate-limit header of an answer; `now` is the wall clock for absolute times.
-pub fn read(headers: &HeaderMap, now: SystemTime) -> Reading {
+pub(crate) fn read(headers: &HeaderMap, now: SystemTime) -> Reading {
     let mut reading = Reading::default();
     for w in &WINDOWS {
         let [limit, remaining, reset] = w.names;
@@ -256,7 +256,7 @@ fn retry_after(headers: &HeaderMap, now: SystemTime, malformed: &mut u32) -> Opt
 }
 
 /// A Gemini-style 429 body's `error.details[].retryDelay` (`"30s"`), clamped to [`MAX_BLOCK`].
-pub fn retry_delay_in_body(body: &[u8]) -> Option<Duration> {
+pub(crate) fn retry_delay_in_body(body: &[u8]) -> Option<Duration> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     let details = value.get("error")?.get("details")?.as_array()?;
     details
@@ -271,7 +271,7 @@ fn bound(d: Duration) -> Duration {
 
 /// A Go-style duration as OpenAI writes its resets: `6m0s`, `1s`, `20ms`, `1.5s`, `2h3m`; a bare
 /// number is seconds (Azure). Clamped to [`MAX_BLOCK`].
-pub fn duration_text(text: &str, _now: SystemTime) -> Option<Duration> {
+pub(crate) fn duration_text(text: &str, _now: SystemTime) -> Option<Duration> {
     let text = text.trim();
     if text.is_empty() || text.len() > 32 {
         return None;
@@ -309,7 +309,7 @@ pub fn duration_text(text: &str, _now: SystemTime) -> Option<Duration> {
 
 /// An RFC 3339 time (`2026-12-03T17:06:38Z`, fractions and offsets allowed) as the time left
 /// until it from `now` (zero when past), clamped to [`MAX_BLOCK`].
-pub fn rfc3339_from(text: &str, now: SystemTime) -> Option<Duration> {
+pub(crate) fn rfc3339_from(text: &str, now: SystemTime) -> Option<Duration> {
     let at = rfc3339(text)?;
     let now = now.duration_since(UNIX_EPOCH).ok()?.as_secs_f64();
     Some(bound(Duration::from_secs_f64((at - now).clamp(0.0, 1e9))))

@@ -14,7 +14,7 @@ use super::{Figure, PublishedBudget, Usage};
 use crate::fast_hash::FastMap;
 
 /// Below this headroom the agent's own view shows `budget-limited`: callers are cutting its share.
-pub const LIMITED_BELOW: f64 = 1.0;
+pub(crate) const LIMITED_BELOW: f64 = 1.0;
 /// The part of a window held back: a call already on its way may still spend it.
 const RESERVE: f64 = 0.05;
 /// Under this part of a window left, the share shrinks in proportion even at a slow pace.

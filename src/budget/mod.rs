@@ -9,12 +9,12 @@
 //! headroom; `shared` is the callers' side: the freshest state of each group, bounded in age;
 //! `usage` counts the tokens the answers report.
 
-pub mod headers;
+pub(crate) mod headers;
 mod learn;
-pub mod shared;
-pub mod usage;
+pub(crate) mod shared;
+pub(crate) mod usage;
 
-pub use learn::{Answer, Headroom, ModelBudgets, LIMITED_BELOW};
+pub(crate) use learn::{Answer, Headroom, ModelBudgets, LIMITED_BELOW};
 
 use serde::{Deserialize, Serialize};
 
@@ -46,7 +46,7 @@ const CREDENTIAL_HEADERS: [&str; 4] = ["authorization", "x-api-key", "api-key", 
 /// The account behind a model call: a fingerprint of the key its request carries (SHA-256 of
 /// the key under a fixed label, 64 bits of it), never the key. A budget is learned per
 /// credential, so one exhausted key of another account teaches nothing about this one's.
-pub fn credential(request: &http::HeaderMap) -> Option<u64> {
+pub(crate) fn credential(request: &http::HeaderMap) -> Option<u64> {
     let key = CREDENTIAL_HEADERS
         .iter()
         .find_map(|name| request.get(*name))?;

@@ -16,7 +16,7 @@ const MAX_GROUPS: usize = 256;
 
 /// The freshest figure of each group and credential this caller has heard of.
 #[derive(Debug, Default)]
-pub struct GroupTable {
+pub(crate) struct GroupTable {
     groups: FastMap<(String, u64), Heard>,
 }
 
@@ -32,7 +32,7 @@ impl GroupTable {
     /// A member's published budgets, heard now, each kept when `speaks_for` lets the member
     /// speak for that group: a group's figure replaces one of the same credential learned
     /// earlier. A figure with no credential is the member's alone.
-    pub fn heard(
+    pub(crate) fn heard(
         &mut self,
         budgets: &[PublishedBudget],
         now: Instant,
@@ -81,7 +81,7 @@ impl GroupTable {
     }
 
     /// The group's headroom on `credential` now, when a fresh enough figure is known.
-    pub fn headroom(&self, group: &str, credential: u64, now: Instant) -> Option<f64> {
+    pub(crate) fn headroom(&self, group: &str, credential: u64, now: Instant) -> Option<f64> {
         let h = self.fresh(group, credential, now)?;
         Some(
             h.figure
@@ -90,23 +90,18 @@ impl GroupTable {
     }
 
     /// How long until the group's figure on `credential` resets, when a fresh one is known.
-    pub fn reset_in(&self, group: &str, credential: u64, now: Instant) -> Option<Duration> {
+    pub(crate) fn reset_in(&self, group: &str, credential: u64, now: Instant) -> Option<Duration> {
         let h = self.fresh(group, credential, now)?;
         let elapsed = now.saturating_duration_since(h.heard_at).as_secs_f64();
         let left = super::seconds(h.figure.reset_in_s) - elapsed;
         Some(Duration::from_secs_f64(left.max(0.0)))
-    }
-
-    /// Whether any group is known at all: a caller with none skips the lookups.
-    pub fn is_empty(&self) -> bool {
-        self.groups.is_empty()
     }
 }
 
 /// A candidate's model headroom (1 when nothing is known): the tightest over its budgets of
 /// its own figure or, when fresher, its group's on the same credential, `elapsed` after its
 /// view was heard.
-pub fn candidate_headroom(
+pub(crate) fn candidate_headroom(
     published: &[PublishedBudget],
     elapsed: Duration,
     groups: &GroupTable,

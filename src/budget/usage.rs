@@ -22,7 +22,7 @@ const MAX_LINE: usize = 64 * 1024;
 /// Marks an answer to read for tokens (a response extension): from which provider (the target's
 /// name, a bounded label).
 #[derive(Clone, Debug)]
-pub struct Watch {
+pub(crate) struct Watch {
     pub provider: Arc<str>,
     pub metrics: Arc<Metrics>,
     /// When the request was sent: a stream's first event is timed from it.
@@ -33,7 +33,7 @@ pub struct Watch {
     pub budgets: Arc<super::ModelBudgets>,
 }
 
-pub use super::Usage;
+pub(crate) use super::Usage;
 
 impl Usage {
     /// Folds one JSON document's usage in (the largest figure of each type wins: streams report
@@ -63,7 +63,7 @@ impl Usage {
 }
 
 /// Reads an answer's body as it passes, then `then` hears the end.
-pub struct Then<F> {
+pub(crate) struct Then<F> {
     watch: Option<(Watch, Reader)>,
     then: F,
 }
@@ -80,7 +80,7 @@ struct Reader {
 }
 
 /// `then`, after reading the answer when it is marked (its `headers` say whether it streams).
-pub fn then<F>(watch: Option<Watch>, headers: &http::HeaderMap, then: F) -> Then<F> {
+pub(crate) fn then<F>(watch: Option<Watch>, headers: &http::HeaderMap, then: F) -> Then<F> {
     Then {
         watch: watch.map(|w| {
             let stream = headers

@@ -16,13 +16,13 @@
 
 mod seal;
 
-use http::{HeaderMap, HeaderName};
+use http::HeaderName;
 
-pub const HEADER: HeaderName = HeaderName::from_static("reach-chain");
+pub(crate) const HEADER: HeaderName = HeaderName::from_static("reach-chain");
 
 /// The most entries a chain keeps (the origin and the last hops): its size stays bounded past
 /// any `chains.max_hops` the policy allows, while the hop count keeps counting.
-pub const MAX_ENTRIES: usize = 33;
+pub(crate) const MAX_ENTRIES: usize = 33;
 
 /// The longest `reach-chain` value read: 33 entries of two 63-byte names each, and the rest.
 const MAX_TEXT: usize = 4400;
@@ -98,7 +98,7 @@ impl Chain {
     }
 
     /// The chain as this sidecar hands it to its agent: what the caller's sidecar `sent` (its
-    /// hops plus this one; [`Seal::from_peer`] decides whether it is read), or a new chain from
+    /// hops plus this one; [`Seal::read_from_peer`] decides whether it is read), or a new chain from
     /// the caller, then `me` serving `capability`.
     pub fn at_edge(sent: Option<&str>, caller: Option<&str>, me: &str, cap: &str) -> Self {
         let mut chain = sent.and_then(|t| Chain::parse(t).ok()).unwrap_or_default();
@@ -147,18 +147,7 @@ fn split_mesh_mac(text: &str) -> (&str, Option<&str>) {
     }
 }
 
-pub use seal::{InFlight, Refused, Seal};
-
-/// The chain a call carries in its peer form (after [`Seal::carry`]), if any.
-pub fn of(headers: &HeaderMap) -> Option<Result<Chain, String>> {
-    let value = headers.get(HEADER)?;
-    Some(
-        value
-            .to_str()
-            .map_err(|_| "not text".to_owned())
-            .and_then(Chain::parse),
-    )
-}
+pub(crate) use seal::{InFlight, Seal};
 
 #[cfg(test)]
 mod tests {
@@ -201,7 +190,7 @@ mod tests {
             let _ = Chain::parse(&text);
             if let Ok(v) = HeaderValue::from_str(&text) {
                 let _ = Seal::default().open(&v);
-                let _ = Seal::default().from_peer(&v, true);
+                let _ = Seal::default().read_from_peer(&v, true);
                 let _ = Chain::at_edge(Some(&text), Some("a"), "b", "c");
             }
         }

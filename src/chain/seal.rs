@@ -358,7 +358,7 @@ impl Seal {
     /// caller `vouched` for (its certificate verified; without a mesh key, its address). Anything
     /// else — in a mesh with a key, a plaintext process on a peer's host among it — starts a new
     /// chain.
-    pub fn from_peer<'v>(&self, sent: &'v HeaderValue, vouched: bool) -> Option<&'v str> {
+    pub fn read_from_peer<'v>(&self, sent: &'v HeaderValue, vouched: bool) -> Option<&'v str> {
         let text = sent.to_str().ok()?;
         let (chain, mac) = split_mesh_mac(text);
         let signed = mac.is_some_and(|mac| self.mesh.iter().any(|k| Self::verify(k, chain, mac)));
@@ -379,8 +379,8 @@ mod tests {
     ) {
         let seal = Seal::default();
         let forged = value("0;x");
-        assert_eq!(seal.from_peer(&forged, false), None);
-        let c = Chain::at_edge(seal.from_peer(&forged, false), None, "coder", "review");
+        assert_eq!(seal.read_from_peer(&forged, false), None);
+        let c = Chain::at_edge(seal.read_from_peer(&forged, false), None, "coder", "review");
         assert_eq!(c.render(), "1;->coder/review");
         let c = Chain::at_edge(Some("3;a>b/x>c/y"), Some("d"), "e", "z");
         assert_eq!(c.render(), "4;a>b/x>c/y>d>e/z");
@@ -396,15 +396,15 @@ mod tests {
         h.insert(HEADER, sealed);
         assert_eq!(a.carry(&mut h, true).ok(), Some(true));
         let sent = h[HEADER].clone();
-        assert_eq!(b.from_peer(&sent, false), Some("1;x>a/plan"));
+        assert_eq!(b.read_from_peer(&sent, false), Some("1;x>a/plan"));
         assert_eq!(
             Chain::parse(sent.to_str().unwrap()).map(|c| c.hops()),
             Ok(1)
         );
         let outsider = Seal::for_mesh(&crate::gossip::ClusterKey::random(), "b");
-        assert_eq!(outsider.from_peer(&sent, false), None);
+        assert_eq!(outsider.read_from_peer(&sent, false), None);
         assert_eq!(
-            outsider.from_peer(&sent, true),
+            outsider.read_from_peer(&sent, true),
             Some("1;x>a/plan"),
             "a verified caller"
         );

@@ -15,20 +15,20 @@ use http::request::Parts;
 use http::{HeaderMap, Response};
 use tokio::sync::watch;
 
-pub use stored::Stored;
-pub use table::{Budget, IdempotencyTable, TableUsage, Ticket};
+pub(crate) use stored::Stored;
+pub(crate) use table::{Budget, IdempotencyTable, TableUsage, Ticket};
 
 use crate::error::ReachError;
 use crate::http::upload::Upload;
 use crate::http::ReachBody;
 
-pub const HEADER: http::HeaderName = http::HeaderName::from_static("idempotency-key");
-pub const REPLAYED: http::HeaderName = http::HeaderName::from_static("reach-replayed");
+pub(crate) const HEADER: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+pub(crate) const REPLAYED: http::HeaderName = http::HeaderName::from_static("reach-replayed");
 
 type Outcome = Option<Arc<Stored>>;
 
 /// What identifies one request under a key: method, path and query, and the body.
-pub type Fingerprint = [u8; 32];
+pub(crate) type Fingerprint = [u8; 32];
 
 /// What a request with a key must do.
 #[derive(Debug)]
@@ -47,7 +47,7 @@ pub enum Claim {
 
 /// The fingerprint of a request: method, path and query, and its body — or, for a body too
 /// large to buffer, its declared length.
-pub fn fingerprint<B>(head: &Parts, upload: &Upload<B>) -> Fingerprint {
+pub(crate) fn fingerprint<B>(head: &Parts, upload: &Upload<B>) -> Fingerprint {
     let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
     hash.update(head.method.as_str().as_bytes());
@@ -70,13 +70,13 @@ pub fn fingerprint<B>(head: &Parts, upload: &Upload<B>) -> Fingerprint {
 }
 
 /// The request's `idempotency-key`, when it has a usable one.
-pub fn key_of(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn key_of(headers: &HeaderMap) -> Option<String> {
     let key = headers.get(HEADER)?.to_str().ok()?.trim();
     (!key.is_empty() && key.len() <= 256).then(|| key.to_owned())
 }
 
 /// Answers from a claim: the stored response, the joined original's, or a conflict.
-pub async fn answer(claim: Claim) -> Response<ReachBody> {
+pub(crate) async fn answer(claim: Claim) -> Response<ReachBody> {
     match claim {
         Claim::First(_) | Claim::Conflict => conflict(),
         Claim::Mismatch => ReachError::IdempotencyMismatch.into_response(),

@@ -23,7 +23,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::ServiceBuilder;
 
-pub use stats::{InboundStats, StatsSnapshot};
+pub(crate) use stats::{InboundStats, StatsSnapshot};
 
 use crate::classify::Outcome;
 use crate::config::{ConfigStore, Snapshot};

@@ -13,7 +13,7 @@ use crate::reach::select_percentile;
 const WINDOW: usize = 2048;
 
 #[derive(Debug, Default)]
-pub struct InboundStats {
+pub(crate) struct InboundStats {
     inner: Mutex<Inner>,
 }
 
@@ -40,7 +40,7 @@ pub struct StatsSnapshot {
 }
 
 impl InboundStats {
-    pub fn record(&self, outcome: Outcome, duration: Duration) {
+    pub(crate) fn record(&self, outcome: Outcome, duration: Duration) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.requests += 1;
         match outcome {
@@ -59,7 +59,7 @@ impl InboundStats {
         }
     }
 
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let mut durations: Vec<f64> = inner.durations_ms.iter().copied().collect();
         StatsSnapshot {

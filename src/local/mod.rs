@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-pub use admission::{Admission, AdmissionLimits, Load, Refusal, Slot};
+pub(crate) use admission::{Admission, AdmissionLimits, Load, Slot};
 
 use crate::budget::{ModelBudgets, PublishedBudget};
 use crate::config::{ConfigStore, RouteMode, SchemaDigest, SkillFacts, Snapshot, ToolFacts};
@@ -23,7 +23,7 @@ use crate::reach::{
 };
 
 /// Path of the self-view ([`SelfView`]) on every sidecar's inbound port.
-pub const SELF_PATH: &str = "/reach/v1/self";
+pub(crate) const SELF_PATH: &str = "/reach/v1/self";
 
 /// When production traffic last succeeded, and last failed or was refused.
 #[derive(Clone, Copy, Debug, Default)]
