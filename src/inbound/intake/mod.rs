@@ -187,7 +187,9 @@ impl Inbound {
         // Without a mesh key there is no signature to check: a caller named by its address is
         // as far as a plaintext mesh can vouch (`docs/chains.md`).
         let vouched = verified || (caller.is_some() && !self.seal.signs());
-        let sent = sent.flatten().and_then(|v| self.seal.read_from_peer(v, vouched));
+        let sent = sent
+            .flatten()
+            .and_then(|v| self.seal.read_from_peer(v, vouched));
         let Some(sent) = sent else {
             // A chain's first hop (most calls): sealed once per caller and capability.
             return self.seal.issue_first(caller, me, capability);
