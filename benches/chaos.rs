@@ -1,4 +1,4 @@
-//! A fault run that proves it (issue 32): `cargo bench --bench chaos [-- --smoke]`.
+//! A fault run that proves it: `cargo bench --bench chaos [-- --smoke]`.
 //!
 //! A real fleet of sidecar processes (the binary cargo built: `agent-reach run`) finding each
 //! other by gossip from one seed, strict mutual TLS between them, each worker beside a mock

@@ -1,4 +1,4 @@
-//! Async tasks with the embedded store (issue 17): `cargo bench --bench tasks [-- --smoke]`.
+//! Async tasks with the embedded store: `cargo bench --bench tasks [-- --smoke]`.
 //! Runs the real binary (`agent-reach run`, the bench profile's build) as its own process, its
 //! task store (redb, fsync on every commit: redb's default durability) on the real disk under
 //! the target directory, never on tmpfs.

@@ -1,4 +1,4 @@
-//! **burst** and **burst-3x** (issue 13): every agent has a pool of 8 (its own queue holds the
+//! **burst** and **burst-3x**: every agent has a pool of 8 (its own queue holds the
 //! excess) and agent-reach's sidecars declare `max_concurrency` 8 and a queue of 16: the fleet's
 //! *room* is 4 × 24 = 96 calls, its *capacity* 4 × 8 ÷ 40 ms = 800 calls/s. For 5 s from the
 //! fault (half the run, if that is shorter) more callers join, so that 1.5× (144) or 3× (288)

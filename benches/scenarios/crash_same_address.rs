@@ -1,4 +1,4 @@
-//! **crash-same-address** (issue 13): like crash (the agent process dies, its sidecar stays,
+//! **crash-same-address**: like crash (the agent process dies, its sidecar stays,
 //! the fleet found by gossip), but agent-reach's sidecars declare no business probe, and 3 s
 //! later the agent is back on the same port; nobody is told. Failed calls among those in flight
 //! at the kill (these may fail), made after it until the return (goal 0) and made from the

@@ -1,4 +1,4 @@
-//! **equal-pair** (issue 13): two identical agents (4–6 ms, seeded), *one* caller making one
+//! **equal-pair**: two identical agents (4–6 ms, seeded), *one* caller making one
 //! call at a time for 60 s; half way, exactly one call (whichever agent gets it) takes 17 ms:
 //! both agents are slow until one business call reaches either, then normal again. Agent A's
 //! lowest and highest share over each 10 s window, before the slow call and after it (goal:

@@ -17,19 +17,19 @@
 //! joins the loaded fleet). crash-restart, half-open and cold-start run at least 60 s, so that a
 //! slow ramp, or health checks at 10 s intervals, can act inside the run.
 //!
-//! Then the everyday faults of issue 13, each with its own measures, printed in a small table
+//! Then the everyday faults, each with its own measures, printed in a small table
 //! of its own after the main one: **burst** and **burst-3x** (`burst.rs`), **slow-agent**
 //! (`slow_agent.rs`), **equal-pair** (`equal_pair.rs`) and **crash-same-address**
 //! (`crash_same_address.rs`); each file says what it does and measures. lock-held (above) is the
 //! issue's fifth: its p95 against the healthy run's (goal ≤ 1.3×).
 //!
-//! And issue 19's predicted saturation: **ramp**, **ramp-shared** and **ramp-under**
+//! And predicted saturation (docs/reach-model.md): **ramp**, **ramp-shared** and **ramp-under**
 //! (`ramp.rs`), agent-reach with and without prediction.
 //!
 //! Then two that run fleets of three of their own, each with its own table: **slow-tail**
-//! (issue 37, `slow_tail.rs`: one agent 10× slower on 5 % of its calls; agent-reach with and
+//! (`slow_tail.rs`: one agent 10× slower on 5 % of its calls; agent-reach with and
 //! without hedging, Envoy's hedge on per-try timeout, HAProxy's retry on response timeout) and
-//! **provider-budget** (issue 36, `provider_budget.rs`: agents calling their own model provider
+//! **provider-budget** (`provider_budget.rs`: agents calling their own model provider
 //! for each task, one account small; agent-reach with budget awareness and with the agents
 //! calling their providers directly, HAProxy and Envoy retrying 429s where they can).
 //!

@@ -1,4 +1,4 @@
-//! **provider-budget** (issue 36): three agents (20 ms), each with its own mock model provider
+//! **provider-budget**: three agents (20 ms), each with its own mock model provider
 //! (its own account) that it calls once for every task; agent-1's account allows far fewer
 //! requests than the others' (a window longer than the run: it does not reset in it). A task
 //! whose model call is refused answers 429 (`retry-after: 1`). Six callers in a closed loop.

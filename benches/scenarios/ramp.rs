@@ -1,4 +1,4 @@
-//! **ramp** (issue 19's predicted saturation): one agent is weaker (a pool of 2, and its
+//! **ramp** (predicted saturation, docs/reach-model.md): one agent is weaker (a pool of 2, and its
 //! sidecar declares `max_concurrency` 2; the other three have 8), the fleet starts with 4
 //! callers and from a quarter of the way in gains one more every `RAMP_EVERY` (closed loop, a
 //! caller waits 40 ms after a failed call) up to 64. agent-reach only, twice: with prediction (`estimates.horizon: 10s`, the default)

@@ -1,4 +1,4 @@
-//! **slow-agent** (issue 13): one agent goes from 20–60 ms to 400 ms (10× the mean), no errors.
+//! **slow-agent**: one agent goes from 20–60 ms to 400 ms (10× the mean), no errors.
 //! Its share of the calls that reached agents over the 5 s from the slowdown (goal ≤ 5 %) and
 //! after; the p95 of the calls made after the slowdown against the p95 of those made before it,
 //! in the same run (goal ≤ 1.25×); failed calls made after it (goal 0).

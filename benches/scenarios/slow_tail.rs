@@ -1,4 +1,4 @@
-//! **slow-tail** (issue 37): three agents (20–60 ms); one of them takes 400 ms (10× the mean)
+//! **slow-tail**: three agents (20–60 ms); one of them takes 400 ms (10× the mean)
 //! on 5 % of its calls, at random (the mock agent's `long-tasks` mode with a 5 % share; seeded).
 //! No errors: only the tail grows. Eight callers in a closed loop, each call with its own
 //! `idempotency-key` (safe to repeat: what hedging asks for).

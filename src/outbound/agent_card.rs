@@ -6,7 +6,6 @@
 //! agent's own address.
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
 
 use crate::a2a::{rewrite_urls, CARD_PATH, MAX_CARD_BYTES};
 use crate::error::ReachError;
@@ -39,7 +38,7 @@ pub(super) async fn rewritten(
         }
         .into_response()
     };
-    let bytes = match read_limited(incoming).await {
+    let bytes = match body::read_limited(incoming, MAX_CARD_BYTES).await {
         Ok(bytes) => bytes,
         Err(message) => return unreadable(message),
     };
@@ -57,20 +56,4 @@ pub(super) async fn rewritten(
         HeaderValue::from_static("application/json"),
     );
     Response::from_parts(parts, body::full(text))
-}
-
-/// The body, up to [`MAX_CARD_BYTES`]. Read frame by frame: `Limited` over the boxed body trips
-/// the compiler's higher-ranked `From` check inside a generic step.
-async fn read_limited(mut body: ReachBody) -> Result<bytes::Bytes, String> {
-    let mut out = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| e.to_string())?;
-        if let Ok(data) = frame.into_data() {
-            if out.len() + data.len() > MAX_CARD_BYTES {
-                return Err(format!("over {MAX_CARD_BYTES} bytes"));
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Ok(out.freeze())
 }

@@ -80,6 +80,26 @@ struct FleetFiles {
     ca: DevCa,
 }
 
+/// `agent` (listening on `port`) behind a sidecar that joins the fleet, its agent section set
+/// by `tune`; the sidecar's gossip address becomes a seed for the next.
+async fn join(
+    files: &FleetFiles,
+    seeds: &mut Vec<SocketAddr>,
+    (name, agent, port): (&'static str, Sdk, u16),
+    tune: impl FnOnce(&mut Bootstrap),
+) -> Pod {
+    let mut b = bootstrap(name, SocketAddr::from(([127, 0, 0, 1], port)), files, seeds);
+    tune(&mut b);
+    let sidecar = sidecar_with(b, strict_policy(), ConfigPaths::default()).await;
+    seeds.extend(sidecar.addrs.gossip);
+    Pod {
+        name,
+        _agent: agent,
+        port,
+        _sidecar: sidecar,
+    }
+}
+
 async fn start_agent(
     program: &Path,
     script: &Path,
@@ -123,46 +143,24 @@ async fn the_sdks_in_their_default_configurations_work_through_the_mesh() {
                 start_agent(&node, &js.join("mcp_server.mjs"), &args, &dir, name).await
             }
         };
-        let mut b = bootstrap(
-            name,
-            SocketAddr::from(([127, 0, 0, 1], port)),
-            &files,
-            &seeds,
-        );
-        b.agent.mcp = Some(McpConfig {
-            capability: agent_reach::config::Name::parse(MCP).unwrap(),
-            refresh: HumanDuration::from_secs(1),
-            ..McpConfig::default()
+        let pod = join(&files, &mut seeds, (name, agent, port), |b| {
+            b.agent.mcp = Some(McpConfig {
+                capability: agent_reach::config::Name::parse(MCP).unwrap(),
+                refresh: HumanDuration::from_secs(1),
+                ..McpConfig::default()
+            });
         });
-        let sidecar = sidecar_with(b, strict_policy(), ConfigPaths::default()).await;
-        seeds.extend(sidecar.addrs.gossip);
-        pods.push(Pod {
-            name,
-            _agent: agent,
-            port,
-            _sidecar: sidecar,
-        });
+        pods.push(pod.await);
     }
     for name in A2A_AGENTS {
         let (agent, port) =
             start_agent(&node, &js.join("a2a_agent.mjs"), &[name, SKILL], &dir, name).await;
-        let mut b = bootstrap(
-            name,
-            SocketAddr::from(([127, 0, 0, 1], port)),
-            &files,
-            &seeds,
-        );
-        b.agent.a2a = Some(A2aConfig::default());
-        let sidecar = sidecar_with(b, strict_policy(), ConfigPaths::default()).await;
-        seeds.extend(sidecar.addrs.gossip);
-        pods.push(Pod {
-            name,
-            _agent: agent,
-            port,
-            _sidecar: sidecar,
+        let pod = join(&files, &mut seeds, (name, agent, port), |b| {
+            b.agent.a2a = Some(A2aConfig::default());
         });
+        pods.push(pod.await);
     }
-    // The caller-only sidecar: no agent behind it (docs/caller-only.md).
+    // The caller-only sidecar: no agent behind it (docs/callers.md).
     let caller_b = bootstrap(
         "caller",
         SocketAddr::from(([127, 0, 0, 1], 9)),

@@ -13,7 +13,6 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{header, Response};
 use http_body::{Body, Frame};
-use http_body_util::BodyExt;
 use serde_json::Value;
 
 use crate::http::{body, BoxError, ReachBody};
@@ -61,12 +60,12 @@ pub(super) async fn answer(response: Response<ReachBody>, list: bool) -> Respons
     if !content_type.starts_with("application/json") {
         return Response::from_parts(parts, incoming);
     }
-    let bytes = match read(incoming).await {
-        Some(bytes) => bytes,
-        None => {
+    let bytes = match body::read_limited(incoming, MAX_ANSWER_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(message) => {
             let err = crate::error::ReachError::Upstream {
                 target: "the MCP server".to_owned(),
-                message: format!("an answer that broke off or passed {MAX_ANSWER_BYTES} bytes"),
+                message,
             };
             return err.into_response();
         }
@@ -76,21 +75,6 @@ pub(super) async fn answer(response: Response<ReachBody>, list: bool) -> Respons
         Bytes::from(v.to_string())
     });
     Response::from_parts(parts, body::full(rewritten.unwrap_or(bytes)))
-}
-
-/// The body, up to [`MAX_ANSWER_BYTES`], frame by frame; `None` when it breaks off or is
-/// longer.
-async fn read(mut incoming: ReachBody) -> Option<Bytes> {
-    let mut out = bytes::BytesMut::new();
-    while let Some(frame) = incoming.frame().await {
-        if let Ok(data) = frame.ok()?.into_data() {
-            if out.len() + data.len() > MAX_ANSWER_BYTES {
-                return None;
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Some(out.freeze())
 }
 
 pin_project_lite::pin_project! {
@@ -181,6 +165,7 @@ impl Body for Events {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
     use serde_json::json;
 
     /// A body that yields its frames, one per poll.

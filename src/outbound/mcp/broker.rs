@@ -27,7 +27,6 @@ use crate::error::{AffinityKey, ReachError};
 use crate::fast_hash::FastMap;
 use crate::http::headers::{self, Present};
 use crate::http::step::{answer, Step};
-use crate::http::upload::Upload;
 use crate::http::{body, ReachBody};
 use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc::{self, METHOD_HEADER, NAME_HEADER, STATELESS_REVISION, VERSION_HEADER};
@@ -533,7 +532,9 @@ where
     };
     let id = response.headers().get(headers::MCP_SESSION_ID).cloned();
     let content_type = jsonrpc::content_type(response.headers());
-    let bytes = read(response.into_body()).await;
+    let bytes = body::read_limited(response.into_body(), MAX_ANSWER_BYTES)
+        .await
+        .unwrap_or_default();
     let revision = jsonrpc::answer(&content_type, &bytes)
         .and_then(|a| {
             a.pointer("/result/protocolVersion")
@@ -591,25 +592,24 @@ fn to_server(call: &Call, bytes: Bytes, peer: &str, server: &ServerSession) -> C
 
 /// Prepares a client's call for the servers behind the sidecar: the client's session is the
 /// sidecar's (never sent on), the servers' sessions are set per attempt.
-pub(super) fn for_servers(call: &mut Call, sessions: ServerSessions) {
+/// `asked`: the call's method and tool, as the MCP step read them.
+pub(super) fn for_servers(
+    call: &mut Call,
+    sessions: ServerSessions,
+    (method, tool): (&str, Option<&str>),
+) {
     call.parts.headers.remove(headers::MCP_SESSION_ID);
     call.present = without_session(call.present);
     // A server of the stateless revision reads what is asked from these headers.
-    let asked = match &call.upload {
-        Upload::Buffered(bytes) => jsonrpc::asked(bytes),
-        Upload::Stream(..) => None,
-    };
-    if let Some(asked) = asked {
-        let h = &mut call.parts.headers;
-        if !h.contains_key(METHOD_HEADER) {
-            if let Ok(method) = HeaderValue::from_str(&asked.method) {
-                h.insert(METHOD_HEADER, method);
-            }
+    let h = &mut call.parts.headers;
+    if !h.contains_key(METHOD_HEADER) {
+        if let Ok(method) = HeaderValue::from_str(method) {
+            h.insert(METHOD_HEADER, method);
         }
-        if let Some(tool) = asked.tool.filter(|_| !h.contains_key(NAME_HEADER)) {
-            if let Ok(tool) = HeaderValue::from_str(&tool) {
-                h.insert(NAME_HEADER, tool);
-            }
+    }
+    if let Some(tool) = tool.filter(|_| !h.contains_key(NAME_HEADER)) {
+        if let Ok(tool) = HeaderValue::from_str(tool) {
+            h.insert(NAME_HEADER, tool);
         }
     }
     call.parts.extensions.insert(sessions);
@@ -617,20 +617,6 @@ pub(super) fn for_servers(call: &mut Call, sessions: ServerSessions) {
 
 fn without_session(present: Present) -> Present {
     present.without(Present::MCP_SESSION)
-}
-
-async fn read(mut incoming: ReachBody) -> Bytes {
-    use http_body_util::BodyExt;
-    let mut bytes = bytes::BytesMut::new();
-    while let Some(Ok(frame)) = incoming.frame().await {
-        if let Ok(data) = frame.into_data() {
-            if bytes.len() + data.len() > MAX_ANSWER_BYTES {
-                break;
-            }
-            bytes.extend_from_slice(&data);
-        }
-    }
-    bytes.freeze()
 }
 
 #[cfg(test)]

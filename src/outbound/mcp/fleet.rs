@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use http::Response;
-use http_body_util::BodyExt;
 use serde_json::{json, Map, Value};
 use tower::ServiceExt;
 
@@ -76,10 +75,7 @@ where
     }
     match (listed.is_empty(), last) {
         (true, Some(mut failed)) => {
-            // A server's own session is never the client's (`broker::as_the_clients`).
-            failed
-                .headers_mut()
-                .remove(crate::http::headers::MCP_SESSION_ID);
+            broker::as_the_clients(context, &mut failed);
             failed
         }
         _ => {
@@ -125,7 +121,7 @@ where
 {
     let route = McpRoute::Server(server.to_owned());
     match broker::sessions_for(out, inner.clone(), &one, shared, &route).await {
-        Ok(sessions) => broker::for_servers(&mut one, sessions),
+        Ok(sessions) => broker::for_servers(&mut one, sessions, ("tools/list", None)),
         Err(refused) => return Err(refused.answer(one.capability.as_str(), None)),
     }
     one.parts.extensions.insert(route);
@@ -168,16 +164,10 @@ async fn tools_of(response: Response<ReachBody>) -> Result<Vec<Value>, Response<
         return Err(response);
     }
     let content_type = jsonrpc::content_type(response.headers());
-    let (parts, mut incoming) = response.into_parts();
-    let mut bytes = bytes::BytesMut::new();
-    while let Some(Ok(frame)) = incoming.frame().await {
-        if let Ok(data) = frame.into_data() {
-            if bytes.len() + data.len() > MAX_ANSWER_BYTES {
-                break;
-            }
-            bytes.extend_from_slice(&data);
-        }
-    }
+    let (parts, incoming) = response.into_parts();
+    let bytes = body::read_limited(incoming, MAX_ANSWER_BYTES)
+        .await
+        .unwrap_or_default();
     let answer = jsonrpc::answer(&content_type, &bytes);
     match answer
         .as_ref()
@@ -185,6 +175,6 @@ async fn tools_of(response: Response<ReachBody>) -> Result<Vec<Value>, Response<
         .and_then(Value::as_array)
     {
         Some(tools) => Ok(tools.clone()),
-        None => Err(Response::from_parts(parts, body::full(bytes.freeze()))),
+        None => Err(Response::from_parts(parts, body::full(bytes))),
     }
 }

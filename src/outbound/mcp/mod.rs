@@ -90,7 +90,7 @@ where
             None => answer(inner.oneshot(call).await),
         },
         "tools/list" => fleet::tools_list(&out, inner, call, (asked.id, &context)).await,
-        _ => tool_call::on_a_session(out, inner, call, asked.id, context).await,
+        _ => tool_call::on_a_session(out, inner, call, (asked.method, asked.id), context).await,
     }
 }
 

@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::{header, Response};
-use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 use super::broker::{self, Context};
@@ -56,7 +55,7 @@ where
         match broker::sessions_for(&out, inner.clone(), &call, &context, &route).await {
             Ok(sessions) => {
                 on = sessions.clone();
-                broker::for_servers(&mut call, sessions);
+                broker::for_servers(&mut call, sessions, ("tools/call", Some(&tool)));
             }
             Err(refused) => {
                 let response = refused.answer(&capability, id.clone());
@@ -91,7 +90,7 @@ pub(super) async fn on_a_session<S>(
     out: Arc<Outbound>,
     inner: S,
     mut call: Call,
-    id: Option<serde_json::Value>,
+    (method, id): (String, Option<serde_json::Value>),
     context: Context,
 ) -> Response<ReachBody>
 where
@@ -100,29 +99,19 @@ where
     let template = copy(&call, Bytes::new());
     let capability = call.capability.as_str().to_owned();
     let revision = context.revision(&call);
-    let list = asked_a_list(&call);
+    // A list's answer carries cache hints in the stateless revision.
+    let list = method.ends_with("/list");
     let on = match broker::sessions_for(&out, inner.clone(), &call, &context, &McpRoute::Any).await
     {
         Ok(sessions) => sessions,
         Err(refused) => return refused.answer(&capability, id),
     };
-    broker::for_servers(&mut call, on.clone());
+    broker::for_servers(&mut call, on.clone(), (&method, None));
     call.parts.extensions.insert(McpRoute::Any);
     let mut response = answer(inner.clone().oneshot(call).await);
     broker::after(&out, inner, &template, &context, response.status()).await;
     broker::as_the_clients(&context, &mut response);
     bridged(response, &on, &revision, list).await
-}
-
-/// Whether the call asks for a list (`resources/list`, `prompts/list`, …): its answer carries
-/// cache hints in the stateless revision.
-fn asked_a_list(call: &Call) -> bool {
-    match &call.upload {
-        Upload::Buffered(bytes) => {
-            jsonrpc::asked(bytes).is_some_and(|a| a.method.ends_with("/list"))
-        }
-        Upload::Stream(..) => false,
-    }
 }
 
 /// The answer as a client of `revision` reads it: an older server's completed (`bridge.rs`).
@@ -238,7 +227,7 @@ async fn observed(
         return (response, None);
     }
     let (parts, incoming) = response.into_parts();
-    let bytes = match read_limited(incoming).await {
+    let bytes = match body::read_limited(incoming, MAX_ANSWER_BYTES).await {
         Ok(bytes) => bytes,
         Err(message) => {
             let err = ReachError::Upstream {
@@ -335,21 +324,6 @@ fn answered_by(response: &Response<ReachBody>) -> Option<String> {
     let timed_out = Reason::of(response) == Some(Reason::Timeout);
     let tried = response.extensions().get::<LastTried>()?;
     timed_out.then(|| tried.0.clone())
-}
-
-/// The body, up to [`MAX_ANSWER_BYTES`], read frame by frame (see `src/outbound/agent_card.rs`).
-async fn read_limited(mut body: ReachBody) -> Result<Bytes, String> {
-    let mut out = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| e.to_string())?;
-        if let Ok(data) = frame.into_data() {
-            if out.len() + data.len() > MAX_ANSWER_BYTES {
-                return Err(format!("an answer over {MAX_ANSWER_BYTES} bytes"));
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Ok(out.freeze())
 }
 
 #[cfg(test)]

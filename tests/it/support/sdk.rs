@@ -17,13 +17,25 @@ pub fn repo() -> &'static Path {
 /// The venv's python, built by `tests/sdk/venv.sh` if needed; `None` when the index is
 /// unreachable (its exit code 3).
 pub async fn venv_python() -> Option<PathBuf> {
-    // A first build takes half a minute: off the runtime's threads.
-    let out = tokio::task::spawn_blocking(|| {
+    installed("tests/sdk/venv.sh", "the Python SDK tests").await
+}
+
+/// The directory `tests/sdk/js/install.sh` installs the JS SDKs and scripts into; `None` when
+/// Node or the npm registry is missing.
+pub async fn js_sdks() -> Option<PathBuf> {
+    installed("tests/sdk/js/install.sh", "tests/it/sdk_js.rs").await
+}
+
+/// What an install script names on its last line; `None` (a loud skip, `skip.rs`) on its exit
+/// code 3, which says the package index or the toolchain is missing.
+async fn installed(script: &'static str, what: &'static str) -> Option<PathBuf> {
+    // A first install takes half a minute: off the runtime's threads.
+    let out = tokio::task::spawn_blocking(move || {
         Command::new("bash")
-            .arg(repo().join("tests/sdk/venv.sh"))
+            .arg(repo().join(script))
             .current_dir(repo())
             .output()
-            .expect("bash runs tests/sdk/venv.sh")
+            .unwrap_or_else(|e| panic!("bash runs {script}: {e}"))
     })
     .await
     .unwrap();
@@ -31,15 +43,18 @@ pub async fn venv_python() -> Option<PathBuf> {
     match out.status.code() {
         Some(0) => {
             let stdout = String::from_utf8_lossy(&out.stdout);
-            let python = stdout.lines().last().expect("venv.sh names python");
-            Some(PathBuf::from(python.trim()))
+            let last = stdout
+                .lines()
+                .last()
+                .unwrap_or_else(|| panic!("{script} names nothing"));
+            Some(PathBuf::from(last.trim()))
         }
         Some(3) => {
-            let why = format!("the SDK venv cannot be built: {}", stderr.trim());
-            super::skip::skip("the Python SDK tests", &why, super::skip::InCi::Fails);
+            let why = format!("{script} cannot install: {}", stderr.trim());
+            super::skip::skip(what, &why, super::skip::InCi::Fails);
             None
         }
-        _ => panic!("tests/sdk/venv.sh failed ({}): {stderr}", out.status),
+        _ => panic!("{script} failed ({}): {stderr}", out.status),
     }
 }
 
@@ -111,38 +126,5 @@ impl Sdk {
 impl Drop for Sdk {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-/// The directory `tests/sdk/js/install.sh` installs the JS SDKs and scripts into; `None` (said
-/// on stdout) when Node or the npm registry is missing outside CI.
-pub async fn js_sdks() -> Option<PathBuf> {
-    let out = tokio::task::spawn_blocking(|| {
-        Command::new("bash")
-            .arg(repo().join("tests/sdk/js/install.sh"))
-            .current_dir(repo())
-            .output()
-            .expect("bash runs tests/sdk/js/install.sh")
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    match out.status.code() {
-        Some(0) => {
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            let dir = stdout
-                .lines()
-                .last()
-                .expect("install.sh names its directory");
-            Some(PathBuf::from(dir.trim()))
-        }
-        Some(3) if std::env::var_os("CI").is_none() => {
-            println!(
-                "skipping: the JS SDKs cannot be installed: {}",
-                stderr.trim()
-            );
-            None
-        }
-        _ => panic!("tests/sdk/js/install.sh failed ({}): {stderr}", out.status),
     }
 }
