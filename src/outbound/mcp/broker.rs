@@ -134,11 +134,14 @@ impl Broker {
     fn open(&self, revision: &'static str) -> String {
         let id = format!("{SESSION_PREFIX}{:032x}", rand::random::<u128>());
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        sessions.retain(|_, b| {
-            let last = *b.last_used.lock().unwrap_or_else(|p| p.into_inner());
-            now.saturating_duration_since(last) < IDLE
-        });
+        // Swept only when full: an `initialize` costs no walk of the table.
+        if sessions.len() >= MAX_SESSIONS {
+            let now = Instant::now();
+            sessions.retain(|_, b| {
+                let last = *b.last_used.lock().unwrap_or_else(|p| p.into_inner());
+                now.saturating_duration_since(last) < IDLE
+            });
+        }
         if sessions.len() >= MAX_SESSIONS {
             let oldest = sessions
                 .iter()
@@ -152,14 +155,19 @@ impl Broker {
         id
     }
 
+    /// The session `id`, now used; one unused for [`IDLE`] is ended (gone).
     fn get(&self, id: &str) -> Option<Arc<Brokered>> {
-        let found = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .cloned()?;
-        *found.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let found = sessions.get(id).cloned()?;
+        let now = Instant::now();
+        let mut last = found.last_used.lock().unwrap_or_else(|p| p.into_inner());
+        if now.saturating_duration_since(*last) >= IDLE {
+            drop(last);
+            sessions.remove(id);
+            return None;
+        }
+        *last = now;
+        drop(last);
         Some(found)
     }
 
@@ -631,6 +639,21 @@ mod tests {
         assert_eq!(negotiate(None), FALLBACK_REVISION);
     }
 
+    /// A local client opening sessions without end cannot grow the table: the one unused
+    /// longest makes room, and it is gone (a later call in it is answered `404`).
+    #[tokio::test(start_paused = true)]
+    async fn a_client_flooding_initialize_holds_at_most_the_bound() {
+        let broker = Broker::default();
+        let first = broker.open("2025-11-25");
+        for _ in 0..MAX_SESSIONS {
+            tokio::time::advance(Duration::from_millis(1)).await;
+            broker.open("2025-11-25");
+        }
+        let held = broker.sessions.lock().map(|s| s.len()).unwrap_or_default();
+        assert_eq!(held, MAX_SESSIONS);
+        assert!(broker.get(&first).is_none());
+    }
+
     #[test]
     fn a_session_is_the_sidecars_own_and_ends_once() {
         let broker = Broker::default();
@@ -638,6 +661,16 @@ mod tests {
         assert!(id.starts_with(SESSION_PREFIX));
         assert!(broker.get(&id).is_some());
         assert!(broker.remove(&id).is_some());
+        assert!(broker.get(&id).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_unused_for_the_idle_time_is_gone() {
+        let broker = Broker::default();
+        let id = broker.open("2025-11-25");
+        tokio::time::advance(IDLE - Duration::from_secs(1)).await;
+        assert!(broker.get(&id).is_some(), "used just in time");
+        tokio::time::advance(IDLE).await;
         assert!(broker.get(&id).is_none());
     }
 }
