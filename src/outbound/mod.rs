@@ -116,7 +116,7 @@ pub struct Outbound {
     /// gossip, which brings the fleet's and publishes this sidecar's.
     pins: Arc<McpPins>,
     /// MCP clients' sessions with this sidecar, and the servers' sessions behind them.
-    broker: mcp::broker::Broker,
+    broker: mcp::sessions::Broker,
     /// Opens the delegation chain the agent passes on (`src/chain/`).
     seal: Arc<crate::chain::Seal>,
     /// Recent times to an answer's head, per hedged capability (`hedge: {after: p95}`).
@@ -141,7 +141,7 @@ impl Outbound {
             affinity: Arc::default(),
             tools: mcp::view::ToolViews::default(),
             pins: Arc::default(),
-            broker: mcp::broker::Broker::default(),
+            broker: mcp::sessions::Broker::default(),
             seal: shared.seal.clone(),
             head_times: Default::default(),
         }

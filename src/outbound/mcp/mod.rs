@@ -10,6 +10,7 @@ pub(super) mod broker;
 mod fleet;
 mod message;
 pub(super) mod pins;
+pub(super) mod sessions;
 pub(super) mod status;
 mod tool_call;
 pub(super) mod view;
