@@ -584,8 +584,22 @@ impl System {
     }
 
     /// Front proxy → back proxy → upstream; the `-mtls` systems with the hop between them over
-    /// mutual TLS, from `pki`'s certificates.
+    /// mutual TLS, from `pki`'s certificates. A pair that does not start is tried once more on
+    /// other ports: `free_port` hands out a port another process may take before ours binds it.
     fn pair(
+        name: &'static str,
+        binary: &Path,
+        upstream: SocketAddr,
+        dir: &Path,
+        pki: Option<&Pki>,
+    ) -> Result<Self, String> {
+        Self::start(name, binary, upstream, dir, pki).or_else(|err| {
+            println!("{name}: did not start, trying other ports: {err}");
+            Self::start(name, binary, upstream, dir, pki)
+        })
+    }
+
+    fn start(
         name: &'static str,
         binary: &Path,
         upstream: SocketAddr,
@@ -750,7 +764,15 @@ static_resources:
         while !answers(front) {
             if Instant::now() > deadline {
                 system.stop();
-                return Err("did not answer within 20 s".to_owned());
+                let logs: String = ["back", "front"]
+                    .iter()
+                    .filter_map(|tag| {
+                        let text =
+                            std::fs::read_to_string(dir.join(format!("{name}-{tag}.log"))).ok()?;
+                        Some(format!("\n  {tag}: {}", text.trim()))
+                    })
+                    .collect();
+                return Err(format!("did not answer within 20 s{logs}"));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -783,7 +805,7 @@ static_resources:
     }
 
     fn stop(&mut self) {
-        for child in &mut self.children {
+        for mut child in self.children.drain(..) {
             // SIGTERM first: an nginx master killed outright leaves its workers running.
             let _ = std::process::Command::new("sh")
                 .args(["-c", &format!("kill -TERM {}", child.id())])
@@ -858,14 +880,16 @@ fn agent_reach_pair(
             }
         ),
     )?;
+    // Errors go to `<name>-<tag>.log` in `dir`, shown when the pair does not start.
     let run = |cfg: &Path, policy: &Path| {
+        let log = std::fs::File::create(cfg.with_extension("log")).map_err(|e| e.to_string())?;
         Command::new(binary)
             .args(["run", "--worker-threads", "1", "--log", "error", "--config"])
             .arg(cfg)
             .arg("--policy")
             .arg(policy)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .map_err(|e| e.to_string())
     };
