@@ -330,7 +330,7 @@ k8s = str(max(Version(v) for v in utils.all_versions()))
 agent = {"name": "agent", "image": "agent:1"}
 volumes = list(cfg["volumes"])
 sidecar_mounts = list(cfg["sidecar"]["volumeMounts"])
-if "mtls" in cfg:  # as the webhook adds them (src/bin/agent-reach/inject/mtls.rs)
+if "mtls" in cfg:  # as the webhook adds them (src/inject/mtls.rs)
     volume = yaml.safe_load(yaml.safe_dump(cfg["mtls"]["volume"]).replace("{service_account}", "coder"))
     volumes.append(dict(volume, name="agent-reach-tls"))
     sidecar_mounts.append({"name": "agent-reach-tls", "mountPath": "/var/run/agent-reach/tls", "readOnly": True})

@@ -9,7 +9,7 @@
 //! faults hits the fleet: SIGKILL and restart of sidecars and agents, SIGTERM (drain) of
 //! sidecars, a 15 s partition of a worker (iptables DROP on its ports), the task store's disk
 //! filled and freed, a Redis restart. A fault this machine cannot inject (not root, no
-//! iptables, no redis-server) is skipped and said so. Then the checker (`tests/it/support/chaos/`)
+//! iptables, no redis-server) is skipped and said so. Then the checker (`examples/testkit/src/chaos/`)
 //! reads every accepted task and every execution log: every `202` must end `done`, `escalated`
 //! or `resolved` (or `failed` with the agent's own answer) — but not escalated for
 //! `unknown_capability` (nobody to ask must wait, `docs/tasks.md`) — no agent may run one key's
@@ -25,8 +25,7 @@
 
 use std::time::Duration;
 
-#[path = "../tests/it/support/chaos/mod.rs"]
-mod chaos;
+use testkit::chaos;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

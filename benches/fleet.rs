@@ -28,13 +28,8 @@ use agent_reach::gossip::{
 use agent_reach::reach::State;
 use tokio_util::sync::CancellationToken;
 
-#[path = "common/mod.rs"]
-mod common;
-// The binary's blocking client of `agent-reach status` (not part of the library).
-#[path = "../src/bin/agent-reach/blocking.rs"]
-#[allow(dead_code, unreachable_pub, unused_imports)]
-mod blocking;
-use common::{free_port, kib, terminate, write};
+use bench::{free_port, kib, terminate, write};
+use testkit::bench;
 
 /// A key every member and the sidecar share (64 hex characters).
 const KEY: &str = "4d2f0c9a7b1e3a5c6d8e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e";
@@ -398,10 +393,9 @@ async fn get_async(admin: SocketAddr, path: &'static str) -> Result<(String, f64
 /// One admin GET: the body and how long it took, in ms.
 fn get(admin: SocketAddr, path: &str) -> Result<(String, f64), String> {
     let started = Instant::now();
-    let (status, body, url) = blocking::exchange(&format!("http://{admin}"), "GET", path, b"")
-        .map_err(|e| e.to_string())?;
+    let (status, body) = bench::get(admin, path)?;
     if status != 200 {
-        return Err(format!("{url} answered {status}"));
+        return Err(format!("http://{admin}{path} answered {status}"));
     }
     Ok((body, started.elapsed().as_secs_f64() * 1000.0))
 }

@@ -3,7 +3,7 @@
 //! fleet to converge from one seed, time for a state change to reach every node (p50/max),
 //! time for a dead node to leave every table (p50/max), and bytes and datagrams per node per
 //! second in steady state. Never asserts on time. The fleet is the one the gossip tests run
-//! (`tests/it/support/gossip_fleet.rs`), here with the shipped timings.
+//! (`examples/testkit/src/gossip_fleet.rs`), here with the shipped timings.
 //!
 //! Two modes run the same node code:
 //! - real time (default): a multi-thread runtime, no network faults. On a small machine a large
@@ -29,19 +29,14 @@ use agent_reach::gossip::{self, Clock, ClusterKey, Faults, Live, MemNetwork, Nod
 use agent_reach::reach::State;
 use tokio::time::Instant;
 
-/// The fleet harness the gossip tests use too.
-#[path = "../tests/it/support/gossip_fleet.rs"]
-#[allow(dead_code)] // the tests' helpers (`eventually`, `quick_timings`, …)
-mod harness;
-
-use harness::{addr, wait_until, Fleet, Node};
+use testkit::gossip_fleet::{addr, wait_until, Fleet, Node};
 
 /// The live view the benchmark's agents publish, busy or not.
 fn live(busy: bool) -> Live {
     Live {
         busy,
         saturation: if busy { 1000 } else { 200 },
-        ..harness::live(State::Healthy, 2)
+        ..testkit::gossip_fleet::live(State::Healthy, 2)
     }
 }
 

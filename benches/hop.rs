@@ -2,12 +2,6 @@
 //! sidecar. Run: `cargo bench --bench hop` (the full comparison with nginx/HAProxy/Envoy is a
 //! separate benchmark). Prints medians and tails; never asserts on time.
 
-// The binary's mock agent (src/bin/agent-reach/mock_agent), included by path: it is not part of
-// the library.
-#[path = "../src/bin/agent-reach/mock_agent/mod.rs"]
-#[allow(dead_code, unreachable_pub, unused_imports)]
-mod mock_agent;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +10,7 @@ use agent_reach::config::{ConfigPaths, ConfigStore, Policy};
 use agent_reach::http::{body, client};
 use agent_reach::{Bootstrap, Sidecar};
 use http_body_util::BodyExt;
-use mock_agent::{Latency, MockAgent, MockConfig};
+use testkit::{Latency, MockAgent, MockConfig};
 
 /// Requests per row; `--smoke` (CI) sends a few hundred.
 fn requests() -> usize {

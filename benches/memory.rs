@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 
-#[path = "common/mod.rs"]
-mod common;
-use common::{free_port, kib, terminate, write};
+use bench::{free_port, kib, terminate, write};
+use testkit::bench;
 
 const RESPONSE_BYTES: usize = 256 * 1024;
 

@@ -23,12 +23,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-#[path = "common/mod.rs"]
-mod common;
-use common::tls::{handshake_loop, Pki};
-use common::{free_port, kib, write, Tools};
+use bench::tls::{handshake_loop, Pki};
+use bench::{free_port, kib, write, Tools};
 use http_body_util::channel::Channel;
 use http_body_util::{BodyExt, Full};
+use testkit::bench;
 
 const BODY_64K: usize = 64 * 1024;
 
@@ -224,7 +223,7 @@ fn main() {
 /// `benches/perf/hop.sh` (16 keep-alive connections, an nginx `return 200` upstream): the one
 /// figure a busy two-core machine measures without noise (`docs/perf-levers.md`).
 fn print_instructions(binary: &Path) {
-    if common::which("valgrind").is_none() {
+    if bench::which("valgrind").is_none() {
         println!(
             "\ninstructions per request: valgrind not found, skipped (Debian package valgrind)"
         );
@@ -667,7 +666,7 @@ impl System {
                          frontend f\n  bind 127.0.0.1:{listen}\n  default_backend b\n\
                          backend b\n  http-reuse always\n  server s1 {to}\n"))
                 };
-                let spawn = |cfg: PathBuf| common::spawn_quiet(common::haproxy(binary, &cfg));
+                let spawn = |cfg: PathBuf| bench::spawn_quiet(bench::haproxy(binary, &cfg));
                 let back_addr = SocketAddr::from(([127, 0, 0, 1], back));
                 vec![
                     spawn(conf("back", back, upstream)?)?,
@@ -737,7 +736,7 @@ static_resources:
                     None => (String::new(), String::new()),
                 };
                 let spawn = |cfg: PathBuf, base_id: u16| {
-                    common::spawn_quiet(common::envoy(binary, &cfg, base_id))
+                    bench::spawn_quiet(bench::envoy(binary, &cfg, base_id))
                 };
                 let back_addr = SocketAddr::from(([127, 0, 0, 1], back));
                 vec![

@@ -22,12 +22,6 @@
 //! submission|kills`. Never asserts on time; in
 //! smoke it exits 1 only when it cannot run or an accepted task is missing from the store.
 
-// The binary's mock agent (src/bin/agent-reach/mock_agent), included by path: it is not part of
-// the library.
-#[path = "../src/bin/agent-reach/mock_agent/mod.rs"]
-#[allow(dead_code, unreachable_pub, unused_imports)]
-mod mock_agent;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -40,9 +34,9 @@ use agent_reach::http::body;
 use agent_reach::http::client::{self, UpstreamClient};
 use agent_reach::{Bootstrap, ConfigStore, Policy, Sidecar};
 use http_body_util::BodyExt;
-use mock_agent::{Latency, MockAgent, MockConfig};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use testkit::{Latency, MockAgent, MockConfig};
 
 const CAP: &str = "code-review";
 

@@ -5,11 +5,6 @@
 
 #![warn(missing_debug_implementations)]
 
-// The gossip fleet harness (`tests/it/support/gossip_fleet.rs`) names the crate as the
-// black-box tests do; the unit tests include it by path.
-#[cfg(test)]
-extern crate self as agent_reach;
-
 pub(crate) mod a2a;
 pub mod admin;
 pub(crate) mod agent_request;
@@ -25,6 +20,7 @@ pub mod http;
 pub(crate) mod idempotency;
 pub mod identity;
 pub(crate) mod inbound;
+pub mod inject;
 pub mod intercept;
 pub(crate) mod local;
 pub mod mcp;

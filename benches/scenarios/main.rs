@@ -82,8 +82,7 @@
 //! This file is the command line, the run loop and the main table; `scenario.rs` says what sets
 //! each scenario apart; `support/` holds the agents, callers, routers and measures they share.
 
-#[path = "../common/mod.rs"]
-mod common;
+use testkit::bench;
 
 mod burst;
 mod crash_same_address;
@@ -95,11 +94,6 @@ mod scenario;
 mod slow_agent;
 mod slow_tail;
 mod support;
-// The binary's mock agent (src/bin/agent-reach/mock_agent), included by path: it is not part of
-// the library.
-#[path = "../../src/bin/agent-reach/mock_agent/mod.rs"]
-#[allow(dead_code, unreachable_pub, unused_imports)]
-mod mock_agent;
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -109,12 +103,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bench::{free_port, Tools};
 use bytes::Bytes;
-use common::{free_port, Tools};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use mock_agent::{Latency, MockAgent, MockConfig, Mode, Workload};
+use testkit::{Latency, MockAgent, MockConfig, Mode, Workload};
 
 use scenario::{Scenario, RESTART_AFTER};
 use support::front::{Front, Kind};

@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 
 use agent_reach::config::{ExternalTarget, HumanDuration, Name, Policy, TargetEndpoint};
 
-use crate::common::Tools;
-use crate::mock_agent::{ModelCall, ProviderBudget, ProviderHeaders};
 use crate::support::fleet::{quantile, Done, Load, Proxy, ReachFleet};
 use crate::support::proxies::{envoy_bootstrap, envoy_endpoints};
 use crate::{Latency, MockAgent, MockConfig};
+use testkit::bench::Tools;
+use testkit::{ModelCall, ProviderBudget, ProviderHeaders};
 
 const AGENTS: usize = 3;
 const WORKERS: usize = 6;

@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 
 use agent_reach::config::{parse_policy, Policy};
 
-use crate::common::Tools;
 use crate::support::fleet::{quantile, Done, Load, Proxy, ReachFleet};
 use crate::support::proxies::{envoy_bootstrap, envoy_endpoints};
 use crate::{MockAgent, MockConfig, Mode, Workload, LATENCY, SEED};
+use testkit::bench::Tools;
 
 const AGENTS: usize = 3;
 const WORKERS: usize = 8;

@@ -10,8 +10,6 @@
 mod address_warnings;
 mod clock;
 pub mod envelope;
-#[cfg(test)]
-mod fleet_tests;
 mod model;
 mod node;
 mod stats;

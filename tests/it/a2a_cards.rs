@@ -10,10 +10,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::mock_agent::a2a::{A2aAgent, A2aSkill};
 use agent_reach::config::{A2aConfig, HumanDuration, Proficiency};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
+use testkit::a2a::{A2aAgent, A2aSkill};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(10);

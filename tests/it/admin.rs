@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::mock_agent::MockConfig;
 use agent_reach::config::{ConfigPaths, HumanDuration, MetricsPolicy, Policy};
 use agent_reach::Bootstrap;
 use support::*;
+use testkit::MockConfig;
 
 #[tokio::test]
 async fn metrics_count_requests_after_traffic() {

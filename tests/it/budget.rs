@@ -9,12 +9,10 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::mock_agent::{
-    Latency, MockAgent, MockConfig, ModelCall, ProviderBudget, ProviderHeaders,
-};
 use agent_reach::config::{ExternalTarget, HumanDuration, Name, Policy, TargetEndpoint};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
+use testkit::{Latency, MockAgent, MockConfig, ModelCall, ProviderBudget, ProviderHeaders};
 
 /// The capability an agent's sidecar names its model provider by.
 const LLM: &str = "llm";

@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use support::*;
 use tokio::net::TcpListener;
 
-use crate::mock_agent::{Latency, MockConfig, Mode};
+use testkit::{Latency, MockConfig, Mode};
 
 /// What a delegating agent does with the chain it was handed when it calls on.
 #[derive(Clone, Copy, PartialEq)]
@@ -378,7 +378,7 @@ async fn an_async_task_keeps_its_chain_across_the_queue() {
 }
 
 /// A caller that knows `agents` (mock agents behind their sidecars) serving `CAP`.
-async fn callers(agents: &[&crate::mock_agent::MockAgent], yaml: &str) -> (Sidecar, Vec<Sidecar>) {
+async fn callers(agents: &[&testkit::MockAgent], yaml: &str) -> (Sidecar, Vec<Sidecar>) {
     let policy = policy(yaml);
     let nowhere = SocketAddr::from(([127, 0, 0, 1], 9));
     let mut caller = Bootstrap::local("caller", nowhere, &[]).unwrap();
@@ -584,7 +584,7 @@ async fn a_stream_whose_first_event_never_comes_moves_before_a_byte_is_sent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demos_delegation_loop_stops_at_its_first_turn() {
-    let summary = crate::demo::loop_act().await.unwrap();
+    let summary = demo::loop_act().await.unwrap();
     assert_eq!(summary.status, 508, "{summary:?}");
     assert_eq!(summary.reason, "loop_detected");
     assert_eq!(

@@ -5,7 +5,7 @@
 //! stream hung, every task store healed once its disk or Redis was back, no panic.
 //! `CHAOS_SEED=N` runs another schedule.
 
-use crate::support::chaos;
+use testkit::chaos;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seeded_fault_run_loses_nothing_and_runs_nothing_twice() {

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::mock_agent::{Latency, MockConfig};
 use support::*;
+use testkit::{Latency, MockConfig};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-reach");
 

@@ -7,10 +7,10 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::mock_agent::MockConfig;
 use agent_reach::config::{ExternalTarget, Name, Policy, RateLimit, TargetEndpoint};
 use agent_reach::Bootstrap;
 use support::*;
+use testkit::MockConfig;
 
 fn target(addr: SocketAddr, rate_limit: Option<RateLimit>) -> ExternalTarget {
     ExternalTarget {

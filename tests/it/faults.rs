@@ -4,7 +4,7 @@
 //! running tasks. Every wait polls against a deadline.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support::chaos;
+use testkit::chaos;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -9,10 +9,10 @@ use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::mock_agent::{Latency, MockAgent, MockConfig};
 use agent_reach::gossip::{envelope, wire, ClusterKey};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
+use testkit::{Latency, MockAgent, MockConfig};
 
 fn key_file(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("agent-reach-gossip-{}-{tag}", std::process::id()));
@@ -788,7 +788,7 @@ async fn restart_in_place(
     // The call in flight when SIGTERM comes goes first, alone, so it is the one at the agent.
     let in_flight = match stop {
         Stop::TermInFlight => {
-            b_agent.set_mode(crate::mock_agent::Mode::Slow);
+            b_agent.set_mode(testkit::Mode::Slow);
             let outbound = a.addrs.outbound;
             let call = tokio::spawn(async move { call_cap(outbound, CAP).await });
             eventually(
@@ -818,7 +818,7 @@ async fn restart_in_place(
     if let Some(call) = in_flight {
         let reply = call.await.unwrap();
         assert_eq!(reply.status, 200, "the in-flight call: {}", reply.body);
-        b_agent.set_mode(crate::mock_agent::Mode::Normal);
+        b_agent.set_mode(testkit::Mode::Normal);
     }
     // The container's restart delay: scenario time, not a wait for anything.
     tokio::time::sleep(Duration::from_secs(3)).await;

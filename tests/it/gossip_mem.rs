@@ -8,8 +8,8 @@ use std::time::Duration;
 use agent_reach::gossip::{self, wire, ClusterKey, Rejected};
 use agent_reach::reach::State;
 
-use crate::support::gossip_fleet::{addr, eventually, live, profile, Fleet, Node};
 use crate::support::wire_capability;
+use testkit::gossip_fleet::{addr, eventually, live, profile, Fleet, Node};
 
 #[tokio::test]
 async fn a_fleet_finds_itself_from_one_seed_and_forgets_a_dead_member() {

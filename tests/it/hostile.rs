@@ -9,7 +9,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::mock_agent::{MockConfig, Mode};
 use agent_reach::config::HumanDuration;
 use agent_reach::reach::State;
 use agent_reach::Bootstrap;
@@ -17,6 +16,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::*;
+use testkit::{MockConfig, Mode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -406,7 +406,7 @@ async fn stored_responses_stay_within_the_budget_and_each_callers_share() {
 #[tokio::test]
 async fn status_never_shows_a_probes_secret_headers() {
     let pair = Pair::start_with(MockConfig::new("coder-1"), |mut b| {
-        let mut probe = crate::mock_agent::probe_spec();
+        let mut probe = testkit::probe_spec();
         probe
             .headers
             .insert("authorization".to_owned(), "Bearer s3cret-token".to_owned());

@@ -6,9 +6,9 @@ use crate::support;
 
 use std::time::Duration;
 
-use crate::mock_agent::{Latency, MockConfig};
 use agent_reach::config::HumanDuration;
 use support::*;
+use testkit::{Latency, MockConfig};
 
 /// An agent slower (1.2 s) than its declared timeout (1 s).
 async fn slow_pair() -> Pair {

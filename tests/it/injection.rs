@@ -16,9 +16,9 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
 
-use crate::inject::patch::Op;
-use crate::inject::{apply, Injector, InjectorConfig};
 use agent_reach::config::yaml;
+use agent_reach::inject::patch::Op;
+use agent_reach::inject::{apply, Injector, InjectorConfig};
 use support::eventually;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-reach");
@@ -1038,7 +1038,7 @@ fn a_pod_name_that_is_not_a_dns_label_becomes_one_that_stays_unique() {
 /// message), pre-stop holds the signal back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lifecycle_hooks_wait_for_live_and_hold_the_stop() {
-    let agent = support::mock(crate::mock_agent::MockConfig::new("coder-1")).await;
+    let agent = support::mock(testkit::MockConfig::new("coder-1")).await;
     let bootstrap = match agent_reach::Bootstrap::local("coder-1", agent.addr, &[support::CAP]) {
         Ok(b) => b,
         Err(err) => panic!("{err}"),

@@ -10,10 +10,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::mock_agent::{MockAgent, MockConfig};
 use agent_reach::config::{self, ConfigPaths};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
+use testkit::{MockAgent, MockConfig};
 
 const RULES: &str = "\
 intent_threshold: 0.6

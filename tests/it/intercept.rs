@@ -253,6 +253,7 @@ fn a_plain_client_calling_the_agents_port_is_measured_by_the_sidecar() {
         return;
     };
     let bin = env!("CARGO_BIN_EXE_agent-reach");
+    let mock_agent = testkit::bins::mock_agent().display().to_string();
     let bootstrap = ns.dir.join("bootstrap.yaml");
     // `strict`: peers must speak mutual TLS; an intercepted client of the agent's port, which
     // knows nothing of the mesh, is let through in plaintext because the policy says so for
@@ -275,12 +276,7 @@ fn a_plain_client_calling_the_agents_port_is_measured_by_the_sidecar() {
     .unwrap();
     ns.spawn(
         "agent",
-        &[
-            bin,
-            "mock-agent",
-            "--listen",
-            &format!("0.0.0.0:{AGENT_PORT}"),
-        ],
+        &[&mock_agent, "--listen", &format!("0.0.0.0:{AGENT_PORT}")],
     );
     ns.spawn(
         "sidecar",
@@ -421,6 +417,7 @@ fn strict_refuses_intercepted_plaintext_without_a_port_exception() {
         return;
     };
     let bin = env!("CARGO_BIN_EXE_agent-reach");
+    let mock_agent = testkit::bins::mock_agent().display().to_string();
     let bootstrap = ns.dir.join("bootstrap.yaml");
     let policy = ns.dir.join("policy.yaml");
     std::fs::write(&policy, "mtls:\n  mode: strict\n").unwrap();
@@ -435,7 +432,7 @@ fn strict_refuses_intercepted_plaintext_without_a_port_exception() {
     )
     .unwrap();
     let agent = format!("127.0.0.1:{AGENT_PORT}");
-    ns.spawn("agent", &[bin, "mock-agent", "--listen", &agent]);
+    ns.spawn("agent", &[&mock_agent, "--listen", &agent]);
     let (config, policy) = (bootstrap.to_str().unwrap(), policy.to_str().unwrap());
     ns.spawn(
         "sidecar",
@@ -533,6 +530,7 @@ fn an_injected_pods_probes_are_answered_by_its_agent_over_ipv4_and_ipv6() {
         eprintln!("tests/it/intercept.rs: no IPv6 in this kernel: IPv4 only");
     }
     let bin = env!("CARGO_BIN_EXE_agent-reach");
+    let mock_agent = testkit::bins::mock_agent().display().to_string();
     let (path, probes) = injected_probes(&ns, bin);
     assert_eq!(path, "/app-health/agent/livez");
     let policy = ns.dir.join("policy.yaml");
@@ -552,8 +550,7 @@ fn an_injected_pods_probes_are_answered_by_its_agent_over_ipv4_and_ipv6() {
     ns.spawn(
         "agent",
         &[
-            bin,
-            "mock-agent",
+            &mock_agent,
             "--listen",
             &format!("127.0.0.1:{AGENT_PORT}"),
             "--mode",

@@ -16,9 +16,11 @@
 //!   test modules are not counted.
 //! - Every source path `docs/architecture.md` names in backticks exists, so the page that says
 //!   where each step of a request lives cannot go stale: [`architecture_names_files_that_exist`].
-//! - The library is the sidecar: the subcommands, the demo, the mock agent, the injector and the
-//!   terminal client are the binary's (`src/bin/agent-reach/`), and no library module names or
-//!   includes them: [`the_library_is_the_sidecar`]. The import rules above hold in the binary too.
+//! - The library is the sidecar: the subcommands and the terminal client are the binary's
+//!   (`src/bin/agent-reach/`), the demo and the mock agent crates of their own (`examples/demo`,
+//!   `examples/testkit`), and no library module names them; nothing in the workspace includes a
+//!   file by `#[path]` or names its own crate through `extern crate self`:
+//!   [`the_library_is_the_sidecar`]. The import rules above hold in every crate of the workspace.
 //!
 //! The scanner is deliberately simple: comments and literals are blanked out, then paths are
 //! read and braces matched. It does not expand macros, see method calls (an inherent impl
@@ -36,21 +38,32 @@ const MAX_FN_LINES: usize = 80;
 /// The folders whose functions [`MAX_FN_LINES`] applies to.
 const DATA_PATH: [&str; 5] = ["outbound", "inbound", "http", "peers", "reach"];
 
-/// The library (`src/`) and the binary (`src/bin/agent-reach/`), each with the folder it is read
-/// from: the import rules hold in both.
-fn crates() -> [(&'static str, Crate); 2] {
+/// The library (`src/`), the binary (`src/bin/agent-reach/`) and the workspace's other crates'
+/// libraries, each with the folder it is read from: the import rules hold in all of them.
+fn crates() -> [(&'static str, Crate); 4] {
     [
         ("src", Crate::read()),
         (BINARY, Crate::read_from(BINARY, "main")),
+        (
+            "examples/demo/src",
+            Crate::read_from("examples/demo/src", "lib"),
+        ),
+        (
+            "examples/testkit/src",
+            Crate::read_from("examples/testkit/src", "lib"),
+        ),
     ]
 }
 
 /// The binary's folder, a crate of its own (its root is `main.rs`).
 const BINARY: &str = "src/bin/agent-reach";
 
-/// What belongs to the binary, never to the library: the subcommands, the demo, the mock agent,
-/// the injector and the terminal commands' blocking client.
-const BINARY_ONLY: [&str; 5] = ["commands", "demo", "mock_agent", "inject", "blocking"];
+/// What belongs to the binary, never to the library: the subcommands and the terminal commands'
+/// blocking client.
+const BINARY_ONLY: [&str; 2] = ["commands", "blocking"];
+
+/// The folders of the workspace's Rust sources.
+const WORKSPACE: [&str; 4] = ["src", "tests", "benches", "examples"];
 
 #[test]
 fn the_library_is_the_sidecar() {
@@ -71,19 +84,26 @@ fn the_library_is_the_sidecar() {
                 );
             }
         }
-        let raw = Path::new(env!("CARGO_MANIFEST_DIR")).join(&file.path);
-        let raw = fs::read_to_string(&raw).unwrap_or_else(|e| panic!("{raw:?}: {e}"));
-        if raw.contains("bin/agent-reach/") && raw.contains("#[path") {
-            let _ = writeln!(
-                report,
-                "{}: includes a file of the binary",
-                file.path.display()
-            );
+    }
+    let mut sources = Vec::new();
+    for folder in WORKSPACE {
+        walk(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join(folder),
+            &mut sources,
+        );
+    }
+    for path in sources {
+        let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        for pattern in ["#[path", "extern crate self"] {
+            if text.lines().any(|l| l.trim_start().starts_with(pattern)) {
+                let _ = writeln!(report, "{}: `{pattern}`", path.display());
+            }
         }
     }
     assert!(
         report.is_empty(),
-        "the library imports what belongs to the binary ({BINARY}):\n{report}"
+        "the library imports what belongs to the binary ({BINARY}), or a file is included by \
+         path:\n{report}"
     );
     let binary = Crate::read_from(BINARY, "main");
     for name in BINARY_ONLY {
@@ -373,7 +393,7 @@ impl Crate {
         let mut found = Vec::new();
         walk(&src, &mut found);
         if root == "lib" {
-            found.retain(|path| !path.starts_with(src.join("bin")));
+            found.retain(|path| !path.starts_with(src.join("bin")) && *path != src.join("main.rs"));
         }
         let files = found
             .into_iter()

@@ -6,10 +6,10 @@ use crate::support;
 
 use std::time::Duration;
 
-use crate::mock_agent::MockConfig;
 use agent_reach::config::{HumanDuration, Policy};
 use agent_reach::Bootstrap;
 use support::*;
+use testkit::MockConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -5,26 +5,6 @@
 
 mod support;
 
-// The binary's mock agent, demo fleet and injector (src/bin/agent-reach), which these tests drive
-// in-process, and the terminal client with `agent-reach status`'s rendering: included by path at
-// the crate root, as in the binary, so their `crate::` paths resolve; their unit tests run here
-// (the binary's test target is off). Each user leaves some of their items unused.
-#[path = "../../src/bin/agent-reach/blocking.rs"]
-#[allow(dead_code, unreachable_pub, unused_imports)]
-mod blocking;
-#[path = "../../src/bin/agent-reach/demo/mod.rs"]
-#[allow(dead_code, unreachable_pub, unused_imports)]
-mod demo;
-#[path = "../../src/bin/agent-reach/inject/mod.rs"]
-#[allow(dead_code, unreachable_pub, unused_imports)]
-mod inject;
-#[path = "../../src/bin/agent-reach/mock_agent/mod.rs"]
-#[allow(dead_code, unreachable_pub, unused_imports)]
-mod mock_agent;
-#[path = "../../src/bin/agent-reach/commands/status.rs"]
-#[allow(dead_code, unreachable_pub, unused_imports)]
-mod status;
-
 mod a2a_cards;
 mod admin;
 mod affinity;
@@ -33,10 +13,10 @@ mod chains;
 mod chaos;
 mod claims;
 mod cli;
-mod demo_command;
 mod external;
 mod faults;
 mod gossip;
+mod gossip_fleet;
 mod gossip_mem;
 mod hostile;
 mod idempotency;

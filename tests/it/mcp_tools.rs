@@ -13,11 +13,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::mock_agent::mcp::{described, tool, McpServer};
 use agent_reach::config::{HumanDuration, McpConfig};
 use agent_reach::{Bootstrap, Sidecar};
 use serde_json::{json, Value};
 use support::*;
+use testkit::mcp::{described, tool, McpServer};
 
 const WAIT: Duration = Duration::from_secs(15);
 

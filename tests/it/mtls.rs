@@ -470,7 +470,7 @@ fn rotate(ca: &DevCa, files: &TlsFiles, spiffe_id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotating_the_certificates_under_traffic_loses_no_request() {
     let pki = Pki::new("rotate");
-    let agent = mock(crate::mock_agent::MockConfig::new("coder-1")).await;
+    let agent = mock(testkit::MockConfig::new("coder-1")).await;
     let coder = id("agents", "coder");
     let callee_files = pki.files("coder", &coder);
     let caller_files = pki.files("caller", &id("agents", "caller"));
@@ -615,7 +615,7 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
     )
     .await;
     let seed = a.addrs.gossip.unwrap();
-    let b_agent = mock(crate::mock_agent::MockConfig::new("agent-b")).await;
+    let b_agent = mock(testkit::MockConfig::new("agent-b")).await;
     let _b = start(
         fast(with_tls(
             Bootstrap::local("agent-b", b_agent.addr, &[CAP])
@@ -627,7 +627,7 @@ async fn a_gossip_member_whose_certificate_does_not_match_its_identity_gets_no_t
     )
     .await;
     // The rogue's sidecar: a real certificate from the fleet's CA, under its own identity.
-    let rogue_agent = mock(crate::mock_agent::MockConfig::new("rogue")).await;
+    let rogue_agent = mock(testkit::MockConfig::new("rogue")).await;
     let rogue = meshed(
         &pki,
         Bootstrap::local("rogue", rogue_agent.addr, &[CAP]).unwrap(),
@@ -1075,7 +1075,7 @@ async fn a_member_claiming_a_capability_served_by_another_identity_gets_none_of_
     let member = |name: &'static str, identity: String, policy: Policy| {
         let (pki, key) = (&pki, key.clone());
         async move {
-            let agent = mock(crate::mock_agent::MockConfig::new(name)).await;
+            let agent = mock(testkit::MockConfig::new(name)).await;
             let sidecar = start(
                 fast_gossip(with_tls(
                     Bootstrap::local(name, agent.addr, &[CAP])
@@ -1155,7 +1155,7 @@ async fn a_member_claiming_a_capability_served_by_another_identity_gets_none_of_
 // than to whoever claims it.
 #[tokio::test]
 async fn served_by_without_mtls_routes_to_nobody() {
-    let agent = mock(crate::mock_agent::MockConfig::new("plain")).await;
+    let agent = mock(testkit::MockConfig::new("plain")).await;
     let callee = start(
         Bootstrap::local("plain", agent.addr, &[CAP]).unwrap(),
         Policy::default(),

@@ -8,10 +8,10 @@ use crate::support;
 
 use std::net::SocketAddr;
 
-use crate::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::config::{CapabilityPolicy, Policy};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
+use testkit::{MockAgent, MockConfig, Mode};
 
 async fn fleet(policy: Policy) -> (Vec<(MockAgent, Sidecar)>, Sidecar) {
     let mut caller =

@@ -11,10 +11,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::config::{OutputSchema, Policy};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
+use testkit::{MockAgent, MockConfig, Mode};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-reach");
 

@@ -9,11 +9,11 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::mock_agent::{Latency, MockAgent, MockConfig};
 use agent_reach::config::PositiveCount;
 use agent_reach::reach::State;
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
+use testkit::{Latency, MockAgent, MockConfig};
 
 /// `n` agents (20 ms, `max_concurrency` 2, no queue) behind their sidecars, and a caller that
 /// knows them all as static peers.

@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use support::*;
 
-use crate::mock_agent::MockConfig;
+use testkit::MockConfig;
 
 const TRUST_DOMAIN: &str = "spiffe://test.example";
 

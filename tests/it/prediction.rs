@@ -8,10 +8,10 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::mock_agent::{MockConfig, Mode};
 use agent_reach::config::{HumanDuration, Policy, PositiveCount};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
+use testkit::{MockConfig, Mode};
 
 const WEAK: &str = "weak-1";
 const STRONG: &str = "strong-1";
@@ -23,7 +23,7 @@ fn policy() -> Policy {
     policy
 }
 
-async fn agent_sidecar(name: &str, mode: Mode) -> (crate::mock_agent::MockAgent, Sidecar) {
+async fn agent_sidecar(name: &str, mode: Mode) -> (testkit::MockAgent, Sidecar) {
     let mut config = MockConfig::new(name);
     config.mode = mode;
     let agent = mock(config).await;

@@ -9,17 +9,14 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::mock_agent::{MockConfig, Mode};
 use agent_reach::config::{AppProbe, ConfigPaths, MtlsMode, Policy, PositiveCount};
 use agent_reach::Bootstrap;
 use support::*;
+use testkit::{MockConfig, Mode};
 
 /// A slow agent with one slot and no queue, behind a sidecar under `mode` whose admin port
 /// runs the agent's liveness (`/healthz`) and readiness (its port) for the kubelet.
-async fn busy_agent(
-    mode: MtlsMode,
-    tag: &str,
-) -> (crate::mock_agent::MockAgent, agent_reach::Sidecar) {
+async fn busy_agent(mode: MtlsMode, tag: &str) -> (testkit::MockAgent, agent_reach::Sidecar) {
     let mut config = MockConfig::new("coder-1");
     config.mode = Mode::Slow;
     config.slow_latency = Duration::from_secs(3);

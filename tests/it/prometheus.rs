@@ -15,15 +15,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::demo::demo_policy;
-use crate::mock_agent::{MockAgent, MockConfig, Mode, ProviderBudget, ProviderHeaders};
 use agent_reach::config::{
     CapabilityPolicy, ExternalTarget, HumanDuration, Name, Policy, TargetEndpoint,
 };
 use agent_reach::reach::State;
 use agent_reach::{Bootstrap, Sidecar};
+use demo::demo_policy;
 use serde_json::Value;
 use support::*;
+use testkit::{MockAgent, MockConfig, Mode, ProviderBudget, ProviderHeaders};
 
 /// A second capability, observe-only: the caller routes it round robin and counts what the
 /// model would have avoided (the dashboard's observe panels).

@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::mock_agent::{Latency, MockAgent, MockConfig, Mode};
 use agent_reach::config::{Compare, GoldenTask, HumanDuration, Policy, QualitySpec, Snapshot};
 use agent_reach::http::client::AgentClient;
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
+use testkit::{Latency, MockAgent, MockConfig, Mode};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-reach");
 /// Short, so a drift shows within the test; the default is an hour.

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::demo::{demo_policy, Fleet};
-use crate::mock_agent::{MockConfig, Mode};
 use agent_reach::config::{HumanDuration, Policy, PositiveCount};
 use agent_reach::peers::PeerStatus;
 use agent_reach::reach::State;
 use agent_reach::Sidecar;
+use demo::{demo_policy, Fleet};
 use support::*;
+use testkit::{MockConfig, Mode};
 
 fn peer(caller: &Sidecar, name: &str) -> Option<PeerStatus> {
     caller

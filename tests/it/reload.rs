@@ -7,10 +7,10 @@ use crate::support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::mock_agent::MockConfig;
 use agent_reach::config::{self, ConfigPaths, Policy};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
+use testkit::MockConfig;
 
 /// A directory laid out the way the kubelet mounts a ConfigMap.
 struct ConfigMapDir {

@@ -5,8 +5,8 @@ use crate::support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::mock_agent::{Latency, MockConfig};
 use support::*;
+use testkit::{Latency, MockConfig};
 
 fn slow_agent() -> MockConfig {
     let mut config = MockConfig::new("coder-1");
@@ -120,9 +120,9 @@ async fn a_generous_deadline_lets_the_call_finish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_async_call_walks_its_fallback_chain_with_spacing() {
-    use crate::mock_agent::Mode;
     use agent_reach::config::{HumanDuration, Policy};
     use agent_reach::Bootstrap;
+    use testkit::Mode;
 
     let mut policy = Policy::default();
     policy.retry.fallback.interval = HumanDuration::from_millis(300);
@@ -178,9 +178,9 @@ async fn timed_out_calls_move_to_another_peer_when_idempotent() {
 
 /// A hung peer and a fine one; `method` calls until one meets the hung peer first.
 async fn move_on_timeout(method: &str, declared_idempotent: bool) {
-    use crate::mock_agent::Mode;
     use agent_reach::config::HumanDuration;
     use agent_reach::Bootstrap;
+    use testkit::Mode;
 
     let mut caller = Bootstrap::local(
         "caller",
@@ -232,8 +232,8 @@ async fn move_on_timeout(method: &str, declared_idempotent: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_honoured_when_everyone_left_asked_for_a_pause() {
-    use crate::mock_agent::Mode;
     use agent_reach::Bootstrap;
+    use testkit::Mode;
 
     let mut caller = Bootstrap::local(
         "caller",
@@ -357,7 +357,7 @@ async fn retry_after_as_an_http_date_is_honoured_like_seconds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_abandoned_far_past_the_peers_latency_count_against_it() {
     let mut config = MockConfig::new("coder-1");
-    config.mode = crate::mock_agent::Mode::Hang;
+    config.mode = testkit::Mode::Hang;
     let pair = Pair::start(config).await;
     let url = format!("http://{}/review", pair.outbound());
     let state = || {
@@ -393,7 +393,7 @@ async fn calls_abandoned_far_past_the_peers_latency_count_against_it() {
 /// `reach-attempts: 1`).
 #[tokio::test]
 async fn a_lone_refusing_candidate_is_not_retried_counted_or_budgeted() {
-    use crate::mock_agent::Mode;
+    use testkit::Mode;
 
     let mut config = MockConfig::new("coder-1");
     config.mode = Mode::RateLimited;

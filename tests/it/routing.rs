@@ -4,11 +4,11 @@
 
 use crate::support;
 
-use crate::mock_agent::MockConfig;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use support::*;
+use testkit::MockConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
@@ -172,7 +172,7 @@ async fn a_peer_nobody_listens_for_is_a_json_502() {
 #[tokio::test]
 async fn an_agent_that_never_answers_times_out_with_504() {
     let mut config = MockConfig::new("coder-1");
-    config.mode = crate::mock_agent::Mode::Hang;
+    config.mode = testkit::Mode::Hang;
     let pair = Pair::start_with(config, |mut b| {
         b.agent.capabilities[0].timeout =
             Some(agent_reach::config::HumanDuration::from_millis(200));

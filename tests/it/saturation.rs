@@ -6,9 +6,9 @@ use crate::support;
 
 use std::time::Duration;
 
-use crate::mock_agent::{MockConfig, Mode};
 use agent_reach::config::{HumanDuration, PositiveCount};
 use support::*;
+use testkit::{MockConfig, Mode};
 
 #[tokio::test]
 async fn answers_503_saturated_at_once_when_slots_and_queue_are_full() {
@@ -53,7 +53,7 @@ async fn answers_503_saturated_at_once_when_slots_and_queue_are_full() {
 async fn a_queued_request_runs_when_a_slot_frees() {
     let mut config = MockConfig::new("coder-1");
     config.mode = Mode::Locked;
-    config.latency = crate::mock_agent::Latency::fixed(Duration::from_millis(100));
+    config.latency = testkit::Latency::fixed(Duration::from_millis(100));
     let pair = Pair::start_with(config, |mut b| {
         b.agent.max_concurrency = PositiveCount::new(1).unwrap();
         b.agent.queue.capacity = 4;

@@ -11,10 +11,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::mock_agent::{Latency, MockAgent, MockConfig};
 use agent_reach::config::{HumanDuration, PositiveCount};
 use agent_reach::{Bootstrap, Sidecar};
 use support::*;
+use testkit::{Latency, MockAgent, MockConfig};
 use tokio_util::sync::CancellationToken;
 
 const AGENTS: usize = 3;

@@ -8,8 +8,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::mock_agent::MockConfig;
 use support::*;
+use testkit::MockConfig;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-reach");
 

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::demo::{demo_policy, Fleet};
-use crate::mock_agent::Mode;
 use agent_reach::reach::State;
+use demo::{demo_policy, Fleet};
 use support::*;
+use testkit::Mode;
 
 /// The broken agent (the fleet's second).
 const BROKEN: &str = "coder-2";

@@ -6,9 +6,9 @@ use crate::support;
 
 use std::time::Duration;
 
-use crate::mock_agent::MockConfig;
 use http_body_util::BodyExt;
 use support::*;
+use testkit::MockConfig;
 
 #[tokio::test]
 async fn sse_events_arrive_before_the_stream_ends() {

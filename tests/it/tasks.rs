@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::config::{
     ConfigPaths, FinalFallback, HumanDuration, Policy, QueueRounds, TasksConfig,
 };
@@ -21,6 +20,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use support::tasks::{submit, task, wait_state};
 use support::*;
+use testkit::{MockAgent, MockConfig, Mode};
 use tokio::net::TcpListener;
 
 fn tmp(name: &str) -> PathBuf {

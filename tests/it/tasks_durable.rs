@@ -9,11 +9,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::mock_agent::{Latency, MockConfig, Mode};
 use agent_reach::Bootstrap;
 use support::process::SidecarProcess;
 use support::tasks::{caller_bootstrap, submit, wait_state};
 use support::*;
+use testkit::{Latency, MockConfig, Mode};
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
@@ -150,7 +150,7 @@ async fn gossip_callee(
     seed: SocketAddr,
     key: PathBuf,
     latency: Duration,
-) -> (crate::mock_agent::MockAgent, agent_reach::Sidecar) {
+) -> (testkit::MockAgent, agent_reach::Sidecar) {
     let mut config = MockConfig::new("coder-1");
     config.latency = Latency::fixed(latency);
     let agent = mock(config).await;

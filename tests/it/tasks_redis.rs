@@ -7,12 +7,12 @@ use crate::support;
 
 use std::time::Duration;
 
-use crate::mock_agent::{Latency, MockConfig};
 use agent_reach::Bootstrap;
 use support::process::SidecarProcess;
-use support::redis::RedisServer;
 use support::tasks::{caller_bootstrap, submit};
 use support::*;
+use testkit::redis::RedisServer;
+use testkit::{Latency, MockConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_replica_takes_over_a_task_whose_owner_died() {
@@ -80,7 +80,7 @@ async fn a_sidecar_whose_store_is_down_at_start_serves_calls_and_takes_tasks_onc
         );
         return;
     }
-    let port = support::redis::free_port().unwrap();
+    let port = testkit::redis::free_port().unwrap();
     let agent = mock(MockConfig::new("coder-1")).await;
     let callee = sidecar(Bootstrap::local("coder-1", agent.addr, &[CAP]).unwrap()).await;
     let dir = std::env::temp_dir().join(format!("reach-redis-down-{}", std::process::id()));

@@ -320,8 +320,8 @@ fn double(attributes: &[KeyValue], name: &str) -> Option<f64> {
 /// a stream (which also says when its first event came).
 #[tokio::test]
 async fn an_attempt_on_a_model_provider_carries_its_tokens() {
-    use crate::mock_agent::{MockConfig, ProviderBudget, ProviderHeaders};
     use agent_reach::config::{ExternalTarget, Name, Policy, TargetEndpoint};
+    use testkit::{MockConfig, ProviderBudget, ProviderHeaders};
     let (collector, received) = receiver().await;
     let mut config = MockConfig::new("provider");
     config.provider = ProviderBudget {

@@ -7,11 +7,11 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::demo::demo_policy;
-use crate::mock_agent::{MockAgent, MockConfig, Mode};
 use agent_reach::reach::State;
 use agent_reach::{Bootstrap, Sidecar};
+use demo::demo_policy;
 use support::*;
+use testkit::{MockAgent, MockConfig, Mode};
 
 struct ZonedFleet {
     agents: Vec<(MockAgent, Sidecar)>,

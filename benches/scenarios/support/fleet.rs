@@ -18,8 +18,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::front::start_sidecar;
-use crate::common::{self, free_port, write};
 use crate::{CALL_TIMEOUT, CAP};
+use testkit::bench::{self, free_port, write};
 
 /// One call as a caller saw it: the status (0: no answer in time), how long it took.
 #[derive(Clone, Copy, Debug)]
@@ -192,7 +192,7 @@ impl Proxy {
     ) -> Result<Self, String> {
         let port = free_port()?;
         let cfg = write(dir, &format!("haproxy-{port}.cfg"), &config(port))?;
-        let child = common::spawn_quiet(common::haproxy(binary, &cfg))?;
+        let child = bench::spawn_quiet(bench::haproxy(binary, &cfg))?;
         Self::ready(port, child).await
     }
 
@@ -203,7 +203,7 @@ impl Proxy {
     ) -> Result<Self, String> {
         let port = free_port()?;
         let cfg = write(dir, &format!("envoy-{port}.yaml"), &config(port))?;
-        let child = common::spawn_quiet(common::envoy(binary, &cfg, port))?;
+        let child = bench::spawn_quiet(bench::envoy(binary, &cfg, port))?;
         Self::ready(port, child).await
     }
 

@@ -17,11 +17,11 @@ use hyper_util::rt::TokioExecutor;
 
 use super::baseline::baseline;
 use super::proxies::{envoy_config, haproxy_command, write_eds};
-use crate::common::{self, free_port, write, Tools};
 use crate::half_open::{Relay, RELAY_IP};
 use crate::scenario::Scenario;
 use crate::scenario::REACH_NO_PREDICTION;
 use crate::{Options, CAP, QUEUE};
+use testkit::bench::{self, free_port, write, Tools};
 
 /// The router under test, in front of the agents, with the relay of a half-open run.
 pub(crate) struct Front {
@@ -89,7 +89,7 @@ impl Reach {
         }
         if self.probe {
             for c in &mut b.agent.capabilities {
-                c.probe = Some(crate::mock_agent::probe_spec());
+                c.probe = Some(testkit::probe_spec());
             }
         }
         start_sidecar(b, self.policy.clone()).await
@@ -223,7 +223,7 @@ impl Front {
                      backend b\n  balance roundrobin\n  option httpchk GET /healthz\n  http-check expect status 200\n\
                      \x20 default-server inter 10s fall 3 rise 2 observe layer7 error-limit 10 on-error mark-down\n{servers}",
                     socket.display()))?;
-                let child = common::spawn_quiet(common::haproxy(&binary, &cfg))?;
+                let child = bench::spawn_quiet(bench::haproxy(&binary, &cfg))?;
                 Kind::Haproxy {
                     port,
                     child,
@@ -248,7 +248,7 @@ impl Front {
                     "envoy.yaml",
                     &envoy_config(port, &endpoints, eds.as_deref()),
                 )?;
-                let child = common::spawn_quiet(common::envoy(&binary, &cfg, port))?;
+                let child = bench::spawn_quiet(bench::envoy(&binary, &cfg, port))?;
                 Kind::Envoy { port, child, eds }
             }
             other => return Err(format!("unknown router {other}")),

@@ -13,7 +13,7 @@ const MAX_BODY: u64 = 64 * 1024 * 1024;
 
 /// Why a request could not be made or its answer read.
 #[derive(Debug, thiserror::Error)]
-pub enum FetchError {
+pub(crate) enum FetchError {
     #[error("{0:?} is not an admin URL (expected http://HOST:PORT)")]
     BadUrl(String),
     #[error("cannot resolve {authority}: {source}")]
@@ -38,7 +38,7 @@ pub enum FetchError {
 
 /// One blocking HTTP/1.0 request to `base` (`http://host:port[/prefix]`) plus `path`: the
 /// status, the body as text, and the URL asked.
-pub fn exchange(
+pub(crate) fn exchange(
     base: &str,
     method: &str,
     path: &str,

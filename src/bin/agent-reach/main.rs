@@ -1,26 +1,17 @@
-//! The `agent-reach` command. The library is the sidecar; this binary adds what runs around it:
-//! the subcommands (`commands/`, one file each), the demo's fleet (`demo/`), the mock agent
-//! (`mock_agent/`), the admission webhook (`inject/`) and the blocking client of the
-//! terminal commands (`blocking.rs`).
-
-// Nothing here is a library's API: `pub` inside these modules means "for the other modules of
-// this binary" (and of the test binary that includes the mock agent, the demo and the injector
-// by path, tests/it/main.rs).
-#![allow(unreachable_pub)]
+//! The `agent-reach` command. The library is the sidecar (and the injector, `agent_reach::inject`);
+//! this binary adds the subcommands (`commands/`, one file each) and the blocking client of the
+//! terminal commands (`blocking.rs`). The demo and the mock agent are crates of their own
+//! (`examples/demo`, `examples/testkit`).
 
 mod blocking;
 mod commands;
-mod demo;
-mod inject;
-mod mock_agent;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 use commands::{
-    baseline, check, demo as demo_cmd, dev_certs, hook, init_net, inject as inject_cmd,
-    mock_agent as mock_agent_cmd, run, status, tasks,
+    baseline, check, dev_certs, hook, init_net, inject as inject_cmd, run, status, tasks,
 };
 
 /// mimalloc instead of glibc malloc: a hop makes ~50 allocations, several of them hyper's 8 KiB
@@ -62,15 +53,11 @@ enum Command {
     /// inbound listener (iptables nat PREROUTING; run as the pod's init container, needs
     /// NET_ADMIN and NET_RAW). Rerunning replaces its own chain, nothing else.
     InitNet(init_net::Args),
-    /// A mock agent with fault modes, until killed (the demo's and the tests' agent).
-    MockAgent(mock_agent_cmd::Args),
     /// Container lifecycle hooks for the plain-container sidecar (images have no shell).
     #[command(hide = true)]
     Hook(hook::Args),
     /// Golden-task baselines (`quality:` on a capability).
     Baseline(baseline::Args),
-    /// Run a local fleet of mock agents with their sidecars and show routing at work.
-    Demo(demo_cmd::Args),
 }
 
 fn main() -> ExitCode {
@@ -82,9 +69,7 @@ fn main() -> ExitCode {
         Command::Status(args) => status::run(args),
         Command::Tasks(args) => tasks::run(args),
         Command::InitNet(args) => init_net::run(args),
-        Command::MockAgent(args) => mock_agent_cmd::run(args),
         Command::Hook(args) => hook::run(args),
         Command::Baseline(args) => baseline::run(args),
-        Command::Demo(args) => demo_cmd::run(args),
     }
 }

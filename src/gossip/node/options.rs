@@ -35,10 +35,10 @@ pub struct NodeOptions {
     /// Seeds SWIM's random choices (whom to probe, whom to gossip to) for a repeatable
     /// simulation; `None` seeds from the system.
     pub seed: Option<u64>,
-    /// Tests: this node writes its items as the next version of the sidecar would
-    /// (`wire::future`), so a fleet of old and new encodings can be tried.
-    #[cfg(test)]
-    pub(crate) newer_wire: bool,
+    /// For tests of a mixed-version fleet: this node writes its items as the next version of
+    /// the sidecar would (`wire::future`). Never set by the sidecar itself.
+    #[doc(hidden)]
+    pub newer_wire: bool,
 }
 
 impl NodeOptions {
@@ -56,7 +56,6 @@ impl NodeOptions {
             max_transmissions: max_transmissions(256),
             clock: Clock::Wall,
             seed: None,
-            #[cfg(test)]
             newer_wire: false,
         }
     }

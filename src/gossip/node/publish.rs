@@ -127,7 +127,6 @@ impl Node {
             );
         }
         // The next version also publishes a kind this one does not know, beside its live view.
-        #[cfg(test)]
         if self.options.newer_wire && relayed {
             if let Ok(new_kind) = wire::future::new_kind_item(&item) {
                 let _ = self.foca.add_broadcast(&new_kind);
@@ -236,7 +235,6 @@ impl Node {
 
     /// This node's item in the current wire format (or, in tests, the next version's).
     pub(super) fn encode_item(&self, item: &Item) -> Result<Vec<u8>, WireError> {
-        #[cfg(test)]
         if self.options.newer_wire {
             return wire::future::encode_item(item);
         }

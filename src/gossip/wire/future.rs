@@ -1,8 +1,11 @@
-//! A sidecar from the future, for tests: it writes every item one version newer than this one,
-//! with a field appended to the item and to each capability or pin in it, and it publishes a
-//! kind of item this one does not know. What this sidecar must make of it is the compatibility rule.
+//! A sidecar from the future, for tests (`NodeOptions::newer_wire`): it writes every item one
+//! version newer than this one, with a field appended to the item and to each capability or pin
+//! in it, and it publishes a kind of item this one does not know. What this sidecar must make of
+//! it is the compatibility rule.
 
-use super::{write_frame, Body, Item, ItemKind, Live, Pins, Profile, WireError, Writer};
+use super::{write_frame, Body, Item, Pins, Profile, WireError, Writer};
+#[cfg(test)]
+use super::{ItemKind, Live};
 
 /// The kind a newer sidecar added.
 pub(crate) const NEW_KIND: u8 = 0x7e;
@@ -70,6 +73,7 @@ pub(crate) fn new_kind_item(head: &Item) -> Result<Vec<u8>, WireError> {
     Ok(w.into_bytes())
 }
 
+#[cfg(test)]
 /// Items one after another as the next version sends them directly: an item of the new kind
 /// first (the known ones after it must still be read), then each item in the newer version.
 pub(crate) fn encode_items<'a>(
@@ -87,6 +91,7 @@ pub(crate) fn encode_items<'a>(
 }
 
 /// The next version's `Live`: this one's fields and one more, with its default when absent.
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct NextLive {
     pub live: Live,
@@ -94,6 +99,7 @@ pub(crate) struct NextLive {
     pub queue_limit: u32,
 }
 
+#[cfg(test)]
 impl NextLive {
     pub(crate) const VERSION: u8 = 6;
 

@@ -14,7 +14,6 @@
 //! whole, and the items after it are read all the same.
 
 mod fields;
-#[cfg(test)]
 pub(crate) mod future;
 #[cfg(test)]
 mod tests;

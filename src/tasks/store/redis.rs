@@ -506,17 +506,13 @@ impl RedisStore {
     }
 }
 
-/// The `redis-server` launcher the black-box tests use too (one file for both).
-#[cfg(test)]
-#[path = "../../../tests/it/support/redis.rs"]
-pub(crate) mod test_server;
-
 #[cfg(test)]
 mod tests {
     use super::super::{conformance, TaskStore};
     use super::*;
 
-    pub(crate) use super::test_server::RedisServer;
+    // The `redis-server` launcher the black-box tests use too.
+    pub(crate) use testkit::redis::RedisServer;
 
     async fn store(server: &RedisServer, prefix: &str) -> RedisStore {
         let limits = Limits {

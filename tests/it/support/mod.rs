@@ -1,9 +1,6 @@
 //! Shared fixtures for the black-box tests: mock agents, sidecars on 127.0.0.1:0, an HTTP client.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
-pub mod chaos;
-/// An in-memory fleet of gossip nodes (the unit tests and `benches/gossip.rs` include it too).
-pub mod gossip_fleet;
 pub mod process;
 pub mod sdk;
 pub mod skip;
@@ -14,7 +11,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::mock_agent::{MockAgent, MockConfig};
 use agent_reach::config::{ConfigPaths, ConfigStore, Policy};
 use agent_reach::http::body;
 use agent_reach::http::client::{self, UpstreamClient};
@@ -22,10 +18,8 @@ use agent_reach::{Bootstrap, Sidecar};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use testkit::{MockAgent, MockConfig};
 use tokio::net::TcpListener;
-
-/// A throwaway `redis-server` (`RedisServer::start`), for the shared task store.
-pub mod redis;
 
 pub const CAP: &str = "code-review";
 

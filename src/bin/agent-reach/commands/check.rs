@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use agent_reach::config::{self, check::Parsed, Bootstrap, TlsFiles};
 
-use crate::inject::InjectorConfig;
+use agent_reach::inject::InjectorConfig;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {

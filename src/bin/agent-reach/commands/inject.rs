@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::inject::{inject_manifests, Injector, InjectorConfig};
+use agent_reach::inject::{inject_manifests, Injector, InjectorConfig};
 
 use super::{runtime, shutdown_signal, Logging};
 

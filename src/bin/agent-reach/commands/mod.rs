@@ -3,12 +3,10 @@
 
 pub(crate) mod baseline;
 pub(crate) mod check;
-pub(crate) mod demo;
 pub(crate) mod dev_certs;
 pub(crate) mod hook;
 pub(crate) mod init_net;
 pub(crate) mod inject;
-pub(crate) mod mock_agent;
 pub(crate) mod run;
 pub(crate) mod status;
 pub(crate) mod tasks;
