@@ -304,6 +304,28 @@ impl Fleet {
         }
     }
 
+    /// Waits, up to `within`, until the caller sees every agent healthy and past its cooldown:
+    /// an act that measures shares starts from an even fleet, whatever the act before it left
+    /// ramping. How long it took, or `None`.
+    async fn settled(&self, within: Duration) -> Option<Duration> {
+        let names: Vec<String> = self
+            .agents
+            .iter()
+            .map(|(a, _)| a.name().to_owned())
+            .collect();
+        poll(within, || {
+            let status = self.caller.status();
+            names.iter().all(|n| {
+                status.peer_views.iter().any(|p| {
+                    &p.name == n
+                        && p.effective_state == State::Healthy
+                        && !p.view.estimates.cooling_down
+                })
+            })
+        })
+        .await
+    }
+
     /// Where agent `name` logs each business call it executed.
     fn execution_log(&self, name: &str) -> PathBuf {
         self.key_dir.join(format!("executions-{name}.jsonl"))
@@ -331,12 +353,17 @@ impl Fleet {
         sum
     }
 
+    /// Every sidecar drains at once (each waits out its in-flight calls), then the files go.
     pub async fn shutdown(self) {
+        let mut stopping = tokio::task::JoinSet::new();
         for (agent, sidecar) in self.agents {
-            sidecar.shutdown().await;
-            agent.stop().await;
+            stopping.spawn(async move {
+                sidecar.shutdown().await;
+                agent.stop().await;
+            });
         }
-        self.caller.shutdown().await;
+        stopping.spawn(self.caller.shutdown());
+        while stopping.join_next().await.is_some() {}
         let _ = std::fs::remove_dir_all(&self.key_dir);
     }
 }
@@ -459,8 +486,58 @@ pub async fn loop_act() -> Result<LoopSummary, DemoError> {
     loops::run().await
 }
 
-/// Runs the demo and returns its summary.
+/// Runs the demo and returns its summary. Three lanes run at once, each in fleets of its own:
+/// the routing acts on one fleet (they break, slow and heal its agents in turn), the service
+/// acts on another (tasks, A2A conversations, MCP tools, prediction, scaling), and the acts that
+/// bring their own fleet (a delegation loop, hedging, model budgets).
 pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
+    let (routing, services, own) = tokio::join!(
+        routing_acts(&options),
+        service_acts(options.concurrency),
+        own_fleet_acts(options.concurrency)
+    );
+    let (routing, services, (loops, hedge, budget)) = (routing?, services?, own?);
+    Ok(DemoSummary {
+        duration_s: routing.duration_s,
+        capability: CAPABILITY,
+        concurrency: options.concurrency,
+        observe: routing.observe,
+        agents: routing.agents,
+        total: routing.total,
+        fault: routing.fault,
+        storm: routing.storm,
+        hostile: services.hostile,
+        slow: routing.slow,
+        quality: routing.quality,
+        membership: routing.membership,
+        authorization: services.authorization,
+        tasks: services.tasks,
+        conversations: services.conversations,
+        mcp: services.mcp,
+        loops,
+        hedge,
+        predict: services.predict,
+        scale: services.scale,
+        budget,
+    })
+}
+
+/// What the routing lane found.
+struct RoutingActs {
+    duration_s: f64,
+    observe: ObserveSummary,
+    agents: Vec<AgentSummary>,
+    total: Totals,
+    fault: FaultSummary,
+    storm: StormSummary,
+    slow: SlowSummary,
+    quality: QualitySummary,
+    membership: MembershipSummary,
+}
+
+/// The fake-online episode under traffic (first with the fleet observing only), then a storm, a
+/// slow agent, a drifting one, a crash and a newcomer.
+async fn routing_acts(options: &DemoOptions) -> Result<RoutingActs, DemoError> {
     let mut fleet = Fleet::start(demo_policy()).await?;
     let observe = observed::run(
         &mut fleet,
@@ -470,7 +547,7 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
     .await?;
     let started = Instant::now();
     let fault_at = options.duration.mul_f64(0.2);
-    let heal_at = options.duration.mul_f64(0.55);
+    let heal_at = options.duration.mul_f64(0.45);
     let broken = &fleet.agents[BROKEN];
 
     let calls = drive::Calls::default();
@@ -497,9 +574,35 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
     };
     let ((), samples, ()) = tokio::join!(traffic, watch, faults);
     let elapsed = started.elapsed();
+    let agents = agent_summaries(&fleet);
+    let storm = storm::run(&fleet, options.duration.mul_f64(0.4), options.concurrency).await;
+    let slow = slow::run(&fleet, options.concurrency).await;
+    let quality = quality::run(&fleet, options.concurrency).await?;
+    let membership = membership::run(
+        &mut fleet,
+        membership::act_length(options.duration),
+        options.concurrency,
+    )
+    .await?;
+    fleet.shutdown().await;
+    let fault = report::fault_summary(AGENTS[BROKEN], &samples, &calls.take(), fault_at, heal_at);
+    Ok(RoutingActs {
+        duration_s: round(elapsed.as_secs_f64()),
+        observe,
+        agents,
+        total: report::totals(&calls.take(), elapsed),
+        fault,
+        storm,
+        slow,
+        quality,
+        membership,
+    })
+}
 
+/// Per agent, as its own sidecar measured it, and the caller's view of it.
+fn agent_summaries(fleet: &Fleet) -> Vec<AgentSummary> {
     let caller_status = fleet.caller.status();
-    let agents = fleet
+    fleet
         .agents
         .iter()
         .map(|(agent, sidecar)| {
@@ -520,52 +623,53 @@ pub async fn run(options: DemoOptions) -> Result<DemoSummary, DemoError> {
                 state,
             }
         })
-        .collect();
-    let storm = storm::run(&fleet, options.duration.mul_f64(0.4), options.concurrency).await;
-    let hostile = hostile::run(&fleet, Duration::from_secs(2), options.concurrency).await;
-    let slow = slow::run(&fleet, options.concurrency).await;
-    let quality = quality::run(&fleet, options.concurrency).await?;
-    let membership = membership::run(
-        &mut fleet,
-        membership::act_length(options.duration),
-        options.concurrency,
-    )
-    .await?;
-    let authorization =
-        authorized::run(&mut fleet, Duration::from_secs(2), options.concurrency).await?;
+        .collect()
+}
+
+/// What the service lane found.
+struct ServiceActs {
+    hostile: HostileSummary,
+    authorization: AuthorizationSummary,
+    tasks: TasksSummary,
+    conversations: ConversationsSummary,
+    mcp: McpSummary,
+    predict: PredictSummary,
+    scale: ScaleSummary,
+}
+
+/// Hostile input, then strict mTLS with per-capability authorization, and under it the
+/// services: async tasks, A2A conversations, MCP tools, predicted saturation, the scaling signal.
+async fn service_acts(concurrency: usize) -> Result<ServiceActs, DemoError> {
+    let mut fleet = Fleet::start(demo_policy()).await?;
+    // Out of parole first: the hostile act shows its target staying healthy.
+    fleet.settled(Duration::from_secs(10)).await;
+    let hostile = hostile::run(&fleet, Duration::from_secs(2), concurrency).await;
+    let authorization = authorized::run(&mut fleet, Duration::from_secs(2), concurrency).await?;
     let tasks = tasks::run(&mut fleet).await?;
     let conversations = conversations::run(&mut fleet).await?;
     let mcp = mcp_tools::run(&mut fleet).await?;
-    let loops = loops::run().await?;
-    let hedge = hedge::run().await?;
     let predict = predict::run(&mut fleet).await?;
     let scale = scale::run(&fleet).await;
     fleet.shutdown().await;
-    let budget = budget::run(options.concurrency).await?;
-    let fault = report::fault_summary(AGENTS[BROKEN], &samples, &calls.take(), fault_at, heal_at);
-    Ok(DemoSummary {
-        duration_s: round(elapsed.as_secs_f64()),
-        capability: CAPABILITY,
-        concurrency: options.concurrency,
-        observe,
-        agents,
-        total: report::totals(&calls.take(), elapsed),
-        fault,
-        storm,
+    Ok(ServiceActs {
         hostile,
-        slow,
-        quality,
-        membership,
         authorization,
         tasks,
         conversations,
         mcp,
-        loops,
-        hedge,
         predict,
         scale,
-        budget,
     })
+}
+
+/// The acts that start their own fleets, one after another.
+async fn own_fleet_acts(
+    concurrency: usize,
+) -> Result<(LoopSummary, HedgeSummary, BudgetSummary), DemoError> {
+    let loops = loops::run().await?;
+    let hedge = hedge::run().await?;
+    let budget = budget::run(concurrency).await?;
+    Ok((loops, hedge, budget))
 }
 
 fn round(x: f64) -> f64 {

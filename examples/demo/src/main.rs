@@ -11,7 +11,7 @@ use clap::Parser;
 #[command(name = "demo", version)]
 struct Args {
     /// How long to drive traffic.
-    #[arg(long, default_value = "15s", value_parser = duration)]
+    #[arg(long, default_value = "12s", value_parser = duration)]
     duration: HumanDuration,
     /// Calls in flight at once.
     #[arg(long, default_value_t = 8)]

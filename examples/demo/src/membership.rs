@@ -36,7 +36,7 @@ pub struct MembershipSummary {
 
 /// Long enough for a crash to be detected and a newcomer to ramp up, whatever the run's length.
 pub(super) fn act_length(run: Duration) -> Duration {
-    run.mul_f64(0.6).max(Duration::from_secs(8))
+    run.mul_f64(0.5).max(Duration::from_secs(6))
 }
 
 pub(super) async fn run(

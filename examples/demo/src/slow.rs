@@ -52,6 +52,8 @@ pub(super) async fn run(fleet: &Fleet, concurrency: usize) -> SlowSummary {
             mine as f64 / total as f64
         }
     };
+    // The storm's agents may still be ramping back in: their shares would hide the slow one's.
+    fleet.settled(Duration::from_secs(15)).await;
     let before_calls = Calls::default();
     let start = reached();
     drive::traffic(

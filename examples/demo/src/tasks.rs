@@ -18,10 +18,9 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 
 use super::task_api::{read_json, task};
-use super::{poll, DemoError, Fleet, CAPABILITY};
+use super::{DemoError, Fleet, CAPABILITY};
 use agent_reach::config::{FinalFallback, HumanDuration, IntentRule, Intents, Name, QueueRounds};
 use agent_reach::http::{body, client};
-use agent_reach::reach::State;
 use testkit::Mode;
 
 /// The key the webhook's POSTs are signed with.
@@ -182,23 +181,7 @@ pub(super) async fn run(fleet: &mut Fleet) -> Result<TasksSummary, DemoError> {
     for (agent, _) in &fleet.agents {
         agent.set_mode(Mode::Normal);
     }
-    let names: Vec<String> = fleet
-        .agents
-        .iter()
-        .map(|(a, _)| a.name().to_owned())
-        .collect();
-    let caller = &fleet.caller;
-    poll(Duration::from_secs(20), || {
-        let status = caller.status();
-        names.iter().all(|n| {
-            status.peer_views.iter().any(|p| {
-                &p.name == n
-                    && p.effective_state == State::Healthy
-                    && !p.view.estimates.cooling_down
-            })
-        })
-    })
-    .await;
+    fleet.settled(Duration::from_secs(20)).await;
     let retried = Instant::now();
     let retry = Request::post(format!("http://{outbound}/reach/v1/tasks/{id}/retry"))
         .body(body::empty())
