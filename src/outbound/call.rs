@@ -16,6 +16,7 @@ use crate::http::pool::UpstreamBody;
 use crate::http::upload::{Upload, UploadWatch};
 use crate::http::ReachBody;
 use crate::peers::Scored;
+use crate::tasks::Journal;
 
 /// One call from the local agent, its body read (or ready to stream), under one config snapshot.
 pub(super) struct Call {
@@ -27,6 +28,18 @@ pub(super) struct Call {
     pub(super) started: Instant,
     /// Which of the headers the steps read the agent sent (one pass over the names).
     pub(super) present: Present,
+    /// What a step learned of the call for a later one (`None` for most calls). Boxed: every
+    /// step's future holds the call.
+    pub(super) carried: Option<Box<Carried>>,
+}
+
+/// What a call carries from the step (or the task's runner) that set it to the steps that act on
+/// it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Carried {
+    /// A task's stored call: where the routing step reports each attempt as it ends (the task's
+    /// runner listens, `src/tasks/runner.rs`).
+    pub(super) journal: Option<Journal>,
 }
 
 /// One attempt on one peer.

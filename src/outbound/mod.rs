@@ -183,12 +183,13 @@ impl Outbound {
         self.observe.snapshot()
     }
 
-    /// Routes a task's stored call for `capability` (its attempts reported to the `Journal` in
-    /// its extensions) and answers as a call would be answered.
+    /// Routes a task's stored call for `capability` (its attempts reported to `journal`) and
+    /// answers as a call would be answered.
     async fn run_task(
         self: &Arc<Self>,
         capability: &str,
         request: Request<bytes::Bytes>,
+        journal: crate::tasks::Journal,
     ) -> Response<ReachBody> {
         let capability = match crate::config::Name::parse(capability) {
             Ok(name) => name,
@@ -207,6 +208,9 @@ impl Outbound {
             snapshot: self.store.snapshot(),
             started: std::time::Instant::now(),
             present,
+            carried: Some(Box::new(call::Carried {
+                journal: Some(journal),
+            })),
         };
         match self.routing().oneshot(call).await {
             Ok(response) => response,
@@ -224,8 +228,9 @@ impl crate::tasks::Chain for TaskChain {
         &'a self,
         capability: &'a str,
         request: Request<bytes::Bytes>,
+        journal: crate::tasks::Journal,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ReachBody>> + Send + 'a>> {
-        Box::pin(self.0.run_task(capability, request))
+        Box::pin(self.0.run_task(capability, request, journal))
     }
 }
 

@@ -20,7 +20,7 @@ use tower::ServiceExt;
 
 use crate::http::headers::Present;
 
-use super::call::{Routed, Try};
+use super::call::{Carried, Routed, Try};
 use super::candidates::tiers::{self, Tier};
 use super::candidates::Plan;
 use super::{pick, Outbound};
@@ -33,6 +33,7 @@ use crate::http::upload::UploadWatch;
 use crate::http::{retry_after, ReachBody};
 use crate::idempotency;
 use crate::peers::Scored;
+use crate::tasks::Journal;
 use request::{sent_headers, upstream_request, Bodies};
 use retry::{Attempt, Refusal};
 
@@ -68,6 +69,7 @@ where
         deadline: call.deadline,
         replayable: bodies.replay.is_some(),
         present: call.present,
+        carried: call.carried,
     };
     let mut attempts = Attempts::new(out, &snapshot, shape);
     // A bound call's first attempt goes to the holder of its key.
@@ -106,9 +108,7 @@ where
             out.metrics.tier_pick(tiers[chosen].as_str());
             let head = &parts.headers;
             decision::log(&snapshot, &route, &scored, chosen, n, &attempt, head);
-            if let Some(journal) = parts.extensions.get::<crate::tasks::Journal>() {
-                journal.note(attempt.note(&scored[chosen].peer.name, started));
-            }
+            attempts.report(&attempt, &scored[chosen].peer.name, started);
         }
         let pause = attempts.after(&attempt, chosen, &scored, &tiers);
         last = Some((attempt, chosen));
@@ -164,6 +164,8 @@ struct Attempts<'a> {
     first_event: Option<Duration>,
     /// The capability's `hedge`, when the call is safe to send twice.
     hedge: Option<&'a HedgePolicy>,
+    /// A task's call: where each attempt is reported as it ends.
+    journal: Option<Journal>,
 }
 
 impl<'a> Attempts<'a> {
@@ -201,6 +203,7 @@ impl<'a> Attempts<'a> {
         // deduplicate among themselves; `docs/chains.md`).
         let declared = !call.scored.is_empty() && call.scored.iter().all(|s| s.idempotent);
         let safe = call.replayable && ((idempotent_method && !keyed && !is_async) || declared);
+        let Carried { journal } = call.carried.map(|c| *c).unwrap_or_default();
         Attempts {
             first_event: own.and_then(|c| c.first_event_timeout).map(|d| d.get()),
             hedge: own.and_then(|c| c.hedge.as_ref()).filter(|_| safe),
@@ -217,6 +220,14 @@ impl<'a> Attempts<'a> {
             tried: Vec::new(),
             sticky: None,
             retry_reason: None,
+            journal,
+        }
+    }
+
+    /// A task's call: the attempt told to its runner.
+    fn report<B>(&self, attempt: &Attempt<B>, peer: &str, started: std::time::SystemTime) {
+        if let Some(journal) = &self.journal {
+            journal.note(attempt.note(peer, started));
         }
     }
 
@@ -459,6 +470,7 @@ struct CallShape<'a, 'p> {
     deadline: Option<Deadline>,
     replayable: bool,
     present: Present,
+    carried: Option<Box<Carried>>,
 }
 
 /// The policy driven against a scripted peer (a stub inner step) on paused time: no sockets.
@@ -525,6 +537,7 @@ mod tests {
                 present: Present::ALL,
                 snapshot: out.store.snapshot(),
                 started: std::time::Instant::now(),
+                carried: None,
             },
             route: RouteRequest {
                 capability: "review".into(),
