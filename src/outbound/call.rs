@@ -8,8 +8,8 @@ use http::request::Parts;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use crate::config::{Name, Snapshot};
-use crate::error::ReachError;
+use crate::config::{AffinityMode, Name, Snapshot};
+use crate::error::{AffinityKey, ReachError};
 use crate::http::deadline::Deadline;
 use crate::http::headers::Present;
 use crate::http::pool::UpstreamBody;
@@ -40,6 +40,24 @@ pub(super) struct Carried {
     /// A task's stored call: where the routing step reports each attempt as it ends (the task's
     /// runner listens, `src/tasks/runner.rs`).
     pub(super) journal: Option<Journal>,
+    /// A call whose affinity key is bound: the key's holder, for the candidates step to route to
+    /// (set by `affinity`).
+    pub(super) pinned: Option<Pinned>,
+}
+
+impl Call {
+    /// What the call carries, made when a step first sets some of it.
+    pub(super) fn carried_mut(&mut self) -> &mut Carried {
+        self.carried.get_or_insert_with(Box::default)
+    }
+}
+
+/// A bound call's holder: the agent that answered its key before.
+#[derive(Clone, Debug)]
+pub(super) struct Pinned {
+    pub(super) holder: Arc<str>,
+    pub(super) kind: AffinityKey,
+    pub(super) mode: AffinityMode,
 }
 
 /// One attempt on one peer.

@@ -210,6 +210,7 @@ impl Outbound {
             present,
             carried: Some(Box::new(call::Carried {
                 journal: Some(journal),
+                ..call::Carried::default()
             })),
         };
         match self.routing().oneshot(call).await {

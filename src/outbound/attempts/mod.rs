@@ -203,7 +203,7 @@ impl<'a> Attempts<'a> {
         // deduplicate among themselves; `docs/chains.md`).
         let declared = !call.scored.is_empty() && call.scored.iter().all(|s| s.idempotent);
         let safe = call.replayable && ((idempotent_method && !keyed && !is_async) || declared);
-        let Carried { journal } = call.carried.map(|c| *c).unwrap_or_default();
+        let Carried { journal, .. } = call.carried.map(|c| *c).unwrap_or_default();
         Attempts {
             first_event: own.and_then(|c| c.first_event_timeout).map(|d| d.get()),
             hedge: own.and_then(|c| c.hedge.as_ref()).filter(|_| safe),

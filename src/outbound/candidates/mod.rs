@@ -102,7 +102,7 @@ pub(super) fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
         None => scored,
     };
     // A call whose affinity key is bound goes to the key's holder.
-    let (mut scored, prefer) = match call.parts.extensions.get::<affinity::Pinned>() {
+    let (mut scored, prefer) = match call.carried.as_ref().and_then(|c| c.pinned.as_ref()) {
         Some(pin) => affinity::narrow(out, pin, &call, &route, scored)?,
         None => (scored, None),
     };
