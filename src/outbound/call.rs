@@ -5,16 +5,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::request::Parts;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 
 use crate::config::{AffinityMode, Name, Snapshot};
 use crate::error::{AffinityKey, ReachError};
+use crate::fast_hash::FastMap;
 use crate::http::deadline::Deadline;
-use crate::http::headers::Present;
+use crate::http::headers::{self, Present};
 use crate::http::pool::UpstreamBody;
 use crate::http::upload::{Upload, UploadWatch};
 use crate::http::ReachBody;
+use crate::mcp::jsonrpc::VERSION_HEADER;
 use crate::peers::Scored;
 use crate::tasks::Journal;
 
@@ -43,6 +45,12 @@ pub(super) struct Carried {
     /// A call whose affinity key is bound: the key's holder, for the candidates step to route to
     /// (set by `affinity`).
     pub(super) pinned: Option<Pinned>,
+    /// An MCP call: which of the capability's servers may take it, for the candidates step (set
+    /// by the MCP step, `mcp/`).
+    pub(super) mcp_route: Option<McpRoute>,
+    /// An MCP call on servers' sessions: the candidates step keeps only these servers, and each
+    /// attempt carries them to set its server's session (set by `mcp/broker.rs`).
+    pub(super) sessions: Option<ServerSessions>,
 }
 
 impl Call {
@@ -60,6 +68,51 @@ pub(super) struct Pinned {
     pub(super) mode: AffinityMode,
 }
 
+/// Who may take an MCP call.
+#[derive(Clone, Debug)]
+pub(super) enum McpRoute {
+    /// A `tools/call`: a server with the tool, not one this call already failed on.
+    Tool { tool: String, excluded: Vec<String> },
+    /// One server's part of a federated `tools/list`, or a call on that server's session.
+    Server(String),
+    /// Any server of the capability (a method that names no tool).
+    Any,
+}
+
+/// One server's session, as a client's session (or the sidecar's shared one) holds it.
+#[derive(Clone, Debug)]
+pub(super) struct ServerSession {
+    /// `None` for a server that keeps no sessions.
+    pub(super) id: Option<HeaderValue>,
+    /// The revision the server answered `initialize` with.
+    pub(super) revision: HeaderValue,
+}
+
+/// The sessions a call may use, by server: the candidates step keeps only these servers, and
+/// each attempt carries its server's session (`apply`).
+#[derive(Clone, Debug, Default)]
+pub(super) struct ServerSessions(pub(super) Arc<FastMap<String, ServerSession>>);
+
+impl ServerSessions {
+    /// The revision of the server that gave `response` (its `reach-agent`), when known.
+    pub(super) fn revision_of(&self, response: &Response<ReachBody>) -> Option<&str> {
+        let peer = response.headers().get(headers::AGENT)?.to_str().ok()?;
+        self.0.get(peer)?.revision.to_str().ok()
+    }
+
+    /// Sets the request's session and revision headers to those of the server it goes to.
+    pub(super) fn apply(&self, peer: &str, request_headers: &mut http::HeaderMap) {
+        let Some(server) = self.0.get(peer) else {
+            return;
+        };
+        match &server.id {
+            Some(id) => request_headers.insert(headers::MCP_SESSION_ID, id.clone()),
+            None => request_headers.remove(headers::MCP_SESSION_ID),
+        };
+        request_headers.insert(VERSION_HEADER, server.revision.clone());
+    }
+}
+
 /// One attempt on one peer.
 pub(super) struct Try {
     pub(super) request: Request<ReachBody>,
@@ -71,6 +124,9 @@ pub(super) struct Try {
     pub(super) snapshot: Arc<Snapshot>,
     /// The capability's `first_event_timeout`, when it has one.
     pub(super) first_event: Option<std::time::Duration>,
+    /// An MCP call on servers' sessions: the endpoint sets the session of the server the attempt
+    /// goes to.
+    pub(super) sessions: Option<ServerSessions>,
 }
 
 /// What routing came to, for the record step to answer with.

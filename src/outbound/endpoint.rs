@@ -48,11 +48,14 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
         upload,
         snapshot,
         first_event,
+        sessions,
     } = attempt;
     let peer = &candidate.peer;
     let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
     internal_headers(peer, request.headers_mut(), keyed_deadline, timeout);
-    super::mcp::broker::apply_sessions(&mut request, &peer.name);
+    if let Some(sessions) = &sessions {
+        sessions.apply(&peer.name, request.headers_mut());
+    }
     // Named only if it fails: no string per attempt.
     let target =
         Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {} ({})", peer.name, peer.address));
@@ -85,13 +88,8 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
     let mut response = match forwarded {
         Ok(response) => response,
         Err(err) => {
-            return failed(
-                err,
-                &upload,
-                by_deadline,
-                pending,
-                (&snapshot, ended, elapsed),
-            )
+            let at = (&*snapshot, ended, elapsed);
+            return failed(err, &upload, by_deadline, pending, at);
         }
     };
     let body_delay = match peer.target.is_some() && holds_retry_delay(&response) {

@@ -20,7 +20,7 @@ use tower::ServiceExt;
 
 use crate::http::headers::Present;
 
-use super::call::{Carried, Routed, Try};
+use super::call::{Carried, Routed, ServerSessions, Try};
 use super::candidates::tiers::{self, Tier};
 use super::candidates::Plan;
 use super::{pick, Outbound};
@@ -166,6 +166,8 @@ struct Attempts<'a> {
     hedge: Option<&'a HedgePolicy>,
     /// A task's call: where each attempt is reported as it ends.
     journal: Option<Journal>,
+    /// An MCP call on servers' sessions: each attempt carries them.
+    sessions: Option<ServerSessions>,
 }
 
 impl<'a> Attempts<'a> {
@@ -203,7 +205,9 @@ impl<'a> Attempts<'a> {
         // deduplicate among themselves; `docs/chains.md`).
         let declared = !call.scored.is_empty() && call.scored.iter().all(|s| s.idempotent);
         let safe = call.replayable && ((idempotent_method && !keyed && !is_async) || declared);
-        let Carried { journal, .. } = call.carried.map(|c| *c).unwrap_or_default();
+        let Carried {
+            journal, sessions, ..
+        } = call.carried.map(|c| *c).unwrap_or_default();
         Attempts {
             first_event: own.and_then(|c| c.first_event_timeout).map(|d| d.get()),
             hedge: own.and_then(|c| c.hedge.as_ref()).filter(|_| safe),
@@ -221,6 +225,7 @@ impl<'a> Attempts<'a> {
             sticky: None,
             retry_reason: None,
             journal,
+            sessions,
         }
     }
 
@@ -345,6 +350,7 @@ impl<'a> Attempts<'a> {
             upload: upload.clone(),
             snapshot: snapshot.clone(),
             first_event: self.first_event,
+            sessions: self.sessions.clone(),
         }
     }
 

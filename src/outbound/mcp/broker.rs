@@ -20,9 +20,8 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use super::message::{self, json_answer};
-pub(crate) use super::sessions::{apply_sessions, ServerSession, ServerSessions};
 use super::sessions::{Brokered, SESSION_PREFIX};
-use super::{McpRoute, Outbound};
+use super::Outbound;
 use crate::error::{AffinityKey, ReachError};
 use crate::fast_hash::FastMap;
 use crate::http::headers::{self, Present};
@@ -30,7 +29,7 @@ use crate::http::step::{answer, Step};
 use crate::http::{body, ReachBody};
 use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc::{self, METHOD_HEADER, NAME_HEADER, STATELESS_REVISION, VERSION_HEADER};
-use crate::outbound::call::Call;
+use crate::outbound::call::{Call, McpRoute, ServerSession, ServerSessions};
 
 /// The revisions this sidecar speaks with MCP clients.
 const REVISIONS: [&str; 5] = [
@@ -389,7 +388,7 @@ where
         }
     });
     let mut one = copy_for_server(call, Bytes::from(init.to_string()));
-    one.parts.extensions.insert(route.clone());
+    one.carried_mut().mcp_route = Some(route.clone());
     one.parts.headers.remove(VERSION_HEADER);
     let response = answer(inner.clone().oneshot(one).await);
     if !response.status().is_success() {
@@ -454,9 +453,7 @@ fn copy_for_server(call: &Call, bytes: Bytes) -> Call {
 /// The call for one server on its session (`route` pinned to it).
 fn to_server(call: &Call, bytes: Bytes, peer: &str, server: &ServerSession) -> Call {
     let mut one = copy_for_server(call, bytes);
-    one.parts
-        .extensions
-        .insert(McpRoute::Server(peer.to_owned()));
+    one.carried_mut().mcp_route = Some(McpRoute::Server(peer.to_owned()));
     one.parts
         .headers
         .insert(VERSION_HEADER, server.revision.clone());
@@ -485,7 +482,7 @@ pub(super) fn for_servers(
             h.insert(NAME_HEADER, tool);
         }
     }
-    call.parts.extensions.insert(sessions);
+    call.carried_mut().sessions = Some(sessions);
 }
 
 fn without_session(present: Present) -> Present {

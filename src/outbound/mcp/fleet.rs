@@ -11,13 +11,13 @@ use serde_json::{json, Map, Value};
 use tower::ServiceExt;
 
 use super::message::{self, json_answer};
-use super::{broker, McpRoute, Outbound};
+use super::{broker, Outbound};
 use crate::http::step::{answer, Step};
 use crate::http::upload::Upload;
 use crate::http::{body, ReachBody};
 use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc;
-use crate::outbound::call::Call;
+use crate::outbound::call::{Call, McpRoute};
 use crate::registry::Peer;
 
 /// Servers asked for one federated list at most.
@@ -124,7 +124,7 @@ where
         Ok(sessions) => broker::for_servers(&mut one, sessions, ("tools/list", None)),
         Err(refused) => return Err(refused.answer(one.capability.as_str(), None)),
     }
-    one.parts.extensions.insert(route);
+    one.carried_mut().mcp_route = Some(route);
     let template = message::copy(&one, bytes::Bytes::new());
     let response = answer(inner.clone().oneshot(one).await);
     if response.status() == http::StatusCode::NOT_FOUND {

@@ -22,7 +22,7 @@ use http::Response;
 use tower::layer::Layer;
 use tower::ServiceExt;
 
-use super::call::Call;
+use super::call::{Call, McpRoute, ServerSessions};
 use super::Outbound;
 use crate::error::ReachError;
 use crate::http::step::{self, answer, Step};
@@ -32,17 +32,6 @@ use crate::mcp::jsonrpc::{self, Asked, METHOD_HEADER, NAME_HEADER};
 use crate::peers::Scored;
 use broker::Context;
 use http::Method;
-
-/// On an MCP call's request, for the candidates step: who may take it.
-#[derive(Clone, Debug)]
-pub(super) enum McpRoute {
-    /// A `tools/call`: a server with the tool, not one this call already failed on.
-    Tool { tool: String, excluded: Vec<String> },
-    /// One server's part of a federated `tools/list`, or a call on that server's session.
-    Server(String),
-    /// Any server of the capability (a method that names no tool).
-    Any,
-}
 
 pub(super) fn layer<S>(
     out: Arc<Outbound>,
@@ -130,7 +119,7 @@ fn asked_of(call: &Call) -> Option<Asked> {
 pub(super) fn narrow(
     out: &Outbound,
     snapshot: &crate::config::Snapshot,
-    (route, sessions): (&McpRoute, Option<&broker::ServerSessions>),
+    (route, sessions): (&McpRoute, Option<&ServerSessions>),
     capability: &str,
     scored: Vec<Scored>,
 ) -> Result<Vec<Scored>, ReachError> {

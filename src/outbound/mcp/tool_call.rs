@@ -13,7 +13,7 @@ use tower::ServiceExt;
 
 use super::broker::{self, Context};
 use super::message::copy;
-use super::{McpRoute, Outbound};
+use super::Outbound;
 use crate::error::{ReachError, Reason};
 use crate::http::observed::{BodyEnd, Observed, Observer, OnEnd};
 use crate::http::step::{answer, Step};
@@ -21,7 +21,7 @@ use crate::http::upload::Upload;
 use crate::http::{body, headers, ReachBody};
 use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc::{self, ToolOutcome};
-use crate::outbound::call::{Call, LastTried};
+use crate::outbound::call::{Call, LastTried, McpRoute, ServerSessions};
 
 /// Routes the call for `tool` on a server's session (`broker.rs`); on a failed tool that is
 /// safe to repeat, once more elsewhere — unless it `resumes` a multi round-trip request, whose
@@ -63,7 +63,7 @@ where
                 return unknown_tool_as_mcp(response, &tool, id);
             }
         }
-        call.parts.extensions.insert(route);
+        call.carried_mut().mcp_route = Some(route);
         let again = replay.as_ref().map(|bytes| copy(&call, bytes.clone()));
         let response = answer(inner.clone().oneshot(call).await);
         let (response, failed_on) = observed(&out, &capability, &tool, response).await;
@@ -107,7 +107,7 @@ where
         Err(refused) => return refused.answer(&capability, id),
     };
     broker::for_servers(&mut call, on.clone(), (&method, None));
-    call.parts.extensions.insert(McpRoute::Any);
+    call.carried_mut().mcp_route = Some(McpRoute::Any);
     let mut response = answer(inner.clone().oneshot(call).await);
     broker::after(&out, inner, &template, &context, response.status()).await;
     broker::as_the_clients(&context, &mut response);
@@ -117,7 +117,7 @@ where
 /// The answer as a client of `revision` reads it: an older server's completed (`bridge.rs`).
 async fn bridged(
     response: Response<ReachBody>,
-    on: &broker::ServerSessions,
+    on: &ServerSessions,
     revision: &str,
     list: bool,
 ) -> Response<ReachBody> {
