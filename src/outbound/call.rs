@@ -8,6 +8,8 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 
+use super::first_event::HeldEvent;
+use crate::budget::usage;
 use crate::config::{AffinityMode, Name, Snapshot};
 use crate::error::{AffinityKey, ReachError};
 use crate::fast_hash::FastMap;
@@ -129,9 +131,50 @@ pub(super) struct Try {
     pub(super) sessions: Option<ServerSessions>,
 }
 
+/// A peer's answer to one attempt.
+pub(super) struct Answer<B = UpstreamBody> {
+    pub(super) response: Response<B>,
+    /// What the record step does with the answer besides passing it on; `None` for most answers.
+    /// Boxed: the answer passes up through the routing future by value.
+    pub(super) noted: Option<Box<Noted>>,
+}
+
+/// What the endpoint noted of an answer for the record step.
+#[derive(Debug, Default)]
+pub(super) struct Noted {
+    /// A stream's first event, read early for its first-event deadline: sent before the rest.
+    pub(super) held: Option<HeldEvent>,
+    /// An external target's answer: its tokens are counted as its body passes (and the
+    /// attempt's span, when the call is traced, ends with them: `attempts/retry.rs`).
+    pub(super) tokens: Option<usage::Watch>,
+}
+
+impl<B> Answer<B> {
+    /// `response`, with what the endpoint noted of it (a box only when there is something).
+    pub(super) fn new(
+        response: Response<B>,
+        held: Option<HeldEvent>,
+        tokens: Option<usage::Watch>,
+    ) -> Self {
+        let noted = (held.is_some() || tokens.is_some()).then(|| Box::new(Noted { held, tokens }));
+        Answer { response, noted }
+    }
+}
+
+impl<B> From<Response<B>> for Answer<B> {
+    fn from(response: Response<B>) -> Self {
+        Answer {
+            response,
+            noted: None,
+        }
+    }
+}
+
 /// What routing came to, for the record step to answer with.
 pub(super) struct Routed<B = UpstreamBody> {
     pub(super) answer: Result<Response<B>, ReachError>,
+    /// What the endpoint noted of the answer (see [`Answer`]).
+    pub(super) noted: Option<Box<Noted>>,
     /// The capability's metric label (never a caller's typo: see `candidates`).
     pub(super) label: String,
     /// The peer that gave the answer, `-` when none did.
@@ -150,9 +193,52 @@ impl<B> Routed<B> {
     pub(super) fn refused(label: &str, err: ReachError) -> Self {
         Routed {
             answer: Err(err),
+            noted: None,
             label: label.to_owned(),
             peer: "-".to_owned(),
             attempts: None,
+        }
+    }
+
+    /// The same, its answer's response made another by `f` (given the label and the peer).
+    pub(super) fn map<C>(
+        self,
+        f: impl FnOnce(Response<B>, &str, &str) -> Response<C>,
+    ) -> Routed<C> {
+        let Routed {
+            answer,
+            noted,
+            label,
+            peer,
+            attempts,
+        } = self;
+        let answer = answer.map(|response| f(response, &label, &peer));
+        Routed {
+            answer,
+            noted,
+            label,
+            peer,
+            attempts,
+        }
+    }
+
+    /// `answer`, from `peer`, after `attempts`.
+    pub(super) fn answered(
+        answer: Result<Answer<B>, ReachError>,
+        label: &str,
+        peer: &str,
+        attempts: usize,
+    ) -> Self {
+        let (answer, noted) = match answer {
+            Ok(Answer { response, noted }) => (Ok(response), noted),
+            Err(err) => (Err(err), None),
+        };
+        Routed {
+            answer,
+            noted,
+            label: label.to_owned(),
+            peer: peer.to_owned(),
+            attempts: Some(attempts),
         }
     }
 }

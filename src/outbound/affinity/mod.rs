@@ -78,13 +78,7 @@ where
     if let (Some(cap), true) = (&capability, ends_session) {
         end_session(out, cap, &mut found);
     }
-    let Routed {
-        answer: result,
-        label,
-        peer,
-        attempts,
-    } = routed;
-    let result = result.map(|response| {
+    routed.map(|response, label, peer| {
         // Nothing to bind, the common case: no allocation, no watch.
         let reader = found.reader();
         let anything = !found.keys.is_empty()
@@ -95,23 +89,17 @@ where
         if !anything || !response.status().is_success() || peer == "-" {
             return response.map(body::plain);
         }
-        let peer: Arc<str> = peer.as_str().into();
+        let peer: Arc<str> = peer.into();
         let binding = body::Binding {
             table: out.affinity.clone(),
             metrics: out.metrics.clone(),
-            capability: capability.unwrap_or_else(|| label.as_str().into()),
+            capability: capability.unwrap_or_else(|| label.into()),
             peer,
             request: found.keys,
             bounds: bounds(&snapshot),
         };
         bind(response, binding, reader)
-    });
-    Routed {
-        answer: result,
-        label,
-        peer,
-        attempts,
-    }
+    })
 }
 
 /// The capability's affinity mode; always strict for a server's `requestState`, which means

@@ -14,13 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{Request, Response};
+use http::Request;
 use tower::retry::budget::TpsBudget;
 use tower::ServiceExt;
 
 use crate::http::headers::Present;
 
-use super::call::{Carried, Routed, ServerSessions, Try};
+use super::call::{Answer, Carried, Routed, ServerSessions, Try};
 use super::candidates::tiers::{self, Tier};
 use super::candidates::Plan;
 use super::{pick, Outbound};
@@ -433,8 +433,9 @@ impl<'a> Attempts<'a> {
             // `retry-after` is honoured as a minimum when everyone left is cooling down after
             // refusing us: the next attempt waits for it (within the deadline) instead of
             // hammering a fleet that asked for a pause.
-            Attempt::Refused(response, Refusal::RateLimited) if self.only_cooling_left(scored) => {
-                retry_after::wait(response.headers()).map_or(pause, |after| pause.max(after))
+            Attempt::Refused(answer, Refusal::RateLimited) if self.only_cooling_left(scored) => {
+                let after = retry_after::wait(answer.response.headers());
+                after.map_or(pause, |after| pause.max(after))
             }
             _ => pause,
         }
@@ -448,13 +449,8 @@ impl<'a> Attempts<'a> {
         rest.clone().next().is_some() && rest.all(|(_, s)| s.cooling_down)
     }
 
-    fn routed<B>(&self, answer: Result<Response<B>, ReachError>, peer: &str) -> Routed<B> {
-        Routed {
-            answer,
-            label: self.capability.to_owned(),
-            peer: peer.to_owned(),
-            attempts: Some(self.made()),
-        }
+    fn routed<B>(&self, answer: Result<Answer<B>, ReachError>, peer: &str) -> Routed<B> {
+        Routed::answered(answer, self.capability, peer, self.made())
     }
 }
 
@@ -486,7 +482,7 @@ mod tests {
     use std::convert::Infallible;
     use std::sync::Mutex;
 
-    use http::StatusCode;
+    use http::{Response, StatusCode};
     use tokio::time::Instant;
 
     use super::*;
@@ -514,9 +510,11 @@ mod tests {
                 .insert(headers::REASON, http::HeaderValue::from_static(reason));
         }
         match crate::classify::Class::of_response(&r) {
-            crate::classify::Class::Refused { .. } => Attempt::Refused(r, Refusal::RateLimited),
-            crate::classify::Class::Shed { why, .. } => Attempt::Refused(r, why),
-            _ => Attempt::Done(r),
+            crate::classify::Class::Refused { .. } => {
+                Attempt::Refused(r.into(), Refusal::RateLimited)
+            }
+            crate::classify::Class::Shed { why, .. } => Attempt::Refused(r.into(), why),
+            _ => Attempt::Done(r.into()),
         }
     }
 

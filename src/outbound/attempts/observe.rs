@@ -135,12 +135,8 @@ where
             },
         );
     };
-    Routed {
-        answer: attempt.into_answer(),
-        label: capability.to_owned(),
-        peer: scored[chosen].peer.name.clone(),
-        attempts: Some(n),
-    }
+    let peer = &scored[chosen].peer.name;
+    Routed::answered(attempt.into_answer(), capability, peer, n)
 }
 
 /// Records one attempt against what the model would have chosen.
