@@ -183,11 +183,14 @@ pub(super) struct Routed<B = UpstreamBody> {
     pub(super) attempts: Option<usize>,
 }
 
-/// On a refusal's response, inside the sidecar only: the peer the last attempt went to (an MCP
-/// tool call's timeout is that server's tool's, `src/outbound/mcp/tool_call.rs`). Set on the
-/// refusal path alone: an answer from a peer names its agent in `reach-agent`.
-#[derive(Clone, Debug)]
-pub(super) struct LastTried(pub(super) String);
+/// A routed call's answer, recorded: what the routing step gives the steps above it.
+pub(super) struct Recorded {
+    pub(super) response: Response<ReachBody>,
+    /// On the sidecar's own refusal, the peer the last attempt went to: an MCP tool call's
+    /// timeout is that server's tool's (`mcp/tool_call.rs`). `None` on an answer from a peer,
+    /// which names its agent in `reach-agent`.
+    pub(super) last_tried: Option<String>,
+}
 
 impl<B> Routed<B> {
     pub(super) fn refused(label: &str, err: ReachError) -> Self {

@@ -79,7 +79,7 @@ impl Outbound {
     }
 
     /// A call routed: what a task's runner sends its stored call through.
-    fn routing(self: &Arc<Self>) -> impl Step<Call, Response = Response<ReachBody>> {
+    fn routing(self: &Arc<Self>) -> impl Step<Call, Response = call::Recorded> {
         ServiceBuilder::new()
             // Affinity (a bound key's holder), the candidates (scored, in zone tiers), the
             // attempt policy (retry table, budget, backoff, deadline, fallback) and the record
@@ -214,7 +214,7 @@ impl Outbound {
             })),
         };
         match self.routing().oneshot(call).await {
-            Ok(response) => response,
+            Ok(recorded) => recorded.response,
             Err(never) => match never {},
         }
     }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use http::Response;
 
-use super::call::{LastTried, Noted, Routed};
+use super::call::{Noted, Recorded, Routed};
 use crate::budget::usage;
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
@@ -16,11 +16,7 @@ use crate::http::{body, headers, ReachBody};
 use crate::metrics::{Direction, Metrics};
 
 /// The routed answer, recorded and answered (asked by `routing`, on whatever comes back).
-pub(super) fn respond<B>(
-    metrics: &Arc<Metrics>,
-    routed: Routed<B>,
-    started: Instant,
-) -> Response<ReachBody>
+pub(super) fn respond<B>(metrics: &Arc<Metrics>, routed: Routed<B>, started: Instant) -> Recorded
 where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<crate::http::body::BoxError>,
@@ -32,14 +28,14 @@ where
         peer,
         attempts,
     } = routed;
-    let mut response = match answer {
-        Ok(response) => measured(metrics.clone(), (response, noted), label, peer, started),
+    let (mut response, last_tried) = match answer {
+        Ok(response) => {
+            let measured = measured(metrics.clone(), (response, noted), label, peer, started);
+            (measured, None)
+        }
         Err(err) => {
-            let mut refused = refuse(metrics, &label, &peer, err, started);
-            if peer != "-" {
-                refused.extensions_mut().insert(LastTried(peer));
-            }
-            refused
+            let refused = refuse(metrics, &label, &peer, err, started);
+            (refused, (peer != "-").then_some(peer))
         }
     };
     if let Some(attempts) = attempts {
@@ -47,7 +43,10 @@ where
             .headers_mut()
             .insert(headers::ATTEMPTS, headers::count(attempts));
     }
-    response
+    Recorded {
+        response,
+        last_tried,
+    }
 }
 
 /// A peer's answer, recorded when its body has been delivered.

@@ -29,7 +29,7 @@ use crate::http::step::{answer, Step};
 use crate::http::{body, ReachBody};
 use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc::{self, METHOD_HEADER, NAME_HEADER, STATELESS_REVISION, VERSION_HEADER};
-use crate::outbound::call::{Call, McpRoute, ServerSession, ServerSessions};
+use crate::outbound::call::{Call, McpRoute, Recorded, ServerSession, ServerSessions};
 
 /// The revisions this sidecar speaks with MCP clients.
 const REVISIONS: [&str; 5] = [
@@ -171,7 +171,7 @@ pub(super) fn no_stream() -> Response<ReachBody> {
 /// Ends the client's session: each server's session behind it is ended with a `DELETE`.
 pub(super) async fn end<S>(out: &Outbound, inner: S, call: &Call, id: &str) -> Response<ReachBody>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let Some(brokered) = out.broker.remove(id) else {
         return session_gone(None);
@@ -182,7 +182,7 @@ where
 
 async fn end_servers<S>(inner: S, call: &Call, brokered: &Brokered)
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let servers: Vec<(String, ServerSession)> = brokered.servers().drain().collect();
     for (peer, server) in servers {
@@ -225,7 +225,7 @@ pub(super) async fn after<S>(
     context: &Context,
     status: StatusCode,
 ) where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     if status != StatusCode::NOT_FOUND {
         return;
@@ -277,7 +277,7 @@ pub(super) async fn sessions_for<S>(
     route: &McpRoute,
 ) -> Result<ServerSessions, Refused>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let capability = call.capability.as_str();
     let snapshot = &call.snapshot;
@@ -349,7 +349,7 @@ async fn open_every<S>(
     (mut sessions, missing): (FastMap<String, ServerSession>, Vec<String>),
 ) -> Result<ServerSessions, Refused>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let mut last = None;
     for name in missing {
@@ -376,7 +376,7 @@ async fn open<S>(
     route: &McpRoute,
 ) -> Result<(String, ServerSession), Response<ReachBody>>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let _ = out;
     let init = json!({
@@ -390,7 +390,7 @@ where
     let mut one = copy_for_server(call, Bytes::from(init.to_string()));
     one.carried_mut().mcp_route = Some(route.clone());
     one.parts.headers.remove(VERSION_HEADER);
-    let response = answer(inner.clone().oneshot(one).await);
+    let response = answer(inner.clone().oneshot(one).await).response;
     if !response.status().is_success() {
         return Err(response);
     }
