@@ -53,7 +53,7 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
     let peer = &candidate.peer;
     let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
     internal_headers(peer, request.headers_mut(), keyed_deadline, timeout);
-    if let Some(sessions) = &sessions {
+    if let Some(sessions) = sessions {
         sessions.apply(&peer.name, request.headers_mut());
     }
     // Named only if it fails: no string per attempt.

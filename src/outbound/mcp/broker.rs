@@ -387,8 +387,7 @@ where
             "clientInfo": { "name": "agent-reach", "version": env!("CARGO_PKG_VERSION") },
         }
     });
-    let mut one = copy_for_server(call, Bytes::from(init.to_string()));
-    one.carried_mut().mcp_route = Some(route.clone());
+    let mut one = copy_for_server(call, Bytes::from(init.to_string()), route.clone());
     one.parts.headers.remove(VERSION_HEADER);
     let response = answer(inner.clone().oneshot(one).await).response;
     if !response.status().is_success() {
@@ -428,10 +427,13 @@ where
     Ok((peer, server))
 }
 
-/// The call, with `bytes` for a body, as the sidecar sends it to a server on its own behalf:
-/// no client session, no stateless-revision headers of the client's request.
-fn copy_for_server(call: &Call, bytes: Bytes) -> Call {
+/// The call, with `bytes` for a body, as the sidecar sends it to a server on its own behalf
+/// (one that `route` leads to): no client session, no stateless-revision headers of the
+/// client's request. Set here, not in the async caller: a call borrowed there is held across
+/// its awaits.
+fn copy_for_server(call: &Call, bytes: Bytes, route: McpRoute) -> Call {
     let mut one = message::copy(call, bytes);
+    one.carried_mut().mcp_route = Some(route);
     let h = &mut one.parts.headers;
     h.remove(headers::MCP_SESSION_ID);
     h.remove(METHOD_HEADER);
@@ -452,8 +454,7 @@ fn copy_for_server(call: &Call, bytes: Bytes) -> Call {
 
 /// The call for one server on its session (`route` pinned to it).
 fn to_server(call: &Call, bytes: Bytes, peer: &str, server: &ServerSession) -> Call {
-    let mut one = copy_for_server(call, bytes);
-    one.carried_mut().mcp_route = Some(McpRoute::Server(peer.to_owned()));
+    let mut one = copy_for_server(call, bytes, McpRoute::Server(peer.to_owned()));
     one.parts
         .headers
         .insert(VERSION_HEADER, server.revision.clone());
