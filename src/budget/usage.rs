@@ -19,8 +19,8 @@ const MAX_JSON: usize = 256 * 1024;
 /// The longest stream line held while it is incomplete.
 const MAX_LINE: usize = 64 * 1024;
 
-/// Marks an answer to read for tokens (a response extension): from which provider (the target's
-/// name, a bounded label).
+/// Marks an answer to read for tokens (kept beside it by the outbound steps): from which provider
+/// (the target's name, a bounded label).
 #[derive(Clone, Debug)]
 pub(crate) struct Watch {
     pub provider: Arc<str>,

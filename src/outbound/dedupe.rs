@@ -104,6 +104,7 @@ mod tests {
             snapshot: out.store.snapshot(),
             started: Instant::now(),
             present: Present::ALL,
+            carried: None,
         }
     }
 

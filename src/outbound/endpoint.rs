@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::attempts::retry::{Attempt, Refusal};
-use super::call::Try;
+use super::call::{Answer, Try};
 use super::first_event::within;
 use super::{target_limit, Outbound};
 use crate::budget::{usage, ModelBudgets};
@@ -48,11 +48,14 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
         upload,
         snapshot,
         first_event,
+        sessions,
     } = attempt;
     let peer = &candidate.peer;
     let (timeout, by_deadline) = attempt_timeout(candidate.timeout, deadline);
     internal_headers(peer, request.headers_mut(), keyed_deadline, timeout);
-    super::mcp::broker::apply_sessions(&mut request, &peer.name);
+    if let Some(sessions) = sessions {
+        sessions.apply(&peer.name, request.headers_mut());
+    }
     // Named only if it fails: no string per attempt.
     let target =
         Named(|f: &mut std::fmt::Formatter<'_>| write!(f, "peer {} ({})", peer.name, peer.address));
@@ -75,43 +78,32 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
         timeout,
     ));
     let forwarded = match first_event.filter(|limit| *limit < timeout) {
-        None => forwarded.as_mut().await,
+        None => forwarded.as_mut().await.map(|response| (response, None)),
         // Boxed: a capability with a first-event deadline is the rare case.
         Some(limit) => Box::pin(within(forwarded.as_mut(), limit, &target)).await,
     };
     // One clock reading for the attempt's time and the peer's view of its end.
     let ended = tokio::time::Instant::now();
     let elapsed = ended.saturating_duration_since(sent);
-    let mut response = match forwarded {
-        Ok(response) => response,
+    let (mut response, held) = match forwarded {
+        Ok(answer) => answer,
         Err(err) => {
-            return failed(
-                err,
-                &upload,
-                by_deadline,
-                pending,
-                (&snapshot, ended, elapsed),
-            )
+            let at = (&*snapshot, ended, elapsed);
+            return failed(err, &upload, by_deadline, pending, at);
         }
     };
     let body_delay = match peer.target.is_some() && holds_retry_delay(&response) {
         true => Box::pin(retry_delay_in_body(&mut response)).await,
         false => None,
     };
-    learn_budget(
-        budgets,
-        peer,
-        &snapshot,
-        &mut response,
-        (to_target, body_delay),
-    );
+    let tokens = learn_budget(budgets, peer, &snapshot, &response, (to_target, body_delay));
     let class = with_body_delay(Class::of_response(&response), &response, body_delay);
     match class.signal(elapsed) {
         Some(signal) => pending.finish(signal, &snapshot, ended),
         // Our registry is stale: nothing ran, and that peer earns no credit for it.
         None => pending.discard(),
     }
-    answered(class, response)
+    answered(class, Answer::new(response, held, tokens))
 }
 
 /// An attempt that got no answer, ended at `ended` after `elapsed`: what the peer's view learns
@@ -145,13 +137,13 @@ fn failed(
 }
 
 /// An answer as the attempt policy sees it: done, or refused (and why).
-fn answered(class: Class, response: http::Response<UpstreamBody>) -> Attempt {
+fn answered(class: Class, answer: Answer) -> Attempt {
     match class {
-        Class::Refused { .. } => Attempt::Refused(response, Refusal::RateLimited),
+        Class::Refused { .. } => Attempt::Refused(answer, Refusal::RateLimited),
         // Never reached the agent: load, or news its own view carries.
-        Class::Shed { why, .. } => Attempt::Refused(response, why),
-        Class::Stale => Attempt::Refused(response, Refusal::UnknownCapability),
-        _ => Attempt::Done(response),
+        Class::Shed { why, .. } => Attempt::Refused(answer, why),
+        Class::Stale => Attempt::Refused(answer, Refusal::UnknownCapability),
+        _ => Attempt::Done(answer),
     }
 }
 
@@ -173,36 +165,36 @@ fn internal_headers(
 }
 
 /// An external target's answer (a model provider's, typically): its rate-limit headers (and a
-/// 429's `retryDelay`, read by [`retry_delay_in_body`]) teach the agent's model budget, and it is
-/// marked for its tokens to be counted when its body has passed (`src/outbound/record.rs`). A
-/// peer sidecar's answers are not read: nothing per call for them.
+/// 429's `retryDelay`, read by [`retry_delay_in_body`]) teach the agent's model budget; the mark
+/// returned has its tokens counted when its body has passed (`src/outbound/record.rs`). A peer
+/// sidecar's answers are not read: nothing per call for them.
 fn learn_budget(
     budgets: Budgets<'_>,
     peer: &Peer,
     snapshot: &Snapshot,
-    response: &mut http::Response<UpstreamBody>,
+    response: &http::Response<UpstreamBody>,
     (to_target, body_delay): (Option<(Instant, Option<u64>)>, Option<Duration>),
-) {
+) -> Option<usage::Watch> {
     let (Some(target), Some((sent, credential))) = (peer.target.as_deref(), to_target) else {
-        return;
+        return None;
     };
     let declared = snapshot
         .policy
         .targets
         .iter()
         .find(|t| t.name.as_str() == target);
-    response.extensions_mut().insert(usage::Watch {
+    let tokens = usage::Watch {
         provider: Arc::from(target),
         metrics: budgets.1.clone(),
         sent,
         // Set by the attempt's span when the call is traced (`retry::end`).
         span: None,
         budgets: budgets.0.clone(),
-    });
+    };
     // Only a model provider teaches the model budget: any other target's 429 cools that
     // target alone (its peer view), not the agent.
     let Some(provider) = declared.filter(|t| t.teaches_budget()) else {
-        return;
+        return Some(tokens);
     };
     let answer = crate::budget::Answer {
         target,
@@ -217,6 +209,7 @@ fn learn_budget(
     if malformed > 0 {
         budgets.1.model_budget_malformed(target, malformed);
     }
+    Some(tokens)
 }
 
 /// A 429 body read for its wait, at most: Gemini's answers carry it there, not in a header.

@@ -1,7 +1,7 @@
 //! The first-event deadline (`capabilities.<name>.first_event_timeout`, `docs/chains.md`): an
 //! attempt's answer head, and for `text/event-stream` its first event, within the limit, or the
-//! attempt is dropped before a byte reaches the caller. The event read early is held in the
-//! answer's extensions and sent first by the record step, which boxes the answer's body.
+//! attempt is dropped before a byte reaches the caller. The event read early is held beside the
+//! answer (`call::Noted`) and sent first by the record step, which boxes the answer's body.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -29,12 +29,13 @@ impl HeldEvent {
     }
 }
 
-/// The answer's head within `limit` and, for a stream, its first event in what is left of it.
+/// The answer's head within `limit` and, for a stream, its first event in what is left of it
+/// (read off the body: it goes first).
 pub(super) async fn within<F>(
     forwarded: F,
     limit: Duration,
     target: &(dyn std::fmt::Display + Sync),
-) -> Result<Response<UpstreamBody>, ReachError>
+) -> Result<(Response<UpstreamBody>, Option<HeldEvent>), ReachError>
 where
     F: std::future::Future<Output = Result<Response<UpstreamBody>, ReachError>>,
 {
@@ -47,7 +48,7 @@ where
         .await
         .map_err(|_| late())??;
     if !is_stream(&response) {
-        return Ok(response);
+        return Ok((response, None));
     }
     let left = limit.saturating_sub(started.elapsed());
     match tokio::time::timeout(left, response.body_mut().frame()).await {
@@ -58,12 +59,10 @@ where
         }),
         Ok(Some(Ok(frame))) => {
             // Trailers first would mean an empty stream: nothing to hold.
-            if let Ok(data) = frame.into_data() {
-                response.extensions_mut().insert(HeldEvent(data));
-            }
-            Ok(response)
+            let held = frame.into_data().ok().map(HeldEvent);
+            Ok((response, held))
         }
-        Ok(None) => Ok(response),
+        Ok(None) => Ok((response, None)),
     }
 }
 

@@ -16,7 +16,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::ServiceExt;
 
-use super::call::Call;
+use super::call::{Call, Recorded};
 use super::{agent_card, local_api, resolve, Outbound};
 use crate::http::headers::Present;
 use crate::http::step::{self, answer, Step};
@@ -39,7 +39,7 @@ pub(super) fn service<A, P, F>(
 ) -> impl Step<Request<Incoming>, Response = Response<ReachBody>>
 where
     A: Step<Request<Incoming>, Response = Response<ReachBody>>,
-    P: Step<Call, Response = Response<ReachBody>>,
+    P: Step<Call, Response = Recorded>,
     F: Step<Call, Response = Response<ReachBody>>,
 {
     step::service!(Arc::new(lanes), first::<A, P, F>)
@@ -50,7 +50,7 @@ where
 async fn first<A, P, F>(lanes: Arc<Lanes<A, P, F>>, req: Request<Incoming>) -> Response<ReachBody>
 where
     A: Step<Request<Incoming>, Response = Response<ReachBody>>,
-    P: Step<Call, Response = Response<ReachBody>>,
+    P: Step<Call, Response = Recorded>,
     F: Step<Call, Response = Response<ReachBody>>,
 {
     // Boxed, like every rare path here: the step's future stays the size of the plain lane's.
@@ -66,7 +66,9 @@ where
     let card = agent_card::card_request(&req);
     let mut resolved = None;
     let response = match resolve::resolve(&lanes.out, req, &mut resolved).await {
-        Ok(call) if plain(&lanes.out, &call) => answer(lanes.plain.clone().oneshot(call).await),
+        Ok(call) if plain(&lanes.out, &call) => {
+            answer(lanes.plain.clone().oneshot(call).await).response
+        }
         Ok(call) => answer(step::boxed(lanes.full.clone(), call).await),
         Err(refused) => refused,
     };

@@ -79,7 +79,7 @@ impl Outbound {
     }
 
     /// A call routed: what a task's runner sends its stored call through.
-    fn routing(self: &Arc<Self>) -> impl Step<Call, Response = Response<ReachBody>> {
+    fn routing(self: &Arc<Self>) -> impl Step<Call, Response = call::Recorded> {
         ServiceBuilder::new()
             // Affinity (a bound key's holder), the candidates (scored, in zone tiers), the
             // attempt policy (retry table, budget, backoff, deadline, fallback) and the record
@@ -183,12 +183,13 @@ impl Outbound {
         self.observe.snapshot()
     }
 
-    /// Routes a task's stored call for `capability` (its attempts reported to the `Journal` in
-    /// its extensions) and answers as a call would be answered.
+    /// Routes a task's stored call for `capability` (its attempts reported to `journal`) and
+    /// answers as a call would be answered.
     async fn run_task(
         self: &Arc<Self>,
         capability: &str,
         request: Request<bytes::Bytes>,
+        journal: crate::tasks::Journal,
     ) -> Response<ReachBody> {
         let capability = match crate::config::Name::parse(capability) {
             Ok(name) => name,
@@ -207,9 +208,13 @@ impl Outbound {
             snapshot: self.store.snapshot(),
             started: std::time::Instant::now(),
             present,
+            carried: Some(Box::new(call::Carried {
+                journal: Some(journal),
+                ..call::Carried::default()
+            })),
         };
         match self.routing().oneshot(call).await {
-            Ok(response) => response,
+            Ok(recorded) => recorded.response,
             Err(never) => match never {},
         }
     }
@@ -224,8 +229,9 @@ impl crate::tasks::Chain for TaskChain {
         &'a self,
         capability: &'a str,
         request: Request<bytes::Bytes>,
+        journal: crate::tasks::Journal,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<ReachBody>> + Send + 'a>> {
-        Box::pin(self.0.run_task(capability, request))
+        Box::pin(self.0.run_task(capability, request, journal))
     }
 }
 

@@ -6,8 +6,7 @@ use std::time::Instant;
 
 use http::Response;
 
-use super::call::{LastTried, Routed};
-use super::first_event::HeldEvent;
+use super::call::{Noted, Recorded, Routed};
 use crate::budget::usage;
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
@@ -17,29 +16,26 @@ use crate::http::{body, headers, ReachBody};
 use crate::metrics::{Direction, Metrics};
 
 /// The routed answer, recorded and answered (asked by `routing`, on whatever comes back).
-pub(super) fn respond<B>(
-    metrics: &Arc<Metrics>,
-    routed: Routed<B>,
-    started: Instant,
-) -> Response<ReachBody>
+pub(super) fn respond<B>(metrics: &Arc<Metrics>, routed: Routed<B>, started: Instant) -> Recorded
 where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<crate::http::body::BoxError>,
 {
     let Routed {
         answer,
+        noted,
         label,
         peer,
         attempts,
     } = routed;
-    let mut response = match answer {
-        Ok(response) => measured(metrics.clone(), response, label, peer, started),
+    let (mut response, last_tried) = match answer {
+        Ok(response) => {
+            let measured = measured(metrics.clone(), (response, noted), label, peer, started);
+            (measured, None)
+        }
         Err(err) => {
-            let mut refused = refuse(metrics, &label, &peer, err, started);
-            if peer != "-" {
-                refused.extensions_mut().insert(LastTried(peer));
-            }
-            refused
+            let refused = refuse(metrics, &label, &peer, err, started);
+            (refused, (peer != "-").then_some(peer))
         }
     };
     if let Some(attempts) = attempts {
@@ -47,13 +43,16 @@ where
             .headers_mut()
             .insert(headers::ATTEMPTS, headers::count(attempts));
     }
-    response
+    Recorded {
+        response,
+        last_tried,
+    }
 }
 
 /// A peer's answer, recorded when its body has been delivered.
 fn measured<B>(
     metrics: Arc<Metrics>,
-    response: Response<B>,
+    (response, noted): (Response<B>, Option<Box<Noted>>),
     label: String,
     peer: String,
     started: Instant,
@@ -64,11 +63,10 @@ where
 {
     let outcome = Class::of_response(&response).outcome();
     crate::http::layers::record_in_span(field::OUTCOME, outcome.as_str());
-    let (mut parts, incoming) = response.into_parts();
-    // A stream's first event, read early for its first-event deadline, goes first.
-    let held = parts.extensions.remove::<HeldEvent>();
-    // An external target's answer, marked by the endpoint: its tokens are counted too.
-    let tokens = parts.extensions.remove::<usage::Watch>();
+    let (parts, incoming) = response.into_parts();
+    // A stream's first event, read early for its first-event deadline, goes first; an external
+    // target's answer, marked by the endpoint, has its tokens counted too.
+    let Noted { held, tokens } = noted.map(|n| *n).unwrap_or_default();
     let observer = usage::then(tokens, &parts.headers, move |end: BodyEnd| {
         let outcome = if end == BodyEnd::Error {
             Outcome::Failure

@@ -13,18 +13,16 @@
 
 use std::sync::Arc;
 
-use http::Response;
 use tower::layer::Layer;
 
 use super::attempts::{self, retry::Attempt};
-use super::call::{Call, Try};
+use super::call::{Call, Recorded, Try};
 use super::{affinity, candidates, record, Outbound};
 use crate::http::step::{self, Step};
-use crate::http::ReachBody;
 
 pub(super) fn layer<S>(
     out: Arc<Outbound>,
-) -> impl Layer<S, Service = impl Step<Call, Response = Response<ReachBody>>> + Clone
+) -> impl Layer<S, Service = impl Step<Call, Response = Recorded>> + Clone
 where
     S: Step<Try, Response = Attempt>,
 {
@@ -32,7 +30,7 @@ where
 }
 
 /// The call routed to a peer through `endpoint`, and its answer recorded.
-async fn route<S>(out: Arc<Outbound>, endpoint: S, call: Call) -> Response<ReachBody>
+async fn route<S>(out: Arc<Outbound>, endpoint: S, call: Call) -> Recorded
 where
     S: Step<Try, Response = Attempt>,
 {

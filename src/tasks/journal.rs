@@ -1,5 +1,5 @@
-//! How a task hears its chain's attempts as they end: the runner puts a [`Journal`] in the
-//! stored request's extensions, the routing step reports each attempt to it, and the runner
+//! How a task hears its chain's attempts as they end: the runner hands its chain a [`Journal`]
+//! with the stored request, the routing step reports each attempt to it, and the runner
 //! commits each one to the task's record. The seam between routing and tasks, owned here so
 //! routing depends on tasks and not the other way round.
 
@@ -38,10 +38,11 @@ impl Journal {
 /// What runs a task's stored call: the outbound routing (`Outbound::run_task`).
 pub trait Chain: Send + Sync + 'static {
     /// Routes `request` for `capability` as a call would be routed, reporting its attempts to
-    /// the `Journal` in its extensions.
+    /// `journal`.
     fn run<'a>(
         &'a self,
         capability: &'a str,
         request: Request<Bytes>,
+        journal: Journal,
     ) -> Pin<Box<dyn Future<Output = Response<ReachBody>> + Send + 'a>>;
 }

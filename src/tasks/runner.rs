@@ -244,7 +244,7 @@ impl Runner {
         let round = task.rounds;
 
         let (notes, mut heard) = tokio::sync::mpsc::unbounded_channel();
-        let request = match replay(&task, Journal(notes)) {
+        let request = match replay(&task) {
             Ok(r) => r,
             Err(err) => {
                 task.error = Some(err);
@@ -252,7 +252,7 @@ impl Runner {
             }
         };
         let capability = task.capability.clone();
-        let chain = self.chain.run(&capability, request);
+        let chain = self.chain.run(&capability, request, Journal(notes));
         tokio::pin!(chain);
         let mut renew = tokio::time::interval(lease / 3);
         renew.tick().await;
@@ -558,8 +558,8 @@ fn record(note: AttemptNote, round: u32) -> AttemptRecord {
     }
 }
 
-/// The stored call, as a request for the chain, its attempts reported to `journal`.
-fn replay(task: &Task, journal: Journal) -> Result<Request<Bytes>, String> {
+/// The stored call, as a request for the chain.
+fn replay(task: &Task) -> Result<Request<Bytes>, String> {
     let mut builder = Request::builder()
         .method(task.request.method.as_str())
         .uri(task.request.path.as_str());
@@ -570,11 +570,9 @@ fn replay(task: &Task, journal: Journal) -> Result<Request<Bytes>, String> {
     // its record), while a later round — the queue's, or a person's retry — runs afresh.
     let key = format!("{}#{}", task.key, task.current_round());
     builder = builder.header(crate::idempotency::HEADER, key);
-    let mut request = builder
+    builder
         .body(Bytes::from(task.request.body.clone()))
-        .map_err(|e| format!("the stored request is invalid: {e}"))?;
-    request.extensions_mut().insert(journal);
-    Ok(request)
+        .map_err(|e| format!("the stored request is invalid: {e}"))
 }
 
 /// The answer, its body kept up to `max` bytes.

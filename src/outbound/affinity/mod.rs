@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use http::Response;
 
-use super::call::{Call, Routed};
+use super::call::{Call, Pinned, Routed};
 use super::Outbound;
 use crate::classify::{Class, Refusal};
 use crate::config::{AffinityMode, Snapshot};
@@ -29,14 +29,6 @@ pub(crate) use body::Watched;
 pub(super) use route::narrow;
 pub(crate) use table::Table;
 use table::{Bounds, Key, Kind};
-
-/// On a call whose key is bound: the agent that holds it, for `candidates` to route to.
-#[derive(Clone, Debug)]
-pub(super) struct Pinned {
-    pub(super) holder: Arc<str>,
-    pub(super) kind: Kind,
-    pub(super) mode: AffinityMode,
-}
 
 /// Looks the call's keys up, routes it with `route` (to the holder when one is bound), and binds
 /// what the answer confirms: the call routed with its affinity key's holder, and its answer
@@ -65,7 +57,7 @@ where
             mode: mode(kind, settings.map(|c| c.affinity)),
         });
     if let Some(pin) = &pinned {
-        call.parts.extensions.insert(pin.clone());
+        call.carried_mut().pinned = Some(pin.clone());
     }
     // A lost MCP session or A2A task is answered as a JSON-RPC error with the request's id:
     // the body is kept (a reference) and parsed only if the holder turns out lost.
@@ -86,13 +78,7 @@ where
     if let (Some(cap), true) = (&capability, ends_session) {
         end_session(out, cap, &mut found);
     }
-    let Routed {
-        answer: result,
-        label,
-        peer,
-        attempts,
-    } = routed;
-    let result = result.map(|response| {
+    routed.map(|response, label, peer| {
         // Nothing to bind, the common case: no allocation, no watch.
         let reader = found.reader();
         let anything = !found.keys.is_empty()
@@ -103,23 +89,17 @@ where
         if !anything || !response.status().is_success() || peer == "-" {
             return response.map(body::plain);
         }
-        let peer: Arc<str> = peer.as_str().into();
+        let peer: Arc<str> = peer.into();
         let binding = body::Binding {
             table: out.affinity.clone(),
             metrics: out.metrics.clone(),
-            capability: capability.unwrap_or_else(|| label.as_str().into()),
+            capability: capability.unwrap_or_else(|| label.into()),
             peer,
             request: found.keys,
             bounds: bounds(&snapshot),
         };
         bind(response, binding, reader)
-    });
-    Routed {
-        answer: result,
-        label,
-        peer,
-        attempts,
-    }
+    })
 }
 
 /// The capability's affinity mode; always strict for a server's `requestState`, which means

@@ -1,9 +1,8 @@
 //! A bound call's candidates: its holder alone (`strict`), or everyone with the holder first
 //! (`fallback`); `affinity_lost` when a strict call's holder is out.
 
-use super::super::call::{Call, Routed};
+use super::super::call::{Call, Pinned, Routed};
 use super::super::Outbound;
-use super::Pinned;
 use crate::config::AffinityMode;
 use crate::error::ReachError;
 use crate::peers::{RouteRequest, Scored};

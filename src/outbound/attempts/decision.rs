@@ -23,8 +23,8 @@ pub(in crate::outbound) fn log<B>(
         return;
     }
     let (status, refused, error) = match outcome {
-        Attempt::Done(r) => (Some(r.status().as_u16()), None, None),
-        Attempt::Refused(r, why) => (Some(r.status().as_u16()), Some(why.as_str()), None),
+        Attempt::Done(a) => (Some(a.response.status().as_u16()), None, None),
+        Attempt::Refused(a, why) => (Some(a.response.status().as_u16()), Some(why.as_str()), None),
         Attempt::Failed(e) | Attempt::Limited(e) => (None, None, Some(e.code())),
     };
     let Some(pick) = scored.get(chosen) else {

@@ -14,13 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{Request, Response};
+use http::Request;
 use tower::retry::budget::TpsBudget;
 use tower::ServiceExt;
 
 use crate::http::headers::Present;
 
-use super::call::{Routed, Try};
+use super::call::{Answer, Carried, Routed, ServerSessions, Try};
 use super::candidates::tiers::{self, Tier};
 use super::candidates::Plan;
 use super::{pick, Outbound};
@@ -33,6 +33,7 @@ use crate::http::upload::UploadWatch;
 use crate::http::{retry_after, ReachBody};
 use crate::idempotency;
 use crate::peers::Scored;
+use crate::tasks::Journal;
 use request::{sent_headers, upstream_request, Bodies};
 use retry::{Attempt, Refusal};
 
@@ -68,6 +69,7 @@ where
         deadline: call.deadline,
         replayable: bodies.replay.is_some(),
         present: call.present,
+        carried: call.carried,
     };
     let mut attempts = Attempts::new(out, &snapshot, shape);
     // A bound call's first attempt goes to the holder of its key.
@@ -106,9 +108,7 @@ where
             out.metrics.tier_pick(tiers[chosen].as_str());
             let head = &parts.headers;
             decision::log(&snapshot, &route, &scored, chosen, n, &attempt, head);
-            if let Some(journal) = parts.extensions.get::<crate::tasks::Journal>() {
-                journal.note(attempt.note(&scored[chosen].peer.name, started));
-            }
+            attempts.report(&attempt, &scored[chosen].peer.name, started);
         }
         let pause = attempts.after(&attempt, chosen, &scored, &tiers);
         last = Some((attempt, chosen));
@@ -164,6 +164,10 @@ struct Attempts<'a> {
     first_event: Option<Duration>,
     /// The capability's `hedge`, when the call is safe to send twice.
     hedge: Option<&'a HedgePolicy>,
+    /// A task's call: where each attempt is reported as it ends.
+    journal: Option<Journal>,
+    /// An MCP call on servers' sessions: each attempt carries them.
+    sessions: Option<ServerSessions>,
 }
 
 impl<'a> Attempts<'a> {
@@ -201,6 +205,9 @@ impl<'a> Attempts<'a> {
         // deduplicate among themselves; `docs/chains.md`).
         let declared = !call.scored.is_empty() && call.scored.iter().all(|s| s.idempotent);
         let safe = call.replayable && ((idempotent_method && !keyed && !is_async) || declared);
+        let Carried {
+            journal, sessions, ..
+        } = call.carried.map(|c| *c).unwrap_or_default();
         Attempts {
             first_event: own.and_then(|c| c.first_event_timeout).map(|d| d.get()),
             hedge: own.and_then(|c| c.hedge.as_ref()).filter(|_| safe),
@@ -217,6 +224,15 @@ impl<'a> Attempts<'a> {
             tried: Vec::new(),
             sticky: None,
             retry_reason: None,
+            journal,
+            sessions,
+        }
+    }
+
+    /// A task's call: the attempt told to its runner.
+    fn report<B>(&self, attempt: &Attempt<B>, peer: &str, started: std::time::SystemTime) {
+        if let Some(journal) = &self.journal {
+            journal.note(attempt.note(peer, started));
         }
     }
 
@@ -334,6 +350,7 @@ impl<'a> Attempts<'a> {
             upload: upload.clone(),
             snapshot: snapshot.clone(),
             first_event: self.first_event,
+            sessions: self.sessions.clone(),
         }
     }
 
@@ -416,8 +433,9 @@ impl<'a> Attempts<'a> {
             // `retry-after` is honoured as a minimum when everyone left is cooling down after
             // refusing us: the next attempt waits for it (within the deadline) instead of
             // hammering a fleet that asked for a pause.
-            Attempt::Refused(response, Refusal::RateLimited) if self.only_cooling_left(scored) => {
-                retry_after::wait(response.headers()).map_or(pause, |after| pause.max(after))
+            Attempt::Refused(answer, Refusal::RateLimited) if self.only_cooling_left(scored) => {
+                let after = retry_after::wait(answer.response.headers());
+                after.map_or(pause, |after| pause.max(after))
             }
             _ => pause,
         }
@@ -431,13 +449,8 @@ impl<'a> Attempts<'a> {
         rest.clone().next().is_some() && rest.all(|(_, s)| s.cooling_down)
     }
 
-    fn routed<B>(&self, answer: Result<Response<B>, ReachError>, peer: &str) -> Routed<B> {
-        Routed {
-            answer,
-            label: self.capability.to_owned(),
-            peer: peer.to_owned(),
-            attempts: Some(self.made()),
-        }
+    fn routed<B>(&self, answer: Result<Answer<B>, ReachError>, peer: &str) -> Routed<B> {
+        Routed::answered(answer, self.capability, peer, self.made())
     }
 }
 
@@ -459,6 +472,7 @@ struct CallShape<'a, 'p> {
     deadline: Option<Deadline>,
     replayable: bool,
     present: Present,
+    carried: Option<Box<Carried>>,
 }
 
 /// The policy driven against a scripted peer (a stub inner step) on paused time: no sockets.
@@ -468,7 +482,7 @@ mod tests {
     use std::convert::Infallible;
     use std::sync::Mutex;
 
-    use http::StatusCode;
+    use http::{Response, StatusCode};
     use tokio::time::Instant;
 
     use super::*;
@@ -496,9 +510,11 @@ mod tests {
                 .insert(headers::REASON, http::HeaderValue::from_static(reason));
         }
         match crate::classify::Class::of_response(&r) {
-            crate::classify::Class::Refused { .. } => Attempt::Refused(r, Refusal::RateLimited),
-            crate::classify::Class::Shed { why, .. } => Attempt::Refused(r, why),
-            _ => Attempt::Done(r),
+            crate::classify::Class::Refused { .. } => {
+                Attempt::Refused(r.into(), Refusal::RateLimited)
+            }
+            crate::classify::Class::Shed { why, .. } => Attempt::Refused(r.into(), why),
+            _ => Attempt::Done(r.into()),
         }
     }
 
@@ -525,6 +541,7 @@ mod tests {
                 present: Present::ALL,
                 snapshot: out.store.snapshot(),
                 started: std::time::Instant::now(),
+                carried: None,
             },
             route: RouteRequest {
                 capability: "review".into(),

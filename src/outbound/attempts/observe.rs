@@ -77,6 +77,7 @@ where
         prefer: _,
     } = plan;
     let snapshot = call.snapshot;
+    let sessions = call.carried.and_then(|c| c.sessions);
     let capability = route.capability.as_str();
     let mut parts = call.parts;
     parts.headers.remove(deadline::TIMEOUT);
@@ -104,6 +105,7 @@ where
             snapshot: snapshot.clone(),
             // A plain proxy's routing: no first-event deadline.
             first_event: None,
+            sessions: sessions.clone(),
         };
         let sent = Instant::now();
         // The only retry here follows a connect failure.
@@ -133,12 +135,8 @@ where
             },
         );
     };
-    Routed {
-        answer: attempt.into_answer(),
-        label: capability.to_owned(),
-        peer: scored[chosen].peer.name.clone(),
-        attempts: Some(n),
-    }
+    let peer = &scored[chosen].peer.name;
+    Routed::answered(attempt.into_answer(), capability, peer, n)
 }
 
 /// Records one attempt against what the model would have chosen.

@@ -70,13 +70,6 @@ pub(in crate::outbound) fn upstream_request(
     }
     h.insert(headers::CALLER, snapshot.agent_name.clone());
     h.insert(headers::ATTEMPT, headers::count(attempt));
-    // An MCP call on servers' sessions: the attempt's server's is set where the server is known.
-    if let Some(sessions) = parts
-        .extensions
-        .get::<crate::outbound::mcp::broker::ServerSessions>()
-    {
-        request.extensions_mut().insert(sessions.clone());
-    }
     request
 }
 

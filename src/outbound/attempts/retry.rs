@@ -1,10 +1,8 @@
 //! How one attempt ended, and whether that allows another: the retry table.
 
 use http::request::Parts;
-use http::Response;
 
-use super::super::call::Try;
-use crate::budget::usage;
+use super::super::call::{Answer, Try};
 pub(in crate::outbound) use crate::classify::Refusal;
 use crate::classify::{self, Class, Outcome};
 use crate::error::ReachError;
@@ -13,9 +11,9 @@ use crate::trace::{AttemptSpan, DeferredSpan};
 
 /// How one attempt ended, as far as retrying cares.
 pub(in crate::outbound) enum Attempt<B = UpstreamBody> {
-    Done(Response<B>),
+    Done(Answer<B>),
     /// Refused without running the task (429, or a peer sidecar's 503): safe to try elsewhere.
-    Refused(Response<B>, Refusal),
+    Refused(Answer<B>, Refusal),
     Failed(ReachError),
     /// Refused by this sidecar before anything was sent (an external target's rate limit).
     Limited(ReachError),
@@ -55,8 +53,8 @@ pub(in crate::outbound) fn end<B>(span: Option<AttemptSpan>, attempt: &mut Attem
     let Some(span) = span else { return };
     let (status, outcome) = attempt.outcome();
     let watch = match attempt {
-        Attempt::Done(response) | Attempt::Refused(response, _) => {
-            response.extensions_mut().get_mut::<usage::Watch>()
+        Attempt::Done(answer) | Attempt::Refused(answer, _) => {
+            answer.noted.as_mut().and_then(|n| n.tokens.as_mut())
         }
         Attempt::Failed(_) | Attempt::Limited(_) => None,
     };
@@ -72,19 +70,19 @@ pub(in crate::outbound) fn end<B>(span: Option<AttemptSpan>, attempt: &mut Attem
 impl<B> Attempt<B> {
     /// What the caller gets when this attempt is the last: the response, refusal or not, or the
     /// error.
-    pub(in crate::outbound) fn into_answer(self) -> Result<Response<B>, ReachError> {
+    pub(in crate::outbound) fn into_answer(self) -> Result<Answer<B>, ReachError> {
         match self {
             Attempt::Failed(err) | Attempt::Limited(err) => Err(err),
-            Attempt::Done(response) | Attempt::Refused(response, _) => Ok(response),
+            Attempt::Done(answer) | Attempt::Refused(answer, _) => Ok(answer),
         }
     }
 
     /// The status of the answer, if one came back, and what the attempt meant (for its span).
     pub(in crate::outbound) fn outcome(&self) -> (Option<http::StatusCode>, Outcome) {
         match self {
-            Attempt::Done(response) | Attempt::Refused(response, _) => (
-                Some(response.status()),
-                Class::of_response(response).outcome(),
+            Attempt::Done(answer) | Attempt::Refused(answer, _) => (
+                Some(answer.response.status()),
+                Class::of_response(&answer.response).outcome(),
             ),
             Attempt::Failed(err) | Attempt::Limited(err) => (None, Class::of_error(err).outcome()),
         }
@@ -95,7 +93,8 @@ impl<B> Attempt<B> {
     pub(in crate::outbound) fn reason(&self) -> String {
         match self {
             Attempt::Failed(err) | Attempt::Limited(err) => format!("{}: {err}", err.code()),
-            Attempt::Done(response) | Attempt::Refused(response, _) => {
+            Attempt::Done(answer) | Attempt::Refused(answer, _) => {
+                let response = &answer.response;
                 match response.headers().get(crate::http::headers::REASON) {
                     Some(reason) => reason.to_str().unwrap_or("-").to_owned(),
                     None => format!("status {}", response.status().as_u16()),
@@ -146,7 +145,7 @@ impl<B> Attempt<B> {
     ) -> Option<(&'static str, bool)> {
         let timed_out = match self {
             Attempt::Failed(ReachError::Timeout { .. }) => true,
-            Attempt::Done(response) => classify::timed_out(response),
+            Attempt::Done(answer) => classify::timed_out(&answer.response),
             _ => false,
         };
         match self {
@@ -163,13 +162,13 @@ impl<B> Attempt<B> {
                 Some(("first_event_timeout_keyed", true))
             }
             // It ran: elsewhere only when running it twice is safe (a keyed call runs once).
-            Attempt::Done(response) if classify::invalid_output(response) => {
+            Attempt::Done(answer) if classify::invalid_output(&answer.response) => {
                 (idempotent || (chain && !keyed)).then_some(("invalid_output", false))
             }
             _ if timed_out && keyed => Some(("timeout_keyed", true)),
             _ if timed_out && idempotent => Some(("timeout", false)),
-            Attempt::Done(response)
-                if idempotent && matches!(response.status().as_u16(), 502..=504) =>
+            Attempt::Done(answer)
+                if idempotent && matches!(answer.response.status().as_u16(), 502..=504) =>
             {
                 Some(("server_error", false))
             }
@@ -182,19 +181,19 @@ impl<B> Attempt<B> {
 mod tests {
     use std::time::Duration;
 
-    use http::StatusCode;
+    use http::{Response, StatusCode};
 
     use super::*;
     use crate::http::headers;
 
-    fn response(status: u16, reason: Option<&'static str>) -> Response<()> {
+    fn response(status: u16, reason: Option<&'static str>) -> Answer<()> {
         let mut r = Response::new(());
         *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
         if let Some(reason) = reason {
             r.headers_mut()
                 .insert(headers::REASON, http::HeaderValue::from_static(reason));
         }
-        r
+        r.into()
     }
 
     fn timeout() -> Attempt<()> {

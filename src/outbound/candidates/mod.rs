@@ -87,9 +87,10 @@ pub(super) fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
         ));
     }
     // An MCP call goes to the servers that have its tool (`docs/mcp.md`).
-    let scored = match call.parts.extensions.get::<mcp::McpRoute>() {
+    let carried = call.carried.as_deref();
+    let scored = match carried.and_then(|c| c.mcp_route.as_ref()) {
         Some(route) => {
-            let sessions = call.parts.extensions.get::<mcp::broker::ServerSessions>();
+            let sessions = carried.and_then(|c| c.sessions.as_ref());
             mcp::narrow(
                 out,
                 &call.snapshot,
@@ -102,7 +103,7 @@ pub(super) fn plan(out: &Outbound, call: Call) -> Result<Plan, Routed> {
         None => scored,
     };
     // A call whose affinity key is bound goes to the key's holder.
-    let (mut scored, prefer) = match call.parts.extensions.get::<affinity::Pinned>() {
+    let (mut scored, prefer) = match carried.and_then(|c| c.pinned.as_ref()) {
         Some(pin) => affinity::narrow(out, pin, &call, &route, scored)?,
         None => (scored, None),
     };

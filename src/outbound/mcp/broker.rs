@@ -20,9 +20,8 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use super::message::{self, json_answer};
-pub(crate) use super::sessions::{apply_sessions, ServerSession, ServerSessions};
 use super::sessions::{Brokered, SESSION_PREFIX};
-use super::{McpRoute, Outbound};
+use super::Outbound;
 use crate::error::{AffinityKey, ReachError};
 use crate::fast_hash::FastMap;
 use crate::http::headers::{self, Present};
@@ -30,7 +29,7 @@ use crate::http::step::{answer, Step};
 use crate::http::{body, ReachBody};
 use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc::{self, METHOD_HEADER, NAME_HEADER, STATELESS_REVISION, VERSION_HEADER};
-use crate::outbound::call::Call;
+use crate::outbound::call::{Call, McpRoute, Recorded, ServerSession, ServerSessions};
 
 /// The revisions this sidecar speaks with MCP clients.
 const REVISIONS: [&str; 5] = [
@@ -172,7 +171,7 @@ pub(super) fn no_stream() -> Response<ReachBody> {
 /// Ends the client's session: each server's session behind it is ended with a `DELETE`.
 pub(super) async fn end<S>(out: &Outbound, inner: S, call: &Call, id: &str) -> Response<ReachBody>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let Some(brokered) = out.broker.remove(id) else {
         return session_gone(None);
@@ -183,7 +182,7 @@ where
 
 async fn end_servers<S>(inner: S, call: &Call, brokered: &Brokered)
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let servers: Vec<(String, ServerSession)> = brokered.servers().drain().collect();
     for (peer, server) in servers {
@@ -226,7 +225,7 @@ pub(super) async fn after<S>(
     context: &Context,
     status: StatusCode,
 ) where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     if status != StatusCode::NOT_FOUND {
         return;
@@ -278,7 +277,7 @@ pub(super) async fn sessions_for<S>(
     route: &McpRoute,
 ) -> Result<ServerSessions, Refused>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let capability = call.capability.as_str();
     let snapshot = &call.snapshot;
@@ -350,7 +349,7 @@ async fn open_every<S>(
     (mut sessions, missing): (FastMap<String, ServerSession>, Vec<String>),
 ) -> Result<ServerSessions, Refused>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let mut last = None;
     for name in missing {
@@ -377,7 +376,7 @@ async fn open<S>(
     route: &McpRoute,
 ) -> Result<(String, ServerSession), Response<ReachBody>>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let _ = out;
     let init = json!({
@@ -388,10 +387,9 @@ where
             "clientInfo": { "name": "agent-reach", "version": env!("CARGO_PKG_VERSION") },
         }
     });
-    let mut one = copy_for_server(call, Bytes::from(init.to_string()));
-    one.parts.extensions.insert(route.clone());
+    let mut one = copy_for_server(call, Bytes::from(init.to_string()), route.clone());
     one.parts.headers.remove(VERSION_HEADER);
-    let response = answer(inner.clone().oneshot(one).await);
+    let response = answer(inner.clone().oneshot(one).await).response;
     if !response.status().is_success() {
         return Err(response);
     }
@@ -429,10 +427,13 @@ where
     Ok((peer, server))
 }
 
-/// The call, with `bytes` for a body, as the sidecar sends it to a server on its own behalf:
-/// no client session, no stateless-revision headers of the client's request.
-fn copy_for_server(call: &Call, bytes: Bytes) -> Call {
+/// The call, with `bytes` for a body, as the sidecar sends it to a server on its own behalf
+/// (one that `route` leads to): no client session, no stateless-revision headers of the
+/// client's request. Set here, not in the async caller: a call borrowed there is held across
+/// its awaits.
+fn copy_for_server(call: &Call, bytes: Bytes, route: McpRoute) -> Call {
     let mut one = message::copy(call, bytes);
+    one.carried_mut().mcp_route = Some(route);
     let h = &mut one.parts.headers;
     h.remove(headers::MCP_SESSION_ID);
     h.remove(METHOD_HEADER);
@@ -453,10 +454,7 @@ fn copy_for_server(call: &Call, bytes: Bytes) -> Call {
 
 /// The call for one server on its session (`route` pinned to it).
 fn to_server(call: &Call, bytes: Bytes, peer: &str, server: &ServerSession) -> Call {
-    let mut one = copy_for_server(call, bytes);
-    one.parts
-        .extensions
-        .insert(McpRoute::Server(peer.to_owned()));
+    let mut one = copy_for_server(call, bytes, McpRoute::Server(peer.to_owned()));
     one.parts
         .headers
         .insert(VERSION_HEADER, server.revision.clone());
@@ -485,7 +483,7 @@ pub(super) fn for_servers(
             h.insert(NAME_HEADER, tool);
         }
     }
-    call.parts.extensions.insert(sessions);
+    call.carried_mut().sessions = Some(sessions);
 }
 
 fn without_session(present: Present) -> Present {

@@ -11,13 +11,13 @@ use serde_json::{json, Map, Value};
 use tower::ServiceExt;
 
 use super::message::{self, json_answer};
-use super::{broker, McpRoute, Outbound};
+use super::{broker, Outbound};
 use crate::http::step::{answer, Step};
 use crate::http::upload::Upload;
 use crate::http::{body, ReachBody};
 use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc;
-use crate::outbound::call::Call;
+use crate::outbound::call::{Call, McpRoute, Recorded};
 use crate::registry::Peer;
 
 /// Servers asked for one federated list at most.
@@ -31,11 +31,11 @@ pub(super) async fn tools_list<S>(
     (id, context): (Option<Value>, &broker::Context),
 ) -> Response<ReachBody>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let bytes = match &call.upload {
         Upload::Buffered(bytes) => bytes.clone(),
-        Upload::Stream(..) => return answer(inner.oneshot(call).await),
+        Upload::Stream(..) => return answer(inner.oneshot(call).await).response,
     };
     let shared = broker::Context::Shared(out.broker.shared(call.capability.as_str()));
     let revision = context.revision(&call);
@@ -117,16 +117,16 @@ async fn ask<S>(
     server: &str,
 ) -> Result<Vec<Value>, Response<ReachBody>>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let route = McpRoute::Server(server.to_owned());
     match broker::sessions_for(out, inner.clone(), &one, shared, &route).await {
         Ok(sessions) => broker::for_servers(&mut one, sessions, ("tools/list", None)),
         Err(refused) => return Err(refused.answer(one.capability.as_str(), None)),
     }
-    one.parts.extensions.insert(route);
+    one.carried_mut().mcp_route = Some(route);
     let template = message::copy(&one, bytes::Bytes::new());
-    let response = answer(inner.clone().oneshot(one).await);
+    let response = answer(inner.clone().oneshot(one).await).response;
     if response.status() == http::StatusCode::NOT_FOUND {
         // The server forgot the sidecar's session (it restarted): opened again next time.
         broker::after(out, inner, &template, shared, response.status()).await;

@@ -18,6 +18,7 @@ pub(super) fn copy(call: &Call, bytes: Bytes) -> Call {
         snapshot: call.snapshot.clone(),
         started: call.started,
         present: call.present,
+        carried: call.carried.clone(),
     }
 }
 

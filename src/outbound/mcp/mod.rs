@@ -22,7 +22,7 @@ use http::Response;
 use tower::layer::Layer;
 use tower::ServiceExt;
 
-use super::call::Call;
+use super::call::{Call, McpRoute, Recorded, ServerSessions};
 use super::Outbound;
 use crate::error::ReachError;
 use crate::http::step::{self, answer, Step};
@@ -33,22 +33,11 @@ use crate::peers::Scored;
 use broker::Context;
 use http::Method;
 
-/// On an MCP call's request, for the candidates step: who may take it.
-#[derive(Clone, Debug)]
-pub(super) enum McpRoute {
-    /// A `tools/call`: a server with the tool, not one this call already failed on.
-    Tool { tool: String, excluded: Vec<String> },
-    /// One server's part of a federated `tools/list`, or a call on that server's session.
-    Server(String),
-    /// Any server of the capability (a method that names no tool).
-    Any,
-}
-
 pub(super) fn layer<S>(
     out: Arc<Outbound>,
 ) -> impl Layer<S, Service = impl Step<Call, Response = Response<ReachBody>>> + Clone
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     step::layer!(out, mcp::<step::Next<S>>)
 }
@@ -57,14 +46,14 @@ where
 /// sidecar; a session a server issued (not this sidecar) passes on as before.
 async fn mcp<S>(out: Arc<Outbound>, inner: S, call: Call) -> Response<ReachBody>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     if !out.registry.is_mcp(call.capability.as_str()) {
-        return answer(inner.oneshot(call).await);
+        return answer(inner.oneshot(call).await).response;
     }
     let context = match broker::context(&out, &call) {
         Ok(Some(context)) => context,
-        Ok(None) => return answer(inner.oneshot(call).await),
+        Ok(None) => return answer(inner.oneshot(call).await).response,
         Err(()) => return broker::session_gone(asked_of(&call).and_then(|a| a.id)),
     };
     match (&call.parts.method, &context) {
@@ -76,7 +65,7 @@ where
         _ => {}
     }
     let Some(asked) = asked_of(&call) else {
-        return answer(inner.oneshot(call).await);
+        return answer(inner.oneshot(call).await).response;
     };
     match asked.method.as_str() {
         "initialize" => broker::initialize(&out, asked.revision.as_deref(), asked.id),
@@ -88,7 +77,7 @@ where
                 let asked = (tool, asked.resumes, asked.id);
                 tool_call::routed(out, inner, call, asked, context).await
             }
-            None => answer(inner.oneshot(call).await),
+            None => answer(inner.oneshot(call).await).response,
         },
         "tools/list" => fleet::tools_list(&out, inner, call, (asked.id, &context)).await,
         _ => tool_call::on_a_session(out, inner, call, (asked.method, asked.id), context).await,
@@ -130,7 +119,7 @@ fn asked_of(call: &Call) -> Option<Asked> {
 pub(super) fn narrow(
     out: &Outbound,
     snapshot: &crate::config::Snapshot,
-    (route, sessions): (&McpRoute, Option<&broker::ServerSessions>),
+    (route, sessions): (&McpRoute, Option<&ServerSessions>),
     capability: &str,
     scored: Vec<Scored>,
 ) -> Result<Vec<Scored>, ReachError> {

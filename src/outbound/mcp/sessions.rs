@@ -5,13 +5,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{HeaderValue, Response};
 use tokio::time::Instant;
 
 use crate::fast_hash::FastMap;
-use crate::http::headers;
-use crate::http::ReachBody;
-use crate::mcp::jsonrpc::{STATELESS_REVISION, VERSION_HEADER};
+use crate::mcp::jsonrpc::STATELESS_REVISION;
+use crate::outbound::call::ServerSession;
 
 /// What the sidecar's own session ids start with: a client's session with a server behind it
 /// never does (those pass on as before).
@@ -20,47 +18,6 @@ pub(super) const SESSION_PREFIX: &str = "reach-";
 pub(super) const MAX_SESSIONS: usize = 10_000;
 /// A client session unused this long is ended.
 pub(super) const IDLE: Duration = Duration::from_secs(30 * 60);
-/// One server's session, as a client's session (or the sidecar's shared one) holds it.
-#[derive(Clone, Debug)]
-pub(crate) struct ServerSession {
-    /// `None` for a server that keeps no sessions.
-    pub(crate) id: Option<HeaderValue>,
-    /// The revision the server answered `initialize` with.
-    pub(crate) revision: HeaderValue,
-}
-
-/// Sets the attempt's MCP session headers, when its call goes on servers' sessions.
-pub(crate) fn apply_sessions(request: &mut http::Request<ReachBody>, peer: &str) {
-    if let Some(sessions) = request.extensions().get::<ServerSessions>().cloned() {
-        sessions.apply(peer, request.headers_mut());
-    }
-}
-
-/// The sessions a call may use, by server: the candidates step keeps only these servers, and
-/// each attempt carries its server's session (`apply`).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct ServerSessions(pub(crate) Arc<FastMap<String, ServerSession>>);
-
-impl ServerSessions {
-    /// The revision of the server that gave `response` (its `reach-agent`), when known.
-    pub(crate) fn revision_of(&self, response: &Response<ReachBody>) -> Option<&str> {
-        let peer = response.headers().get(headers::AGENT)?.to_str().ok()?;
-        self.0.get(peer)?.revision.to_str().ok()
-    }
-
-    /// Sets the request's session and revision headers to those of the server it goes to.
-    pub(crate) fn apply(&self, peer: &str, request_headers: &mut http::HeaderMap) {
-        let Some(server) = self.0.get(peer) else {
-            return;
-        };
-        match &server.id {
-            Some(id) => request_headers.insert(headers::MCP_SESSION_ID, id.clone()),
-            None => request_headers.remove(headers::MCP_SESSION_ID),
-        };
-        request_headers.insert(VERSION_HEADER, server.revision.clone());
-    }
-}
-
 /// A client's session with this sidecar (or the sidecar's shared one, per capability).
 #[derive(Debug)]
 pub(crate) struct Brokered {

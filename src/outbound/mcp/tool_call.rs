@@ -13,7 +13,7 @@ use tower::ServiceExt;
 
 use super::broker::{self, Context};
 use super::message::copy;
-use super::{McpRoute, Outbound};
+use super::Outbound;
 use crate::error::{ReachError, Reason};
 use crate::http::observed::{BodyEnd, Observed, Observer, OnEnd};
 use crate::http::step::{answer, Step};
@@ -21,7 +21,7 @@ use crate::http::upload::Upload;
 use crate::http::{body, headers, ReachBody};
 use crate::mcp::fetch::MAX_ANSWER_BYTES;
 use crate::mcp::jsonrpc::{self, ToolOutcome};
-use crate::outbound::call::{Call, LastTried};
+use crate::outbound::call::{Call, McpRoute, Recorded, ServerSessions};
 
 /// Routes the call for `tool` on a server's session (`broker.rs`); on a failed tool that is
 /// safe to repeat, once more elsewhere — unless it `resumes` a multi round-trip request, whose
@@ -35,7 +35,7 @@ pub(super) async fn routed<S>(
     context: Context,
 ) -> Response<ReachBody>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let replay = match &call.upload {
         Upload::Buffered(bytes) if !resumes => Some(bytes.clone()),
@@ -63,10 +63,10 @@ where
                 return unknown_tool_as_mcp(response, &tool, id);
             }
         }
-        call.parts.extensions.insert(route);
+        call.carried_mut().mcp_route = Some(route);
         let again = replay.as_ref().map(|bytes| copy(&call, bytes.clone()));
-        let response = answer(inner.clone().oneshot(call).await);
-        let (response, failed_on) = observed(&out, &capability, &tool, response).await;
+        let recorded = answer(inner.clone().oneshot(call).await);
+        let (response, failed_on) = observed(&out, &capability, &tool, recorded).await;
         match (failed_on, again) {
             (Some(peer), Some(next))
                 if excluded.is_empty() && elsewhere(&out, &next, &tool, &peer) =>
@@ -94,7 +94,7 @@ pub(super) async fn on_a_session<S>(
     context: Context,
 ) -> Response<ReachBody>
 where
-    S: Step<Call, Response = Response<ReachBody>>,
+    S: Step<Call, Response = Recorded>,
 {
     let template = copy(&call, Bytes::new());
     let capability = call.capability.as_str().to_owned();
@@ -107,8 +107,8 @@ where
         Err(refused) => return refused.answer(&capability, id),
     };
     broker::for_servers(&mut call, on.clone(), (&method, None));
-    call.parts.extensions.insert(McpRoute::Any);
-    let mut response = answer(inner.clone().oneshot(call).await);
+    call.carried_mut().mcp_route = Some(McpRoute::Any);
+    let mut response = answer(inner.clone().oneshot(call).await).response;
     broker::after(&out, inner, &template, &context, response.status()).await;
     broker::as_the_clients(&context, &mut response);
     bridged(response, &on, &revision, list).await
@@ -117,7 +117,7 @@ where
 /// The answer as a client of `revision` reads it: an older server's completed (`bridge.rs`).
 async fn bridged(
     response: Response<ReachBody>,
-    on: &broker::ServerSessions,
+    on: &ServerSessions,
     revision: &str,
     list: bool,
 ) -> Response<ReachBody> {
@@ -192,11 +192,12 @@ async fn observed(
     out: &Arc<Outbound>,
     capability: &str,
     tool: &str,
-    response: Response<ReachBody>,
+    recorded: Recorded,
 ) -> (Response<ReachBody>, Option<String>) {
-    let Some(peer) = answered_by(&response) else {
-        return (response, None);
+    let Some(peer) = answered_by(&recorded) else {
+        return (recorded.response, None);
     };
+    let response = recorded.response;
     if response.status().is_server_error() {
         let timeout = Reason::of(&response) == Some(Reason::Timeout);
         let outcome = if timeout { "timeout" } else { "error" };
@@ -317,28 +318,29 @@ impl Observer<Bytes> for StreamWatch {
 
 /// The server whose tool the answer tells of: the agent that answered, or the one whose
 /// attempt timed out.
-fn answered_by(response: &Response<ReachBody>) -> Option<String> {
+fn answered_by(recorded: &Recorded) -> Option<String> {
+    let response = &recorded.response;
     if let Some(agent) = response.headers().get(headers::AGENT) {
         return agent.to_str().ok().map(str::to_owned);
     }
     let timed_out = Reason::of(response) == Some(Reason::Timeout);
-    let tried = response.extensions().get::<LastTried>()?;
-    timed_out.then(|| tried.0.clone())
+    let tried = recorded.last_tried.as_ref()?;
+    timed_out.then(|| tried.clone())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn refused(reason: Reason, tried: Option<&str>) -> Response<ReachBody> {
+    fn refused(reason: Reason, tried: Option<&str>) -> Recorded {
         let mut response = Response::new(body::empty());
         response
             .headers_mut()
             .insert(headers::REASON, headers::value(reason.as_str()));
-        if let Some(peer) = tried {
-            response.extensions_mut().insert(LastTried(peer.to_owned()));
+        Recorded {
+            response,
+            last_tried: tried.map(str::to_owned),
         }
-        response
     }
 
     #[test]
@@ -348,8 +350,10 @@ mod tests {
         // Any other refusal says nothing of a server's tool.
         assert_eq!(answered_by(&refused(Reason::Saturated, Some("a"))), None);
         assert_eq!(answered_by(&refused(Reason::Timeout, None)), None);
-        let mut answered = Response::new(body::empty());
+        let mut answered = refused(Reason::Timeout, None);
+        answered.response.headers_mut().remove(headers::REASON);
         answered
+            .response
             .headers_mut()
             .insert(headers::AGENT, headers::value("b"));
         assert_eq!(answered_by(&answered).as_deref(), Some("b"));

@@ -113,6 +113,7 @@ pub(super) async fn resolve(
         snapshot,
         started,
         present,
+        carried: None,
     })
 }
 
