@@ -325,14 +325,24 @@ async fn every_agent_failing_escalates_with_every_reason_then_retry_and_resolve(
         .unwrap()
         .to_owned();
     wait_state(out, &other, "escalated", Duration::from_secs(20)).await;
-    let resolved = send(
-        &client(),
-        "POST",
-        &format!("http://{out}/reach/v1/tasks/{other}/resolve"),
-        &[],
-        r#"{"note": "done by hand", "by": "oncall"}"#,
-    )
-    .await;
+    // While the runner still holds the task (delivering its escalation) a resolve is answered
+    // 409 "try again when it is not"; a person's tool tries again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let resolved = loop {
+        let answer = send(
+            &client(),
+            "POST",
+            &format!("http://{out}/reach/v1/tasks/{other}/resolve"),
+            &[],
+            r#"{"note": "done by hand", "by": "oncall"}"#,
+        )
+        .await;
+        if answer.status != 409 || tokio::time::Instant::now() > deadline {
+            break answer;
+        }
+        assert!(answer.body.contains("try again"), "{}", answer.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(resolved.status, 200, "{}", resolved.body);
     assert_eq!(resolved.json()["state"], "resolved");
     assert_eq!(resolved.json()["resolution"]["note"], "done by hand");
