@@ -1,7 +1,7 @@
 //! Metric names, help texts and buckets in one place, recorded into this sidecar's own registry.
 //!
 //! Each sidecar owns its recorder instead of installing a process-global one, so several sidecars
-//! in one process (tests, the demo (`cargo run --release -p demo`)) keep separate `/metrics`.
+//! in one process (tests, the demo (`cargo run -p demo`)) keep separate `/metrics`.
 //!
 //! Series stay bounded as the fleet grows: the recorder holds aggregates only (labels from fixed
 //! sets, capability names this agent or the registry declares, never a value a caller typed),

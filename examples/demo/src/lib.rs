@@ -1,4 +1,4 @@
-//! The demo (`cargo run --release -p demo`): a local fleet of mock agents, each behind its own
+//! The demo (`cargo run -p demo`): a local fleet of mock agents, each behind its own
 //! sidecar, finding each other by gossip from one seed, and a caller driving capability calls through its sidecar's
 //! outbound port. Partway through, one agent goes fake-online the seeds' way (`/healthz` 200,
 //! business calls 429) and later heals; the summary shows it leave rotation and ramp back in

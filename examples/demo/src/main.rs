@@ -1,5 +1,5 @@
 //! The demo: a local fleet of mock agents with their sidecars, driven through faults; the
-//! summary says what routing did (docs/demo.md). `cargo run --release -p demo`.
+//! summary says what routing did (docs/demo.md). `cargo run -p demo`.
 
 use std::process::ExitCode;
 
