@@ -12,8 +12,9 @@ pub fn sidecar() -> PathBuf {
 }
 
 /// The `mock-agent` binary of this package, built for the running profile. `cargo test
-/// --workspace` builds it; a run of one package's tests (`cargo test -p agent-reach`) does not,
-/// so it is built here the first time it is missing.
+/// --workspace` builds it before any test runs (this package's `tests/mock_agent.rs` needs it);
+/// a run of another package's tests or benches alone does not, so it is built here the first
+/// time it is missing.
 pub fn mock_agent() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
