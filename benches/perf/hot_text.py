@@ -10,7 +10,7 @@ Every function with a cost in any profile, hottest first; those only the profile
 instances is named without its hash (`17h<16 hex>E`), so the pattern matches it in a build of
 another profile (whose hashes differ) or of slightly different code. A generic one with many
 instances (a tokio task's poll, a table's rehash) is named exactly, or the pattern would gather
-every instance: profile each build that matters (release, dist) and pass all of them. The
+every instance: profile the build that uses the list (dist, the image). The
 standard library's v0 symbols (`_R`) are the toolchain's and carry no build hash; a C function
 (the allocator) is named exactly when the binary defines it. Any `.llvm.N` LTO suffix is matched
 by `*`. Why, and what it saves: docs/development.md#hot-text.
