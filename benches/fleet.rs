@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use bench::{free_port, kib, terminate, write};
 use testkit::bench;
+use testkit::chaos::net;
 
 /// A key every member and the sidecar share (64 hex characters).
 const KEY: &str = "4d2f0c9a7b1e3a5c6d8e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e";
@@ -383,20 +384,16 @@ fn start_sidecar(binary: &Path, dir: &Path, n: usize) -> Result<Option<Sidecar>,
     Ok(None)
 }
 
-/// `get` off the members' one worker thread, which must keep answering the sidecar's probes.
-async fn get_async(admin: SocketAddr, path: &'static str) -> Result<(String, f64), String> {
-    tokio::task::spawn_blocking(move || get(admin, path))
-        .await
-        .map_err(|e| e.to_string())?
-}
-
 /// One admin GET: the body and how long it took, in ms.
-fn get(admin: SocketAddr, path: &str) -> Result<(String, f64), String> {
+async fn get_async(admin: SocketAddr, path: &'static str) -> Result<(String, f64), String> {
     let started = Instant::now();
-    let (status, body) = bench::get(admin, path)?;
-    if status != 200 {
-        return Err(format!("http://{admin}{path} answered {status}"));
+    let answer = net::call(admin, "GET", path, &[], Vec::new(), Duration::from_secs(10))
+        .await
+        .map_err(|e| e.to_string())?;
+    if answer.status != 200 {
+        return Err(format!("http://{admin}{path} answered {}", answer.status));
     }
+    let body = String::from_utf8_lossy(&answer.body).into_owned();
     Ok((body, started.elapsed().as_secs_f64() * 1000.0))
 }
 

@@ -4,28 +4,22 @@
 //! before any test runs, so the fleets of processes find it (`testkit::bins`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
-/// One HTTP/1.0 exchange: the status and the body.
-fn exchange(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, body.to_owned())
+use testkit::chaos::net;
+
+/// The status of one call to the mock agent.
+async fn status(addr: SocketAddr, method: &str, path: &str, body: &str) -> u16 {
+    let deadline = Duration::from_secs(5);
+    let answer = net::call(addr, method, path, &[], body.to_owned(), deadline).await;
+    answer.unwrap().status
 }
 
-#[test]
-fn the_binary_serves_and_goes_fake_online_on_demand() {
+#[tokio::test]
+async fn the_binary_serves_and_goes_fake_online_on_demand() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mock-agent"))
         .args(["--listen", "127.0.0.1:0", "--name", "probe-me"])
         .stdout(Stdio::piped())
@@ -44,10 +38,13 @@ fn the_binary_serves_and_goes_fake_online_on_demand() {
         .parse()
         .unwrap();
 
-    assert_eq!(exchange(addr, "POST", "/review", "{}").0, 200);
-    assert_eq!(exchange(addr, "PUT", "/admin/mode", "rate-limited").0, 200);
-    assert_eq!(exchange(addr, "POST", "/review", "{}").0, 429);
-    assert_eq!(exchange(addr, "GET", "/healthz", "").0, 200);
+    assert_eq!(status(addr, "POST", "/review", "{}").await, 200);
+    assert_eq!(
+        status(addr, "PUT", "/admin/mode", "rate-limited").await,
+        200
+    );
+    assert_eq!(status(addr, "POST", "/review", "{}").await, 429);
+    assert_eq!(status(addr, "GET", "/healthz", "").await, 200);
     let _ = child.kill();
     let _ = child.wait();
 }

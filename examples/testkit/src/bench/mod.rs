@@ -131,24 +131,3 @@ pub fn spawn_quiet(mut command: Command) -> Result<Child, String> {
         .spawn()
         .map_err(|e| e.to_string())
 }
-
-/// One blocking `GET path` on `addr` (HTTP/1.0, the connection closed after it): the status and
-/// the body. For an admin port the benchmark polls off its runtime.
-pub fn get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String), String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .map_err(|e| format!("{addr}: {e}"))?;
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut answer = String::new();
-    stream
-        .read_to_string(&mut answer)
-        .map_err(|e| format!("{addr}{path}: {e}"))?;
-    let (head, body) = answer.split_once("\r\n\r\n").ok_or("no HTTP answer")?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no status in {head:?}"))?;
-    Ok((status, body.to_owned()))
-}
