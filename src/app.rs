@@ -28,7 +28,7 @@ use crate::probe;
 use crate::runtime::Shared;
 use crate::trace::{self, Tracer};
 use crate::transport::mtls::MeshTls;
-use crate::transport::{ConnectMesh, ConnectTcp, Mesh, PlainTcp};
+use crate::transport::{Accepted, ConnectMesh, ConnectTcp, Mesh, PlainTcp};
 
 mod gossip_wiring;
 
@@ -287,6 +287,7 @@ fn start_traces(
 /// The admin listener's service: bounded, and `/metrics` and `/status` gzipped on request.
 fn admin_service(
     admin: Arc<Admin>,
+    local: bool,
 ) -> impl tower::Service<
     Request<Incoming>,
     Response = Response<ReachBody>,
@@ -297,9 +298,14 @@ fn admin_service(
        + 'static {
     let admin = tower::service_fn(move |req| {
         let admin = admin.clone();
-        async move { Ok::<_, Infallible>(admin.handle(req).await) }
+        async move { Ok::<_, Infallible>(admin.handle(req, local).await) }
     });
     layers::guarded(ADMIN_TIMEOUT, ADMIN_BODY_LIMIT, layers::compressed(admin))
+}
+
+/// A listener's service that is the same for every connection (it reads nothing of its client).
+fn each_connection<S: Clone>(service: S) -> impl FnOnce(Arc<Accepted>) -> S + Clone {
+    move |_| service
 }
 
 /// The traffic listeners: each stack behind the edge layers, inside the trace wrapper. The
@@ -322,10 +328,10 @@ fn spawn_traffic(
             "outbound",
             outbound_listener,
             accept,
-            tracer.server(
+            each_connection(tracer.server(
                 "outbound",
                 layers::edge("outbound", metrics, outbound.stack()),
-            ),
+            )),
             // The outbound steps never read the client's address. Streams per h2 connection
             // are advertised and bounded: a process in the pod cannot open them without end.
             ServerSettings {
@@ -340,7 +346,14 @@ fn spawn_traffic(
             "inbound",
             inbound_listener,
             mesh_accept(store, tls, limits, metrics),
-            tracer.server("inbound", layers::edge("inbound", metrics, inbound.stack())),
+            {
+                let (inbound, tracer, metrics) = (inbound.clone(), tracer.clone(), metrics.clone());
+                // The inbound steps read who the caller is: made for each connection.
+                move |accepted| {
+                    let stack = inbound.stack(accepted);
+                    tracer.server("inbound", layers::edge("inbound", &metrics, stack))
+                }
+            },
             inbound_settings(&traffic_settings, &store.snapshot()),
             metrics.clone(),
             stop_traffic.clone(),
@@ -410,7 +423,17 @@ fn spawn_rest(
             "admin",
             admin_listener,
             accept,
-            layers::edge("admin", metrics, admin_service(admin.clone())),
+            {
+                let (admin, metrics) = (admin.clone(), metrics.clone());
+                // Some answers are for the pod's own loopback only: made for each connection.
+                move |accepted: Arc<Accepted>| {
+                    let local = accepted
+                        .client
+                        .as_ref()
+                        .is_some_and(|c| c.0.ip().is_loopback());
+                    layers::edge("admin", &metrics, admin_service(admin.clone(), local))
+                }
+            },
             ServerSettings {
                 h2_max_streams: Some(ADMIN_H2_STREAMS),
                 ..ServerSettings::from_limits(limits, Duration::from_secs(1))

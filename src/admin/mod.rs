@@ -221,16 +221,10 @@ impl Admin {
     }
 }
 
-/// Whether the request came from the pod's own loopback.
-fn is_local<B>(req: &Request<B>) -> bool {
-    req.extensions()
-        .get::<crate::transport::ClientAddr>()
-        .is_some_and(|c| c.0.ip().is_loopback())
-}
-
 impl Admin {
-    /// Answers one admin request; the body, if any, is not read.
-    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ReachBody> {
+    /// Answers one admin request; the body, if any, is not read. `local`: it came from the
+    /// pod's own loopback, which is shown the policy's lists.
+    pub async fn handle<B>(self: Arc<Self>, req: Request<B>, local: bool) -> Response<ReachBody> {
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return ReachError::BadRequest("admin endpoints answer GET only".to_owned())
                 .into_response();
@@ -273,14 +267,14 @@ impl Admin {
                 }
             }
             "/status" => {
-                let status = self.status().shown_to(is_local(&req));
+                let status = self.status().shown_to(local);
                 let body = serde_json::to_string_pretty(&status).unwrap_or_else(|e| {
                     serde_json::json!({ "error": "internal", "message": e.to_string() }).to_string()
                 });
                 compressible(text(StatusCode::OK, "application/json", body))
             }
             "/" if wants_html(&req) => {
-                let status = self.status().shown_to(is_local(&req));
+                let status = self.status().shown_to(local);
                 let history = self.history.series(&status.peer_views);
                 compressible(text(
                     StatusCode::OK,

@@ -16,7 +16,3 @@ pub mod step;
 pub mod upload;
 
 pub use body::{BoxError, ReachBody};
-
-/// The address a request's connection came from, in the request's extensions (put there by the
-/// accept loop; defined with the transport, where the TLS peer identity will join it).
-pub use crate::transport::ClientAddr;

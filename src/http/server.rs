@@ -1,7 +1,9 @@
 //! The accept loop every listener runs, the injector's too: a transport acceptor (plain TCP or
 //! TLS), HTTP/1.1 and h2, connection and header limits, idle close and graceful drain. Each
-//! connection serves the listener's tower service, wrapped per request by
-//! `hyper_util::service::TowerToHyperService`.
+//! connection serves the listener's tower service made for it from what its accept learnt
+//! ([`Accepted`]: the client's address, TLS identity, interception), wrapped per request by
+//! `hyper_util::service::TowerToHyperService`. The connection's facts are the service's, not put
+//! in each request's extensions: a request's extensions are a map allocated per request.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -25,9 +27,8 @@ use super::activity::{Activity, Tracked, TrackedFuture};
 use super::body::{self, BoxError, ReachBody};
 use super::layers;
 use crate::config::Limits;
-use crate::intercept::Intercepted;
 use crate::metrics::Metrics;
-use crate::transport::{Accept, ClientAddr, PeerIdentity, PeerTls};
+use crate::transport::{Accept, Accepted, ClientAddr};
 
 /// How a listener serves its connections.
 #[derive(Clone, Debug)]
@@ -47,24 +48,16 @@ pub struct ServerSettings {
     pub h2_keep_alive_interval: Duration,
     /// An h2 PING unanswered this long closes the connection.
     pub h2_keep_alive_timeout: Duration,
-    /// Each request carries the client's address ([`ClientAddr`]) for the service to read.
-    /// Off where nothing reads it (the outbound listener): a request whose extensions stay
-    /// empty allocates no map for them.
+    /// The client's address ([`ClientAddr`]) is written for each connection's service. Off
+    /// where nothing reads it (the outbound listener).
     pub client_address: bool,
 }
 
-/// One connection's view of the listener's service: each request carries the client's address
-/// and keeps the connection busy until its response body is done.
+/// One connection's service: each request keeps the connection busy until its response body is
+/// done.
 #[derive(Clone, Debug)]
 struct PerConnection<S> {
     inner: S,
-    client: Option<ClientAddr>,
-    /// The client's verified identity, once the acceptor has read it from its certificate.
-    identity: Option<PeerIdentity>,
-    /// Set for a TLS connection (see [`PeerTls`]).
-    tls: Option<PeerTls>,
-    /// Set when `init-net`'s rules redirected the connection here (inbound interception).
-    intercepted: Option<Intercepted>,
     activity: Activity,
 }
 
@@ -76,18 +69,20 @@ struct Open {
     _slot: OwnedSemaphorePermit,
 }
 
-/// Serves `service` on `listener` through `acceptor` until `stop` is cancelled, then lets open
-/// requests finish for up to `settings.drain` before returning.
-pub async fn serve<A, S, B>(
+/// Serves `listener` through `acceptor` until `stop` is cancelled, then lets open requests
+/// finish for up to `settings.drain` before returning. Each connection is served by the service
+/// `for_connection` (cloned for it) makes from what its accept learnt.
+pub async fn serve<A, M, S, B>(
     name: &'static str,
     listener: TcpListener,
     acceptor: A,
-    service: S,
+    for_connection: M,
     settings: ServerSettings,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) where
     A: Accept,
+    M: FnOnce(Arc<Accepted>) -> S + Clone + Send + 'static,
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
@@ -110,17 +105,11 @@ pub async fn serve<A, S, B>(
         while let Some(ended) = connections.try_join_next() {
             reap(name, &metrics, ended);
         }
+        let client = settings.client_address.then(|| client_addr(remote));
         connections.spawn(serve_connection(
-            (stream, remote),
+            (stream, remote, client),
             acceptor.clone(),
-            PerConnection {
-                inner: service.clone(),
-                client: settings.client_address.then(|| client_addr(remote)),
-                identity: None,
-                tls: None,
-                intercepted: None,
-                activity: Activity::new(),
-            },
+            for_connection.clone(),
             builder.clone(),
             (settings.header_read_timeout, settings.idle_timeout),
             stop.clone(),
@@ -144,16 +133,17 @@ pub async fn serve<A, S, B>(
 
 /// One connection, from the acceptor to its last response: closed gracefully (open requests
 /// complete, h2 gets GOAWAY) when the listener stops or the connection idles.
-async fn serve_connection<A, S, B>(
-    (stream, remote): (TcpStream, std::net::SocketAddr),
+async fn serve_connection<A, M, S, B>(
+    (stream, remote, client): (TcpStream, SocketAddr, Option<ClientAddr>),
     acceptor: A,
-    service: PerConnection<S>,
+    for_connection: M,
     builder: Arc<auto::Builder<TokioExecutor>>,
     quiet: (Duration, Duration),
     stop: CancellationToken,
     open: Open,
 ) where
     A: Accept,
+    M: FnOnce(Arc<Accepted>) -> S + Clone + Send + 'static,
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
@@ -163,7 +153,6 @@ async fn serve_connection<A, S, B>(
     B::Error: Into<BoxError>,
 {
     let name = open.name;
-    let mut service = service;
     let io = match acceptor.accept(stream).await {
         Ok(io) => io,
         Err(err) => {
@@ -171,9 +160,16 @@ async fn serve_connection<A, S, B>(
             return;
         }
     };
-    service.identity = A::identity(&io).map(PeerIdentity);
-    service.tls = A::tls(&io);
-    service.intercepted = A::intercepted(&io).map(Intercepted);
+    let accepted = Accepted {
+        client,
+        identity: A::identity(&io),
+        tls: A::tls(&io),
+        intercepted: A::intercepted(&io),
+    };
+    let service = PerConnection {
+        inner: for_connection(Arc::new(accepted)),
+        activity: Activity::new(),
+    };
     let activity = service.activity.clone();
     let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
     let mut conn = std::pin::pin!(conn);
@@ -344,19 +340,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
-        if let Some(client) = &self.client {
-            req.extensions_mut().insert(client.clone());
-        }
-        if let Some(identity) = &self.identity {
-            req.extensions_mut().insert(identity.clone());
-        }
-        if let Some(tls) = &self.tls {
-            req.extensions_mut().insert(tls.clone());
-        }
-        if let Some(intercepted) = self.intercepted {
-            req.extensions_mut().insert(intercepted);
-        }
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         if req.version() == http::Version::HTTP_2 {
             self.activity.multiplexed();
         }

@@ -37,14 +37,20 @@ use crate::rate_limit::RateLimiters;
 use crate::reach::Signal;
 use crate::registry::Registry;
 use crate::runtime::Shared;
+use crate::transport::Accepted;
 
 impl Inbound {
-    /// The inbound request path, in request order. The first step, `intake`, takes the
-    /// request in and refuses early (`admit::gate`); a call with an `idempotency-key` then goes
-    /// through `keyed`, any other straight to admission.
-    pub fn stack(self: &Arc<Self>) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
+    /// The inbound request path of one connection (its client is `accepted`), in request
+    /// order. The first step, `intake`, takes the request in and refuses early (`admit::gate`);
+    /// a call with an `idempotency-key` then goes through `keyed`, any other straight to
+    /// admission.
+    pub fn stack(
+        self: &Arc<Self>,
+        accepted: Arc<Accepted>,
+    ) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
         intake::service(intake::Lanes {
             inbound: self.clone(),
+            accepted,
             plain: self.admitted(),
             // A keyed call runs once, to completion; its retries join it or replay its answer.
             keyed: ServiceBuilder::new()

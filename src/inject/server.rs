@@ -161,7 +161,10 @@ impl Injector {
             "injector",
             listener,
             Tls::new(Arc::new(tls), HANDSHAKE_TIMEOUT),
-            service(hook),
+            {
+                let service = service(hook);
+                move |_| service
+            },
             settings(),
             metrics,
             stop.clone(),

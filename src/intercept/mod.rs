@@ -18,7 +18,7 @@ pub mod rules;
 use std::io::Write;
 use std::process::Command;
 
-pub use original_dst::{intercepted, Intercepted};
+pub use original_dst::intercepted;
 use rules::{Backend, Plan, PlanError, Probe, Rule};
 
 /// The sidecar's fixed UID when intercepting (the injector runs it as this user).

@@ -8,17 +8,6 @@ use nix::sys::socket::{
 };
 use tokio::net::TcpStream;
 
-/// A connection `init-net`'s rules redirected to the inbound listener: the address its client
-/// dialled (the agent's port). The accept loop puts it in the request's extensions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Intercepted(pub SocketAddr);
-
-impl Intercepted {
-    pub fn of<B>(req: &http::Request<B>) -> Option<SocketAddr> {
-        req.extensions().get::<Intercepted>().map(|i| i.0)
-    }
-}
-
 /// The address `stream`'s client dialled, when it differs from the one it reached: the
 /// connection was redirected (by `iptables` or `ip6tables`). `None` for a direct connection,
 /// and where conntrack knows nothing of it (no NAT in this namespace: ENOENT). An IPv4 client

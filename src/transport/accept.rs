@@ -36,7 +36,7 @@ pub trait Accept: Clone + Send + Sync + 'static {
         None
     }
 
-    /// Set when `io` is TLS: what the request's [`PeerTls`] extension carries.
+    /// Set when `io` is TLS (see [`PeerTls`]).
     fn tls(_io: &Self::Io) -> Option<PeerTls> {
         None
     }

@@ -2,7 +2,7 @@
 //! (plain TCP or TLS, [`accept`]), how a client opens one to an upstream (plain TCP now,
 //! [`connect`]), and the certificates TLS serves ([`certs`]). Routing code never sees which:
 //! mutual TLS between sidecars adds an acceptor and a connector here and a peer identity beside
-//! [`ClientAddr`], and nothing above changes.
+//! the client's address in [`Accepted`], and nothing above changes.
 
 pub mod accept;
 pub mod certs;
@@ -43,44 +43,29 @@ impl std::fmt::Display for Expected {
     }
 }
 
-/// The verified identity of the client a request came from (the SPIFFE ID of the certificate it
-/// presented in the TLS handshake). The accept loop puts it in the request's extensions; a
-/// plaintext request has none.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerIdentity(pub crate::identity::SpiffeId);
-
-impl PeerIdentity {
-    pub fn of<B>(req: &http::Request<B>) -> Option<&crate::identity::SpiffeId> {
-        req.extensions().get::<PeerIdentity>().map(|p| &p.0)
-    }
+/// What the accept loop learnt of a connection's client, given to the listener's service once
+/// for the connection (`http::server::serve`), not put in each of its requests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Accepted {
+    /// Where it connected from; `None` where nothing reads it (the outbound listener).
+    pub client: Option<ClientAddr>,
+    /// The SPIFFE ID of the certificate it presented in the TLS handshake, verified.
+    pub identity: Option<crate::identity::SpiffeId>,
+    /// Set for every TLS connection, with or without a client certificate.
+    pub tls: Option<PeerTls>,
+    /// The address it dialled, when `init-net`'s rules redirected it here (the agent's port).
+    pub intercepted: Option<SocketAddr>,
 }
 
-/// A request that came over TLS: set for every TLS connection, with or without a client
-/// certificate, so a TLS caller is never named by its address. `xfcc` is the
-/// `x-forwarded-client-cert` value made from the verified certificate, when one was presented.
+/// A connection over TLS: set with or without a client certificate, so a TLS caller is never
+/// named by its address. `xfcc` is the `x-forwarded-client-cert` value made from the verified
+/// certificate, when one was presented.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerTls {
     pub xfcc: Option<http::HeaderValue>,
 }
 
-impl PeerTls {
-    pub fn of<B>(req: &http::Request<B>) -> Option<&PeerTls> {
-        req.extensions().get::<PeerTls>()
-    }
-}
-
-/// The address of the client a request came from, and its IP as `x-forwarded-for` carries it
-/// (written once per connection, not per request). The accept loop puts it in every request's
-/// extensions; the TLS peer identity ([`PeerIdentity`]) sits beside it.
+/// The address of a connection's client, and its IP as `x-forwarded-for` carries it (written
+/// once per connection, not per request).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ClientAddr(pub SocketAddr, pub http::HeaderValue);
-
-impl ClientAddr {
-    /// The client address of `req`, or the unspecified address when it came from no accept loop
-    /// (a service called directly, as in unit tests).
-    pub fn of<B>(req: &http::Request<B>) -> SocketAddr {
-        req.extensions()
-            .get::<ClientAddr>()
-            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |c| c.0)
-    }
-}

@@ -15,7 +15,7 @@ use std::time::Duration;
 use agent_reach::http::server::{self, text, ServerSettings};
 use agent_reach::http::{layers, BoxError, ReachBody};
 use agent_reach::metrics::Metrics;
-use agent_reach::transport::{ClientAddr, PlainTcp};
+use agent_reach::transport::{Accepted, PlainTcp};
 use agent_reach::{Bootstrap, ReachError};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -44,14 +44,21 @@ impl http_body::Body for PanickingBody {
 }
 
 /// A handler that panics on `/panic`, answers `/body-panic` with a body that panics, and
-/// answers anything else with the client's address.
-async fn stub(req: Request<Incoming>) -> Result<Response<ReachBody>, Infallible> {
+/// answers anything else with the client's address, as the accept loop gave it.
+async fn stub(
+    accepted: Arc<Accepted>,
+    req: Request<Incoming>,
+) -> Result<Response<ReachBody>, Infallible> {
     match req.uri().path() {
         "/panic" => panic!("forced panic in a handler"),
         "/body-panic" => Ok(Response::new(agent_reach::http::body::boxed(PanickingBody))),
         _ => {
-            let client = ClientAddr::of(&req);
-            Ok(text(StatusCode::OK, "text/plain", client.to_string()))
+            let client = accepted.client.as_ref().map(|c| c.0.to_string());
+            Ok(text(
+                StatusCode::OK,
+                "text/plain",
+                client.unwrap_or_default(),
+            ))
         }
     }
 }
@@ -76,7 +83,13 @@ async fn a_panicking_handler_answers_500_internal_and_the_listener_keeps_serving
         "test",
         listener,
         PlainTcp::new(Duration::from_secs(5)),
-        layers::edge("test", &metrics, tower::service_fn(stub)),
+        {
+            let metrics = metrics.clone();
+            move |accepted: Arc<Accepted>| {
+                let stub = move |req| stub(accepted.clone(), req);
+                layers::edge("test", &metrics, tower::service_fn(stub))
+            }
+        },
         settings,
         metrics.clone(),
         stop.clone(),

@@ -22,18 +22,19 @@ use crate::http::headers::{Head, Present};
 use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
 use crate::http::step::{self, answer, Step};
-use crate::http::{ClientAddr, ReachBody};
+use crate::http::ReachBody;
 use crate::identity::SpiffeId;
-use crate::intercept::Intercepted;
 use crate::local::{LocalAgent, SELF_PATH};
-use crate::transport::{PeerIdentity, PeerTls};
+use crate::transport::Accepted;
 
 /// The label of refusals that belong to no capability.
 const OTHER: &str = "other";
 
-/// What the first step holds: shared, one `Arc` cloned per request.
+/// What the first step holds for one connection: shared, one `Arc` cloned per request.
 pub(super) struct Lanes<P, K> {
     pub(super) inbound: Arc<Inbound>,
+    /// The connection's client, as its accept learnt it.
+    pub(super) accepted: Arc<Accepted>,
     /// Admission, the agent and its answer.
     pub(super) plain: P,
     /// The same after `keyed`: a call with an `idempotency-key` runs once.
@@ -60,7 +61,7 @@ where
     P: Step<Call, Response = Response<ReachBody>>,
     K: Step<Call, Response = Response<ReachBody>>,
 {
-    let call = match intake(&lanes.inbound, req) {
+    let call = match intake(&lanes.inbound, &lanes.accepted, req) {
         Ok(call) => call,
         Err(answered) => return answered,
     };
@@ -78,7 +79,11 @@ where
     clippy::result_large_err,
     reason = "the refusal is the answer, moved once"
 )]
-fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<ReachBody>> {
+fn intake(
+    inbound: &Inbound,
+    accepted: &Accepted,
+    req: Request<Incoming>,
+) -> Result<Call, Response<ReachBody>> {
     let arrived = tokio::time::Instant::now();
     let head = Head::of(req.headers());
     let present = head.present;
@@ -92,14 +97,13 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     }
     let snapshot = inbound.store.snapshot();
     let refuse = |err: ReachError| err.into_response();
-    let intercepted = Intercepted::of(&req).is_some();
-    let remote = req.extensions().get::<ClientAddr>().map(|a| a.0);
-    let identity = PeerIdentity::of(&req).cloned();
-    let tls = PeerTls::of(&req).cloned();
+    let (identity, tls) = (accepted.identity.as_ref(), accepted.tls.as_ref());
+    let (client, intercepted) = (accepted.client.as_ref(), accepted.intercepted.is_some());
+    let remote = client.map(|c| c.0);
     let named = named_capability(head.capability).map_err(refuse)?;
     // An intercepted client called the agent itself, whose card the agent serves.
     if !intercepted && target.path() == CARD_PATH && req.method() == http::Method::GET {
-        if let Some(answer) = agent_card(inbound, &snapshot, identity.as_ref()) {
+        if let Some(answer) = agent_card(inbound, &snapshot, identity) {
             return Err(answer);
         }
     }
@@ -108,7 +112,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         &inbound.metrics,
         named,
         target.path(),
-        identity.as_ref(),
+        identity,
         remote,
     )
     .map_err(refuse)?;
@@ -117,13 +121,11 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
     // The agent is sent the path the decision was made on.
     let normalized = Some(authorized.path).filter(|p| matches!(p, std::borrow::Cow::Owned(_)));
     let deadline = Deadline::from_head(req.headers(), &head).map_err(refuse)?;
-    let verified = identity.as_ref();
-    let caller = caller_of(inbound, &req, &snapshot, verified, tls.is_some(), remote);
+    let caller = caller_of(inbound, &req, &snapshot, identity, tls.is_some(), remote);
     let (mut parts, incoming) = req.into_parts();
     if let Some(path) = normalized {
         parts.uri = vouched::with_path(&parts.uri, path.as_ref()).map_err(refuse)?;
     }
-    let remote_ip = parts.extensions.get::<ClientAddr>().map(|a| &a.1);
     let who = (caller.as_deref(), identity.is_some());
     let (chain, in_flight) = inbound.chain(&snapshot, (&parts.headers, present), who, capability);
     let vouched = vouched::Vouched {
@@ -132,9 +134,9 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         deadline,
         deadline_as_sent: deadline.is_some() && !present.has(Present::TIMEOUT),
         caller: caller.as_deref(),
-        identity: identity.as_ref(),
-        remote: remote_ip,
-        client_cert: tls.as_ref().and_then(|t| t.xfcc.as_ref()),
+        identity,
+        remote: client.map(|c| &c.1),
+        client_cert: tls.and_then(|t| t.xfcc.as_ref()),
         pass: &snapshot.policy.pass_identity_headers,
     };
     vouched::rewrite(&mut parts.headers, vouched);
@@ -147,7 +149,7 @@ fn intake(inbound: &Inbound, req: Request<Incoming>) -> Result<Call, Response<Re
         chain: std::sync::Arc::new(in_flight),
     };
     let keyed = present.has(Present::IDEMPOTENCY_KEY);
-    let scope = scope_of(keyed, caller, remote_ip);
+    let scope = scope_of(keyed, caller, client.map(|c| &c.1));
     Ok(Call {
         meta,
         snapshot,

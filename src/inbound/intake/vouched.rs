@@ -26,7 +26,7 @@ pub(in crate::inbound) struct Vouched<'a> {
     pub(in crate::inbound) caller: Option<&'a str>,
     /// The caller's SPIFFE ID, from the certificate it presented.
     pub(in crate::inbound) identity: Option<&'a SpiffeId>,
-    /// The connection's peer (`ClientAddr`): the only `x-forwarded-for` the agent is given.
+    /// The connection's client (`transport::ClientAddr`): the only `x-forwarded-for` the agent is given.
     pub(in crate::inbound) remote: Option<&'a HeaderValue>,
     /// `x-forwarded-client-cert` for the verified certificate (`transport::PeerTls`).
     pub(in crate::inbound) client_cert: Option<&'a HeaderValue>,
