@@ -8,7 +8,6 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 
-use super::first_event::HeldEvent;
 use crate::budget::usage;
 use crate::config::{AffinityMode, Name, Snapshot};
 use crate::error::{AffinityKey, ReachError};
@@ -134,30 +133,17 @@ pub(super) struct Try {
 /// A peer's answer to one attempt.
 pub(super) struct Answer<B = UpstreamBody> {
     pub(super) response: Response<B>,
-    /// What the record step does with the answer besides passing it on; `None` for most answers.
-    /// Boxed: the answer passes up through the routing future by value.
-    pub(super) noted: Option<Box<Noted>>,
-}
-
-/// What the endpoint noted of an answer for the record step.
-#[derive(Debug, Default)]
-pub(super) struct Noted {
-    /// A stream's first event, read early for its first-event deadline: sent before the rest.
-    pub(super) held: Option<HeldEvent>,
     /// An external target's answer: its tokens are counted as its body passes (and the
-    /// attempt's span, when the call is traced, ends with them: `attempts/retry.rs`).
-    pub(super) tokens: Option<usage::Watch>,
+    /// attempt's span, when the call is traced, ends with them: `attempts/retry.rs`). `None`
+    /// for most answers; boxed: the answer passes up through the routing future by value.
+    pub(super) tokens: Option<Box<usage::Watch>>,
 }
 
 impl<B> Answer<B> {
-    /// `response`, with what the endpoint noted of it (a box only when there is something).
-    pub(super) fn new(
-        response: Response<B>,
-        held: Option<HeldEvent>,
-        tokens: Option<usage::Watch>,
-    ) -> Self {
-        let noted = (held.is_some() || tokens.is_some()).then(|| Box::new(Noted { held, tokens }));
-        Answer { response, noted }
+    /// `response`, whose tokens `tokens` counts.
+    pub(super) fn new(response: Response<B>, tokens: Option<usage::Watch>) -> Self {
+        let tokens = tokens.map(Box::new);
+        Answer { response, tokens }
     }
 }
 
@@ -165,7 +151,7 @@ impl<B> From<Response<B>> for Answer<B> {
     fn from(response: Response<B>) -> Self {
         Answer {
             response,
-            noted: None,
+            tokens: None,
         }
     }
 }
@@ -173,8 +159,8 @@ impl<B> From<Response<B>> for Answer<B> {
 /// What routing came to, for the record step to answer with.
 pub(super) struct Routed<B = UpstreamBody> {
     pub(super) answer: Result<Response<B>, ReachError>,
-    /// What the endpoint noted of the answer (see [`Answer`]).
-    pub(super) noted: Option<Box<Noted>>,
+    /// The answer's token count (see [`Answer`]).
+    pub(super) tokens: Option<Box<usage::Watch>>,
     /// The capability's metric label (never a caller's typo: see `candidates`).
     pub(super) label: String,
     /// The peer that gave the answer, `-` when none did.
@@ -196,7 +182,7 @@ impl<B> Routed<B> {
     pub(super) fn refused(label: &str, err: ReachError) -> Self {
         Routed {
             answer: Err(err),
-            noted: None,
+            tokens: None,
             label: label.to_owned(),
             peer: "-".to_owned(),
             attempts: None,
@@ -210,7 +196,7 @@ impl<B> Routed<B> {
     ) -> Routed<C> {
         let Routed {
             answer,
-            noted,
+            tokens,
             label,
             peer,
             attempts,
@@ -218,7 +204,7 @@ impl<B> Routed<B> {
         let answer = answer.map(|response| f(response, &label, &peer));
         Routed {
             answer,
-            noted,
+            tokens,
             label,
             peer,
             attempts,
@@ -232,13 +218,13 @@ impl<B> Routed<B> {
         peer: &str,
         attempts: usize,
     ) -> Self {
-        let (answer, noted) = match answer {
-            Ok(Answer { response, noted }) => (Ok(response), noted),
+        let (answer, tokens) = match answer {
+            Ok(Answer { response, tokens }) => (Ok(response), tokens),
             Err(err) => (Err(err), None),
         };
         Routed {
             answer,
-            noted,
+            tokens,
             label: label.to_owned(),
             peer: peer.to_owned(),
             attempts: Some(attempts),

@@ -78,15 +78,15 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
         timeout,
     ));
     let forwarded = match first_event.filter(|limit| *limit < timeout) {
-        None => forwarded.as_mut().await.map(|response| (response, None)),
+        None => forwarded.as_mut().await,
         // Boxed: a capability with a first-event deadline is the rare case.
         Some(limit) => Box::pin(within(forwarded.as_mut(), limit, &target)).await,
     };
     // One clock reading for the attempt's time and the peer's view of its end.
     let ended = tokio::time::Instant::now();
     let elapsed = ended.saturating_duration_since(sent);
-    let (mut response, held) = match forwarded {
-        Ok(answer) => answer,
+    let mut response = match forwarded {
+        Ok(response) => response,
         Err(err) => {
             let at = (&*snapshot, ended, elapsed);
             return failed(err, &upload, by_deadline, pending, at);
@@ -103,7 +103,7 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
         // Our registry is stale: nothing ran, and that peer earns no credit for it.
         None => pending.discard(),
     }
-    answered(class, Answer::new(response, held, tokens))
+    answered(class, Answer::new(response, tokens))
 }
 
 /// An attempt that got no answer, ended at `ended` after `elapsed`: what the peer's view learns

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use http::Response;
 
-use super::call::{Noted, Recorded, Routed};
+use super::call::{Recorded, Routed};
 use crate::budget::usage;
 use crate::classify::{Class, Outcome};
 use crate::error::ReachError;
@@ -23,14 +23,14 @@ where
 {
     let Routed {
         answer,
-        noted,
+        tokens,
         label,
         peer,
         attempts,
     } = routed;
     let (mut response, last_tried) = match answer {
         Ok(response) => {
-            let measured = measured(metrics.clone(), (response, noted), label, peer, started);
+            let measured = measured(metrics.clone(), (response, tokens), label, peer, started);
             (measured, None)
         }
         Err(err) => {
@@ -52,7 +52,7 @@ where
 /// A peer's answer, recorded when its body has been delivered.
 fn measured<B>(
     metrics: Arc<Metrics>,
-    (response, noted): (Response<B>, Option<Box<Noted>>),
+    (response, tokens): (Response<B>, Option<Box<usage::Watch>>),
     label: String,
     peer: String,
     started: Instant,
@@ -64,10 +64,8 @@ where
     let outcome = Class::of_response(&response).outcome();
     crate::http::layers::record_in_span(field::OUTCOME, outcome.as_str());
     let (parts, incoming) = response.into_parts();
-    // A stream's first event, read early for its first-event deadline, goes first; an external
-    // target's answer, marked by the endpoint, has its tokens counted too.
-    let Noted { held, tokens } = noted.map(|n| *n).unwrap_or_default();
-    let observer = usage::then(tokens, &parts.headers, move |end: BodyEnd| {
+    // An external target's answer, marked by the endpoint, has its tokens counted too.
+    let observer = usage::then(tokens.map(|t| *t), &parts.headers, move |end: BodyEnd| {
         let outcome = if end == BodyEnd::Error {
             Outcome::Failure
         } else {
@@ -81,11 +79,7 @@ where
             (started, Instant::now()),
         );
     });
-    let measured = Observed::new(incoming, observer);
-    match held {
-        None => Response::from_parts(parts, body::boxed(measured)),
-        Some(held) => Response::from_parts(parts, body::boxed(held.before(measured))),
-    }
+    Response::from_parts(parts, body::boxed(Observed::new(incoming, observer)))
 }
 
 /// The sidecar's own answer, recorded now.

@@ -687,6 +687,49 @@ async fn tokens_reported_by_json_and_streamed_answers_are_counted() {
     .await;
 }
 
+/// A first-event deadline on the model's capability reads a stream's first event early, and the
+/// event stays the body's: Anthropic's `message_start`, which alone carries the input tokens, is
+/// counted, and the agent gets the stream whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_first_event_read_for_its_deadline_still_has_its_tokens_counted() {
+    let provider = mock(provider_config(
+        100,
+        Duration::from_secs(60),
+        ProviderHeaders::Honest,
+    ))
+    .await;
+    let agent = mock(MockConfig::new("coder-a")).await;
+    let yaml = format!("capabilities: {{ {LLM}: {{ first_event_timeout: 2s }} }}");
+    let mut policy =
+        agent_reach::config::parse_policy(std::path::Path::new("p.yaml"), &yaml).expect("a policy");
+    policy.targets.push(llm_target(provider.addr, None));
+    let bootstrap = Bootstrap::local("coder-a", agent.addr, &[CAP]).unwrap();
+    let side = sidecar_with(bootstrap, policy, Default::default()).await;
+    let body = r#"{"model":"claude-test","stream":true,"messages":[{"role":"user","content":"Review this change, please."}]}"#;
+    let url = format!("http://{}/v1/messages", side.addrs.outbound);
+    let streamed = send(&client(), "POST", &url, &[("reach-capability", LLM)], body).await;
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    assert!(
+        streamed.body.starts_with("event: message_start\n")
+            && streamed.body.ends_with("\"message_stop\"}\n\n"),
+        "{}",
+        streamed.body
+    );
+    let series = "gen_ai_client_token_usage{";
+    let prompt = (body.len() / 4) as f64;
+    eventually(
+        Duration::from_secs(2),
+        "the first event's input tokens are counted",
+        || async {
+            let metrics = get(&client(), &format!("http://{}/metrics", side.addrs.admin)).await;
+            let input = sum(&metrics.body, series, "gen_ai_token_type=\"input\"");
+            let output = sum(&metrics.body, series, "gen_ai_token_type=\"output\"");
+            input == prompt && output == 6.0
+        },
+    )
+    .await;
+}
+
 /// Gemini states its wait only in a 429's JSON body (`RetryInfo.retryDelay`, chunked here): the
 /// sidecar reads it as a `retry-after` — no headroom until then — and the agent gets the body
 /// unchanged.

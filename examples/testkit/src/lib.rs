@@ -335,7 +335,7 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ReachBody
             json(StatusCode::OK, serde_json::json!(state.provider.stats()))
         }
         (&Method::GET, "/sse") => sse(&state),
-        (&Method::POST, "/v1/chat/completions") => {
+        (&Method::POST, "/v1/chat/completions" | "/v1/messages") => {
             state.provider.complete(&state.config.name, req).await
         }
         _ => business(state, req).await,

@@ -1,6 +1,6 @@
 //! A mock model provider: an OpenAI-compatible `POST /v1/chat/completions` (a JSON answer, or
 //! server-sent events with `"stream": true`), `usage` on every answer (on the last event of a
-//! stream), and the rate-limit headers counting a configurable budget down; past it, 429 with
+//! stream; Anthropic's `POST /v1/messages` streams it first, in `message_start`), and the rate-limit headers counting a configurable budget down; past it, 429 with
 //! `retry-after` until the window resets. What docs/model-budgets.md reads, to test it against.
 //!
 //! And the other side: a mock agent that calls its model through its own sidecar for each task
@@ -179,6 +179,8 @@ impl Provider {
         name: &str,
         req: Request<hyper::body::Incoming>,
     ) -> Response<ReachBody> {
+        // Anthropic's Messages API streams its usage first (`message_start`), then a total.
+        let anthropic = req.uri().path() == "/v1/messages";
         {
             let headers = req.headers();
             let internal = headers.keys().any(|k| k.as_str().starts_with("reach-"));
@@ -214,7 +216,9 @@ impl Provider {
         } else {
             let usage = serde_json::json!({ "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens });
-            if stream {
+            if stream && anthropic {
+                messages_stream(&model, &words, prompt_tokens)
+            } else if stream {
                 stream_answer(&model, &words, usage)
             } else {
                 json(
@@ -316,6 +320,24 @@ fn gemini_refusal_body(reset: Duration) -> String {
     .to_string()
 }
 
+/// A streamed message as Anthropic's Messages API sends it: `message_start` with the input
+/// tokens, a delta per word, then `message_delta` with the output tokens.
+fn messages_stream(model: &str, words: &[&str], input_tokens: u64) -> Response<ReachBody> {
+    let start = serde_json::json!({ "type": "message_start", "message": { "model": model,
+        "usage": { "input_tokens": input_tokens, "output_tokens": 1 } } });
+    let mut events = vec![format!("event: message_start\ndata: {start}\n\n")];
+    events.extend(words.iter().map(|w| {
+        let delta = serde_json::json!({ "type": "content_block_delta", "index": 0,
+            "delta": { "type": "text_delta", "text": w } });
+        format!("event: content_block_delta\ndata: {delta}\n\n")
+    }));
+    let end = serde_json::json!({ "type": "message_delta", "delta": { "stop_reason": "end_turn" },
+        "usage": { "output_tokens": words.len() } });
+    events.push(format!("event: message_delta\ndata: {end}\n\n"));
+    events.push("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".to_owned());
+    event_stream(events)
+}
+
 /// A streamed completion: one event per word, then one with `usage`, then `[DONE]`.
 fn stream_answer(model: &str, words: &[&str], usage: serde_json::Value) -> Response<ReachBody> {
     let mut events: Vec<String> = words
@@ -331,14 +353,15 @@ fn stream_answer(model: &str, words: &[&str], usage: serde_json::Value) -> Respo
             .to_string(),
     );
     events.push("[DONE]".to_owned());
+    event_stream(events.iter().map(|e| format!("data: {e}\n\n")).collect())
+}
+
+/// `events` as a `text/event-stream`, one frame each, 2 ms apart.
+fn event_stream(events: Vec<String>) -> Response<ReachBody> {
     let (mut tx, channel) = Channel::<Bytes, Infallible>::new(4);
     tokio::spawn(async move {
         for e in events {
-            if tx
-                .send_data(Bytes::from(format!("data: {e}\n\n")))
-                .await
-                .is_err()
-            {
+            if tx.send_data(Bytes::from(e)).await.is_err() {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;

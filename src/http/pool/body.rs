@@ -62,7 +62,16 @@ impl UpstreamBody {
     /// Whatever was read is still passed on, first and unchanged.
     pub async fn hold(&mut self, max: usize, within: Duration) -> Option<Bytes> {
         let until = tokio::time::Instant::now() + within;
+        // Frames already read ahead (`read_ahead`) are the answer's first bytes.
         let mut read = bytes::BytesMut::new();
+        for data in self
+            .0
+            .held
+            .iter()
+            .filter_map(|f| f.as_ref().ok()?.data_ref())
+        {
+            read.extend_from_slice(data);
+        }
         while !self.0.ended && !self.0.incoming.is_end_stream() && read.len() <= max {
             let next = std::future::poll_fn(|cx| self.poll_upstream(cx));
             let Ok(frame) = tokio::time::timeout_at(until, next).await else {
@@ -82,6 +91,17 @@ impl UpstreamBody {
         }
         let whole = self.0.ended || self.0.incoming.is_end_stream();
         (whole && read.len() <= max).then(|| read.freeze())
+    }
+
+    /// Reads the next frame ahead (it is still passed on first): a stream's first event, awaited
+    /// under a deadline. A failure to read it is passed on too.
+    pub async fn read_ahead(&mut self) -> Result<(), String> {
+        let Some(frame) = std::future::poll_fn(|cx| self.poll_upstream(cx)).await else {
+            return Ok(());
+        };
+        let read = frame.as_ref().map(|_| ()).map_err(ToString::to_string);
+        self.0.held.push_back(frame);
+        read
     }
 
     /// What a poll of `incoming` means for the connection.

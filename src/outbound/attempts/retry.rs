@@ -53,9 +53,7 @@ pub(in crate::outbound) fn end<B>(span: Option<AttemptSpan>, attempt: &mut Attem
     let Some(span) = span else { return };
     let (status, outcome) = attempt.outcome();
     let watch = match attempt {
-        Attempt::Done(answer) | Attempt::Refused(answer, _) => {
-            answer.noted.as_mut().and_then(|n| n.tokens.as_mut())
-        }
+        Attempt::Done(answer) | Attempt::Refused(answer, _) => answer.tokens.as_deref_mut(),
         Attempt::Failed(_) | Attempt::Limited(_) => None,
     };
     match watch {
