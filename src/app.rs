@@ -332,10 +332,9 @@ fn spawn_traffic(
                 "outbound",
                 layers::edge("outbound", metrics, outbound.stack()),
             )),
-            // The outbound steps never read the client's address. Streams per h2 connection
-            // are advertised and bounded: a process in the pod cannot open them without end.
+            // Streams per h2 connection are advertised and bounded: a process in the pod cannot
+            // open them without end.
             ServerSettings {
-                client_address: false,
                 h2_max_streams: Some(OUTBOUND_H2_STREAMS),
                 ..traffic_settings.clone()
             },

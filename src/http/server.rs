@@ -48,9 +48,6 @@ pub struct ServerSettings {
     pub h2_keep_alive_interval: Duration,
     /// An h2 PING unanswered this long closes the connection.
     pub h2_keep_alive_timeout: Duration,
-    /// The client's address ([`ClientAddr`]) is written for each connection's service. Off
-    /// where nothing reads it (the outbound listener).
-    pub client_address: bool,
 }
 
 /// One connection's service: each request keeps the connection busy until its response body is
@@ -59,6 +56,13 @@ pub struct ServerSettings {
 struct PerConnection<S> {
     inner: S,
     activity: Activity,
+}
+
+/// A connection accepted, before its handshake: its socket, its client, its slot.
+struct Arrived {
+    stream: TcpStream,
+    client: ClientAddr,
+    open: Open,
 }
 
 /// A connection counted open until dropped: also when its task panics, or is aborted when the
@@ -105,15 +109,18 @@ pub async fn serve<A, M, S, B>(
         while let Some(ended) = connections.try_join_next() {
             reap(name, &metrics, ended);
         }
-        let client = settings.client_address.then(|| client_addr(remote));
+        let arrived = Arrived {
+            stream,
+            client: client_addr(remote),
+            open,
+        };
         connections.spawn(serve_connection(
-            (stream, remote, client),
+            arrived,
             acceptor.clone(),
             for_connection.clone(),
             builder.clone(),
             (settings.header_read_timeout, settings.idle_timeout),
             stop.clone(),
-            open,
         ));
     }
     drop(listener);
@@ -134,13 +141,12 @@ pub async fn serve<A, M, S, B>(
 /// One connection, from the acceptor to its last response: closed gracefully (open requests
 /// complete, h2 gets GOAWAY) when the listener stops or the connection idles.
 async fn serve_connection<A, M, S, B>(
-    (stream, remote, client): (TcpStream, SocketAddr, Option<ClientAddr>),
+    arrived: Arrived,
     acceptor: A,
     for_connection: M,
     builder: Arc<auto::Builder<TokioExecutor>>,
     quiet: (Duration, Duration),
     stop: CancellationToken,
-    open: Open,
 ) where
     A: Accept,
     M: FnOnce(Arc<Accepted>) -> S + Clone + Send + 'static,
@@ -152,7 +158,12 @@ async fn serve_connection<A, M, S, B>(
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let name = open.name;
+    let Arrived {
+        stream,
+        client,
+        open,
+    } = arrived;
+    let (name, remote) = (open.name, client.0);
     let io = match acceptor.accept(stream).await {
         Ok(io) => io,
         Err(err) => {
@@ -161,7 +172,7 @@ async fn serve_connection<A, M, S, B>(
         }
     };
     let accepted = Accepted {
-        client,
+        client: Some(client),
         identity: A::identity(&io),
         tls: A::tls(&io),
         intercepted: A::intercepted(&io),
@@ -321,7 +332,6 @@ impl ServerSettings {
             h2_max_streams: None,
             h2_keep_alive_interval: Duration::from_secs(20),
             h2_keep_alive_timeout: Duration::from_secs(20),
-            client_address: true,
         }
     }
 }

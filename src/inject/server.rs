@@ -215,7 +215,6 @@ fn settings() -> ServerSettings {
         h2_max_streams: Some(H2_STREAMS),
         h2_keep_alive_interval: Duration::from_secs(30),
         h2_keep_alive_timeout: Duration::from_secs(10),
-        client_address: true,
     }
 }
 

@@ -47,7 +47,7 @@ impl std::fmt::Display for Expected {
 /// for the connection (`http::server::serve`), not put in each of its requests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Accepted {
-    /// Where it connected from; `None` where nothing reads it (the outbound listener).
+    /// Where it connected from (`None` only for a service made without an accept loop).
     pub client: Option<ClientAddr>,
     /// The SPIFFE ID of the certificate it presented in the TLS handshake, verified.
     pub identity: Option<crate::identity::SpiffeId>,
