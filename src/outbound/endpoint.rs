@@ -88,15 +88,22 @@ async fn attempt(out: Arc<Outbound>, attempt: Try) -> Attempt {
     let mut response = match forwarded {
         Ok(response) => response,
         Err(err) => {
-            let at = (&*snapshot, ended, elapsed);
-            return failed(err, &upload, by_deadline, pending, at);
+            return failed(
+                err,
+                &upload,
+                by_deadline,
+                pending,
+                &snapshot,
+                ended,
+                elapsed,
+            );
         }
     };
     let body_delay = match peer.target.is_some() && holds_retry_delay(&response) {
         true => Box::pin(retry_delay_in_body(&mut response)).await,
         false => None,
     };
-    let tokens = learn_budget(budgets, peer, &snapshot, &response, (to_target, body_delay));
+    let tokens = learn_budget(budgets, peer, &snapshot, &response, to_target, body_delay);
     let class = with_body_delay(Class::of_response(&response), &response, body_delay);
     match class.signal(elapsed) {
         Some(signal) => pending.finish(signal, &snapshot, ended),
@@ -113,7 +120,9 @@ fn failed(
     upload: &UploadWatch,
     by_deadline: bool,
     pending: Pending<'_>,
-    (snapshot, ended, elapsed): (&Snapshot, tokio::time::Instant, Duration),
+    snapshot: &Snapshot,
+    ended: tokio::time::Instant,
+    elapsed: Duration,
 ) -> Attempt {
     if let Some(fault) = upload.caller_fault(Class::of_error(&err) == Class::TimedOut) {
         // The agent's own upload broke or stalled: nothing against the peer.
@@ -173,7 +182,8 @@ fn learn_budget(
     peer: &Peer,
     snapshot: &Snapshot,
     response: &http::Response<UpstreamBody>,
-    (to_target, body_delay): (Option<(Instant, Option<u64>)>, Option<Duration>),
+    to_target: Option<(Instant, Option<u64>)>,
+    body_delay: Option<Duration>,
 ) -> Option<usage::Watch> {
     let (Some(target), Some((sent, credential))) = (peer.target.as_deref(), to_target) else {
         return None;

@@ -30,7 +30,7 @@ where
     } = routed;
     let (mut response, last_tried) = match answer {
         Ok(response) => {
-            let measured = measured(metrics.clone(), (response, tokens), label, peer, started);
+            let measured = measured(metrics.clone(), response, tokens, label, peer, started);
             (measured, None)
         }
         Err(err) => {
@@ -52,7 +52,8 @@ where
 /// A peer's answer, recorded when its body has been delivered.
 fn measured<B>(
     metrics: Arc<Metrics>,
-    (response, tokens): (Response<B>, Option<Box<usage::Watch>>),
+    response: Response<B>,
+    tokens: Option<Box<usage::Watch>>,
     label: String,
     peer: String,
     started: Instant,
