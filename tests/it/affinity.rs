@@ -243,7 +243,24 @@ async fn a2a_follow_ups_reach_the_agent_that_holds_the_task() {
 
 #[tokio::test]
 async fn a_streamed_answer_binds_the_task_its_first_event_names() {
-    let fleet = Fleet::start(Policy::default()).await;
+    streamed_answers_bind_their_tasks(Fleet::start(Policy::default()).await).await;
+}
+
+/// The same under a first-event deadline, for which the first event is read ahead: it is still
+/// the body's, and the watcher still reads the task it names.
+#[tokio::test]
+async fn a_first_event_read_for_its_deadline_still_binds_its_task() {
+    let mut policy = Policy::default();
+    let deadline = serde_yaml::from_str("2s").expect("a duration");
+    let capability = CapabilityPolicy {
+        first_event_timeout: Some(deadline),
+        ..CapabilityPolicy::default()
+    };
+    policy.capabilities.insert(CAP.to_owned(), capability);
+    streamed_answers_bind_their_tasks(Fleet::start(policy).await).await;
+}
+
+async fn streamed_answers_bind_their_tasks(fleet: Fleet) {
     let message = json!({"message": {"role": "user", "messageId": "m", "parts": []}});
     for _ in 0..6 {
         let stream = fleet.rpc("message/stream", message.clone()).await;
