@@ -19,13 +19,29 @@ pub mod transport;
 pub mod wire;
 
 pub use clock::Clock;
-pub use envelope::{ClusterKey, KeyError, Rejected};
-pub use model::{Capability, Live, Pin, Profile};
-pub use node::{
-    longest_refresh, max_transmissions, spawn, GossipHandle, Membership, NodeOptions, MAX_ITEM,
-};
-pub use stats::Stats;
-pub use status::{GossipStatus, MemberStatus};
+pub use envelope::ClusterKey;
+pub(crate) use envelope::KeyError;
+pub use envelope::Rejected;
+pub use model::Capability;
+pub use model::Live;
+pub use model::Pin;
+pub use model::Profile;
+pub use node::longest_refresh;
+pub use node::max_transmissions;
+pub use node::spawn;
+pub use node::GossipHandle;
+pub use node::Membership;
+pub use node::NodeOptions;
+#[cfg(test)]
+pub(crate) use node::MAX_ITEM;
+pub(crate) use stats::Stats;
+pub(crate) use status::GossipStatus;
+pub use status::MemberStatus;
 pub use table::Member;
-pub use transport::{Faults, MemNetwork, Transport, MAX_DATAGRAM};
-pub use wire::{milli, unmilli, LiveBudget, NodeId};
+pub use transport::Faults;
+pub use transport::MemNetwork;
+pub use transport::Transport;
+pub(crate) use wire::milli;
+pub(crate) use wire::unmilli;
+pub(crate) use wire::LiveBudget;
+pub use wire::NodeId;

@@ -15,8 +15,9 @@ pub mod server;
 pub mod step;
 pub mod upload;
 
-pub use body::{BoxError, ReachBody};
+pub use body::BoxError;
+pub use body::ReachBody;
 
 /// The address a request's connection came from, in the request's extensions (put there by the
 /// accept loop; defined with the transport, where the TLS peer identity will join it).
-pub use crate::transport::ClientAddr;
+pub(crate) use crate::transport::ClientAddr;

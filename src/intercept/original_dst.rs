@@ -11,10 +11,10 @@ use tokio::net::TcpStream;
 /// A connection `init-net`'s rules redirected to the inbound listener: the address its client
 /// dialled (the agent's port). The accept loop puts it in the request's extensions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Intercepted(pub SocketAddr);
+pub(crate) struct Intercepted(pub(crate) SocketAddr);
 
 impl Intercepted {
-    pub fn of<B>(req: &http::Request<B>) -> Option<SocketAddr> {
+    pub(crate) fn of<B>(req: &http::Request<B>) -> Option<SocketAddr> {
         req.extensions().get::<Intercepted>().map(|i| i.0)
     }
 }
@@ -23,7 +23,7 @@ impl Intercepted {
 /// connection was redirected (by `iptables` or `ip6tables`). `None` for a direct connection,
 /// and where conntrack knows nothing of it (no NAT in this namespace: ENOENT). An IPv4 client
 /// of a dual-stack listener is asked in IPv4 terms (its local address is `::ffff:a.b.c.d`).
-pub fn intercepted(stream: &TcpStream) -> Option<SocketAddr> {
+pub(crate) fn intercepted(stream: &TcpStream) -> Option<SocketAddr> {
     let local = stream.local_addr().ok()?;
     let v4_local = match local {
         SocketAddr::V4(v4) => Some(v4),

@@ -26,7 +26,7 @@ const RETRY: Duration = Duration::from_secs(1);
 
 /// Starts the tool watcher: it idles while `agent.mcp` is unset, and a reload that sets or
 /// clears it takes effect at the next round.
-pub fn spawn(
+pub(crate) fn spawn(
     store: Arc<ConfigStore>,
     on_reload: OnReload,
     stop: CancellationToken,

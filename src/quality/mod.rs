@@ -10,7 +10,10 @@
 pub mod compare;
 mod run;
 
-pub use run::{check_baseline, read_baseline, record, run, RunReport, TaskError, TaskOutcome};
+pub use run::check_baseline;
+pub use run::record;
+pub(crate) use run::run;
+pub(crate) use run::RunReport;
 
 use serde::Serialize;
 
@@ -22,12 +25,12 @@ pub struct QualityStatus {
     #[serde(flatten)]
     pub report: RunReport,
     /// Seconds since the run.
-    pub age_s: f64,
+    pub(crate) age_s: f64,
 }
 
 /// The agent's mark from its capabilities' last runs with a verdict: the lowest similarity, and
 /// degraded when any capability is. `None` when no run has a verdict yet.
-pub fn mark<'a>(reports: impl IntoIterator<Item = &'a RunReport>) -> Option<QualityMark> {
+pub(crate) fn mark<'a>(reports: impl IntoIterator<Item = &'a RunReport>) -> Option<QualityMark> {
     reports
         .into_iter()
         .filter_map(|r| r.similarity.map(|s| (s, r.degraded)))

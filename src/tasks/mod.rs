@@ -12,5 +12,9 @@ pub mod runner;
 pub mod store;
 pub mod view;
 
-pub use journal::{AttemptNote, Chain, Journal};
-pub use queue::{wants_async, Queue, Submitted, CALLBACK, PREFER, PRIORITY, TASKS_PATH};
+pub(crate) use journal::AttemptNote;
+pub(crate) use journal::Chain;
+pub(crate) use journal::Journal;
+pub(crate) use queue::wants_async;
+pub(crate) use queue::Queue;
+pub use queue::TASKS_PATH;

@@ -12,15 +12,22 @@ pub mod target_tls;
 
 use std::net::SocketAddr;
 
-pub use accept::{Accept, Mesh, MeshIo, PlainTcp, Tls};
-pub use connect::{negotiated_h2, Connect, ConnectMesh, ConnectTcp, MeshConnectError, TcpSettings};
-pub use target_tls::{TargetTls, TargetTlsError};
+pub(crate) use accept::Accept;
+pub(crate) use accept::Mesh;
+pub use accept::PlainTcp;
+pub(crate) use accept::Tls;
+pub(crate) use connect::negotiated_h2;
+pub(crate) use connect::Connect;
+pub(crate) use connect::ConnectMesh;
+pub(crate) use connect::ConnectTcp;
+pub(crate) use connect::TcpSettings;
+pub(crate) use target_tls::TargetTls;
 
 /// Who a peer must prove to be in its TLS handshake: the identity it announced, or, for a peer
 /// that announced none (a static peer without `identity`, under `strict`), any workload of this
 /// sidecar's trust domain.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Expected {
+pub(crate) enum Expected {
     Exactly(crate::identity::SpiffeId),
     TrustDomain,
     /// An external target's `https://` endpoint: a server certificate for its host, by a chain
@@ -47,10 +54,10 @@ impl std::fmt::Display for Expected {
 /// presented in the TLS handshake). The accept loop puts it in the request's extensions; a
 /// plaintext request has none.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerIdentity(pub crate::identity::SpiffeId);
+pub(crate) struct PeerIdentity(pub(crate) crate::identity::SpiffeId);
 
 impl PeerIdentity {
-    pub fn of<B>(req: &http::Request<B>) -> Option<&crate::identity::SpiffeId> {
+    pub(crate) fn of<B>(req: &http::Request<B>) -> Option<&crate::identity::SpiffeId> {
         req.extensions().get::<PeerIdentity>().map(|p| &p.0)
     }
 }
@@ -60,11 +67,11 @@ impl PeerIdentity {
 /// `x-forwarded-client-cert` value made from the verified certificate, when one was presented.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerTls {
-    pub xfcc: Option<http::HeaderValue>,
+    pub(crate) xfcc: Option<http::HeaderValue>,
 }
 
 impl PeerTls {
-    pub fn of<B>(req: &http::Request<B>) -> Option<&PeerTls> {
+    pub(crate) fn of<B>(req: &http::Request<B>) -> Option<&PeerTls> {
         req.extensions().get::<PeerTls>()
     }
 }
@@ -73,7 +80,7 @@ impl PeerTls {
 /// (written once per connection, not per request). The accept loop puts it in every request's
 /// extensions; the TLS peer identity ([`PeerIdentity`]) sits beside it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ClientAddr(pub SocketAddr, pub http::HeaderValue);
+pub struct ClientAddr(pub(crate) SocketAddr, pub(crate) http::HeaderValue);
 
 impl ClientAddr {
     /// The client address of `req`, or the unspecified address when it came from no accept loop
