@@ -2,8 +2,8 @@
 //! (`page`, with the sparklines' history in `history`); `cli` is `agent-reach status`, which
 //! reads `/status` from outside.
 
-pub mod app_probe;
-pub mod history;
+pub(crate) mod app_probe;
+pub(crate) mod history;
 mod page;
 
 use std::sync::atomic::{AtomicBool, Ordering};

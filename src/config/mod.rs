@@ -25,93 +25,35 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-pub use app_probes::AppProbe;
-pub use app_probes::AppProbes;
-pub use app_probes::APP_PROBES_ENV;
 pub(crate) use app_probes::DRAIN_HEADER;
-pub use app_probes::DRAIN_TOKEN_ENV;
-pub use bootstrap::A2aConfig;
-pub use bootstrap::AgentProfile;
-pub use bootstrap::Bootstrap;
-pub use bootstrap::Capability;
-pub use bootstrap::ExpectJson;
-pub use bootstrap::GossipConfig;
-pub use bootstrap::Intercept;
-pub use bootstrap::Limits;
-pub use bootstrap::Listen;
-pub use bootstrap::McpConfig;
-pub use bootstrap::McpTools;
-pub use bootstrap::ProbeSpec;
-pub use bootstrap::QueueConfig;
-pub use bootstrap::RouteMode;
-pub use bootstrap::SkillFacts;
-pub use bootstrap::StaticPeer;
-pub use bootstrap::ToolFacts;
-pub use bootstrap::TracingConfig;
-pub use chains::ChainsPolicy;
+pub use app_probes::{AppProbe, AppProbes, APP_PROBES_ENV, DRAIN_TOKEN_ENV};
+pub use bootstrap::{
+    A2aConfig, AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Intercept, Limits,
+    Listen, McpConfig, McpTools, ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer,
+    ToolFacts, TracingConfig,
+};
 pub(crate) use chains::HedgeAfter;
-pub use chains::HedgePolicy;
-pub use duration::format_duration;
-pub use duration::parse_duration;
-pub use duration::HumanDuration;
-pub(crate) use intents::fold_padded;
-pub use intents::IntentRule;
-pub use intents::Intents;
-pub(crate) use intents::Keyword;
-pub(crate) use intents::ANY;
-pub use mesh::Authorization;
-pub use mesh::CapabilityAuthorization;
-pub use mesh::MtlsMode;
-pub use mesh::MtlsPolicy;
-pub use mesh::TlsFiles;
-pub use mesh::Verdict;
-pub(crate) use output_schema::CompiledSchema;
+pub use chains::{ChainsPolicy, HedgePolicy};
+pub use duration::{format_duration, parse_duration, HumanDuration};
+pub(crate) use intents::{fold_padded, Keyword, ANY};
+pub use intents::{IntentRule, Intents};
+pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
 pub use output_schema::OutputSchema;
-pub(crate) use output_schema::SchemaDigest;
-pub(crate) use output_schema::SchemaSource;
-pub use policy::AffinityMode;
-pub use policy::AffinityPolicy;
-pub use policy::BudgetGroupPolicy;
-pub use policy::CapabilityPolicy;
-pub use policy::EstimatesPolicy;
-pub use policy::ExternalTarget;
-pub use policy::FallbackPolicy;
-pub use policy::FinalFallback;
-pub use policy::MetricsPolicy;
-pub use policy::ModelBudgetsPolicy;
-pub use policy::PeerProtocol;
-pub use policy::Policy;
-pub use policy::Pool;
-pub use policy::ProbesPolicy;
-pub use policy::Protocol;
-pub use policy::RateLimit;
-pub use policy::RetryBudgetPolicy;
-pub use policy::RetryPolicy;
-pub use policy::StatesPolicy;
-pub use policy::Timeouts;
-pub use policy::ValidationPolicy;
-pub use policy::WeightSets;
-pub use policy::Zones;
-pub use quality::Compare;
-pub use quality::GoldenTask;
-pub use quality::QualitySpec;
+pub(crate) use output_schema::{CompiledSchema, SchemaDigest, SchemaSource};
+pub use policy::{
+    AffinityMode, AffinityPolicy, BudgetGroupPolicy, CapabilityPolicy, EstimatesPolicy,
+    ExternalTarget, FallbackPolicy, FinalFallback, MetricsPolicy, ModelBudgetsPolicy, PeerProtocol,
+    Policy, Pool, ProbesPolicy, Protocol, RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy,
+    Timeouts, ValidationPolicy, WeightSets, Zones,
+};
+pub use quality::{Compare, GoldenTask, QualitySpec};
 pub(crate) use restart_only::PendingRestart;
 mod ca_bundle;
-pub(crate) use ca_bundle::read_ca_bundle;
-pub(crate) use ca_bundle::CaBundleError;
-pub use scalar::HostPort;
-pub use scalar::Name;
-pub use scalar::PositiveCount;
-pub use scalar::Proficiency;
-pub use scalar::TargetEndpoint;
-pub use tasks::EscalationPolicy;
-pub(crate) use tasks::Host;
-pub use tasks::QueueRounds;
-pub(crate) use tasks::StoreLocation;
-pub use tasks::TasksConfig;
-pub(crate) use watch::spawn_watcher;
-pub(crate) use watch::OnReload;
-pub(crate) use watch::ReloadResult;
+pub(crate) use ca_bundle::{read_ca_bundle, CaBundleError};
+pub use scalar::{HostPort, Name, PositiveCount, Proficiency, TargetEndpoint};
+pub use tasks::{EscalationPolicy, QueueRounds, TasksConfig};
+pub(crate) use tasks::{Host, StoreLocation};
+pub(crate) use watch::{spawn_watcher, OnReload, ReloadResult};
 
 /// A config file that could not be read or is not valid.
 #[derive(Debug, thiserror::Error)]

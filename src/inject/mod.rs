@@ -21,7 +21,5 @@ mod tests;
 pub use config::InjectorConfig;
 pub use manifest::inject_manifests;
 pub use patch::apply;
-pub use pod::decide;
-pub use pod::Decision;
-pub use pod::OptIn;
+pub use pod::{decide, Decision, OptIn};
 pub use server::Injector;

@@ -12,14 +12,13 @@
 //! on OUTPUT, which inbound interception does not install; the flag keeps the injector, the
 //! sidecar's `runAsUser` and the rules on one number for when outbound rules come.
 
-pub mod original_dst;
+pub(crate) mod original_dst;
 pub mod rules;
 
 use std::io::Write;
 use std::process::Command;
 
-pub(crate) use original_dst::intercepted;
-pub(crate) use original_dst::Intercepted;
+pub(crate) use original_dst::{intercepted, Intercepted};
 use rules::{Backend, Plan, PlanError, Probe, Rule};
 
 /// The sidecar's fixed UID when intercepting (the injector runs it as this user).

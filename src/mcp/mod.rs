@@ -5,10 +5,10 @@
 //! the fleet's tools. A change goes live like a bootstrap reload
 //! (`ConfigStore::set_mcp_capability`), as an A2A card's does (`src/a2a/mod.rs`).
 
-pub mod changes;
-pub mod fetch;
+pub(crate) mod changes;
+pub(crate) mod fetch;
 pub mod jsonrpc;
-pub mod tools;
+pub(crate) mod tools;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -26,9 +26,8 @@ use crate::reach::{State, Transition, ViewSnapshot};
 
 pub(crate) use demand::CapabilityGauges;
 pub(crate) use inbound::InboundSeries;
-pub(crate) use peers::Limits as PeerSeriesLimits;
-pub(crate) use peers::PeerGauges;
 use peers::PeerSeries;
+pub(crate) use peers::{Limits as PeerSeriesLimits, PeerGauges};
 
 pub(crate) const REQUESTS_TOTAL: &str = "reach_requests_total";
 pub(crate) const REQUEST_DURATION: &str = "reach_request_duration_seconds";

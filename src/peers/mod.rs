@@ -12,11 +12,7 @@ mod poll;
 mod score;
 
 pub use demand::CapabilityDemand;
-pub(crate) use feed::live;
-pub(crate) use feed::profile;
-pub(crate) use feed::self_view_lifetime;
-pub(crate) use feed::FleetPins;
-pub(crate) use feed::GossipFeed;
+pub(crate) use feed::{live, profile, self_view_lifetime, FleetPins, GossipFeed};
 #[cfg(test)]
 pub(crate) use latency::judge;
 pub(crate) use poll::spawn_poller;

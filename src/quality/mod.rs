@@ -7,13 +7,11 @@
 //! of sample tasks compared with what it used to say is what shows it. The tasks run on the
 //! probe thread (`crate::probe`), at its low priority, and never on the agent's last free slot.
 
-pub mod compare;
+pub(crate) mod compare;
 mod run;
 
-pub use run::check_baseline;
-pub use run::record;
-pub(crate) use run::run;
-pub(crate) use run::RunReport;
+pub use run::{check_baseline, record};
+pub(crate) use run::{run, RunReport};
 
 use serde::Serialize;
 

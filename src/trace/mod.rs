@@ -27,13 +27,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tower::Service;
 
-pub use context::parse as parse_traceparent;
-pub use context::SpanContext;
+pub use context::{parse as parse_traceparent, SpanContext};
 pub use span::key;
-pub(crate) use span::Active;
-pub(crate) use span::AttemptSpan;
-pub(crate) use span::DeferredSpan;
-pub(crate) use span::ModelAnswer;
+pub(crate) use span::{Active, AttemptSpan, DeferredSpan, ModelAnswer};
 
 use crate::classify::Class;
 use crate::config::{Policy, TracingConfig};

@@ -8,19 +8,13 @@ pub mod accept;
 pub mod certs;
 pub mod connect;
 pub mod mtls;
-pub mod target_tls;
+pub(crate) mod target_tls;
 
 use std::net::SocketAddr;
 
-pub(crate) use accept::Accept;
-pub(crate) use accept::Mesh;
 pub use accept::PlainTcp;
-pub(crate) use accept::Tls;
-pub(crate) use connect::negotiated_h2;
-pub(crate) use connect::Connect;
-pub(crate) use connect::ConnectMesh;
-pub(crate) use connect::ConnectTcp;
-pub(crate) use connect::TcpSettings;
+pub(crate) use accept::{Accept, Mesh, Tls};
+pub(crate) use connect::{negotiated_h2, Connect, ConnectMesh, ConnectTcp, TcpSettings};
 pub(crate) use target_tls::TargetTls;
 
 /// Who a peer must prove to be in its TLS handshake: the identity it announced, or, for a peer

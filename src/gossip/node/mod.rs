@@ -30,8 +30,7 @@ mod repair;
 mod returns;
 mod timers;
 
-pub use options::max_transmissions;
-pub use options::NodeOptions;
+pub use options::{max_transmissions, NodeOptions};
 pub use publish::longest_refresh;
 use publish::Published;
 use timers::Timers;

@@ -35,13 +35,10 @@ use tower_http::timeout::TimeoutLayer;
 use super::body::{BoxError, ReachBody};
 use crate::metrics::Metrics;
 use crate::redact::SENSITIVE;
-pub(crate) use panic::panic_message;
-pub(crate) use panic::Panicked;
-pub(crate) use span::current as current_span;
-pub(crate) use span::field;
-pub(crate) use span::record as record_in_span;
-pub(crate) use span::RequestSpan;
-pub(crate) use span::Spanned;
+pub(crate) use panic::{panic_message, Panicked};
+pub(crate) use span::{
+    current as current_span, field, record as record_in_span, RequestSpan, Spanned,
+};
 
 /// The request id header: kept when the client sent one, generated when not.
 pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

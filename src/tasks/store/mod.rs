@@ -7,8 +7,8 @@
 //! whose lease ran out and was taken over cannot overwrite the new owner's progress — its save
 //! fails with [`StoreError::Conflict`] and it lets go.
 
-pub mod file;
-pub mod redis;
+pub(crate) mod file;
+pub(crate) mod redis;
 
 use std::sync::Arc;
 
