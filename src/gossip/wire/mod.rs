@@ -189,31 +189,31 @@ pub enum Mode {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Live {
     /// The `seq` of the profile this view goes with: a receiver without it asks for it.
-    pub profile_seq: u64,
-    pub state: AgentState,
-    pub state_age_s: u32,
+    pub(crate) profile_seq: u64,
+    pub(crate) state: AgentState,
+    pub(crate) state_age_s: u32,
     /// Fractions in thousandths.
-    pub cap: u16,
-    pub availability: u16,
-    pub saturation: u16,
-    pub latency_ms: Option<u32>,
-    pub p50_ms: Option<u32>,
-    pub p95_ms: Option<u32>,
-    pub busy: bool,
-    pub cooling_down: bool,
-    pub in_flight: u32,
-    pub queued: u32,
+    pub(crate) cap: u16,
+    pub(crate) availability: u16,
+    pub(crate) saturation: u16,
+    pub(crate) latency_ms: Option<u32>,
+    pub(crate) p50_ms: Option<u32>,
+    pub(crate) p95_ms: Option<u32>,
+    pub(crate) busy: bool,
+    pub(crate) cooling_down: bool,
+    pub(crate) in_flight: u32,
+    pub(crate) queued: u32,
     /// The saturation expected a horizon ahead, in thousandths (v2); an older item reads as its
     /// `saturation`: no prediction.
-    pub saturation_predicted: u16,
+    pub(crate) saturation_predicted: u16,
     /// The last golden-task similarity in thousandths, for an agent that has golden tasks (v3).
-    pub quality_milli: Option<u16>,
+    pub(crate) quality_milli: Option<u16>,
     /// Its answers drifted below the threshold (v3). `state` stays `healthy` for such an agent:
     /// an older sidecar would refuse a new state value, and reads it as healthy with its cap.
-    pub degraded: bool,
+    pub(crate) degraded: bool,
     /// Its model budgets (v4): its own targets' folded into one (no group) and one per
     /// `budget_group` (docs/model-budgets.md). An older item reads as none known.
-    pub budget: Vec<LiveBudget>,
+    pub(crate) budget: Vec<LiveBudget>,
 }
 
 /// One model budget in a live view. Each is a record of its own: a newer version may append.
@@ -245,11 +245,11 @@ pub struct Pins {
 /// One pinned tool. Each is a record of its own: a newer version may append.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Pin {
-    pub capability: String,
-    pub tool: String,
+    pub(crate) capability: String,
+    pub(crate) tool: String,
     /// The digest of the pinned definition: as `Tool::schema` carries it (the first 8 bytes of
     /// the SHA-256 of the canonical definition, `src/mcp/tools.rs`).
-    pub digest: [u8; 8],
+    pub(crate) digest: [u8; 8],
 }
 
 /// An agent's state in the reach model, as the wire says it.
