@@ -183,7 +183,7 @@ pub(crate) fn fold_padded(text: &str) -> String {
 /// Policy `intent_threshold`: the least confidence an intent resolves with (`docs/intents.md`).
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, PartialOrd)]
 #[serde(transparent)]
-pub struct IntentThreshold(pub(crate) f64);
+pub struct IntentThreshold(pub f64);
 
 impl Default for IntentThreshold {
     fn default() -> Self {

@@ -32,25 +32,24 @@ pub use bootstrap::{
     Listen, McpConfig, McpTools, ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer,
     ToolFacts, TracingConfig,
 };
-pub(crate) use chains::HedgeAfter;
-pub use chains::{ChainsPolicy, HedgePolicy};
+pub use chains::{ChainsPolicy, HedgeAfter, HedgePolicy};
 pub use duration::{format_duration, parse_duration, HumanDuration};
 pub(crate) use intents::{fold_padded, Keyword, ANY};
-pub use intents::{IntentRule, Intents};
+pub use intents::{IntentRule, IntentThreshold, Intents};
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
-pub use output_schema::OutputSchema;
-pub(crate) use output_schema::{CompiledSchema, SchemaDigest, SchemaSource};
+pub(crate) use output_schema::SchemaSource;
+pub use output_schema::{CompiledSchema, OutputSchema, SchemaDigest};
 pub use policy::{
     AffinityMode, AffinityPolicy, BudgetGroupPolicy, CapabilityPolicy, EstimatesPolicy,
-    ExternalTarget, FallbackPolicy, FinalFallback, MetricsPolicy, ModelBudgetsPolicy, PeerProtocol,
-    Policy, Pool, ProbesPolicy, Protocol, RateLimit, RetryBudgetPolicy, RetryPolicy, StatesPolicy,
-    Timeouts, ValidationPolicy, WeightSets, Zones,
+    ExternalTarget, FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, ModelBudgetsPolicy,
+    PeerProtocol, Policy, Pool, ProbesPolicy, Protocol, RateLimit, RetryBudgetPolicy, RetryPolicy,
+    StatesPolicy, Timeouts, ValidationPolicy, WeightSets, Zones,
 };
 pub use quality::{Compare, GoldenTask, QualitySpec};
-pub(crate) use restart_only::PendingRestart;
+pub use restart_only::PendingRestart;
 mod ca_bundle;
 pub(crate) use ca_bundle::{read_ca_bundle, CaBundleError};
-pub use scalar::{HostPort, Name, PositiveCount, Proficiency, TargetEndpoint};
+pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency, TargetEndpoint};
 pub use tasks::{EscalationPolicy, QueueRounds, TasksConfig};
 pub(crate) use tasks::{Host, StoreLocation};
 pub(crate) use watch::{spawn_watcher, OnReload, ReloadResult};

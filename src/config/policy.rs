@@ -913,10 +913,10 @@ impl Default for AffinityPolicy {
 /// A number in 0..1.
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, PartialOrd)]
 #[serde(transparent)]
-pub struct Fraction(pub(crate) f64);
+pub struct Fraction(pub f64);
 
 impl Fraction {
-    pub(crate) fn get(self) -> f64 {
+    pub fn get(self) -> f64 {
         self.0
     }
 }

@@ -197,7 +197,7 @@ impl<'de> Deserialize<'de> for TargetEndpoint {
 pub struct Proficiency(f64);
 
 impl Proficiency {
-    pub(crate) fn get(self) -> f64 {
+    pub fn get(self) -> f64 {
         self.0
     }
 
@@ -226,7 +226,7 @@ impl<'de> Deserialize<'de> for Proficiency {
 pub struct PositiveCount(pub(super) usize);
 
 impl PositiveCount {
-    pub(crate) fn get(self) -> usize {
+    pub fn get(self) -> usize {
         self.0
     }
 }
@@ -246,7 +246,7 @@ impl<'de> Deserialize<'de> for PositiveCount {
 /// A non-negative declared cost.
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, PartialOrd)]
 #[serde(transparent)]
-pub struct Cost(pub(crate) f64);
+pub struct Cost(pub f64);
 
 impl<'de> Deserialize<'de> for Cost {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -266,7 +266,7 @@ impl<'de> Deserialize<'de> for Cost {
 pub struct HeaderBytes(pub(super) usize);
 
 impl HeaderBytes {
-    pub(crate) fn get(self) -> usize {
+    pub fn get(self) -> usize {
         self.0
     }
 }
