@@ -15,12 +15,12 @@ use crate::http::client::{self, AgentClient};
 /// A request the sidecar itself sends to its agent: a probe or a golden task.
 #[derive(Debug)]
 pub(crate) struct AgentRequest<'a> {
-    pub method: &'a str,
-    pub path: &'a str,
-    pub headers: &'a BTreeMap<String, String>,
-    pub body: Option<&'a str>,
+    pub(crate) method: &'a str,
+    pub(crate) path: &'a str,
+    pub(crate) headers: &'a BTreeMap<String, String>,
+    pub(crate) body: Option<&'a str>,
     /// The `reach-probe` header's value, so the agent can tell these from production work.
-    pub marker: &'static str,
+    pub(crate) marker: &'static str,
 }
 
 /// Sends `request` straight to the local agent; on failure, why and whether the connection was

@@ -197,7 +197,7 @@ pub(crate) fn invalid_output<B>(response: &Response<B>) -> bool {
 
 /// How a request ended, as metrics and the inbound counters label it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Success,
     Failure,
     Timeout,
@@ -207,7 +207,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Success => "success",
             Outcome::Failure => "failure",

@@ -24,7 +24,7 @@ pub enum AffinityKey {
 }
 
 impl AffinityKey {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             AffinityKey::Header => "reach-affinity",
             AffinityKey::McpSession => "Mcp-Session-Id",
@@ -178,7 +178,7 @@ pub enum ReachError {
 
 /// The `reach-reason` a sidecar puts on the answers it makes itself: the JSON `error` field too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     MissingCapability,
     ForbiddenHost,
     UnknownCapability,
@@ -215,7 +215,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 33] = [
+    pub(crate) const ALL: [Reason; 33] = [
         Reason::MissingCapability,
         Reason::ForbiddenHost,
         Reason::UnknownCapability,
@@ -251,7 +251,7 @@ impl Reason {
         Reason::LoopDetected,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Reason::MissingCapability => "missing_capability",
             Reason::ForbiddenHost => "forbidden_host",
@@ -289,13 +289,13 @@ impl Reason {
         }
     }
 
-    pub fn parse(text: &str) -> Option<Self> {
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         Reason::ALL.into_iter().find(|r| r.as_str() == text)
     }
 }
 
 impl ReachError {
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             ReachError::MissingCapability
             | ReachError::BadRequest(_)
@@ -346,7 +346,7 @@ impl ReachError {
     }
 
     /// Why, typed: what the `reach-reason` header and the JSON `error` field say.
-    pub fn reason(&self) -> Reason {
+    pub(crate) fn reason(&self) -> Reason {
         match self {
             ReachError::MissingCapability => Reason::MissingCapability,
             ReachError::ForeignHost { .. } => Reason::ForbiddenHost,
@@ -392,7 +392,7 @@ impl ReachError {
     }
 
     /// How long the caller should wait before trying this agent again, when it should wait.
-    pub fn retry_after(&self) -> Option<Duration> {
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
         match self {
             ReachError::Saturated { retry_after, .. }
             | ReachError::RateLimited { retry_after, .. } => Some(*retry_after),

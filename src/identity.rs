@@ -33,13 +33,13 @@ impl SpiffeId {
     }
 
     /// The trust domain: `prod.example` in `spiffe://prod.example/ns/…`.
-    pub fn trust_domain(&self) -> &str {
+    pub(crate) fn trust_domain(&self) -> &str {
         let rest = self.0.strip_prefix(SCHEME).unwrap_or(&self.0);
         rest.split('/').next().unwrap_or_default()
     }
 
     /// The last path segment: the service account in `…/ns/<ns>/sa/<sa>`.
-    pub fn leaf(&self) -> &str {
+    pub(crate) fn leaf(&self) -> &str {
         self.0.rsplit('/').next().unwrap_or_default()
     }
 }
@@ -70,7 +70,7 @@ impl IdentityPattern {
     }
 
     /// Whether `id` matches: segment by segment, `*` standing for any one segment.
-    pub fn matches(&self, id: &SpiffeId) -> bool {
+    pub(crate) fn matches(&self, id: &SpiffeId) -> bool {
         let (Some(pattern), Some(id)) = (
             self.0.strip_prefix(SCHEME),
             id.as_str().strip_prefix(SCHEME),

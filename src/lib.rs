@@ -13,7 +13,7 @@ pub(crate) mod budget;
 pub(crate) mod chain;
 pub(crate) mod classify;
 pub mod config;
-pub mod error;
+pub(crate) mod error;
 pub(crate) mod fast_hash;
 pub mod gossip;
 pub mod http;

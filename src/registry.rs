@@ -20,8 +20,8 @@ pub struct Peer {
     pub name: String,
     /// The peer sidecar's inbound address (host:port).
     pub address: String,
-    pub zone: String,
-    pub region: String,
+    pub(crate) zone: String,
+    pub(crate) region: String,
     pub capabilities: Vec<String>,
     /// Where this sidecar learned of the peer: `gossip`, `static`, or `external` (a plain
     /// service).
@@ -29,28 +29,28 @@ pub struct Peer {
     /// For an external target: its name (rate limits are per target), timeout and per-endpoint
     /// concurrency limit.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub target: Option<String>,
+    pub(crate) target: Option<String>,
     #[serde(skip)]
-    pub timeout: Option<std::time::Duration>,
+    pub(crate) timeout: Option<std::time::Duration>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_concurrency: Option<usize>,
+    pub(crate) max_concurrency: Option<usize>,
     /// The SPIFFE ID the peer's sidecar must present over mutual TLS (announced in gossip, or
     /// configured for a static peer).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub identity: Option<SpiffeId>,
+    pub(crate) identity: Option<SpiffeId>,
     /// Capability → its MCP server's tools, for the capabilities that are an MCP server's
     /// (announced in gossip; `docs/mcp.md`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub tools: BTreeMap<String, Vec<ToolFacts>>,
+    pub(crate) tools: BTreeMap<String, Vec<ToolFacts>>,
     /// An external target's `https://` endpoint: how it is dialled over TLS.
     #[serde(skip)]
-    pub tls: Option<Arc<crate::transport::TargetTls>>,
+    pub(crate) tls: Option<Arc<crate::transport::TargetTls>>,
 }
 
 impl Peer {
     /// The IP its sidecar's address names (`None` for a host name). By byte: `rsplit_once(':')`
     /// runs a reverse char searcher, and a plaintext call's caller is checked this way each time.
-    pub fn ip(&self) -> Option<std::net::IpAddr> {
+    pub(crate) fn ip(&self) -> Option<std::net::IpAddr> {
         let host = match self.address.bytes().rposition(|b| b == b':') {
             Some(colon) => self.address.get(..colon)?,
             None => self.address.as_str(),
@@ -59,11 +59,11 @@ impl Peer {
     }
 
     /// The peer's entry for `tool` of `capability`, when its server has that tool.
-    pub fn tool(&self, capability: &str, tool: &str) -> Option<&ToolFacts> {
+    pub(crate) fn tool(&self, capability: &str, tool: &str) -> Option<&ToolFacts> {
         self.tools.get(capability)?.iter().find(|t| t.name == tool)
     }
 
-    pub fn from_static(peer: &StaticPeer) -> Self {
+    pub(crate) fn from_static(peer: &StaticPeer) -> Self {
         Self {
             name: peer.name.to_string(),
             address: peer.address.to_string(),
@@ -80,7 +80,7 @@ impl Peer {
         }
     }
 
-    pub fn from_member(member: &Member) -> Self {
+    pub(crate) fn from_member(member: &Member) -> Self {
         let p = &member.profile;
         Self {
             name: member.name.clone(),
@@ -105,7 +105,7 @@ impl Peer {
 
     /// One peer per endpoint of an external target, named `<target>-<n>`; an `https://` one
     /// with its TLS.
-    pub fn from_target(target: &ExternalTarget) -> Vec<Self> {
+    pub(crate) fn from_target(target: &ExternalTarget) -> Vec<Self> {
         target
             .endpoints
             .iter()
@@ -127,14 +127,14 @@ impl Peer {
             .collect()
     }
 
-    pub fn is_external(&self) -> bool {
+    pub(crate) fn is_external(&self) -> bool {
         self.source == "external"
     }
 
     /// The identity a call to this peer proves under `mode`: the one its certificate must carry
     /// to complete the handshake. `None` when nothing is proven (plaintext, or any SVID of the
     /// trust domain).
-    pub fn verified_identity(&self, mode: MtlsMode) -> Option<&SpiffeId> {
+    pub(crate) fn verified_identity(&self, mode: MtlsMode) -> Option<&SpiffeId> {
         match self.dial_identity(mode) {
             Some(Expected::Exactly(_)) => self.identity.as_ref(),
             _ => None,
@@ -143,7 +143,7 @@ impl Peer {
 
     /// Whether the policy of `snapshot` lets this peer serve `capability`: an external target
     /// is the policy's own word; a peer sidecar must prove an identity `served_by` lists.
-    pub fn may_serve(&self, snapshot: &Snapshot, capability: &str) -> bool {
+    pub(crate) fn may_serve(&self, snapshot: &Snapshot, capability: &str) -> bool {
         self.is_external()
             || snapshot
                 .policy
@@ -156,7 +156,7 @@ impl Peer {
     /// and HTTP/1.1 whatever the peer protocol; a peer sidecar that
     /// announces no identity is called in plaintext only outside `strict` — in `strict` over TLS
     /// all the same, to any SVID of the trust domain.
-    pub fn dial_identity(&self, mode: MtlsMode) -> Option<Expected> {
+    pub(crate) fn dial_identity(&self, mode: MtlsMode) -> Option<Expected> {
         if let Some(tls) = &self.tls {
             return Some(Expected::Server(tls.clone()));
         }
@@ -276,7 +276,7 @@ impl Registry {
     }
 
     /// Replaces the gossip members (called on every membership or profile change).
-    pub fn set_gossip(&self, peers: Vec<Peer>) {
+    pub(crate) fn set_gossip(&self, peers: Vec<Peer>) {
         let peers: Vec<Arc<Peer>> = peers.into_iter().map(Arc::new).collect();
         let mut index: FastMap<String, Vec<Arc<Peer>>> = FastMap::default();
         for peer in &peers {
@@ -319,24 +319,24 @@ impl Registry {
 
     /// Whether some member announces MCP tools for `capability`: with no MCP server in the
     /// fleet, one relaxed load answers (a plain call pays nothing more).
-    pub fn is_mcp(&self, capability: &str) -> bool {
+    pub(crate) fn is_mcp(&self, capability: &str) -> bool {
         self.any_mcp.load(std::sync::atomic::Ordering::Relaxed)
             && self.gossip.load().mcp.contains(capability)
     }
 
     /// The capabilities some member announces MCP tools for, sorted.
-    pub fn mcp_capabilities(&self) -> Vec<String> {
+    pub(crate) fn mcp_capabilities(&self) -> Vec<String> {
         let mut names: Vec<String> = self.gossip.load().mcp.iter().cloned().collect();
         names.sort();
         names
     }
 
     /// How many members gossip has handed over (with their profiles).
-    pub fn gossip_members(&self) -> usize {
+    pub(crate) fn gossip_members(&self) -> usize {
         self.gossip.load().peers.len()
     }
 
-    pub fn gossip_peer(&self, name: &str) -> Option<Arc<Peer>> {
+    pub(crate) fn gossip_peer(&self, name: &str) -> Option<Arc<Peer>> {
         self.gossip.load().by_name.get(name).cloned()
     }
 
@@ -345,7 +345,7 @@ impl Registry {
     ///
     /// Under a `served_by` rule, only the peers it lets serve `capability`: a member's claim
     /// (its profile, A2A card or tool list) is not enough.
-    pub fn candidates(&self, snapshot: &Snapshot, capability: &str) -> Vec<Arc<Peer>> {
+    pub(crate) fn candidates(&self, snapshot: &Snapshot, capability: &str) -> Vec<Arc<Peer>> {
         let gossip = self.gossip.load();
         let configured = self.configured(snapshot);
         let mut out: Vec<Arc<Peer>> = configured
@@ -367,7 +367,7 @@ impl Registry {
     }
 
     /// The claims [`Self::refused_claims`] finds now that it did not find last time.
-    pub fn newly_refused(&self, snapshot: &Snapshot) -> Vec<RefusedClaim> {
+    pub(crate) fn newly_refused(&self, snapshot: &Snapshot) -> Vec<RefusedClaim> {
         let now: HashSet<RefusedClaim> = self.refused_claims(snapshot).into_iter().collect();
         let mut seen = self
             .refused
@@ -380,7 +380,7 @@ impl Registry {
 
     /// The peers that claim `capability` but that the policy's `served_by` does not let serve
     /// it, with the identity each proves (none: plaintext or unnamed).
-    pub fn refused_claims(&self, snapshot: &Snapshot) -> Vec<RefusedClaim> {
+    pub(crate) fn refused_claims(&self, snapshot: &Snapshot) -> Vec<RefusedClaim> {
         let gossip = self.gossip.load();
         let configured = self.configured(snapshot);
         let mode = snapshot.mtls_mode();
@@ -407,7 +407,7 @@ impl Registry {
     /// At most `k` candidates drawn uniformly without replacement (every candidate when there are
     /// no more than `k`), and how many there are in all. Routing among hundreds of peers scores
     /// a sample instead of everyone: the pick's cost stays flat as the fleet grows.
-    pub fn sample_candidates(
+    pub(crate) fn sample_candidates(
         &self,
         snapshot: &Snapshot,
         capability: &str,
@@ -456,7 +456,7 @@ impl Registry {
     }
 
     /// Every known peer, for `/status` and the self-view poller.
-    pub fn peers(&self, snapshot: &Snapshot) -> Vec<Arc<Peer>> {
+    pub(crate) fn peers(&self, snapshot: &Snapshot) -> Vec<Arc<Peer>> {
         let gossip = self.gossip.load();
         let mut out: Vec<Arc<Peer>> = self
             .configured(snapshot)
@@ -470,7 +470,7 @@ impl Registry {
     }
 
     /// The peer called `name`: a gossip member first, else a configured peer.
-    pub fn find(&self, snapshot: &Snapshot, name: &str) -> Option<Arc<Peer>> {
+    pub(crate) fn find(&self, snapshot: &Snapshot, name: &str) -> Option<Arc<Peer>> {
         self.gossip_peer(name).or_else(|| {
             self.configured(snapshot)
                 .peers
@@ -482,7 +482,7 @@ impl Registry {
 
     /// The first known peer `matches` accepts (gossip members first), without collecting them:
     /// the inbound path asks this per call.
-    pub fn find_where(
+    pub(crate) fn find_where(
         &self,
         snapshot: &Snapshot,
         matches: impl Fn(&Peer) -> bool,
@@ -499,7 +499,7 @@ impl Registry {
     }
 
     /// Names of every known peer.
-    pub fn names(&self, snapshot: &Snapshot) -> HashSet<String> {
+    pub(crate) fn names(&self, snapshot: &Snapshot) -> HashSet<String> {
         self.peers(snapshot)
             .iter()
             .map(|p| p.name.clone())

@@ -13,26 +13,26 @@ use crate::registry::Registry;
 
 /// The sidecar's shared state.
 #[derive(Clone, Debug)]
-pub struct Shared {
-    pub store: Arc<ConfigStore>,
-    pub metrics: Arc<Metrics>,
+pub(crate) struct Shared {
+    pub(crate) store: Arc<ConfigStore>,
+    pub(crate) metrics: Arc<Metrics>,
     /// The peers that serve each capability.
-    pub registry: Arc<Registry>,
+    pub(crate) registry: Arc<Registry>,
     /// This caller's view of each peer.
-    pub peers: Arc<PeerViews>,
+    pub(crate) peers: Arc<PeerViews>,
     /// The local agent's own view.
-    pub local: Arc<LocalAgent>,
+    pub(crate) local: Arc<LocalAgent>,
     /// The local agent's slots and queue.
-    pub admission: Arc<Admission>,
+    pub(crate) admission: Arc<Admission>,
     /// One table for peers' keys and the local agent's own: one byte budget for both.
-    pub idempotency: Arc<IdempotencyTable>,
+    pub(crate) idempotency: Arc<IdempotencyTable>,
     /// The key of the delegation chains this sidecar hands its agent (`src/chain/`).
-    pub seal: Arc<crate::chain::Seal>,
+    pub(crate) seal: Arc<crate::chain::Seal>,
 }
 
 impl Shared {
     /// The state of a sidecar running under `store`, its metrics in `metrics`.
-    pub fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>) -> Self {
         let snapshot = store.snapshot();
         let admission = Admission::new(snapshot.bootstrap.agent.max_concurrency.get());
         let local = Arc::new(LocalAgent::new(

@@ -22,8 +22,8 @@ pub(crate) const MAX_TEXT: usize = 48;
 /// What a card gave: capabilities, and the skills that could not become one (and why).
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Imported {
-    pub capabilities: Vec<Capability>,
-    pub skipped: Vec<(String, String)>,
+    pub(crate) capabilities: Vec<Capability>,
+    pub(crate) skipped: Vec<(String, String)>,
 }
 
 /// The card's skills as capabilities: skill id → name (ids that are not valid names are skipped),

@@ -17,11 +17,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 /// The path prefix of the rewritten probes on the admin port.
-pub const PREFIX: &str = "/app-health/";
+pub(crate) const PREFIX: &str = "/app-health/";
 
 /// Runs `probe` against the agent on loopback: the agent's status for HTTP (the kubelet
 /// reads 200–399 as success), 200 or 503 for TCP and gRPC, 503 on no answer in time.
-pub async fn run(probe: &AppProbe) -> (StatusCode, String) {
+pub(crate) async fn run(probe: &AppProbe) -> (StatusCode, String) {
     let timeout = probe.timeout();
     let outcome = tokio::time::timeout(timeout, async {
         match probe {

@@ -14,23 +14,23 @@ use crate::config::ConfigStore;
 use crate::peers::{Outcomes, PeerStatus, PeerViews};
 
 /// How often each peer is sampled.
-pub const SAMPLE_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 /// Samples kept per peer: 15 minutes at one per 10 s.
-pub const SAMPLES_KEPT: usize = 90;
+pub(crate) const SAMPLES_KEPT: usize = 90;
 /// Peers with a history; more are shown without sparklines.
-pub const PEERS_KEPT: usize = 256;
+pub(crate) const PEERS_KEPT: usize = 256;
 
 /// One peer over one sampling interval.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// Share of this caller's calls served in the interval; `None` without calls.
-    pub success_rate: Option<f64>,
+    pub(crate) success_rate: Option<f64>,
     /// The caller's windowed p95 latency of the peer, in milliseconds.
-    pub p95_ms: Option<f64>,
+    pub(crate) p95_ms: Option<f64>,
 }
 
 #[derive(Debug, Default)]
-pub struct History {
+pub(crate) struct History {
     inner: Mutex<BTreeMap<String, Series>>,
 }
 
@@ -43,7 +43,7 @@ struct Series {
 
 impl History {
     /// Takes one sample of every peer; forgets peers no longer listed.
-    pub fn sample(&self, peers: &[PeerStatus]) {
+    pub(crate) fn sample(&self, peers: &[PeerStatus]) {
         let mut inner = self.lock();
         inner.retain(|name, _| peers.iter().any(|p| &p.name == name));
         for p in peers {
@@ -61,7 +61,7 @@ impl History {
     }
 
     /// Each peer's samples, oldest first, with a last point for the interval under way.
-    pub fn series(&self, peers: &[PeerStatus]) -> BTreeMap<String, Vec<Sample>> {
+    pub(crate) fn series(&self, peers: &[PeerStatus]) -> BTreeMap<String, Vec<Sample>> {
         let inner = self.lock();
         peers
             .iter()
@@ -93,7 +93,7 @@ fn sample(p: &PeerStatus, before: &Outcomes) -> Sample {
 }
 
 /// Samples every peer now and every [`SAMPLE_EVERY`] until `stop`.
-pub fn spawn(
+pub(crate) fn spawn(
     history: Arc<History>,
     peers: Arc<PeerViews>,
     store: Arc<ConfigStore>,

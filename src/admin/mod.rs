@@ -2,8 +2,8 @@
 //! (`page`, with the sparklines' history in `history`); `cli` is `agent-reach status`, which
 //! reads `/status` from outside.
 
-pub mod app_probe;
-pub mod history;
+pub(crate) mod app_probe;
+pub(crate) mod history;
 mod page;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,23 +30,23 @@ use crate::reach::{State, TransitionRecord, ViewSnapshot, TRANSITIONS_KEPT};
 use crate::registry::{Peer, Registry};
 
 #[derive(Debug)]
-pub struct Admin {
-    pub store: Arc<ConfigStore>,
-    pub metrics: Arc<Metrics>,
-    pub inbound: Arc<Inbound>,
-    pub outbound: Arc<crate::outbound::Outbound>,
-    pub local: Arc<LocalAgent>,
-    pub peers: Arc<PeerViews>,
-    pub registry: Arc<Registry>,
-    pub gossip: Option<Arc<GossipHandle>>,
+pub(crate) struct Admin {
+    pub(crate) store: Arc<ConfigStore>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) inbound: Arc<Inbound>,
+    pub(crate) outbound: Arc<crate::outbound::Outbound>,
+    pub(crate) local: Arc<LocalAgent>,
+    pub(crate) peers: Arc<PeerViews>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) gossip: Option<Arc<GossipHandle>>,
     /// Listeners bound and not draining.
-    pub ready: Arc<AtomicBool>,
+    pub(crate) ready: Arc<AtomicBool>,
     /// Each peer's recent success rate and p95, for the status page.
-    pub history: Arc<history::History>,
+    pub(crate) history: Arc<history::History>,
     /// The agent containers' probes, run for the kubelet (`app_probe.rs`): read once at start.
-    pub app_probes: Arc<crate::config::AppProbes>,
+    pub(crate) app_probes: Arc<crate::config::AppProbes>,
     /// What `GET /drain` must be shown (the bootstrap's `drain_token`): read once at start.
-    pub drain_token: Option<Arc<str>>,
+    pub(crate) drain_token: Option<Arc<str>>,
 }
 
 /// The agent's tightest model budget on `/status`.
@@ -54,13 +54,13 @@ pub struct Admin {
 pub struct ModelBudgetStatus {
     pub headroom: f64,
     pub reset_in_s: f64,
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// The `/status` document.
 #[derive(Debug, Serialize)]
 pub struct Status {
-    pub agent: AgentProfile,
+    pub(crate) agent: AgentProfile,
     /// This agent's own view of itself: state, cap and every estimate.
     #[serde(rename = "self")]
     pub self_view: ViewSnapshot,
@@ -98,7 +98,7 @@ pub struct Status {
     pub policy: Policy,
     pub config_generation: u64,
     /// The last rejected config reload, until its file parses again.
-    pub reload_error: Option<ReloadError>,
+    pub(crate) reload_error: Option<ReloadError>,
     /// Restart-only keys the files changed: they keep their running values (what `policy`
     /// shows) until a restart, or until the file goes back.
     pub pending_restart: Vec<PendingRestart>,
@@ -108,17 +108,17 @@ pub struct Status {
     /// Observe-only mode's comparison with the model, per capability (absent when no call was
     /// ever observed).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub observe: Option<std::collections::BTreeMap<String, crate::outbound::ObserveCounts>>,
+    pub(crate) observe: Option<std::collections::BTreeMap<String, crate::outbound::ObserveCounts>>,
     /// Calls refused for their delegation chain, and hedges (`docs/chains.md`).
     pub chains: crate::metrics::ChainCounts,
     pub ready: bool,
-    pub version: &'static str,
+    pub(crate) version: &'static str,
     /// What works less than it should (a task store that is down), each in a sentence.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub degraded: Vec<String>,
+    pub(crate) degraded: Vec<String>,
     /// Set when the reader is not on this pod's loopback: what was left out, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hidden: Option<&'static str>,
+    pub(crate) hidden: Option<&'static str>,
 }
 
 /// What `/status` and the page leave out for a reader off the pod's loopback.
@@ -224,7 +224,11 @@ impl Admin {
 impl Admin {
     /// Answers one admin request; the body, if any, is not read. `local`: it came from the
     /// pod's own loopback, which is shown the policy's lists.
-    pub async fn handle<B>(self: Arc<Self>, req: Request<B>, local: bool) -> Response<ReachBody> {
+    pub(crate) async fn handle<B>(
+        self: Arc<Self>,
+        req: Request<B>,
+        local: bool,
+    ) -> Response<ReachBody> {
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return ReachError::BadRequest("admin endpoints answer GET only".to_owned())
                 .into_response();
@@ -299,7 +303,7 @@ impl Admin {
     }
 
     /// Samples the peers for the status page's sparklines until `stop`.
-    pub fn spawn_history(&self, stop: CancellationToken) -> JoinHandle<()> {
+    pub(crate) fn spawn_history(&self, stop: CancellationToken) -> JoinHandle<()> {
         history::spawn(
             self.history.clone(),
             self.peers.clone(),
@@ -336,7 +340,7 @@ impl Admin {
             .min_by(|a, b| a.headroom.total_cmp(&b.headroom))
     }
 
-    pub fn status(&self) -> Status {
+    pub(crate) fn status(&self) -> Status {
         let snapshot = self.store.snapshot();
         let mut transitions = self.local.transitions();
         transitions.extend(self.peers.transitions());

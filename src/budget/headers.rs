@@ -17,11 +17,11 @@ pub(crate) const MAX_BLOCK: Duration = Duration::from_secs(600);
 /// One rate-limit window as an answer states it: requests or tokens of some kind.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Window {
-    pub kind: Kind,
-    pub limit: Option<u64>,
-    pub remaining: Option<u64>,
+    pub(crate) kind: Kind,
+    pub(crate) limit: Option<u64>,
+    pub(crate) remaining: Option<u64>,
     /// Until the window is full again, clamped to [`MAX_BLOCK`].
-    pub reset: Option<Duration>,
+    pub(crate) reset: Option<Duration>,
 }
 
 /// What a window counts.
@@ -38,11 +38,11 @@ pub(crate) enum Kind {
 /// Everything one answer said about the budget.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Reading {
-    pub windows: Vec<Window>,
+    pub(crate) windows: Vec<Window>,
     /// `retry-after` / `retry-after-ms` / `RetryInfo.retryDelay`, clamped to [`MAX_BLOCK`].
-    pub retry_after: Option<Duration>,
+    pub(crate) retry_after: Option<Duration>,
     /// Rate-limit values present but unreadable (or negative, like Azure's `-1`): ignored.
-    pub malformed: u32,
+    pub(crate) malformed: u32,
 }
 
 impl Reading {

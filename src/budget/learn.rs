@@ -28,7 +28,7 @@ const MAX_ACCOUNTS: usize = 64;
 
 /// The local agent's model budgets, one per model provider and credential that states one.
 #[derive(Debug, Default)]
-pub struct ModelBudgets {
+pub(crate) struct ModelBudgets {
     inner: Mutex<Accounts>,
 }
 
@@ -67,10 +67,10 @@ impl Accounts {
 
 /// The projected headroom of a budget: 0..1, until when it holds, and why.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Headroom {
-    pub headroom: f64,
-    pub reset_in: Duration,
-    pub reason: String,
+pub(crate) struct Headroom {
+    pub(crate) headroom: f64,
+    pub(crate) reset_in: Duration,
+    pub(crate) reason: String,
 }
 
 #[derive(Debug)]
@@ -98,22 +98,22 @@ struct Learned {
 
 /// One answer of a model provider, as [`ModelBudgets::observe`] reads it.
 #[derive(Debug)]
-pub struct Answer<'a> {
-    pub target: &'a str,
+pub(crate) struct Answer<'a> {
+    pub(crate) target: &'a str,
     /// The account its request was made with ([`super::credential`]).
-    pub credential: Option<u64>,
-    pub group: Option<&'a str>,
-    pub status: StatusCode,
-    pub headers: &'a HeaderMap,
+    pub(crate) credential: Option<u64>,
+    pub(crate) group: Option<&'a str>,
+    pub(crate) status: StatusCode,
+    pub(crate) headers: &'a HeaderMap,
     /// A wait its body asked for, read as a `retry-after` the headers lack.
-    pub body_delay: Option<Duration>,
+    pub(crate) body_delay: Option<Duration>,
     /// The longest a 429 holds the budget at 0 (`model_budgets.max_wait`).
-    pub max_wait: Duration,
+    pub(crate) max_wait: Duration,
 }
 
 impl ModelBudgets {
     /// Learns from one answer of a model provider; the number of unreadable values it carried.
-    pub fn observe(&self, answer: &Answer<'_>, now: Instant) -> u32 {
+    pub(crate) fn observe(&self, answer: &Answer<'_>, now: Instant) -> u32 {
         let mut reading = headers::read(answer.headers, SystemTime::now());
         reading.retry_after = reading
             .retry_after
@@ -146,7 +146,7 @@ impl ModelBudgets {
     /// What one answer of `target` reported it spent (`usage`): its token windows' spend per call
     /// from it, more precise than the drops in `remaining`, which mix calls in flight together
     /// and skip answers.
-    pub fn spent(&self, target: &str, usage: &Usage) {
+    pub(crate) fn spent(&self, target: &str, usage: &Usage) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let Some(credential) = inner.current.get(target).copied() else {
             return;
@@ -174,7 +174,7 @@ impl ModelBudgets {
     }
 
     /// The tightest budget of the accounts the agent uses now, when any is learned.
-    pub fn headroom(&self, now: Instant) -> Option<Headroom> {
+    pub(crate) fn headroom(&self, now: Instant) -> Option<Headroom> {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner
             .current()
@@ -183,7 +183,7 @@ impl ModelBudgets {
     }
 
     /// The credential the agent uses now with a target of `group`, when it has called one.
-    pub fn group_credential(&self, group: &str) -> Option<u64> {
+    pub(crate) fn group_credential(&self, group: &str) -> Option<u64> {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let found = inner
             .current()
@@ -195,7 +195,7 @@ impl ModelBudgets {
     /// What the agent publishes: its ungrouped targets folded into one figure, and one entry per
     /// group it belongs to (`groups`, from the config: also those it has learned nothing about),
     /// each with the credential it was learned with.
-    pub fn published<'a>(
+    pub(crate) fn published<'a>(
         &self,
         groups: impl Iterator<Item = &'a str>,
         now: Instant,

@@ -20,10 +20,10 @@ use serde::{Deserialize, Serialize};
 
 /// Tokens an answer reported, and for which model: read by `usage`, spent by `learn`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub input: u64,
-    pub output: u64,
-    pub model: Option<String>,
+pub(crate) struct Usage {
+    pub(crate) input: u64,
+    pub(crate) output: u64,
+    pub(crate) model: Option<String>,
 }
 
 /// What an agent publishes about one budget: its own targets' (folded into one, `group: None`)
@@ -31,13 +31,13 @@ pub struct Usage {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PublishedBudget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
+    pub(crate) group: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub figure: Option<Figure>,
     /// The credential the figure was learned with ([`credential`]): a group's figures are
     /// shared only among members on the same one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credential: Option<u64>,
+    pub(crate) credential: Option<u64>,
 }
 
 /// The request headers that carry a model provider's key, in the order they are looked for.
@@ -64,13 +64,13 @@ pub(crate) fn credential(request: &http::HeaderMap) -> Option<u64> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Figure {
     pub headroom: f64,
-    pub reset_in_s: f64,
-    pub age_s: f64,
+    pub(crate) reset_in_s: f64,
+    pub(crate) age_s: f64,
 }
 
 impl Figure {
     /// The headroom `elapsed` after it was published: whole again once its reset has passed.
-    pub fn headroom_after(&self, elapsed: std::time::Duration) -> f64 {
+    pub(crate) fn headroom_after(&self, elapsed: std::time::Duration) -> f64 {
         if elapsed.as_secs_f64() >= seconds(self.reset_in_s) {
             1.0
         } else if self.headroom.is_finite() {

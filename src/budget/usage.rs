@@ -23,14 +23,14 @@ const MAX_LINE: usize = 64 * 1024;
 /// (the target's name, a bounded label).
 #[derive(Clone, Debug)]
 pub(crate) struct Watch {
-    pub provider: Arc<str>,
-    pub metrics: Arc<Metrics>,
+    pub(crate) provider: Arc<str>,
+    pub(crate) metrics: Arc<Metrics>,
     /// When the request was sent: a stream's first event is timed from it.
-    pub sent: std::time::Instant,
+    pub(crate) sent: std::time::Instant,
     /// The attempt's span, when the call is traced: ended with the tokens once they are read.
-    pub span: Option<Arc<crate::trace::DeferredSpan>>,
+    pub(crate) span: Option<Arc<crate::trace::DeferredSpan>>,
     /// The budgets the tokens spent are learned into.
-    pub budgets: Arc<super::ModelBudgets>,
+    pub(crate) budgets: Arc<super::ModelBudgets>,
 }
 
 pub(crate) use super::Usage;

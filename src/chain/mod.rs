@@ -32,7 +32,7 @@ const UNKNOWN: &str = "-";
 
 /// A delegation chain: who called whom, oldest first, and the hops so far.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Chain {
+pub(crate) struct Chain {
     hops: u32,
     /// `agent` (the origin, which called no capability of its own) or `agent/capability`.
     entries: Vec<String>,
@@ -40,16 +40,17 @@ pub struct Chain {
 
 impl Chain {
     /// The sidecar-to-sidecar hops the call has taken.
-    pub fn hops(&self) -> u32 {
+    pub(crate) fn hops(&self) -> u32 {
         self.hops
     }
 
-    pub fn entries(&self) -> &[String] {
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> &[String] {
         &self.entries
     }
 
     /// Whether `agent` serving `capability` is already on the chain: entering it again is a loop.
-    pub fn holds(&self, agent: &str, capability: &str) -> bool {
+    pub(crate) fn holds(&self, agent: &str, capability: &str) -> bool {
         self.entries.iter().any(|e| {
             e.split_once('/')
                 .is_some_and(|(a, c)| a == agent && c == capability)
@@ -57,18 +58,18 @@ impl Chain {
     }
 
     /// The peer form, `<hops>;<entry>><entry>…`.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         format!("{};{}", self.hops, self.entries.join(">"))
     }
 
     /// For people: `a > b/review > c/plan`.
-    pub fn display(&self) -> String {
+    pub(crate) fn display(&self) -> String {
         self.entries.join(" > ")
     }
 
     /// The peer form read back (its mesh signature, if any, set aside); `Err` names what is
     /// wrong.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
         if text.len() > MAX_TEXT {
             return Err(format!("longer than {MAX_TEXT} bytes"));
         }
@@ -100,7 +101,7 @@ impl Chain {
     /// The chain as this sidecar hands it to its agent: what the caller's sidecar `sent` (its
     /// hops plus this one; [`Seal::read_from_peer`] decides whether it is read), or a new chain from
     /// the caller, then `me` serving `capability`.
-    pub fn at_edge(sent: Option<&str>, caller: Option<&str>, me: &str, cap: &str) -> Self {
+    pub(crate) fn at_edge(sent: Option<&str>, caller: Option<&str>, me: &str, cap: &str) -> Self {
         let mut chain = sent.and_then(|t| Chain::parse(t).ok()).unwrap_or_default();
         let caller = caller.unwrap_or(UNKNOWN);
         // The caller's own entry ends the chain it sent; a chain that does not end with it

@@ -35,7 +35,7 @@ const MAX_ENDED: usize = 4096;
 
 /// Why a chain the agent passed on is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// Not written by this sidecar, or changed since.
     Forged,
     /// Written for a call that has ended: an old value passed on again.
@@ -44,7 +44,7 @@ pub enum Refused {
 
 impl Refused {
     /// The `why` of `reach_loops_refused_total`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Refused::Forged => "forged",
             Refused::Replayed => "replayed",
@@ -66,7 +66,7 @@ impl Refused {
 /// This sidecar's keys for chains: the one it seals its agent's chains with (derived from the
 /// gossip key, so it survives a restart; random without gossip), the mesh's, and the calls it
 /// issued chains for that are still in flight.
-pub struct Seal {
+pub(crate) struct Seal {
     key: ring::hmac::Key,
     /// Keys of the mesh: the first signs the chains sent to peers, any verifies theirs.
     mesh: Vec<ring::hmac::Key>,
@@ -97,7 +97,7 @@ struct Calls {
 }
 
 /// An inbound call's chain, issued: in flight until dropped (when the call's answer is done).
-pub struct InFlight {
+pub(crate) struct InFlight {
     seal: Arc<Seal>,
     id: u64,
 }
@@ -134,7 +134,7 @@ fn random_key() -> ring::hmac::Key {
 
 impl Seal {
     /// The seal of the sidecar of `agent` in the mesh of `cluster` (its gossip key).
-    pub fn for_mesh(cluster: &crate::gossip::ClusterKey, agent: &str) -> Self {
+    pub(crate) fn for_mesh(cluster: &crate::gossip::ClusterKey, agent: &str) -> Self {
         let derive = |secret: &[u8]| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
         let own = cluster.derive(format!("agent-reach chain seal v1\0{agent}").as_bytes());
         let mesh = cluster.derive(b"agent-reach chain mesh v1");
@@ -177,7 +177,7 @@ impl Seal {
     /// `chain` for an inbound call now starting, as the agent is given it: sealed (this
     /// sidecar's MAC over the peer form) and bound to the call (`;<run>.<call>`). In flight
     /// until the guard drops.
-    pub fn issue(self: &Arc<Self>, chain: &Chain) -> (HeaderValue, InFlight) {
+    pub(crate) fn issue(self: &Arc<Self>, chain: &Chain) -> (HeaderValue, InFlight) {
         let text = chain.render();
         let sealed = format!("{text};{}", Self::mac(&self.key, &text));
         self.bind(Arc::from(text), &sealed)
@@ -186,7 +186,7 @@ impl Seal {
     /// The chain of a call that starts one — `caller` (if vouched for), then `me` serving
     /// `cap`, one hop — issued like [`Seal::issue`]; its seal made once per caller and
     /// capability, then read back.
-    pub fn issue_first(
+    pub(crate) fn issue_first(
         self: &Arc<Self>,
         caller: Option<&str>,
         me: &str,
@@ -273,7 +273,7 @@ impl Seal {
     /// not seal it or it was changed since (`Forged`), or when its call has ended (`Replayed`).
     /// A value of this run is judged by the call table alone; one of an earlier run (before a
     /// restart) by its seal, within [`MAX_AGE`] of this run's start.
-    pub fn open(&self, value: &HeaderValue) -> Result<String, (Refused, ReachError)> {
+    pub(crate) fn open(&self, value: &HeaderValue) -> Result<String, (Refused, ReachError)> {
         let forged = |why: &str| (Refused::Forged, Refused::Forged.error(why));
         let replayed = || {
             (
@@ -325,7 +325,7 @@ impl Seal {
     /// The chain an outbound call carries to peers, in `headers`: the one the agent passed on
     /// (`sent`), opened; or, when it passed none while its agent serves exactly one call, that
     /// call's. Signed for the mesh. `Ok(true)` when the call carries one.
-    pub fn carry(
+    pub(crate) fn carry(
         &self,
         headers: &mut HeaderMap,
         sent: bool,
@@ -350,7 +350,7 @@ impl Seal {
     }
 
     /// Whether this sidecar signs the chains it sends (it has the gossip key).
-    pub fn signs(&self) -> bool {
+    pub(crate) fn signs(&self) -> bool {
         !self.mesh.is_empty()
     }
 
@@ -358,7 +358,11 @@ impl Seal {
     /// caller `vouched` for (its certificate verified; without a mesh key, its address). Anything
     /// else — in a mesh with a key, a plaintext process on a peer's host among it — starts a new
     /// chain.
-    pub fn read_from_peer<'v>(&self, sent: &'v HeaderValue, vouched: bool) -> Option<&'v str> {
+    pub(crate) fn read_from_peer<'v>(
+        &self,
+        sent: &'v HeaderValue,
+        vouched: bool,
+    ) -> Option<&'v str> {
         let text = sent.to_str().ok()?;
         let (chain, mac) = split_mesh_mac(text);
         let signed = mac.is_some_and(|mac| self.mesh.iter().any(|k| Self::verify(k, chain, mac)));

@@ -11,7 +11,7 @@ pub const APP_PROBES_ENV: &str = "AGENT_REACH_APP_PROBES";
 /// The environment variable the injector hands the drain hook's token in.
 pub const DRAIN_TOKEN_ENV: &str = "AGENT_REACH_DRAIN_TOKEN";
 /// The header the agent container's `preStop` hook presents it in.
-pub const DRAIN_HEADER: &str = "x-agent-reach-drain";
+pub(crate) const DRAIN_HEADER: &str = "x-agent-reach-drain";
 
 /// How long a probe may take when its original said nothing (the kubelet's default, 1 s).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -53,7 +53,7 @@ pub type AppProbes = BTreeMap<String, AppProbe>;
 
 impl AppProbe {
     /// How long the probe may take.
-    pub fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         let ms = match self {
             Self::Http { timeout_ms, .. }
             | Self::Tcp { timeout_ms, .. }

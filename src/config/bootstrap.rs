@@ -160,7 +160,7 @@ pub struct Intercept {
 }
 
 impl Intercept {
-    pub fn is_off(&self) -> bool {
+    pub(crate) fn is_off(&self) -> bool {
         self.ports.is_empty()
     }
 }
@@ -242,7 +242,7 @@ fn default_expected_members() -> PositiveCount {
 
 impl GossipConfig {
     /// A gossip section with the defaults, for embedding (demo, tests).
-    pub fn new(listen: SocketAddr, seeds: Vec<HostPort>, key_file: PathBuf) -> Self {
+    pub(crate) fn new(listen: SocketAddr, seeds: Vec<HostPort>, key_file: PathBuf) -> Self {
         Self {
             listen,
             advertise: None,
@@ -373,7 +373,7 @@ pub struct ToolFacts {
 
 impl ToolFacts {
     /// A call for this tool may be sent again to another server.
-    pub fn retry_safe(&self) -> bool {
+    pub(crate) fn retry_safe(&self) -> bool {
         self.read_only || self.idempotent
     }
 }
@@ -439,7 +439,7 @@ pub struct SkillFacts {
 
 impl Capability {
     /// The explicit timeout, else 1.5× the expected duration, else `default`.
-    pub fn timeout_or(&self, default: std::time::Duration) -> std::time::Duration {
+    pub(crate) fn timeout_or(&self, default: std::time::Duration) -> std::time::Duration {
         match (self.timeout, self.expected_duration) {
             (Some(t), _) => t.get(),
             (None, Some(expected)) => expected.get().mul_f64(1.5),
@@ -530,7 +530,7 @@ pub struct Capability {
 
 impl Capability {
     /// A capability with nothing declared but its name: every other field at its default.
-    pub fn named(name: Name) -> Self {
+    pub(crate) fn named(name: Name) -> Self {
         Self {
             name,
             tags: BTreeMap::new(),
@@ -559,7 +559,7 @@ pub enum RouteMode {
 }
 
 impl RouteMode {
-    pub fn parse(text: &str) -> Option<Self> {
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         match text.trim() {
             "sync" => Some(RouteMode::Sync),
             "async" => Some(RouteMode::Async),

@@ -10,7 +10,7 @@ use rustls::RootCertStore;
 
 /// Why a CA bundle is unusable.
 #[derive(Debug, thiserror::Error)]
-pub enum CaBundleError {
+pub(crate) enum CaBundleError {
     #[error("cannot read the CA bundle `{path}`: {source}")]
     Read {
         path: String,
@@ -21,7 +21,7 @@ pub enum CaBundleError {
 }
 
 /// The CA certificates of a PEM bundle: at least one, each a trust anchor.
-pub fn read_ca_bundle(path: &Path) -> Result<RootCertStore, CaBundleError> {
+pub(crate) fn read_ca_bundle(path: &Path) -> Result<RootCertStore, CaBundleError> {
     let shown = || path.display().to_string();
     let pem = std::fs::read(path).map_err(|source| CaBundleError::Read {
         path: shown(),

@@ -52,7 +52,7 @@ pub enum HedgeAfter {
 
 impl HedgeAfter {
     /// The wait, given the capability's recent p95 (`None` before any sample: then no hedge).
-    pub fn wait(self, p95: Option<Duration>) -> Option<Duration> {
+    pub(crate) fn wait(self, p95: Option<Duration>) -> Option<Duration> {
         match self {
             HedgeAfter::Fixed(d) => Some(d.get()),
             HedgeAfter::P95 => p95,

@@ -10,7 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::scalar::Name;
 
 /// The authority label that asks for intent routing (`any.reach`): never a capability's name.
-pub const ANY: &str = "any";
+pub(crate) const ANY: &str = "any";
 
 /// One rule as written: `{capability: data-fetch, keywords: [fetch, crawl, download]}`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -22,24 +22,24 @@ pub struct IntentRule {
 
 /// One case-folded keyword and the rule that owns it.
 #[derive(Clone, Debug)]
-pub struct Keyword {
+pub(crate) struct Keyword {
     /// The folded words with a space on each side (` pull request `), so a plain substring
     /// search over folded text (also padded) matches on word boundaries only.
     padded: String,
     /// Characters of the folded keyword, without the padding: what "longest" compares.
-    pub len: usize,
+    pub(crate) len: usize,
     /// Index of the owning rule in [`Intents::rules`].
-    pub rule: usize,
+    pub(crate) rule: usize,
 }
 
 impl Keyword {
     /// The folded keyword (`pull request`).
-    pub fn text(&self) -> &str {
+    pub(crate) fn text(&self) -> &str {
         self.padded.trim_matches(' ')
     }
 
     /// Whether `folded` (the output of [`fold_padded`]) contains this keyword as whole words.
-    pub fn occurs_in(&self, folded: &str) -> bool {
+    pub(crate) fn occurs_in(&self, folded: &str) -> bool {
         folded.contains(&self.padded)
     }
 }
@@ -98,17 +98,13 @@ impl Intents {
         Ok(Self { rules, keywords })
     }
 
-    pub fn rules(&self) -> &[IntentRule] {
+    pub(crate) fn rules(&self) -> &[IntentRule] {
         &self.rules
     }
 
     /// Every keyword, longest first.
-    pub fn keywords(&self) -> &[Keyword] {
+    pub(crate) fn keywords(&self) -> &[Keyword] {
         &self.keywords
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
     }
 }
 
@@ -168,7 +164,7 @@ fn fold_keyword(written: &str) -> Result<String, String> {
 
 /// `text` case-folded (Unicode lowercase) into its words (runs of letters and digits) joined by
 /// single spaces, with a space each side: `"Please CRAWL\nthis-site!"` → `" please crawl this site "`.
-pub fn fold_padded(text: &str) -> String {
+pub(crate) fn fold_padded(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push(' ');
     for c in text.chars() {

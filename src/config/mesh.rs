@@ -84,7 +84,7 @@ pub enum MtlsMode {
 }
 
 impl MtlsMode {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Strict => "strict",
             Self::Permissive => "permissive",
@@ -127,7 +127,7 @@ pub enum Verdict {
 impl Authorization {
     /// Whether `caller` (none: it presented no certificate) may call `capability` (none: plain
     /// traffic).
-    pub fn allows(&self, capability: Option<&str>, caller: Option<&SpiffeId>) -> bool {
+    pub(crate) fn allows(&self, capability: Option<&str>, caller: Option<&SpiffeId>) -> bool {
         match capability
             .and_then(|c| self.capabilities.get(c))
             .and_then(|rule| rule.allow.as_ref())
@@ -138,7 +138,7 @@ impl Authorization {
     }
 
     /// The identities that may serve `capability`, when the policy names them.
-    pub fn served_by(&self, capability: &str) -> Option<&[IdentityPattern]> {
+    pub(crate) fn served_by(&self, capability: &str) -> Option<&[IdentityPattern]> {
         self.capabilities.get(capability)?.served_by.as_deref()
     }
 

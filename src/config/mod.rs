@@ -25,7 +25,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-pub use app_probes::{AppProbe, AppProbes, APP_PROBES_ENV, DRAIN_HEADER, DRAIN_TOKEN_ENV};
+pub(crate) use app_probes::DRAIN_HEADER;
+pub use app_probes::{AppProbe, AppProbes, APP_PROBES_ENV, DRAIN_TOKEN_ENV};
 pub use bootstrap::{
     A2aConfig, AgentProfile, Bootstrap, Capability, ExpectJson, GossipConfig, Intercept, Limits,
     Listen, McpConfig, McpTools, ProbeSpec, QueueConfig, RouteMode, SkillFacts, StaticPeer,
@@ -33,9 +34,11 @@ pub use bootstrap::{
 };
 pub use chains::{ChainsPolicy, HedgeAfter, HedgePolicy};
 pub use duration::{format_duration, parse_duration, HumanDuration};
-pub use intents::{fold_padded, IntentRule, IntentThreshold, Intents, Keyword, ANY};
+pub(crate) use intents::{fold_padded, Keyword, ANY};
+pub use intents::{IntentRule, IntentThreshold, Intents};
 pub use mesh::{Authorization, CapabilityAuthorization, MtlsMode, MtlsPolicy, TlsFiles, Verdict};
-pub use output_schema::{CompiledSchema, OutputSchema, SchemaDigest, SchemaSource};
+pub(crate) use output_schema::SchemaSource;
+pub use output_schema::{CompiledSchema, OutputSchema, SchemaDigest};
 pub use policy::{
     AffinityMode, AffinityPolicy, BudgetGroupPolicy, CapabilityPolicy, EstimatesPolicy,
     ExternalTarget, FallbackPolicy, FinalFallback, Fraction, MetricsPolicy, ModelBudgetsPolicy,
@@ -43,12 +46,13 @@ pub use policy::{
     StatesPolicy, Timeouts, ValidationPolicy, WeightSets, Zones,
 };
 pub use quality::{Compare, GoldenTask, QualitySpec};
-pub use restart_only::{PendingRestart, RestartOnly, RESTART_ONLY};
+pub use restart_only::PendingRestart;
 mod ca_bundle;
-pub use ca_bundle::{read_ca_bundle, CaBundleError};
+pub(crate) use ca_bundle::{read_ca_bundle, CaBundleError};
 pub use scalar::{Cost, HeaderBytes, HostPort, Name, PositiveCount, Proficiency, TargetEndpoint};
-pub use tasks::{EscalationPolicy, Host, QueueRounds, StoreLocation, TasksConfig};
-pub use watch::{spawn_watcher, OnReload, ReloadResult};
+pub use tasks::{EscalationPolicy, QueueRounds, TasksConfig};
+pub(crate) use tasks::{Host, StoreLocation};
+pub(crate) use watch::{spawn_watcher, OnReload, ReloadResult};
 
 /// A config file that could not be read or is not valid.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +73,7 @@ pub enum ConfigError {
 
 /// Which of the two config files a document is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FileKind {
+pub(crate) enum FileKind {
     Bootstrap,
     Policy,
     /// `agent-reach inject`'s file (the chart renders it).
@@ -77,7 +81,7 @@ pub enum FileKind {
 }
 
 impl FileKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             FileKind::Bootstrap => "bootstrap",
             FileKind::Policy => "policy",
@@ -87,7 +91,7 @@ impl FileKind {
 }
 
 /// Tells a bootstrap file (it has an `agent`) from a policy file.
-pub fn detect_kind(path: &Path, text: &str) -> Result<FileKind, ConfigError> {
+pub(crate) fn detect_kind(path: &Path, text: &str) -> Result<FileKind, ConfigError> {
     let keys = yaml::top_level_keys(path, text)?;
     if keys.iter().any(|k| k == "sidecar") {
         return Ok(FileKind::Injector);
@@ -102,7 +106,7 @@ pub fn detect_kind(path: &Path, text: &str) -> Result<FileKind, ConfigError> {
 }
 
 /// Parses any strict config document (the injector's too) with file:line:col errors.
-pub fn parse_yaml<T: serde::de::DeserializeOwned>(
+pub(crate) fn parse_yaml<T: serde::de::DeserializeOwned>(
     path: &Path,
     text: &str,
 ) -> Result<T, ConfigError> {
@@ -144,7 +148,7 @@ pub fn parse_policy(path: &Path, text: &str) -> Result<Policy, ConfigError> {
     Ok(policy)
 }
 
-pub fn read_file(path: &Path) -> Result<String, ConfigError> {
+pub(crate) fn read_file(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.display().to_string(),
         source,
@@ -166,15 +170,15 @@ pub struct Snapshot {
     pub policy: Policy,
     /// Bumped on every accepted reload: within one store, one generation is one content (the
     /// registry indexes the configured peers once per generation).
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// The agent's name as a header value (`reach-caller`, `reach-agent`), made once here, not
     /// copied into a new one for every request.
-    pub agent_name: http::HeaderValue,
+    pub(crate) agent_name: http::HeaderValue,
     /// The policy's estimate and state tunables, converted once here: every call's observation
     /// and every score read them, and building them each time showed in the profile
     /// (`docs/perf-levers.md`).
-    pub estimate_params: crate::reach::EstimateParams,
-    pub state_params: crate::reach::StateParams,
+    pub(crate) estimate_params: crate::reach::EstimateParams,
+    pub(crate) state_params: crate::reach::StateParams,
 }
 
 impl Snapshot {
@@ -193,7 +197,7 @@ impl Snapshot {
     }
 
     /// Whether the local agent declares a business probe for any capability.
-    pub fn has_probes(&self) -> bool {
+    pub(crate) fn has_probes(&self) -> bool {
         self.bootstrap
             .agent
             .capabilities
@@ -204,12 +208,12 @@ impl Snapshot {
     /// The mutual TLS mode in force: the policy's, or by default `permissive` where this
     /// sidecar has certificates and `disabled` where it has none.
     /// The mode for a connection intercepted from the agent's `port` (`None`: a direct one).
-    pub fn mtls_mode_for(&self, port: Option<u16>) -> MtlsMode {
+    pub(crate) fn mtls_mode_for(&self, port: Option<u16>) -> MtlsMode {
         port.and_then(|p| self.policy.mtls.ports.get(&p).copied())
             .unwrap_or_else(|| self.mtls_mode())
     }
 
-    pub fn mtls_mode(&self) -> MtlsMode {
+    pub(crate) fn mtls_mode(&self) -> MtlsMode {
         match (self.policy.mtls.mode, &self.bootstrap.tls) {
             (Some(mode), _) => mode,
             (None, Some(_)) => MtlsMode::Permissive,
@@ -219,7 +223,7 @@ impl Snapshot {
 
     /// Whether calls for `capability` are observed, not routed (policy `observe_only`, or the
     /// capability's own setting).
-    pub fn observe_only(&self, capability: &str) -> bool {
+    pub(crate) fn observe_only(&self, capability: &str) -> bool {
         let policy = &self.policy;
         policy
             .capabilities
@@ -229,7 +233,7 @@ impl Snapshot {
     }
 
     /// The local agent's timeout for `capability`, or the policy default.
-    pub fn capability_timeout(&self, capability: Option<&str>) -> std::time::Duration {
+    pub(crate) fn capability_timeout(&self, capability: Option<&str>) -> std::time::Duration {
         let default = self.policy.timeouts.request.get();
         capability
             .and_then(|c| self.bootstrap.agent.capability(c))
@@ -248,7 +252,7 @@ pub struct ConfigPaths {
 #[derive(Debug)]
 pub struct ConfigStore {
     current: ArcSwap<Snapshot>,
-    pub paths: ConfigPaths,
+    pub(crate) paths: ConfigPaths,
     /// The last rejected reload, cleared when its file parses again.
     reload_error: std::sync::Mutex<Option<ReloadError>>,
     /// Restart-only keys whose file value differs from the running one, until it goes back.
@@ -265,10 +269,10 @@ pub struct ConfigStore {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ReloadError {
     /// `bootstrap` or `policy`.
-    pub file: &'static str,
+    pub(crate) file: &'static str,
     pub message: String,
     /// Wall-clock time of the rejection, milliseconds since the Unix epoch.
-    pub unix_ms: u64,
+    pub(crate) unix_ms: u64,
 }
 
 impl ConfigStore {
@@ -319,7 +323,7 @@ impl ConfigStore {
     }
 
     /// The restart-only keys the files changed, until a restart or until they go back.
-    pub fn pending_restart(&self) -> Vec<PendingRestart> {
+    pub(crate) fn pending_restart(&self) -> Vec<PendingRestart> {
         self.pending_restart
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -352,7 +356,7 @@ impl ConfigStore {
 
     /// Takes a new read of `file` (the other file's running config alongside): what may change
     /// goes live, and the restart-only keys it changes become the file's pending list.
-    pub fn reload(&self, file: FileKind, bootstrap: Bootstrap, policy: Policy) -> Reloaded {
+    pub(crate) fn reload(&self, file: FileKind, bootstrap: Bootstrap, policy: Policy) -> Reloaded {
         let (went_live, held) = self.apply(bootstrap, policy);
         let held: Vec<String> = held
             .into_iter()
@@ -407,11 +411,11 @@ impl ConfigStore {
 
 /// What a reload of one file did.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reloaded {
+pub(crate) struct Reloaded {
     /// A new snapshot went live.
-    pub went_live: bool,
+    pub(crate) went_live: bool,
     /// The restart-only keys the file changed: they keep their running values.
-    pub held: Vec<String>,
+    pub(crate) held: Vec<String>,
 }
 
 fn unix_ms_now() -> u64 {
@@ -423,7 +427,7 @@ fn unix_ms_now() -> u64 {
 impl ConfigStore {
     /// Takes the capabilities of a new read of the agent's A2A card: the running bootstrap with
     /// them merged goes live like a reload. Returns whether anything changed.
-    pub fn set_card_capabilities(&self, capabilities: Vec<Capability>) -> bool {
+    pub(crate) fn set_card_capabilities(&self, capabilities: Vec<Capability>) -> bool {
         *self.card.lock().unwrap_or_else(|p| p.into_inner()) = capabilities;
         let current = self.snapshot();
         self.replace(current.bootstrap.clone(), current.policy.clone())
@@ -433,7 +437,7 @@ impl ConfigStore {
 impl ConfigStore {
     /// Takes a new read of the local MCP server's tools as the capability `imported` (`None`:
     /// no import): merged like the card's. Returns whether anything changed.
-    pub fn set_mcp_capability(&self, imported: Option<Capability>) -> bool {
+    pub(crate) fn set_mcp_capability(&self, imported: Option<Capability>) -> bool {
         *self.mcp.lock().unwrap_or_else(|p| p.into_inner()) = imported;
         let current = self.snapshot();
         self.replace(current.bootstrap.clone(), current.policy.clone())

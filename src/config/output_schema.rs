@@ -27,7 +27,7 @@ pub struct OutputSchema {
 
 /// Where the schema is written.
 #[derive(Clone, Debug, PartialEq)]
-pub enum SchemaSource {
+pub(crate) enum SchemaSource {
     /// The schema itself (a mapping, or `true`/`false`).
     Inline(serde_json::Value),
     /// A JSON or YAML file, relative to the bootstrap file.
@@ -52,18 +52,7 @@ impl OutputSchema {
         })
     }
 
-    /// A schema file (JSON or YAML), read and compiled now; a relative `path` is taken from
-    /// `base` (the bootstrap's directory).
-    pub fn file(path: PathBuf, base: Option<&Path>) -> Result<Self, String> {
-        let mut schema = Self {
-            source: SchemaSource::File(path),
-            compiled: None,
-        };
-        schema.resolve(base)?;
-        Ok(schema)
-    }
-
-    pub fn source(&self) -> &SchemaSource {
+    pub(crate) fn source(&self) -> &SchemaSource {
         &self.source
     }
 
@@ -94,7 +83,7 @@ impl OutputSchema {
 }
 
 impl CompiledSchema {
-    pub fn compile(schema: &serde_json::Value) -> Result<Self, String> {
+    pub(crate) fn compile(schema: &serde_json::Value) -> Result<Self, String> {
         let validator = jsonschema::validator_for(schema)
             .map_err(|e| format!("not a valid JSON Schema: {}", bounded(&e.to_string())))?;
         let text = serde_json::to_string(schema).unwrap_or_default();
@@ -112,7 +101,7 @@ impl CompiledSchema {
     }
 
     /// Checks one answer: the first few errors (where, and what), when it does not match.
-    pub fn check(&self, answer: &serde_json::Value) -> Result<(), Vec<String>> {
+    pub(crate) fn check(&self, answer: &serde_json::Value) -> Result<(), Vec<String>> {
         let errors: Vec<String> = self
             .validator
             .iter_errors(answer)
@@ -134,7 +123,7 @@ impl CompiledSchema {
 /// A schema's SHA-256, as profiles publish it: `sha256:<hex>` in JSON (`/reach/v1/self`,
 /// `/status`), 32 bytes on the gossip wire.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct SchemaDigest(pub [u8; 32]);
+pub struct SchemaDigest(pub(crate) [u8; 32]);
 
 impl fmt::Debug for SchemaDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -149,7 +138,7 @@ impl fmt::Display for SchemaDigest {
 }
 
 impl SchemaDigest {
-    pub fn parse(text: &str) -> Option<Self> {
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         let hex = text.strip_prefix("sha256:")?;
         if hex.len() != 64 || !hex.is_ascii() {
             return None;

@@ -82,7 +82,7 @@ pub struct McpPolicy {
 
 impl McpPolicy {
     /// The digests accepted for `tool` of `capability`, in the order written.
-    pub fn accepted(&self, capability: &str, tool: &str) -> Vec<&str> {
+    pub(crate) fn accepted(&self, capability: &str, tool: &str) -> Vec<&str> {
         self.accept
             .iter()
             .filter_map(|entry| {
@@ -285,15 +285,6 @@ pub enum PeerProtocol {
     Http2,
 }
 
-impl PeerProtocol {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PeerProtocol::Http1 => "http1",
-            PeerProtocol::Http2 => "http2",
-        }
-    }
-}
-
 impl Default for Pool {
     fn default() -> Self {
         Self {
@@ -342,7 +333,7 @@ impl Default for EstimatesPolicy {
 }
 
 impl EstimatesPolicy {
-    pub fn params(&self) -> EstimateParams {
+    pub(crate) fn params(&self) -> EstimateParams {
         EstimateParams {
             availability_alpha: self.availability_alpha.0,
             availability_recovery: self.availability_recovery.get(),
@@ -478,7 +469,7 @@ impl Default for StatesPolicy {
 }
 
 impl StatesPolicy {
-    pub fn params(&self) -> StateParams {
+    pub(crate) fn params(&self) -> StateParams {
         StateParams {
             parole_cap: self.parole.cap.0,
             parole_successes: self.parole.successes.max(1),
@@ -542,7 +533,7 @@ impl Default for Zones {
 }
 
 impl Zones {
-    pub fn distance(
+    pub(crate) fn distance(
         &self,
         (zone_a, region_a): (&str, &str),
         (zone_b, region_b): (&str, &str),
@@ -626,7 +617,11 @@ impl Default for ModelBudgetsPolicy {
 
 impl ModelBudgetsPolicy {
     /// Whether a member proving `identity` may publish figures for the whole `group`.
-    pub fn may_publish(&self, group: &str, identity: Option<&crate::identity::SpiffeId>) -> bool {
+    pub(crate) fn may_publish(
+        &self,
+        group: &str,
+        identity: Option<&crate::identity::SpiffeId>,
+    ) -> bool {
         let Some(rule) = self.groups.get(group) else {
             return false;
         };
@@ -710,7 +705,7 @@ pub enum FinalFallback {
 
 impl FallbackPolicy {
     /// How many more rounds a task gets after its `rounds_run`-th chain failed.
-    pub fn rounds(&self) -> u32 {
+    pub(crate) fn rounds(&self) -> u32 {
         match (self.final_fallback, &self.queue) {
             (FinalFallback::Fail, _) => 0,
             (FinalFallback::Queue, q) => q.clone().unwrap_or_default().max_rounds,
@@ -719,7 +714,7 @@ impl FallbackPolicy {
     }
 
     /// The queue's rounds as configured, or the defaults.
-    pub fn queue_rounds(&self) -> QueueRounds {
+    pub(crate) fn queue_rounds(&self) -> QueueRounds {
         self.queue.clone().unwrap_or_default()
     }
 }
@@ -801,7 +796,7 @@ pub struct ExternalTarget {
 
 impl ExternalTarget {
     /// Whether its answers teach the agent's model budget.
-    pub fn teaches_budget(&self) -> bool {
+    pub(crate) fn teaches_budget(&self) -> bool {
         self.model_provider || self.budget_group.is_some()
     }
 }

@@ -11,12 +11,12 @@ use serde_json::Value;
 use super::{FileKind, Snapshot};
 
 /// One restart-only key (a section stands for every key under it).
-pub struct RestartOnly {
+pub(crate) struct RestartOnly {
     /// The dotted key as written in the file.
-    pub key: &'static str,
-    pub file: FileKind,
+    pub(crate) key: &'static str,
+    pub(crate) file: FileKind,
     /// What reads it once.
-    pub read_by: &'static str,
+    pub(crate) read_by: &'static str,
     differs: fn(&Snapshot, &Snapshot) -> bool,
     value: fn(&Snapshot) -> Value,
     keep: fn(&Snapshot, &mut Snapshot),
@@ -37,11 +37,11 @@ impl std::fmt::Debug for RestartOnly {
 pub struct PendingRestart {
     /// The dotted key, as precise as the change (`gossip.probe_interval`, or `gossip` when the
     /// whole section came or went).
-    pub key: String,
+    pub(crate) key: String,
     /// `bootstrap` or `policy`.
-    pub file: &'static str,
+    pub(crate) file: &'static str,
     /// When the file first held the new value, milliseconds since the Unix epoch.
-    pub since_unix_ms: u64,
+    pub(crate) since_unix_ms: u64,
 }
 
 macro_rules! restart_only {
@@ -62,7 +62,7 @@ macro_rules! restart_only {
 /// Every key read once at build. A key added to the config that is read once gets a row here
 /// (and a line in `docs/configuration.md`).
 #[rustfmt::skip] // one row per key: a table
-pub const RESTART_ONLY: &[RestartOnly] = restart_only![
+pub(crate) const RESTART_ONLY: &[RestartOnly] = restart_only![
     "listen" => bootstrap.listen, "the listeners, bound at start";
     "limits" => bootstrap.limits, "the listeners' servers and acceptors, built at start";
     "agent.name" => bootstrap.agent.name, "the metrics' agent label, the gossip member and the task queue";

@@ -75,7 +75,7 @@ impl<'de> Deserialize<'de> for Name {
 pub struct HostPort(String);
 
 impl HostPort {
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 
@@ -144,7 +144,7 @@ impl TargetEndpoint {
     }
 
     /// A plain `host:port` endpoint.
-    pub fn plain(address: HostPort) -> Self {
+    pub(crate) fn plain(address: HostPort) -> Self {
         Self {
             written: address.to_string(),
             address,
@@ -153,19 +153,19 @@ impl TargetEndpoint {
     }
 
     /// `host:port`, always with the port.
-    pub fn address(&self) -> &HostPort {
+    pub(crate) fn address(&self) -> &HostPort {
         &self.address
     }
 
     /// The host alone (a DNS name or an IP address, without brackets).
-    pub fn host(&self) -> &str {
+    pub(crate) fn host(&self) -> &str {
         let address = self.address.as_str();
         let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
         host.trim_start_matches('[').trim_end_matches(']')
     }
 
     /// Whether it is called over TLS (`https://`).
-    pub fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         self.tls
     }
 }

@@ -106,7 +106,7 @@ impl TasksConfig {
     }
 
     /// The same, its file path taken relative to `base` (the bootstrap's directory).
-    pub fn resolved(&self, base: Option<&Path>) -> Self {
+    pub(crate) fn resolved(&self, base: Option<&Path>) -> Self {
         let mut out = self.clone();
         if let (Some(dir), Some(path)) = (base, &self.path) {
             if path.is_relative() {
@@ -117,7 +117,7 @@ impl TasksConfig {
     }
 
     /// Where the tasks are kept, or why the section is wrong.
-    pub fn location(&self) -> Result<StoreLocation, String> {
+    pub(crate) fn location(&self) -> Result<StoreLocation, String> {
         let from_env = match &self.store_from_env {
             Some(_) if self.store.is_some() => {
                 return Err("tasks: set `store` or `store_from_env`, not both".to_owned())
@@ -145,7 +145,7 @@ impl TasksConfig {
 
 /// Where a sidecar's tasks live.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StoreLocation {
+pub(crate) enum StoreLocation {
     File(PathBuf),
     Redis(String),
 }
@@ -172,7 +172,7 @@ impl Default for QueueRounds {
 
 impl QueueRounds {
     /// The pause before round `round` (1-based: the first repeat waits `delay`).
-    pub fn delay_before(&self, round: u32) -> std::time::Duration {
+    pub(crate) fn delay_before(&self, round: u32) -> std::time::Duration {
         let doublings = round.saturating_sub(1).min(20);
         self.delay
             .get()
@@ -199,7 +199,7 @@ pub struct EscalationPolicy {
 
 impl EscalationPolicy {
     /// The key file, a relative path taken from `policy_dir` (the policy file's directory).
-    pub fn key_path(&self, policy_dir: Option<&Path>) -> Option<PathBuf> {
+    pub(crate) fn key_path(&self, policy_dir: Option<&Path>) -> Option<PathBuf> {
         let key = self.key_file.as_ref()?;
         Some(match policy_dir {
             Some(dir) if key.is_relative() => dir.join(key),
@@ -245,7 +245,7 @@ impl Default for CallbacksPolicy {
 
 impl CallbacksPolicy {
     /// Whether some entry of `allow_hosts` admits `host` on `port`.
-    pub fn allows(&self, host: &Host, port: u16) -> bool {
+    pub(crate) fn allows(&self, host: &Host, port: u16) -> bool {
         self.allow_hosts
             .iter()
             .any(|entry| entry.matches(host, port))
@@ -269,7 +269,7 @@ enum HostPattern {
 }
 
 impl CallbackHost {
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
         let bad = |why: &str| {
             format!(
                 "`{text}` is not a callback host ({why}): write `name`, `name:port`, `*.domain`, `ip` or `ip:port`"
@@ -377,14 +377,14 @@ impl<'de> Deserialize<'de> for CallbackHost {
 /// A callback's host: an IP address as written, or a lowercase DNS name without its trailing
 /// dot.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Host {
+pub(crate) enum Host {
     Ip(IpAddr),
     Name(String),
 }
 
 impl Host {
     /// `raw` as a URL or a config entry writes it (`[::1]` or `::1`, `Hooks.Example.com.`).
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub(crate) fn parse(raw: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("`{raw}` is not a host name or an IP address: {why}");
         if let Some(inner) = raw.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
             return inner

@@ -24,11 +24,11 @@ struct Seen {
 
 /// Hears each reload's result: the file's kind (`bootstrap`, `policy`) and what came of it.
 /// A callback, so config does not depend on who counts reloads (the metrics).
-pub type OnReload = Arc<dyn Fn(&'static str, ReloadResult) + Send + Sync>;
+pub(crate) type OnReload = Arc<dyn Fn(&'static str, ReloadResult) + Send + Sync>;
 
 /// What came of one reload (the `result` label of `reach_config_reloads_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReloadResult {
+pub(crate) enum ReloadResult {
     /// Everything the file changed is live.
     Ok,
     /// The file was unreadable or invalid: the running config stays.
@@ -38,7 +38,7 @@ pub enum ReloadResult {
 }
 
 impl ReloadResult {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ReloadResult::Ok => "ok",
             ReloadResult::Error => "error",
@@ -48,7 +48,7 @@ impl ReloadResult {
 }
 
 /// Starts the watcher; it stops when `stop` is cancelled.
-pub fn spawn_watcher(
+pub(crate) fn spawn_watcher(
     store: Arc<ConfigStore>,
     on_reload: OnReload,
     stop: CancellationToken,

@@ -9,9 +9,9 @@ use serde::de::{DeserializeOwned, DeserializeSeed};
 use serde::Serialize;
 
 /// Why a YAML text could not be read or a value written; says where in the text.
-pub use serde_yaml::Error;
-/// A YAML document as a tree, and its mappings, for code that builds or inspects one.
-pub use serde_yaml::{Mapping, Value};
+pub(crate) use serde_yaml::Error;
+#[cfg(test)]
+pub(crate) use serde_yaml::{Mapping, Value};
 
 use super::bounds::{Row, Walk};
 use super::ConfigError;
@@ -72,7 +72,7 @@ pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
 }
 
 /// Every document of a multi-document stream (`---` between them), in order, each as `T`.
-pub fn documents<'t, T: DeserializeOwned + 't>(
+pub(crate) fn documents<'t, T: DeserializeOwned + 't>(
     text: &'t str,
 ) -> impl Iterator<Item = Result<T, Error>> + 't {
     serde_yaml::Deserializer::from_str(text).map(T::deserialize)
@@ -84,7 +84,8 @@ pub fn to_string<T: Serialize + ?Sized>(value: &T) -> Result<String, Error> {
 }
 
 /// `value` as a YAML tree.
-pub fn to_value<T: Serialize>(value: T) -> Result<Value, Error> {
+#[cfg(test)]
+pub(crate) fn to_value<T: Serialize>(value: T) -> Result<Value, Error> {
     serde_yaml::to_value(value)
 }
 

@@ -24,11 +24,6 @@ pub enum Clock {
 }
 
 impl Clock {
-    /// The runtime clock, starting at the wall clock's current time.
-    pub fn runtime() -> Self {
-        Self::runtime_from(envelope::unix_us())
-    }
-
     /// The runtime clock, starting at a given Unix time (a repeatable simulation).
     pub fn runtime_from(unix_us_at_origin: u64) -> Self {
         Self::Runtime {
@@ -38,7 +33,7 @@ impl Clock {
     }
 
     /// Microseconds since the Unix epoch by this clock.
-    pub fn unix_us(&self) -> u64 {
+    pub(crate) fn unix_us(&self) -> u64 {
         match self {
             Self::Wall => envelope::unix_us(),
             Self::Runtime {

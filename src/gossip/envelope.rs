@@ -21,7 +21,7 @@ const VERSION: u8 = 2;
 const HEADER: usize = 3 + 1 + 1 + 8;
 const TAG: usize = 16;
 /// Bytes the envelope adds to a body.
-pub const OVERHEAD: usize = HEADER + TAG;
+pub(crate) const OVERHEAD: usize = HEADER + TAG;
 /// Shortest accepted cluster key, in bytes (`openssl rand -base64 32` gives 44).
 const MIN_KEY_BYTES: usize = 32;
 
@@ -76,7 +76,7 @@ pub enum Rejected {
 }
 
 impl Rejected {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Malformed => "malformed",
             Self::Oversized => "oversized",
@@ -92,7 +92,7 @@ impl Rejected {
         }
     }
 
-    pub const ALL: [Rejected; 11] = [
+    pub(crate) const ALL: [Rejected; 11] = [
         Self::Malformed,
         Self::Oversized,
         Self::BadMac,
@@ -182,7 +182,7 @@ impl ClusterKey {
 
     /// A secret derived from each key for another use (`label` names it): HMAC-SHA256 of the
     /// label under the key, first key first.
-    pub fn derive(&self, label: &[u8]) -> Vec<hmac::Tag> {
+    pub(crate) fn derive(&self, label: &[u8]) -> Vec<hmac::Tag> {
         self.keys.iter().map(|k| hmac::sign(k, label)).collect()
     }
 
@@ -208,7 +208,11 @@ impl ClusterKey {
     }
 
     /// Checks an envelope and returns its kind, send time, body and tag.
-    pub fn open<'p>(&self, packet: &'p [u8], max_len: usize) -> Result<Opened<'p>, Rejected> {
+    pub(crate) fn open<'p>(
+        &self,
+        packet: &'p [u8],
+        max_len: usize,
+    ) -> Result<Opened<'p>, Rejected> {
         if packet.len() > max_len {
             return Err(Rejected::Oversized);
         }
@@ -241,23 +245,23 @@ impl ClusterKey {
 
 /// An envelope whose tag verified.
 #[derive(Debug)]
-pub struct Opened<'p> {
-    pub kind: Kind,
-    pub sent_at_us: u64,
-    pub body: &'p [u8],
-    pub tag: [u8; TAG],
+pub(crate) struct Opened<'p> {
+    pub(crate) kind: Kind,
+    pub(crate) sent_at_us: u64,
+    pub(crate) body: &'p [u8],
+    pub(crate) tag: [u8; TAG],
 }
 
 /// Tags of packets accepted within the replay window.
 #[derive(Debug, Default)]
-pub struct ReplayGuard {
+pub(crate) struct ReplayGuard {
     seen: HashMap<[u8; TAG], u64>,
 }
 
 impl ReplayGuard {
     /// Accepts a packet sent at `sent_at_us` if it is inside the window around `now_us` and not
     /// a copy of one already accepted.
-    pub fn admit(
+    pub(crate) fn admit(
         &mut self,
         opened: &Opened<'_>,
         now_us: u64,
@@ -275,15 +279,11 @@ impl ReplayGuard {
     }
 
     /// Forgets tags whose packets have left the window (they would be `Expired` now).
-    pub fn prune(&mut self, now_us: u64) {
+    pub(crate) fn prune(&mut self, now_us: u64) {
         self.seen.retain(|_, expires| *expires >= now_us);
     }
-
-    pub fn len(&self) -> usize {
-        self.seen.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.seen.is_empty()
     }
 }

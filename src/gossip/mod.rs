@@ -19,13 +19,16 @@ pub mod transport;
 pub mod wire;
 
 pub use clock::Clock;
-pub use envelope::{ClusterKey, KeyError, Rejected};
+pub(crate) use envelope::KeyError;
+pub use envelope::{ClusterKey, Rejected};
 pub use model::{Capability, Live, Pin, Profile};
-pub use node::{
-    longest_refresh, max_transmissions, spawn, GossipHandle, Membership, NodeOptions, MAX_ITEM,
-};
-pub use stats::Stats;
-pub use status::{GossipStatus, MemberStatus};
+#[cfg(test)]
+pub(crate) use node::MAX_ITEM;
+pub use node::{longest_refresh, max_transmissions, spawn, GossipHandle, Membership, NodeOptions};
+pub(crate) use stats::Stats;
+pub(crate) use status::GossipStatus;
+pub use status::MemberStatus;
 pub use table::Member;
-pub use transport::{Faults, MemNetwork, Transport, MAX_DATAGRAM};
-pub use wire::{milli, unmilli, LiveBudget, NodeId};
+pub use transport::{Faults, MemNetwork, Transport};
+pub use wire::NodeId;
+pub(crate) use wire::{milli, unmilli, LiveBudget};

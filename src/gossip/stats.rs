@@ -9,8 +9,8 @@ use super::envelope::Rejected;
 pub struct Stats {
     pub packets_sent: AtomicU64,
     pub bytes_sent: AtomicU64,
-    pub packets_received: AtomicU64,
-    pub bytes_received: AtomicU64,
+    pub(crate) packets_received: AtomicU64,
+    pub(crate) bytes_received: AtomicU64,
     /// This node's own items too large to publish (a profile with too many capabilities).
     pub oversized_items: AtomicU64,
     rejected: [AtomicU64; Rejected::ALL.len()],
@@ -27,12 +27,5 @@ impl Stats {
 
     pub fn rejected(&self, reason: Rejected) -> u64 {
         self.rejected[Self::rejected_slot(reason)].load(Ordering::Relaxed)
-    }
-
-    pub fn rejected_total(&self) -> u64 {
-        self.rejected
-            .iter()
-            .map(|r| r.load(Ordering::Relaxed))
-            .sum()
     }
 }

@@ -14,7 +14,7 @@ use crate::reach::State;
 pub struct GossipStatus {
     pub node: Option<NodeId>,
     /// Members SWIM counts alive, profile known or not.
-    pub swim_members: usize,
+    pub(crate) swim_members: usize,
     pub alive: usize,
     pub suspect: usize,
     pub down: usize,
@@ -30,9 +30,9 @@ pub struct MemberStatus {
     pub liveness: &'static str,
     /// Seconds since this node last heard something new from the member.
     pub last_seen_s: f64,
-    pub version: Option<String>,
-    pub inbound: Option<String>,
-    pub state: Option<State>,
+    pub(crate) version: Option<String>,
+    pub(crate) inbound: Option<String>,
+    pub(crate) state: Option<State>,
     pub profile_seq: Option<u64>,
     pub live_seq: Option<u64>,
     /// The `seq` of its MCP tool pins, when it published any (`docs/mcp.md`).

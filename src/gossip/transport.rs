@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Largest datagram sent or accepted (under a 1500-byte MTU with IP and UDP headers).
-pub const MAX_DATAGRAM: usize = 1400;
+pub(crate) const MAX_DATAGRAM: usize = 1400;
 
 /// Datagrams received, with the address they came from.
 pub type Inbox = mpsc::Receiver<(SocketAddr, Vec<u8>)>;

@@ -17,7 +17,7 @@ use super::observed::{BodyEnd, Observed, Observer, OnEnd};
 
 /// One connection's activity.
 #[derive(Clone, Debug)]
-pub struct Activity(Arc<Inner>);
+pub(crate) struct Activity(Arc<Inner>);
 
 #[derive(Debug)]
 struct Inner {
@@ -31,7 +31,7 @@ struct Inner {
 }
 
 impl Activity {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self(Arc::new(Inner {
             opened: Instant::now(),
             in_flight: AtomicUsize::new(0),
@@ -41,18 +41,18 @@ impl Activity {
     }
 
     /// A request started; it is in flight until the guard drops.
-    pub fn begin(&self) -> Busy {
+    pub(crate) fn begin(&self) -> Busy {
         self.0.in_flight.fetch_add(1, Ordering::AcqRel);
         Busy(self.clone())
     }
 
     /// No request has begun on the connection yet: closing it loses nothing.
-    pub fn never_asked(&self) -> bool {
+    pub(crate) fn never_asked(&self) -> bool {
         self.0.in_flight.load(Ordering::Acquire) == 0 && self.0.last_ms.load(Ordering::Acquire) == 0
     }
 
     /// The connection speaks h2 (seen on its first request).
-    pub fn multiplexed(&self) {
+    pub(crate) fn multiplexed(&self) {
         if !self.0.multiplexed.load(Ordering::Relaxed) {
             self.0.multiplexed.store(true, Ordering::Relaxed);
         }
@@ -63,7 +63,7 @@ impl Activity {
     /// for its next head, so this is its header-read deadline: from the connection's opening or
     /// its last answer until the next head is in. It replaces hyper's own `header_read_timeout`,
     /// which armed and dropped a timer on every request (`docs/perf-levers.md`); this one sleeps once per quiet period.
-    pub async fn quiet_for(&self, header_read: Duration, idle: Duration) {
+    pub(crate) async fn quiet_for(&self, header_read: Duration, idle: Duration) {
         loop {
             let idle = match self.0.multiplexed.load(Ordering::Relaxed) {
                 true => idle,
@@ -93,7 +93,7 @@ impl Default for Activity {
 
 /// A request in flight on its connection.
 #[derive(Debug)]
-pub struct Busy(Activity);
+pub(crate) struct Busy(Activity);
 
 impl Drop for Busy {
     fn drop(&mut self) {
@@ -105,7 +105,7 @@ impl Drop for Busy {
 }
 
 /// A response body that keeps its request in flight until it is done or dropped.
-pub type Tracked<B> = Observed<B, Busy>;
+pub(crate) type Tracked<B> = Observed<B, Busy>;
 
 /// The request is done when its response body is: `Busy` is dropped then.
 impl OnEnd for Busy {
@@ -116,7 +116,7 @@ impl<D> Observer<D> for Busy {}
 
 pin_project_lite::pin_project! {
     /// A response on its way: the request is in flight from the call until its body is done.
-    pub struct TrackedFuture<F> {
+    pub(crate) struct TrackedFuture<F> {
         #[pin]
         inner: F,
         busy: Option<Busy>,
@@ -124,7 +124,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<F> TrackedFuture<F> {
-    pub fn new(inner: F, busy: Busy) -> Self {
+    pub(crate) fn new(inner: F, busy: Busy) -> Self {
         Self {
             inner,
             busy: Some(busy),

@@ -29,7 +29,7 @@ where
 /// The whole of `body`, up to `max` bytes; `Err` saying why when it breaks off or is longer.
 /// Read frame by frame: `Limited` over the boxed body trips the compiler's higher-ranked `From`
 /// check inside a generic step.
-pub async fn read_limited(mut body: ReachBody, max: usize) -> Result<Bytes, String> {
+pub(crate) async fn read_limited(mut body: ReachBody, max: usize) -> Result<Bytes, String> {
     let mut out = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| e.to_string())?;

@@ -33,20 +33,20 @@ pub struct AgentClient(Upstream);
 
 /// How a client error happened: did the request ever reach the upstream?
 #[derive(Debug)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// The connection was never established.
-    pub connect: bool,
+    pub(crate) connect: bool,
     /// …because it was refused: nothing listens at the address.
-    pub refused: bool,
+    pub(crate) refused: bool,
     /// …because it timed out: on a listener that is up, its accept queue is full.
-    pub timed_out: bool,
-    pub message: String,
+    pub(crate) timed_out: bool,
+    pub(crate) message: String,
 }
 
 impl Failure {
     /// A connection that was never made (or a request given back unsent): safe to retry
     /// elsewhere, and neither refused nor timed out.
-    pub fn connect(message: String) -> Self {
+    pub(crate) fn connect(message: String) -> Self {
         Self {
             connect: true,
             refused: false,
@@ -63,7 +63,7 @@ pub fn build(policy: &Policy) -> UpstreamClient {
 
 /// The same, its connections following the live policy's `timeouts.connect` and
 /// `pool.tcp_keepalive`; the pool's own settings are the ones at build (restart-only keys).
-pub fn following(store: &Arc<ConfigStore>) -> UpstreamClient {
+pub(crate) fn following(store: &Arc<ConfigStore>) -> UpstreamClient {
     pooled(
         &store.snapshot().policy,
         ConnectTcp::following(store.clone()),
@@ -88,7 +88,7 @@ fn pooled<C: Connect>(policy: &Policy, connect: C) -> UpstreamClient<C> {
 // === impl Upstream ===
 
 impl<C: Connect> Upstream<C> {
-    pub fn new(policy: &Policy, connect: C) -> Self {
+    pub(crate) fn new(policy: &Policy, connect: C) -> Self {
         let scheme = connect.scheme().clone();
         Self {
             client: pooled(policy, connect),
@@ -97,11 +97,11 @@ impl<C: Connect> Upstream<C> {
     }
 
     /// The scheme of this client's upstream URIs.
-    pub fn scheme(&self) -> &Scheme {
+    pub(crate) fn scheme(&self) -> &Scheme {
         &self.scheme
     }
 
-    pub fn request(&self, req: Request<ReachBody>) -> ResponseFuture {
+    pub(crate) fn request(&self, req: Request<ReachBody>) -> ResponseFuture {
         self.client.request(req)
     }
 }
@@ -119,7 +119,7 @@ impl AgentClient {
 
 impl AgentClient {
     /// Its connections follow the live policy's connect settings (see [`following`]).
-    pub fn following(store: &Arc<ConfigStore>) -> Self {
+    pub(crate) fn following(store: &Arc<ConfigStore>) -> Self {
         Self(Upstream::new(
             &store.snapshot().policy,
             ConnectTcp::following(store.clone()),
@@ -136,7 +136,7 @@ impl Deref for AgentClient {
 }
 
 /// Classifies a client error for the caller.
-pub fn describe(err: &legacy::Error) -> Failure {
+pub(crate) fn describe(err: &legacy::Error) -> Failure {
     Failure {
         connect: err.is_connect(),
         refused: err.is_connect() && refused(err),

@@ -9,30 +9,30 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use crate::config::parse_duration;
 use crate::error::ReachError;
 
-pub const TIMEOUT: HeaderName = HeaderName::from_static("reach-timeout");
-pub const DEADLINE: HeaderName = HeaderName::from_static("reach-deadline");
+pub(crate) const TIMEOUT: HeaderName = HeaderName::from_static("reach-timeout");
+pub(crate) const DEADLINE: HeaderName = HeaderName::from_static("reach-deadline");
 
 /// An absolute deadline, in milliseconds since the Unix epoch (wall clock: it crosses processes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Deadline(u64);
+pub(crate) struct Deadline(u64);
 
 impl Deadline {
-    pub fn after(d: Duration) -> Self {
+    pub(crate) fn after(d: Duration) -> Self {
         Self(now_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
     }
 
     /// Time left; zero once passed.
-    pub fn remaining(self) -> Duration {
+    pub(crate) fn remaining(self) -> Duration {
         Duration::from_millis(self.0.saturating_sub(now_ms()))
     }
 
-    pub fn header_value(self) -> HeaderValue {
+    pub(crate) fn header_value(self) -> HeaderValue {
         HeaderValue::from(self.0)
     }
 
     /// [`Deadline::from_headers`] for a request whose head was read into `head`: `reach-timeout`
     /// is looked up only when it is there (a peer's sidecar sends `reach-deadline` alone).
-    pub fn from_head(
+    pub(crate) fn from_head(
         headers: &HeaderMap,
         head: &crate::http::headers::Head<'_>,
     ) -> Result<Option<Self>, ReachError> {
@@ -66,19 +66,19 @@ impl Deadline {
     }
 
     /// The tighter of `reach-timeout` and `reach-deadline`, if the request carries either.
-    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ReachError> {
+    pub(crate) fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ReachError> {
         Self::from_head(headers, &crate::http::headers::Head::of(headers))
     }
 }
 
 /// The time one attempt may take: the target's own timeout, cut short by the deadline. The flag
 /// says whether the deadline is what limits it.
-pub fn attempt_timeout(own: Duration, deadline: Option<Deadline>) -> (Duration, bool) {
+pub(crate) fn attempt_timeout(own: Duration, deadline: Option<Deadline>) -> (Duration, bool) {
     within(own, deadline.map(Deadline::remaining))
 }
 
 /// [`attempt_timeout`] with the time `left` before the deadline already known.
-pub fn within(own: Duration, left: Option<Duration>) -> (Duration, bool) {
+pub(crate) fn within(own: Duration, left: Option<Duration>) -> (Duration, bool) {
     match left {
         Some(left) if left < own => (left, true),
         _ => (own, false),

@@ -12,7 +12,7 @@ use crate::error::{AffinityKey, ReachError, Reason};
 
 impl Reason {
     /// The reason on a response, when a sidecar made it.
-    pub fn of<B>(response: &Response<B>) -> Option<Self> {
+    pub(crate) fn of<B>(response: &Response<B>) -> Option<Self> {
         let value = response.headers().get(headers::REASON)?;
         Reason::parse(value.to_str().ok()?)
     }
@@ -20,7 +20,7 @@ impl Reason {
 
 impl ReachError {
     /// The response the sidecar answers with for this error.
-    pub fn into_response(self) -> Response<ReachBody> {
+    pub(crate) fn into_response(self) -> Response<ReachBody> {
         let mut body = serde_json::json!({ "error": self.code(), "message": self.to_string() });
         if let ReachError::NoAvailableInstance {
             candidates,

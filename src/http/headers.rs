@@ -7,35 +7,36 @@ pub const CAPABILITY: HeaderName = HeaderName::from_static("reach-capability");
 /// Why the sidecar itself answered: the error code of its JSON body.
 pub const REASON: HeaderName = HeaderName::from_static("reach-reason");
 /// The agent that served the request.
-pub const AGENT: HeaderName = HeaderName::from_static("reach-agent");
+pub(crate) const AGENT: HeaderName = HeaderName::from_static("reach-agent");
 /// The agent whose sidecar sent the request.
-pub const CALLER: HeaderName = HeaderName::from_static("reach-caller");
+pub(crate) const CALLER: HeaderName = HeaderName::from_static("reach-caller");
 /// The caller's SPIFFE ID, set by the callee's sidecar from the verified client certificate.
-pub const CALLER_IDENTITY: HeaderName = HeaderName::from_static("reach-caller-identity");
+pub(crate) const CALLER_IDENTITY: HeaderName = HeaderName::from_static("reach-caller-identity");
 
 /// Asks the outbound sidecar to pick the capability by the policy's intent rules from this text.
-pub const INTENT: HeaderName = HeaderName::from_static("reach-intent");
+pub(crate) const INTENT: HeaderName = HeaderName::from_static("reach-intent");
 /// On the answer to a call: the capability it went to and why (`docs/intents.md`).
-pub const RESOLVED_CAPABILITY: HeaderName = HeaderName::from_static("reach-resolved-capability");
+pub(crate) const RESOLVED_CAPABILITY: HeaderName =
+    HeaderName::from_static("reach-resolved-capability");
 
 /// Which attempt of the caller's this is (1 for the first).
-pub const ATTEMPT: HeaderName = HeaderName::from_static("reach-attempt");
+pub(crate) const ATTEMPT: HeaderName = HeaderName::from_static("reach-attempt");
 /// How many attempts a routed call took (on the response to the agent).
-pub const ATTEMPTS: HeaderName = HeaderName::from_static("reach-attempts");
+pub(crate) const ATTEMPTS: HeaderName = HeaderName::from_static("reach-attempts");
 /// Routing hints from the calling agent.
 pub const TAGS: HeaderName = HeaderName::from_static("reach-tags");
-pub const MODE: HeaderName = HeaderName::from_static("reach-mode");
+pub(crate) const MODE: HeaderName = HeaderName::from_static("reach-mode");
 /// An affinity key: calls carrying the same value go to the agent that answered the first
 /// (`docs/affinity.md`).
-pub const AFFINITY: HeaderName = HeaderName::from_static("reach-affinity");
+pub(crate) const AFFINITY: HeaderName = HeaderName::from_static("reach-affinity");
 /// MCP streamable HTTP's session, assigned by the server on `initialize`.
-pub const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+pub(crate) const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 /// The local agent reporting its own load on a response.
-pub const BUSY: HeaderName = HeaderName::from_static("reach-busy");
-pub const LOAD: HeaderName = HeaderName::from_static("reach-load");
+pub(crate) const BUSY: HeaderName = HeaderName::from_static("reach-busy");
+pub(crate) const LOAD: HeaderName = HeaderName::from_static("reach-load");
 
 /// A small count as a header value: static for 0–9 (no allocation), formatted above.
-pub fn count(n: usize) -> HeaderValue {
+pub(crate) fn count(n: usize) -> HeaderValue {
     const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
     match DIGITS.get(n) {
         Some(digit) => HeaderValue::from_static(digit),
@@ -70,7 +71,7 @@ const HOP_LENGTHS: u32 = {
 };
 
 /// Whether a message's body is JSON by its `content-type` (`application/json` or `…+json`).
-pub fn is_json(headers: &HeaderMap) -> bool {
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -82,7 +83,7 @@ pub fn is_json(headers: &HeaderMap) -> bool {
 
 /// Removes every sidecar-internal `reach-*` header: for a service outside the mesh, which has no
 /// use for them and should not learn the fleet's names. `traceparent` and `tracestate` stay.
-pub fn strip_internal(headers: &mut HeaderMap) {
+pub(crate) fn strip_internal(headers: &mut HeaderMap) {
     let internal: Vec<HeaderName> = headers
         .keys()
         .filter(|n| n.as_str().starts_with("reach-"))
@@ -95,7 +96,7 @@ pub fn strip_internal(headers: &mut HeaderMap) {
 
 /// Removes hop-by-hop headers, including every header the `Connection` header names.
 /// `te: trailers` survives: it is end-to-end in practice (gRPC needs it).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none of them, and most others only `Connection: keep-alive`: one pass
     // over the names finds which are there, and only those are removed (each removal hashes).
     let mut found = [false; HOPS];
@@ -169,40 +170,42 @@ fn named_by_connection(headers: &mut HeaderMap) -> Vec<String> {
 /// and probes the map, a dozen times a call; comparing a name with these
 /// is one string match. A clear bit means the header is absent; a set one, look it up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Present(u16);
+pub(crate) struct Present(u16);
 
 impl Present {
-    pub const CAPABILITY: Self = Self(1);
-    pub const INTENT: Self = Self(1 << 1);
+    pub(crate) const CAPABILITY: Self = Self(1);
+    pub(crate) const INTENT: Self = Self(1 << 1);
     /// `reach-deadline`.
-    pub const DEADLINE: Self = Self(1 << 2);
+    pub(crate) const DEADLINE: Self = Self(1 << 2);
     /// `reach-chain`.
-    pub const CHAIN: Self = Self(1 << 3);
-    pub const TAGS: Self = Self(1 << 4);
-    pub const MODE: Self = Self(1 << 5);
-    pub const AFFINITY: Self = Self(1 << 6);
-    pub const MCP_SESSION: Self = Self(1 << 7);
+    pub(crate) const CHAIN: Self = Self(1 << 3);
+    pub(crate) const TAGS: Self = Self(1 << 4);
+    pub(crate) const MODE: Self = Self(1 << 5);
+    pub(crate) const AFFINITY: Self = Self(1 << 6);
+    pub(crate) const MCP_SESSION: Self = Self(1 << 7);
     /// `idempotency-key`.
-    pub const IDEMPOTENCY_KEY: Self = Self(1 << 8);
+    pub(crate) const IDEMPOTENCY_KEY: Self = Self(1 << 8);
     /// `prefer`.
-    pub const PREFER: Self = Self(1 << 9);
+    pub(crate) const PREFER: Self = Self(1 << 9);
     /// `reach-timeout`.
-    pub const TIMEOUT: Self = Self(1 << 10);
+    pub(crate) const TIMEOUT: Self = Self(1 << 10);
+
     /// Every bit set: look everything up (for callers that did not scan).
-    pub const ALL: Self = Self(u16::MAX);
+    #[cfg(test)]
+    pub(crate) const ALL: Self = Self(u16::MAX);
 
     /// These and `other`.
-    pub fn with(self, other: Self) -> Self {
+    pub(crate) fn with(self, other: Self) -> Self {
         Self(self.0 | other.0)
     }
 
     /// These but `other`.
-    pub fn without(self, other: Self) -> Self {
+    pub(crate) fn without(self, other: Self) -> Self {
         Self(self.0 & !other.0)
     }
 
     /// The headers of these that `headers` carries.
-    pub fn of(headers: &HeaderMap) -> Self {
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
         Head::of(headers).present
     }
 
@@ -225,7 +228,7 @@ impl Present {
     }
 
     /// Whether the header may be there (so is worth looking up).
-    pub fn has(self, which: Self) -> bool {
+    pub(crate) fn has(self, which: Self) -> bool {
         self.0 & which.0 != 0
     }
 }
@@ -234,16 +237,16 @@ impl Present {
 /// [`Present`]'s it carries, and the first values of the two a peer's sidecar always sends and
 /// every call is decided on. Looking each up again hashed its name and probed the map.
 #[derive(Clone, Copy, Debug)]
-pub struct Head<'a> {
-    pub present: Present,
+pub(crate) struct Head<'a> {
+    pub(crate) present: Present,
     /// `reach-capability`.
-    pub capability: Option<&'a HeaderValue>,
+    pub(crate) capability: Option<&'a HeaderValue>,
     /// `reach-deadline`.
-    pub deadline: Option<&'a HeaderValue>,
+    pub(crate) deadline: Option<&'a HeaderValue>,
 }
 
 impl<'a> Head<'a> {
-    pub fn of(headers: &'a HeaderMap) -> Self {
+    pub(crate) fn of(headers: &'a HeaderMap) -> Self {
         let mut head = Head {
             present: Present(0),
             capability: None,
@@ -298,7 +301,7 @@ fn hop_by_hop(name: &str) -> Option<usize> {
 /// An IP address as text, written by hand: `Display` for an address goes through the
 /// formatter's padding machinery, on every call. IPv4-mapped IPv6 addresses
 /// are written as IPv4.
-pub fn ip_text(ip: std::net::IpAddr) -> String {
+pub(crate) fn ip_text(ip: std::net::IpAddr) -> String {
     match ip.to_canonical() {
         std::net::IpAddr::V4(v4) => {
             let mut text = String::with_capacity(15);
@@ -321,7 +324,7 @@ pub fn ip_text(ip: std::net::IpAddr) -> String {
 }
 
 /// A header value from a string we produced; falls back to an empty value rather than panicking.
-pub fn value(text: &str) -> HeaderValue {
+pub(crate) fn value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 

@@ -1,18 +1,18 @@
 //! HTTP plumbing shared by every listener: body type, reach headers, the server loop, the client.
 
-pub mod activity;
+pub(crate) mod activity;
 pub mod body;
 pub mod client;
-pub mod deadline;
+pub(crate) mod deadline;
 mod error_response;
 pub mod headers;
 pub mod layers;
-pub mod observed;
-pub mod pool;
-pub mod request_target;
-pub mod retry_after;
+pub(crate) mod observed;
+pub(crate) mod pool;
+pub(crate) mod request_target;
+pub(crate) mod retry_after;
 pub mod server;
-pub mod step;
-pub mod upload;
+pub(crate) mod step;
+pub(crate) mod upload;
 
 pub use body::{BoxError, ReachBody};

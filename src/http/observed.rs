@@ -16,7 +16,7 @@ use http_body::{Body, Frame, SizeHint};
 
 /// How a body finished.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BodyEnd {
+pub(crate) enum BodyEnd {
     /// Every byte was delivered.
     Complete,
     /// The inner body failed mid-stream.
@@ -26,12 +26,12 @@ pub enum BodyEnd {
 }
 
 /// Hears how a body ended, once.
-pub trait OnEnd {
+pub(crate) trait OnEnd {
     fn end(self, end: BodyEnd);
 }
 
 /// Sees a body's frames as they pass, and how it ended.
-pub trait Observer<D>: OnEnd {
+pub(crate) trait Observer<D>: OnEnd {
     /// A frame on its way. `Break` ends the observation early: the observer is dropped, and
     /// `end` is not called.
     fn frame(&mut self, _frame: &Frame<D>) -> ControlFlow<()> {
@@ -50,7 +50,7 @@ impl<D, F: FnOnce(BodyEnd)> Observer<D> for F {}
 
 pin_project_lite::pin_project! {
     /// `inner`, observed by `O` until it ends (or `O` is done).
-    pub struct Observed<B, O: OnEnd> {
+    pub(crate) struct Observed<B, O: OnEnd> {
         #[pin]
         inner: B,
         observer: Option<O>,
@@ -67,12 +67,12 @@ pin_project_lite::pin_project! {
 
 impl<B, O: OnEnd> Observed<B, O> {
     /// `inner` observed by `observer`.
-    pub fn new(inner: B, observer: O) -> Self {
+    pub(crate) fn new(inner: B, observer: O) -> Self {
         Self::maybe(inner, Some(observer))
     }
 
     /// `inner` observed by `observer`, if there is one; `None` passes it through unobserved.
-    pub fn maybe(inner: B, observer: Option<O>) -> Self {
+    pub(crate) fn maybe(inner: B, observer: Option<O>) -> Self {
         Self { inner, observer }
     }
 }

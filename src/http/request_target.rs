@@ -11,7 +11,7 @@ use crate::error::ReachError;
 
 /// What to do with a request's target.
 #[derive(Debug)]
-pub enum Target {
+pub(crate) enum Target {
     /// An origin-form path: forward it.
     Path(PathAndQuery),
     /// `OPTIONS *`: the sidecar answers it.
@@ -20,7 +20,7 @@ pub enum Target {
 
 /// Checks a request's target. Absolute-form (`GET http://host/path`) keeps only its path: the
 /// authority is the listener's business, never the client's choice of upstream.
-pub fn of<B>(req: &Request<B>) -> Result<Target, ReachError> {
+pub(crate) fn of<B>(req: &Request<B>) -> Result<Target, ReachError> {
     let uri = req.uri();
     if uri.path() == "*" {
         return if req.method() == Method::OPTIONS && uri.query().is_none() {
@@ -43,7 +43,7 @@ pub fn of<B>(req: &Request<B>) -> Result<Target, ReachError> {
 }
 
 /// The answer to `OPTIONS *`: what the listener speaks, nothing forwarded.
-pub fn server_options() -> Response<ReachBody> {
+pub(crate) fn server_options() -> Response<ReachBody> {
     let mut response = Response::new(body::empty());
     *response.status_mut() = StatusCode::NO_CONTENT;
     response.headers_mut().insert(

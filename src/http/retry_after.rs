@@ -11,7 +11,7 @@ const RETRY_AFTER_MAX: Duration = Duration::from_secs(300);
 
 /// `retry-after` as a wait from now, clamped to 1 s..5 min: delay-seconds, or an HTTP-date (the
 /// IMF-fixdate form and RFC 9110's two obsolete ones; a date in the past is the minimum).
-pub fn wait(headers: &HeaderMap) -> Option<Duration> {
+pub(crate) fn wait(headers: &HeaderMap) -> Option<Duration> {
     wait_at(headers, SystemTime::now())
 }
 
@@ -29,7 +29,7 @@ fn wait_at(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 }
 
 /// A wait an answer asked for, however it said it, clamped as [`wait`] clamps it.
-pub fn bounded(wait: Duration) -> Duration {
+pub(crate) fn bounded(wait: Duration) -> Duration {
     wait.clamp(RETRY_AFTER_MIN, RETRY_AFTER_MAX)
 }
 

@@ -34,20 +34,20 @@ use crate::transport::{Accept, Accepted, ClientAddr};
 #[derive(Clone, Debug)]
 pub struct ServerSettings {
     /// Open connections; past it the listener stops accepting and clients wait in the backlog.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
     /// Largest request head (HTTP/1.1) or header list (h2), in bytes.
-    pub max_header_bytes: usize,
+    pub(crate) max_header_bytes: usize,
     /// A client must finish sending its request head within this time (slowloris guard).
-    pub header_read_timeout: Duration,
+    pub(crate) header_read_timeout: Duration,
     /// A connection with no request in flight is closed gracefully after this.
-    pub idle_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
     /// How long open requests may finish once the listener stops.
-    pub drain: Duration,
+    pub(crate) drain: Duration,
     /// Streams one h2 connection may carry at once; hyper's default when `None`.
-    pub h2_max_streams: Option<u32>,
-    pub h2_keep_alive_interval: Duration,
+    pub(crate) h2_max_streams: Option<u32>,
+    pub(crate) h2_keep_alive_interval: Duration,
     /// An h2 PING unanswered this long closes the connection.
-    pub h2_keep_alive_timeout: Duration,
+    pub(crate) h2_keep_alive_timeout: Duration,
 }
 
 /// One connection's service: each request keeps the connection busy until its response body is

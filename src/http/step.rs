@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use tower::Service;
 
 /// One step of a request path taking `R`.
-pub trait Step<R>:
+pub(crate) trait Step<R>:
     Service<R, Error = Infallible, Future: Send> + Clone + Send + Sync + 'static
 {
 }
@@ -72,10 +72,10 @@ pub(crate) use service;
 /// `Arc`, not a copy of every step below (each holding the rest in turn: a stack of `n` steps
 /// cloned `n²/2` `Arc`s per request).
 #[derive(Debug)]
-pub struct Next<S>(std::sync::Arc<S>);
+pub(crate) struct Next<S>(std::sync::Arc<S>);
 
 impl<S> Next<S> {
-    pub fn new(next: S) -> Self {
+    pub(crate) fn new(next: S) -> Self {
         Self(std::sync::Arc::new(next))
     }
 }
@@ -108,14 +108,14 @@ impl<S: Service<R> + Clone, R> Service<R> for Next<S> {
 pin_project_lite::pin_project! {
     /// A step's future: its `async fn`'s, whose answer is never an error.
     #[derive(Debug)]
-    pub struct Answering<F> {
+    pub(crate) struct Answering<F> {
         #[pin]
         step: F,
     }
 }
 
 impl<F> Answering<F> {
-    pub fn new(step: F) -> Self {
+    pub(crate) fn new(step: F) -> Self {
         Self { step }
     }
 }
@@ -136,7 +136,10 @@ impl<F: Future> Future for Answering<F> {
 /// request are stored there, the future's other states left as they are. Returning the
 /// `Oneshot` into the box left it to the optimizer to aim the return at the heap; when it did
 /// not, every call copied the whole future (`docs/perf-levers.md`).
-pub fn boxed<S: Service<R>, R>(service: S, request: R) -> Pin<Box<tower::util::Oneshot<S, R>>> {
+pub(crate) fn boxed<S: Service<R>, R>(
+    service: S,
+    request: R,
+) -> Pin<Box<tower::util::Oneshot<S, R>>> {
     Box::into_pin(start_in(Box::new_uninit(), service, request))
 }
 
@@ -150,7 +153,7 @@ fn start_in<S: Service<R>, R>(
 }
 
 /// A step's answer: steps never fail.
-pub fn answer<T>(result: Result<T, Infallible>) -> T {
+pub(crate) fn answer<T>(result: Result<T, Infallible>) -> T {
     match result {
         Ok(t) => t,
         Err(never) => match never {},

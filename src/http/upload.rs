@@ -21,7 +21,7 @@ use crate::error::ReachError;
 
 /// How far a caller's upload got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UploadState {
+pub(crate) enum UploadState {
     /// Not read yet, or the last read got bytes: if it is unfinished, it is because the
     /// receiver stopped reading.
     Open,
@@ -38,7 +38,7 @@ pub enum UploadState {
 /// Shared view of an upload's state, kept by whoever forwards it. `None` for a body already
 /// read whole: it is complete and stays so, and a call with one allocates nothing for it.
 #[derive(Clone, Debug)]
-pub struct UploadWatch(Option<Arc<AtomicU8>>);
+pub(crate) struct UploadWatch(Option<Arc<AtomicU8>>);
 
 impl Default for UploadWatch {
     /// The watch of a body still to be read: open.
@@ -49,11 +49,11 @@ impl Default for UploadWatch {
 
 impl UploadWatch {
     /// The watch of a body already read whole.
-    pub fn complete() -> Self {
+    pub(crate) fn complete() -> Self {
         Self(None)
     }
 
-    pub fn state(&self) -> UploadState {
+    pub(crate) fn state(&self) -> UploadState {
         let Some(code) = &self.0 else {
             return UploadState::Complete;
         };
@@ -82,7 +82,7 @@ impl UploadWatch {
     /// The caller's fault, when its upload is why a request failed: a broken body, a stalled one,
     /// or (`timed_out`) one the receiver was still waiting on when the time ran out. A body the
     /// receiver had stopped reading (an agent that hangs without reading) is not the caller's.
-    pub fn caller_fault(&self, timed_out: bool) -> Option<ReachError> {
+    pub(crate) fn caller_fault(&self, timed_out: bool) -> Option<ReachError> {
         match self.state() {
             UploadState::Broken => Some(ReachError::ClientBody),
             UploadState::Stalled => Some(ReachError::BodyTimeout),
@@ -95,7 +95,7 @@ impl UploadWatch {
 pin_project_lite::pin_project! {
     /// Passes the body through, recording how it ended (its observer is the [`UploadWatch`]); a
     /// gap longer than `gap` between chunks ends it with an error.
-    pub struct WatchedUpload<B> {
+    pub(crate) struct WatchedUpload<B> {
         #[pin]
         inner: Observed<B, UploadWatch>,
         // Armed only while a read waits on the caller: a body that arrives with its head (most
@@ -108,7 +108,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<B: Body> WatchedUpload<B> {
-    pub fn new(inner: B, gap: Duration) -> (Self, UploadWatch) {
+    pub(crate) fn new(inner: B, gap: Duration) -> (Self, UploadWatch) {
         let watch = UploadWatch::default();
         if inner.is_end_stream() {
             watch.set(UploadState::Complete);
@@ -145,7 +145,7 @@ impl<D> Observer<D> for UploadWatch {
 /// The error a stalled upload ends with.
 #[derive(Debug, thiserror::Error)]
 #[error("no request body bytes arrived for {0:?}")]
-pub struct Stalled(Duration);
+pub(crate) struct Stalled(Duration);
 
 impl<B> Body for WatchedUpload<B>
 where
@@ -197,7 +197,7 @@ where
 /// A caller's body: read whole when it is small enough to keep (to replay on another peer, or to
 /// fingerprint for an idempotency key), else handed back to stream once.
 #[derive(Debug)]
-pub enum Upload<B> {
+pub(crate) enum Upload<B> {
     Buffered(Bytes),
     /// Too large to keep (or of unknown length): its declared length, if any.
     Stream(B, Option<u64>),
@@ -205,7 +205,7 @@ pub enum Upload<B> {
 
 /// Reads `incoming` whole when it declares at most `max` bytes (or is already empty); a body
 /// that breaks or stalls on the way is the caller's error.
-pub async fn read<B>(
+pub(crate) async fn read<B>(
     headers: &http::HeaderMap,
     incoming: B,
     max: usize,

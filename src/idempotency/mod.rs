@@ -32,7 +32,7 @@ pub(crate) type Fingerprint = [u8; 32];
 
 /// What a request with a key must do.
 #[derive(Debug)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// Run it; the ticket records the outcome.
     First(Ticket),
     /// The same key is running: wait for its outcome.

@@ -17,7 +17,7 @@ impl Ticket {
     /// Settles the key with the original's response, driving its body to the end. A response the
     /// sidecar made itself (it carries `reach-reason`: the agent was never reached, or gave no
     /// answer) is passed to those waiting but not kept: a later retry may run the task.
-    pub async fn settle(mut self, response: Response<ReachBody>) {
+    pub(crate) async fn settle(mut self, response: Response<ReachBody>) {
         use http_body_util::BodyExt;
         // Made by a sidecar, or refused by the agent before it ran (429, a 503 with
         // `retry-after`): nothing ran, so the key is free for the next try — waiters hear this
@@ -47,7 +47,7 @@ impl Ticket {
     }
 
     /// Streams `response` to the caller while keeping a copy for duplicates.
-    pub fn record<B>(mut self, response: Response<B>) -> Response<ReachBody>
+    pub(crate) fn record<B>(mut self, response: Response<B>) -> Response<ReachBody>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,

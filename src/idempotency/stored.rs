@@ -8,7 +8,7 @@ use crate::http::{body, ReachBody};
 
 /// A response kept for replay.
 #[derive(Debug)]
-pub struct Stored {
+pub(crate) struct Stored {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
@@ -33,7 +33,7 @@ impl Stored {
         self.body.len() + head + 64
     }
 
-    pub fn replay(&self) -> Response<ReachBody> {
+    pub(crate) fn replay(&self) -> Response<ReachBody> {
         let mut response = Response::new(body::full(self.body.clone()));
         *response.status_mut() = self.status;
         *response.headers_mut() = self.headers.clone();

@@ -47,7 +47,7 @@ pub(super) enum Slot {
 /// response, or was cancelled), it frees the key: nothing is known to have run. Its response is
 /// kept through `Ticket::record` and `Ticket::settle` (`record.rs`).
 #[derive(Debug)]
-pub struct Ticket {
+pub(crate) struct Ticket {
     pub(super) table: Arc<IdempotencyTable>,
     pub(super) key: Option<Held>,
 }
@@ -61,7 +61,7 @@ impl Ticket {
     }
 
     /// Waits on this ticket's outcome, like a duplicate would.
-    pub fn subscribe(&self) -> Claim {
+    pub(crate) fn subscribe(&self) -> Claim {
         match &self.key {
             Some(key) => self.table.subscribe(key),
             None => Claim::Conflict,
@@ -88,28 +88,28 @@ struct Entry {
 /// What the table holds now.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
 pub struct TableUsage {
-    pub keys: usize,
+    pub(crate) keys: usize,
     pub bytes: usize,
-    pub max_bytes: usize,
+    pub(crate) max_bytes: usize,
     /// Callers holding at least one key.
-    pub callers: usize,
+    pub(crate) callers: usize,
 }
 
 /// Sizes of the table.
 #[derive(Clone, Copy, Debug)]
-pub struct Budget {
-    pub max_keys: usize,
-    pub ttl: Duration,
+pub(crate) struct Budget {
+    pub(crate) max_keys: usize,
+    pub(crate) ttl: Duration,
     /// One stored response.
-    pub max_body: usize,
+    pub(crate) max_body: usize,
     /// Everything stored together.
-    pub max_total_bytes: usize,
+    pub(crate) max_total_bytes: usize,
     /// The share of keys and bytes one caller may hold.
-    pub per_caller_share: f64,
+    pub(crate) per_caller_share: f64,
 }
 
 #[derive(Debug)]
-pub struct IdempotencyTable {
+pub(crate) struct IdempotencyTable {
     inner: Mutex<Inner>,
     budget: Budget,
 }
@@ -130,7 +130,7 @@ struct Usage {
 }
 
 impl IdempotencyTable {
-    pub fn new(budget: Budget) -> Arc<Self> {
+    pub(crate) fn new(budget: Budget) -> Arc<Self> {
         Arc::new(Self {
             inner: Mutex::default(),
             budget: Budget {
@@ -145,12 +145,13 @@ impl IdempotencyTable {
     }
 
     /// Bytes held by stored responses and keys.
-    pub fn bytes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
         self.lock().bytes
     }
 
     /// What the table holds, for `/status`.
-    pub fn usage(&self) -> TableUsage {
+    pub(crate) fn usage(&self) -> TableUsage {
         let inner = self.lock();
         TableUsage {
             keys: inner.entries.len(),
@@ -160,7 +161,7 @@ impl IdempotencyTable {
         }
     }
 
-    pub fn claim(
+    pub(crate) fn claim(
         self: &Arc<Self>,
         caller: &str,
         capability: &str,

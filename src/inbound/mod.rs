@@ -44,7 +44,7 @@ impl Inbound {
     /// order. The first step, `intake`, takes the request in and refuses early (`admit::gate`);
     /// a call with an `idempotency-key` then goes through `keyed`, any other straight to
     /// admission.
-    pub fn stack(
+    pub(crate) fn stack(
         self: &Arc<Self>,
         accepted: Arc<Accepted>,
     ) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
@@ -72,7 +72,7 @@ impl Inbound {
 
 /// What the inbound steps share: the sidecar's state, each `Arc` cloned into the steps.
 #[derive(Debug)]
-pub struct Inbound {
+pub(crate) struct Inbound {
     store: Arc<ConfigStore>,
     metrics: Arc<Metrics>,
     client: Pool,
@@ -88,7 +88,7 @@ pub struct Inbound {
 
 impl Inbound {
     /// The inbound listener over the sidecar's shared state, forwarding over `client`.
-    pub fn new(shared: &Shared, client: Pool) -> Self {
+    pub(crate) fn new(shared: &Shared, client: Pool) -> Self {
         Self {
             store: shared.store.clone(),
             metrics: shared.metrics.clone(),
@@ -103,16 +103,16 @@ impl Inbound {
         }
     }
 
-    pub fn load(&self) -> Load {
+    pub(crate) fn load(&self) -> Load {
         self.admission.load()
     }
 
     /// The idempotency table's keys and bytes (shared with the outbound side).
-    pub fn idempotency(&self) -> crate::idempotency::TableUsage {
+    pub(crate) fn idempotency(&self) -> crate::idempotency::TableUsage {
         self.idempotency.usage()
     }
 
-    pub fn stats(&self) -> StatsSnapshot {
+    pub(crate) fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
     }
 

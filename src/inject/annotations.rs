@@ -101,28 +101,28 @@ pub enum AnnotationError {
 /// The per-pod settings, from annotations or the injector's defaults.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Settings {
-    pub agent_port: u16,
-    pub capabilities: Vec<Name>,
-    pub max_concurrency: u32,
-    pub zone: Option<String>,
-    pub probe_path: Option<String>,
+    pub(crate) agent_port: u16,
+    pub(crate) capabilities: Vec<Name>,
+    pub(crate) max_concurrency: u32,
+    pub(crate) zone: Option<String>,
+    pub(crate) probe_path: Option<String>,
     /// A ConfigMap holding the whole bootstrap instead.
-    pub config_map: Option<String>,
+    pub(crate) config_map: Option<String>,
     /// The sidecar gets the injector's certificate volume and the bootstrap's `tls`.
-    pub mtls: bool,
+    pub(crate) mtls: bool,
     /// The sidecar gets the injector's `tasks` (and, for the embedded store, its volume).
-    pub tasks: bool,
+    pub(crate) tasks: bool,
     /// An `init-net` init container redirects the agent's port to the sidecar's inbound port.
-    pub intercept: bool,
+    pub(crate) intercept: bool,
     /// Ports and source networks `init-net` leaves alone.
-    pub exclude_ports: Vec<u16>,
-    pub exclude_cidrs: Vec<String>,
+    pub(crate) exclude_ports: Vec<u16>,
+    pub(crate) exclude_cidrs: Vec<String>,
     /// The bootstrap's `agent.a2a`: capabilities from the agent's card.
-    pub a2a: bool,
+    pub(crate) a2a: bool,
     /// The bootstrap's `agent.mcp.path`: tools from the local MCP server.
-    pub mcp: Option<String>,
+    pub(crate) mcp: Option<String>,
     /// Resources and log level of this pod's sidecar, over the chart's.
-    pub sidecar: SidecarOverrides,
+    pub(crate) sidecar: SidecarOverrides,
 }
 
 impl Settings {

@@ -22,35 +22,35 @@ pub struct InjectorConfig {
     pub native_sidecar: bool,
     /// Pods get at least this grace, so the sidecar's drain can finish.
     #[serde(default = "default_grace")]
-    pub termination_grace_seconds: u32,
+    pub(crate) termination_grace_seconds: u32,
     /// Scrape annotations added to pods that have none of their own.
     #[serde(default)]
-    pub prometheus: Option<Prometheus>,
+    pub(crate) prometheus: Option<Prometheus>,
     #[serde(default)]
-    pub defaults: Defaults,
+    pub(crate) defaults: Defaults,
     /// The sidecar, a Kubernetes `Container` (the chart's partial template).
-    pub sidecar: serde_json::Value,
+    pub(crate) sidecar: serde_json::Value,
     /// Pod volumes the sidecar mounts (policy ConfigMap, gossip key Secret).
     #[serde(default)]
-    pub volumes: Vec<serde_json::Value>,
+    pub(crate) volumes: Vec<serde_json::Value>,
     /// Mutual TLS between sidecars: the certificate volume every sidecar mounts. Absent: no
     /// certificates (the fleet speaks plaintext).
     #[serde(default)]
-    pub mtls: Option<Mtls>,
+    pub(crate) mtls: Option<Mtls>,
     /// Async tasks: where each sidecar keeps them (`tasks.rs`). On by default, with the embedded
     /// store on an `emptyDir`.
     #[serde(default)]
-    pub tasks: Tasks,
+    pub(crate) tasks: Tasks,
     /// Inbound interception: the `init-net` init container (`crate::intercept`).
     #[serde(default)]
-    pub intercept: Intercept,
+    pub(crate) intercept: Intercept,
     /// The Helm release that installed the injector: its pods are labelled with it
     /// (`agent-reach.io/release`), so the release's gossip Service selects only its own.
     #[serde(default)]
-    pub release: Option<String>,
+    pub(crate) release: Option<String>,
     /// Every injected pod's bootstrap without `agent`, which comes from the pod's annotations.
     /// `{namespace}` in a gossip seed becomes the pod's namespace.
-    pub bootstrap: serde_json::Map<String, serde_json::Value>,
+    pub(crate) bootstrap: serde_json::Map<String, serde_json::Value>,
     /// Derived at parse time from the bootstrap, as the sidecar will read it (`load.rs`).
     #[serde(skip)]
     pub(super) ports: Vec<u16>,
@@ -73,41 +73,41 @@ pub struct TlsFiles {
 /// `ca.crt` in the bootstrap's `tls` (`mtls.rs`).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct Mtls {
+pub(crate) struct Mtls {
     /// A Kubernetes volume without its `name`: `csi` for csi-driver-spiffe (a certificate per
     /// pod), `secret` for a cert-manager Certificate's Secret (one per service account).
     /// `{service_account}` in a string becomes the pod's service account.
-    pub volume: serde_json::Map<String, serde_json::Value>,
+    pub(crate) volume: serde_json::Map<String, serde_json::Value>,
     /// When set, only pods running as one of these service accounts (`namespace/name`) are
     /// injected; any other is denied, since the Secret its volume would name does not exist and
     /// the pod would never start.
     #[serde(default)]
-    pub service_accounts: Option<Vec<String>>,
+    pub(crate) service_accounts: Option<Vec<String>>,
 }
 
 /// `tasks`: the bootstrap's `tasks` every injected sidecar gets, unless its pod is annotated
 /// `agent-reach.io/tasks: disabled`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
-pub struct Tasks {
-    pub enabled: bool,
+pub(crate) struct Tasks {
+    pub(crate) enabled: bool,
     /// `""`: the embedded store, a file on an `emptyDir` (kept across container restarts, lost
     /// with the pod). A `redis://` URL: the shared store, where replicas of one workload take
     /// over each other's tasks.
-    pub store: String,
+    pub(crate) store: String,
     /// The `emptyDir`'s `sizeLimit` (a Kubernetes quantity); `""` for none.
-    pub size_limit: String,
+    pub(crate) size_limit: String,
     /// The store's URL from a Secret (`name`, `key`) instead of `store`: the pod's spec names
     /// the Secret, never the URL (and its password).
-    pub store_secret: Option<SecretKey>,
+    pub(crate) store_secret: Option<SecretKey>,
 }
 
 /// A key of a Secret in the pod's namespace.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct SecretKey {
-    pub name: String,
-    pub key: String,
+pub(crate) struct SecretKey {
+    pub(crate) name: String,
+    pub(crate) key: String,
 }
 
 impl Default for Tasks {
@@ -125,9 +125,9 @@ impl Default for Tasks {
 /// and the UID the sidecar runs under when they are.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
-pub struct Intercept {
-    pub default: bool,
-    pub proxy_uid: u32,
+pub(crate) struct Intercept {
+    pub(crate) default: bool,
+    pub(crate) proxy_uid: u32,
 }
 
 impl Default for Intercept {
@@ -141,20 +141,20 @@ impl Default for Intercept {
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct Prometheus {
-    pub port: u16,
+pub(crate) struct Prometheus {
+    pub(crate) port: u16,
     #[serde(default = "default_metrics_path")]
-    pub path: String,
+    pub(crate) path: String,
 }
 
 /// Per-pod settings for pods without the annotation.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
-pub struct Defaults {
-    pub agent_port: u16,
-    pub max_concurrency: u32,
+pub(crate) struct Defaults {
+    pub(crate) agent_port: u16,
+    pub(crate) max_concurrency: u32,
     /// `""`: no business probe unless the pod asks for one.
-    pub probe_path: String,
+    pub(crate) probe_path: String,
 }
 
 impl Default for Defaults {
@@ -184,23 +184,23 @@ fn default_metrics_path() -> String {
 }
 
 impl InjectorConfig {
-    pub fn sidecar_name(&self) -> Option<&str> {
+    pub(crate) fn sidecar_name(&self) -> Option<&str> {
         self.sidecar.get("name").and_then(|n| n.as_str())
     }
 
     /// The ports the sidecar itself listens on in the pod — outbound, inbound, admin, then
     /// gossip when on (an agent may not use them).
-    pub fn sidecar_ports(&self) -> &[u16] {
+    pub(crate) fn sidecar_ports(&self) -> &[u16] {
         &self.ports
     }
 
     /// The sidecar's inbound port (where `init-net` redirects to).
-    pub fn inbound_port(&self) -> u16 {
+    pub(crate) fn inbound_port(&self) -> u16 {
         self.ports.get(1).copied().unwrap_or(4143)
     }
 
     /// The sidecar's admin port (probes, `/live` for the post-start hook).
-    pub fn admin_port(&self) -> u16 {
+    pub(crate) fn admin_port(&self) -> u16 {
         self.admin_port
     }
 }

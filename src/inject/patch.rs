@@ -13,7 +13,7 @@ pub struct Op {
 }
 
 impl Op {
-    pub fn add(path: String, value: Value) -> Self {
+    pub(crate) fn add(path: String, value: Value) -> Self {
         Self {
             op: "add",
             path,
@@ -21,7 +21,7 @@ impl Op {
         }
     }
 
-    pub fn replace(path: String, value: Value) -> Self {
+    pub(crate) fn replace(path: String, value: Value) -> Self {
         Self {
             op: "replace",
             path,
@@ -31,7 +31,7 @@ impl Op {
 }
 
 /// A map key as one JSON-pointer token (`agent-reach.io/status` → `agent-reach.io~1status`).
-pub fn escape(key: &str) -> String {
+pub(crate) fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
@@ -42,9 +42,9 @@ fn unescape(token: &str) -> String {
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[error("cannot apply {op} at {path}: {problem}")]
 pub struct PatchError {
-    pub op: &'static str,
-    pub path: String,
-    pub problem: &'static str,
+    pub(crate) op: &'static str,
+    pub(crate) path: String,
+    pub(crate) problem: &'static str,
 }
 
 /// Applies `ops` in order, as the API server would.

@@ -71,7 +71,7 @@ impl Stats {
     fn cert_reloaded(&self, reloaded: &Reloaded) {
         let counter = match reloaded {
             Reloaded::Renewed => &self.cert_reloads_ok,
-            Reloaded::Failed(_) => &self.cert_reloads_error,
+            Reloaded::Failed => &self.cert_reloads_error,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

@@ -12,13 +12,13 @@
 //! on OUTPUT, which inbound interception does not install; the flag keeps the injector, the
 //! sidecar's `runAsUser` and the rules on one number for when outbound rules come.
 
-pub mod original_dst;
+pub(crate) mod original_dst;
 pub mod rules;
 
 use std::io::Write;
 use std::process::Command;
 
-pub use original_dst::intercepted;
+pub(crate) use original_dst::intercepted;
 use rules::{Backend, Plan, PlanError, Probe, Rule};
 
 /// The sidecar's fixed UID when intercepting (the injector runs it as this user).
@@ -143,7 +143,7 @@ fn print(plan: &Plan, binary: &str, uid: u32, out: &mut impl Write) -> std::io::
 
 /// Installs the plan idempotently through `exec`: our chain is created or flushed and refilled,
 /// and the one jump into it is added only when it is missing. Nothing else is touched.
-pub fn apply(
+pub(crate) fn apply(
     plan: &Plan,
     exec: &mut impl FnMut(&Rule) -> Result<(), InitNetError>,
 ) -> Result<(), InitNetError> {

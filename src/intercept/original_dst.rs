@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 /// connection was redirected (by `iptables` or `ip6tables`). `None` for a direct connection,
 /// and where conntrack knows nothing of it (no NAT in this namespace: ENOENT). An IPv4 client
 /// of a dual-stack listener is asked in IPv4 terms (its local address is `::ffff:a.b.c.d`).
-pub fn intercepted(stream: &TcpStream) -> Option<SocketAddr> {
+pub(crate) fn intercepted(stream: &TcpStream) -> Option<SocketAddr> {
     let local = stream.local_addr().ok()?;
     let v4_local = match local {
         SocketAddr::V4(v4) => Some(v4),

@@ -11,20 +11,20 @@ use std::fmt;
 
 /// The chain `init-net` owns. Rerunning flushes and refills it; no other chain is touched except
 /// for the one jump from PREROUTING into it.
-pub const CHAIN: &str = "AGENT_REACH_INBOUND";
+pub(crate) const CHAIN: &str = "AGENT_REACH_INBOUND";
 
 /// What the rules are built from (the `init-net` options, checked).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Ports the agent listens on: TCP connections to them from outside the pod are redirected.
-    pub agent_ports: Vec<u16>,
+    pub(crate) agent_ports: Vec<u16>,
     /// The sidecar's inbound listener.
-    pub inbound_port: u16,
+    pub(crate) inbound_port: u16,
     /// Ports never redirected, even when listed as agent ports.
-    pub exclude_ports: Vec<u16>,
+    pub(crate) exclude_ports: Vec<u16>,
     /// Source networks (CIDRs) never redirected: their connections reach the agent's port
     /// itself.
-    pub exclude_sources: Vec<String>,
+    pub(crate) exclude_sources: Vec<String>,
 }
 
 /// A plan that would redirect nothing, or would redirect the inbound port onto itself.
@@ -42,33 +42,33 @@ pub enum PlanError {
 
 /// One iptables invocation, without the binary: `iptables <args>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Rule {
-    pub args: Vec<String>,
+pub(crate) struct Rule {
+    pub(crate) args: Vec<String>,
 }
 
 /// The iptables backends; both speak the same command line, but rules added through one are
 /// invisible to the other, so the one the pod's tables already use must be picked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
+pub(crate) enum Backend {
     Nft,
     Legacy,
 }
 
 /// What probing one backend found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Probe {
-    pub backend: Backend,
+pub(crate) struct Probe {
+    pub(crate) backend: Backend,
     /// `-t nat -S` ran.
-    pub works: bool,
+    pub(crate) works: bool,
     /// Rules (`-A` lines) already in its nat table.
-    pub rules: usize,
+    pub(crate) rules: usize,
 }
 
 // === impl Plan ===
 
 impl Plan {
     /// Checks the ports; excluded ports are dropped from the agent ports, duplicates removed.
-    pub fn new(
+    pub(crate) fn new(
         agent_ports: &[u16],
         inbound_port: u16,
         exclude_ports: &[u16],
@@ -102,7 +102,7 @@ impl Plan {
 
     /// The plan, with connections from `cidrs` (IPv4 or IPv6) left to reach the agent's port
     /// itself.
-    pub fn excluding_sources(mut self, cidrs: &[String]) -> Result<Self, PlanError> {
+    pub(crate) fn excluding_sources(mut self, cidrs: &[String]) -> Result<Self, PlanError> {
         for cidr in cidrs {
             let valid = cidr.split_once('/').is_some_and(|(ip, bits)| {
                 let max = match ip.parse::<std::net::IpAddr>() {
@@ -123,7 +123,7 @@ impl Plan {
     }
 
     /// The plan for one address family: the excluded sources of that family only.
-    pub fn for_family(&self, v6: bool) -> Self {
+    pub(crate) fn for_family(&self, v6: bool) -> Self {
         let mut plan = self.clone();
         plan.exclude_sources.retain(|c| c.contains(':') == v6);
         plan
@@ -131,7 +131,7 @@ impl Plan {
 
     /// The chain's contents, in order (after it was created or flushed). Exclusions come first
     /// so they win over the redirects.
-    pub fn chain_rules(&self) -> Vec<Rule> {
+    pub(crate) fn chain_rules(&self) -> Vec<Rule> {
         let mut rules = vec![Rule::append(&["-i", "lo", "-j", "RETURN"])];
         for cidr in &self.exclude_sources {
             rules.push(Rule::append(&["-s", cidr, "-j", "RETURN"]));
@@ -162,7 +162,7 @@ impl Plan {
     /// Everything a first run does: create the chain, fill it, jump to it from PREROUTING. A
     /// rerun replaces the first step with a flush and skips the jump when it is there
     /// (see `super::apply`); this is what `--dry-run` prints.
-    pub fn fresh_install(&self) -> Vec<Rule> {
+    pub(crate) fn fresh_install(&self) -> Vec<Rule> {
         let mut rules = vec![Rule::new_chain()];
         rules.extend(self.chain_rules());
         rules.push(Rule::jump("-A"));
@@ -185,21 +185,21 @@ impl Rule {
         Self::nat(&all)
     }
 
-    pub fn new_chain() -> Self {
+    pub(crate) fn new_chain() -> Self {
         Self::nat(&["-N", CHAIN])
     }
 
-    pub fn flush_chain() -> Self {
+    pub(crate) fn flush_chain() -> Self {
         Self::nat(&["-F", CHAIN])
     }
 
     /// Lists the chain: succeeds only when it exists.
-    pub fn list_chain() -> Self {
+    pub(crate) fn list_chain() -> Self {
         Self::nat(&["-S", CHAIN])
     }
 
     /// The jump from PREROUTING; `op` is `-A` (add) or `-C` (check it is there).
-    pub fn jump(op: &str) -> Self {
+    pub(crate) fn jump(op: &str) -> Self {
         Self::nat(&[op, "PREROUTING", "-p", "tcp", "-j", CHAIN])
     }
 }
@@ -213,7 +213,7 @@ impl fmt::Display for Rule {
 // === impl Backend ===
 
 impl Backend {
-    pub fn binary(self) -> &'static str {
+    pub(crate) fn binary(self) -> &'static str {
         match self {
             Backend::Nft => "iptables-nft",
             Backend::Legacy => "iptables-legacy",
@@ -222,7 +222,7 @@ impl Backend {
 
     /// The IPv6 counterpart of an iptables binary (`iptables-nft` → `ip6tables-nft`; a path's
     /// file name likewise).
-    pub fn six(binary: &str) -> String {
+    pub(crate) fn six(binary: &str) -> String {
         match binary.rfind("iptables") {
             Some(at) if !binary[..at].ends_with("ip6") => {
                 format!(
@@ -238,7 +238,7 @@ impl Backend {
     /// The backend to write to, as Linkerd's proxy-init picks it: the one whose nat table
     /// already holds rules (more of them wins; nft on a tie), else the first that works, nft
     /// first (the default of current distributions).
-    pub fn choose(probes: &[Probe]) -> Option<Backend> {
+    pub(crate) fn choose(probes: &[Probe]) -> Option<Backend> {
         let working = || probes.iter().filter(|p| p.works);
         let most = working().map(|p| p.rules).max()?;
         if most > 0 {
@@ -253,7 +253,7 @@ impl Backend {
     }
 
     /// Counts the rules in `iptables -t nat -S` output.
-    pub fn count_rules(listing: &str) -> usize {
+    pub(crate) fn count_rules(listing: &str) -> usize {
         listing.lines().filter(|l| l.starts_with("-A ")).count()
     }
 }

@@ -13,15 +13,15 @@ use tokio::sync::oneshot;
 
 /// The limits in force for one request (read from the current config snapshot).
 #[derive(Clone, Copy, Debug)]
-pub struct AdmissionLimits {
-    pub max_concurrency: usize,
-    pub queue_capacity: usize,
-    pub max_wait: Duration,
+pub(crate) struct AdmissionLimits {
+    pub(crate) max_concurrency: usize,
+    pub(crate) queue_capacity: usize,
+    pub(crate) max_wait: Duration,
 }
 
 /// Why a request was not admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// Every slot busy and the queue full.
     Full,
     /// Queued, but no slot freed up within `max_wait`.
@@ -29,7 +29,7 @@ pub enum Refusal {
 }
 
 #[derive(Debug, Default)]
-pub struct Admission {
+pub(crate) struct Admission {
     state: Mutex<State>,
 }
 
@@ -49,7 +49,7 @@ struct Waiter {
 
 /// A concurrency slot; the agent is considered busy with this request until it is dropped.
 #[derive(Debug)]
-pub struct Slot {
+pub(crate) struct Slot {
     admission: Option<Arc<Admission>>,
 }
 
@@ -58,13 +58,13 @@ pub struct Slot {
 pub struct Load {
     pub in_flight: usize,
     pub queued: usize,
-    pub limit: usize,
+    pub(crate) limit: usize,
 }
 
 // === impl Admission ===
 
 impl Admission {
-    pub fn new(limit: usize) -> Arc<Self> {
+    pub(crate) fn new(limit: usize) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
                 limit,
@@ -74,7 +74,10 @@ impl Admission {
     }
 
     /// Takes a slot now, or waits in the queue for one, or refuses.
-    pub async fn acquire(self: &Arc<Self>, limits: AdmissionLimits) -> Result<Slot, Refusal> {
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        limits: AdmissionLimits,
+    ) -> Result<Slot, Refusal> {
         let (id, mut granted) = {
             let mut state = self.lock();
             if state.limit != limits.max_concurrency {
@@ -116,7 +119,7 @@ impl Admission {
         }
     }
 
-    pub fn load(&self) -> Load {
+    pub(crate) fn load(&self) -> Load {
         let state = self.lock();
         Load {
             in_flight: state.in_flight,

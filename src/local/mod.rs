@@ -27,14 +27,14 @@ pub(crate) const SELF_PATH: &str = "/reach/v1/self";
 
 /// When production traffic last succeeded, and last failed or was refused.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Traffic {
-    pub last_success: Option<Instant>,
-    pub last_trouble: Option<Instant>,
+pub(crate) struct Traffic {
+    pub(crate) last_success: Option<Instant>,
+    pub(crate) last_trouble: Option<Instant>,
 }
 
 impl Traffic {
     /// Traffic vouches for the agent over the last `window`: it succeeded, and nothing went wrong.
-    pub fn vouches(&self, now: Instant, window: std::time::Duration) -> bool {
+    pub(crate) fn vouches(&self, now: Instant, window: std::time::Duration) -> bool {
         let within =
             |at: Option<Instant>| at.is_some_and(|at| now.saturating_duration_since(at) < window);
         within(self.last_success) && !within(self.last_trouble)
@@ -44,15 +44,15 @@ impl Traffic {
 /// What the last business probe found.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProbeRecord {
-    pub capability: String,
-    pub ok: bool,
+    pub(crate) capability: String,
+    pub(crate) ok: bool,
     /// Why it failed: `status 429`, `body mismatch`, `timeout`, `connect error: …`.
     pub reason: Option<String>,
-    pub latency_ms: f64,
+    pub(crate) latency_ms: f64,
     #[serde(skip)]
-    pub at: Option<Instant>,
+    pub(crate) at: Option<Instant>,
     /// Seconds since the probe ran, filled in when shown.
-    pub age_s: f64,
+    pub(crate) age_s: f64,
 }
 
 /// One capability as published to peers.
@@ -60,34 +60,34 @@ pub struct ProbeRecord {
 pub struct PublishedCapability {
     pub name: String,
     pub tags: BTreeMap<String, f64>,
-    pub timeout_ms: u64,
-    pub mode: RouteMode,
-    pub cost: f64,
+    pub(crate) timeout_ms: u64,
+    pub(crate) mode: RouteMode,
+    pub(crate) cost: f64,
     #[serde(default)]
-    pub idempotent: bool,
+    pub(crate) idempotent: bool,
     /// The digest of the output schema its answers are checked against (`sha256:<hex>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<SchemaDigest>,
     /// Streaming and media types, for a capability imported from the agent's A2A card.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub a2a: Option<SkillFacts>,
+    pub(crate) a2a: Option<SkillFacts>,
     /// The MCP server's tools, for the capability its tools are entries of (`agent.mcp`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<ToolFacts>,
+    pub(crate) tools: Vec<ToolFacts>,
 }
 
 /// The document at `GET /reach/v1/self`: this agent's profile and its own live view.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SelfView {
-    pub name: String,
-    pub zone: String,
-    pub region: String,
-    pub max_concurrency: usize,
+    pub(crate) name: String,
+    pub(crate) zone: String,
+    pub(crate) region: String,
+    pub(crate) max_concurrency: usize,
     pub capabilities: Vec<PublishedCapability>,
     pub view: ViewSnapshot,
-    pub in_flight: usize,
-    pub queued: usize,
-    pub last_probe: Option<ProbeRecord>,
+    pub(crate) in_flight: usize,
+    pub(crate) queued: usize,
+    pub(crate) last_probe: Option<ProbeRecord>,
     /// Its model budgets as its providers' answers state them (docs/model-budgets.md); absent
     /// from an older sidecar's view.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -95,7 +95,7 @@ pub struct SelfView {
 }
 
 #[derive(Debug)]
-pub struct LocalAgent {
+pub(crate) struct LocalAgent {
     store: Arc<ConfigStore>,
     metrics: Arc<Metrics>,
     admission: Arc<Admission>,
@@ -126,7 +126,11 @@ struct Inner {
 }
 
 impl LocalAgent {
-    pub fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>, admission: Arc<Admission>) -> Self {
+    pub(crate) fn new(
+        store: Arc<ConfigStore>,
+        metrics: Arc<Metrics>,
+        admission: Arc<Admission>,
+    ) -> Self {
         let probe_gated = store.snapshot().has_probes();
         Self {
             store,
@@ -149,23 +153,23 @@ impl LocalAgent {
     }
 
     /// The agent's model budgets, which the outbound endpoint teaches.
-    pub fn budgets(&self) -> &Arc<ModelBudgets> {
+    pub(crate) fn budgets(&self) -> &Arc<ModelBudgets> {
         &self.budgets
     }
 
     /// The agent's A2A card as last read, if it publishes one.
-    pub fn card(&self) -> Option<Arc<bytes::Bytes>> {
+    pub(crate) fn card(&self) -> Option<Arc<bytes::Bytes>> {
         self.card.load_full()
     }
 
     /// Keeps a new read of the agent's card (`None`: the card is no longer imported).
-    pub fn set_card(&self, card: Option<bytes::Bytes>) {
+    pub(crate) fn set_card(&self, card: Option<bytes::Bytes>) {
         self.card.store(card.map(Arc::new));
     }
 
     /// A production request's outcome, as the inbound side measured it under the call's config
     /// snapshot, at `now` (when the call ended).
-    pub fn observe(&self, signal: Signal, snapshot: &Snapshot, now: Instant) {
+    pub(crate) fn observe(&self, signal: Signal, snapshot: &Snapshot, now: Instant) {
         let mut inner = self.lock();
         if matches!(signal, Signal::Success(_)) {
             inner.last_success = Some(now);
@@ -184,7 +188,7 @@ impl LocalAgent {
     }
 
     /// A business probe's result.
-    pub fn probed(&self, record: ProbeRecord, signal: Signal) {
+    pub(crate) fn probed(&self, record: ProbeRecord, signal: Signal) {
         let snapshot = self.store.snapshot();
         let now = Instant::now();
         let mut inner = self.lock();
@@ -202,7 +206,7 @@ impl LocalAgent {
 
     /// A golden-task run's report. A run that judged no task leaves the last verdict standing
     /// (with this run's task errors shown).
-    pub fn quality_ran(&self, mut report: RunReport) {
+    pub(crate) fn quality_ran(&self, mut report: RunReport) {
         let snapshot = self.store.snapshot();
         if let Some(similarity) = report.similarity {
             self.metrics.quality(&report.capability, similarity);
@@ -236,7 +240,7 @@ impl LocalAgent {
     }
 
     /// The last golden-task run of each capability that has golden tasks.
-    pub fn quality(&self) -> Vec<QualityStatus> {
+    pub(crate) fn quality(&self) -> Vec<QualityStatus> {
         self.lock()
             .quality
             .values()
@@ -248,12 +252,12 @@ impl LocalAgent {
     }
 
     /// Out because the agent refuses connections: the prober checks it every `fast_interval`.
-    pub fn is_unreachable(&self) -> bool {
+    pub(crate) fn is_unreachable(&self) -> bool {
         self.lock().view.is_unreachable()
     }
 
     /// The agent accepts connections again: back in, ramping, at once.
-    pub fn reachable(&self) {
+    pub(crate) fn reachable(&self) {
         let snapshot = self.store.snapshot();
         let t = self.lock().view.event(
             crate::reach::Event::Reachable,
@@ -264,7 +268,7 @@ impl LocalAgent {
     }
 
     /// `PUT /reach/v1/busy` or a `reach-busy` response header.
-    pub fn report_busy(&self, busy: bool, in_flight: Option<usize>, snapshot: &Snapshot) {
+    pub(crate) fn report_busy(&self, busy: bool, in_flight: Option<usize>, snapshot: &Snapshot) {
         let now = Instant::now();
         let mut inner = self.lock();
         inner
@@ -275,7 +279,7 @@ impl LocalAgent {
     }
 
     /// A `reach-load` response header.
-    pub fn report_load(&self, load: f64) {
+    pub(crate) fn report_load(&self, load: f64) {
         self.lock()
             .view
             .estimates_mut()
@@ -283,24 +287,24 @@ impl LocalAgent {
     }
 
     /// The sidecar is shutting down: tell peers to stop sending new work.
-    pub fn drain(&self) {
+    pub(crate) fn drain(&self) {
         let t = self.lock().view.drain(Instant::now());
         self.transitioned(t);
     }
 
     /// The probe thread could not start: leave ejection on the cool-off alone.
-    pub fn prober_unavailable(&self) {
+    pub(crate) fn prober_unavailable(&self) {
         self.prober_running.store(false, Ordering::Release);
     }
 
     /// Whether traffic asked for a probe since the last call (and clears the request).
-    pub fn take_probe_request(&self) -> bool {
+    pub(crate) fn take_probe_request(&self) -> bool {
         self.probe_now.swap(false, Ordering::AcqRel)
     }
 
     /// Applies time-driven transitions and refreshes the load; returns the view now and what
     /// production traffic last said.
-    pub fn refresh(&self) -> (ViewSnapshot, Traffic) {
+    pub(crate) fn refresh(&self) -> (ViewSnapshot, Traffic) {
         let snapshot = self.store.snapshot();
         let (ep, sp) = (&snapshot.estimate_params, &snapshot.state_params);
         let now = Instant::now();
@@ -342,7 +346,7 @@ impl LocalAgent {
 
     /// The state that bars new work (ejected or draining) at `now`, if the agent is in one.
     /// Checked on every inbound request, so it only ticks the state machine.
-    pub fn barred(&self, snapshot: &Snapshot, now: Instant) -> Option<crate::reach::State> {
+    pub(crate) fn barred(&self, snapshot: &Snapshot, now: Instant) -> Option<crate::reach::State> {
         use crate::reach::State;
         let mut inner = self.lock();
         let t = inner.view.tick(now, &snapshot.state_params);
@@ -353,23 +357,23 @@ impl LocalAgent {
     }
 
     /// Refreshes the view and sets the self-view gauges; run once a second.
-    pub fn publish(&self) {
+    pub(crate) fn publish(&self) {
         let (view, _) = self.refresh();
         self.metrics.self_view(&view);
     }
 
-    pub fn load(&self) -> Load {
+    pub(crate) fn load(&self) -> Load {
         self.admission.load()
     }
 
-    pub fn last_probe(&self) -> Option<ProbeRecord> {
+    pub(crate) fn last_probe(&self) -> Option<ProbeRecord> {
         let mut record = self.lock().last_probe.clone()?;
         record.age_s = record.at.map_or(0.0, |at| at.elapsed().as_secs_f64());
         Some(record)
     }
 
     /// The document peers read.
-    pub fn self_view(&self) -> SelfView {
+    pub(crate) fn self_view(&self) -> SelfView {
         let (view, _) = self.refresh();
         let snapshot = self.store.snapshot();
         let agent = &snapshot.bootstrap.agent;
@@ -424,7 +428,7 @@ impl LocalAgent {
     }
 
     /// The own view's last transitions, newest first.
-    pub fn transitions(&self) -> Vec<TransitionRecord> {
+    pub(crate) fn transitions(&self) -> Vec<TransitionRecord> {
         self.transitions.recent()
     }
 

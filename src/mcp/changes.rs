@@ -21,7 +21,7 @@ const MAX_PENDING: usize = 64 * 1024;
 
 /// Listens until the stream ends (the server restarted or closed the session); the watcher
 /// starts another after its next read.
-pub async fn listen(
+pub(crate) async fn listen(
     client: UpstreamClient,
     address: HostPort,
     path: String,

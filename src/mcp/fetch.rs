@@ -15,7 +15,7 @@ use crate::http::body;
 use crate::http::client::UpstreamClient;
 
 /// An answer larger than this is refused: a tool list is a few KiB to a few hundred.
-pub const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_ANSWER_BYTES: usize = 1024 * 1024;
 /// One request to the local server.
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// Pages of `tools/list` followed; more than this is a server that never stops paging.
@@ -24,7 +24,7 @@ pub(super) const SESSION_HEADER: &str = "mcp-session-id";
 
 /// Why the tools could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum FetchError {
+pub(crate) enum FetchError {
     #[error("mcp server {url}: {method}: {message}")]
     Request {
         url: String,
@@ -58,14 +58,14 @@ struct Session<'a> {
 /// What one read gave: the `tools` of every page of the server's `tools/list`, and the session
 /// the server assigned (its change notifications are listened for in it, `super::changes`).
 #[derive(Debug, Default)]
-pub struct Listed {
-    pub tools: Vec<Value>,
-    pub session: Option<HeaderValue>,
+pub(crate) struct Listed {
+    pub(crate) tools: Vec<Value>,
+    pub(crate) session: Option<HeaderValue>,
 }
 
 /// The server's tools, read in the session of the last read when the server still holds it
 /// (one session per server, not one per refresh), else in a new one.
-pub async fn tools(
+pub(crate) async fn tools(
     client: &UpstreamClient,
     address: &HostPort,
     path: &str,
@@ -97,7 +97,12 @@ pub async fn tools(
 }
 
 /// Ends the importer's session with the server (`DELETE`), when it has one.
-pub async fn end(client: &UpstreamClient, address: &HostPort, path: &str, session: HeaderValue) {
+pub(crate) async fn end(
+    client: &UpstreamClient,
+    address: &HostPort,
+    path: &str,
+    session: HeaderValue,
+) {
     let request = Request::delete(format!("http://{address}{path}"))
         .header(header::HOST, address.as_str())
         .header(SESSION_HEADER, session)

@@ -6,30 +6,30 @@ use serde_json::Value;
 
 /// The stateless protocol revision: no session, `Mcp-Method` / `Mcp-Name` on every request,
 /// `initialize` answerable by an intermediary.
-pub const STATELESS_REVISION: &str = "2026-07-28";
+pub(crate) const STATELESS_REVISION: &str = "2026-07-28";
 /// The revision this sidecar's own client speaks to its local server.
-pub const CLIENT_REVISION: &str = "2025-06-18";
+pub(crate) const CLIENT_REVISION: &str = "2025-06-18";
 /// Request headers of the stateless revision that name the method and the tool.
-pub const METHOD_HEADER: &str = "mcp-method";
-pub const NAME_HEADER: &str = "mcp-name";
-pub const VERSION_HEADER: &str = "mcp-protocol-version";
+pub(crate) const METHOD_HEADER: &str = "mcp-method";
+pub(crate) const NAME_HEADER: &str = "mcp-name";
+pub(crate) const VERSION_HEADER: &str = "mcp-protocol-version";
 
 /// What a JSON-RPC request body asks, as far as routing cares.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Asked {
-    pub method: String,
+pub(crate) struct Asked {
+    pub(crate) method: String,
     /// `params.name` of a `tools/call`.
-    pub tool: Option<String>,
-    pub id: Option<Value>,
+    pub(crate) tool: Option<String>,
+    pub(crate) id: Option<Value>,
     /// `params.protocolVersion` of an `initialize`.
-    pub revision: Option<String>,
+    pub(crate) revision: Option<String>,
     /// `params.requestState` is there: the retry of a multi round-trip request, which only the
     /// server that issued the state can take.
-    pub resumes: bool,
+    pub(crate) resumes: bool,
 }
 
 /// Reads a single JSON-RPC request (a batch or anything else: `None`).
-pub fn asked(body: &[u8]) -> Option<Asked> {
+pub(crate) fn asked(body: &[u8]) -> Option<Asked> {
     let value: Value = serde_json::from_slice(body).ok()?;
     let method = value.get("method")?.as_str()?.to_owned();
     let params = value.get("params");
@@ -83,7 +83,7 @@ pub(crate) fn event_data(event: &str) -> Option<String> {
 
 /// How a `tools/call` answer went for the tool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ToolOutcome {
+pub(crate) enum ToolOutcome {
     Ok,
     /// `result.isError: true`: the tool ran and reported failure.
     ToolError,
@@ -94,7 +94,7 @@ pub enum ToolOutcome {
 }
 
 /// Classifies a `tools/call` answer.
-pub fn tool_outcome(answer: &Value) -> ToolOutcome {
+pub(crate) fn tool_outcome(answer: &Value) -> ToolOutcome {
     if let Some(error) = answer.get("error") {
         // Parse error, invalid request, method not found, invalid params: the caller's.
         let code = error.get("code").and_then(Value::as_i64).unwrap_or(0);

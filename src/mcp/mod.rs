@@ -5,10 +5,10 @@
 //! the fleet's tools. A change goes live like a bootstrap reload
 //! (`ConfigStore::set_mcp_capability`), as an A2A card's does (`src/a2a/mod.rs`).
 
-pub mod changes;
-pub mod fetch;
+pub(crate) mod changes;
+pub(crate) mod fetch;
 pub mod jsonrpc;
-pub mod tools;
+pub(crate) mod tools;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +26,7 @@ const RETRY: Duration = Duration::from_secs(1);
 
 /// Starts the tool watcher: it idles while `agent.mcp` is unset, and a reload that sets or
 /// clears it takes effect at the next round.
-pub fn spawn(
+pub(crate) fn spawn(
     store: Arc<ConfigStore>,
     on_reload: OnReload,
     stop: CancellationToken,

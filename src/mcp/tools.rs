@@ -7,24 +7,24 @@ use serde_json::Value;
 use crate::config::ToolFacts;
 
 /// Tools imported from one server.
-pub const MAX_TOOLS: usize = 32;
+pub(crate) const MAX_TOOLS: usize = 32;
 /// Longest tool name kept, in bytes; a longer one is skipped, not cut (a cut name routes
 /// nowhere).
-pub const MAX_NAME: usize = 64;
+pub(crate) const MAX_NAME: usize = 64;
 /// Longest title kept, in bytes; a longer one is dropped (the tool stays).
-pub const MAX_TITLE: usize = 48;
+pub(crate) const MAX_TITLE: usize = 48;
 /// The bytes all tools may take in the profile item (name, title, schema hash, flags).
-pub const BUDGET: usize = 720;
+pub(crate) const BUDGET: usize = 720;
 
 /// What a list gave: tools, and those that could not be kept (and why).
 #[derive(Debug, Default, PartialEq)]
-pub struct Imported {
-    pub tools: Vec<ToolFacts>,
-    pub skipped: Vec<(String, String)>,
+pub(crate) struct Imported {
+    pub(crate) tools: Vec<ToolFacts>,
+    pub(crate) skipped: Vec<(String, String)>,
 }
 
 /// The `tools` of a `tools/list` result as tool entries, in the server's order.
-pub fn import(tools: &[Value]) -> Imported {
+pub(crate) fn import(tools: &[Value]) -> Imported {
     let mut imported = Imported::default();
     let mut spent = 0;
     for tool in tools {
@@ -88,7 +88,7 @@ fn valid_name(name: &str) -> bool {
 /// description, input and output schemas and annotations — keys sorted, so two servers that
 /// write one definition in another key order agree. A changed description (an injected
 /// instruction) is a changed definition (`docs/mcp.md`).
-pub fn definition_hash(tool: &Value) -> String {
+pub(crate) fn definition_hash(tool: &Value) -> String {
     let part = |key: &str| tool.get(key).cloned().unwrap_or(Value::Null);
     schema_hash(&serde_json::json!({
         "description": part("description"),
@@ -100,7 +100,7 @@ pub fn definition_hash(tool: &Value) -> String {
 
 /// The first 8 bytes of the SHA-256 of the schema with its keys sorted, in hex: two servers
 /// with the same schema written in another key order agree.
-pub fn schema_hash(schema: &Value) -> String {
+pub(crate) fn schema_hash(schema: &Value) -> String {
     let mut text = String::new();
     canonical(schema, &mut text);
     let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());

@@ -34,9 +34,9 @@ pub(super) struct Claimed {
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct Round {
     /// Claims that got a label: observe-only, and forgotten before (their series exist).
-    pub labelled: Vec<(String, bool, bool)>,
+    pub(crate) labelled: Vec<(String, bool, bool)>,
     /// Claims forgotten.
-    pub forgotten: Vec<String>,
+    pub(crate) forgotten: Vec<String>,
 }
 
 impl Claimed {

@@ -18,9 +18,9 @@ const CAPACITY_HELP: &str = "Concurrency slots (max_concurrency) of the agents s
 
 /// What the fleet's view says of one capability, for its gauges.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct CapabilityGauges {
-    pub demand_ratio: f64,
-    pub capacity: u64,
+pub(crate) struct CapabilityGauges {
+    pub(crate) demand_ratio: f64,
+    pub(crate) capacity: u64,
 }
 
 /// The last refresh's figures, by capability name.

@@ -14,7 +14,7 @@ use super::{
 };
 
 /// The inbound series of one capability (its metric label).
-pub struct InboundSeries {
+pub(crate) struct InboundSeries {
     label: Box<str>,
     first_byte: OnceLock<Histogram>,
     /// By outcome, in `OUTCOMES` order; `{source="intercepted"}` apart.
@@ -41,12 +41,12 @@ impl InboundSeries {
     }
 
     /// The capability's metric label.
-    pub fn label(&self) -> &str {
+    pub(crate) fn label(&self) -> &str {
         &self.label
     }
 
     /// `reach_inbound_time_to_first_byte_seconds`: the agent's answer began.
-    pub fn first_byte(&self, metrics: &Metrics, ttfb: Duration) {
+    pub(crate) fn first_byte(&self, metrics: &Metrics, ttfb: Duration) {
         let histogram = self.first_byte.get_or_init(|| {
             let label = self.label.to_string();
             metrics.with(|| histogram!(INBOUND_TTFB, "capability" => label))
@@ -58,7 +58,7 @@ impl InboundSeries {
     /// the agent's port) has series of its own, `{source="intercepted"}`: the mesh's keep their
     /// labels as they were (dashboards and alerts match them unchanged), a sum over all series
     /// still counts every call once, and the source picks out the work that came around the mesh.
-    pub fn finished(
+    pub(crate) fn finished(
         &self,
         metrics: &Metrics,
         intercepted: bool,
@@ -102,7 +102,7 @@ impl InboundSeries {
 impl Metrics {
     /// The inbound series of `capability` (a configured name, so the map grows only as the
     /// declared names do).
-    pub fn inbound_series(&self, capability: &str) -> Arc<InboundSeries> {
+    pub(crate) fn inbound_series(&self, capability: &str) -> Arc<InboundSeries> {
         let mut known = self.inbound.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(series) = known.get(capability) {
             return Arc::clone(series);

@@ -95,7 +95,7 @@ impl Metrics {
     /// from zero for up to `max` of them, the rest under `other`; one no member has claimed for
     /// `idle` is forgotten (`claimed.rs`). What members claim cannot grow this sidecar's series
     /// without end, nor keep them once the claims stop.
-    pub fn claims<'a>(
+    pub(crate) fn claims<'a>(
         &self,
         claims: impl IntoIterator<Item = &'a str>,
         observe_only: impl Fn(&str) -> bool,
@@ -173,7 +173,7 @@ impl Metrics {
     /// The label `capability`'s series carry: its name when it has series of its own (this
     /// sidecar's, its config's, or a claimed one within `metrics.max_capabilities`), else
     /// `other`.
-    pub fn label<'c>(&self, capability: &'c str) -> &'c str {
+    pub(crate) fn label<'c>(&self, capability: &'c str) -> &'c str {
         let labelled = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
         if labelled.contains(capability) {
             capability
@@ -184,7 +184,7 @@ impl Metrics {
 
     /// A capability this sidecar's config may call (its static peers', its policy's): its
     /// outbound series from zero, and the observe-only ones while it is routed observe-only.
-    pub fn register_called(&self, capability: &str, observe_only: bool) {
+    pub(crate) fn register_called(&self, capability: &str, observe_only: bool) {
         self.configured
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -217,7 +217,7 @@ impl Metrics {
 
     /// `capability`'s series from zero: its request outcomes and, for a capability this
     /// sidecar calls, its retry reasons and budget. Once per capability and direction.
-    pub fn register_capability(&self, direction: Direction, capability: &str) {
+    pub(crate) fn register_capability(&self, direction: Direction, capability: &str) {
         if direction == Direction::Inbound {
             self.configured
                 .lock()

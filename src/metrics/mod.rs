@@ -24,77 +24,71 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 use crate::fast_hash::FastMap;
 use crate::reach::{State, Transition, ViewSnapshot};
 
-pub use demand::CapabilityGauges;
-pub use inbound::InboundSeries;
+pub(crate) use demand::CapabilityGauges;
+pub(crate) use inbound::InboundSeries;
 use peers::PeerSeries;
-pub use peers::{Limits as PeerSeriesLimits, PeerGauges};
+pub(crate) use peers::{Limits as PeerSeriesLimits, PeerGauges};
 
-pub const REQUESTS_TOTAL: &str = "reach_requests_total";
-pub const REQUEST_DURATION: &str = "reach_request_duration_seconds";
-pub const INBOUND_TTFB: &str = "reach_inbound_time_to_first_byte_seconds";
-pub const INBOUND_IN_FLIGHT: &str = "reach_inbound_in_flight";
-pub const INBOUND_QUEUE_DEPTH: &str = "reach_inbound_queue_depth";
-pub const NO_CANDIDATE_TOTAL: &str = "reach_no_candidate_total";
+pub(crate) const REQUESTS_TOTAL: &str = "reach_requests_total";
+pub(crate) const REQUEST_DURATION: &str = "reach_request_duration_seconds";
+pub(crate) const INBOUND_TTFB: &str = "reach_inbound_time_to_first_byte_seconds";
+pub(crate) const INBOUND_IN_FLIGHT: &str = "reach_inbound_in_flight";
+pub(crate) const INBOUND_QUEUE_DEPTH: &str = "reach_inbound_queue_depth";
+pub(crate) const NO_CANDIDATE_TOTAL: &str = "reach_no_candidate_total";
 /// The capability label of a call that named no capability anyone serves: typed names must not
 /// grow the series.
-pub const UNKNOWN_CAPABILITY: &str = "unknown";
-pub const CONFIG_RELOADS_TOTAL: &str = "reach_config_reloads_total";
-pub const CONNECTIONS_OPEN: &str = "reach_connections_open";
-pub const CONNECTIONS_TOTAL: &str = "reach_connections_total";
-pub const INFO: &str = "reach_info";
-pub const STATE_TRANSITIONS_TOTAL: &str = "reach_state_transitions_total";
-pub const SELF_STATE: &str = "reach_self_state";
-pub const SELF_SATURATION: &str = "reach_self_saturation_ratio";
-pub const SELF_SATURATION_PREDICTED: &str = "reach_self_saturation_predicted_ratio";
-pub const SELF_AVAILABILITY: &str = "reach_self_availability_ratio";
-pub const QUALITY_SIMILARITY: &str = "reach_quality_similarity_ratio";
-pub const PEERS: &str = "reach_peers";
-pub const PEER_REQUESTS_TOTAL: &str = peers::PEER_REQUESTS_TOTAL;
-pub const PEER_SCORE: &str = peers::PEER_SCORE;
-pub const PEER_STATE: &str = peers::PEER_STATE;
-pub const PEER_CAP: &str = peers::PEER_CAP;
-pub const CAPABILITY_DEMAND_RATIO: &str = demand::DEMAND_RATIO;
-pub const CAPABILITY_CAPACITY: &str = demand::CAPACITY;
-pub const PROBES_TOTAL: &str = "reach_probes_total";
-pub const PROBE_DURATION: &str = "reach_probe_duration_seconds";
-pub const RETRIES_TOTAL: &str = "reach_retries_total";
-pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_total";
-pub const LOOPS_REFUSED_TOTAL: &str = "reach_loops_refused_total";
-pub const HEDGES_TOTAL: &str = "reach_hedges_total";
-pub const TIER_PICKS_TOTAL: &str = "reach_tier_picks_total";
-pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "reach_idempotent_replays_total";
-pub const DEADLINES_EXCEEDED_TOTAL: &str = "reach_deadlines_exceeded_total";
-pub const TASKS_TOTAL: &str = "reach_tasks_total";
-pub const TASK_DELIVERIES_TOTAL: &str = "reach_task_deliveries_total";
-pub const TASK_STORE_ERRORS_TOTAL: &str = "reach_task_store_errors_total";
-pub const GOSSIP_MEMBERS: &str = "reach_gossip_members";
-pub const GOSSIP_MESSAGES_TOTAL: &str = "reach_gossip_messages_total";
-pub const GOSSIP_BYTES_TOTAL: &str = "reach_gossip_bytes_total";
-pub const GOSSIP_REJECTED_TOTAL: &str = "reach_gossip_rejected_total";
-pub const MODEL_BUDGET_MALFORMED_TOTAL: &str = "reach_model_budget_malformed_total";
-pub const MODEL_HEADROOM: &str = "reach_model_headroom_ratio";
+pub(crate) const UNKNOWN_CAPABILITY: &str = "unknown";
+pub(crate) const CONFIG_RELOADS_TOTAL: &str = "reach_config_reloads_total";
+pub(crate) const CONNECTIONS_OPEN: &str = "reach_connections_open";
+pub(crate) const CONNECTIONS_TOTAL: &str = "reach_connections_total";
+pub(crate) const INFO: &str = "reach_info";
+pub(crate) const STATE_TRANSITIONS_TOTAL: &str = "reach_state_transitions_total";
+pub(crate) const SELF_STATE: &str = "reach_self_state";
+pub(crate) const SELF_SATURATION: &str = "reach_self_saturation_ratio";
+pub(crate) const SELF_SATURATION_PREDICTED: &str = "reach_self_saturation_predicted_ratio";
+pub(crate) const SELF_AVAILABILITY: &str = "reach_self_availability_ratio";
+pub(crate) const QUALITY_SIMILARITY: &str = "reach_quality_similarity_ratio";
+pub(crate) const PEERS: &str = "reach_peers";
+pub(crate) const PROBES_TOTAL: &str = "reach_probes_total";
+pub(crate) const PROBE_DURATION: &str = "reach_probe_duration_seconds";
+pub(crate) const RETRIES_TOTAL: &str = "reach_retries_total";
+pub(crate) const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "reach_retry_budget_exhausted_total";
+pub(crate) const LOOPS_REFUSED_TOTAL: &str = "reach_loops_refused_total";
+pub(crate) const HEDGES_TOTAL: &str = "reach_hedges_total";
+pub(crate) const TIER_PICKS_TOTAL: &str = "reach_tier_picks_total";
+pub(crate) const IDEMPOTENT_REPLAYS_TOTAL: &str = "reach_idempotent_replays_total";
+pub(crate) const DEADLINES_EXCEEDED_TOTAL: &str = "reach_deadlines_exceeded_total";
+pub(crate) const TASKS_TOTAL: &str = "reach_tasks_total";
+pub(crate) const TASK_DELIVERIES_TOTAL: &str = "reach_task_deliveries_total";
+pub(crate) const TASK_STORE_ERRORS_TOTAL: &str = "reach_task_store_errors_total";
+pub(crate) const GOSSIP_MEMBERS: &str = "reach_gossip_members";
+pub(crate) const GOSSIP_MESSAGES_TOTAL: &str = "reach_gossip_messages_total";
+pub(crate) const GOSSIP_BYTES_TOTAL: &str = "reach_gossip_bytes_total";
+pub(crate) const GOSSIP_REJECTED_TOTAL: &str = "reach_gossip_rejected_total";
+pub(crate) const MODEL_BUDGET_MALFORMED_TOTAL: &str = "reach_model_budget_malformed_total";
+pub(crate) const MODEL_HEADROOM: &str = "reach_model_headroom_ratio";
 /// OpenTelemetry's GenAI semantic convention, as a counter of tokens.
-pub const GEN_AI_TOKEN_USAGE: &str = "gen_ai_client_token_usage";
-pub const GEN_AI_TTFT: &str = "gen_ai_server_time_to_first_token_seconds";
+pub(crate) const GEN_AI_TOKEN_USAGE: &str = "gen_ai_client_token_usage";
+pub(crate) const GEN_AI_TTFT: &str = "gen_ai_server_time_to_first_token_seconds";
 /// Model names with a label of their own; past them, `other`.
 const MAX_MODEL_LABELS: usize = 16;
 /// (capability, tool) pairs `reach_mcp_tool_calls_total` names at most; the rest are `other`.
 /// Only announced tools are routed, up to 32 per server (`docs/mcp.md`), but a fleet's are many.
 const MAX_TOOL_LABELS: usize = 128;
-pub const PANICS_TOTAL: &str = "reach_panics_total";
-pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "reach_tls_handshake_failures_total";
-pub const AUTHZ_DENIED_TOTAL: &str = "reach_authz_denied_total";
-pub const CLAIMS_REFUSED_TOTAL: &str = "reach_claims_refused_total";
-pub const OBSERVE_CALLS_TOTAL: &str = "reach_observe_calls_total";
-pub const OBSERVE_AVOIDABLE_FAILURES_TOTAL: &str = "reach_observe_avoidable_failures_total";
-pub const OUTPUT_INVALID_TOTAL: &str = "reach_output_invalid_total";
-pub const OUTPUT_UNVALIDATED_TOTAL: &str = "reach_output_unvalidated_total";
-pub const AFFINITY_HITS_TOTAL: &str = "reach_affinity_hits_total";
-pub const AFFINITY_LOST_TOTAL: &str = "reach_affinity_lost_total";
-pub const AFFINITY_ENTRIES: &str = "reach_affinity_entries";
-pub const MCP_TOOL_CALLS_TOTAL: &str = "reach_mcp_tool_calls_total";
-pub const MCP_TOOLS_PAUSED: &str = "reach_mcp_tools_paused";
-pub const MCP_TOOLS_HELD: &str = "reach_mcp_tools_held";
+pub(crate) const PANICS_TOTAL: &str = "reach_panics_total";
+pub(crate) const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "reach_tls_handshake_failures_total";
+pub(crate) const AUTHZ_DENIED_TOTAL: &str = "reach_authz_denied_total";
+pub(crate) const CLAIMS_REFUSED_TOTAL: &str = "reach_claims_refused_total";
+pub(crate) const OBSERVE_CALLS_TOTAL: &str = "reach_observe_calls_total";
+pub(crate) const OBSERVE_AVOIDABLE_FAILURES_TOTAL: &str = "reach_observe_avoidable_failures_total";
+pub(crate) const OUTPUT_INVALID_TOTAL: &str = "reach_output_invalid_total";
+pub(crate) const OUTPUT_UNVALIDATED_TOTAL: &str = "reach_output_unvalidated_total";
+pub(crate) const AFFINITY_HITS_TOTAL: &str = "reach_affinity_hits_total";
+pub(crate) const AFFINITY_LOST_TOTAL: &str = "reach_affinity_lost_total";
+pub(crate) const AFFINITY_ENTRIES: &str = "reach_affinity_entries";
+pub(crate) const MCP_TOOL_CALLS_TOTAL: &str = "reach_mcp_tool_calls_total";
+pub(crate) const MCP_TOOLS_PAUSED: &str = "reach_mcp_tools_paused";
+pub(crate) const MCP_TOOLS_HELD: &str = "reach_mcp_tools_held";
 
 /// Latency buckets in seconds: sub-millisecond proxy hops up to multi-minute agent tasks.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -309,13 +303,13 @@ const HISTOGRAMS: &[(&str, &str)] = &[
 
 /// Which way a request crossed the sidecar.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Direction {
+pub(crate) enum Direction {
     Inbound,
     Outbound,
 }
 
 impl Direction {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Direction::Inbound => "inbound",
             Direction::Outbound => "outbound",
@@ -378,10 +372,10 @@ pub struct Metrics {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChainCounts {
     pub loops_refused: u64,
-    pub max_hops_refused: u64,
+    pub(crate) max_hops_refused: u64,
     pub hedges_won: u64,
-    pub hedges_lost: u64,
-    pub hedges_no_budget: u64,
+    pub(crate) hedges_lost: u64,
+    pub(crate) hedges_no_budget: u64,
 }
 
 #[derive(Debug, Default)]
@@ -448,7 +442,7 @@ impl Metrics {
     }
 
     /// Runs `f` with this sidecar's recorder behind the `metrics` macros.
-    pub fn with<T>(&self, f: impl FnOnce() -> T) -> T {
+    pub(crate) fn with<T>(&self, f: impl FnOnce() -> T) -> T {
         metrics::with_local_recorder(&self.recorder, f)
     }
 
@@ -467,7 +461,7 @@ impl Metrics {
 
     /// The fleet's demand per capability as of this refresh; a capability left out loses its
     /// series.
-    pub fn capability_demand<'a>(
+    pub(crate) fn capability_demand<'a>(
         &self,
         fleet: impl IntoIterator<Item = (&'a str, CapabilityGauges)>,
     ) {
@@ -487,7 +481,7 @@ impl Metrics {
 
     /// Drains histogram samples into buckets and expires idle peers' series; called
     /// periodically so memory stays flat between scrapes.
-    pub fn run_upkeep(&self) {
+    pub(crate) fn run_upkeep(&self) {
         self.handle.run_upkeep();
         self.settle_claims();
         self.peer_series().expire(Instant::now());
@@ -497,7 +491,7 @@ impl Metrics {
         self.peers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn request_finished(
+    pub(crate) fn request_finished(
         &self,
         direction: Direction,
         capability: &str,
@@ -551,26 +545,26 @@ impl Metrics {
         })
     }
 
-    pub fn inbound_load(&self, in_flight: usize, queued: usize) {
+    pub(crate) fn inbound_load(&self, in_flight: usize, queued: usize) {
         self.with(|| {
             gauge!(INBOUND_IN_FLIGHT).set(in_flight as f64);
             gauge!(INBOUND_QUEUE_DEPTH).set(queued as f64);
         });
     }
 
-    pub fn no_candidate(&self, capability: &str) {
+    pub(crate) fn no_candidate(&self, capability: &str) {
         let capability = capability.to_owned();
         self.with(|| counter!(NO_CANDIDATE_TOTAL, "capability" => capability).increment(1));
     }
 
     /// One config reload of `file` and its `result` (`ok`, `error`, `restart_required`).
-    pub fn config_reload(&self, file: &'static str, result: &'static str) {
+    pub(crate) fn config_reload(&self, file: &'static str, result: &'static str) {
         self.with(|| {
             counter!(CONFIG_RELOADS_TOTAL, "file" => file, "result" => result).increment(1)
         });
     }
 
-    pub fn connection_opened(&self, listener: &'static str) {
+    pub(crate) fn connection_opened(&self, listener: &'static str) {
         self.with(|| {
             counter!(CONNECTIONS_TOTAL, "listener" => listener).increment(1);
             gauge!(CONNECTIONS_OPEN, "listener" => listener).increment(1.0);
@@ -579,7 +573,7 @@ impl Metrics {
 
     /// A state transition, counted without the agent's name (per-peer figures are the bounded
     /// table's); a tracked peer's series stay while it moves.
-    pub fn transition(&self, view: &'static str, agent: &str, t: Transition) {
+    pub(crate) fn transition(&self, view: &'static str, agent: &str, t: Transition) {
         if view == "peer" {
             self.peer_series().touch(agent, Instant::now());
         }
@@ -590,7 +584,7 @@ impl Metrics {
         });
     }
 
-    pub fn self_view(&self, view: &ViewSnapshot) {
+    pub(crate) fn self_view(&self, view: &ViewSnapshot) {
         self.with(|| {
             let shown = view.shown_state();
             let names = State::ALL.iter().map(|s| s.as_str()).chain(["degraded"]);
@@ -605,7 +599,7 @@ impl Metrics {
 
     /// Every known peer as this caller sees it: `reach_peers{state}` counts them all, the
     /// tracked ones get their gauges; `limits` is the live policy's `metrics`.
-    pub fn peers<'a>(
+    pub(crate) fn peers<'a>(
         &self,
         limits: PeerSeriesLimits,
         views: impl IntoIterator<Item = (&'a str, PeerGauges)>,
@@ -626,7 +620,11 @@ impl Metrics {
     }
 
     /// Gossip counters and membership, copied from the node at scrape time.
-    pub fn gossip(&self, stats: &crate::gossip::Stats, status: &crate::gossip::GossipStatus) {
+    pub(crate) fn gossip(
+        &self,
+        stats: &crate::gossip::Stats,
+        status: &crate::gossip::GossipStatus,
+    ) {
         use std::sync::atomic::Ordering::Relaxed;
         self.with(|| {
             for (direction, packets, bytes) in [
@@ -652,7 +650,7 @@ impl Metrics {
         });
     }
 
-    pub fn probe(&self, capability: &str, result: &'static str, duration: Option<Duration>) {
+    pub(crate) fn probe(&self, capability: &str, result: &'static str, duration: Option<Duration>) {
         let capability = capability.to_owned();
         self.with(|| {
             counter!(PROBES_TOTAL, "capability" => capability.clone(), "result" => result)
@@ -664,12 +662,12 @@ impl Metrics {
     }
 
     /// A golden-task run's mean similarity.
-    pub fn quality(&self, capability: &str, similarity: f64) {
+    pub(crate) fn quality(&self, capability: &str, similarity: f64) {
         let capability = capability.to_owned();
         self.with(|| gauge!(QUALITY_SIMILARITY, "capability" => capability).set(similarity));
     }
 
-    pub fn retry(&self, capability: &str, reason: &'static str) {
+    pub(crate) fn retry(&self, capability: &str, reason: &'static str) {
         let capability = self.label(capability).to_owned();
         self.with(|| {
             counter!(RETRIES_TOTAL, "capability" => capability, "reason" => reason).increment(1)
@@ -677,13 +675,13 @@ impl Metrics {
     }
 
     /// An answer its capability's output schema refused.
-    pub fn output_invalid(&self, capability: &str) {
+    pub(crate) fn output_invalid(&self, capability: &str) {
         let capability = self.label(capability).to_owned();
         self.with(|| counter!(OUTPUT_INVALID_TOTAL, "capability" => capability).increment(1));
     }
 
     /// An answer of a capability with a schema that was passed on unchecked, and why.
-    pub fn output_unvalidated(&self, capability: &str, reason: &'static str) {
+    pub(crate) fn output_unvalidated(&self, capability: &str, reason: &'static str) {
         let capability = self.label(capability).to_owned();
         self.with(|| {
             counter!(OUTPUT_UNVALIDATED_TOTAL, "capability" => capability, "reason" => reason)
@@ -691,24 +689,24 @@ impl Metrics {
         });
     }
 
-    pub fn deadline_exceeded(&self, direction: Direction) {
+    pub(crate) fn deadline_exceeded(&self, direction: Direction) {
         self.with(|| {
             counter!(DEADLINES_EXCEEDED_TOTAL, "direction" => direction.as_str()).increment(1)
         });
     }
 
     /// An async task's step (`TASKS_TOTAL`).
-    pub fn task_event(&self, event: &'static str) {
+    pub(crate) fn task_event(&self, event: &'static str) {
         self.with(|| counter!(TASKS_TOTAL, "event" => event).increment(1));
     }
 
     /// A failed task store operation (`TASK_STORE_ERRORS_TOTAL`); `by` 0 registers the series.
-    pub fn task_store_error(&self, kind: &'static str, by: u64) {
+    pub(crate) fn task_store_error(&self, kind: &'static str, by: u64) {
         self.with(|| counter!(TASK_STORE_ERRORS_TOTAL, "kind" => kind).increment(by));
     }
 
     /// A webhook or callback POST (`TASK_DELIVERIES_TOTAL`).
-    pub fn task_delivery(&self, kind: &'static str, result: &'static str) {
+    pub(crate) fn task_delivery(&self, kind: &'static str, result: &'static str) {
         self.with(|| {
             counter!(TASK_DELIVERIES_TOTAL, "kind" => kind, "result" => result).increment(1)
         });
@@ -716,7 +714,7 @@ impl Metrics {
 
     /// Unreadable rate-limit values in an external target's answer. `target` is a configured
     /// target's name: a bounded label.
-    pub fn model_budget_malformed(&self, target: &str, n: u32) {
+    pub(crate) fn model_budget_malformed(&self, target: &str, n: u32) {
         let target = target.to_owned();
         self.with(|| {
             counter!(MODEL_BUDGET_MALFORMED_TOTAL, "target" => target).increment(u64::from(n))
@@ -724,7 +722,7 @@ impl Metrics {
     }
 
     /// Tokens an external target's answer reported (docs/model-budgets.md, "Tokens").
-    pub fn token_usage(&self, provider: &str, model: Option<&str>, input: u64, output: u64) {
+    pub(crate) fn token_usage(&self, provider: &str, model: Option<&str>, input: u64, output: u64) {
         let model = {
             let mut known = self.models.lock().unwrap_or_else(|p| p.into_inner());
             match model {
@@ -748,7 +746,7 @@ impl Metrics {
     }
 
     /// A streamed answer's first event from an external target (docs/model-budgets.md, "Tokens").
-    pub fn time_to_first_token(&self, provider: &str, ttft: Duration) {
+    pub(crate) fn time_to_first_token(&self, provider: &str, ttft: Duration) {
         let provider = provider.to_owned();
         self.with(|| {
             histogram!(GEN_AI_TTFT, "gen_ai_provider_name" => provider).record(ttft.as_secs_f64())
@@ -756,15 +754,15 @@ impl Metrics {
     }
 
     /// The local agent's model headroom (docs/model-budgets.md).
-    pub fn model_headroom(&self, headroom: f64) {
+    pub(crate) fn model_headroom(&self, headroom: f64) {
         self.with(|| gauge!(MODEL_HEADROOM).set(headroom));
     }
 
-    pub fn idempotent_replay(&self) {
+    pub(crate) fn idempotent_replay(&self) {
         self.with(|| counter!(IDEMPOTENT_REPLAYS_TOTAL).increment(1));
     }
 
-    pub fn tier_pick(&self, tier: &'static str) {
+    pub(crate) fn tier_pick(&self, tier: &'static str) {
         match TIERS.iter().position(|t| *t == tier) {
             Some(i) => self.tier_picks[i]
                 .get_or_init(|| self.with(|| counter!(TIER_PICKS_TOTAL, "tier" => tier)))
@@ -774,19 +772,19 @@ impl Metrics {
     }
 
     /// A call routed to the agent its affinity key is bound to.
-    pub fn affinity_hit(&self, capability: &str) {
+    pub(crate) fn affinity_hit(&self, capability: &str) {
         let capability = self.label(capability).to_owned();
         self.with(|| counter!(AFFINITY_HITS_TOTAL, "capability" => capability).increment(1));
     }
 
     /// A call whose affinity key's agent was out.
-    pub fn affinity_lost(&self, capability: &str) {
+    pub(crate) fn affinity_lost(&self, capability: &str) {
         let capability = self.label(capability).to_owned();
         self.with(|| counter!(AFFINITY_LOST_TOTAL, "capability" => capability).increment(1));
     }
 
     /// A `tools/call` answer read for how the tool did: `outcome` is `ok`, `error` or `timeout`.
-    pub fn mcp_tool_call(&self, capability: &str, tool: &str, outcome: &'static str) {
+    pub(crate) fn mcp_tool_call(&self, capability: &str, tool: &str, outcome: &'static str) {
         let key = (capability.to_owned(), tool.to_owned());
         let tool = {
             let mut known = self.mcp_tools.lock().unwrap_or_else(|p| p.into_inner());
@@ -804,20 +802,20 @@ impl Metrics {
         });
     }
 
-    pub fn mcp_tools_paused(&self, n: usize) {
+    pub(crate) fn mcp_tools_paused(&self, n: usize) {
         self.with(|| gauge!(MCP_TOOLS_PAUSED).set(n as f64));
     }
 
-    pub fn mcp_tools_held(&self, n: usize) {
+    pub(crate) fn mcp_tools_held(&self, n: usize) {
         self.with(|| gauge!(MCP_TOOLS_HELD).set(n as f64));
     }
 
-    pub fn affinity_entries(&self, n: usize) {
+    pub(crate) fn affinity_entries(&self, n: usize) {
         self.with(|| gauge!(AFFINITY_ENTRIES).set(n as f64));
     }
 
     /// A call refused for its delegation chain: a loop, or one hop past `chains.max_hops`.
-    pub fn loop_refused(&self, looped: bool) {
+    pub(crate) fn loop_refused(&self, looped: bool) {
         let (why, count) = if looped {
             ("loop", &self.chains.loops_refused)
         } else {
@@ -828,12 +826,12 @@ impl Metrics {
     }
 
     /// A chain the agent passed on refused at the outbound listener (`forged`, `replayed`).
-    pub fn chain_refused(&self, why: &'static str) {
+    pub(crate) fn chain_refused(&self, why: &'static str) {
         self.with(|| counter!(LOOPS_REFUSED_TOTAL, "why" => why).increment(1));
     }
 
     /// A hedge's result: `won`, `lost` or `no_budget`.
-    pub fn hedge(&self, result: &'static str) {
+    pub(crate) fn hedge(&self, result: &'static str) {
         let count = match result {
             "won" => &self.chains.hedges_won,
             "lost" => &self.chains.hedges_lost,
@@ -844,7 +842,7 @@ impl Metrics {
     }
 
     /// Loops refused and hedges so far, for `/status`.
-    pub fn chain_counts(&self) -> ChainCounts {
+    pub(crate) fn chain_counts(&self) -> ChainCounts {
         let c = &self.chains;
         let read = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ChainCounts {
@@ -856,7 +854,7 @@ impl Metrics {
         }
     }
 
-    pub fn retry_budget_exhausted(&self, capability: &str) {
+    pub(crate) fn retry_budget_exhausted(&self, capability: &str) {
         let capability = self.label(capability).to_owned();
         self.with(|| {
             counter!(RETRY_BUDGET_EXHAUSTED_TOTAL, "capability" => capability).increment(1)
@@ -864,17 +862,17 @@ impl Metrics {
     }
 
     /// The panic counter of `listener`, registered now so it shows 0 before the first panic.
-    pub fn panics(&self, listener: &'static str) -> Counter {
+    pub(crate) fn panics(&self, listener: &'static str) -> Counter {
         self.with(|| counter!(PANICS_TOTAL, "listener" => listener))
     }
 
-    pub fn tls_handshake_failed(&self, reason: &'static str) {
+    pub(crate) fn tls_handshake_failed(&self, reason: &'static str) {
         self.with(|| counter!(TLS_HANDSHAKE_FAILURES_TOTAL, "reason" => reason).increment(1));
     }
 
     /// One observe-only call: whether the model agreed, and whether it failed where the model
     /// would not have gone.
-    pub fn observed(&self, capability: &str, same: bool, avoidable_failure: bool) {
+    pub(crate) fn observed(&self, capability: &str, same: bool, avoidable_failure: bool) {
         let agreement = if same { "same" } else { "different" };
         let label = self.label(capability).to_owned();
         self.with(|| {
@@ -886,25 +884,25 @@ impl Metrics {
         });
     }
 
-    pub fn authz_denied(&self, capability: &str) {
+    pub(crate) fn authz_denied(&self, capability: &str) {
         let capability = capability.to_owned();
         self.with(|| counter!(AUTHZ_DENIED_TOTAL, "capability" => capability).increment(1));
     }
 
     /// A member's claim the policy does not believe (`kind`: `serve`), about `subject`: a
     /// capability the policy names, so the labels stay bounded.
-    pub fn claim_refused(&self, kind: &'static str, subject: &str) {
+    pub(crate) fn claim_refused(&self, kind: &'static str, subject: &str) {
         let subject = subject.to_owned();
         self.with(|| {
             counter!(CLAIMS_REFUSED_TOTAL, "kind" => kind, "subject" => subject).increment(1)
         });
     }
 
-    pub fn panicked(&self, listener: &'static str) {
+    pub(crate) fn panicked(&self, listener: &'static str) {
         self.panics(listener).increment(1);
     }
 
-    pub fn connection_closed(&self, listener: &'static str) {
+    pub(crate) fn connection_closed(&self, listener: &'static str) {
         self.with(|| gauge!(CONNECTIONS_OPEN, "listener" => listener).decrement(1.0));
     }
 }

@@ -46,9 +46,9 @@ const HELP: [(&str, &str, &str); 4] = [
 
 /// How many peers get series, and how long an idle one keeps them (the policy's `metrics`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Limits {
-    pub max_peers: usize,
-    pub idle_timeout: Duration,
+pub(crate) struct Limits {
+    pub(crate) max_peers: usize,
+    pub(crate) idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -62,10 +62,10 @@ impl Default for Limits {
 
 /// What the views say of a peer, for its gauges.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PeerGauges {
-    pub state: State,
-    pub cap: f64,
-    pub score: f64,
+pub(crate) struct PeerGauges {
+    pub(crate) state: State,
+    pub(crate) cap: f64,
+    pub(crate) score: f64,
 }
 
 /// The peers that have series now.

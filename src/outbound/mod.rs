@@ -33,12 +33,15 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::ServiceBuilder;
 
-pub use attempts::observe::{ObserveCounts, ObserveLog};
+pub use attempts::observe::ObserveCounts;
+pub(crate) use attempts::observe::ObserveLog;
 pub use candidates::balance::pick;
-pub use candidates::sample::{score_candidates, SAMPLE};
-pub use mcp::pins::Pins as McpPins;
-pub use mcp::status::{ToolServer, ToolStatus};
-pub use resolve::capability_of;
+pub use candidates::sample::score_candidates;
+pub(crate) use mcp::pins::Pins as McpPins;
+#[cfg(test)]
+pub(crate) use mcp::status::ToolServer;
+pub(crate) use mcp::status::ToolStatus;
+pub(crate) use resolve::capability_of;
 
 use crate::config::{ConfigStore, Snapshot};
 use crate::http::pool::Pool;
@@ -60,7 +63,9 @@ impl Outbound {
     /// The outbound request path, in request order: the first step (`lanes`) answers the
     /// agent's own API, resolves a capability call and sends it down the plain lane (routing
     /// alone) or, when one of its steps may act, the full lane.
-    pub fn stack(self: &Arc<Self>) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
+    pub(crate) fn stack(
+        self: &Arc<Self>,
+    ) -> impl Step<Request<Incoming>, Response = Response<ReachBody>> {
         let full = ServiceBuilder::new()
             // `prefer: respond-async`: stored as a task and answered 202; a runner routes it.
             .layer(submit::layer(self.clone()))
@@ -94,7 +99,7 @@ impl Outbound {
 
 /// What the outbound steps share: the sidecar's state, each `Arc` cloned into the steps.
 #[derive(Debug)]
-pub struct Outbound {
+pub(crate) struct Outbound {
     store: Arc<ConfigStore>,
     metrics: Arc<Metrics>,
     client: Pool,
@@ -125,7 +130,7 @@ pub struct Outbound {
 
 impl Outbound {
     /// The outbound listener over the sidecar's shared state, calling peers over `client`.
-    pub fn new(shared: &Shared, client: Pool) -> Self {
+    pub(crate) fn new(shared: &Shared, client: Pool) -> Self {
         Self {
             store: shared.store.clone(),
             metrics: shared.metrics.clone(),
@@ -148,38 +153,38 @@ impl Outbound {
     }
 
     /// The task queue, when this sidecar takes async tasks.
-    pub fn tasks(&self) -> Option<&Arc<Queue>> {
+    pub(crate) fn tasks(&self) -> Option<&Arc<Queue>> {
         self.tasks.as_ref()
     }
 
     /// Takes async tasks into `queue`.
-    pub fn with_tasks(mut self, queue: Arc<Queue>) -> Self {
+    pub(crate) fn with_tasks(mut self, queue: Arc<Queue>) -> Self {
         self.tasks = Some(queue);
         self
     }
 
     /// The MCP tool pins, for gossip to feed and publish (`mcp/pins.rs`).
-    pub fn mcp_pins(&self) -> Arc<McpPins> {
+    pub(crate) fn mcp_pins(&self) -> Arc<McpPins> {
         self.pins.clone()
     }
 
     /// Each MCP capability's tools and how each server's tool stands (`docs/mcp.md`).
-    pub fn mcp_tools(&self, snapshot: &Snapshot) -> Vec<ToolStatus> {
+    pub(crate) fn mcp_tools(&self, snapshot: &Snapshot) -> Vec<ToolStatus> {
         mcp::status::tools(self, snapshot)
     }
 
     /// How many servers' tools this caller holds back for a definition it does not route by.
-    pub fn mcp_tools_held(&self, snapshot: &Snapshot) -> usize {
+    pub(crate) fn mcp_tools_held(&self, snapshot: &Snapshot) -> usize {
         mcp::status::held(self, snapshot)
     }
 
     /// How many servers' tools this caller passes over now.
-    pub fn mcp_tools_paused(&self) -> usize {
+    pub(crate) fn mcp_tools_paused(&self) -> usize {
         self.tools.paused(std::time::Instant::now())
     }
 
     /// What observe-only mode found so far, per capability.
-    pub fn observed(&self) -> Vec<(String, ObserveCounts)> {
+    pub(crate) fn observed(&self) -> Vec<(String, ObserveCounts)> {
         self.observe.snapshot()
     }
 
@@ -222,7 +227,7 @@ impl Outbound {
 
 /// A task runner's chain: the outbound routing of its stored call.
 #[derive(Debug)]
-pub struct TaskChain(pub Arc<Outbound>);
+pub(crate) struct TaskChain(pub(crate) Arc<Outbound>);
 
 impl crate::tasks::Chain for TaskChain {
     fn run<'a>(

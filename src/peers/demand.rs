@@ -29,7 +29,7 @@ use crate::reach::State;
 pub struct CapabilityDemand {
     pub name: String,
     /// Calls in flight and queued at the agents serving it.
-    pub demand: u64,
+    pub(crate) demand: u64,
     /// Concurrency slots of the agents serving it that are in rotation.
     pub capacity: u64,
     /// `demand / capacity`: above 1 calls queue; with no capacity at all, `demand` (as if one

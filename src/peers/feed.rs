@@ -17,18 +17,18 @@ use super::PeerViews;
 
 /// Where the members' MCP tool pins go: the caller's pins (`src/outbound/mcp/pins.rs`), which
 /// routing owns and this module cannot name (routing imports it).
-pub trait FleetPins: Send + Sync + std::fmt::Debug {
+pub(crate) trait FleetPins: Send + Sync + std::fmt::Debug {
     /// Every routable member with the pins it publishes, after any change.
     fn set_fleet(&self, members: &[Member]);
 }
 
 /// Hands what gossip learns to the registry, the peer views and the MCP tool pins.
 #[derive(Debug)]
-pub struct GossipFeed {
-    pub registry: Arc<Registry>,
-    pub views: Arc<PeerViews>,
-    pub store: Arc<crate::config::ConfigStore>,
-    pub pins: Arc<dyn FleetPins>,
+pub(crate) struct GossipFeed {
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) views: Arc<PeerViews>,
+    pub(crate) store: Arc<crate::config::ConfigStore>,
+    pub(crate) pins: Arc<dyn FleetPins>,
 }
 
 impl Membership for GossipFeed {
@@ -84,7 +84,7 @@ impl Membership for GossipFeed {
 }
 
 /// A member's profile and live view in the shape the caller's model reads.
-pub fn self_view(member: &Member, live: &Live) -> SelfView {
+pub(crate) fn self_view(member: &Member, live: &Live) -> SelfView {
     let p = &member.profile;
     SelfView {
         name: member.name.clone(),
@@ -139,7 +139,7 @@ pub fn self_view(member: &Member, live: &Live) -> SelfView {
 }
 
 /// This agent's profile as gossip carries it; `inbound` is where peers reach its sidecar.
-pub fn profile(view: &SelfView, inbound: String, identity: Option<SpiffeId>) -> Profile {
+pub(crate) fn profile(view: &SelfView, inbound: String, identity: Option<SpiffeId>) -> Profile {
     Profile {
         identity,
         inbound,
@@ -166,7 +166,7 @@ pub fn profile(view: &SelfView, inbound: String, identity: Option<SpiffeId>) -> 
 }
 
 /// This agent's live view as gossip carries it.
-pub fn live(view: &SelfView) -> Live {
+pub(crate) fn live(view: &SelfView) -> Live {
     let e = &view.view.estimates;
     let ms = |x: Option<f64>| x.map(|v| v.clamp(0.0, f64::from(u32::MAX)) as u32);
     Live {
@@ -216,7 +216,7 @@ fn published_budget(b: &LiveBudget) -> PublishedBudget {
 }
 
 /// How long a polled self-view stays trusted (gossip members' views live as long as they do).
-pub fn self_view_lifetime(snapshot: &Snapshot) -> std::time::Duration {
+pub(crate) fn self_view_lifetime(snapshot: &Snapshot) -> std::time::Duration {
     snapshot.policy.peer_views.poll_interval.get() * super::SELF_VIEW_LIFETIME_POLLS
 }
 

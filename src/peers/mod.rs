@@ -12,10 +12,10 @@ mod poll;
 mod score;
 
 pub use demand::CapabilityDemand;
-pub use feed::{live, profile, self_view, self_view_lifetime, FleetPins, GossipFeed};
+pub(crate) use feed::{live, profile, self_view_lifetime, FleetPins, GossipFeed};
 #[cfg(test)]
 pub(crate) use latency::judge;
-pub use poll::spawn_poller;
+pub(crate) use poll::spawn_poller;
 
 use crate::fast_hash::FastMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,13 +90,13 @@ pub struct Outcomes {
     pub success: u64,
     /// Errors and 5xx.
     pub failure: u64,
-    pub timeout: u64,
+    pub(crate) timeout: u64,
     /// The agent refused the task (429, or 503 with `retry-after`).
     pub refused: u64,
     /// The peer's sidecar turned the call away before its agent saw it.
     pub shed: u64,
     /// Nothing listened at the peer's address.
-    pub unreachable: u64,
+    pub(crate) unreachable: u64,
 }
 
 impl Outcomes {
@@ -114,7 +114,7 @@ impl Outcomes {
 
     /// Calls that reached a verdict on the agent: everything but a shed call (load on the peer's
     /// sidecar, retried elsewhere). A refusal counts as not served.
-    pub fn judged(&self) -> u64 {
+    pub(crate) fn judged(&self) -> u64 {
         self.success + self.failure + self.timeout + self.refused + self.unreachable
     }
 }
@@ -130,47 +130,47 @@ pub struct RouteRequest {
 /// One candidate as scored for one request.
 #[derive(Clone, Debug, Serialize)]
 pub struct Scored {
-    pub peer: Arc<Peer>,
-    pub state: State,
+    pub(crate) peer: Arc<Peer>,
+    pub(crate) state: State,
     /// The caller's view's state and the peer's own (when known).
-    pub self_state: Option<State>,
-    pub cap: f64,
-    pub factors: Factors,
+    pub(crate) self_state: Option<State>,
+    pub(crate) cap: f64,
+    pub(crate) factors: Factors,
     /// Why the candidate was passed over, when it was.
-    pub excluded: Option<String>,
+    pub(crate) excluded: Option<String>,
     /// Cooling down after a 429: used only when nobody else can take the call.
-    pub cooling_down: bool,
+    pub(crate) cooling_down: bool,
     /// The peer's own timeout for this capability (the policy's default when unknown).
     #[serde(skip)]
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// The peer declares the capability idempotent (it deduplicates work itself).
     #[serde(skip)]
-    pub idempotent: bool,
+    pub(crate) idempotent: bool,
     /// This caller's latency estimate for the peer (unknown until it has one), and its calls
     /// in flight there when scored.
     #[serde(skip)]
-    pub latency_ms: Option<f64>,
+    pub(crate) latency_ms: Option<f64>,
     /// What its calls took lately (ms), and how old that figure is (s).
     #[serde(skip)]
-    pub recent: Option<(f64, f64)>,
+    pub(crate) recent: Option<(f64, f64)>,
     /// Its latency as the pick compares it: the recent figure, decayed toward the candidates'
     /// typical one while no sample refreshes it (set by `latency::judge`).
     #[serde(skip)]
-    pub expected_ms: Option<f64>,
+    pub(crate) expected_ms: Option<f64>,
     /// The weight of cost in its score, so the relative latency term can be added afterwards.
     #[serde(skip)]
-    pub cost_weight: f64,
+    pub(crate) cost_weight: f64,
     #[serde(skip)]
-    pub pending: usize,
+    pub(crate) pending: usize,
     /// Calls waiting in the peer's own queue, by its self-view (a held lock, a full pool).
     #[serde(skip)]
-    pub queued: usize,
+    pub(crate) queued: usize,
 }
 
 impl Scored {
     /// Expected wait for one more call: latency × (calls ahead of it + 1), Finagle's peak-EWMA
     /// load, with the peer's own queue counted (a one-at-a-time agent's queue is its wait).
-    pub fn load_ms(&self) -> Option<f64> {
+    pub(crate) fn load_ms(&self) -> Option<f64> {
         let ahead = (self.pending + self.queued) as f64;
         self.expected_ms
             .or(self.latency_ms)
@@ -191,9 +191,9 @@ pub struct PeerStatus {
     pub last_score: Option<f64>,
     pub last_factors: Option<reach::Factors>,
     pub self_view: Option<SelfView>,
-    pub self_view_age_s: Option<f64>,
+    pub(crate) self_view_age_s: Option<f64>,
     /// This caller's view's last transition, and why.
-    pub last_transition: Option<TransitionRecord>,
+    pub(crate) last_transition: Option<TransitionRecord>,
     /// This caller's attempts on the peer by outcome.
     pub outcomes: Outcomes,
 }
@@ -217,7 +217,7 @@ impl PeerViews {
     }
 
     /// Counts `local`'s agent in the fleet's demand beside its peers.
-    pub fn with_own_agent(mut self, local: Arc<LocalAgent>) -> Self {
+    pub(crate) fn with_own_agent(mut self, local: Arc<LocalAgent>) -> Self {
         self.own_agent = Some(local);
         self
     }
@@ -229,7 +229,7 @@ impl PeerViews {
     /// caller leaving) counts against the peer. The bar is set when the attempt starts, so the
     /// attempt's own silence cannot raise it. A silent path — a half-open connection, a
     /// black-holed peer — shows up only this way; a short deadline on a healthy peer does not.
-    pub fn begin<'v>(
+    pub(crate) fn begin<'v>(
         &'v self,
         peer: &'v Peer,
         latency_ms: Option<f64>,
@@ -269,8 +269,10 @@ impl PeerViews {
         e.unreachable_since.get_or_insert(now);
     }
 
-    /// Evidence about `peer` from outside an attempt (its sidecar did not answer a poll).
-    pub fn observe(&self, peer: &Peer, signal: Signal) {
+    /// Evidence about `peer` from outside an attempt (its sidecar did not answer a poll): the
+    /// tests' way in.
+    #[cfg(test)]
+    pub(crate) fn observe(&self, peer: &Peer, signal: Signal) {
         self.record(
             peer,
             signal,
@@ -294,6 +296,7 @@ impl PeerViews {
     ) {
         let mut inner = self.lock();
         let e = match source {
+            #[cfg(test)]
             Source::Outside => entry(&mut inner, peer, now),
             Source::Ending(generation) => match same_entry(&mut inner, peer, generation) {
                 Some(e) => {
@@ -372,7 +375,7 @@ impl PeerViews {
 
     /// The freshest headroom heard of a `budget_group` on `credential` from the members that
     /// may speak for it, and the time to its reset, when a fresh one is known.
-    pub fn group_headroom(
+    pub(crate) fn group_headroom(
         &self,
         group: &str,
         credential: u64,
@@ -450,7 +453,7 @@ impl PeerViews {
     }
 
     /// The fleet's demand per capability as of the last refresh: what `/metrics` shows.
-    pub fn fleet_demand(&self) -> Vec<CapabilityDemand> {
+    pub(crate) fn fleet_demand(&self) -> Vec<CapabilityDemand> {
         self.fleet_demand
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -474,7 +477,7 @@ impl PeerViews {
         demand::fleet_demand(peers.chain(own.as_ref()))
     }
 
-    pub fn status(&self, snapshot: &Snapshot) -> Vec<PeerStatus> {
+    pub(crate) fn status(&self, snapshot: &Snapshot) -> Vec<PeerStatus> {
         let now = Instant::now();
         let (ep, sp) = (&snapshot.estimate_params, &snapshot.state_params);
         let mut ticked = Vec::new();
@@ -519,7 +522,7 @@ impl PeerViews {
     }
 
     /// The last transitions of this caller's views of its peers, newest first.
-    pub fn transitions(&self) -> Vec<TransitionRecord> {
+    pub(crate) fn transitions(&self) -> Vec<TransitionRecord> {
         self.transitions.recent()
     }
 
@@ -584,7 +587,7 @@ fn sanitize(remote: &mut SelfView) {
 /// One attempt in flight on a peer. Dropped without `finish` (the caller gave up, or the handler
 /// was cancelled), it ends the attempt without evidence either way.
 #[derive(Debug)]
-pub struct Pending<'v> {
+pub(crate) struct Pending<'v> {
     views: &'v PeerViews,
     peer: &'v Peer,
     /// The entry the attempt counts in (`Entry::generation`).
@@ -609,6 +612,7 @@ enum Ended {
 #[derive(Clone, Copy, Debug)]
 enum Source {
     /// Outside an attempt (its sidecar did not answer a poll).
+    #[cfg(test)]
     Outside,
     /// An attempt begun on the entry of this generation, ending with it.
     Ending(u64),
@@ -616,14 +620,14 @@ enum Source {
 
 impl Pending<'_> {
     /// Ends the attempt at `now` with what this caller saw, under the call's config snapshot.
-    pub fn finish(mut self, signal: Signal, snapshot: &Snapshot, now: Instant) {
+    pub(crate) fn finish(mut self, signal: Signal, snapshot: &Snapshot, now: Instant) {
         self.ended = Ended::Recorded;
         let source = Source::Ending(self.generation);
         self.views.record(self.peer, signal, snapshot, source, now);
     }
 
     /// Ends the attempt with no evidence either way (nothing ran).
-    pub fn discard(mut self) {
+    pub(crate) fn discard(mut self) {
         self.ended = Ended::Discarded;
     }
 }
@@ -642,8 +646,8 @@ impl Drop for Pending<'_> {
             return self.views.end(self.peer, self.generation);
         }
         let snapshot = self.views.store.snapshot();
-        let source = Source::Ending(self.generation);
         let signal = Signal::Timeout(waited);
+        let source = Source::Ending(self.generation);
         self.views.record(self.peer, signal, &snapshot, source, now);
     }
 }

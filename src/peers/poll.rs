@@ -18,7 +18,7 @@ use crate::local::{SelfView, SELF_PATH};
 use crate::registry::{Peer, Registry};
 
 /// Polls every known peer's self-view; a peer whose sidecar cannot be reached counts a failure.
-pub fn spawn_poller(
+pub(crate) fn spawn_poller(
     store: Arc<ConfigStore>,
     registry: Arc<Registry>,
     views: Arc<PeerViews>,

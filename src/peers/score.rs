@@ -19,7 +19,7 @@ const PUBLISHED_TIMEOUT_GRACE: Duration = Duration::from_millis(50);
 impl PeerViews {
     /// Scores every candidate for a request; excluded ones carry the reason. What each score
     /// reads is gathered here, under the lock; the score itself is `reach::score_one`.
-    pub fn score(
+    pub(crate) fn score(
         &self,
         snapshot: &Snapshot,
         candidates: &[Arc<Peer>],

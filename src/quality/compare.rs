@@ -20,12 +20,12 @@ use crate::config::{Compare, CompiledSchema};
 
 /// One answer against its baseline.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Compared {
+pub(crate) struct Compared {
     /// 0..1.
-    pub similarity: f64,
+    pub(crate) similarity: f64,
     /// What differs: the `json_fields` pointers that are not equal, the `text_field` when its
     /// text is not the same, or the gate that failed (`status 500`, `schema: /title: …`).
-    pub differing: Vec<String>,
+    pub(crate) differing: Vec<String>,
 }
 
 impl Compared {
@@ -38,7 +38,7 @@ impl Compared {
 }
 
 /// Compares `answer` (the body the agent gave with `status`) with `baseline` (the recorded body).
-pub fn compare(
+pub(crate) fn compare(
     compare: &Compare,
     schema: Option<&CompiledSchema>,
     status: u16,
@@ -122,7 +122,7 @@ fn tokens(text: &str) -> BTreeSet<String> {
 }
 
 /// Token-set Jaccard similarity: shared words over all words. Two empty texts are the same.
-pub fn jaccard(a: &str, b: &str) -> f64 {
+pub(crate) fn jaccard(a: &str, b: &str) -> f64 {
     let (a, b) = (tokens(a), tokens(b));
     let union = a.union(&b).count();
     if union == 0 {
@@ -132,7 +132,7 @@ pub fn jaccard(a: &str, b: &str) -> f64 {
 }
 
 /// The run's similarity: the mean over its tasks (1 for no tasks: nothing drifted).
-pub fn mean(similarities: impl IntoIterator<Item = f64>) -> f64 {
+pub(crate) fn mean(similarities: impl IntoIterator<Item = f64>) -> f64 {
     let (sum, n) = similarities
         .into_iter()
         .fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));

@@ -7,10 +7,11 @@
 //! of sample tasks compared with what it used to say is what shows it. The tasks run on the
 //! probe thread (`crate::probe`), at its low priority, and never on the agent's last free slot.
 
-pub mod compare;
+pub(crate) mod compare;
 mod run;
 
-pub use run::{check_baseline, read_baseline, record, run, RunReport, TaskError, TaskOutcome};
+pub use run::{check_baseline, record};
+pub(crate) use run::{run, RunReport};
 
 use serde::Serialize;
 
@@ -22,12 +23,12 @@ pub struct QualityStatus {
     #[serde(flatten)]
     pub report: RunReport,
     /// Seconds since the run.
-    pub age_s: f64,
+    pub(crate) age_s: f64,
 }
 
 /// The agent's mark from its capabilities' last runs with a verdict: the lowest similarity, and
 /// degraded when any capability is. `None` when no run has a verdict yet.
-pub fn mark<'a>(reports: impl IntoIterator<Item = &'a RunReport>) -> Option<QualityMark> {
+pub(crate) fn mark<'a>(reports: impl IntoIterator<Item = &'a RunReport>) -> Option<QualityMark> {
     reports
         .into_iter()
         .filter_map(|r| r.similarity.map(|s| (s, r.degraded)))

@@ -40,31 +40,31 @@ pub enum TaskError {
 /// One golden task's outcome in a run.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct TaskOutcome {
-    pub method: String,
-    pub path: String,
+    pub(crate) method: String,
+    pub(crate) path: String,
     /// `None` when the task could not be judged (`error` says why).
-    pub similarity: Option<f64>,
+    pub(crate) similarity: Option<f64>,
     /// The fields (JSON pointers) that differ from the baseline, or the gate that failed.
     pub differing: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// One run of a capability's golden tasks.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct RunReport {
-    pub capability: String,
+    pub(crate) capability: String,
     /// The mean over the judged tasks; `None` when none could be judged (no verdict).
     pub similarity: Option<f64>,
-    pub threshold: f64,
+    pub(crate) threshold: f64,
     /// The similarity is below the threshold.
-    pub degraded: bool,
+    pub(crate) degraded: bool,
     pub tasks: Vec<TaskOutcome>,
 }
 
 /// Sends every golden task of `capability` to the agent and compares the answers with their
 /// baselines. `may_send` is asked before each task: a task never takes the agent's last slot.
-pub async fn run(
+pub(crate) async fn run(
     client: &AgentClient,
     snapshot: &Snapshot,
     capability: &Capability,
@@ -128,7 +128,7 @@ async fn judge(
 }
 
 /// The baseline's text; missing and unreadable are told apart for `check`.
-pub fn read_baseline(path: &Path) -> Result<String, TaskError> {
+pub(crate) fn read_baseline(path: &Path) -> Result<String, TaskError> {
     match std::fs::read(path) {
         Ok(bytes) => String::from_utf8(bytes).map_err(|_| unreadable(path, "not UTF-8".to_owned())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

@@ -14,14 +14,14 @@ use tokio::time::Instant;
 use super::trend::{Trend, TrendParams};
 
 /// Availability assumed for an agent nothing is known about (or whose signals went stale).
-pub const UNKNOWN_AVAILABILITY: f64 = 0.5;
+pub(crate) const UNKNOWN_AVAILABILITY: f64 = 0.5;
 
 /// Latency samples kept for the windowed percentiles.
 const WINDOW_SAMPLES: usize = 256;
 
 /// What one request or probe told us.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Signal {
+pub(crate) enum Signal {
     /// Served successfully (2xx–4xx other than 429), with its latency.
     Success(Duration),
     /// Connection error, 5xx, or broken response, with the time it took to fail.
@@ -40,41 +40,30 @@ pub enum Signal {
     Unreachable(Duration),
 }
 
-impl Signal {
-    /// Whether the signal counts against availability. A refusal does not: the agent was healthy
-    /// enough to answer, it is just full (saturation and cooldown carry that).
-    pub fn is_failure(self) -> bool {
-        matches!(
-            self,
-            Signal::Failure(_) | Signal::Timeout(_) | Signal::Unreachable(_)
-        )
-    }
-}
-
 /// The weight the recent-latency EWMA keeps of its old value on a new sample taken at once.
 const RECENT_KEEP: f64 = 0.7;
 
 /// How fast an old recent-latency value loses weight: ten calls' worth of time, at least 1 s —
 /// the time scale of the calls themselves, so a 20 ms service and a 30 s one forgive alike.
-pub fn recent_tau_s(latency_s: f64) -> f64 {
+pub(crate) fn recent_tau_s(latency_s: f64) -> f64 {
     (latency_s * 10.0).max(1.0)
 }
 
 /// Tunables, from the policy.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EstimateParams {
-    pub availability_alpha: f64,
+pub(crate) struct EstimateParams {
+    pub(crate) availability_alpha: f64,
     /// Failures are forgiven with this time constant: without new outcomes, availability climbs
     /// back toward 1, so one error does not hold a peer back until traffic happens to return.
-    pub availability_recovery: Duration,
-    pub latency_time_constant: Duration,
-    pub stale_after: Duration,
+    pub(crate) availability_recovery: Duration,
+    pub(crate) latency_time_constant: Duration,
+    pub(crate) stale_after: Duration,
     /// How long a busy report holds without being renewed.
-    pub busy_ttl: Duration,
+    pub(crate) busy_ttl: Duration,
     /// How far back the windowed percentiles look.
-    pub window: Duration,
+    pub(crate) window: Duration,
     /// How far ahead the predicted saturation looks; zero switches prediction off.
-    pub horizon: Duration,
+    pub(crate) horizon: Duration,
 }
 
 impl Default for EstimateParams {
@@ -93,15 +82,15 @@ impl Default for EstimateParams {
 
 /// Load as last reported for the agent (by its own sidecar's admission, or by the agent).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Load {
-    pub in_flight: usize,
-    pub max_concurrency: usize,
-    pub queued: usize,
-    pub queue_capacity: usize,
+pub(crate) struct Load {
+    pub(crate) in_flight: usize,
+    pub(crate) max_concurrency: usize,
+    pub(crate) queued: usize,
+    pub(crate) queue_capacity: usize,
 }
 
 #[derive(Clone, Debug)]
-pub struct Estimates {
+pub(crate) struct Estimates {
     availability: f64,
     /// When the last success or failure moved the availability estimate.
     last_outcome: Option<Instant>,
@@ -129,8 +118,8 @@ pub struct Estimates {
 pub struct EstimateSnapshot {
     pub availability: f64,
     pub latency_ms: Option<f64>,
-    pub p50_ms: Option<f64>,
-    pub p95_ms: Option<f64>,
+    pub(crate) p50_ms: Option<f64>,
+    pub(crate) p95_ms: Option<f64>,
     pub saturation: f64,
     /// The saturation expected `horizon` ahead, never below `saturation` (docs/reach-model.md,
     /// "Predicted saturation"). Absent from an older sidecar's document: 0, and callers score
@@ -140,15 +129,15 @@ pub struct EstimateSnapshot {
     pub busy: bool,
     pub cooling_down: bool,
     /// Seconds since the last signal of any kind.
-    pub age_s: Option<f64>,
-    pub stale: bool,
+    pub(crate) age_s: Option<f64>,
+    pub(crate) stale: bool,
 }
 
 impl Estimates {
     /// A peer first seen `now`, at `initial_availability`. The prior counts as an outcome taken
     /// then: doubt about a new peer is forgiven with time like a failure, so a peer the pick
     /// never chose does not stay below the others (and unchosen) for good.
-    pub fn new(initial_availability: f64, now: Instant) -> Self {
+    pub(crate) fn new(initial_availability: f64, now: Instant) -> Self {
         Self {
             availability: initial_availability,
             last_outcome: Some(now),
@@ -165,7 +154,7 @@ impl Estimates {
         }
     }
 
-    pub fn observe(&mut self, signal: Signal, now: Instant, p: &EstimateParams) {
+    pub(crate) fn observe(&mut self, signal: Signal, now: Instant, p: &EstimateParams) {
         self.last_signal = Some(now);
         let outcome = match signal {
             Signal::Success(_) => Some(1.0),
@@ -227,7 +216,7 @@ impl Estimates {
     }
 
     /// The recent latency in ms and how old its last sample is, in seconds.
-    pub fn recent(&self, now: Instant) -> Option<(f64, f64)> {
+    pub(crate) fn recent(&self, now: Instant) -> Option<(f64, f64)> {
         let recent = self.recent?;
         let age = self
             .latency_at
@@ -235,14 +224,15 @@ impl Estimates {
         Some((recent * 1000.0, age))
     }
 
-    pub fn set_load(&mut self, load: Load, now: Instant) {
+    #[cfg(test)]
+    pub(crate) fn set_load(&mut self, load: Load, now: Instant) {
         self.load = load;
         self.last_signal = Some(now);
     }
 
     /// Replaces the prior of an estimate that has seen no signal yet (a caller adopting the peer's
     /// own figure instead of starting every peer at the parole prior).
-    pub fn seed_availability(&mut self, availability: f64) {
+    pub(crate) fn seed_availability(&mut self, availability: f64) {
         if self.last_signal.is_none() {
             self.availability = availability.clamp(0.0, 1.0);
         }
@@ -251,7 +241,7 @@ impl Estimates {
     /// Updates the load without counting it as a fresh signal (the sidecar's own gauges are
     /// always at hand; they say nothing about whether the agent still works), and feeds the
     /// load's trend.
-    pub fn set_load_quietly(&mut self, load: Load, now: Instant, p: &EstimateParams) {
+    pub(crate) fn set_load_quietly(&mut self, load: Load, now: Instant, p: &EstimateParams) {
         self.load = load;
         if !p.horizon.is_zero() {
             let admitted = load.in_flight.saturating_add(load.queued) as f64;
@@ -261,18 +251,18 @@ impl Estimates {
     }
 
     /// The agent (or a response header) reported itself busy or not.
-    pub fn report_busy(&mut self, busy: bool, now: Instant, p: &EstimateParams) {
+    pub(crate) fn report_busy(&mut self, busy: bool, now: Instant, p: &EstimateParams) {
         self.busy_until = busy.then_some(now + p.busy_ttl);
         self.last_signal = Some(now);
     }
 
     /// The agent reported its own load in 0..1 (`reach-load`).
-    pub fn report_load(&mut self, load: f64, now: Instant) {
+    pub(crate) fn report_load(&mut self, load: f64, now: Instant) {
         self.reported_load = Some((load.clamp(0.0, 1.0), now));
     }
 
     /// Availability, decayed toward unknown once signals are older than `stale_after`.
-    pub fn availability_at(&self, now: Instant, p: &EstimateParams) -> f64 {
+    pub(crate) fn availability_at(&self, now: Instant, p: &EstimateParams) -> f64 {
         let forgiven = match self.last_outcome {
             Some(at) => {
                 let quiet = now.saturating_duration_since(at).as_secs_f64();
@@ -292,16 +282,16 @@ impl Estimates {
         UNKNOWN_AVAILABILITY + (forgiven - UNKNOWN_AVAILABILITY) * (-over).exp()
     }
 
-    pub fn is_cooling_down(&self, now: Instant) -> bool {
+    pub(crate) fn is_cooling_down(&self, now: Instant) -> bool {
         self.cooldown_until.is_some_and(|u| now < u)
     }
 
-    pub fn is_busy(&self, now: Instant) -> bool {
+    pub(crate) fn is_busy(&self, now: Instant) -> bool {
         self.busy_until.is_some_and(|u| now < u)
     }
 
     /// max(in_flight / max_concurrency, queue / capacity, busy, cooldown, reported load), in 0..1.
-    pub fn saturation(&self, now: Instant, p: &EstimateParams) -> f64 {
+    pub(crate) fn saturation(&self, now: Instant, p: &EstimateParams) -> f64 {
         let ratio = |a: usize, b: usize| {
             if b == 0 {
                 0.0
@@ -325,7 +315,8 @@ impl Estimates {
     /// The saturation expected `horizon` ahead: the admitted load now plus the rise its trend
     /// predicts, over `max_concurrency`, clamped to 0..1 — never below the saturation now, and
     /// equal to it when the trend is flat, falling or lost in noise, or prediction is off.
-    pub fn saturation_predicted(&self, now: Instant, p: &EstimateParams) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn saturation_predicted(&self, now: Instant, p: &EstimateParams) -> f64 {
         self.predicted_from(self.saturation(now, p), p)
     }
 
@@ -344,16 +335,13 @@ impl Estimates {
     }
 
     /// The latency estimate in seconds: the peak EWMA, decayed toward its last value with time.
-    pub fn latency(&self) -> Option<f64> {
+    #[cfg(test)]
+    pub(crate) fn latency(&self) -> Option<f64> {
         self.latency
     }
 
-    pub fn last_signal(&self) -> Option<Instant> {
-        self.last_signal
-    }
-
     /// Every estimate, the windowed percentiles included (for `/status` and what peers read).
-    pub fn snapshot(&self, now: Instant, p: &EstimateParams) -> EstimateSnapshot {
+    pub(crate) fn snapshot(&self, now: Instant, p: &EstimateParams) -> EstimateSnapshot {
         let mut recent: Vec<f64> = self
             .window
             .iter()
@@ -370,7 +358,7 @@ impl Estimates {
 
     /// What a score reads, without the percentiles: a routing decision must not sort the
     /// latency window of every candidate (that was a tenth of the proxy's CPU).
-    pub fn scoring_snapshot(&self, now: Instant, p: &EstimateParams) -> EstimateSnapshot {
+    pub(crate) fn scoring_snapshot(&self, now: Instant, p: &EstimateParams) -> EstimateSnapshot {
         let age = self.last_signal.map(|l| now.saturating_duration_since(l));
         let saturation = self.saturation(now, p);
         EstimateSnapshot {
@@ -391,7 +379,7 @@ impl Estimates {
 /// Nearest-rank percentile of `values` (left reordered); 0 when there are none. By selection,
 /// O(n): sorting a full latency window for each snapshot cost more than all the requests it
 /// described (the self view is read on every peer's poll).
-pub fn select_percentile(values: &mut [f64], q: f64) -> f64 {
+pub(crate) fn select_percentile(values: &mut [f64], q: f64) -> f64 {
     if values.is_empty() {
         return 0.0;
     }

@@ -10,27 +10,27 @@ use tokio::time::Instant;
 use super::state::{State, Transition};
 
 /// How many transitions one log keeps: the status page shows the last 50 of all views.
-pub const TRANSITIONS_KEPT: usize = 50;
+pub(crate) const TRANSITIONS_KEPT: usize = 50;
 
 /// One transition as recorded.
 #[derive(Clone, Debug, Serialize)]
 pub struct TransitionRecord {
     /// Whose view moved: `self` (an agent's own) or `peer` (this caller's view of a peer).
     pub view: &'static str,
-    pub agent: String,
+    pub(crate) agent: String,
     pub from: State,
     pub to: State,
     pub reason: &'static str,
     #[serde(skip)]
-    pub at: Option<Instant>,
+    pub(crate) at: Option<Instant>,
     /// Seconds since the transition, filled in when shown.
-    pub age_s: f64,
+    pub(crate) age_s: f64,
     /// Wall-clock time of the transition, milliseconds since the Unix epoch.
-    pub unix_ms: u64,
+    pub(crate) unix_ms: u64,
 }
 
 impl TransitionRecord {
-    pub fn new(view: &'static str, agent: &str, t: Transition) -> Self {
+    pub(crate) fn new(view: &'static str, agent: &str, t: Transition) -> Self {
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
@@ -47,7 +47,7 @@ impl TransitionRecord {
     }
 
     /// The record with its age as of now.
-    pub fn aged(mut self) -> Self {
+    pub(crate) fn aged(mut self) -> Self {
         self.age_s = self.at.map_or(0.0, |at| at.elapsed().as_secs_f64());
         self
     }
@@ -55,12 +55,12 @@ impl TransitionRecord {
 
 /// The last [`TRANSITIONS_KEPT`] transitions, oldest first.
 #[derive(Debug, Default)]
-pub struct TransitionLog {
+pub(crate) struct TransitionLog {
     inner: Mutex<VecDeque<TransitionRecord>>,
 }
 
 impl TransitionLog {
-    pub fn push(&self, record: TransitionRecord) {
+    pub(crate) fn push(&self, record: TransitionRecord) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if inner.len() == TRANSITIONS_KEPT {
             inner.pop_front();
@@ -69,7 +69,7 @@ impl TransitionLog {
     }
 
     /// The kept transitions, newest first, with their ages.
-    pub fn recent(&self) -> Vec<TransitionRecord> {
+    pub(crate) fn recent(&self) -> Vec<TransitionRecord> {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner
             .iter()

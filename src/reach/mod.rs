@@ -8,16 +8,15 @@ mod state;
 mod trend;
 mod view;
 
-pub use estimate::{
-    percentile, recent_tau_s, select_percentile, EstimateParams, EstimateSnapshot, Estimates, Load,
-    Signal, UNKNOWN_AVAILABILITY,
-};
-pub use log::{TransitionLog, TransitionRecord, TRANSITIONS_KEPT};
-pub use score::{
-    capability_match, cost, score, score_one, Factors, Inputs, Own, Published, Scoring, Theirs,
-    Weights,
-};
-pub use state::{
-    shown, Event, QualityMark, State, StateMachine, StateParams, Transition, TRANSITIONS,
-};
-pub use view::{ReachView, ViewSnapshot};
+pub use estimate::percentile;
+#[cfg(test)]
+pub(crate) use estimate::Estimates;
+pub(crate) use estimate::{recent_tau_s, select_percentile, EstimateParams, EstimateSnapshot};
+pub(crate) use estimate::{Load, Signal};
+pub(crate) use log::{TransitionLog, TransitionRecord, TRANSITIONS_KEPT};
+#[cfg(test)]
+pub(crate) use score::score;
+pub(crate) use score::{score_one, Factors, Inputs, Own, Published, Theirs, Weights};
+pub use state::State;
+pub(crate) use state::{shown, Event, QualityMark, StateParams, Transition, TRANSITIONS};
+pub(crate) use view::{ReachView, ViewSnapshot};

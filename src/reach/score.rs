@@ -15,22 +15,22 @@ use super::{QualityMark, State};
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Weights {
-    pub availability: f64,
-    pub capability_match: f64,
-    pub cost: f64,
-    pub saturation: f64,
+    pub(crate) availability: f64,
+    pub(crate) capability_match: f64,
+    pub(crate) cost: f64,
+    pub(crate) saturation: f64,
 }
 
 impl Weights {
     /// The user is waiting: latency and saturation weigh heavily.
-    pub const SYNC: Weights = Weights {
+    pub(crate) const SYNC: Weights = Weights {
         availability: 1.0,
         capability_match: 0.3,
         cost: 0.6,
         saturation: 0.8,
     };
     /// Quality over speed: capability match weighs heavily.
-    pub const ASYNC: Weights = Weights {
+    pub(crate) const ASYNC: Weights = Weights {
         availability: 1.0,
         capability_match: 1.0,
         cost: 0.2,
@@ -41,16 +41,16 @@ impl Weights {
 /// Every factor of a score, kept for `/status` and the decision log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Factors {
-    pub availability: f64,
-    pub capability_match: f64,
-    pub cost: f64,
+    pub(crate) availability: f64,
+    pub(crate) capability_match: f64,
+    pub(crate) cost: f64,
     pub saturation: f64,
     pub score: f64,
 }
 
 /// Mean proficiency over the requested tags; `None` when the candidate lacks one (it is then not
 /// a candidate at all). No requested tags match everyone equally.
-pub fn capability_match(tags: &BTreeMap<String, f64>, wanted: &[String]) -> Option<f64> {
+pub(crate) fn capability_match(tags: &BTreeMap<String, f64>, wanted: &[String]) -> Option<f64> {
     if wanted.is_empty() {
         return Some(1.0);
     }
@@ -62,11 +62,11 @@ pub fn capability_match(tags: &BTreeMap<String, f64>, wanted: &[String]) -> Opti
 }
 
 /// The cost terms that belong to one candidate alone: its declared cost and zone distance.
-pub fn cost(declared: f64, zone_distance: f64) -> f64 {
+pub(crate) fn cost(declared: f64, zone_distance: f64) -> f64 {
     declared.max(0.0) + zone_distance.max(0.0)
 }
 
-pub fn score(
+pub(crate) fn score(
     availability: f64,
     capability_match: f64,
     cost: f64,
@@ -87,63 +87,63 @@ pub fn score(
 
 /// What scoring one candidate reads.
 #[derive(Clone, Copy, Debug)]
-pub struct Inputs<'a> {
+pub(crate) struct Inputs<'a> {
     /// This caller's view of the peer.
-    pub mine: Own,
+    pub(crate) mine: Own,
     /// The peer's own view, when fresh.
-    pub theirs: Option<Theirs>,
+    pub(crate) theirs: Option<Theirs>,
     /// The capability as the peer publishes it; `None` until its profile arrives.
-    pub published: Option<Published<'a>>,
+    pub(crate) published: Option<Published<'a>>,
     /// The peer's model headroom, 0..1 (1 when it publishes no budget).
-    pub headroom: f64,
+    pub(crate) headroom: f64,
     /// Seconds since its sidecar, which had answered, stopped answering (out of rotation).
-    pub silent_for: Option<f64>,
+    pub(crate) silent_for: Option<f64>,
     /// The caller's calls to it are at its `max_concurrency`.
-    pub at_limit: bool,
+    pub(crate) at_limit: bool,
     /// How far its zone is from the caller's (`zones` policy).
-    pub zone_distance: f64,
+    pub(crate) zone_distance: f64,
 }
 
 /// This caller's view of a peer.
 #[derive(Clone, Copy, Debug)]
-pub struct Own {
-    pub state: State,
-    pub cap: f64,
-    pub availability: f64,
-    pub saturation: f64,
+pub(crate) struct Own {
+    pub(crate) state: State,
+    pub(crate) cap: f64,
+    pub(crate) availability: f64,
+    pub(crate) saturation: f64,
     /// Whether this caller has called the peer itself (else its own view speaks for it).
-    pub seen: bool,
+    pub(crate) seen: bool,
 }
 
 /// A peer's own view of itself.
 #[derive(Clone, Copy, Debug)]
-pub struct Theirs {
-    pub state: State,
-    pub cap: f64,
-    pub availability: f64,
+pub(crate) struct Theirs {
+    pub(crate) state: State,
+    pub(crate) cap: f64,
+    pub(crate) availability: f64,
     /// Its load now (its in-flight count brought up to date by the caller) and as predicted.
-    pub saturation: f64,
-    pub predicted: f64,
-    pub quality: Option<QualityMark>,
+    pub(crate) saturation: f64,
+    pub(crate) predicted: f64,
+    pub(crate) quality: Option<QualityMark>,
 }
 
 /// The requested capability as a peer publishes it.
 #[derive(Clone, Copy, Debug)]
-pub struct Published<'a> {
-    pub tags: &'a BTreeMap<String, f64>,
-    pub cost: f64,
+pub(crate) struct Published<'a> {
+    pub(crate) tags: &'a BTreeMap<String, f64>,
+    pub(crate) cost: f64,
 }
 
 /// One candidate scored: its effective cap, its factors, and why it is not a candidate.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Scoring {
-    pub cap: f64,
-    pub factors: Factors,
-    pub excluded: Option<String>,
+pub(crate) struct Scoring {
+    pub(crate) cap: f64,
+    pub(crate) factors: Factors,
+    pub(crate) excluded: Option<String>,
 }
 
 /// One candidate's score for a request wanting `wanted` tags, by weights `w`.
-pub fn score_one(i: &Inputs<'_>, wanted: &[String], w: &Weights) -> Scoring {
+pub(crate) fn score_one(i: &Inputs<'_>, wanted: &[String], w: &Weights) -> Scoring {
     let theirs = i.theirs.as_ref();
     let cap = match i.silent_for {
         Some(_) => 0.0,

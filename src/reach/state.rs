@@ -26,7 +26,7 @@ pub enum State {
 }
 
 impl State {
-    pub const ALL: [State; 6] = [
+    pub(crate) const ALL: [State; 6] = [
         State::Parole,
         State::Healthy,
         State::Probation,
@@ -49,7 +49,7 @@ impl State {
 
 /// What happened to the agent, as far as the state machine cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     Success,
     Failure,
     /// A 429 or a 503 with `retry-after`: one is load, a run of them is an outage.
@@ -68,27 +68,27 @@ pub enum Event {
 
 /// Thresholds and timings, from the policy.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StateParams {
-    pub parole_cap: f64,
-    pub parole_successes: u32,
-    pub parole_duration: Duration,
-    pub parole_failures: u32,
-    pub healthy_failures: u32,
+pub(crate) struct StateParams {
+    pub(crate) parole_cap: f64,
+    pub(crate) parole_successes: u32,
+    pub(crate) parole_duration: Duration,
+    pub(crate) parole_failures: u32,
+    pub(crate) healthy_failures: u32,
     /// The cap of an agent whose golden tasks drifted (policy `states.degraded.cap`).
-    pub degraded_cap: f64,
-    pub probation_cap: f64,
-    pub probation_window: Duration,
-    pub recover_rate: f64,
-    pub probation_min_samples: u32,
-    pub probation_eject_failure_rate: f64,
-    pub probation_failures: u32,
-    pub cool_off: Duration,
-    pub max_cool_off: Duration,
-    pub recovering_start_cap: f64,
-    pub ramp: Duration,
-    pub recovering_failures: u32,
+    pub(crate) degraded_cap: f64,
+    pub(crate) probation_cap: f64,
+    pub(crate) probation_window: Duration,
+    pub(crate) recover_rate: f64,
+    pub(crate) probation_min_samples: u32,
+    pub(crate) probation_eject_failure_rate: f64,
+    pub(crate) probation_failures: u32,
+    pub(crate) cool_off: Duration,
+    pub(crate) max_cool_off: Duration,
+    pub(crate) recovering_start_cap: f64,
+    pub(crate) ramp: Duration,
+    pub(crate) recovering_failures: u32,
     /// Consecutive refusals after which each further one counts as a failure.
-    pub refusals_as_failure: u32,
+    pub(crate) refusals_as_failure: u32,
 }
 
 impl Default for StateParams {
@@ -120,7 +120,7 @@ impl Default for StateParams {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct QualityMark {
     /// Mean similarity to the baselines, 0..1 (the lowest over capabilities with golden tasks).
-    pub similarity: f64,
+    pub(crate) similarity: f64,
     /// Below a capability's threshold: the share is capped at `states.degraded.cap`.
     pub degraded: bool,
 }
@@ -129,7 +129,7 @@ impl QualityMark {
     /// What a caller multiplies a degraded agent's capability-match factor by: answers half as
     /// close to the baseline make it half as good a match. Above the threshold, 1: an agent that
     /// checks its answers is not ranked below one that does not.
-    pub fn match_factor(mark: Option<QualityMark>) -> f64 {
+    pub(crate) fn match_factor(mark: Option<QualityMark>) -> f64 {
         match mark {
             Some(m) if m.degraded => m.similarity.clamp(0.0, 1.0),
             _ => 1.0,
@@ -138,7 +138,7 @@ impl QualityMark {
 }
 
 /// The name shown for a state under a quality mark: `degraded` in place of `healthy`.
-pub fn shown(state: State, quality: Option<QualityMark>) -> &'static str {
+pub(crate) fn shown(state: State, quality: Option<QualityMark>) -> &'static str {
     match (state, quality) {
         (State::Healthy, Some(q)) if q.degraded => "degraded",
         _ => state.as_str(),
@@ -147,16 +147,16 @@ pub fn shown(state: State, quality: Option<QualityMark>) -> &'static str {
 
 /// A change of state, for metrics and the log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Transition {
-    pub from: State,
-    pub to: State,
-    pub reason: &'static str,
+pub(crate) struct Transition {
+    pub(crate) from: State,
+    pub(crate) to: State,
+    pub(crate) reason: &'static str,
 }
 
 /// Every transition `StateMachine` makes (from, to, reason), kept in step with its `enter`
 /// calls: the metrics export each at 0 from the start, so a dashboard's `increase()` sees the
 /// first ejection (`docs/metrics.md`).
-pub const TRANSITIONS: &[(State, State, &str)] = &[
+pub(crate) const TRANSITIONS: &[(State, State, &str)] = &[
     (State::Healthy, State::Probation, "score below the floor"),
     (
         State::Parole,
@@ -232,7 +232,7 @@ pub const TRANSITIONS: &[(State, State, &str)] = &[
 ];
 
 #[derive(Clone, Debug)]
-pub struct StateMachine {
+pub(crate) struct StateMachine {
     state: State,
     since: Instant,
     consecutive_failures: u32,
@@ -257,7 +257,7 @@ pub struct StateMachine {
 const RESTART_RAMP: Duration = Duration::from_secs(5);
 
 impl StateMachine {
-    pub fn new(now: Instant, probe_gated: bool) -> Self {
+    pub(crate) fn new(now: Instant, probe_gated: bool) -> Self {
         Self {
             state: State::Parole,
             since: now,
@@ -284,37 +284,37 @@ impl StateMachine {
     }
 
     /// Out because the agent refuses connections (and waiting for it to accept them).
-    pub fn is_unreachable(&self) -> bool {
+    pub(crate) fn is_unreachable(&self) -> bool {
         self.unreachable
     }
 
-    pub fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         self.state
     }
 
-    pub fn since(&self) -> Instant {
+    pub(crate) fn since(&self) -> Instant {
         self.since
     }
 
-    pub fn set_probe_gated(&mut self, gated: bool) {
+    pub(crate) fn set_probe_gated(&mut self, gated: bool) {
         self.probe_gated = gated;
     }
 
-    pub fn quality(&self) -> Option<QualityMark> {
+    pub(crate) fn quality(&self) -> Option<QualityMark> {
         self.quality
     }
 
     /// A golden-task run's verdict (`None`: the agent has no golden tasks any more). Returns
     /// whether `degraded` changed. Quality alone never moves the state: a drifting agent is
     /// worth less, not broken, and failures still take it to probation as from healthy.
-    pub fn set_quality(&mut self, mark: Option<QualityMark>) -> bool {
+    pub(crate) fn set_quality(&mut self, mark: Option<QualityMark>) -> bool {
         let was = self.quality.is_some_and(|q| q.degraded);
         self.quality = mark;
         was != mark.is_some_and(|q| q.degraded)
     }
 
     /// The share of traffic this agent may take now, in 0..1.
-    pub fn cap(&self, now: Instant, p: &StateParams) -> f64 {
+    pub(crate) fn cap(&self, now: Instant, p: &StateParams) -> f64 {
         let cap = self.state_cap(now, p);
         if self.quality.is_some_and(|q| q.degraded) {
             cap.min(p.degraded_cap)
@@ -339,12 +339,12 @@ impl StateMachine {
     }
 
     /// The cool-off for the current ejection: doubles with each repeat, up to the cap.
-    pub fn cool_off(&self, p: &StateParams) -> Duration {
+    pub(crate) fn cool_off(&self, p: &StateParams) -> Duration {
         let doublings = self.ejections.saturating_sub(1).min(16);
         (p.cool_off * 2u32.pow(doublings)).min(p.max_cool_off)
     }
 
-    pub fn on(&mut self, event: Event, now: Instant, p: &StateParams) -> Option<Transition> {
+    pub(crate) fn on(&mut self, event: Event, now: Instant, p: &StateParams) -> Option<Transition> {
         if self.state == State::Draining {
             return None;
         }
@@ -466,7 +466,7 @@ impl StateMachine {
     }
 
     /// Time-driven transitions; call before reading the cap.
-    pub fn tick(&mut self, now: Instant, p: &StateParams) -> Option<Transition> {
+    pub(crate) fn tick(&mut self, now: Instant, p: &StateParams) -> Option<Transition> {
         let elapsed = now.saturating_duration_since(self.since);
         match self.state {
             State::Parole if elapsed >= p.parole_duration && self.consecutive_failures == 0 => {
@@ -501,7 +501,7 @@ impl StateMachine {
 
     /// Another view vouches for the agent (its own sidecar has it healthy): a caller that merely has
     /// not called it yet need not hold it on parole. Only a parole without failures is cut short.
-    pub fn vouch(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn vouch(&mut self, now: Instant) -> Option<Transition> {
         if self.state == State::Parole && self.consecutive_failures == 0 {
             return self.enter(State::Healthy, now, "its own view is healthy");
         }
@@ -510,7 +510,7 @@ impl StateMachine {
 
     /// A caller's view of a peer whose own view is recovering: an ejected view follows it into
     /// recovering at once (with the short ramp: the peer's own ramp is the one that bounds it).
-    pub fn follow_recovery(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn follow_recovery(&mut self, now: Instant) -> Option<Transition> {
         if self.state != State::Ejected {
             return None;
         }
@@ -520,7 +520,7 @@ impl StateMachine {
     }
 
     /// The peer announced shutdown: no new work, for good.
-    pub fn drain(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn drain(&mut self, now: Instant) -> Option<Transition> {
         if self.state == State::Draining {
             return None;
         }

@@ -10,7 +10,7 @@ use super::state::{Event, QualityMark, State, StateMachine, StateParams, Transit
 const PAROLE_AVAILABILITY: f64 = 0.7;
 
 #[derive(Clone, Debug)]
-pub struct ReachView {
+pub(crate) struct ReachView {
     estimates: Estimates,
     machine: StateMachine,
 }
@@ -19,9 +19,9 @@ pub struct ReachView {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct ViewSnapshot {
     pub state: State,
-    pub cap: f64,
+    pub(crate) cap: f64,
     /// Seconds in the current state.
-    pub state_age_s: f64,
+    pub(crate) state_age_s: f64,
     #[serde(flatten)]
     pub estimates: EstimateSnapshot,
     /// The last golden-task verdict, for an agent that has golden tasks.
@@ -31,13 +31,13 @@ pub struct ViewSnapshot {
 
 impl ViewSnapshot {
     /// The state as shown: `degraded` in place of a `healthy` whose answers drifted.
-    pub fn shown_state(&self) -> &'static str {
+    pub(crate) fn shown_state(&self) -> &'static str {
         super::state::shown(self.state, self.quality)
     }
 }
 
 impl ReachView {
-    pub fn new(now: Instant, probe_gated: bool) -> Self {
+    pub(crate) fn new(now: Instant, probe_gated: bool) -> Self {
         Self {
             estimates: Estimates::new(PAROLE_AVAILABILITY, now),
             machine: StateMachine::new(now, probe_gated),
@@ -45,7 +45,7 @@ impl ReachView {
     }
 
     /// A production request's outcome.
-    pub fn observe(
+    pub(crate) fn observe(
         &mut self,
         signal: Signal,
         now: Instant,
@@ -65,7 +65,7 @@ impl ReachView {
     }
 
     /// A business probe's outcome: the signal feeds the estimates, pass/fail the state machine.
-    pub fn probed(
+    pub(crate) fn probed(
         &mut self,
         signal: Signal,
         passed: bool,
@@ -83,66 +83,73 @@ impl ReachView {
     }
 
     /// The recent latency (ms) and the age of its last sample (s): see [`Estimates`].
-    pub fn recent_latency(&self, now: Instant) -> Option<(f64, f64)> {
+    pub(crate) fn recent_latency(&self, now: Instant) -> Option<(f64, f64)> {
         self.estimates.recent(now)
     }
 
     /// Out because the agent refuses connections.
-    pub fn is_unreachable(&self) -> bool {
+    pub(crate) fn is_unreachable(&self) -> bool {
         self.machine.is_unreachable()
     }
 
-    pub fn event(&mut self, event: Event, now: Instant, sp: &StateParams) -> Option<Transition> {
+    pub(crate) fn event(
+        &mut self,
+        event: Event,
+        now: Instant,
+        sp: &StateParams,
+    ) -> Option<Transition> {
         self.machine.on(event, now, sp)
     }
 
-    pub fn tick(&mut self, now: Instant, sp: &StateParams) -> Option<Transition> {
+    pub(crate) fn tick(&mut self, now: Instant, sp: &StateParams) -> Option<Transition> {
         self.machine.tick(now, sp)
     }
 
-    pub fn vouch(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn vouch(&mut self, now: Instant) -> Option<Transition> {
         self.machine.vouch(now)
     }
 
-    pub fn follow_recovery(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn follow_recovery(&mut self, now: Instant) -> Option<Transition> {
         self.machine.follow_recovery(now)
     }
 
-    pub fn drain(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn drain(&mut self, now: Instant) -> Option<Transition> {
         self.machine.drain(now)
     }
 
-    pub fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         self.machine.state()
     }
 
     /// A golden-task run's verdict; whether `degraded` changed.
-    pub fn set_quality(&mut self, mark: Option<QualityMark>) -> bool {
+    pub(crate) fn set_quality(&mut self, mark: Option<QualityMark>) -> bool {
         self.machine.set_quality(mark)
     }
 
-    pub fn cap(&self, now: Instant, sp: &StateParams) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn cap(&self, now: Instant, sp: &StateParams) -> f64 {
         self.machine.cap(now, sp)
     }
 
-    pub fn estimates(&self) -> &Estimates {
-        &self.estimates
-    }
-
-    pub fn estimates_mut(&mut self) -> &mut Estimates {
+    pub(crate) fn estimates_mut(&mut self) -> &mut Estimates {
         &mut self.estimates
     }
 
-    pub fn set_probe_gated(&mut self, gated: bool) {
+    pub(crate) fn set_probe_gated(&mut self, gated: bool) {
         self.machine.set_probe_gated(gated);
     }
 
-    pub fn snapshot(&self, now: Instant, ep: &EstimateParams, sp: &StateParams) -> ViewSnapshot {
+    pub(crate) fn snapshot(
+        &self,
+        now: Instant,
+        ep: &EstimateParams,
+        sp: &StateParams,
+    ) -> ViewSnapshot {
         self.with_estimates(now, sp, self.estimates.snapshot(now, ep))
     }
 
     /// The view as a score reads it (no latency percentiles): the per-request path.
-    pub fn scoring_snapshot(
+    pub(crate) fn scoring_snapshot(
         &self,
         now: Instant,
         ep: &EstimateParams,

@@ -22,7 +22,7 @@ use crate::http::{server::text, ReachBody};
 const MAX_LIST: usize = 1000;
 
 /// Whether `path` is the task API's.
-pub fn is_tasks_path(path: &str) -> bool {
+pub(crate) fn is_tasks_path(path: &str) -> bool {
     path == TASKS_PATH || path.starts_with(&format!("{TASKS_PATH}/"))
 }
 
@@ -36,7 +36,7 @@ struct ResolveBody {
 }
 
 /// Answers one task API request; `body` is already read (bounded by the local API's limit).
-pub async fn handle(
+pub(crate) async fn handle(
     queue: Option<&Queue>,
     store: &ConfigStore,
     req: Request<Bytes>,

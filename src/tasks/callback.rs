@@ -27,7 +27,7 @@ use crate::config::{Host, Listen, Policy};
 /// Why a callback URL is refused: at submission a `400 callback_refused`, at delivery the
 /// reason the delivery was given up.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     #[error("`reach-callback` must be an absolute http:// or https:// URL")]
     NotHttp,
     // The URL is not echoed: it holds the password.
@@ -77,7 +77,7 @@ fn effective(ip: IpAddr) -> IpAddr {
 }
 
 /// Why `ip` is never a callback destination, if it is not.
-pub fn forbidden(ip: IpAddr) -> Option<&'static str> {
+pub(crate) fn forbidden(ip: IpAddr) -> Option<&'static str> {
     match effective(ip) {
         IpAddr::V4(v4) if v4.is_link_local() => Some("a link-local address (169.254.0.0/16)"),
         // 0.0.0.0/8 is "this network": 0.0.0.0 reaches the host itself.
@@ -120,7 +120,7 @@ fn is_localhost(name: &str) -> bool {
 
 /// Checks a callback URL against the rules and `policy.callbacks` (at submission, and again
 /// before each delivery: the policy is live).
-pub fn check(url: &str, policy: &Policy, listen: &Listen) -> Result<(), Refused> {
+pub(crate) fn check(url: &str, policy: &Policy, listen: &Listen) -> Result<(), Refused> {
     let uri: Uri = url.parse().map_err(|_| Refused::NotHttp)?;
     let https = match uri.scheme_str() {
         Some(s) if s.eq_ignore_ascii_case("http") => false,
@@ -168,7 +168,7 @@ pub fn check(url: &str, policy: &Policy, listen: &Listen) -> Result<(), Refused>
 }
 
 /// Screens what `host` resolved to: every address must be one a callback may reach.
-pub fn screen(host: &str, addrs: &[SocketAddr], listen: &Listen) -> Result<(), Refused> {
+pub(crate) fn screen(host: &str, addrs: &[SocketAddr], listen: &Listen) -> Result<(), Refused> {
     for addr in addrs {
         let why = forbidden(addr.ip()).or_else(|| {
             own_listener(addr.ip(), addr.port(), listen)
@@ -186,7 +186,7 @@ pub fn screen(host: &str, addrs: &[SocketAddr], listen: &Listen) -> Result<(), R
 }
 
 /// The refusal somewhere in an error's chain (the connector's, wrapped by hyper).
-pub fn refusal(err: &(dyn std::error::Error + 'static)) -> Option<Refused> {
+pub(crate) fn refusal(err: &(dyn std::error::Error + 'static)) -> Option<Refused> {
     let mut next = Some(err);
     while let Some(e) = next {
         if let Some(refused) = e.downcast_ref::<Refused>() {
@@ -203,12 +203,12 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// before dialling one, so what is checked is what is connected to (no second lookup that a
 /// rebinding name could answer differently).
 #[derive(Clone, Debug)]
-pub struct Guarded {
+pub(crate) struct Guarded {
     listen: Arc<Listen>,
 }
 
 impl Guarded {
-    pub fn new(listen: Listen) -> Self {
+    pub(crate) fn new(listen: Listen) -> Self {
         Self {
             listen: Arc::new(listen),
         }
@@ -260,7 +260,7 @@ impl tower::Service<Uri> for Guarded {
 
 /// `url` with any `user:pass@` replaced by `***@`, for views (such a callback is refused, but a
 /// task stored before the check, or an operator's webhook, may hold one).
-pub fn mask_userinfo(url: &str) -> String {
+pub(crate) fn mask_userinfo(url: &str) -> String {
     let Some(start) = url.find("://").map(|i| i + 3) else {
         return url.to_owned();
     };

@@ -23,9 +23,9 @@ use super::callback::{self, Guarded, Refused};
 use crate::config::Listen;
 
 /// The task a POST is about.
-pub const TASK_ID: http::HeaderName = http::HeaderName::from_static("reach-task-id");
+pub(crate) const TASK_ID: http::HeaderName = http::HeaderName::from_static("reach-task-id");
 /// How many times this POST has been tried, the first being 1.
-pub const DELIVERY: http::HeaderName = http::HeaderName::from_static("reach-delivery");
+pub(crate) const DELIVERY: http::HeaderName = http::HeaderName::from_static("reach-delivery");
 pub const SIGNATURE: http::HeaderName = http::HeaderName::from_static("reach-signature");
 
 /// One POST may take this long.
@@ -37,14 +37,14 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// An HTTP(S) client for webhooks and callbacks (public CAs: Mozilla's roots, built in, so the
 /// image needs no CA bundle).
 #[derive(Clone, Debug)]
-pub struct Poster {
+pub(crate) struct Poster {
     webhook: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     callback: Client<HttpsConnector<Guarded>, Full<Bytes>>,
 }
 
 /// Why a callback POST did not land.
 #[derive(Debug, thiserror::Error)]
-pub enum PostError {
+pub(crate) enum PostError {
     /// The destination is one a callback may never reach: given up at once.
     #[error(transparent)]
     Refused(#[from] Refused),
@@ -55,7 +55,7 @@ pub enum PostError {
 
 impl Poster {
     /// `listen`: this sidecar's listeners, which a callback may not reach.
-    pub fn new(listen: &Listen) -> Result<Self, String> {
+    pub(crate) fn new(listen: &Listen) -> Result<Self, String> {
         let builder = || {
             let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
             hyper_rustls::HttpsConnectorBuilder::new()
@@ -70,7 +70,7 @@ impl Poster {
     }
 
     /// POSTs `body` as JSON to the escalation webhook; `Ok` when the receiver accepted it (2xx).
-    pub async fn post(
+    pub(crate) async fn post(
         &self,
         url: &str,
         task_id: &str,
@@ -84,7 +84,7 @@ impl Poster {
     }
 
     /// POSTs `body` as JSON to a task's callback, through the screening connector.
-    pub async fn post_callback(
+    pub(crate) async fn post_callback(
         &self,
         url: &str,
         task_id: &str,
@@ -148,7 +148,7 @@ where
 }
 
 /// The pause before try `tries + 1`: doubling from a second to five minutes, with jitter.
-pub fn backoff(tries: u32) -> Duration {
+pub(crate) fn backoff(tries: u32) -> Duration {
     let base = FIRST_BACKOFF
         .saturating_mul(1 << tries.min(16))
         .min(MAX_BACKOFF);
@@ -156,7 +156,7 @@ pub fn backoff(tries: u32) -> Duration {
 }
 
 /// `t=<t>,sha256=<hex of HMAC-SHA256(key, "<t>.<body>")>`.
-pub fn sign(key: &[u8], t: u64, body: &[u8]) -> String {
+pub(crate) fn sign(key: &[u8], t: u64, body: &[u8]) -> String {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
     let mut ctx = ring::hmac::Context::with_key(&key);
     ctx.update(t.to_string().as_bytes());

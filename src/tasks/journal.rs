@@ -13,30 +13,30 @@ use crate::http::ReachBody;
 
 /// One attempt of a call.
 #[derive(Clone, Debug)]
-pub struct AttemptNote {
-    pub peer: String,
-    pub started: std::time::SystemTime,
-    pub duration: std::time::Duration,
+pub(crate) struct AttemptNote {
+    pub(crate) peer: String,
+    pub(crate) started: std::time::SystemTime,
+    pub(crate) duration: std::time::Duration,
     /// The metrics' outcome label.
-    pub outcome: &'static str,
-    pub status: Option<u16>,
+    pub(crate) outcome: &'static str,
+    pub(crate) status: Option<u16>,
     /// The `reach-reason`, the error, or the status.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// Where a call's attempts are reported as they end.
 #[derive(Clone, Debug)]
-pub struct Journal(pub tokio::sync::mpsc::UnboundedSender<AttemptNote>);
+pub(crate) struct Journal(pub(crate) tokio::sync::mpsc::UnboundedSender<AttemptNote>);
 
 impl Journal {
-    pub fn note(&self, note: AttemptNote) {
+    pub(crate) fn note(&self, note: AttemptNote) {
         // The runner stopped listening (its lease was lost): nothing to tell.
         let _ = self.0.send(note);
     }
 }
 
 /// What runs a task's stored call: the outbound routing (`Outbound::run_task`).
-pub trait Chain: Send + Sync + 'static {
+pub(crate) trait Chain: Send + Sync + 'static {
     /// Routes `request` for `capability` as a call would be routed, reporting its attempts to
     /// `journal`.
     fn run<'a>(

@@ -2,15 +2,16 @@
 //! answered `202`, run through the async fallback chain by a runner that holds a lease on it,
 //! and ends done, failed, or escalated to a person — surviving restarts of the sidecar.
 
-pub mod api;
-pub mod callback;
+pub(crate) mod api;
+pub(crate) mod callback;
 pub mod deliver;
 mod journal;
-pub mod model;
+pub(crate) mod model;
 mod queue;
-pub mod runner;
-pub mod store;
-pub mod view;
+pub(crate) mod runner;
+pub(crate) mod store;
+pub(crate) mod view;
 
-pub use journal::{AttemptNote, Chain, Journal};
-pub use queue::{wants_async, Queue, Submitted, CALLBACK, PREFER, PRIORITY, TASKS_PATH};
+pub(crate) use journal::{AttemptNote, Chain, Journal};
+pub use queue::TASKS_PATH;
+pub(crate) use queue::{wants_async, Queue};

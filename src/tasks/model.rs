@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// Where a task stands.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum State {
+pub(crate) enum State {
     /// Accepted, waiting for a runner.
     Queued,
     /// A runner is walking its fallback chain.
@@ -32,7 +32,7 @@ pub enum State {
 }
 
 impl State {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             State::Queued => "queued",
             State::Running => "running",
@@ -45,11 +45,11 @@ impl State {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|st| st.as_str() == s)
     }
 
-    pub const ALL: [State; 8] = [
+    pub(crate) const ALL: [State; 8] = [
         State::Queued,
         State::Running,
         State::Retrying,
@@ -61,61 +61,61 @@ impl State {
     ];
 
     /// Nothing will run again unless a person asks.
-    pub fn is_final(self) -> bool {
+    pub(crate) fn is_final(self) -> bool {
         matches!(self, State::Done | State::Failed | State::Resolved)
     }
 }
 
 /// The call as the local agent made it, kept to be replayed on each attempt.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-pub struct StoredRequest {
-    pub method: String,
+pub(crate) struct StoredRequest {
+    pub(crate) method: String,
     /// Path and query.
-    pub path: String,
-    pub headers: Vec<(String, String)>,
+    pub(crate) path: String,
+    pub(crate) headers: Vec<(String, String)>,
     #[serde(with = "b64")]
-    pub body: Vec<u8>,
+    pub(crate) body: Vec<u8>,
 }
 
 /// One attempt on one agent.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-pub struct AttemptRecord {
+pub(crate) struct AttemptRecord {
     /// Which chain (1 for the first; a queue round or a person's retry adds one).
-    pub round: u32,
-    pub agent: String,
-    pub started_ms: u64,
-    pub duration_ms: u64,
+    pub(crate) round: u32,
+    pub(crate) agent: String,
+    pub(crate) started_ms: u64,
+    pub(crate) duration_ms: u64,
     /// `success`, `failure`, `refused`, `timeout`, … (the metrics' outcome label).
-    pub outcome: String,
+    pub(crate) outcome: String,
     /// The HTTP status the caller saw, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<u16>,
+    pub(crate) status: Option<u16>,
     /// Why: the `reach-reason`, the error, or the status.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// The agent's answer to a task that is done.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-pub struct StoredResponse {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
+pub(crate) struct StoredResponse {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
     /// The body as text when it is UTF-8, else base64 (`encoding`).
-    pub body: String,
-    pub encoding: BodyEncoding,
+    pub(crate) body: String,
+    pub(crate) encoding: BodyEncoding,
     /// The body was longer than `tasks.max_response_bytes` and is cut.
     #[serde(default)]
-    pub truncated: bool,
+    pub(crate) truncated: bool,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum BodyEncoding {
+pub(crate) enum BodyEncoding {
     Utf8,
     Base64,
 }
 
 /// Text when the bytes are UTF-8, else base64.
-pub fn encode_body(bytes: &[u8]) -> (String, BodyEncoding) {
+pub(crate) fn encode_body(bytes: &[u8]) -> (String, BodyEncoding) {
     match std::str::from_utf8(bytes) {
         Ok(text) => (text.to_owned(), BodyEncoding::Utf8),
         Err(_) => (
@@ -129,26 +129,26 @@ pub fn encode_body(bytes: &[u8]) -> (String, BodyEncoding) {
 /// backoff until it is accepted — or, for a callback, given up (`callbacks.give_up_after`,
 /// `callbacks.max_tries`, or a destination the policy refuses).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-pub struct Delivery {
-    pub url: String,
-    pub delivered: bool,
-    pub tries: u32,
+pub(crate) struct Delivery {
+    pub(crate) url: String,
+    pub(crate) delivered: bool,
+    pub(crate) tries: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
+    pub(crate) last_error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delivered_ms: Option<u64>,
+    pub(crate) delivered_ms: Option<u64>,
     /// The first try: the give-up clock starts here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_try_ms: Option<u64>,
+    pub(crate) first_try_ms: Option<u64>,
     /// Why no more tries will be made, once none will.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub given_up: Option<String>,
+    pub(crate) given_up: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub given_up_ms: Option<u64>,
+    pub(crate) given_up_ms: Option<u64>,
 }
 
 impl Delivery {
-    pub fn to(url: &str) -> Self {
+    pub(crate) fn to(url: &str) -> Self {
         Self {
             url: url.to_owned(),
             delivered: false,
@@ -162,12 +162,12 @@ impl Delivery {
     }
 
     /// Whether it is still to be tried.
-    pub fn owed(&self) -> bool {
+    pub(crate) fn owed(&self) -> bool {
         !self.delivered && self.given_up.is_none()
     }
 
     /// `pending`, `delivered` or `given_up`.
-    pub fn state(&self) -> &'static str {
+    pub(crate) fn state(&self) -> &'static str {
         if self.delivered {
             "delivered"
         } else if self.given_up.is_some() {
@@ -180,25 +180,25 @@ impl Delivery {
 
 /// How a person closed the task.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-pub struct Resolution {
+pub(crate) struct Resolution {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
+    pub(crate) note: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub by: Option<String>,
+    pub(crate) by: Option<String>,
     #[serde(default)]
-    pub at_ms: u64,
+    pub(crate) at_ms: u64,
 }
 
 /// Who holds a claimed task, until when.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-pub struct Lease {
-    pub owner: String,
-    pub until_ms: u64,
+pub(crate) struct Lease {
+    pub(crate) owner: String,
+    pub(crate) until_ms: u64,
 }
 
 /// What a runner should do with a task next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Work {
+pub(crate) enum Work {
     /// Walk the fallback chain.
     Run,
     /// POST the escalation to the webhook.
@@ -209,52 +209,52 @@ pub enum Work {
 
 /// A task.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-pub struct Task {
-    pub id: String,
-    pub capability: String,
+pub(crate) struct Task {
+    pub(crate) id: String,
+    pub(crate) capability: String,
     /// The caller's key when it gave one, else the task id. Each attempt sends
     /// `idempotency-key: <key>#<round>`: a rerun of the same round after a crash reaches an
     /// agent that already ran it as a replay, while a later round runs afresh.
-    pub key: String,
+    pub(crate) key: String,
     /// 0..9, higher first.
-    pub priority: u8,
-    pub state: State,
-    pub request: StoredRequest,
-    pub created_ms: u64,
-    pub updated_ms: u64,
+    pub(crate) priority: u8,
+    pub(crate) state: State,
+    pub(crate) request: StoredRequest,
+    pub(crate) created_ms: u64,
+    pub(crate) updated_ms: u64,
     /// When the next piece of work may start.
-    pub due_ms: u64,
+    pub(crate) due_ms: u64,
     /// Chains run so far.
-    pub rounds: u32,
+    pub(crate) rounds: u32,
     /// `rounds` when a person last sent the task back: the queue's rounds count from here.
     #[serde(default)]
-    pub round_base: u32,
-    pub attempts: Vec<AttemptRecord>,
+    pub(crate) round_base: u32,
+    pub(crate) attempts: Vec<AttemptRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub response: Option<StoredResponse>,
+    pub(crate) response: Option<StoredResponse>,
     /// Why the last chain ended without an answer (while `waiting`: why nothing was tried).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
     /// Since when the task has waited for an agent to serve its capability (`State::Waiting`);
     /// cleared once a chain runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waiting_since_ms: Option<u64>,
+    pub(crate) waiting_since_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub callback: Option<Delivery>,
+    pub(crate) callback: Option<Delivery>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub escalation: Option<Delivery>,
+    pub(crate) escalation: Option<Delivery>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resolution: Option<Resolution>,
+    pub(crate) resolution: Option<Resolution>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease: Option<Lease>,
+    pub(crate) lease: Option<Lease>,
     /// Bumped by every write; a write names the version it read (`store` module).
     #[serde(default)]
-    pub version: u64,
+    pub(crate) version: u64,
 }
 
 impl Task {
     /// What is owed next, if anything: a store keeps the tasks with work in its queue.
-    pub fn work(&self) -> Option<Work> {
+    pub(crate) fn work(&self) -> Option<Work> {
         match self.state {
             State::Queued | State::Retrying | State::Waiting | State::Running => Some(Work::Run),
             State::Escalated => match &self.escalation {
@@ -269,25 +269,25 @@ impl Task {
     }
 
     /// The queue's order: higher priority first (rank 0 is priority 9).
-    pub fn rank(&self) -> u8 {
+    pub(crate) fn rank(&self) -> u8 {
         9 - self.priority.min(9)
     }
 
     /// A finished task older than `retention` may be removed.
-    pub fn expired(&self, now_ms: u64, retention_ms: u64) -> bool {
+    pub(crate) fn expired(&self, now_ms: u64, retention_ms: u64) -> bool {
         self.work().is_none()
             && self.state.is_final()
             && now_ms.saturating_sub(self.updated_ms) > retention_ms
     }
 
     /// The round the next attempt belongs to.
-    pub fn current_round(&self) -> u32 {
+    pub(crate) fn current_round(&self) -> u32 {
         self.rounds.max(1)
     }
 }
 
 /// Milliseconds since the Unix epoch, the stores' clock.
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

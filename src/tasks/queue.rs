@@ -17,16 +17,16 @@ use crate::idempotency;
 use crate::metrics::Metrics;
 
 /// `prefer: respond-async` (RFC 7240) makes a call a task.
-pub const PREFER: http::HeaderName = http::HeaderName::from_static("prefer");
+pub(crate) const PREFER: http::HeaderName = http::HeaderName::from_static("prefer");
 /// Where the final result is POSTed.
-pub const CALLBACK: http::HeaderName = http::HeaderName::from_static("reach-callback");
+pub(crate) const CALLBACK: http::HeaderName = http::HeaderName::from_static("reach-callback");
 /// 0..9, higher first.
-pub const PRIORITY: http::HeaderName = http::HeaderName::from_static("reach-priority");
+pub(crate) const PRIORITY: http::HeaderName = http::HeaderName::from_static("reach-priority");
 /// The path of the task API on the outbound port.
 pub const TASKS_PATH: &str = "/reach/v1/tasks";
 
 /// Whether `prefer` asks for an asynchronous answer.
-pub fn wants_async(headers: &http::HeaderMap) -> bool {
+pub(crate) fn wants_async(headers: &http::HeaderMap) -> bool {
     headers.get_all(PREFER).iter().any(|v| {
         v.to_str().is_ok_and(|v| {
             v.split(',')
@@ -37,7 +37,7 @@ pub fn wants_async(headers: &http::HeaderMap) -> bool {
 
 /// The store, and a bell that wakes the runners when work is added.
 #[derive(Debug)]
-pub struct Queue {
+pub(crate) struct Queue {
     pub(super) store: TaskStore,
     pub(super) config: TasksConfig,
     /// This sidecar's runner name in leases: its member name and a per-start nonce, so a
@@ -64,15 +64,15 @@ fn store_error(err: StoreError) -> ReachError {
 
 /// The answer to a submission.
 #[derive(Debug)]
-pub struct Submitted {
-    pub task: Task,
+pub(crate) struct Submitted {
+    pub(crate) task: Task,
     /// The id was already taken by the same request: this is the stored task.
-    pub existing: bool,
+    pub(crate) existing: bool,
 }
 
 impl Queue {
     /// Opens the store the bootstrap names (`base`: the bootstrap's directory).
-    pub async fn open(
+    pub(crate) async fn open(
         config: &TasksConfig,
         base: Option<&std::path::Path>,
         agent: &str,
@@ -114,7 +114,7 @@ impl Queue {
     }
 
     /// Gives the queue the live config its callback checks read.
-    pub fn attach(&self, config: Arc<ConfigStore>) {
+    pub(crate) fn attach(&self, config: Arc<ConfigStore>) {
         let _ = self.live.set(config);
     }
 
@@ -127,23 +127,23 @@ impl Queue {
     }
 
     /// The largest body a task may carry.
-    pub fn max_payload(&self) -> usize {
+    pub(crate) fn max_payload(&self) -> usize {
         self.config.max_payload_bytes
     }
 
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         self.store.kind()
     }
 
     /// Since when and why the store has been failing; `None` while it works.
-    pub fn store_down(&self) -> Option<crate::tasks::store::Down> {
+    pub(crate) fn store_down(&self) -> Option<crate::tasks::store::Down> {
         self.store.down()
     }
 
     /// Stores the call as a task (durable on return) and wakes a runner. A call with an
     /// idempotency key is the task of that key: its resubmission returns the stored task, and
     /// the same key with another request is refused.
-    pub async fn submit(
+    pub(crate) async fn submit(
         &self,
         capability: &str,
         parts: &Parts,
@@ -221,7 +221,7 @@ impl Queue {
         }
     }
 
-    pub async fn get(&self, id: &str) -> Result<Task, ReachError> {
+    pub(crate) async fn get(&self, id: &str) -> Result<Task, ReachError> {
         self.store
             .get(id)
             .await
@@ -229,12 +229,16 @@ impl Queue {
             .ok_or_else(|| ReachError::NotFound(format!("{TASKS_PATH}/{id}")))
     }
 
-    pub async fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Task>, ReachError> {
+    pub(crate) async fn list(
+        &self,
+        state: Option<State>,
+        limit: usize,
+    ) -> Result<Vec<Task>, ReachError> {
         self.store.list(state, limit).await.map_err(store_error)
     }
 
     /// A person sends the task through the chain again, with a fresh set of queue rounds.
-    pub async fn retry(&self, id: &str) -> Result<Task, ReachError> {
+    pub(crate) async fn retry(&self, id: &str) -> Result<Task, ReachError> {
         let mut task = self.unleased(id).await?;
         if !matches!(
             task.state,
@@ -262,7 +266,7 @@ impl Queue {
     }
 
     /// A person closes the task (its escalation is answered, or it is no longer wanted).
-    pub async fn resolve(
+    pub(crate) async fn resolve(
         &self,
         id: &str,
         note: Option<String>,

@@ -37,13 +37,13 @@ const CLAIM_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// When the runner may start claiming: once the sidecar's view of the fleet has settled after
 /// start, so that tasks resumed at start are not judged against a registry gossip has not
 /// filled yet (they would find nobody and wait; this saves them the round trip).
-pub struct Settle {
+pub(crate) struct Settle {
     /// Whether the view has settled (gossip: joined, and members handed over).
-    pub settled: Box<dyn Fn() -> bool + Send + Sync>,
+    pub(crate) settled: Box<dyn Fn() -> bool + Send + Sync>,
     /// Claim no earlier than this after start (a static fleet's short grace)…
-    pub at_least: Duration,
+    pub(crate) at_least: Duration,
     /// …and no later, settled or not: a lone seed may wait long to be found.
-    pub at_most: Duration,
+    pub(crate) at_most: Duration,
 }
 
 impl std::fmt::Debug for Settle {
@@ -58,7 +58,7 @@ impl std::fmt::Debug for Settle {
 impl Settle {
     /// Peers named in the config only: they are known at once; a short grace for their first
     /// poll.
-    pub fn static_fleet() -> Self {
+    pub(crate) fn static_fleet() -> Self {
         Self {
             settled: Box::new(|| true),
             at_least: Duration::from_millis(500),
@@ -82,7 +82,7 @@ impl Settle {
     }
 }
 
-pub fn spawn(
+pub(crate) fn spawn(
     queue: Arc<Queue>,
     chain: Arc<dyn Chain>,
     config: Arc<ConfigStore>,

@@ -50,7 +50,7 @@ fn masked_headers(headers: &[(String, String)], extra: &[String]) -> Value {
 }
 
 /// The API's view of a task (`GET /reach/v1/tasks/<id>`, the callback, `agent-reach tasks`).
-pub fn api(task: &Task, extra: &[String]) -> Value {
+pub(crate) fn api(task: &Task, extra: &[String]) -> Value {
     let mut view = json!({
         "id": task.id,
         "capability": task.capability,
@@ -113,7 +113,12 @@ pub fn api(task: &Task, extra: &[String]) -> Value {
 
 /// What the escalation webhook receives: the task, its payload up to `max_payload` bytes, and
 /// every attempt with its reason — once each.
-pub fn escalation(task: &Task, max_payload: usize, delivery: u32, extra: &[String]) -> Value {
+pub(crate) fn escalation(
+    task: &Task,
+    max_payload: usize,
+    delivery: u32,
+    extra: &[String],
+) -> Value {
     let body = &task.request.body;
     let cut = body.len() > max_payload;
     let (text, encoding) = encode_body(&body[..body.len().min(max_payload)]);
@@ -145,7 +150,7 @@ pub fn escalation(task: &Task, max_payload: usize, delivery: u32, extra: &[Strin
 }
 
 /// What the caller's callback receives: the task as the API shows it.
-pub fn callback(task: &Task, delivery: u32, extra: &[String]) -> Value {
+pub(crate) fn callback(task: &Task, delivery: u32, extra: &[String]) -> Value {
     let mut view = api(task, extra);
     if let Some(obj) = view.as_object_mut() {
         obj.insert(

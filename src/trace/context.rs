@@ -4,21 +4,21 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The header naming the caller's span: `00-<trace id>-<parent span id>-<flags>`.
-pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// Vendor data that travels with the trace; passed through unchanged.
-pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+pub(crate) const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// A span's place in its trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpanContext {
     pub trace_id: [u8; 16],
     pub span_id: [u8; 8],
-    pub sampled: bool,
+    pub(crate) sampled: bool,
 }
 
 impl SpanContext {
     /// A child of `parent`, or the root of a new trace (sampled with `ratio`) when there is none.
-    pub fn child_of(parent: Option<&SpanContext>, ratio: f64) -> Self {
+    pub(crate) fn child_of(parent: Option<&SpanContext>, ratio: f64) -> Self {
         match parent {
             Some(parent) => SpanContext {
                 trace_id: parent.trace_id,
@@ -34,7 +34,7 @@ impl SpanContext {
     }
 
     /// The `traceparent` value naming this span as the parent of the next hop.
-    pub fn traceparent(&self) -> HeaderValue {
+    pub(crate) fn traceparent(&self) -> HeaderValue {
         let mut text = [0u8; 55];
         text[..3].copy_from_slice(b"00-");
         hex(&self.trace_id, &mut text[3..35]);

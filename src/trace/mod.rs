@@ -27,8 +27,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tower::Service;
 
-pub use context::{parse as parse_traceparent, SpanContext, TRACEPARENT, TRACESTATE};
-pub use span::{key, Active, AttemptSpan, DeferredSpan, ModelAnswer};
+pub use context::{parse as parse_traceparent, SpanContext};
+pub use span::key;
+pub(crate) use span::{Active, AttemptSpan, DeferredSpan, ModelAnswer};
 
 use crate::classify::Class;
 use crate::config::{Policy, TracingConfig};
@@ -39,7 +40,7 @@ const QUEUE: usize = 4 * export::MAX_BATCH;
 
 /// Records spans when tracing is on; a no-op handle when it is off.
 #[derive(Clone, Debug, Default)]
-pub struct Tracer(Option<Arc<Shared>>);
+pub(crate) struct Tracer(Option<Arc<Shared>>);
 
 #[derive(Debug)]
 struct Shared {
@@ -53,11 +54,11 @@ struct Shared {
 
 /// Where traces go, from the bootstrap's `tracing:` or the standard OpenTelemetry variables.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// The full URL spans are POSTed to (`…/v1/traces`).
-    pub endpoint: Uri,
-    pub service_name: String,
-    pub sample_ratio: f64,
+    pub(crate) endpoint: Uri,
+    pub(crate) service_name: String,
+    pub(crate) sample_ratio: f64,
 }
 
 /// Why tracing cannot start as configured.
@@ -71,15 +72,15 @@ pub enum SettingsError {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
     pub exported: u64,
-    pub dropped: u64,
-    pub failed: u64,
+    pub(crate) dropped: u64,
+    pub(crate) failed: u64,
 }
 
 impl Settings {
     /// The bootstrap's section first, then `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as is),
     /// then `OTEL_EXPORTER_OTLP_ENDPOINT` (`/v1/traces` appended); `None` when none is set.
     /// `env` reads a variable: tests pass a map, not the process environment.
-    pub fn resolve(
+    pub(crate) fn resolve(
         config: Option<&TracingConfig>,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Self>, SettingsError> {
@@ -119,13 +120,13 @@ fn signal_url(base: &str) -> String {
 
 impl Tracer {
     /// Tracing off: every hook is a no-op.
-    pub fn off() -> Self {
+    pub(crate) fn off() -> Self {
         Tracer(None)
     }
 
     /// Starts the exporter task for `settings`; `instance` names this sidecar in the resource.
     /// The task sends what is left and ends when `stop` is cancelled.
-    pub fn start(
+    pub(crate) fn start(
         settings: Settings,
         instance: &str,
         policy: &Policy,
@@ -149,12 +150,8 @@ impl Tracer {
         (Tracer(Some(shared)), task)
     }
 
-    pub fn is_on(&self) -> bool {
-        self.0.is_some()
-    }
-
     /// What the exporter did so far.
-    pub fn counts(&self) -> Counts {
+    pub(crate) fn counts(&self) -> Counts {
         self.0.as_ref().map_or_else(Counts::default, |s| Counts {
             exported: s.exported.load(Ordering::Relaxed),
             dropped: s.dropped.load(Ordering::Relaxed),
@@ -175,7 +172,7 @@ impl Tracer {
     }
 
     /// Wraps a listener's service: each request runs in a server span when tracing is on.
-    pub fn server<S>(&self, listener: &'static str, service: S) -> Traced<S> {
+    pub(crate) fn server<S>(&self, listener: &'static str, service: S) -> Traced<S> {
         Traced {
             tracer: self.clone(),
             listener,
@@ -188,7 +185,7 @@ impl Tracer {
 
 /// A listener's service whose requests are server spans (see [`Tracer::server`]).
 #[derive(Clone, Debug)]
-pub struct Traced<S> {
+pub(crate) struct Traced<S> {
     tracer: Tracer,
     listener: &'static str,
     inner: S,
@@ -226,7 +223,7 @@ where
 
 pin_project! {
     /// Ends the request's server span when its response is ready.
-    pub struct TracedFuture<F> {
+    pub(crate) struct TracedFuture<F> {
         #[pin]
         inner: F,
         span: Option<Active>,
@@ -255,6 +252,7 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::context::TRACEPARENT;
     use super::*;
 
     fn config(endpoint: Option<&str>) -> TracingConfig {

@@ -16,22 +16,22 @@ use crate::classify::Outcome;
 /// A span's attribute keys: the request span's field names (`crate::http::layers::field`) under
 /// the sidecar's prefix, so a query can use the same words as the logs.
 pub mod key {
-    pub const LISTENER: &str = "reach.listener";
+    pub(crate) const LISTENER: &str = "reach.listener";
     pub const CAPABILITY: &str = "reach.capability";
     pub const PEER: &str = "reach.peer";
     pub const ATTEMPT: &str = "reach.attempt";
-    pub const ATTEMPTS: &str = "reach.attempts";
+    pub(crate) const ATTEMPTS: &str = "reach.attempts";
     pub const OUTCOME: &str = "reach.outcome";
     pub const RETRY_REASON: &str = "reach.retry_reason";
     pub const SCORE: &str = "reach.score";
     /// The call's delegation chain, when it has one (`docs/chains.md`).
-    pub const CHAIN: &str = "reach.chain";
-    pub const METHOD: &str = "http.request.method";
-    pub const STATUS: &str = "http.response.status_code";
+    pub(crate) const CHAIN: &str = "reach.chain";
+    pub(crate) const METHOD: &str = "http.request.method";
+    pub(crate) const STATUS: &str = "http.response.status_code";
     /// An attempt on an external target: OpenTelemetry's GenAI names (`docs/traces.md`).
     pub const GEN_AI_PROVIDER: &str = "gen_ai.provider.name";
     pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
-    pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
+    pub(crate) const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
     pub const GEN_AI_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
     pub const GEN_AI_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
     /// A streamed answer's first event, in seconds from when the request was sent.
@@ -45,7 +45,7 @@ pub(super) struct Finished(pub(super) Span);
 /// The server span of the request in flight: put in the request's extensions by the listener's
 /// trace layer, so the steps below can name it as the parent of their attempts.
 #[derive(Clone, Debug)]
-pub struct Active(Arc<ServerSpan>);
+pub(crate) struct Active(Arc<ServerSpan>);
 
 #[derive(Debug)]
 pub(super) struct ServerSpan {
@@ -145,7 +145,7 @@ impl Active {
 /// across the attempt's await, and the routing future it sits in is moved whole; a pointer
 /// keeps that future the size it is with tracing off.
 #[derive(Debug)]
-pub struct AttemptSpan(Box<Attempting>);
+pub(crate) struct AttemptSpan(Box<Attempting>);
 
 #[derive(Debug)]
 struct Attempting {
@@ -158,7 +158,7 @@ struct Attempting {
 impl AttemptSpan {
     /// Starts the span of attempt `n` (from 1) on `peer`, when the call is traced, and names it
     /// in the attempt's `traceparent`. `retry` is why the previous attempt was not the last.
-    pub fn start(
+    pub(crate) fn start(
         server: Option<&Active>,
         headers: &mut HeaderMap,
         capability: &str,
@@ -202,7 +202,7 @@ impl AttemptSpan {
     }
 
     /// Ends the attempt: `status` when a response came back.
-    pub fn finish(self, status: Option<http::StatusCode>, outcome: Outcome) {
+    pub(crate) fn finish(self, status: Option<http::StatusCode>, outcome: Outcome) {
         self.finish_with(status, outcome, Vec::new());
     }
 
@@ -234,13 +234,13 @@ impl AttemptSpan {
 
 /// What an external target's answer told, for the span of the attempt that got it.
 #[derive(Debug, Default)]
-pub struct ModelAnswer<'a> {
+pub(crate) struct ModelAnswer<'a> {
     /// The model the answer names.
-    pub model: Option<&'a str>,
+    pub(crate) model: Option<&'a str>,
     /// Input and output tokens, when the answer reported them.
-    pub tokens: Option<(u64, u64)>,
+    pub(crate) tokens: Option<(u64, u64)>,
     /// A stream's first event, from when the request was sent.
-    pub first_token: Option<std::time::Duration>,
+    pub(crate) first_token: Option<std::time::Duration>,
 }
 
 /// An attempt's span on an external target, held open until its answer's body has passed, so
@@ -248,7 +248,7 @@ pub struct ModelAnswer<'a> {
 /// (`src/budget/usage.rs`); when the answer is dropped unread (a 429 retried elsewhere) the span
 /// ends then, without them.
 #[derive(Debug)]
-pub struct DeferredSpan(Mutex<Option<Held>>);
+pub(crate) struct DeferredSpan(Mutex<Option<Held>>);
 
 #[derive(Debug)]
 struct Held {
@@ -260,7 +260,7 @@ struct Held {
 
 impl DeferredSpan {
     /// Holds `span`, ended as `status` and `outcome` said, for a call to target `provider`.
-    pub fn new(
+    pub(crate) fn new(
         span: AttemptSpan,
         status: Option<http::StatusCode>,
         outcome: Outcome,
@@ -275,7 +275,7 @@ impl DeferredSpan {
     }
 
     /// Ends the span with what the answer told; `failed` when its body broke mid-way.
-    pub fn finish(&self, answer: &ModelAnswer<'_>, failed: bool) {
+    pub(crate) fn finish(&self, answer: &ModelAnswer<'_>, failed: bool) {
         let held = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some(held) = held else { return };
         let mut extra = vec![text(key::GEN_AI_PROVIDER, &held.provider)];

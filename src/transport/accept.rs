@@ -51,14 +51,14 @@ pub struct PlainTcp {
 
 /// TLS (rustls): the handshake, from the first byte on, must finish within the timeout.
 #[derive(Clone)]
-pub struct Tls {
+pub(crate) struct Tls {
     acceptor: tokio_rustls::TlsAcceptor,
     handshake_timeout: Duration,
 }
 
 /// The mTLS mode for one connection: `None` for a direct one, `Some(port)` for one intercepted
 /// from the agent's `port` (the policy's `mtls.ports` may say otherwise for it).
-pub type ModeFor = Arc<dyn Fn(Option<u16>) -> MtlsMode + Send + Sync>;
+pub(crate) type ModeFor = Arc<dyn Fn(Option<u16>) -> MtlsMode + Send + Sync>;
 
 /// The inbound listener between sidecars: TLS or plaintext, told apart by the first byte, and
 /// accepted as the mTLS mode in force allows. The mode is read at every accept, so a policy
@@ -69,7 +69,7 @@ pub type ModeFor = Arc<dyn Fn(Option<u16>) -> MtlsMode + Send + Sync>;
 /// those ports: any other NAT rule in the pod (a hostPort, a NodePort) makes a direct connection,
 /// held to the mode like any other.
 #[derive(Clone)]
-pub struct Mesh {
+pub(crate) struct Mesh {
     tls: Option<Arc<MeshTls>>,
     mode: ModeFor,
     /// The agent ports `init-net` redirects here; empty: this sidecar does not intercept.
@@ -82,7 +82,7 @@ pub struct Mesh {
 
 /// A connection accepted by [`Mesh`].
 #[derive(Debug)]
-pub enum MeshIo {
+pub(crate) enum MeshIo {
     Plain(TcpStream),
     /// Plaintext redirected by `init-net` from the agent's port (its original destination): an
     /// ordinary client's call to the agent, not mesh traffic.
@@ -92,7 +92,7 @@ pub enum MeshIo {
 
 /// A TLS connection and what its handshake proved.
 #[derive(Debug)]
-pub struct MeshTlsIo {
+pub(crate) struct MeshTlsIo {
     stream: tokio_rustls::server::TlsStream<TcpStream>,
     identity: Option<SpiffeId>,
     xfcc: Option<http::HeaderValue>,
@@ -144,7 +144,7 @@ impl PlainTcp {
 // === impl Tls ===
 
 impl Tls {
-    pub fn new(config: Arc<rustls::ServerConfig>, handshake_timeout: Duration) -> Self {
+    pub(crate) fn new(config: Arc<rustls::ServerConfig>, handshake_timeout: Duration) -> Self {
         Self {
             acceptor: tokio_rustls::TlsAcceptor::from(config),
             handshake_timeout,
@@ -174,7 +174,7 @@ impl Accept for Tls {
 // === impl Mesh ===
 
 impl Mesh {
-    pub fn new(
+    pub(crate) fn new(
         tls: Option<Arc<MeshTls>>,
         mode: ModeFor,
         intercept: &[u16],

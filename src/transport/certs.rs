@@ -29,17 +29,17 @@ pub enum CertError {
 
 /// What one look at the files found.
 #[derive(Debug)]
-pub enum Reloaded {
+pub(crate) enum Reloaded {
     /// The files changed and the new pair is being served.
     Renewed,
     /// The files cannot be served (mid-rotation the two can disagree for a moment); the old pair
     /// stays. Reported once per run of failures.
-    Failed(CertError),
+    Failed,
 }
 
 /// The certificate being served, swapped whole when its files change.
 #[derive(Debug)]
-pub struct ReloadingCert {
+pub(crate) struct ReloadingCert {
     cert_file: PathBuf,
     key_file: PathBuf,
     current: ArcSwap<CertifiedKey>,
@@ -51,7 +51,7 @@ pub struct ReloadingCert {
 
 impl ReloadingCert {
     /// Loads the pair once; a listener cannot start without it.
-    pub fn load(cert_file: &Path, key_file: &Path) -> Result<Arc<Self>, CertError> {
+    pub(crate) fn load(cert_file: &Path, key_file: &Path) -> Result<Arc<Self>, CertError> {
         let (certified, hash) = load_certified_key(cert_file, key_file)?;
         Ok(Arc::new(Self {
             cert_file: cert_file.to_owned(),
@@ -63,7 +63,7 @@ impl ReloadingCert {
 
     /// Reads the files again every `interval` (at least 10 ms) until `stop`, serving a changed
     /// pair at once; `on_reload` hears of each renewal and each run of failures.
-    pub fn spawn_watch(
+    pub(crate) fn spawn_watch(
         self: Arc<Self>,
         interval: Duration,
         on_reload: impl Fn(&Reloaded) + Send + 'static,
@@ -124,7 +124,7 @@ pub(super) fn watch(
                 Err(err) if !failing => {
                     failing = true;
                     tracing::warn!(%err, "certificate not reloaded; keeping the one being served");
-                    on_reload(&Reloaded::Failed(err));
+                    on_reload(&Reloaded::Failed);
                 }
                 Err(_) => {}
             }
@@ -134,7 +134,9 @@ pub(super) fn watch(
 
 /// A TLS server config that serves `cert` to every client, h2 or HTTP/1.1 by ALPN, and asks for
 /// no client certificate.
-pub fn server_config(cert: Arc<ReloadingCert>) -> Result<rustls::ServerConfig, rustls::Error> {
+pub(crate) fn server_config(
+    cert: Arc<ReloadingCert>,
+) -> Result<rustls::ServerConfig, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?

@@ -40,18 +40,18 @@ pub trait Connect:
 
 /// How a TCP connection to an upstream is set up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TcpSettings {
+pub(crate) struct TcpSettings {
     /// Give up on a connection not established within this.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// Idle time before TCP keepalive probes start: a peer that vanished without a FIN is
     /// noticed, so a half-open pooled connection fails fast instead of hanging.
-    pub keepalive: Duration,
-    pub keepalive_interval: Duration,
-    pub keepalive_retries: u32,
+    pub(crate) keepalive: Duration,
+    pub(crate) keepalive_interval: Duration,
+    pub(crate) keepalive_retries: u32,
 }
 
 impl TcpSettings {
-    pub fn from_policy(policy: &Policy) -> Self {
+    pub(crate) fn from_policy(policy: &Policy) -> Self {
         Self {
             connect_timeout: policy.timeouts.connect.get(),
             keepalive: policy.pool.tcp_keepalive.get(),
@@ -87,7 +87,7 @@ impl fmt::Debug for ConnectTcp {
 
 impl ConnectTcp {
     /// A connector with fixed settings.
-    pub fn new(settings: TcpSettings) -> Self {
+    pub(crate) fn new(settings: TcpSettings) -> Self {
         Self {
             connector: http_connector(settings),
             settings,
@@ -96,7 +96,7 @@ impl ConnectTcp {
     }
 
     /// A connector that follows the live policy's connect settings.
-    pub fn following(store: Arc<ConfigStore>) -> Self {
+    pub(crate) fn following(store: Arc<ConfigStore>) -> Self {
         let source: SettingsSource =
             Arc::new(move || TcpSettings::from_policy(&store.snapshot().policy));
         let settings = source();
@@ -151,7 +151,7 @@ impl Connect for ConnectTcp {
 /// the caller routed to. A peer that presents another identity is dropped before a byte of the
 /// request is written: a member announcing someone else's address (or identity) gets nothing.
 #[derive(Clone, Debug)]
-pub struct ConnectMesh {
+pub(crate) struct ConnectMesh {
     tcp: ConnectTcp,
     tls: std::sync::Arc<super::mtls::MeshTls>,
     /// Offers ALPN `h2` before `http/1.1`.
@@ -159,17 +159,17 @@ pub struct ConnectMesh {
 }
 
 /// A TLS connection to a peer whose identity was checked.
-pub type MeshStream =
+pub(crate) type MeshStream =
     hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
 
 /// Whether the server of a mutual-TLS connection picked ALPN `h2`.
-pub fn negotiated_h2(stream: &MeshStream) -> bool {
+pub(crate) fn negotiated_h2(stream: &MeshStream) -> bool {
     stream.inner().get_ref().1.alpn_protocol() == Some(b"h2")
 }
 
 /// Why a mutual-TLS connection to a peer was not made.
 #[derive(Debug, thiserror::Error)]
-pub enum MeshConnectError {
+pub(crate) enum MeshConnectError {
     #[error(transparent)]
     Tcp(Box<dyn std::error::Error + Send + Sync>),
     #[error("TLS handshake failed: {0}")]
@@ -181,7 +181,7 @@ pub enum MeshConnectError {
 }
 
 impl ConnectMesh {
-    pub fn new(tcp: ConnectTcp, tls: std::sync::Arc<super::mtls::MeshTls>) -> Self {
+    pub(crate) fn new(tcp: ConnectTcp, tls: std::sync::Arc<super::mtls::MeshTls>) -> Self {
         Self {
             tcp,
             tls,
@@ -191,14 +191,14 @@ impl ConnectMesh {
 
     /// Offers ALPN `h2` first (the HTTP/2 peer pool); [`negotiated_h2`] says what the server
     /// picked.
-    pub fn offering_h2(mut self) -> Self {
+    pub(crate) fn offering_h2(mut self) -> Self {
         self.h2 = true;
         self
     }
 
     /// Opens a TLS connection to `uri`'s authority and checks the peer is `expected`: an SVID
     /// of this sidecar's trust domain in every case, and the identity it announced when it did.
-    pub async fn connect(
+    pub(crate) async fn connect(
         &self,
         uri: Uri,
         expected: &Expected,

@@ -8,19 +8,20 @@ pub mod accept;
 pub mod certs;
 pub mod connect;
 pub mod mtls;
-pub mod target_tls;
+pub(crate) mod target_tls;
 
 use std::net::SocketAddr;
 
-pub use accept::{Accept, Mesh, MeshIo, PlainTcp, Tls};
-pub use connect::{negotiated_h2, Connect, ConnectMesh, ConnectTcp, MeshConnectError, TcpSettings};
-pub use target_tls::{TargetTls, TargetTlsError};
+pub use accept::PlainTcp;
+pub(crate) use accept::{Accept, Mesh, Tls};
+pub(crate) use connect::{negotiated_h2, Connect, ConnectMesh, ConnectTcp, TcpSettings};
+pub(crate) use target_tls::TargetTls;
 
 /// Who a peer must prove to be in its TLS handshake: the identity it announced, or, for a peer
 /// that announced none (a static peer without `identity`, under `strict`), any workload of this
 /// sidecar's trust domain.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Expected {
+pub(crate) enum Expected {
     Exactly(crate::identity::SpiffeId),
     TrustDomain,
     /// An external target's `https://` endpoint: a server certificate for its host, by a chain
@@ -62,7 +63,7 @@ pub struct Accepted {
 /// certificate, when one was presented.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerTls {
-    pub xfcc: Option<http::HeaderValue>,
+    pub(crate) xfcc: Option<http::HeaderValue>,
 }
 
 /// The address of a connection's client, and its IP as `x-forwarded-for` carries it (written

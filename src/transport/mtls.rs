@@ -43,17 +43,17 @@ pub struct MeshTls {
 #[derive(Debug)]
 pub struct Loaded {
     /// The URI SAN of this sidecar's certificate.
-    pub identity: SpiffeId,
+    pub(crate) identity: SpiffeId,
     /// The certificate's validity, in Unix seconds: not before, not after.
-    pub valid: (i64, i64),
+    pub(crate) valid: (i64, i64),
     /// Requires a client certificate (`strict`).
     pub strict: Arc<ServerConfig>,
     /// Verifies a client certificate when one is sent (`permissive`).
-    pub permissive: Arc<ServerConfig>,
+    pub(crate) permissive: Arc<ServerConfig>,
     /// Presents this sidecar's certificate and verifies the peer's chain (ALPN `http/1.1`).
     pub client: Arc<ClientConfig>,
     /// The same, offering `h2` first (`pool.peer_protocol: http2`).
-    pub client_h2: Arc<ClientConfig>,
+    pub(crate) client_h2: Arc<ClientConfig>,
 }
 
 impl MeshTls {
@@ -72,14 +72,14 @@ impl MeshTls {
     }
 
     /// This sidecar's identity now.
-    pub fn identity(&self) -> SpiffeId {
+    pub(crate) fn identity(&self) -> SpiffeId {
         self.current.load().identity.clone()
     }
 
     /// Reads the files again every `interval` until `stop`; a changed, consistent set is used
     /// for every handshake from then on, anything else (a half-written pair) is refused and the
     /// old set stays.
-    pub fn spawn_watch(
+    pub(crate) fn spawn_watch(
         self: Arc<Self>,
         interval: Duration,
         on_reload: impl Fn(&Reloaded) + Send + 'static,
@@ -108,7 +108,7 @@ pub fn identity_of(cert: &CertificateDer<'_>) -> Option<SpiffeId> {
 /// Why a certificate that chains to the bundle is still not a workload identity here; each is a
 /// `reach_tls_handshake_failures_total{reason}` label.
 #[derive(Debug, thiserror::Error)]
-pub enum NotAnSvid {
+pub(crate) enum NotAnSvid {
     #[error("the certificate carries no spiffe:// URI SAN")]
     NoSpiffeId,
     #[error("the certificate carries {0} URI SANs; a SPIFFE SVID carries exactly one")]
@@ -118,7 +118,7 @@ pub enum NotAnSvid {
 }
 
 impl NotAnSvid {
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             NotAnSvid::NoSpiffeId => "no_spiffe_id",
             NotAnSvid::SeveralUris(_) => "several_uri_sans",
@@ -129,7 +129,10 @@ impl NotAnSvid {
 
 /// The certificate's SPIFFE ID if it is an SVID of `trust_domain`: exactly one URI SAN, a
 /// `spiffe://` ID in that domain. A certificate with only DNS SANs, or none, names nobody.
-pub fn svid_of(cert: &CertificateDer<'_>, trust_domain: &str) -> Result<SpiffeId, NotAnSvid> {
+pub(crate) fn svid_of(
+    cert: &CertificateDer<'_>,
+    trust_domain: &str,
+) -> Result<SpiffeId, NotAnSvid> {
     use x509_parser::extensions::GeneralName;
     let (_, parsed) =
         x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|_| NotAnSvid::NoSpiffeId)?;
@@ -163,7 +166,11 @@ pub fn svid_of(cert: &CertificateDer<'_>, trust_domain: &str) -> Result<SpiffeId
 
 /// The `x-forwarded-client-cert` value for a verified client certificate, as Envoy writes it:
 /// who it was forwarded by (this sidecar), the certificate's SHA-256 and its URI SAN.
-pub fn xfcc(by: &SpiffeId, cert: &CertificateDer<'_>, uri: &SpiffeId) -> Option<http::HeaderValue> {
+pub(crate) fn xfcc(
+    by: &SpiffeId,
+    cert: &CertificateDer<'_>,
+    uri: &SpiffeId,
+) -> Option<http::HeaderValue> {
     use std::fmt::Write;
     let digest = ring::digest::digest(&ring::digest::SHA256, cert.as_ref());
     let mut hash = String::with_capacity(64);
@@ -429,7 +436,7 @@ impl ServerCertVerifier for ChainOnly {
 }
 
 /// Why a handshake failed, as `reach_tls_handshake_failures_total{reason}` labels it.
-pub fn failure_reason(err: &std::io::Error) -> &'static str {
+pub(crate) fn failure_reason(err: &std::io::Error) -> &'static str {
     use std::io::ErrorKind;
     if let Some(tls) = err
         .get_ref()

@@ -15,7 +15,7 @@ use rustls::{ClientConfig, RootCertStore};
 
 /// Why a target's TLS could not be set up or its handshake failed.
 #[derive(Debug, thiserror::Error)]
-pub enum TargetTlsError {
+pub(crate) enum TargetTlsError {
     #[error(transparent)]
     Bundle(#[from] crate::config::CaBundleError),
     #[error("`{0}` is not a TLS server name")]
@@ -33,7 +33,7 @@ pub enum TargetTlsError {
 
 /// How one target's `https://` endpoints are dialled: the server name to check (and send as
 /// SNI), the `Host` header, and the client config (its roots).
-pub struct TargetTls {
+pub(crate) struct TargetTls {
     host: Box<str>,
     ca_file: Option<PathBuf>,
     host_header: http::HeaderValue,
@@ -43,16 +43,9 @@ pub struct TargetTls {
 }
 
 impl TargetTls {
-    /// TLS to `host` (`port` named in `Host` unless 443), trusting `ca_file`'s CAs, or the
-    /// Mozilla roots without one.
-    pub fn new(host: &str, port: u16, ca_file: Option<&Path>) -> Result<Self, TargetTlsError> {
-        let dial = client(host, ca_file)?;
-        Ok(Self::with(host, port, ca_file, Ok(dial)))
-    }
-
     /// [`TargetTls::new`], or when it cannot be set up (a bundle removed since the config was
     /// checked) one whose every handshake fails with the reason.
-    pub fn or_failing(host: &str, port: u16, ca_file: Option<&Path>) -> Self {
+    pub(crate) fn or_failing(host: &str, port: u16, ca_file: Option<&Path>) -> Self {
         let dial = client(host, ca_file).map_err(|err| Arc::from(err.to_string()));
         Self::with(host, port, ca_file, dial)
     }
@@ -84,12 +77,12 @@ impl TargetTls {
     }
 
     /// The `Host` header of a request to it: the endpoint's host, and its port unless 443.
-    pub fn host_header(&self) -> &http::HeaderValue {
+    pub(crate) fn host_header(&self) -> &http::HeaderValue {
         &self.host_header
     }
 
     /// The TLS handshake over an open connection `io`, checking the server is `host`.
-    pub async fn connect<IO>(
+    pub(crate) async fn connect<IO>(
         &self,
         io: IO,
     ) -> Result<tokio_rustls::client::TlsStream<IO>, TargetTlsError>
@@ -111,7 +104,7 @@ impl TargetTls {
 }
 
 /// Whether the server of a target's TLS connection picked ALPN `h2`.
-pub fn negotiated_h2<IO>(stream: &tokio_rustls::client::TlsStream<IO>) -> bool {
+pub(crate) fn negotiated_h2<IO>(stream: &tokio_rustls::client::TlsStream<IO>) -> bool {
     stream.get_ref().1.alpn_protocol() == Some(b"h2")
 }
 

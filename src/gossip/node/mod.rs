@@ -36,7 +36,7 @@ use publish::Published;
 use timers::Timers;
 
 /// Largest item published: it must fit in a datagram after foca's header (and the envelope's).
-pub const MAX_ITEM: usize = 1100;
+pub(crate) const MAX_ITEM: usize = 1100;
 /// How often the node does its housekeeping (pending publishes, status, pruning).
 const TICK: Duration = Duration::from_millis(100);
 /// New members are handed to the sink at most this often (losses go at once).
@@ -91,7 +91,7 @@ impl GossipHandle {
     }
 
     /// Seals and opens with these keys from now on (the key file changed).
-    pub fn set_key(&self, key: ClusterKey) {
+    pub(crate) fn set_key(&self, key: ClusterKey) {
         let _ = self.commands.send(Command::Key(key));
     }
 
@@ -126,7 +126,7 @@ impl GossipHandle {
     }
 
     /// How many members SWIM lists (as of the node's last look), without building `status`.
-    pub fn swim_members(&self) -> usize {
+    pub(crate) fn swim_members(&self) -> usize {
         self.table
             .lock()
             .unwrap_or_else(|p| p.into_inner())

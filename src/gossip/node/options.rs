@@ -11,10 +11,10 @@ use crate::gossip::transport::MAX_DATAGRAM;
 /// Timings and identity of one node.
 #[derive(Clone, Debug)]
 pub struct NodeOptions {
-    pub name: String,
+    pub(crate) name: String,
     /// The gossip address others reach this node at.
-    pub addr: SocketAddr,
-    pub key: ClusterKey,
+    pub(crate) addr: SocketAddr,
+    pub(crate) key: ClusterKey,
     /// Each period the node probes one member.
     pub probe_interval: Duration,
     /// A probe not answered in this time goes indirect.
@@ -26,7 +26,7 @@ pub struct NodeOptions {
     /// …and at most this often, unless its state changed.
     pub min_publish_interval: Duration,
     /// Envelopes sent further than this from the receiver's clock are refused.
-    pub replay_window: Duration,
+    pub(crate) replay_window: Duration,
     /// Times each item and membership update is passed on, from `expected_members` (see
     /// `max_transmissions`): fixed, not recounted as the fleet grows.
     pub max_transmissions: u8,

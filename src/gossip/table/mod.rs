@@ -43,18 +43,18 @@ pub(super) enum Origin {
 
 #[derive(Debug)]
 pub(super) struct Entry {
-    pub node: NodeId,
-    pub profile: Option<(u64, Profile)>,
+    pub(crate) node: NodeId,
+    pub(crate) profile: Option<(u64, Profile)>,
     /// The profile as the routing model takes it, converted once when it arrives rather than
     /// each time the routable set is handed over.
     routed_profile: Option<Arc<model::Profile>>,
-    pub live: Option<(u64, Live)>,
+    pub(crate) live: Option<(u64, Live)>,
     /// Its MCP tool pins, as the routing model takes them (converted once, on arrival).
-    pub pins: Option<(u64, Arc<Vec<model::Pin>>)>,
+    pub(crate) pins: Option<(u64, Arc<Vec<model::Pin>>)>,
     /// The highest `seq` heard from the node first-hand.
-    pub vouched: u64,
-    pub last_heard: Instant,
-    pub down_since: Option<Instant>,
+    pub(crate) vouched: u64,
+    pub(crate) last_heard: Instant,
+    pub(crate) down_since: Option<Instant>,
 }
 
 /// What applying one item did.
@@ -86,26 +86,26 @@ pub(super) struct Table {
     window_us: u64,
     clock: Clock,
     /// What SWIM last said of its members, for `/status`.
-    pub swim: SwimView,
+    pub(crate) swim: SwimView,
     /// The source of the datagram being handled, so foca's hook can tell first-hand items.
-    pub from: Option<SocketAddr>,
+    pub(crate) from: Option<SocketAddr>,
     /// Set when the routable set, a profile or a member's pins changed.
-    pub dirty: bool,
+    pub(crate) dirty: bool,
     /// Set when a member stopped being routable (dead, restarted, pruned): callers must hear
     /// of that at once, while additions may be batched.
-    pub lost: bool,
+    pub(crate) lost: bool,
     /// Agents whose live view changed since last drained.
-    pub live_updates: Vec<String>,
+    pub(crate) live_updates: Vec<String>,
     /// Members whose profile this node lacks or has an old one of.
-    pub wants: Vec<NodeId>,
+    pub(crate) wants: Vec<NodeId>,
     /// Members SWIM just reported up for the first time: they get this node's state directly.
-    pub newcomers: Vec<NodeId>,
+    pub(crate) newcomers: Vec<NodeId>,
     /// Nodes whose items others relay but that SWIM does not count alive here: a membership
     /// update this node never got, or the other side of a healed partition. The node announces
     /// itself to them, which makes each side a member of the other.
-    pub strangers: Vec<NodeId>,
+    pub(crate) strangers: Vec<NodeId>,
     /// Another node claimed this node's name (two agents with one name).
-    pub name_conflicts: u64,
+    pub(crate) name_conflicts: u64,
 }
 
 impl Table {
@@ -520,8 +520,8 @@ fn plausible(item: &Item, now_us: u64, window_us: u64) -> Result<(), Rejected> {
 /// and an absent member reads like an alive one (`GossipStatus::of`).
 #[derive(Debug, Default)]
 pub(super) struct SwimView {
-    pub members: usize,
-    pub not_alive: HashMap<NodeId, foca::State>,
+    pub(crate) members: usize,
+    pub(crate) not_alive: HashMap<NodeId, foca::State>,
 }
 
 /// A routable member as the sidecar sees it.
@@ -559,7 +559,7 @@ pub(super) struct BadItem(#[from] wire::WireError);
 /// Foca's hook for items riding on SWIM messages: new ones go into the table and on to others.
 #[derive(Debug, Clone)]
 pub(super) struct Handler {
-    pub table: Arc<Mutex<Table>>,
+    pub(crate) table: Arc<Mutex<Table>>,
 }
 
 impl Handler {

@@ -94,9 +94,9 @@ pub(crate) fn encode_items<'a>(
 #[cfg(test)]
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct NextLive {
-    pub live: Live,
+    pub(crate) live: Live,
     /// The appended field (here: a queue limit), 0 when an older sidecar sent the item.
-    pub queue_limit: u32,
+    pub(crate) queue_limit: u32,
 }
 
 #[cfg(test)]

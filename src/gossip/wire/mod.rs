@@ -72,7 +72,7 @@ pub enum Body {
 }
 
 impl Item {
-    pub fn kind(&self) -> ItemKind {
+    pub(crate) fn kind(&self) -> ItemKind {
         match self.body {
             Body::Profile(_) => ItemKind::Profile,
             Body::Live(_) => ItemKind::Live,
@@ -83,7 +83,7 @@ impl Item {
 
 /// The kinds of item this sidecar knows, and the version of each it writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ItemKind {
+pub(crate) enum ItemKind {
     Profile,
     Live,
     Pins,
@@ -91,7 +91,7 @@ pub enum ItemKind {
 
 impl ItemKind {
     /// The kind's byte on the wire. A new kind takes a new byte; a byte is never reused.
-    pub fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Self::Profile => 1,
             Self::Live => 2,
@@ -109,7 +109,7 @@ impl ItemKind {
     }
 
     /// The newest version of the kind this sidecar writes and reads. Appending a field bumps it.
-    pub fn version(self) -> u8 {
+    pub(crate) fn version(self) -> u8 {
         match self {
             // 2: `identity` appended. 3: each capability's `output_schema` digest appended.
             // 4: each capability's A2A `skill` facts appended. 5: each capability's MCP `tools`.
@@ -160,22 +160,22 @@ pub struct Capability {
 /// retry decision. The importer bounds the list to keep a profile within `MAX_ITEM`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Tool {
-    pub name: String,
-    pub title: String,
+    pub(crate) name: String,
+    pub(crate) title: String,
     /// The first 8 bytes of the SHA-256 of its canonical input schema.
-    pub schema: [u8; 8],
+    pub(crate) schema: [u8; 8],
     /// Bit 0: `readOnlyHint`; bit 1: `idempotentHint`. Further hints take further bits: an
     /// older reader ignores them.
-    pub hints: u8,
+    pub(crate) hints: u8,
 }
 
 /// An A2A skill's facts: one byte when absent; media types as written on the card, which the
 /// importer caps in number and length to keep a profile within `MAX_ITEM`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Skill {
-    pub streaming: bool,
-    pub input_modes: Vec<String>,
-    pub output_modes: Vec<String>,
+    pub(crate) streaming: bool,
+    pub(crate) input_modes: Vec<String>,
+    pub(crate) output_modes: Vec<String>,
 }
 
 /// How a capability is routed, as the wire says it.
@@ -189,67 +189,67 @@ pub enum Mode {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Live {
     /// The `seq` of the profile this view goes with: a receiver without it asks for it.
-    pub profile_seq: u64,
-    pub state: AgentState,
-    pub state_age_s: u32,
+    pub(crate) profile_seq: u64,
+    pub(crate) state: AgentState,
+    pub(crate) state_age_s: u32,
     /// Fractions in thousandths.
-    pub cap: u16,
-    pub availability: u16,
-    pub saturation: u16,
-    pub latency_ms: Option<u32>,
-    pub p50_ms: Option<u32>,
-    pub p95_ms: Option<u32>,
-    pub busy: bool,
-    pub cooling_down: bool,
-    pub in_flight: u32,
-    pub queued: u32,
+    pub(crate) cap: u16,
+    pub(crate) availability: u16,
+    pub(crate) saturation: u16,
+    pub(crate) latency_ms: Option<u32>,
+    pub(crate) p50_ms: Option<u32>,
+    pub(crate) p95_ms: Option<u32>,
+    pub(crate) busy: bool,
+    pub(crate) cooling_down: bool,
+    pub(crate) in_flight: u32,
+    pub(crate) queued: u32,
     /// The saturation expected a horizon ahead, in thousandths (v2); an older item reads as its
     /// `saturation`: no prediction.
-    pub saturation_predicted: u16,
+    pub(crate) saturation_predicted: u16,
     /// The last golden-task similarity in thousandths, for an agent that has golden tasks (v3).
-    pub quality_milli: Option<u16>,
+    pub(crate) quality_milli: Option<u16>,
     /// Its answers drifted below the threshold (v3). `state` stays `healthy` for such an agent:
     /// an older sidecar would refuse a new state value, and reads it as healthy with its cap.
-    pub degraded: bool,
+    pub(crate) degraded: bool,
     /// Its model budgets (v4): its own targets' folded into one (no group) and one per
     /// `budget_group` (docs/model-budgets.md). An older item reads as none known.
-    pub budget: Vec<LiveBudget>,
+    pub(crate) budget: Vec<LiveBudget>,
 }
 
 /// One model budget in a live view. Each is a record of its own: a newer version may append.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LiveBudget {
     /// The provider account it belongs to; `None` for the agent's own targets.
-    pub group: Option<String>,
+    pub(crate) group: Option<String>,
     /// Its headroom in thousandths; `None` when the agent has learned nothing of it yet (it
     /// only says it belongs to the group).
-    pub headroom_milli: Option<u16>,
+    pub(crate) headroom_milli: Option<u16>,
     /// Until it resets, and how old the answer it was learned from is.
-    pub reset_ms: u32,
-    pub age_ms: u32,
+    pub(crate) reset_ms: u32,
+    pub(crate) age_ms: u32,
     /// The fingerprint of the credential it was learned with (v5; `docs/model-budgets.md`).
-    pub credential: Option<u64>,
+    pub(crate) credential: Option<u64>,
 }
 
 /// Budgets one live view may carry: an agent has few providers.
-pub const MAX_LIVE_BUDGETS: usize = 8;
+pub(crate) const MAX_LIVE_BUDGETS: usize = 8;
 
 /// The MCP tool definitions a sidecar pinned (`src/outbound/mcp/pins.rs`): a caller that settles
 /// a tool later adopts the one most members pin (`docs/mcp.md`). Small, sent on change; relayed
 /// like a live view. Older sidecars skip the kind whole.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Pins {
-    pub pins: Vec<Pin>,
+    pub(crate) pins: Vec<Pin>,
 }
 
 /// One pinned tool. Each is a record of its own: a newer version may append.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Pin {
-    pub capability: String,
-    pub tool: String,
+pub(crate) struct Pin {
+    pub(crate) capability: String,
+    pub(crate) tool: String,
     /// The digest of the pinned definition: as `Tool::schema` carries it (the first 8 bytes of
     /// the SHA-256 of the canonical definition, `src/mcp/tools.rs`).
-    pub digest: [u8; 8],
+    pub(crate) digest: [u8; 8],
 }
 
 /// An agent's state in the reach model, as the wire says it.
@@ -263,8 +263,9 @@ pub enum AgentState {
     Draining,
 }
 
+#[cfg(test)]
 impl AgentState {
-    pub const ALL: [AgentState; 6] = [
+    pub(crate) const ALL: [AgentState; 6] = [
         Self::Parole,
         Self::Healthy,
         Self::Probation,
@@ -520,7 +521,7 @@ fn len_u32(n: usize) -> Result<u32, WireError> {
 }
 
 /// 0..1 → thousandths, clamped (NaN is 0).
-pub fn milli(x: f64) -> u16 {
+pub(crate) fn milli(x: f64) -> u16 {
     if x.is_finite() {
         (x.clamp(0.0, 1.0) * 1000.0).round() as u16
     } else {
@@ -529,7 +530,7 @@ pub fn milli(x: f64) -> u16 {
 }
 
 /// Thousandths → 0..1, clamped (a hostile 65535 is 1).
-pub fn unmilli(x: u16) -> f64 {
+pub(crate) fn unmilli(x: u16) -> f64 {
     f64::from(x.min(1000)) / 1000.0
 }
 
@@ -544,7 +545,7 @@ pub enum WireError {
 
 /// One item as read off the wire.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Decoded {
+pub(crate) enum Decoded {
     Known(Item),
     /// An item of a kind this sidecar does not know (a newer one sent it): skipped. Every kind
     /// starts with the same head, so it can still be told whose it is.
@@ -558,7 +559,7 @@ pub enum Decoded {
 }
 
 /// One item's bytes: its frame, head and fields.
-pub fn encode_item(item: &Item) -> Result<Vec<u8>, WireError> {
+pub(crate) fn encode_item(item: &Item) -> Result<Vec<u8>, WireError> {
     let mut w = Writer::default();
     write_item(&mut w, item)?;
     Ok(w.into_bytes())
@@ -600,7 +601,7 @@ pub(crate) fn write_frame(
 }
 
 /// Exactly one item (a SWIM piggyback carries one per broadcast).
-pub fn decode_item(bytes: &[u8]) -> Result<Decoded, WireError> {
+pub(crate) fn decode_item(bytes: &[u8]) -> Result<Decoded, WireError> {
     let (frame, rest) = split_frame(bytes)?;
     if !rest.is_empty() {
         return Err(WireError::Invalid("bytes after the item"));
@@ -611,12 +612,12 @@ pub fn decode_item(bytes: &[u8]) -> Result<Decoded, WireError> {
 /// The items of an `items` datagram, one by one: an item that does not decode is an `Err` and
 /// the next is read all the same, unless the frames themselves are broken (then that `Err` is
 /// the last).
-pub fn decode_items(bytes: &[u8]) -> Items<'_> {
+pub(crate) fn decode_items(bytes: &[u8]) -> Items<'_> {
     Items { rest: bytes }
 }
 
 #[derive(Debug)]
-pub struct Items<'a> {
+pub(crate) struct Items<'a> {
     rest: &'a [u8],
 }
 
@@ -642,9 +643,9 @@ impl Iterator for Items<'_> {
 
 /// One item's frame, split off but not yet read.
 pub(crate) struct Frame<'a> {
-    pub kind: u8,
-    pub version: u8,
-    pub record: &'a [u8],
+    pub(crate) kind: u8,
+    pub(crate) version: u8,
+    pub(crate) record: &'a [u8],
 }
 
 /// Splits the first frame off `bytes`.
@@ -717,6 +718,6 @@ pub fn encode_want(asker: &NodeId) -> Result<Vec<u8>, WireError> {
     Ok(postcard::to_allocvec(asker)?)
 }
 
-pub fn decode_want(bytes: &[u8]) -> Result<NodeId, WireError> {
+pub(crate) fn decode_want(bytes: &[u8]) -> Result<NodeId, WireError> {
     Ok(postcard::take_from_bytes(bytes)?.0)
 }

@@ -35,13 +35,13 @@ use tower_http::timeout::TimeoutLayer;
 use super::body::{BoxError, ReachBody};
 use crate::metrics::Metrics;
 use crate::redact::SENSITIVE;
-pub(crate) use panic::panic_message;
-pub use panic::Panicked;
-pub use span::{current as current_span, record as record_in_span};
-pub use span::{field, RequestSpan, Spanned};
+pub(crate) use panic::{panic_message, Panicked};
+pub(crate) use span::{
+    current as current_span, field, record as record_in_span, RequestSpan, Spanned,
+};
 
 /// The request id header: kept when the client sent one, generated when not.
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Headers whose values are marked sensitive: never logged, never indexed by HPACK. They are
 /// the secrets `src/redact.rs` masks wherever headers are shown, as names: the array's length is
@@ -82,7 +82,7 @@ const SENSITIVE_LENGTHS: u64 = {
 
 /// Put in a response's extensions to have [`compressed`] gzip it for a client that accepts it.
 #[derive(Clone, Copy, Debug)]
-pub struct Compressible;
+pub(crate) struct Compressible;
 
 /// Wraps a listener's service in the layers every listener has.
 pub fn edge<S, ReqB, B>(
@@ -154,7 +154,7 @@ where
 
 /// Bounds a request's time and body, for listeners that never stream: the admin, the local API
 /// and the injector. Their refusals answer in the sidecar's error format.
-pub fn guarded<S, ReqB, B>(
+pub(crate) fn guarded<S, ReqB, B>(
     timeout: Duration,
     body_limit: usize,
     service: S,
@@ -196,7 +196,7 @@ where
 
 /// Gzips the responses marked [`Compressible`] for clients that accept gzip, when they are worth
 /// it (tower-http's default predicate: not tiny, not an image, not an event stream).
-pub fn compressed<S, ReqB, B>(
+pub(crate) fn compressed<S, ReqB, B>(
     service: S,
 ) -> impl Service<
     Request<ReqB>,

@@ -13,13 +13,13 @@ use crate::metrics::Metrics;
 
 /// `CatchPanic`'s answer to a panic, for one listener.
 #[derive(Clone, Debug)]
-pub struct Panicked {
+pub(crate) struct Panicked {
     listener: &'static str,
     panics: metrics::Counter,
 }
 
 impl Panicked {
-    pub fn new(listener: &'static str, metrics: &Metrics) -> Self {
+    pub(crate) fn new(listener: &'static str, metrics: &Metrics) -> Self {
         Self {
             listener,
             panics: metrics.panics(listener),

@@ -17,24 +17,29 @@ use tracing::{Level, Span};
 use super::X_REQUEST_ID;
 
 /// The names of the request span's fields.
-pub mod field {
-    pub const LISTENER: &str = "listener";
-    pub const METHOD: &str = "method";
-    pub const PATH: &str = "path";
-    pub const REQUEST_ID: &str = "request_id";
+pub(crate) mod field {
+    #[cfg(test)]
+    pub(crate) const LISTENER: &str = "listener";
+    #[cfg(test)]
+    pub(crate) const METHOD: &str = "method";
+    #[cfg(test)]
+    pub(crate) const PATH: &str = "path";
+    #[cfg(test)]
+    pub(crate) const REQUEST_ID: &str = "request_id";
     /// The capability called (outbound) or served (inbound).
-    pub const CAPABILITY: &str = "capability";
+    pub(crate) const CAPABILITY: &str = "capability";
     /// The peer the last attempt went to.
-    pub const PEER: &str = "peer";
+    pub(crate) const PEER: &str = "peer";
     /// The attempt number, from 1.
-    pub const ATTEMPT: &str = "attempt";
+    pub(crate) const ATTEMPT: &str = "attempt";
     /// How the request ended (the metrics' `outcome` label).
-    pub const OUTCOME: &str = "outcome";
+    pub(crate) const OUTCOME: &str = "outcome";
     /// The call's delegation chain, when it has one (`src/chain/`).
-    pub const CHAIN: &str = "chain";
+    pub(crate) const CHAIN: &str = "chain";
 
     /// Every field, in the span's order.
-    pub const ALL: [&str; 9] = [
+    #[cfg(test)]
+    pub(crate) const ALL: [&str; 9] = [
         LISTENER, METHOD, PATH, REQUEST_ID, CAPABILITY, PEER, ATTEMPT, OUTCOME, CHAIN,
     ];
 }
@@ -45,14 +50,14 @@ const LEVEL: Level = Level::INFO;
 /// The current request span, unless its level is off (`--log warn` or quieter): asking for the
 /// current span costs a lookup even when there is none, and a call records in its
 /// span a few times.
-pub fn current() -> Option<Span> {
+pub(crate) fn current() -> Option<Span> {
     let on = LEVEL <= tracing::level_filters::STATIC_MAX_LEVEL
         && LEVEL <= tracing::level_filters::LevelFilter::current();
     on.then(Span::current)
 }
 
 /// Records `value` as the current request span's `field` (see [`current`]).
-pub fn record<V: tracing::field::Value>(field: &str, value: V) {
+pub(crate) fn record<V: tracing::field::Value>(field: &str, value: V) {
     if let Some(span) = current() {
         span.record(field, value);
     }
@@ -60,19 +65,19 @@ pub fn record<V: tracing::field::Value>(field: &str, value: V) {
 
 /// Makes one listener's request spans.
 #[derive(Clone, Copy, Debug)]
-pub struct RequestSpan {
+pub(crate) struct RequestSpan {
     listener: &'static str,
 }
 
 impl RequestSpan {
-    pub fn new(listener: &'static str) -> Self {
+    pub(crate) fn new(listener: &'static str) -> Self {
         Self { listener }
     }
 }
 
 impl RequestSpan {
     /// The request's span; a disabled one (nothing to enter) when the filter leaves it out.
-    pub fn make<B>(&self, req: &Request<B>) -> Span {
+    pub(crate) fn make<B>(&self, req: &Request<B>) -> Span {
         tracing::span!(
             LEVEL,
             "request",
@@ -101,13 +106,13 @@ impl RequestSpan {
 /// still read the clock and entered a disabled span on every poll of the answer and its body
 /// (`docs/perf-levers.md`).
 #[derive(Clone, Debug)]
-pub struct Spanned<S> {
+pub(crate) struct Spanned<S> {
     inner: S,
     spans: RequestSpan,
 }
 
 impl<S> Spanned<S> {
-    pub fn new(spans: RequestSpan, inner: S) -> Self {
+    pub(crate) fn new(spans: RequestSpan, inner: S) -> Self {
         Self { inner, spans }
     }
 }
@@ -143,7 +148,7 @@ where
 
 pin_project_lite::pin_project! {
     /// A request's answer, polled in its span.
-    pub struct SpannedFuture<F> {
+    pub(crate) struct SpannedFuture<F> {
         #[pin]
         inner: F,
         span: Option<(Span, Instant)>,
@@ -179,7 +184,7 @@ where
 
 pin_project_lite::pin_project! {
     /// An answer's body, polled in its request's span (when there is one).
-    pub struct SpannedBody<B> {
+    pub(crate) struct SpannedBody<B> {
         #[pin]
         inner: B,
         span: Option<Span>,

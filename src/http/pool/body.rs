@@ -25,7 +25,7 @@ pub(super) struct Lease {
 ///
 /// Boxed: the answer passes up through every outbound step by value, and a `Response` with the
 /// body inline is 312 bytes against 120 (`docs/perf-levers.md`).
-pub struct UpstreamBody(Box<Upstream>);
+pub(crate) struct UpstreamBody(Box<Upstream>);
 
 /// What an [`UpstreamBody`] holds.
 struct Upstream {
@@ -60,7 +60,7 @@ impl UpstreamBody {
     /// Reads the body ahead, up to `max` bytes and for `within` at most, and returns it when it
     /// ended in that: a small answer the sidecar reads (a 429's JSON, docs/model-budgets.md).
     /// Whatever was read is still passed on, first and unchanged.
-    pub async fn hold(&mut self, max: usize, within: Duration) -> Option<Bytes> {
+    pub(crate) async fn hold(&mut self, max: usize, within: Duration) -> Option<Bytes> {
         let until = tokio::time::Instant::now() + within;
         // Frames already read ahead (`read_ahead`) are the answer's first bytes.
         let mut read = bytes::BytesMut::new();
@@ -95,7 +95,7 @@ impl UpstreamBody {
 
     /// Reads the next frame ahead (it is still passed on first): a stream's first event, awaited
     /// under a deadline. A failure to read it is passed on too.
-    pub async fn read_ahead(&mut self) -> Result<(), String> {
+    pub(crate) async fn read_ahead(&mut self) -> Result<(), String> {
         let Some(frame) = std::future::poll_fn(|cx| self.poll_upstream(cx)).await else {
             return Ok(());
         };

@@ -158,8 +158,8 @@ impl H2 {
         drop(gates);
         lock(&self.h1).retain(|_, at| at.elapsed() < H1_RECHECK);
     }
-
     /// Open HTTP/2 connections (all addresses).
+    #[cfg(test)]
     pub(super) fn open_count(&self) -> usize {
         lock(&self.conns).values().map(Vec::len).sum()
     }

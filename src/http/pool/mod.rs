@@ -50,7 +50,7 @@ mod h2;
 mod wakes;
 
 use body::Lease;
-pub use body::UpstreamBody;
+pub(crate) use body::UpstreamBody;
 use wakes::Wakes;
 
 /// The largest read buffer of one upstream connection (as the legacy client).
@@ -124,16 +124,16 @@ type Map<V> = crate::fast_hash::FastMap<Box<str>, V>;
 
 /// What the pool needs from the policy.
 #[derive(Clone, Debug)]
-pub struct PoolConfig {
-    pub idle_timeout: Duration,
-    pub max_idle_per_host: usize,
+pub(crate) struct PoolConfig {
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_idle_per_host: usize,
     /// What it speaks: HTTP/1.1, or HTTP/2 where the upstream does (`h2`).
-    pub protocol: PeerProtocol,
+    pub(crate) protocol: PeerProtocol,
 }
 
 impl PoolConfig {
     /// An HTTP/1.1 pool (the local agent).
-    pub fn from_policy(policy: &Policy) -> Self {
+    pub(crate) fn from_policy(policy: &Policy) -> Self {
         Self {
             idle_timeout: policy.pool.idle_timeout.get(),
             max_idle_per_host: policy.pool.max_idle_per_host,
@@ -143,7 +143,7 @@ impl PoolConfig {
 
     /// The peer pool: `pool.peer_protocol` to peer sidecars (external targets: HTTP/1.1 in
     /// plaintext, by ALPN over TLS).
-    pub fn for_peers(policy: &Policy) -> Self {
+    pub(crate) fn for_peers(policy: &Policy) -> Self {
         Self {
             protocol: policy.pool.peer_protocol,
             ..Self::from_policy(policy)
@@ -155,7 +155,7 @@ impl PoolConfig {
 /// peers under [`PeerProtocol::Http2`] and to `https://` targets whose server picks `h2`. Cheap
 /// to clone.
 #[derive(Clone)]
-pub struct Pool {
+pub(crate) struct Pool {
     inner: Arc<Inner>,
 }
 
@@ -197,7 +197,7 @@ const BACKLOG_RETRY_SPACING: Duration = Duration::from_millis(20);
 /// What `send` does when a connect times out while the upstream is accepting other connections
 /// (it holds some open, or accepted one within the last seconds): its listen backlog is full.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Backlog {
+pub(crate) enum Backlog {
     /// Fail the connect: the caller moves to another upstream (peers).
     #[default]
     Fail,
@@ -272,13 +272,13 @@ impl Inner {
 
 impl Pool {
     /// A pool whose connections `connect` opens (plaintext only).
-    pub fn new<C: crate::transport::Connect>(config: PoolConfig, connect: C) -> Self {
+    pub(crate) fn new<C: crate::transport::Connect>(config: PoolConfig, connect: C) -> Self {
         Self::with_mesh(config, connect, None)
     }
 
     /// A pool whose plaintext connections `connect` opens, and its TLS ones (to a request that
     /// names a peer identity) `mesh`.
-    pub fn with_mesh<C: crate::transport::Connect>(
+    pub(crate) fn with_mesh<C: crate::transport::Connect>(
         config: PoolConfig,
         connect: C,
         mesh: Option<ConnectMesh>,
@@ -305,7 +305,8 @@ impl Pool {
     }
 
     /// A plain-TCP pool with the policy's connect and pool settings.
-    pub fn build(policy: &Policy) -> Self {
+    #[cfg(test)]
+    pub(crate) fn build(policy: &Policy) -> Self {
         let tcp = crate::transport::TcpSettings::from_policy(policy);
         Self::new(
             PoolConfig::from_policy(policy),
@@ -314,17 +315,19 @@ impl Pool {
     }
 
     /// The scheme its transport speaks.
-    pub fn scheme(&self) -> &http::uri::Scheme {
+    pub(crate) fn scheme(&self) -> &http::uri::Scheme {
         &self.inner.scheme
     }
 
     /// Idle connections now pooled (all authorities).
-    pub fn idle_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn idle_count(&self) -> usize {
         self.lock().values().map(Vec::len).sum()
     }
 
     /// Open HTTP/2 connections (all authorities).
-    pub fn h2_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn h2_count(&self) -> usize {
         self.inner.h2.open_count()
     }
 
@@ -698,7 +701,7 @@ impl Pooled {
 /// Rewrites `req` for `authority` and sends it (over mutual TLS to a peer that must prove
 /// `identity`, when one is given); gives up on the response headers after `timeout`. `target`
 /// names the upstream in errors (formatted only on failure).
-pub fn forward<'a>(
+pub(crate) fn forward<'a>(
     pool: &'a Pool,
     req: Request<ReachBody>,
     authority: &'a str,
@@ -721,7 +724,7 @@ pub fn forward<'a>(
 /// [`forward`], treating an upstream whose listen backlog is full as `backlog` says: with
 /// [`Backlog::Wait`], time that runs out still waiting for it to accept is
 /// [`ReachError::Backlogged`] (load), not a timeout.
-pub async fn forward_with(
+pub(crate) async fn forward_with(
     pool: &Pool,
     mut req: Request<ReachBody>,
     authority: &str,
@@ -796,7 +799,7 @@ fn host_header(authority: &str, identity: Option<&Expected>) -> http::HeaderValu
 }
 
 /// Names an upstream in errors, formatted only when one happens.
-pub struct Named<F>(pub F);
+pub(crate) struct Named<F>(pub(crate) F);
 
 impl<F> fmt::Debug for Named<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

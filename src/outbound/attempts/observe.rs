@@ -27,7 +27,7 @@ use crate::peers::Scored;
 
 /// Per capability: the round-robin position and what the comparison found so far.
 #[derive(Debug, Default)]
-pub struct ObserveLog {
+pub(crate) struct ObserveLog {
     next: AtomicUsize,
     counts: Mutex<FastMap<String, ObserveCounts>>,
 }
@@ -47,7 +47,7 @@ pub struct ObserveCounts {
 
 impl ObserveLog {
     /// Every capability's counts, by name.
-    pub fn snapshot(&self) -> Vec<(String, ObserveCounts)> {
+    pub(crate) fn snapshot(&self) -> Vec<(String, ObserveCounts)> {
         let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let mut out: Vec<_> = counts.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));

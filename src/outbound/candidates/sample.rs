@@ -12,7 +12,7 @@ use crate::registry::Registry;
 
 /// Candidates scored per request when there are more. Large enough that the nearest zone is
 /// usually in the sample and a retry has somewhere else to go.
-pub const SAMPLE: usize = 8;
+pub(crate) const SAMPLE: usize = 8;
 
 /// The scored candidates for `request` (empty: no peer serves the capability). When nobody in
 /// the sample can take the call, everyone is scored, so a sample never turns into a false

@@ -35,7 +35,7 @@ type Key = (String, String);
 
 /// The definition pinned for each (capability, tool), and what the fleet's members pin.
 #[derive(Debug, Default)]
-pub struct Pins {
+pub(crate) struct Pins {
     pinned: Mutex<FastMap<Key, String>>,
     /// Counts the pins settled, so the gossip task republishes only after a change.
     settled: AtomicU64,
@@ -127,7 +127,7 @@ impl Pins {
     }
 
     /// This sidecar's pins, for gossip: by capability then tool.
-    pub fn published(&self) -> Vec<Pin> {
+    pub(crate) fn published(&self) -> Vec<Pin> {
         let pinned = self.pinned.lock().unwrap_or_else(|p| p.into_inner());
         let mut pins: Vec<Pin> = pinned
             .iter()
@@ -142,7 +142,7 @@ impl Pins {
     }
 
     /// Grows with every pin settled: `published` changed since it was last read at another.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.settled.load(Ordering::Relaxed)
     }
 }

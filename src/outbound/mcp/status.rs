@@ -29,7 +29,7 @@ pub struct ToolServer {
     pub failures: u32,
     /// Seconds left of the pause.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub paused_for_s: Option<f64>,
+    pub(crate) paused_for_s: Option<f64>,
     /// The digest of the server's definition of the tool (`mcp.accept` takes it).
     pub definition: String,
     /// Its definition is not the one this caller lists and routes by: held back until the

@@ -22,7 +22,7 @@ use crate::http::layers::field;
 use crate::http::request_target::{self, Target};
 use crate::http::upload::Upload;
 use crate::http::{headers, upload, ReachBody};
-pub use target::capability_of;
+pub(crate) use target::capability_of;
 pub(super) use target::path_prefix;
 
 /// The answer, marked with how the capability was chosen when the call asked for intent

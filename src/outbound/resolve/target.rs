@@ -73,7 +73,7 @@ pub(in crate::outbound) fn path_prefix<B>(
 }
 
 /// Resolves the capability from the `reach-capability` header or a `<capability>.reach` authority.
-pub fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
+pub(crate) fn capability_of<B>(req: &Request<B>) -> Result<Name, ReachError> {
     match wanted(req, &headers::Head::of(req.headers()))? {
         Wanted::Named(name) | Wanted::Override(name) => Ok(name),
         Wanted::Intent => Err(ReachError::MissingCapability),

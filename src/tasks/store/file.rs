@@ -54,7 +54,7 @@ type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 type Op = Box<dyn FnOnce(&WriteTransaction) -> (bool, Reply) + Send>;
 
 #[derive(Debug)]
-pub struct FileStore {
+pub(crate) struct FileStore {
     /// `None` while the writer reopens it after an I/O error.
     db: Arc<ArcSwapOption<Database>>,
     writer: mpsc::Sender<Op>,
@@ -162,7 +162,7 @@ fn load(txn: &WriteTransaction, id: &str) -> Result<Option<Task>, StoreError> {
 }
 
 impl FileStore {
-    pub async fn open(path: &Path, limits: Limits) -> Result<Self, StoreError> {
+    pub(crate) async fn open(path: &Path, limits: Limits) -> Result<Self, StoreError> {
         let path = path.to_owned();
         let at = path.clone();
         let db = tokio::task::spawn_blocking(move || -> Result<Database, StoreError> {
@@ -232,7 +232,7 @@ impl FileStore {
         .map_err(|e| StoreError::Backend(e.to_string()))?
     }
 
-    pub async fn insert(&self, task: &mut Task) -> Result<Inserted, StoreError> {
+    pub(crate) async fn insert(&self, task: &mut Task) -> Result<Inserted, StoreError> {
         task.version = 1;
         let new = task.clone();
         let limits = self.limits;
@@ -255,7 +255,7 @@ impl FileStore {
         .await
     }
 
-    pub async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
+    pub(crate) async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
         let id = id.to_owned();
         self.read(move |txn| {
             let tasks = txn.open_table(TASKS).map_err(backend)?;
@@ -265,7 +265,11 @@ impl FileStore {
         .await
     }
 
-    pub async fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Task>, StoreError> {
+    pub(crate) async fn list(
+        &self,
+        state: Option<State>,
+        limit: usize,
+    ) -> Result<Vec<Task>, StoreError> {
         self.read(move |txn| {
             let created = txn.open_table(CREATED).map_err(backend)?;
             let tasks = txn.open_table(TASKS).map_err(backend)?;
@@ -289,7 +293,7 @@ impl FileStore {
         .await
     }
 
-    pub async fn claim(
+    pub(crate) async fn claim(
         &self,
         owner: &str,
         now_ms: u64,
@@ -318,7 +322,7 @@ impl FileStore {
         .await
     }
 
-    pub async fn save(&self, task: &mut Task) -> Result<(), StoreError> {
+    pub(crate) async fn save(&self, task: &mut Task) -> Result<(), StoreError> {
         let mut new = task.clone();
         new.version += 1;
         let written = new.clone();
@@ -336,7 +340,7 @@ impl FileStore {
         Ok(())
     }
 
-    pub async fn next_due(&self) -> Result<Option<u64>, StoreError> {
+    pub(crate) async fn next_due(&self) -> Result<Option<u64>, StoreError> {
         self.read(|txn| {
             let ready = txn.open_table(READY).map_err(backend)?;
             let leased = txn.open_table(LEASED).map_err(backend)?;
@@ -361,7 +365,7 @@ impl FileStore {
         .await
     }
 
-    pub async fn purge(&self, now_ms: u64, retention_ms: u64) -> Result<usize, StoreError> {
+    pub(crate) async fn purge(&self, now_ms: u64, retention_ms: u64) -> Result<usize, StoreError> {
         self.write(move |txn| {
             let mut gone = Vec::new();
             {

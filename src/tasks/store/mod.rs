@@ -7,8 +7,8 @@
 //! whose lease ran out and was taken over cannot overwrite the new owner's progress — its save
 //! fails with [`StoreError::Conflict`] and it lets go.
 
-pub mod file;
-pub mod redis;
+pub(crate) mod file;
+pub(crate) mod redis;
 
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ use super::model::{now_ms, State, Task};
 
 /// A store operation that did not happen.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub(crate) enum StoreError {
     /// The store itself failed (disk, connection): nothing was written.
     #[error("task store: {0}")]
     Backend(String),
@@ -39,7 +39,7 @@ pub enum StoreError {
 
 /// What `insert` did.
 #[derive(Debug)]
-pub enum Inserted {
+pub(crate) enum Inserted {
     /// The task is stored (version 1).
     New,
     /// A task with this id was already there (a resubmission): it is returned as stored.
@@ -49,15 +49,15 @@ pub enum Inserted {
 /// How much the store may hold (`tasks.max_tasks`, `tasks.max_bytes`): checked when a task is
 /// added; a stored task may still grow (its attempts, its answer), so nothing accepted is lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    pub max_tasks: u64,
-    pub max_bytes: u64,
+pub(crate) struct Limits {
+    pub(crate) max_tasks: u64,
+    pub(crate) max_bytes: u64,
 }
 
 impl Limits {
     /// Why a store holding `tasks` documents of `bytes` in all cannot take one more of `adding`
     /// bytes, if it cannot.
-    pub fn refuse(&self, tasks: u64, bytes: u64, adding: u64) -> Option<String> {
+    pub(crate) fn refuse(&self, tasks: u64, bytes: u64, adding: u64) -> Option<String> {
         if tasks >= self.max_tasks {
             return Some(format!(
                 "{tasks} tasks stored, tasks.max_tasks is {}",
@@ -77,14 +77,14 @@ impl Limits {
 /// The kinds of `reach_task_store_errors_total`: the disk (`io`), the Redis connection
 /// (`redis`), a document that does not parse (`corrupt`), a submission refused by the bounds
 /// (`full`).
-pub const ERROR_KINDS: [&str; 4] = ["io", "redis", "corrupt", "full"];
+pub(crate) const ERROR_KINDS: [&str; 4] = ["io", "redis", "corrupt", "full"];
 
 /// Since when, and why, the store has been failing.
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct Down {
+pub(crate) struct Down {
     /// Unix milliseconds.
-    pub since_ms: u64,
-    pub error: String,
+    pub(crate) since_ms: u64,
+    pub(crate) error: String,
 }
 
 #[derive(Debug)]
@@ -98,7 +98,7 @@ enum Backend {
 /// opened again on use (at most once every [`REOPEN_EVERY`]): the sidecar serves its synchronous
 /// traffic meanwhile, and submissions answer 503 `task_store_unavailable` until it opens.
 #[derive(Debug)]
-pub struct TaskStore {
+pub(crate) struct TaskStore {
     backend: tokio::sync::OnceCell<Backend>,
     /// How to open it, while it has not been opened.
     opener: Option<Opener>,
@@ -187,7 +187,7 @@ impl TaskStore {
     /// Opens (creating when absent) the store at `location`; `prefix` namespaces a shared store.
     /// A store that cannot be opened now (Redis unreachable, the disk full) is not an error: the
     /// store starts down and is opened on a later use.
-    pub async fn open(
+    pub(crate) async fn open(
         location: &StoreLocation,
         prefix: &str,
         limits: Limits,
@@ -246,12 +246,12 @@ impl TaskStore {
     }
 
     /// What the store is, for logs and `/status`: `file` or `redis`.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         self.kind
     }
 
     /// Since when and why the store has been failing; `None` while it works.
-    pub fn down(&self) -> Option<Down> {
+    pub(crate) fn down(&self) -> Option<Down> {
         self.down
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -299,7 +299,7 @@ impl TaskStore {
     /// Stores `task` unless its id is taken; durable when this returns. Sets `task.version` to 1.
     /// A task with work is queued at its `due_ms`. Refused with [`StoreError::Full`] beyond the
     /// store's limits.
-    pub async fn insert(&self, task: &mut Task) -> Result<Inserted, StoreError> {
+    pub(crate) async fn insert(&self, task: &mut Task) -> Result<Inserted, StoreError> {
         self.track(match self.backend().await {
             Ok(Backend::File(s)) => s.insert(task).await,
             Ok(Backend::Redis(s)) => s.insert(task).await,
@@ -307,7 +307,7 @@ impl TaskStore {
         })
     }
 
-    pub async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
+    pub(crate) async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
         self.track(match self.backend().await {
             Ok(Backend::File(s)) => s.get(id).await,
             Ok(Backend::Redis(s)) => s.get(id).await,
@@ -316,7 +316,11 @@ impl TaskStore {
     }
 
     /// Up to `limit` tasks, newest first, in `state` when given.
-    pub async fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Task>, StoreError> {
+    pub(crate) async fn list(
+        &self,
+        state: Option<State>,
+        limit: usize,
+    ) -> Result<Vec<Task>, StoreError> {
         self.track(match self.backend().await {
             Ok(Backend::File(s)) => s.list(state, limit).await,
             Ok(Backend::Redis(s)) => s.list(state, limit).await,
@@ -328,7 +332,7 @@ impl TaskStore {
     /// earliest due — or a task whose lease expired; it is leased to `owner` until
     /// `now_ms + lease_ms` and out of the queue. The returned task carries the version the claim
     /// wrote and its `lease`.
-    pub async fn claim(
+    pub(crate) async fn claim(
         &self,
         owner: &str,
         now_ms: u64,
@@ -344,7 +348,7 @@ impl TaskStore {
     /// Writes `task` if the stored version is `task.version`, then bumps `task.version`; durable
     /// when this returns. With `task.lease` set, the task stays claimed (until `lease.until_ms`);
     /// without, it is queued at `due_ms` when it has work and dropped from the queue when not.
-    pub async fn save(&self, task: &mut Task) -> Result<(), StoreError> {
+    pub(crate) async fn save(&self, task: &mut Task) -> Result<(), StoreError> {
         self.track(match self.backend().await {
             Ok(Backend::File(s)) => s.save(task).await,
             Ok(Backend::Redis(s)) => s.save(task).await,
@@ -353,7 +357,7 @@ impl TaskStore {
     }
 
     /// The earliest `due_ms` among queued tasks (and lease expiries), to sleep until.
-    pub async fn next_due(&self) -> Result<Option<u64>, StoreError> {
+    pub(crate) async fn next_due(&self) -> Result<Option<u64>, StoreError> {
         self.track(match self.backend().await {
             Ok(Backend::File(s)) => s.next_due().await,
             Ok(Backend::Redis(s)) => s.next_due().await,
@@ -362,7 +366,7 @@ impl TaskStore {
     }
 
     /// Removes finished tasks older than `retention_ms`; returns how many.
-    pub async fn purge(&self, now_ms: u64, retention_ms: u64) -> Result<usize, StoreError> {
+    pub(crate) async fn purge(&self, now_ms: u64, retention_ms: u64) -> Result<usize, StoreError> {
         self.track(match self.backend().await {
             Ok(Backend::File(s)) => s.purge(now_ms, retention_ms).await,
             Ok(Backend::Redis(s)) => s.purge(now_ms, retention_ms).await,

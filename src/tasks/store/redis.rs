@@ -175,7 +175,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     }
 });
 
-pub struct RedisStore {
+pub(crate) struct RedisStore {
     conn: ConnectionManager,
     /// `P:task:`, prepended to an id.
     task_prefix: String,
@@ -252,7 +252,7 @@ fn redact(url: &str) -> String {
 impl RedisStore {
     /// Connects and PINGs, so a wrong address fails at start rather than at the first task.
     /// `redis://` and `rediss://` (TLS with the system's roots).
-    pub async fn open(url: &str, prefix: &str, limits: Limits) -> Result<Self, StoreError> {
+    pub(crate) async fn open(url: &str, prefix: &str, limits: Limits) -> Result<Self, StoreError> {
         let shown = redact(url);
         let fail = |what: &str, e: &dyn std::fmt::Display| {
             StoreError::Backend(format!("redis {shown}: {what}: {e}"))
@@ -293,7 +293,7 @@ impl RedisStore {
         self.conn.clone()
     }
 
-    pub async fn insert(&self, task: &mut Task) -> Result<Inserted, StoreError> {
+    pub(crate) async fn insert(&self, task: &mut Task) -> Result<Inserted, StoreError> {
         task.version = 1;
         let doc = encode(task)?;
         let (slot, score, owner, until) = placement(task);
@@ -329,7 +329,7 @@ impl RedisStore {
         })
     }
 
-    pub async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
+    pub(crate) async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
         let row: Row = redis::cmd("HMGET")
             .arg(self.key(id))
             .arg(&["doc", "v", "owner", "u"])
@@ -350,7 +350,11 @@ impl RedisStore {
         pipe.query_async(&mut self.conn()).await.map_err(backend)
     }
 
-    pub async fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Task>, StoreError> {
+    pub(crate) async fn list(
+        &self,
+        state: Option<State>,
+        limit: usize,
+    ) -> Result<Vec<Task>, StoreError> {
         let mut out = Vec::new();
         let mut start = 0usize;
         while out.len() < limit {
@@ -383,7 +387,7 @@ impl RedisStore {
         Ok(out)
     }
 
-    pub async fn claim(
+    pub(crate) async fn claim(
         &self,
         owner: &str,
         now_ms: u64,
@@ -415,7 +419,7 @@ impl RedisStore {
         }
     }
 
-    pub async fn save(&self, task: &mut Task) -> Result<(), StoreError> {
+    pub(crate) async fn save(&self, task: &mut Task) -> Result<(), StoreError> {
         let mut new = task.clone();
         new.version += 1;
         let doc = encode(&new)?;
@@ -450,7 +454,7 @@ impl RedisStore {
         }
     }
 
-    pub async fn next_due(&self) -> Result<Option<u64>, StoreError> {
+    pub(crate) async fn next_due(&self) -> Result<Option<u64>, StoreError> {
         SCRIPTS
             .next_due
             .key(&self.ready)
@@ -460,7 +464,7 @@ impl RedisStore {
             .map_err(backend)
     }
 
-    pub async fn purge(&self, now_ms: u64, retention_ms: u64) -> Result<usize, StoreError> {
+    pub(crate) async fn purge(&self, now_ms: u64, retention_ms: u64) -> Result<usize, StoreError> {
         // Only a task created before the cutoff can have been updated before it (updated_ms
         // never precedes created_ms), so the rest of the index is not read.
         let Some(cutoff) = now_ms.checked_sub(retention_ms) else {
