@@ -17,7 +17,7 @@ use crate::local::Slot;
 use crate::metrics::InboundSeries;
 
 /// What one inbound call is, as the steps after intake need it.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(super) struct Meta {
     /// The capability's metric series, its label among them.
     pub(super) series: Arc<InboundSeries>,
@@ -36,7 +36,7 @@ pub(super) struct Meta {
         dead_code,
         reason = "held, not read: the chain is in flight while the call lives"
     )]
-    pub(super) chain: Arc<crate::chain::InFlight>,
+    pub(super) chain: crate::chain::InFlight,
 }
 
 impl Meta {

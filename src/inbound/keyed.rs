@@ -2,13 +2,14 @@
 //! once, and answered from the original's outcome.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::Response;
 use tokio::time::Instant;
 use tower::layer::Layer;
 use tower::ServiceExt;
 
-use super::call::{Call, CallBody, Meta};
+use super::call::{Call, CallBody};
 use super::Inbound;
 use crate::classify::Outcome;
 use crate::error::ReachError;
@@ -52,7 +53,7 @@ where
         Ok(fingerprint) => fingerprint,
         Err(refused) => return refused,
     };
-    let meta = call.meta.clone();
+    let meta = &call.meta;
     let (wait, by_deadline) = meta.timeout_at(meta.own_timeout, Instant::now());
     let claim = inbound
         .idempotency
@@ -60,7 +61,7 @@ where
     let (claim, first) = match claim {
         Claim::First(ticket) => {
             let joined = ticket.subscribe();
-            call.meta = runs_until(&call);
+            call.meta.own_timeout = runs_until(&call);
             // The agent is working on it: it runs to the end whatever this connection does.
             tokio::spawn(async move {
                 let response = answer(inner.oneshot(call).await);
@@ -131,15 +132,12 @@ async fn read(
 
 /// How long the original may run: to the caller's deadline (its retries join it), or its own
 /// timeout when the caller set none — capped, so a far-off deadline does not hold a slot for days.
-fn runs_until(call: &Call) -> Meta {
+fn runs_until(call: &Call) -> Duration {
     let meta = &call.meta;
     let retries = call.snapshot.policy.retry.max_retries.saturating_add(1);
     let longest = meta.own_timeout.saturating_mul(retries);
-    Meta {
-        own_timeout: match meta.left {
-            Some(_) => meta.timeout_at(longest, Instant::now()).0,
-            None => meta.own_timeout,
-        },
-        ..meta.clone()
+    match meta.left {
+        Some(_) => meta.timeout_at(longest, Instant::now()).0,
+        None => meta.own_timeout,
     }
 }

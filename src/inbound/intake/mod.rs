@@ -146,7 +146,7 @@ fn intake(
         left: deadline.map(Deadline::remaining),
         arrived,
         intercepted,
-        chain: std::sync::Arc::new(in_flight),
+        chain: in_flight,
     };
     let keyed = present.has(Present::IDEMPOTENCY_KEY);
     let scope = scope_of(keyed, caller, client.map(|c| &c.1));
