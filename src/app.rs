@@ -426,10 +426,7 @@ fn spawn_rest(
                 let (admin, metrics) = (admin.clone(), metrics.clone());
                 // Some answers are for the pod's own loopback only: made for each connection.
                 move |accepted: Arc<Accepted>| {
-                    let local = accepted
-                        .client
-                        .as_ref()
-                        .is_some_and(|c| c.0.ip().is_loopback());
+                    let local = accepted.client.0.ip().is_loopback();
                     layers::edge("admin", &metrics, admin_service(admin.clone(), local))
                 }
             },

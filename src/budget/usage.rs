@@ -83,10 +83,7 @@ struct Reader {
 pub(crate) fn then<F>(watch: Option<Watch>, headers: &http::HeaderMap, then: F) -> Then<F> {
     Then {
         watch: watch.map(|w| {
-            let stream = headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.starts_with("text/event-stream"));
+            let stream = crate::http::headers::is_event_stream(headers);
             let reader = Reader {
                 stream,
                 ..Reader::default()

@@ -81,6 +81,13 @@ pub(crate) fn is_json(headers: &HeaderMap) -> bool {
         })
 }
 
+/// Whether a message's body is a stream of server-sent events by its `content-type`.
+pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
+
 /// Removes every sidecar-internal `reach-*` header: for a service outside the mesh, which has no
 /// use for them and should not learn the fleet's names. `traceparent` and `tracestate` stay.
 pub(crate) fn strip_internal(headers: &mut HeaderMap) {

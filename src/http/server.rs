@@ -172,7 +172,7 @@ async fn serve_connection<A, M, S, B>(
         }
     };
     let accepted = Accepted {
-        client: Some(client),
+        client,
         identity: A::identity(&io),
         tls: A::tls(&io),
         intercepted: A::intercepted(&io),

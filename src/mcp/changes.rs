@@ -40,10 +40,7 @@ pub(crate) async fn listen(
     let Ok(response) = client.request(request).await else {
         return;
     };
-    let streams = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let streams = crate::http::headers::is_event_stream(response.headers());
     if !response.status().is_success() || !streams {
         return;
     }

@@ -28,7 +28,7 @@ where
     let mut response = tokio::time::timeout(limit, forwarded)
         .await
         .map_err(|_| late())??;
-    if !is_stream(&response) {
+    if !crate::http::headers::is_event_stream(response.headers()) {
         return Ok(response);
     }
     let left = limit.saturating_sub(started.elapsed());
@@ -40,12 +40,4 @@ where
         }),
         Ok(Ok(())) => Ok(response),
     }
-}
-
-fn is_stream<B>(response: &Response<B>) -> bool {
-    response
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
 }

@@ -46,10 +46,10 @@ impl std::fmt::Display for Expected {
 
 /// What the accept loop learnt of a connection's client, given to the listener's service once
 /// for the connection (`http::server::serve`), not put in each of its requests.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Accepted {
-    /// Where it connected from (`None` only for a service made without an accept loop).
-    pub client: Option<ClientAddr>,
+    /// Where it connected from.
+    pub client: ClientAddr,
     /// The SPIFFE ID of the certificate it presented in the TLS handshake, verified.
     pub identity: Option<crate::identity::SpiffeId>,
     /// Set for every TLS connection, with or without a client certificate.

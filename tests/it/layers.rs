@@ -53,12 +53,8 @@ async fn stub(
         "/panic" => panic!("forced panic in a handler"),
         "/body-panic" => Ok(Response::new(agent_reach::http::body::boxed(PanickingBody))),
         _ => {
-            let client = accepted.client.as_ref().map(|c| c.0.to_string());
-            Ok(text(
-                StatusCode::OK,
-                "text/plain",
-                client.unwrap_or_default(),
-            ))
+            let client = accepted.client.0.to_string();
+            Ok(text(StatusCode::OK, "text/plain", client))
         }
     }
 }

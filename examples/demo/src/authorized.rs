@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::drive::{self, Calls};
+use super::drive::Calls;
 use super::{DemoError, Fleet, CAPABILITY};
 use agent_reach::config::{Bootstrap, CapabilityAuthorization, MtlsMode, Policy};
 use agent_reach::http::{body, client, headers};
@@ -169,14 +169,7 @@ pub(super) async fn run(
 
     // The caller's own calls go on over strict mutual TLS.
     let calls = Calls::default();
-    drive::traffic(
-        fleet.caller.addrs.outbound,
-        CAPABILITY,
-        duration,
-        concurrency,
-        calls.clone(),
-    )
-    .await;
+    fleet.traffic(duration, concurrency, calls.clone()).await;
     let calls = calls.take();
     let hijacked_calls = hijack_agent.stats().business;
     let claims_refused = super::metric(caller, "reach_claims_refused_total{").await;

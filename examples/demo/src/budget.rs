@@ -166,7 +166,7 @@ impl Act {
         let mut from = self.reached();
         for _ in 0..MAX_SLICES {
             let outbound = self.caller.addrs.outbound;
-            drive::traffic(outbound, CAPABILITY, SLICE, concurrency, calls.clone()).await;
+            drive::traffic(outbound, SLICE, concurrency, calls.clone()).await;
             let to = self.reached();
             let sample = self.sample(started, &from, &to);
             from = to;

@@ -55,10 +55,10 @@ pub(super) struct Sample {
     pub(super) state: Option<State>,
 }
 
-/// Sends calls through the caller's outbound port from `concurrency` workers for `duration`.
+/// Sends calls to the demo's capability through the caller's outbound port from `concurrency`
+/// workers for `duration`.
 pub(super) async fn traffic(
     outbound: SocketAddr,
-    capability: &'static str,
     duration: Duration,
     concurrency: usize,
     calls: Calls,
@@ -73,7 +73,7 @@ pub(super) async fn traffic(
                 while Instant::now() < deadline {
                     let sent = Instant::now();
                     let request = Request::post(format!("http://{outbound}/review"))
-                        .header(headers::CAPABILITY, capability)
+                        .header(headers::CAPABILITY, super::CAPABILITY)
                         .body(body::full("def f(): pass"));
                     let (ok, status) = match request {
                         Ok(request) => match client.request(request).await {

@@ -10,7 +10,7 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::drive::{self, Calls};
+use super::drive::Calls;
 use super::{Fleet, CAPABILITY};
 use agent_reach::reach::State;
 
@@ -74,13 +74,7 @@ pub(super) async fn run(fleet: &Fleet, duration: Duration, concurrency: usize) -
     let inbound = sidecar.addrs.inbound;
     let before = sidecar.status();
     let calls = Calls::default();
-    let traffic = drive::traffic(
-        fleet.caller.addrs.outbound,
-        CAPABILITY,
-        duration,
-        concurrency,
-        calls.clone(),
-    );
+    let traffic = fleet.traffic(duration, concurrency, calls.clone());
     let attacks = async {
         let mut refused = 0;
         for attack in &ATTACKS {

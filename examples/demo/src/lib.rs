@@ -205,6 +205,16 @@ pub struct Fleet {
 }
 
 impl Fleet {
+    /// The fleet's caller's load for `duration` (see [`drive::traffic`]).
+    fn traffic(
+        &self,
+        duration: Duration,
+        concurrency: usize,
+        calls: drive::Calls,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        drive::traffic(self.caller.addrs.outbound, duration, concurrency, calls)
+    }
+
     /// Starts the fleet with `policy` shared by every sidecar; no sidecar is told of any other
     /// but the seed.
     pub async fn start(policy: Policy) -> Result<Self, DemoError> {
@@ -551,13 +561,7 @@ async fn routing_acts(options: &DemoOptions) -> Result<RoutingActs, DemoError> {
     let broken = &fleet.agents[BROKEN];
 
     let calls = drive::Calls::default();
-    let traffic = drive::traffic(
-        fleet.caller.addrs.outbound,
-        CAPABILITY,
-        options.duration,
-        options.concurrency,
-        calls.clone(),
-    );
+    let traffic = fleet.traffic(options.duration, options.concurrency, calls.clone());
     let watch = drive::watch(
         &fleet.caller,
         &broken.0,

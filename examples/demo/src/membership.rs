@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::drive::{self, Calls};
-use super::{poll, round, DemoError, Fleet, TimedState, CAPABILITY};
+use super::{poll, round, DemoError, Fleet, TimedState};
 
 /// The newcomer's share of calls counts as full at this fraction of its fair share.
 const FULL_SHARE: f64 = 0.8;
@@ -46,13 +46,7 @@ pub(super) async fn run(
 ) -> Result<MembershipSummary, DemoError> {
     let calls = Calls::default();
     let started = Instant::now();
-    let traffic = tokio::spawn(drive::traffic(
-        fleet.caller.addrs.outbound,
-        CAPABILITY,
-        duration,
-        concurrency,
-        calls.clone(),
-    ));
+    let traffic = tokio::spawn(fleet.traffic(duration, concurrency, calls.clone()));
 
     // The crash.
     tokio::time::sleep(duration.mul_f64(0.1)).await;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::drive::{self, Calls};
+use super::drive::Calls;
 use super::{DemoError, Fleet, AGENTS, BROKEN, CAPABILITY};
 use agent_reach::reach::State;
 use testkit::Mode;
@@ -38,13 +38,7 @@ pub(super) async fn run(
     fleet.set_observe_only(true);
     let before = observed(fleet);
     let calls = Calls::default();
-    let traffic = drive::traffic(
-        fleet.caller.addrs.outbound,
-        CAPABILITY,
-        duration,
-        concurrency,
-        calls.clone(),
-    );
+    let traffic = fleet.traffic(duration, concurrency, calls.clone());
     let broken = &fleet.agents[BROKEN].0;
     let fault = async {
         tokio::time::sleep(duration.mul_f64(0.2)).await;

@@ -97,7 +97,7 @@ pub(super) async fn run(fleet: &Fleet, concurrency: usize) -> Result<QualitySumm
     };
     let outbound = fleet.caller.addrs.outbound;
     let start = reached();
-    drive::traffic(outbound, CAPABILITY, MEASURED, concurrency, calls.clone()).await;
+    drive::traffic(outbound, MEASURED, concurrency, calls.clone()).await;
     let before = reached();
 
     agent.set_mode(Mode::Drift);
@@ -117,7 +117,7 @@ pub(super) async fn run(fleet: &Fleet, concurrency: usize) -> Result<QualitySumm
     .await
     .map(|_| drifted.elapsed());
     let degraded_from = reached();
-    drive::traffic(outbound, CAPABILITY, MEASURED, concurrency, calls.clone()).await;
+    drive::traffic(outbound, MEASURED, concurrency, calls.clone()).await;
     let degraded_to = reached();
 
     agent.set_mode(Mode::Normal);

@@ -144,15 +144,10 @@ pub fn render_table(s: &DemoSummary) -> String {
         "\nfault: {} went {} at {:.1}s, healed at {:.1}s\n",
         f.agent, f.mode, f.fault_at_s, f.healed_at_s
     ));
-    let path: Vec<String> = f
-        .transitions
-        .iter()
-        .map(|t| format!("{} @{:.1}s", t.state.as_str(), t.at_s))
-        .collect();
     out.push_str(&format!(
         "  caller's view of {}: {}\n",
         f.agent,
-        path.join(" → ")
+        states(&f.transitions)
     ));
     match f.left_rotation_after_ms {
         Some(ms) => out.push_str(&format!(
@@ -259,20 +254,16 @@ pub fn render_table(s: &DemoSummary) -> String {
             m.killed
         )),
     }
-    let path: Vec<String> = m
-        .newcomer_states
-        .iter()
-        .map(|t| format!("{} @{:.1}s", t.state.as_str(), t.at_s))
-        .collect();
+    let path = states(&m.newcomer_states);
     out.push_str(&format!(
         "  {} started: known to the caller after {}, {}; full share after {}\n",
         m.joined,
         m.joined_after_ms
             .map_or("never".to_owned(), |ms| format!("{ms:.0} ms")),
         if path.is_empty() {
-            "no state seen".to_owned()
+            "no state seen"
         } else {
-            path.join(" → ")
+            &path
         },
         m.full_share_after_ms
             .map_or("never".to_owned(), |ms| format!("{:.1} s", ms / 1000.0))
@@ -573,4 +564,13 @@ fn mcp_lines(m: &super::McpSummary) -> String {
         "  a client with a session (mcp-3 keeps sessions, as the SDKs' servers do): {} of {} calls answered on the caller's brokered session; mcp-3 held {} sessions after the client ended its own\n",
         m.session_calls_ok, m.session_calls, m.session_server_open_after,
     )
+}
+
+/// The states an agent went through, each with when: `suspect @3.2s → healthy @5.0s`.
+fn states(path: &[TimedState]) -> String {
+    let states: Vec<String> = path
+        .iter()
+        .map(|t| format!("{} @{:.1}s", t.state.as_str(), t.at_s))
+        .collect();
+    states.join(" → ")
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::drive::{self, Calls};
+use super::drive::Calls;
 use super::{Fleet, CAPABILITY};
 use agent_reach::peers::CapabilityDemand;
 use testkit::Mode;
@@ -54,13 +54,7 @@ pub(super) async fn run(fleet: &Fleet) -> ScaleSummary {
     let mut steps = Vec::with_capacity(STEPS.len());
     for target in STEPS {
         let callers = ((target * capacity as f64).round() as usize).max(1);
-        let traffic = drive::traffic(
-            fleet.caller.addrs.outbound,
-            CAPABILITY,
-            STEP,
-            callers,
-            calls.clone(),
-        );
+        let traffic = fleet.traffic(STEP, callers, calls.clone());
         let ((), (ratio, spread)) = tokio::join!(traffic, watch(fleet));
         steps.push(ScaleStep {
             callers,

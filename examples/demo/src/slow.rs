@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::drive::{self, Calls};
-use super::{round, Fleet, CAPABILITY};
+use super::{round, Fleet};
 use agent_reach::reach::percentile;
 use testkit::Mode;
 
@@ -56,36 +56,17 @@ pub(super) async fn run(fleet: &Fleet, concurrency: usize) -> SlowSummary {
     fleet.settled(Duration::from_secs(15)).await;
     let before_calls = Calls::default();
     let start = reached();
-    drive::traffic(
-        fleet.caller.addrs.outbound,
-        CAPABILITY,
-        BEFORE,
-        concurrency,
-        before_calls.clone(),
-    )
-    .await;
+    fleet
+        .traffic(BEFORE, concurrency, before_calls.clone())
+        .await;
     let before = reached();
 
     slow.set_mode(Mode::Slow);
     let noticing = Calls::default();
-    drive::traffic(
-        fleet.caller.addrs.outbound,
-        CAPABILITY,
-        NOTICE,
-        concurrency,
-        noticing.clone(),
-    )
-    .await;
+    fleet.traffic(NOTICE, concurrency, noticing.clone()).await;
     let noticed = reached();
     let after_calls = Calls::default();
-    drive::traffic(
-        fleet.caller.addrs.outbound,
-        CAPABILITY,
-        AFTER,
-        concurrency,
-        after_calls.clone(),
-    )
-    .await;
+    fleet.traffic(AFTER, concurrency, after_calls.clone()).await;
     let after = reached();
     slow.set_mode(Mode::Normal);
 

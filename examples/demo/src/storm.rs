@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::drive::{self, Calls};
-use super::{round, Fleet, AGENTS, CAPABILITY};
+use super::{round, Fleet, AGENTS};
 use testkit::Mode;
 
 /// What the storm did to the fallback.
@@ -38,13 +38,7 @@ pub(super) async fn run(fleet: &Fleet, duration: Duration, concurrency: usize) -
     }
     let calls = Calls::default();
     let started = Instant::now();
-    let traffic = drive::traffic(
-        fleet.caller.addrs.outbound,
-        CAPABILITY,
-        duration,
-        concurrency,
-        calls.clone(),
-    );
+    let traffic = fleet.traffic(duration, concurrency, calls.clone());
     let watch = drive::watch(
         &fleet.caller,
         &fleet.agents[fallback].0,

@@ -98,8 +98,8 @@ fn intake(
     let snapshot = inbound.store.snapshot();
     let refuse = |err: ReachError| err.into_response();
     let (identity, tls) = (accepted.identity.as_ref(), accepted.tls.as_ref());
-    let (client, intercepted) = (accepted.client.as_ref(), accepted.intercepted.is_some());
-    let remote = client.map(|c| c.0);
+    let (client, intercepted) = (&accepted.client, accepted.intercepted.is_some());
+    let remote = Some(client.0);
     let named = named_capability(head.capability).map_err(refuse)?;
     // An intercepted client called the agent itself, whose card the agent serves.
     if !intercepted && target.path() == CARD_PATH && req.method() == http::Method::GET {
@@ -135,7 +135,7 @@ fn intake(
         deadline_as_sent: deadline.is_some() && !present.has(Present::TIMEOUT),
         caller: caller.as_deref(),
         identity,
-        remote: client.map(|c| &c.1),
+        remote: Some(&client.1),
         client_cert: tls.and_then(|t| t.xfcc.as_ref()),
         pass: &snapshot.policy.pass_identity_headers,
     };
@@ -149,7 +149,7 @@ fn intake(
         chain: in_flight,
     };
     let keyed = present.has(Present::IDEMPOTENCY_KEY);
-    let scope = scope_of(keyed, caller, client.map(|c| &c.1));
+    let scope = scope_of(keyed, caller, Some(&client.1));
     Ok(Call {
         meta,
         snapshot,

@@ -195,11 +195,7 @@ fn bind(
     let head = response.headers();
     let shape = if headers::is_json(head) {
         body::Shape::Json
-    } else if head
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
-    {
+    } else if headers::is_event_stream(head) {
         // A stream's first event names the task; its request keys are bound now, before it.
         binding.bind_request();
         body::Shape::Stream
