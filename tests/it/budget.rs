@@ -687,11 +687,8 @@ async fn tokens_reported_by_json_and_streamed_answers_are_counted() {
     .await;
 }
 
-/// A first-event deadline on the model's capability reads a stream's first event early, and the
-/// event stays the body's: Anthropic's `message_start`, which alone carries the input tokens, is
-/// counted, and the agent gets the stream whole.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_streams_first_event_read_for_its_deadline_still_has_its_tokens_counted() {
+/// A sidecar whose model capability (`LLM`, the mock provider) has a first-event deadline.
+async fn first_event_sidecar() -> (MockAgent, MockAgent, Sidecar) {
     let provider = mock(provider_config(
         100,
         Duration::from_secs(60),
@@ -705,6 +702,22 @@ async fn a_streams_first_event_read_for_its_deadline_still_has_its_tokens_counte
     policy.targets.push(llm_target(provider.addr, None));
     let bootstrap = Bootstrap::local("coder-a", agent.addr, &[CAP]).unwrap();
     let side = sidecar_with(bootstrap, policy, Default::default()).await;
+    (provider, agent, side)
+}
+
+/// The tokens of type `kind` the sidecar at `admin` has counted.
+async fn tokens_counted(side: &Sidecar, kind: &str) -> f64 {
+    let metrics = get(&client(), &format!("http://{}/metrics", side.addrs.admin)).await;
+    let with = format!("gen_ai_token_type=\"{kind}\"");
+    sum(&metrics.body, "gen_ai_client_token_usage{", &with)
+}
+
+/// A first-event deadline on the model's capability reads a stream's first event early, and the
+/// event stays the body's: Anthropic's `message_start`, which alone carries the input tokens, is
+/// counted, and the agent gets the stream whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_first_event_read_for_its_deadline_still_has_its_tokens_counted() {
+    let (_provider, _agent, side) = first_event_sidecar().await;
     let body = r#"{"model":"claude-test","stream":true,"messages":[{"role":"user","content":"Review this change, please."}]}"#;
     let url = format!("http://{}/v1/messages", side.addrs.outbound);
     let streamed = send(&client(), "POST", &url, &[("reach-capability", LLM)], body).await;
@@ -715,19 +728,53 @@ async fn a_streams_first_event_read_for_its_deadline_still_has_its_tokens_counte
         "{}",
         streamed.body
     );
-    let series = "gen_ai_client_token_usage{";
     let prompt = (body.len() / 4) as f64;
     eventually(
         Duration::from_secs(2),
         "the first event's input tokens are counted",
         || async {
-            let metrics = get(&client(), &format!("http://{}/metrics", side.addrs.admin)).await;
-            let input = sum(&metrics.body, series, "gen_ai_token_type=\"input\"");
-            let output = sum(&metrics.body, series, "gen_ai_token_type=\"output\"");
-            input == prompt && output == 6.0
+            tokens_counted(&side, "input").await == prompt
+                && tokens_counted(&side, "output").await == 6.0
         },
     )
     .await;
+}
+
+/// Anthropic's own SDK in its default configuration (the `.reach` form, the outbound port as the
+/// pod's `HTTP_PROXY`) streams a message through the same sidecar: it reads the whole message,
+/// and the sidecar counts the tokens the SDK was told of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropics_sdk_streams_through_the_reach_form_and_its_tokens_are_counted() {
+    let Some(python) = support::sdk::venv_python().await else {
+        return;
+    };
+    let (_provider, _agent, side) = first_event_sidecar().await;
+    let logs = std::env::temp_dir().join(format!("anthropic-sdk-{}", std::process::id()));
+    std::fs::create_dir_all(&logs).unwrap();
+    let port = side.addrs.outbound.port().to_string();
+    let script = support::sdk::repo().join("tests/sdk/anthropic_stream.py");
+    let args = [port.as_str(), LLM];
+    let mut sdk = support::sdk::Sdk::spawn(&python, &script, &args, &logs, "anthropic");
+    let read = sdk
+        .next_json(Duration::from_secs(30), "the SDK's message")
+        .await;
+    assert_eq!(read["text"], "The answer is forty-two.", "{read}");
+    let (input, output) = (
+        read["input_tokens"].as_f64(),
+        read["output_tokens"].as_f64(),
+    );
+    assert!(input.is_some_and(|n| n >= 1.0), "{read}");
+    assert_eq!(output, Some(6.0), "{read}");
+    eventually(
+        Duration::from_secs(2),
+        "the tokens the SDK was told of are counted",
+        || async {
+            Some(tokens_counted(&side, "input").await) == input
+                && Some(tokens_counted(&side, "output").await) == output
+        },
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&logs);
 }
 
 /// Gemini states its wait only in a 429's JSON body (`RetryInfo.retryDelay`, chunked here): the

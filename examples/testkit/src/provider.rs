@@ -320,21 +320,46 @@ fn gemini_refusal_body(reset: Duration) -> String {
     .to_string()
 }
 
-/// A streamed message as Anthropic's Messages API sends it: `message_start` with the input
-/// tokens, a delta per word, then `message_delta` with the output tokens.
+/// A streamed message as Anthropic's Messages API sends it (what its SDK reads):
+/// `message_start` with the input tokens, one text block of a delta per word, then
+/// `message_delta` with the output tokens.
 fn messages_stream(model: &str, words: &[&str], input_tokens: u64) -> Response<ReachBody> {
-    let start = serde_json::json!({ "type": "message_start", "message": { "model": model,
-        "usage": { "input_tokens": input_tokens, "output_tokens": 1 } } });
-    let mut events = vec![format!("event: message_start\ndata: {start}\n\n")];
+    let event = |kind: &str, data: serde_json::Value| format!("event: {kind}\ndata: {data}\n\n");
+    let mut events = vec![
+        event(
+            "message_start",
+            serde_json::json!({ "type": "message_start", "message": { "id": "msg_mock",
+                "type": "message", "role": "assistant", "content": [], "model": model,
+                "stop_reason": null, "stop_sequence": null,
+                "usage": { "input_tokens": input_tokens, "output_tokens": 1 } } }),
+        ),
+        event(
+            "content_block_start",
+            serde_json::json!({ "type": "content_block_start", "index": 0,
+                "content_block": { "type": "text", "text": "" } }),
+        ),
+    ];
     events.extend(words.iter().map(|w| {
-        let delta = serde_json::json!({ "type": "content_block_delta", "index": 0,
-            "delta": { "type": "text_delta", "text": w } });
-        format!("event: content_block_delta\ndata: {delta}\n\n")
+        event(
+            "content_block_delta",
+            serde_json::json!({ "type": "content_block_delta", "index": 0,
+                "delta": { "type": "text_delta", "text": w } }),
+        )
     }));
-    let end = serde_json::json!({ "type": "message_delta", "delta": { "stop_reason": "end_turn" },
-        "usage": { "output_tokens": words.len() } });
-    events.push(format!("event: message_delta\ndata: {end}\n\n"));
-    events.push("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".to_owned());
+    events.push(event(
+        "content_block_stop",
+        serde_json::json!({ "type": "content_block_stop", "index": 0 }),
+    ));
+    events.push(event(
+        "message_delta",
+        serde_json::json!({ "type": "message_delta",
+            "delta": { "stop_reason": "end_turn", "stop_sequence": null },
+            "usage": { "output_tokens": words.len() } }),
+    ));
+    events.push(event(
+        "message_stop",
+        serde_json::json!({ "type": "message_stop" }),
+    ));
     event_stream(events)
 }
 
